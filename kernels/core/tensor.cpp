@@ -1,0 +1,137 @@
+#include "kernels/core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <utility>
+
+namespace tr {
+
+namespace {
+constexpr size_t kAlign = 256;  // enough for AVX-512 and for GPU coalescing
+size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+}  // namespace
+
+size_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::bf16: return "bf16";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+
+const char* device_name(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
+
+Tensor::Tensor(void* data_, DType dtype_, Device device_, std::initializer_list<int64_t> shape_)
+    : data(data_), dtype(dtype_), device(device_), ndim(static_cast<int>(shape_.size())) {
+  TR_ASSERT(ndim <= kMaxDims, "too many dimensions");
+  int i = 0;
+  for (int64_t s : shape_) {
+    TR_ASSERT(s >= 0, "negative dimension");
+    shape[i++] = s;
+  }
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+int64_t Tensor::dim(int i) const {
+  if (i < 0) i += ndim;
+  TR_ASSERT(i >= 0 && i < ndim, "dimension index out of range for " + shape_str());
+  return shape[i];
+}
+
+std::string Tensor::shape_str() const {
+  std::ostringstream os;
+  os << dtype_name(dtype) << "[";
+  for (int i = 0; i < ndim; ++i) os << (i ? "," : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+Tensor Tensor::view(std::initializer_list<int64_t> new_shape) const {
+  Tensor t(data, dtype, device, new_shape);
+  TR_ASSERT(t.numel() == numel(), "view " + t.shape_str() + " of " + shape_str());
+  return t;
+}
+
+Tensor Tensor::slice(int64_t begin, int64_t count) const {
+  TR_ASSERT(ndim >= 1 && begin >= 0 && count >= 0 && begin + count <= shape[0],
+            "slice out of range of " + shape_str());
+  Tensor t = *this;
+  t.shape[0] = count;
+  t.data = static_cast<char*>(data) + static_cast<size_t>(begin) * (nbytes() / (shape[0] ? shape[0] : 1));
+  return t;
+}
+
+bool Tensor::same_shape(const Tensor& other) const {
+  if (ndim != other.ndim) return false;
+  for (int i = 0; i < ndim; ++i)
+    if (shape[i] != other.shape[i]) return false;
+  return true;
+}
+
+Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  TR_ASSERT(device == Device::cpu, "device buffers are allocated by the CUDA backend");
+  if (bytes == 0) return;
+  data_ = std::aligned_alloc(kAlign, round_up(bytes));
+  TR_ASSERT(data_ != nullptr, "out of host memory allocating " + std::to_string(bytes) + " bytes");
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)),
+      device_(other.device_) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    device_ = other.device_;
+  }
+  return *this;
+}
+
+void Buffer::release() {
+  if (data_) std::free(data_);
+  data_ = nullptr;
+}
+
+size_t arena_bytes(DType dtype, int64_t numel) {
+  return round_up(static_cast<size_t>(numel) * dtype_size(dtype));
+}
+
+Arena::Arena(size_t bytes, Device device) : buffer_(bytes, device) {
+  if (buffer_.data()) std::memset(buffer_.data(), 0, buffer_.bytes());
+}
+
+Tensor Arena::alloc(DType dtype, std::initializer_list<int64_t> shape) {
+  Tensor t(nullptr, dtype, buffer_.device(), shape);
+  size_t need = arena_bytes(dtype, t.numel());
+  TR_ASSERT(used_ + need <= buffer_.bytes(),
+            "arena exhausted: need " + std::to_string(used_ + need) + " of " +
+                std::to_string(buffer_.bytes()) + " bytes");
+  t.data = static_cast<char*>(buffer_.data()) + used_;
+  used_ += need;
+  return t;
+}
+
+}  // namespace tr

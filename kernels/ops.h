@@ -1,0 +1,87 @@
+// The op set of the Qwen2 model: one typed entry point per op, implemented by kernels/cpu
+// (fp32 and fp64 reference) and kernels/cuda. Each call dispatches on ctx.device and checks
+// shapes, dtypes and devices before running.
+//
+// Gradient rule: backward of a parameter ACCUMULATES (+=), backward of an activation ASSIGNS (=).
+// Each declaration below says which. Notation: T = tokens in a micro-batch (batch * seq_len,
+// batch-major), H = hidden size, I = intermediate size, nh/nkv = query/KV heads on this rank,
+// hd = head dim. All floating tensors of one call share one dtype (f32 or f64 on the CPU).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/core/ctx.h"
+#include "kernels/core/tensor.h"
+
+namespace tr {
+
+// ---- embedding (vocab-parallel ready) ----
+// out[T,H] = table[tok - vocab_offset] for tokens inside [vocab_offset, vocab_offset + Vl),
+// zero rows otherwise. tokens: i32 [T]; table: [Vl, H].
+void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vocab_offset);
+// dtable[Vl,H] += scatter of dout[T,H] rows (ACCUMULATES).
+void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t vocab_offset);
+
+// ---- RMSNorm: out = in * rsqrt(mean(in^2) + eps) * weight ----
+// out [T,H], rstd [T] (saved for backward), in [T,H], weight [H].
+void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, float eps);
+// din [T,H] ASSIGNED; dweight [H] ACCUMULATES.
+void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
+                 Tensor rstd);
+
+// ---- linear: out[T,O] = in[T,K] · weight[O,K]^T + bias[O] (bias may be empty) ----
+void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
+// din [T,K] = dout · weight, ASSIGNED (skipped when din is empty);
+// dweight [O,K] += dout^T · in and dbias [O] += column sums of dout, ACCUMULATE (dbias may be empty).
+void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
+                Tensor weight);
+
+// ---- rotary embedding (Qwen2 / HF "rotate_half": element i pairs with i + hd/2) ----
+// In place on x [T, n_heads_total, hd]: heads [0, n_rope_heads) of token t are rotated by
+// angle pos * theta^(-2i/hd) with pos = t % seq_len; the other heads are left untouched.
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta);
+// In place on dx (same layout): the inverse rotation (the gradient of a rotation).
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta);
+
+// ---- causal GQA attention, scale hd^-0.5 ----
+// qkv [T, (nh + 2*nkv) * hd]: per token the nh query heads, then nkv key heads, then nkv value
+// heads (rope already applied). Query head h reads KV head h / (nh / nkv).
+// out [T, nh*hd]; lse [batch, nh, seq_len] f32 log-sum-exp of the scaled scores (for backward).
+void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
+                   int n_heads, int n_kv_heads, int head_dim);
+// dqkv [T, (nh + 2*nkv) * hd] ASSIGNED, from dout [T, nh*hd] and the forward's out, lse, qkv.
+void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
+                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim);
+
+// ---- SwiGLU: out[T,I] = silu(gate) * up, gateup [T, 2I] = [gate | up] per row ----
+void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);
+// dgateup [T,2I] ASSIGNED.
+void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup);
+
+// ---- elementwise ----
+// out = a + b (out may alias a or b).
+void add(Ctx& ctx, Tensor out, Tensor a, Tensor b);
+// x *= s.
+void scale_(Ctx& ctx, Tensor x, float s);
+// x = 0.
+void zero_(Ctx& ctx, Tensor x);
+// Sum of squares of x, accumulated in double (for the global gradient norm).
+double sum_squares(Ctx& ctx, Tensor x);
+
+// ---- cross-entropy on one chunk of logits ----
+// logits [C, Vl]: columns >= vocab_valid are vocabulary padding and never win the softmax.
+// targets i32 [C]; losses [C] f32 ASSIGNED: logsumexp(row) - row[target].
+// When compute_grad, logits are overwritten IN PLACE by grad_scale * (softmax(row) - onehot).
+void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
+                           int64_t vocab_valid, float grad_scale, bool compute_grad);
+
+// ---- AdamW (decoupled weight decay), one contiguous range ----
+// param, grad, m, v: [n] f32. step >= 1 (bias correction). param -= lr * (mhat/(sqrt(vhat)+eps)
+// + weight_decay * param). m and v are updated in place.
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  int64_t step;
+};
+void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p);
+
+}  // namespace tr
