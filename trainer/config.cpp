@@ -1,0 +1,531 @@
+#include "trainer/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace tr {
+namespace {
+
+using absl::InvalidArgumentError;
+using absl::Status;
+
+enum class Kind { Int, IntOrAuto, Float, Bool, String, Sources };
+
+struct Field {
+  const char* section;
+  const char* key;
+  Kind kind;
+  double lo, hi;  // inclusive range for numbers
+  const char* doc;
+  void* (*member)(Config&);
+  std::vector<std::string> choices = {};  // allowed strings, when non-empty
+};
+
+constexpr double kInf = 1e300;
+constexpr double kMaxI = 9.0e18;
+
+#define TR_FIELD(sec, name, kind, lo, hi, doc, ...)                                \
+  Field {                                                                          \
+#sec, #name, Kind::kind, lo, hi, doc,                                          \
+        [](Config & c) -> void* { return &c.sec.name; } __VA_OPT__(, ) __VA_ARGS__ \
+  }
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      TR_FIELD(model, preset, String, 0, 0,
+               "Qwen2.5 preset filling every model field (explicit fields override); '' = none"),
+      TR_FIELD(model, hidden_size, Int, 1, 1 << 20, "hidden size H"),
+      TR_FIELD(model, intermediate_size, Int, 1, 1 << 22, "MLP intermediate size"),
+      TR_FIELD(model, num_layers, Int, 1, 4096, "decoder layers"),
+      TR_FIELD(model, num_heads, Int, 1, 4096, "query heads"),
+      TR_FIELD(model, num_kv_heads, Int, 1, 4096, "key/value heads (GQA); divides num_heads"),
+      TR_FIELD(model, head_dim, Int, 2, 1024, "per-head dimension (even)"),
+      TR_FIELD(model, vocab_size, Int, 2, 1 << 26,
+               "vocabulary size (padded to a multiple of 128*tp internally)"),
+      TR_FIELD(model, max_seq_len, Int, 1, 1 << 24, "longest sequence the model accepts (tokens)"),
+      TR_FIELD(model, rope_theta, Float, 1e-300, kInf, "RoPE base theta"),
+      TR_FIELD(model, rms_norm_eps, Float, 1e-300, 1, "RMSNorm epsilon"),
+      TR_FIELD(model, tie_embeddings, Bool, 0, 0, "LM head shares the input embedding"),
+      TR_FIELD(model, init_std, Float, 0, 10,
+               "std of the normal init of matrices and the embedding"),
+      TR_FIELD(parallel, tp, Int, 1, 1024, "tensor-parallel ranks"),
+      TR_FIELD(parallel, pp, Int, 1, 1024, "pipeline-parallel stages"),
+      TR_FIELD(parallel, dp, IntOrAuto, 0, 1 << 20,
+               "data-parallel ranks, or auto = world / (tp*pp)"),
+      TR_FIELD(parallel, sequence_parallel, Bool, 0, 0,
+               "shard norms and residuals along the sequence within TP"),
+      TR_FIELD(parallel, zero1, Bool, 0, 0, "shard fp32 master weights and Adam states across DP"),
+      TR_FIELD(data, train, Sources, 0, 0, "training datasets: list of {path: PREFIX, weight: W}"),
+      TR_FIELD(data, valid, Sources, 0, 0,
+               "validation datasets: list of {path: PREFIX, weight: W}"),
+      TR_FIELD(data, seq_len, Int, 1, 1 << 24,
+               "tokens per sample fed to the model (each sample reads seq_len+1)"),
+      TR_FIELD(data, seed, Int, 0, kMaxI, "seed of the sample shuffle"),
+      TR_FIELD(data, format, String, 0, 0, "token file format", {"auto", "megatron", "llmc"}),
+      TR_FIELD(train, steps, Int, 1, kMaxI, "optimizer steps to run in total"),
+      TR_FIELD(train, global_batch, Int, 1, kMaxI, "samples per optimizer step over all DP ranks"),
+      TR_FIELD(train, micro_batch, Int, 1, kMaxI, "samples per forward/backward on one rank"),
+      TR_FIELD(train, backend, String, 0, 0, "compute backend", {"auto", "cpu", "cuda"}),
+      TR_FIELD(train, seed, Int, 0, kMaxI, "seed of the weight initialisation"),
+      TR_FIELD(train, eval_interval, Int, 0, kMaxI, "steps between validation runs; 0 = never"),
+      TR_FIELD(train, eval_steps, Int, 1, kMaxI, "validation batches per evaluation"),
+      TR_FIELD(optim, lr, Float, 1e-300, 10, "peak learning rate"),
+      TR_FIELD(optim, min_lr, Float, 0, 10, "learning rate at the end of the decay"),
+      TR_FIELD(optim, warmup_steps, Int, 0, kMaxI, "linear warm-up steps from 0 to lr"),
+      TR_FIELD(optim, schedule, String, 0, 0, "decay after warm-up",
+               {"cosine", "linear", "constant", "wsd"}),
+      TR_FIELD(optim, decay_fraction, Float, 1e-300, 1,
+               "wsd: final fraction of steps decaying linearly to min_lr"),
+      TR_FIELD(optim, weight_decay, Float, 0, 10,
+               "AdamW decoupled weight decay (not on norms and biases)"),
+      TR_FIELD(optim, beta1, Float, 0, 0.999999, "AdamW beta1"),
+      TR_FIELD(optim, beta2, Float, 0, 0.999999999, "AdamW beta2"),
+      TR_FIELD(optim, eps, Float, 1e-300, 1, "AdamW epsilon"),
+      TR_FIELD(optim, grad_clip, Float, 0, kInf, "clip the global gradient norm to this; 0 = off"),
+      TR_FIELD(checkpoint, dir, String, 0, 0,
+               "directory of step_NNNNNNNN/ checkpoints and `latest`"),
+      TR_FIELD(checkpoint, interval, Int, 0, kMaxI,
+               "steps between checkpoints; 0 = only at the end"),
+      TR_FIELD(checkpoint, keep_last, Int, 2, 1 << 20, "committed checkpoints kept (>= 2)"),
+      TR_FIELD(log, dir, String, 0, 0, "run directory: metrics.jsonl and the resolved config"),
+      TR_FIELD(log, interval, Int, 1, kMaxI, "steps between console log lines"),
+  };
+  return f;
+}
+#undef TR_FIELD
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> s = {"model", "parallel",   "data", "train",
+                                             "optim", "checkpoint", "log"};
+  return s;
+}
+
+// ---- "did you mean" ----
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_d = std::max<size_t>(3, word.size() / 3) + 1;
+  for (const auto& c : candidates) {
+    size_t d = edit_distance(word, c);
+    if (d < best_d) best_d = d, best = c;
+  }
+  return best.empty() ? "" : absl::StrCat("; did you mean '", best, "'?");
+}
+
+std::vector<std::string> keys_of(const std::string& section) {
+  std::vector<std::string> k;
+  for (const auto& f : fields())
+    if (section == f.section) k.push_back(f.key);
+  return k;
+}
+
+// ---- scalar parsing ----
+std::string scalar_text(const YAML::Node& n) {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+std::string fmt_double(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
+Status range_error(const std::string& name, double v, const Field& f) {
+  std::string lo = fmt_double(f.lo), hi = fmt_double(f.hi);
+  if (f.lo == 1e-300)
+    return InvalidArgumentError(absl::StrCat(name, " must be > 0 (got ", fmt_double(v), ")"));
+  if (f.hi >= kMaxI)
+    return InvalidArgumentError(
+        absl::StrCat(name, " must be >= ", lo, " (got ", fmt_double(v), ")"));
+  return InvalidArgumentError(
+      absl::StrCat(name, " must be in [", lo, ", ", hi, "] (got ", fmt_double(v), ")"));
+}
+
+Status parse_sources(const YAML::Node& n, const std::string& name, std::vector<DataSource>* out) {
+  out->clear();
+  if (n.IsNull()) return absl::OkStatus();
+  if (!n.IsSequence())
+    return InvalidArgumentError(
+        absl::StrCat(name, ": expected a list of {path: PREFIX, weight: W}, got ", scalar_text(n)));
+  for (size_t i = 0; i < n.size(); ++i) {
+    const YAML::Node& e = n[i];
+    std::string item = absl::StrCat(name, "[", i, "]");
+    DataSource s;
+    if (e.IsScalar()) {
+      s.path = e.Scalar();
+    } else if (e.IsMap()) {
+      for (const auto& kv : e) {
+        std::string k = kv.first.as<std::string>();
+        if (k == "path") {
+          if (!kv.second.IsScalar())
+            return InvalidArgumentError(absl::StrCat(item, ".path: expected a string"));
+          s.path = kv.second.Scalar();
+        } else if (k == "weight") {
+          try {
+            s.weight = kv.second.as<double>();
+          } catch (const YAML::Exception&) {
+            return InvalidArgumentError(
+                absl::StrCat(item, ".weight: expected a number, got ", scalar_text(kv.second)));
+          }
+        } else {
+          return InvalidArgumentError(
+              absl::StrCat("unknown key '", k, "' in ", item, suggest(k, {"path", "weight"})));
+        }
+      }
+    } else {
+      return InvalidArgumentError(absl::StrCat(item, ": expected {path: PREFIX, weight: W}"));
+    }
+    if (s.path.empty())
+      return InvalidArgumentError(absl::StrCat(item, ".path is missing or empty"));
+    if (!(s.weight > 0))
+      return InvalidArgumentError(
+          absl::StrCat(item, ".weight must be > 0 (got ", fmt_double(s.weight), ")"));
+    out->push_back(s);
+  }
+  return absl::OkStatus();
+}
+
+Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
+  const std::string name = absl::StrCat(f.section, ".", f.key);
+  void* p = f.member(cfg);
+  try {
+    switch (f.kind) {
+      case Kind::IntOrAuto:
+        if (n.IsScalar() && n.Scalar() == "auto") {
+          *static_cast<int64_t*>(p) = 0;
+          return absl::OkStatus();
+        }
+        [[fallthrough]];
+      case Kind::Int: {
+        if (!n.IsScalar()) throw YAML::Exception(YAML::Mark(), "");
+        int64_t v = n.as<int64_t>();
+        if (v < f.lo || v > f.hi) return range_error(name, static_cast<double>(v), f);
+        *static_cast<int64_t*>(p) = v;
+        return absl::OkStatus();
+      }
+      case Kind::Float: {
+        if (!n.IsScalar()) throw YAML::Exception(YAML::Mark(), "");
+        double v = n.as<double>();
+        if (!(v >= f.lo && v <= f.hi)) return range_error(name, v, f);
+        *static_cast<double*>(p) = v;
+        return absl::OkStatus();
+      }
+      case Kind::Bool:
+        if (!n.IsScalar()) throw YAML::Exception(YAML::Mark(), "");
+        *static_cast<bool*>(p) = n.as<bool>();
+        return absl::OkStatus();
+      case Kind::String: {
+        if (!n.IsScalar() && !n.IsNull()) throw YAML::Exception(YAML::Mark(), "");
+        std::string v = n.IsNull() ? "" : n.Scalar();
+        if (!f.choices.empty() &&
+            std::find(f.choices.begin(), f.choices.end(), v) == f.choices.end())
+          return InvalidArgumentError(absl::StrCat(name, " must be one of ",
+                                                   absl::StrJoin(f.choices, "|"), " (got '", v,
+                                                   "')", suggest(v, f.choices)));
+        *static_cast<std::string*>(p) = v;
+        return absl::OkStatus();
+      }
+      case Kind::Sources:
+        return parse_sources(n, name, static_cast<std::vector<DataSource>*>(p));
+    }
+  } catch (const YAML::Exception&) {
+    const char* want = f.kind == Kind::Int         ? "an integer"
+                       : f.kind == Kind::IntOrAuto ? "an integer or auto"
+                       : f.kind == Kind::Float     ? "a number"
+                       : f.kind == Kind::Bool      ? "true or false"
+                                                   : "a string";
+    return InvalidArgumentError(absl::StrCat(name, ": expected ", want, ", got ", scalar_text(n)));
+  }
+  return absl::OkStatus();
+}
+
+// ---- presets (Hugging Face config.json of the Qwen2.5 base models) ----
+struct Preset {
+  const char* name;
+  int64_t hidden, inter, layers, heads, kv, hd, vocab;
+  double eps;
+  bool tied;
+};
+constexpr Preset kPresets[] = {
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 64, 151936, 1e-6, true},
+    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 128, 151936, 1e-6, true},
+    {"qwen2.5-3b", 2048, 11008, 36, 16, 2, 128, 151936, 1e-6, true},
+    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 128, 152064, 1e-6, false},
+    {"qwen2.5-14b", 5120, 13824, 48, 40, 8, 128, 152064, 1e-5, false},
+    {"qwen2.5-32b", 5120, 27648, 64, 40, 8, 128, 152064, 1e-5, false},
+    {"qwen2.5-72b", 8192, 29568, 80, 64, 8, 128, 152064, 1e-5, false},
+};
+
+Status apply_preset(const std::string& name, ModelConfig* m) {
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    m->hidden_size = p.hidden;
+    m->intermediate_size = p.inter;
+    m->num_layers = p.layers;
+    m->num_heads = p.heads;
+    m->num_kv_heads = p.kv;
+    m->head_dim = p.hd;
+    m->vocab_size = p.vocab;
+    m->max_seq_len = 32768;
+    m->rope_theta = 1e6;
+    m->rms_norm_eps = p.eps;
+    m->tie_embeddings = p.tied;
+    return absl::OkStatus();
+  }
+  return InvalidArgumentError(absl::StrCat(
+      "model.preset '", name, "' is unknown; known presets: ", absl::StrJoin(preset_names(), ", "),
+      suggest(name, preset_names())));
+}
+
+// ---- overrides: "section.key=value", value parsed as YAML ----
+Status apply_override(YAML::Node& root, const std::string& set) {
+  size_t eq = set.find('=');
+  size_t dot = set.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq || dot == 0 || dot + 1 == eq)
+    return InvalidArgumentError(absl::StrCat(
+        "--set '", set, "': expected section.key=value, e.g. --set train.micro_batch=2"));
+  std::string section = set.substr(0, dot), key = set.substr(dot + 1, eq - dot - 1);
+  YAML::Node value;
+  try {
+    value = YAML::Load(set.substr(eq + 1));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(
+        absl::StrCat("--set '", set, "': value is not valid YAML: ", e.msg));
+  }
+  if (root[section] && !root[section].IsMap())
+    return InvalidArgumentError(absl::StrCat("section '", section, "' must be a mapping"));
+  root[section][key] = value;
+  return absl::OkStatus();
+}
+
+// ---- cross-field validation ----
+Status validate(const Config& c) {
+  const ModelConfig& m = c.model;
+  auto err = [](auto&&... parts) { return InvalidArgumentError(absl::StrCat(parts...)); };
+  for (auto [v, n] : {std::pair{m.hidden_size, "hidden_size"},
+                      {m.intermediate_size, "intermediate_size"},
+                      {m.num_layers, "num_layers"},
+                      {m.num_heads, "num_heads"},
+                      {m.num_kv_heads, "num_kv_heads"},
+                      {m.head_dim, "head_dim"},
+                      {m.vocab_size, "vocab_size"},
+                      {m.max_seq_len, "max_seq_len"}})
+    if (v == 0)
+      return err("model.", n, " is not set: give it or choose a model.preset (",
+                 absl::StrJoin(preset_names(), ", "), ")");
+  if (m.num_heads % m.num_kv_heads != 0)
+    return err("model.num_heads ", m.num_heads, " is not a multiple of model.num_kv_heads ",
+               m.num_kv_heads);
+  if (m.head_dim % 2 != 0)
+    return err("model.head_dim must be even for RoPE (got ", m.head_dim, ")");
+  const ParallelConfig& p = c.parallel;
+  if (m.num_heads % p.tp != 0)
+    return err("model.num_heads ", m.num_heads, " is not divisible by parallel.tp ", p.tp);
+  if (m.num_kv_heads % p.tp != 0)
+    return err("model.num_kv_heads ", m.num_kv_heads, " is not divisible by parallel.tp ", p.tp,
+               "; use a tp that divides it");
+  if (m.num_layers % p.pp != 0)
+    return err("model.num_layers ", m.num_layers, " is not divisible by parallel.pp ", p.pp);
+  if (c.data.train.empty()) return err("data.train is empty: give at least one {path: PREFIX}");
+  if (c.data.seq_len == 0) return err("data.seq_len is not set");
+  if (c.data.seq_len > m.max_seq_len)
+    return err("data.seq_len ", c.data.seq_len, " exceeds model.max_seq_len ", m.max_seq_len);
+  const TrainConfig& t = c.train;
+  if (t.global_batch == 0) return err("train.global_batch is not set");
+  int64_t per_step = t.micro_batch * std::max<int64_t>(p.dp, 1);
+  if (t.global_batch % per_step != 0)
+    return err("train.global_batch ", t.global_batch, " is not divisible by train.micro_batch ",
+               t.micro_batch, " x dp ", std::max<int64_t>(p.dp, 1), " = ", per_step);
+  if (t.eval_interval > 0 && c.data.valid.empty())
+    return err("train.eval_interval is ", t.eval_interval,
+               " but data.valid is empty; add data.valid or set train.eval_interval=0");
+  const OptimConfig& o = c.optim;
+  if (o.min_lr > o.lr)
+    return err("optim.min_lr ", fmt_double(o.min_lr), " exceeds optim.lr ", fmt_double(o.lr));
+  if (o.warmup_steps > t.steps)
+    return err("optim.warmup_steps ", o.warmup_steps, " exceeds train.steps ", t.steps);
+  if (c.checkpoint.dir.empty()) return err("checkpoint.dir must not be empty");
+  if (c.log.dir.empty()) return err("log.dir must not be empty");
+  return absl::OkStatus();
+}
+
+// ---- YAML output ----
+void emit_field(YAML::Emitter& out, const Field& f, Config& c) {
+  void* p = f.member(c);
+  out << YAML::Key << f.key << YAML::Value;
+  switch (f.kind) {
+    case Kind::IntOrAuto:
+      if (*static_cast<int64_t*>(p) == 0) {
+        out << "auto";
+        break;
+      }
+      [[fallthrough]];
+    case Kind::Int:
+      out << *static_cast<int64_t*>(p);
+      break;
+    case Kind::Float:
+      out << fmt_double(*static_cast<double*>(p));
+      break;
+    case Kind::Bool:
+      out << *static_cast<bool*>(p);
+      break;
+    case Kind::String:
+      out << YAML::DoubleQuoted << *static_cast<std::string*>(p);
+      break;
+    case Kind::Sources:
+      out << YAML::BeginSeq;
+      for (const DataSource& s : *static_cast<std::vector<DataSource>*>(p))
+        out << YAML::Flow << YAML::BeginMap << YAML::Key << "path" << YAML::Value
+            << YAML::DoubleQuoted << s.path << YAML::Key << "weight" << YAML::Value
+            << fmt_double(s.weight) << YAML::EndMap;
+      out << YAML::EndSeq;
+      break;
+  }
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Int:
+      return "int";
+    case Kind::IntOrAuto:
+      return "int or auto";
+    case Kind::Float:
+      return "float";
+    case Kind::Bool:
+      return "bool";
+    case Kind::String:
+      return "string";
+    case Kind::Sources:
+      return "list";
+  }
+  return "?";
+}
+
+Status parse_root(const YAML::Node& root, const std::string& origin, Config* cfg) {
+  if (!root.IsMap())
+    return InvalidArgumentError(
+        absl::StrCat(origin, ": the top level must be a mapping of sections"));
+  for (const auto& sec : root) {
+    std::string s = sec.first.as<std::string>();
+    if (std::find(section_names().begin(), section_names().end(), s) == section_names().end())
+      return InvalidArgumentError(
+          absl::StrCat("unknown section '", s, "' in ", origin, suggest(s, section_names())));
+    if (sec.second.IsNull()) continue;
+    if (!sec.second.IsMap())
+      return InvalidArgumentError(
+          absl::StrCat("section '", s, "' in ", origin, " must be a mapping"));
+    for (const auto& kv : sec.second) {
+      std::string k = kv.first.as<std::string>();
+      std::vector<std::string> known = keys_of(s);
+      if (std::find(known.begin(), known.end(), k) == known.end())
+        return InvalidArgumentError(
+            absl::StrCat("unknown key '", s, ".", k, "' in ", origin, suggest(k, known)));
+    }
+  }
+  // The preset first, so that explicit model fields override it.
+  if (root["model"] && root["model"]["preset"]) {
+    if (Status st = parse_field(fields()[0], root["model"]["preset"], *cfg); !st.ok()) return st;
+    if (!cfg->model.preset.empty())
+      if (Status st = apply_preset(cfg->model.preset, &cfg->model); !st.ok()) return st;
+  }
+  for (const Field& f : fields()) {
+    if (std::string(f.key) == "preset") continue;
+    YAML::Node sec = root[f.section];
+    if (!sec || !sec[f.key]) continue;
+    if (Status st = parse_field(f, sec[f.key], *cfg); !st.ok()) return st;
+  }
+  return validate(*cfg);
+}
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> n;
+  for (const Preset& p : kPresets) n.push_back(p.name);
+  return n;
+}
+
+absl::StatusOr<Config> parse_config(const std::string& yaml_text,
+                                    const std::vector<std::string>& sets,
+                                    const std::string& origin) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return InvalidArgumentError(absl::StrCat(origin, ":", e.mark.line + 1, ":", e.mark.column + 1,
+                                             ": invalid YAML: ", e.msg));
+  }
+  if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
+  for (const std::string& s : sets)
+    if (Status st = apply_override(root, s); !st.ok()) return st;
+  Config cfg;
+  if (Status st = parse_root(root, origin, &cfg); !st.ok()) return st;
+  return cfg;
+}
+
+absl::StatusOr<Config> load_config(const std::string& path, const std::vector<std::string>& sets) {
+  std::ifstream in(path);
+  if (!in)
+    return absl::NotFoundError(
+        absl::StrCat("config file '", path, "' cannot be read; check --config"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), sets, path);
+}
+
+std::string to_yaml(const Config& cfg_in) {
+  Config cfg = cfg_in;
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const std::string& sec : section_names()) {
+    out << YAML::Key << sec << YAML::Value << YAML::BeginMap;
+    for (const Field& f : fields())
+      if (sec == f.section) emit_field(out, f, cfg);
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string config_docs_markdown() {
+  Config defaults;
+  std::string md = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const Field& f : fields()) {
+    YAML::Emitter e;
+    e << YAML::BeginMap;
+    emit_field(e, f, defaults);
+    e << YAML::EndMap;
+    std::string def =
+        YAML::Load(e.c_str())[f.key].IsSequence() ? "[]" : YAML::Load(e.c_str())[f.key].Scalar();
+    if (def.empty()) def = "\"\"";
+    std::string doc = f.doc;
+    if (!f.choices.empty()) doc += " (" + absl::StrJoin(f.choices, " \\| ") + ")";
+    md += absl::StrCat("| `", f.section, ".", f.key, "` | ", kind_name(f.kind), " | `", def, "` | ",
+                       doc, " |\n");
+  }
+  return md;
+}
+
+}  // namespace tr

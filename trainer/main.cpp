@@ -1,1 +1,23 @@
-int main() { return 0; }
+// trainer: one binary, one YAML config. See README.md and docs/config.md.
+#include <cstdio>
+
+#include "trainer/cli.h"
+#include "trainer/config.h"
+#include "trainer/run.h"
+
+int main(int argc, char** argv) {
+  absl::StatusOr<tr::CliOptions> opts = tr::parse_cli(argc, argv);
+  if (!opts.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(opts.status().message()).c_str());
+    return tr::kExitBadInput;
+  }
+  if (opts->help) {
+    std::fputs(tr::usage().c_str(), stdout);
+    return tr::kExitOk;
+  }
+  if (opts->help_config) {
+    std::fputs(tr::config_docs_markdown().c_str(), stdout);
+    return tr::kExitOk;
+  }
+  return tr::run(*opts);
+}

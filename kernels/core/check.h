@@ -20,15 +20,15 @@ void set_abort_hook(AbortHook hook);
 }  // namespace tr
 
 // Generic: `ok` is an expression over `_v`, the value `expr` returned; `detail` a string.
-#define TR_CHECK_GEN(kind, expr, ok, detail)                         \
-  do {                                                               \
-    auto _v = (expr);                                                \
+#define TR_CHECK_GEN(kind, expr, ok, detail)                               \
+  do {                                                                     \
+    auto _v = (expr);                                                      \
     if (!(ok)) ::tr::fatal_error(kind, #expr, detail, __FILE__, __LINE__); \
   } while (0)
 
 // Invariant of the program (not of the input).
-#define TR_ASSERT(cond, msg)                                                             \
-  do {                                                                                   \
+#define TR_ASSERT(cond, msg)                                                               \
+  do {                                                                                     \
     if (!(cond)) ::tr::fatal_error("ASSERT", #cond, std::string(msg), __FILE__, __LINE__); \
   } while (0)
 

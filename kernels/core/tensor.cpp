@@ -9,30 +9,42 @@ namespace tr {
 
 namespace {
 constexpr size_t kAlign = 256;  // enough for AVX-512 and for GPU coalescing
-size_t round_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t round_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
 }  // namespace
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::bf16: return 2;
-    case DType::i32: return 4;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::bf16:
+      return 2;
+    case DType::i32:
+      return 4;
   }
   return 0;
 }
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::bf16: return "bf16";
-    case DType::i32: return "i32";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::i32:
+      return "i32";
   }
   return "?";
 }
 
-const char* device_name(Device device) { return device == Device::cpu ? "cpu" : "cuda"; }
+const char* device_name(Device device) {
+  return device == Device::cpu ? "cpu" : "cuda";
+}
 
 Tensor::Tensor(void* data_, DType dtype_, Device device_, std::initializer_list<int64_t> shape_)
     : data(data_), dtype(dtype_), device(device_), ndim(static_cast<int>(shape_.size())) {
@@ -70,12 +82,21 @@ Tensor Tensor::view(std::initializer_list<int64_t> new_shape) const {
   return t;
 }
 
+Tensor Tensor::at(int64_t offset, std::initializer_list<int64_t> new_shape) const {
+  Tensor t(static_cast<char*>(data) + static_cast<size_t>(offset) * dtype_size(dtype), dtype, device,
+           new_shape);
+  TR_ASSERT(offset >= 0 && offset + t.numel() <= numel(),
+            "sub-view " + t.shape_str() + " at " + std::to_string(offset) + " outside " + shape_str());
+  return t;
+}
+
 Tensor Tensor::slice(int64_t begin, int64_t count) const {
   TR_ASSERT(ndim >= 1 && begin >= 0 && count >= 0 && begin + count <= shape[0],
             "slice out of range of " + shape_str());
   Tensor t = *this;
   t.shape[0] = count;
-  t.data = static_cast<char*>(data) + static_cast<size_t>(begin) * (nbytes() / (shape[0] ? shape[0] : 1));
+  t.data = static_cast<char*>(data) +
+           static_cast<size_t>(begin) * (nbytes() / (shape[0] ? shape[0] : 1));
   return t;
 }
 
@@ -93,7 +114,9 @@ Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   TR_ASSERT(data_ != nullptr, "out of host memory allocating " + std::to_string(bytes) + " bytes");
 }
 
-Buffer::~Buffer() { release(); }
+Buffer::~Buffer() {
+  release();
+}
 
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
@@ -126,9 +149,9 @@ Arena::Arena(size_t bytes, Device device) : buffer_(bytes, device) {
 Tensor Arena::alloc(DType dtype, std::initializer_list<int64_t> shape) {
   Tensor t(nullptr, dtype, buffer_.device(), shape);
   size_t need = arena_bytes(dtype, t.numel());
-  TR_ASSERT(used_ + need <= buffer_.bytes(),
-            "arena exhausted: need " + std::to_string(used_ + need) + " of " +
-                std::to_string(buffer_.bytes()) + " bytes");
+  TR_ASSERT(used_ + need <= buffer_.bytes(), "arena exhausted: need " +
+                                                 std::to_string(used_ + need) + " of " +
+                                                 std::to_string(buffer_.bytes()) + " bytes");
   t.data = static_cast<char*>(buffer_.data()) + used_;
   used_ += need;
   return t;

@@ -22,11 +22,17 @@ const char* device_name(Device device);
 template <class T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<float>() { return DType::f32; }
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
 template <>
-constexpr DType dtype_of<double>() { return DType::f64; }
+constexpr DType dtype_of<double>() {
+  return DType::f64;
+}
 template <>
-constexpr DType dtype_of<int32_t>() { return DType::i32; }
+constexpr DType dtype_of<int32_t>() {
+  return DType::i32;
+}
 
 struct Tensor {
   static constexpr int kMaxDims = 4;
@@ -54,6 +60,8 @@ struct Tensor {
   }
   // Same memory, new shape with the same element count.
   Tensor view(std::initializer_list<int64_t> new_shape) const;
+  // A contiguous sub-view starting `offset` elements into this tensor's memory.
+  Tensor at(int64_t offset, std::initializer_list<int64_t> new_shape) const;
   // Rows [begin, begin + count) of dimension 0.
   Tensor slice(int64_t begin, int64_t count) const;
   bool same_shape(const Tensor& other) const;

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Writes the Hugging Face parity fixtures used by tests/test_model.cpp.
+
+A tiny Qwen2ForCausalLM (GQA, vocabulary not a multiple of 128, random weights in every
+tensor, biases and norms included) is run in float64 by `transformers`; the fixture holds its
+weights, the input tokens and targets, the logits, the mean cross-entropy over the shifted
+labels and the gradient of that loss for every parameter. Names follow the trainer's
+checkpoint names: the Hugging Face name without "model.", with '/' for '.'.
+
+    pip install torch transformers h5py
+    python3 tools/make_hf_fixture.py tests/fixtures
+"""
+import sys
+
+import h5py
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+SHAPE = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+             rms_norm_eps=1e-6)
+ROPE_THETA = 10000.0
+BATCH, SEQ = 2, 12
+
+
+def our_name(hf_name):
+    return hf_name.removeprefix("model.").replace(".", "/")
+
+
+def make(path, tied, seed):
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
+                      attention_dropout=0.0, use_sliding_window=False)
+    # transformers 5 keeps theta in rope_parameters; set both spellings.
+    if getattr(cfg, "rope_parameters", None) is not None:
+        cfg.rope_parameters["rope_theta"] = ROPE_THETA
+    model = Qwen2ForCausalLM._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
+    model = model.double().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            else:
+                p.copy_(0.2 * torch.randn_like(p))
+    tokens = torch.randint(0, SHAPE["vocab_size"], (BATCH, SEQ + 1))
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    logits = model(input_ids=inputs).logits  # [B, S, V]
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, SHAPE["vocab_size"]), targets.reshape(-1))
+    loss.backward()
+    with h5py.File(path, "w") as f:
+        for k, v in SHAPE.items():
+            f.attrs[k] = v
+        f.attrs["head_dim"] = SHAPE["hidden_size"] // SHAPE["num_attention_heads"]
+        f.attrs["rope_theta"] = ROPE_THETA
+        f.attrs["tie_word_embeddings"] = int(tied)
+        f.attrs["batch"], f.attrs["seq_len"] = BATCH, SEQ
+        f.attrs["transformers_version"] = __import__("transformers").__version__
+        f["tokens"] = inputs.numpy().astype("int32")
+        f["targets"] = targets.numpy().astype("int32")
+        f["logits"] = logits.detach().reshape(-1, SHAPE["vocab_size"]).numpy()
+        f["loss"] = loss.item()
+        for name, p in model.named_parameters():
+            f[f"params/{our_name(name)}"] = p.detach().numpy()
+            f[f"grads/{our_name(name)}"] = p.grad.numpy()
+    print(f"{path}: loss {loss.item():.6f}, tied={tied}")
+
+
+if __name__ == "__main__":
+    out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
+    make(f"{out}/qwen2_tiny_tied.h5", True, 1)
+    make(f"{out}/qwen2_tiny_untied.h5", False, 2)

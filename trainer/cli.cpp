@@ -1,0 +1,74 @@
+#include "trainer/cli.h"
+
+#include <string_view>
+
+#include "absl/strings/str_cat.h"
+
+namespace tr {
+
+std::string usage() {
+  return "usage: trainer --config FILE [--set section.key=value ...] [--resume auto|none|PATH]\n"
+         "               [--dry-run] [--help-config]\n"
+         "  --config FILE     YAML run config (see configs/ and docs/config.md)\n"
+         "  --set K=V         override one config key, e.g. --set train.micro_batch=2 "
+         "(repeatable)\n"
+         "  --resume auto     continue from checkpoint.dir/latest when it exists (default)\n"
+         "  --resume none     start fresh; refused when checkpoint.dir already holds checkpoints\n"
+         "  --resume PATH     continue from the committed checkpoint directory PATH\n"
+         "  --dry-run         validate config and data, print the plan and memory, then exit\n"
+         "  --help-config     print every config key with its type, default and meaning\n";
+}
+
+absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
+  CliOptions o;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    auto value = [&](std::string_view flag) -> absl::StatusOr<std::string> {
+      if (size_t eq = a.find('='); eq != std::string_view::npos)
+        return std::string(a.substr(eq + 1));
+      if (i + 1 >= argc)
+        return absl::InvalidArgumentError(
+            absl::StrCat(std::string(flag), " needs a value; see --help"));
+      return std::string(argv[++i]);
+    };
+    auto is = [&](std::string_view flag) {
+      return a == flag || a.starts_with(absl::StrCat(std::string(flag), "="));
+    };
+    if (a == "--help" || a == "-h") {
+      o.help = true;
+    } else if (a == "--help-config") {
+      o.help_config = true;
+    } else if (a == "--dry-run") {
+      o.dry_run = true;
+    } else if (is("--config")) {
+      absl::StatusOr<std::string> v = value("--config");
+      if (!v.ok()) return v.status();
+      o.config = *v;
+    } else if (is("--set")) {
+      // --set=a.b=c keeps everything after the first '=' as the assignment.
+      std::string v;
+      if (a.starts_with("--set=")) {
+        v = std::string(a.substr(6));
+      } else {
+        absl::StatusOr<std::string> n = value("--set");
+        if (!n.ok()) return n.status();
+        v = *n;
+      }
+      o.sets.push_back(v);
+    } else if (is("--resume")) {
+      absl::StatusOr<std::string> v = value("--resume");
+      if (!v.ok()) return v.status();
+      if (v->empty())
+        return absl::InvalidArgumentError("--resume needs auto, none or a checkpoint path");
+      o.resume = *v;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown argument '", std::string(a), "'; see --help"));
+    }
+  }
+  if (!o.help && !o.help_config && o.config.empty())
+    return absl::InvalidArgumentError("--config FILE is required; see --help");
+  return o;
+}
+
+}  // namespace tr

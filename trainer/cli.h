@@ -1,0 +1,28 @@
+// The command line: trainer --config FILE [--set section.key=value ...] [--resume auto|none|PATH]
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tr {
+
+struct CliOptions {
+  std::string config;             // --config FILE
+  std::vector<std::string> sets;  // --set section.key=value, in order
+  std::string resume = "auto";    // --resume auto | none | PATH
+  bool dry_run = false;           // --dry-run: validate, print the plan, exit
+  bool help = false;              // --help
+  bool help_config = false;       // --help-config: the config reference (docs/config.md)
+};
+
+absl::StatusOr<CliOptions> parse_cli(int argc, char** argv);
+std::string usage();
+
+// Exit codes.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;   // a failure while running (I/O, library error)
+inline constexpr int kExitBadInput = 2;  // invalid config, flag, data file or checkpoint
+
+}  // namespace tr

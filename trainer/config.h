@@ -1,0 +1,104 @@
+// Typed configuration: one struct per YAML section, every field with a default and a doc line
+// (the table in docs/config.md is generated from the same registry by `trainer --help-config`).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tr {
+
+struct ModelConfig {
+  std::string preset;             // "" or a Qwen2.5 preset name; explicit fields override it
+  int64_t hidden_size = 0;        // H
+  int64_t intermediate_size = 0;  // I (MLP)
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;     // query heads
+  int64_t num_kv_heads = 0;  // key/value heads (GQA)
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;  // real vocabulary; padded to a multiple of 128*tp internally
+  int64_t max_seq_len = 0;
+  double rope_theta = 1e6;
+  double rms_norm_eps = 1e-6;
+  bool tie_embeddings = false;
+  double init_std = 0.02;  // std of the normal init of matrices and the embedding
+};
+
+struct ParallelConfig {
+  int64_t tp = 1, pp = 1;
+  int64_t dp = 0;  // 0 = auto (world / (tp*pp)); written "auto" in YAML
+  bool sequence_parallel = false;
+  bool zero1 = false;
+};
+
+struct DataSource {
+  std::string path;  // Megatron prefix (PREFIX.bin/.idx) or llm.c shard file
+  double weight = 1.0;
+};
+
+struct DataConfig {
+  std::vector<DataSource> train, valid;
+  int64_t seq_len = 0;
+  int64_t seed = 1234;
+  std::string format = "auto";  // auto | megatron | llmc
+};
+
+struct TrainConfig {
+  int64_t steps = 0;
+  int64_t global_batch = 0;      // samples per optimizer step, all DP ranks together
+  int64_t micro_batch = 1;       // samples per forward/backward on one rank
+  std::string backend = "auto";  // auto | cpu | cuda
+  int64_t seed = 1234;           // weight init
+  int64_t eval_interval = 0;     // 0 = never
+  int64_t eval_steps = 10;       // validation batches per evaluation
+};
+
+struct OptimConfig {
+  double lr = 3e-4, min_lr = 3e-5;
+  int64_t warmup_steps = 0;
+  std::string schedule = "cosine";  // cosine | linear | constant | wsd
+  double decay_fraction = 0.2;      // wsd: last fraction of steps spent decaying to min_lr
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double grad_clip = 1.0;  // global-norm clip; 0 = off
+};
+
+struct CheckpointConfig {
+  std::string dir = "checkpoints";
+  int64_t interval = 0;  // steps between saves; 0 = only at the end
+  int64_t keep_last = 2;
+};
+
+struct LogConfig {
+  std::string dir = "runs";
+  int64_t interval = 1;  // steps between console lines (metrics.jsonl gets every step)
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+};
+
+// Reads FILE, applies `section.key=value` overrides (values are YAML), fills presets,
+// validates. Errors are one line naming the key, the file or the override.
+absl::StatusOr<Config> load_config(const std::string& path, const std::vector<std::string>& sets);
+// Same from YAML text (for tests); `origin` names the source in messages.
+absl::StatusOr<Config> parse_config(const std::string& yaml_text,
+                                    const std::vector<std::string>& sets,
+                                    const std::string& origin = "config");
+// The resolved config as YAML (every key, presets expanded): printed at start-up, stored in
+// checkpoints, and parseable again by parse_config.
+std::string to_yaml(const Config& cfg);
+// Markdown table of every key: section, key, type, default, doc.
+std::string config_docs_markdown();
+// Names of the built-in model presets.
+std::vector<std::string> preset_names();
+
+}  // namespace tr

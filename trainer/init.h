@@ -1,0 +1,24 @@
+// Deterministic parameter initialisation: every value is a pure function of
+// (seed, tensor name, element index), so any rank layout produces the same global weights.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/core/tensor.h"
+
+namespace tr {
+
+enum class InitKind { zeros, ones, normal };
+
+// Fills the first `count` elements of t (host, f32 or f64) and zeroes the rest (e.g. the
+// rows of a padded vocabulary). `first_index` is the global index of t's element 0.
+void fill_init(Tensor t, InitKind kind, double std, uint64_t seed, const std::string& name,
+               int64_t count, int64_t first_index = 0);
+
+// splitmix64 finaliser: a good 64-bit mix, the basis of the counter-based generator.
+uint64_t mix64(uint64_t x);
+// Standard normal sample number `index` of stream `stream` (Box-Muller on two hashed uniforms).
+double normal_at(uint64_t stream, uint64_t index);
+
+}  // namespace tr

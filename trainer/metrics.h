@@ -1,0 +1,43 @@
+// Per-step metrics: a console line every log.interval steps and one JSON object per step in
+// <log.dir>/metrics.jsonl (rank 0 only).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace tr {
+
+struct StepMetrics {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double step_time_s = 0, data_wait_s = 0, optimizer_s = 0;
+  int64_t tokens = 0;          // tokens in this step (all ranks)
+  double flops_per_token = 0;  // training FLOPs per token (causal counting)
+  double peak_flops = 0;       // dense peak of the device, 0 when unknown (CPU)
+  int world = 1;
+  double elapsed_s = 0;         // since this process started training
+  int64_t steps_done_here = 0;  // steps run by this process (for the ETA)
+};
+
+class MetricsLog {
+ public:
+  // Opens <dir>/metrics.jsonl. Resuming at `resume_step` > 0 keeps the lines of steps <=
+  // resume_step (a crashed run may have logged steps past its last checkpoint); a fresh run
+  // moves an existing file aside to metrics.jsonl.prev.
+  absl::Status open(const std::string& dir, int64_t resume_step);
+  ~MetricsLog();
+  void step(const StepMetrics& m, bool print);
+  void eval(int64_t step, double val_loss, double seconds);
+  void note(const std::string& json_object_fields);  // e.g. "\"event\": \"checkpoint\", ..."
+
+ private:
+  std::FILE* f_ = nullptr;
+};
+
+// "1h02m03s" / "4m05s" / "12s".
+std::string format_duration(double seconds);
+
+}  // namespace tr

@@ -1,0 +1,331 @@
+#include "trainer/model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
+#include "trainer/init.h"
+
+namespace tr {
+
+ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
+  ModelDims d;
+  d.hidden = m.hidden_size;
+  d.inter = m.intermediate_size / topo.tp;
+  d.layers = m.num_layers / topo.pp;
+  d.heads = m.num_heads / topo.tp;
+  d.kv_heads = m.num_kv_heads / topo.tp;
+  d.head_dim = m.head_dim;
+  d.vocab = m.vocab_size;
+  const int64_t multiple = 128 * topo.tp;
+  d.vocab_padded = (m.vocab_size + multiple - 1) / multiple * multiple;
+  d.eps = static_cast<float>(m.rms_norm_eps);
+  d.theta = static_cast<float>(m.rope_theta);
+  d.tied = m.tie_embeddings;
+  return d;
+}
+
+ParamLayout ParamLayout::make(const ModelDims& d) {
+  ParamLayout l;
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay,
+                 std::vector<int64_t> global = {}) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.shape = shape;
+    p.global_shape = global.empty() ? shape : global;
+    p.offset = l.total;
+    p.numel = 1;
+    for (int64_t s : shape) p.numel *= s;
+    p.decay = decay;
+    l.total += p.numel;
+    l.tensors.push_back(std::move(p));
+  };
+  const int64_t H = d.hidden, hd = d.head_dim;
+  add("embed_tokens/weight", {d.vocab_padded, H}, true, {d.vocab, H});
+  for (int64_t i = 0; i < d.layers; ++i) {
+    const std::string p = absl::StrCat("layers/", i, "/");
+    add(p + "input_layernorm/weight", {H}, false);
+    // q, k, v adjacent so that [q; k; v] is one [(nh + 2 nkv) hd, H] matrix; biases likewise.
+    add(p + "self_attn/q_proj/weight", {d.heads * hd, H}, true);
+    add(p + "self_attn/k_proj/weight", {d.kv_heads * hd, H}, true);
+    add(p + "self_attn/v_proj/weight", {d.kv_heads * hd, H}, true);
+    add(p + "self_attn/q_proj/bias", {d.heads * hd}, false);
+    add(p + "self_attn/k_proj/bias", {d.kv_heads * hd}, false);
+    add(p + "self_attn/v_proj/bias", {d.kv_heads * hd}, false);
+    add(p + "self_attn/o_proj/weight", {H, d.heads * hd}, true);
+    add(p + "post_attention_layernorm/weight", {H}, false);
+    add(p + "mlp/gate_proj/weight", {d.inter, H}, true);  // gate then up: one [2I, H]
+    add(p + "mlp/up_proj/weight", {d.inter, H}, true);
+    add(p + "mlp/down_proj/weight", {H, d.inter}, true);
+  }
+  add("norm/weight", {H}, false);
+  if (!d.tied) add("lm_head/weight", {d.vocab_padded, H}, true, {d.vocab, H});
+  return l;
+}
+
+const ParamInfo& ParamLayout::find(const std::string& name) const {
+  for (const ParamInfo& p : tensors)
+    if (p.name == name) return p;
+  TR_ASSERT(false, "no parameter named " + name);
+}
+
+// Activations of one micro-batch kept for backward, and scratch. T = batch * seq_len.
+struct Qwen2Model::Acts {
+  struct Layer {
+    Tensor ln1;     // [T, H] input_layernorm output
+    Tensor rstd1;   // [T]
+    Tensor qkv;     // [T, (nh + 2 nkv) hd], rope applied to q and k
+    Tensor att;     // [T, nh hd] attention output before o_proj
+    Tensor lse;     // [B, nh, S]
+    Tensor x_mid;   // [T, H] residual after attention
+    Tensor ln2;     // [T, H]
+    Tensor rstd2;   // [T]
+    Tensor gateup;  // [T, 2I]
+    Tensor act;     // [T, I] silu(gate) * up
+  };
+  std::vector<Layer> layers;
+  std::vector<Tensor> resid;  // L + 1 of [T, H]: resid[l] enters layer l
+  Tensor lnf, rstdf;          // [T, H], [T]
+  Tensor tmp;                 // [T, H] projection outputs
+  // backward scratch
+  Tensor dres, dtmp, dln, dlnf;  // [T, H]
+  Tensor dqkv;                   // [T, (nh + 2 nkv) hd]
+  Tensor datt;                   // [T, nh hd]
+  Tensor dgateup;                // [T, 2I]
+  Tensor dact;                   // [T, I]
+  Tensor logits;                 // [C, Vp] one loss chunk; overwritten by its gradient
+  Tensor losses;                 // [C]
+  int64_t chunk = 0;             // C
+};
+
+namespace {
+// Loss chunk: at most ~16M logits at a time, so full-vocabulary logits never exist for
+// long sequences (64 MB in fp32).
+constexpr int64_t kLogitsPerChunk = int64_t{1} << 24;
+
+// Sum of a host tensor's values in double (the per-token losses of one chunk).
+double sum_host(Tensor t) {
+  TR_ASSERT(t.device == Device::cpu, "sum_host on a device tensor");
+  double s = 0;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    s += t.dtype == DType::f64 ? t.ptr<double>()[i] : t.ptr<float>()[i];
+  return s;
+}
+}  // namespace
+
+Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype)
+    : dims_(dims), batch_(batch), seq_len_(seq_len), ctx_(ctx), dtype_(dtype) {
+  layout_ = ParamLayout::make(dims_);
+  param_arena_ = std::make_unique<Arena>(2 * arena_bytes(dtype, layout_.total), ctx.device);
+  params_ = param_arena_->alloc(dtype, {layout_.total});
+  grads_ = param_arena_->alloc(dtype, {layout_.total});
+  w_ = views(params_);
+  g_ = views(grads_);
+
+  const int64_t T = batch * seq_len, H = dims.hidden, Q = dims.qkv_out(),
+                A = dims.heads * dims.head_dim, I = dims.inter, Vp = dims.vocab_padded;
+  a_ = std::make_unique<Acts>();
+  a_->chunk = std::max<int64_t>(1, std::min<int64_t>(T, kLogitsPerChunk / Vp));
+  const int64_t C = a_->chunk;
+  const int64_t per_layer =
+      4 * T * H + 2 * T + T * Q + T * A + batch * dims.heads * seq_len + T * 2 * I + T * I;
+  const int64_t scratch = (dims.layers + 1) * T * H + T * H + T + T * H * 5 + T * Q + T * A +
+                          T * 2 * I + T * I + C * Vp + C;
+  // Generous per-allocation alignment slack: 256 bytes for each of < 64 tensors per layer.
+  const size_t bytes = static_cast<size_t>(dims.layers * per_layer + scratch) * dtype_size(dtype) +
+                       static_cast<size_t>(dims.layers + 4) * 64 * 256;
+  act_arena_ = std::make_unique<Arena>(bytes, ctx.device);
+  Arena& ar = *act_arena_;
+  for (int64_t l = 0; l <= dims.layers; ++l) a_->resid.push_back(ar.alloc(dtype, {T, H}));
+  for (int64_t l = 0; l < dims.layers; ++l) {
+    Acts::Layer L;
+    L.ln1 = ar.alloc(dtype, {T, H});
+    L.rstd1 = ar.alloc(dtype, {T});
+    L.qkv = ar.alloc(dtype, {T, Q});
+    L.att = ar.alloc(dtype, {T, A});
+    L.lse = ar.alloc(dtype, {batch, dims.heads, seq_len});
+    L.x_mid = ar.alloc(dtype, {T, H});
+    L.ln2 = ar.alloc(dtype, {T, H});
+    L.rstd2 = ar.alloc(dtype, {T});
+    L.gateup = ar.alloc(dtype, {T, 2 * I});
+    L.act = ar.alloc(dtype, {T, I});
+    a_->layers.push_back(L);
+  }
+  a_->lnf = ar.alloc(dtype, {T, H});
+  a_->rstdf = ar.alloc(dtype, {T});
+  a_->tmp = ar.alloc(dtype, {T, H});
+  a_->dres = ar.alloc(dtype, {T, H});
+  a_->dtmp = ar.alloc(dtype, {T, H});
+  a_->dln = ar.alloc(dtype, {T, H});
+  a_->dlnf = ar.alloc(dtype, {T, H});
+  a_->dqkv = ar.alloc(dtype, {T, Q});
+  a_->datt = ar.alloc(dtype, {T, A});
+  a_->dgateup = ar.alloc(dtype, {T, 2 * I});
+  a_->dact = ar.alloc(dtype, {T, I});
+  a_->logits = ar.alloc(dtype, {C, Vp});
+  a_->losses = ar.alloc(dtype, {C});
+}
+
+Qwen2Model::~Qwen2Model() = default;
+
+size_t Qwen2Model::activation_bytes() const {
+  return act_arena_->capacity();
+}
+
+Tensor Qwen2Model::param(const ParamInfo& p) const {
+  return params_.at(p.offset, {p.numel});
+}
+Tensor Qwen2Model::grad(const ParamInfo& p) const {
+  return grads_.at(p.offset, {p.numel});
+}
+
+Weights Qwen2Model::views(Tensor flat) const {
+  const ModelDims& d = dims_;
+  const int64_t H = d.hidden, Q = d.qkv_out();
+  // Fused views (qkv, gateup) start at their first member and span the adjacent ones.
+  auto at = [&](const std::string& name, std::initializer_list<int64_t> shape) {
+    return flat.at(layout_.find(name).offset, shape);
+  };
+  Weights w;
+  w.embed = at("embed_tokens/weight", {d.vocab_padded, H});
+  for (int64_t i = 0; i < d.layers; ++i) {
+    const std::string p = absl::StrCat("layers/", i, "/");
+    LayerWeights L;
+    L.ln1 = at(p + "input_layernorm/weight", {H});
+    L.qkv_w = at(p + "self_attn/q_proj/weight", {Q, H});
+    L.qkv_b = at(p + "self_attn/q_proj/bias", {Q});
+    L.o_w = at(p + "self_attn/o_proj/weight", {H, d.heads * d.head_dim});
+    L.ln2 = at(p + "post_attention_layernorm/weight", {H});
+    L.gateup_w = at(p + "mlp/gate_proj/weight", {2 * d.inter, H});
+    L.down_w = at(p + "mlp/down_proj/weight", {H, d.inter});
+    w.layers.push_back(L);
+  }
+  w.norm = at("norm/weight", {H});
+  w.lm_head = d.tied ? w.embed : at("lm_head/weight", {d.vocab_padded, H});
+  return w;
+}
+
+void Qwen2Model::init_weights(uint64_t seed, double std) {
+  const double out_std = std / std::sqrt(2.0 * static_cast<double>(dims_.layers));
+  for (const ParamInfo& p : layout_.tensors) {
+    Tensor t = param(p);
+    const bool norm = p.name.find("layernorm") != std::string::npos || p.name == "norm/weight";
+    const bool bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
+    const bool out_proj =
+        p.name.find("o_proj") != std::string::npos || p.name.find("down_proj") != std::string::npos;
+    const int64_t valid = p.global_shape.empty() ? p.numel : [&] {
+      int64_t n = 1;
+      for (int64_t s : p.global_shape) n *= s;
+      return n;
+    }();
+    InitKind kind = norm ? InitKind::ones : bias ? InitKind::zeros : InitKind::normal;
+    fill_init(t, kind, out_proj ? out_std : std, seed, p.name, std::min(valid, p.numel));
+  }
+}
+
+void Qwen2Model::forward(const int32_t* tokens) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_;
+  Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
+  Acts& a = *a_;
+  embedding_fwd(ctx_, a.resid[0], tok, w_.embed, 0);
+  for (int64_t l = 0; l < d.layers; ++l) {
+    const LayerWeights& w = w_.layers[l];
+    Acts::Layer& L = a.layers[l];
+    rmsnorm_fwd(ctx_, L.ln1, L.rstd1, a.resid[l], w.ln1, d.eps);
+    linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
+    Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
+    rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_),
+             d.theta);
+    attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
+                  static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
+                  static_cast<int>(d.head_dim));
+    linear_fwd(ctx_, a.tmp, L.att, w.o_w, Tensor());
+    add(ctx_, L.x_mid, a.resid[l], a.tmp);
+    rmsnorm_fwd(ctx_, L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
+    linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
+    swiglu_fwd(ctx_, L.act, L.gateup);
+    linear_fwd(ctx_, a.tmp, L.act, w.down_w, Tensor());
+    add(ctx_, a.resid[l + 1], L.x_mid, a.tmp);
+  }
+  rmsnorm_fwd(ctx_, a.lnf, a.rstdf, a.resid[d.layers], w_.norm, d.eps);
+}
+
+// LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
+// assigned, the LM head gradient accumulated.
+double Qwen2Model::loss_and_head_backward(const int32_t* targets, float grad_scale, bool grad) {
+  Acts& a = *a_;
+  const int64_t T = batch_ * seq_len_;
+  double total = 0;
+  for (int64_t begin = 0; begin < T; begin += a.chunk) {
+    const int64_t n = std::min(a.chunk, T - begin);
+    Tensor logits = a.logits.slice(0, n), losses = a.losses.slice(0, n);
+    Tensor x = a.lnf.slice(begin, n);
+    Tensor tgt(const_cast<int32_t*>(targets + begin), DType::i32, Device::cpu, {n});
+    linear_fwd(ctx_, logits, x, w_.lm_head, Tensor());
+    cross_entropy_fwd_bwd(ctx_, losses, logits, tgt, dims_.vocab, grad_scale, grad);
+    total += sum_host(losses);
+    if (grad) linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head);
+  }
+  return total;
+}
+
+void Qwen2Model::backward(const int32_t* tokens) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_;
+  Acts& a = *a_;
+  rmsnorm_bwd(ctx_, a.dres, g_.norm, a.dlnf, a.resid[d.layers], w_.norm, a.rstdf);
+  for (int64_t l = d.layers - 1; l >= 0; --l) {
+    const LayerWeights& w = w_.layers[l];
+    const LayerWeights& g = g_.layers[l];
+    Acts::Layer& L = a.layers[l];
+    // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
+    linear_bwd(ctx_, a.dact, g.down_w, Tensor(), a.dres, L.act, w.down_w);
+    swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
+    linear_bwd(ctx_, a.dln, g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w);
+    rmsnorm_bwd(ctx_, a.dtmp, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2);
+    add(ctx_, a.dres, a.dres, a.dtmp);  // d x_mid
+    // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
+    linear_bwd(ctx_, a.datt, g.o_w, Tensor(), a.dres, L.att, w.o_w);
+    attention_bwd(ctx_, a.dqkv, a.datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
+                  static_cast<int>(seq_len_), static_cast<int>(d.heads),
+                  static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim));
+    rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
+             static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.theta);
+    linear_bwd(ctx_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w);
+    rmsnorm_bwd(ctx_, a.dtmp, g.ln1, a.dln, a.resid[l], w.ln1, L.rstd1);
+    add(ctx_, a.dres, a.dres, a.dtmp);  // d resid[l]
+  }
+  Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
+  embedding_bwd(ctx_, g_.embed, a.dres, tok, 0);
+}
+
+double Qwen2Model::forward_backward(const int32_t* tokens, const int32_t* targets,
+                                    float grad_scale) {
+  forward(tokens);
+  const double loss = loss_and_head_backward(targets, grad_scale, true);
+  backward(tokens);
+  return loss;
+}
+
+double Qwen2Model::forward_loss(const int32_t* tokens, const int32_t* targets) {
+  forward(tokens);
+  return loss_and_head_backward(targets, 0.0f, false);
+}
+
+std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
+  TR_ASSERT(n <= a_->chunk && begin + n <= batch_ * seq_len_, "logits range too large");
+  Tensor logits = a_->logits.slice(0, n);
+  linear_fwd(ctx_, logits, a_->lnf.slice(begin, n), w_.lm_head, Tensor());
+  std::vector<float> out(static_cast<size_t>(n * dims_.vocab));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t v = 0; v < dims_.vocab; ++v)
+      out[i * dims_.vocab + v] =
+          dtype_ == DType::f32
+              ? logits.ptr<float>()[i * dims_.vocab_padded + v]
+              : static_cast<float>(logits.ptr<double>()[i * dims_.vocab_padded + v]);
+  return out;
+}
+
+}  // namespace tr

@@ -1,0 +1,113 @@
+// Qwen2 decoder with explicit forward and backward over preallocated buffers (no autograd).
+// Parameters, gradients and Adam states are flat buffers; every tensor is a view into them at
+// an offset recorded in ParamLayout, so DP buckets, ZeRO ranges and checkpoint I/O see one
+// contiguous range each.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/core/ctx.h"
+#include "kernels/core/tensor.h"
+#include "parallel/topology.h"
+#include "trainer/config.h"
+
+namespace tr {
+
+// Shapes of the model as one rank holds it.
+struct ModelDims {
+  int64_t hidden, inter, layers, heads, kv_heads, head_dim;
+  int64_t vocab;         // real vocabulary
+  int64_t vocab_padded;  // multiple of 128 * tp; padded rows are zero and padded logits masked
+  float eps, theta;
+  bool tied;
+  int64_t qkv_out() const { return (heads + 2 * kv_heads) * head_dim; }
+
+  static ModelDims from(const ModelConfig& m, const Topology& topo);
+};
+
+// One parameter tensor: where it lives in the flat buffers and how it is checkpointed.
+struct ParamInfo {
+  std::string name;                   // "layers/0/self_attn/q_proj/weight" (HF name, '/'-separated)
+  std::vector<int64_t> shape;         // as stored on this rank (vocab padded)
+  std::vector<int64_t> global_shape;  // in checkpoints: real vocab, all TP shards
+  int64_t offset = 0;                 // elements into the flat buffers
+  int64_t numel = 0;
+  bool decay = true;  // AdamW weight decay (false for norms and biases)
+};
+
+struct ParamLayout {
+  std::vector<ParamInfo> tensors;
+  int64_t total = 0;  // elements
+  static ParamLayout make(const ModelDims& d);
+  const ParamInfo& find(const std::string& name) const;
+};
+
+// Views of one copy of the parameters (weights or gradients) as the model uses them.
+struct LayerWeights {
+  Tensor ln1;       // [H]
+  Tensor qkv_w;     // [(nh + 2 nkv) hd, H]: q_proj, k_proj, v_proj rows back to back
+  Tensor qkv_b;     // [(nh + 2 nkv) hd]
+  Tensor o_w;       // [H, nh hd]
+  Tensor ln2;       // [H]
+  Tensor gateup_w;  // [2I, H]: gate_proj rows then up_proj rows
+  Tensor down_w;    // [H, I]
+};
+struct Weights {
+  Tensor embed;  // [Vp, H]
+  std::vector<LayerWeights> layers;
+  Tensor norm;     // [H]
+  Tensor lm_head;  // [Vp, H]; the same memory as embed when tied
+};
+
+class Qwen2Model {
+ public:
+  // Buffers for micro-batches of `batch` samples of `seq_len` tokens, of the given dtype.
+  Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
+             DType dtype = DType::f32);
+  ~Qwen2Model();
+
+  const ModelDims& dims() const { return dims_; }
+  const ParamLayout& layout() const { return layout_; }
+  Tensor params() const { return params_; }  // [P] flat
+  Tensor grads() const { return grads_; }    // [P] flat
+  Tensor param(const ParamInfo& p) const;    // view of p in params()
+  Tensor grad(const ParamInfo& p) const;     // view of p in grads()
+
+  // Normal(0, std) matrices and embedding (output projections std / sqrt(2 L)), zero biases,
+  // unit norms; each value a pure function of (seed, tensor name, element index).
+  void init_weights(uint64_t seed, double std);
+
+  // Forward, loss and backward of one micro-batch: tokens, targets i32 [batch * seq_len].
+  // Gradients ACCUMULATE into grads() scaled by grad_scale (e.g. 1 / tokens in the global
+  // batch). Returns the sum of the per-token losses.
+  double forward_backward(const int32_t* tokens, const int32_t* targets, float grad_scale);
+  // Forward and loss only. Returns the sum of the per-token losses.
+  double forward_loss(const int32_t* tokens, const int32_t* targets);
+  // Logits of the last forward's final hidden states for tokens [begin, begin + n): [n, vocab]
+  // (padding dropped). For tests and debugging; runs the LM head again.
+  std::vector<float> logits(int64_t begin, int64_t n);
+  // Bytes of the activation and scratch buffers (for the start-up memory breakdown).
+  size_t activation_bytes() const;
+
+ private:
+  struct Acts;
+  void forward(const int32_t* tokens);
+  double loss_and_head_backward(const int32_t* targets, float grad_scale, bool grad);
+  void backward(const int32_t* tokens);
+  Weights views(Tensor flat) const;
+
+  ModelDims dims_;
+  int64_t batch_, seq_len_;
+  Ctx ctx_;
+  DType dtype_;
+  ParamLayout layout_;
+  std::unique_ptr<Arena> param_arena_, act_arena_;
+  Tensor params_, grads_;
+  Weights w_, g_;
+  std::unique_ptr<Acts> a_;
+};
+
+}  // namespace tr

@@ -1,0 +1,11 @@
+// run(): build everything from the config, resume, train, evaluate, checkpoint.
+#pragma once
+
+#include "trainer/cli.h"
+
+namespace tr {
+
+// Returns the process exit code (kExitOk, kExitBadInput, kExitFailure).
+int run(const CliOptions& opts);
+
+}  // namespace tr
