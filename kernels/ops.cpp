@@ -1,0 +1,289 @@
+// Public entry points of the op set: check every precondition (shapes, dtypes, devices,
+// non-empty tensors), then run the backend of ctx.device.
+#include "kernels/ops.h"
+
+#include <array>
+#include <initializer_list>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace tr {
+namespace {
+
+// One tensor argument of an op call, named for error messages; optional ones may be empty.
+struct Arg {
+  const char* name;
+  Tensor t;
+  bool optional = false;
+};
+Arg optional(const char* name, Tensor t) {
+  return {name, t, true};
+}
+
+// Precondition checks of one op call. describe() names the op, every tensor argument with
+// its shape and the device, e.g. "rmsnorm_fwd(out=f32[4,8], rstd=f32[4], ...) on cpu"; it is
+// only evaluated when a check fails.
+class OpCheck {
+ public:
+  OpCheck(const Ctx& ctx, const char* op, std::initializer_list<Arg> args)
+      : op_(op), device_(ctx.device) {
+    TR_ASSERT(args.size() <= args_.size(), std::string(op) + ": too many arguments to check");
+    for (const Arg& a : args) args_[n_++] = a;
+    for (int i = 0; i < n_; ++i) {
+      const Arg& a = args_[i];
+      TR_ASSERT(a.optional || (!a.t.empty() && a.t.numel() > 0),
+                describe(std::string(a.name) + " is empty"));
+      TR_ASSERT(a.t.empty() || a.t.device == device_,
+                describe(std::string(a.name) + " is not on the context's device"));
+    }
+  }
+
+  // All non-empty tensors share one floating dtype.
+  void same_float_dtype(std::initializer_list<Tensor> tensors) const {
+    DType dt = DType::f32;
+    for (const Tensor& t : tensors) {
+      if (t.empty()) continue;
+      dt = t.dtype;
+      break;
+    }
+    TR_ASSERT(dt == DType::f32 || dt == DType::f64 || dt == DType::bf16,
+              describe(std::string("floating tensors expected, got ") + dtype_name(dt)));
+    for (const Tensor& t : tensors)
+      TR_ASSERT(t.empty() || t.dtype == dt, describe("floating tensors differ in dtype"));
+  }
+
+  std::string describe(const std::string& detail = "") const {
+    std::string s = std::string(op_) + "(";
+    for (int i = 0; i < n_; ++i)
+      s += std::string(i ? ", " : "") + args_[i].name + "=" +
+           (args_[i].t.empty() ? "empty" : args_[i].t.shape_str());
+    s += std::string(") on ") + device_name(device_);
+    return detail.empty() ? s : s + ": " + detail;
+  }
+
+ private:
+  const char* op_;
+  Device device_;
+  std::array<Arg, 8> args_{};
+  int n_ = 0;
+};
+
+// Dtype of saved statistics and per-row losses (rstd, lse, losses): f64 for f64 ops, else f32.
+DType stat_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
+
+bool is_matrix(const Tensor& t, int64_t rows, int64_t cols) {
+  return t.ndim == 2 && t.shape[0] == rows && t.shape[1] == cols;
+}
+bool is_vector(const Tensor& t, int64_t n) {
+  return t.ndim == 1 && t.shape[0] == n;
+}
+
+}  // namespace
+
+// A failed precondition names the op and its arguments' shapes.
+#define OP_CHECK(chk, cond) TR_ASSERT(cond, (chk).describe())
+
+// Runs `op` on the backend of ctx.device; the CUDA backend is not built yet.
+#define TR_DISPATCH(op, ...)                                                          \
+  do {                                                                                \
+    TR_ASSERT(ctx.device == Device::cpu, "CUDA backend op " #op " is not built yet"); \
+    return cpu::op(ctx, __VA_ARGS__);                                                 \
+  } while (0)
+
+void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vocab_offset) {
+  const OpCheck c(ctx, "embedding_fwd", {{"out", out}, {"tokens", tokens}, {"table", table}});
+  c.same_float_dtype({out, table});
+  OP_CHECK(c, tokens.dtype == DType::i32 && tokens.ndim == 1 && table.ndim == 2);
+  OP_CHECK(c, is_matrix(out, tokens.shape[0], table.shape[1]));
+  OP_CHECK(c, vocab_offset >= 0);
+  TR_DISPATCH(embedding_fwd, out, tokens, table, vocab_offset);
+}
+
+void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t vocab_offset) {
+  const OpCheck c(ctx, "embedding_bwd", {{"dtable", dtable}, {"dout", dout}, {"tokens", tokens}});
+  c.same_float_dtype({dtable, dout});
+  OP_CHECK(c, tokens.dtype == DType::i32 && tokens.ndim == 1 && dtable.ndim == 2);
+  OP_CHECK(c, is_matrix(dout, tokens.shape[0], dtable.shape[1]));
+  OP_CHECK(c, vocab_offset >= 0);
+  TR_DISPATCH(embedding_bwd, dtable, dout, tokens, vocab_offset);
+}
+
+void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, float eps) {
+  const OpCheck c(ctx, "rmsnorm_fwd",
+                  {{"out", out}, {"rstd", rstd}, {"in", in}, {"weight", weight}});
+  c.same_float_dtype({out, in, weight});
+  OP_CHECK(c, rstd.dtype == stat_dtype(in.dtype));
+  OP_CHECK(c, in.ndim == 2 && out.same_shape(in));
+  OP_CHECK(c, is_vector(rstd, in.shape[0]) && is_vector(weight, in.shape[1]));
+  OP_CHECK(c, eps >= 0.0f);
+  TR_DISPATCH(rmsnorm_fwd, out, rstd, in, weight, eps);
+}
+
+void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
+                 Tensor rstd) {
+  const OpCheck c(ctx, "rmsnorm_bwd",
+                  {{"din", din},
+                   {"dweight", dweight},
+                   {"dout", dout},
+                   {"in", in},
+                   {"weight", weight},
+                   {"rstd", rstd}});
+  c.same_float_dtype({din, dweight, dout, in, weight});
+  OP_CHECK(c, rstd.dtype == stat_dtype(in.dtype));
+  OP_CHECK(c, in.ndim == 2 && din.same_shape(in) && dout.same_shape(in));
+  OP_CHECK(c, is_vector(rstd, in.shape[0]) && is_vector(weight, in.shape[1]));
+  OP_CHECK(c, dweight.same_shape(weight));
+  TR_DISPATCH(rmsnorm_bwd, din, dweight, dout, in, weight, rstd);
+}
+
+void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
+  const OpCheck c(ctx, "linear_fwd",
+                  {{"out", out}, {"in", in}, {"weight", weight}, optional("bias", bias)});
+  c.same_float_dtype({out, in, weight, bias});
+  OP_CHECK(c, in.ndim == 2 && weight.ndim == 2 && weight.shape[1] == in.shape[1]);
+  OP_CHECK(c, is_matrix(out, in.shape[0], weight.shape[0]));
+  OP_CHECK(c, bias.empty() || is_vector(bias, weight.shape[0]));
+  TR_DISPATCH(linear_fwd, out, in, weight, bias);
+}
+
+void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
+                Tensor weight) {
+  const OpCheck c(ctx, "linear_bwd",
+                  {optional("din", din),
+                   {"dweight", dweight},
+                   optional("dbias", dbias),
+                   {"dout", dout},
+                   {"in", in},
+                   {"weight", weight}});
+  c.same_float_dtype({din, dweight, dbias, dout, in, weight});
+  OP_CHECK(c, in.ndim == 2 && weight.ndim == 2 && weight.shape[1] == in.shape[1]);
+  OP_CHECK(c, is_matrix(dout, in.shape[0], weight.shape[0]) && dweight.same_shape(weight));
+  OP_CHECK(c, din.empty() || din.same_shape(in));
+  OP_CHECK(c, dbias.empty() || is_vector(dbias, weight.shape[0]));
+  TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight);
+}
+
+namespace {
+void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len, float theta) {
+  c.same_float_dtype({x});
+  TR_ASSERT(x.ndim == 3 && x.shape[2] % 2 == 0, c.describe("x must be [T, heads, even hd]"));
+  TR_ASSERT(n_rope_heads >= 0 && n_rope_heads <= x.shape[1] && seq_len > 0 &&
+                x.shape[0] % seq_len == 0 && theta > 0.0f,
+            c.describe("n_rope_heads=" + std::to_string(n_rope_heads) +
+                       " seq_len=" + std::to_string(seq_len) + " theta=" + std::to_string(theta)));
+}
+}  // namespace
+
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta) {
+  check_rope(OpCheck(ctx, "rope_fwd", {{"x", x}}), x, n_rope_heads, seq_len, theta);
+  TR_DISPATCH(rope_fwd, x, n_rope_heads, seq_len, theta);
+}
+
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta) {
+  check_rope(OpCheck(ctx, "rope_bwd", {{"dx", dx}}), dx, n_rope_heads, seq_len, theta);
+  TR_DISPATCH(rope_bwd, dx, n_rope_heads, seq_len, theta);
+}
+
+namespace {
+// qkv [B*S, (nh + 2*nkv) * hd], out [B*S, nh*hd], lse [B, nh, S].
+void check_attention(const OpCheck& c, const Tensor& out, const Tensor& lse, const Tensor& qkv,
+                     int batch, int seq_len, int nh, int nkv, int hd) {
+  TR_ASSERT(batch > 0 && seq_len > 0 && nh > 0 && nkv > 0 && hd > 0 && nh % nkv == 0,
+            c.describe("batch=" + std::to_string(batch) + " seq_len=" + std::to_string(seq_len) +
+                       " n_heads=" + std::to_string(nh) + " n_kv_heads=" + std::to_string(nkv) +
+                       " head_dim=" + std::to_string(hd)));
+  const int64_t tokens = static_cast<int64_t>(batch) * seq_len;
+  OP_CHECK(c, is_matrix(qkv, tokens, static_cast<int64_t>(nh + 2 * nkv) * hd));
+  OP_CHECK(c, is_matrix(out, tokens, static_cast<int64_t>(nh) * hd));
+  OP_CHECK(c, lse.ndim == 3 && lse.shape[0] == batch && lse.shape[1] == nh &&
+                  lse.shape[2] == seq_len && lse.dtype == stat_dtype(qkv.dtype));
+}
+}  // namespace
+
+void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
+                   int n_heads, int n_kv_heads, int head_dim) {
+  const OpCheck c(ctx, "attention_fwd", {{"out", out}, {"lse", lse}, {"qkv", qkv}});
+  c.same_float_dtype({out, qkv});
+  check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
+  TR_DISPATCH(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
+}
+
+void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
+                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim) {
+  const OpCheck c(ctx, "attention_bwd",
+                  {{"dqkv", dqkv}, {"dout", dout}, {"out", out}, {"lse", lse}, {"qkv", qkv}});
+  c.same_float_dtype({dqkv, dout, out, qkv});
+  check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
+  OP_CHECK(c, dqkv.same_shape(qkv) && dout.same_shape(out));
+  TR_DISPATCH(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
+              head_dim);
+}
+
+void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup) {
+  const OpCheck c(ctx, "swiglu_fwd", {{"out", out}, {"gateup", gateup}});
+  c.same_float_dtype({out, gateup});
+  OP_CHECK(c, out.ndim == 2 && is_matrix(gateup, out.shape[0], 2 * out.shape[1]));
+  TR_DISPATCH(swiglu_fwd, out, gateup);
+}
+
+void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup) {
+  const OpCheck c(ctx, "swiglu_bwd", {{"dgateup", dgateup}, {"dout", dout}, {"gateup", gateup}});
+  c.same_float_dtype({dgateup, dout, gateup});
+  OP_CHECK(c, dout.ndim == 2 && is_matrix(gateup, dout.shape[0], 2 * dout.shape[1]));
+  OP_CHECK(c, dgateup.same_shape(gateup));
+  TR_DISPATCH(swiglu_bwd, dgateup, dout, gateup);
+}
+
+void add(Ctx& ctx, Tensor out, Tensor a, Tensor b) {
+  const OpCheck c(ctx, "add", {{"out", out}, {"a", a}, {"b", b}});
+  c.same_float_dtype({out, a, b});
+  OP_CHECK(c, out.same_shape(a) && out.same_shape(b));
+  TR_DISPATCH(add, out, a, b);
+}
+
+void scale_(Ctx& ctx, Tensor x, float s) {
+  const OpCheck c(ctx, "scale_", {{"x", x}});
+  c.same_float_dtype({x});
+  TR_DISPATCH(scale_, x, s);
+}
+
+void zero_(Ctx& ctx, Tensor x) {
+  const OpCheck c(ctx, "zero_", {{"x", x}});
+  TR_DISPATCH(zero_, x);
+}
+
+double sum_squares(Ctx& ctx, Tensor x) {
+  const OpCheck c(ctx, "sum_squares", {{"x", x}});
+  c.same_float_dtype({x});
+  TR_DISPATCH(sum_squares, x);
+}
+
+void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
+                           int64_t vocab_valid, float grad_scale, bool compute_grad) {
+  const OpCheck c(ctx, "cross_entropy_fwd_bwd",
+                  {{"losses", losses}, {"logits", logits}, {"targets", targets}});
+  c.same_float_dtype({logits});
+  OP_CHECK(c, losses.dtype == stat_dtype(logits.dtype) && targets.dtype == DType::i32);
+  OP_CHECK(c, logits.ndim == 2 && is_vector(losses, logits.shape[0]) &&
+                  is_vector(targets, logits.shape[0]));
+  TR_ASSERT(vocab_valid > 0 && vocab_valid <= logits.shape[1],
+            c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  TR_DISPATCH(cross_entropy_fwd_bwd, losses, logits, targets, vocab_valid, grad_scale,
+              compute_grad);
+}
+
+void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p) {
+  const OpCheck c(ctx, "adamw_update", {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
+  c.same_float_dtype({param, grad, m, v});
+  OP_CHECK(c, param.same_shape(grad) && param.same_shape(m) && param.same_shape(v));
+  TR_ASSERT(p.step >= 1 && p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f &&
+                p.eps > 0.0f,
+            c.describe("step=" + std::to_string(p.step) + " beta1=" + std::to_string(p.beta1) +
+                       " beta2=" + std::to_string(p.beta2) + " eps=" + std::to_string(p.eps)));
+  TR_DISPATCH(adamw_update, param, grad, m, v, p);
+}
+
+}  // namespace tr

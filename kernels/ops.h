@@ -5,7 +5,9 @@
 // Gradient rule: backward of a parameter ACCUMULATES (+=), backward of an activation ASSIGNS (=).
 // Each declaration below says which. Notation: T = tokens in a micro-batch (batch * seq_len,
 // batch-major), H = hidden size, I = intermediate size, nh/nkv = query/KV heads on this rank,
-// hd = head dim. All floating tensors of one call share one dtype (f32 or f64 on the CPU).
+// hd = head dim. All floating tensors of one call share one dtype (f32 or f64 on the CPU),
+// except saved statistics and per-row losses (rstd, lse, losses): those are f64 when the op's
+// tensors are f64 and f32 otherwise, so fp64 finite-difference tests stay clean.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +25,7 @@ void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vo
 void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t vocab_offset);
 
 // ---- RMSNorm: out = in * rsqrt(mean(in^2) + eps) * weight ----
-// out [T,H], rstd [T] (saved for backward), in [T,H], weight [H].
+// out [T,H], rstd [T] (saved for backward; f32, or f64 for f64 ops), in [T,H], weight [H].
 void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, float eps);
 // din [T,H] ASSIGNED; dweight [H] ACCUMULATES.
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
@@ -32,7 +34,8 @@ void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, T
 // ---- linear: out[T,O] = in[T,K] · weight[O,K]^T + bias[O] (bias may be empty) ----
 void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
 // din [T,K] = dout · weight, ASSIGNED (skipped when din is empty);
-// dweight [O,K] += dout^T · in and dbias [O] += column sums of dout, ACCUMULATE (dbias may be empty).
+// dweight [O,K] += dout^T · in and dbias [O] += column sums of dout, ACCUMULATE (dbias may be
+// empty).
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
                 Tensor weight);
 
@@ -46,7 +49,8 @@ void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta);
 // ---- causal GQA attention, scale hd^-0.5 ----
 // qkv [T, (nh + 2*nkv) * hd]: per token the nh query heads, then nkv key heads, then nkv value
 // heads (rope already applied). Query head h reads KV head h / (nh / nkv).
-// out [T, nh*hd]; lse [batch, nh, seq_len] f32 log-sum-exp of the scaled scores (for backward).
+// out [T, nh*hd]; lse [batch, nh, seq_len] log-sum-exp of the scaled scores (for backward;
+// f32, or f64 for f64 ops).
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
                    int n_heads, int n_kv_heads, int head_dim);
 // dqkv [T, (nh + 2*nkv) * hd] ASSIGNED, from dout [T, nh*hd] and the forward's out, lse, qkv.
@@ -70,14 +74,18 @@ double sum_squares(Ctx& ctx, Tensor x);
 
 // ---- cross-entropy on one chunk of logits ----
 // logits [C, Vl]: columns >= vocab_valid are vocabulary padding and never win the softmax.
-// targets i32 [C]; losses [C] f32 ASSIGNED: logsumexp(row) - row[target].
-// When compute_grad, logits are overwritten IN PLACE by grad_scale * (softmax(row) - onehot).
+// targets i32 [C], each in [0, vocab_valid); losses [C] ASSIGNED (f32, or f64 for f64 logits):
+// logsumexp(row) - row[target].
+// When compute_grad, logits are overwritten IN PLACE by grad_scale * (softmax(row) - onehot),
+// and by 0 in the padding columns.
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
                            int64_t vocab_valid, float grad_scale, bool compute_grad);
 
 // ---- AdamW (decoupled weight decay), one contiguous range ----
-// param, grad, m, v: [n] f32. step >= 1 (bias correction). param -= lr * (mhat/(sqrt(vhat)+eps)
-// + weight_decay * param). m and v are updated in place.
+// param, grad, m, v: [n] f32 (f64 also on the CPU). step >= 1 (bias correction). In the order of
+// torch.optim.AdamW: param *= 1 - lr*weight_decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+// param -= lr * mhat / (sqrt(vhat) + eps) with mhat = m/(1-b1^step), vhat = v/(1-b2^step); i.e.
+// param -= lr * (mhat/(sqrt(vhat)+eps) + weight_decay * param_old). m, v updated in place.
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;

@@ -77,6 +77,9 @@ const std::vector<Field>& fields() {
       TR_FIELD(train, seed, Int, 0, kMaxI, "seed of the weight initialisation"),
       TR_FIELD(train, eval_interval, Int, 0, kMaxI, "steps between validation runs; 0 = never"),
       TR_FIELD(train, eval_steps, Int, 1, kMaxI, "validation batches per evaluation"),
+      TR_FIELD(
+          train, exit_interval, Int, 0, kMaxI,
+          "save a checkpoint and exit after a step divisible by this (time-sliced jobs); 0 = off"),
       TR_FIELD(optim, lr, Float, 1e-300, 10, "peak learning rate"),
       TR_FIELD(optim, min_lr, Float, 0, 10, "learning rate at the end of the decay"),
       TR_FIELD(optim, warmup_steps, Int, 0, kMaxI, "linear warm-up steps from 0 to lr"),

@@ -53,6 +53,7 @@ struct TrainConfig {
   int64_t seed = 1234;           // weight init
   int64_t eval_interval = 0;     // 0 = never
   int64_t eval_steps = 10;       // validation batches per evaluation
+  int64_t exit_interval = 0;     // save and exit after a step divisible by this; 0 = off
 };
 
 struct OptimConfig {

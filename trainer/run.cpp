@@ -275,13 +275,19 @@ absl::Status train_loop(Run& r) {
       r.log.eval(m.step, *val, seconds_since(e0));
     }
     const bool interval = r.cfg.checkpoint.interval > 0 && m.step % r.cfg.checkpoint.interval == 0;
-    if (interval || m.step == t.steps || g_stop_signal) {
+    const bool exit_now = t.exit_interval > 0 && m.step % t.exit_interval == 0 && m.step < t.steps;
+    if (interval || exit_now || m.step == t.steps || g_stop_signal) {
       if (absl::Status st = save_checkpoint(r); !st.ok())
         return absl::InternalError(absl::StrCat("checkpoint save failed: ", st.message()));
     }
     if (g_stop_signal) {
       std::printf("stopped by signal %d after step %lld; resume with --resume auto\n",
                   static_cast<int>(g_stop_signal), static_cast<long long>(m.step));
+      return absl::OkStatus();
+    }
+    if (exit_now) {
+      std::printf("exit_interval: stopping after step %lld; resume with --resume auto\n",
+                  static_cast<long long>(m.step));
       return absl::OkStatus();
     }
   }

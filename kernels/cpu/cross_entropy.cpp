@@ -1,0 +1,49 @@
+// Cross-entropy on one chunk of logits, optionally writing the gradient over the logits.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace tr::cpu {
+namespace {
+
+// logits [C,Vl] (columns >= vocab_valid are padding), targets i32 [C], losses [C] ASSIGNED.
+// With compute_grad, logits are overwritten by grad_scale * (softmax - onehot), 0 on padding.
+template <class T>
+void cross_entropy_impl(Tensor losses, Tensor logits, Tensor targets, int64_t vocab_valid,
+                        float grad_scale, bool compute_grad) {
+  const int64_t rows = logits.dim(0), vocab_local = logits.dim(1);
+  const int32_t* tgt = targets.ptr<int32_t>();
+  T* loss = losses.ptr<T>();
+  for (int64_t r = 0; r < rows; ++r) {
+    T* x = logits.ptr<T>() + r * vocab_local;
+    const int64_t target = tgt[r];
+    TR_ASSERT(target >= 0 && target < vocab_valid,
+              "cross_entropy: target " + std::to_string(target) + " of row " + std::to_string(r) +
+                  " is outside [0, " + std::to_string(vocab_valid) + ")");
+    double max = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < vocab_valid; ++j) max = std::max(max, static_cast<double>(x[j]));
+    double sum = 0.0;
+    for (int64_t j = 0; j < vocab_valid; ++j) sum += std::exp(x[j] - max);
+    const double lse = max + std::log(sum);
+    loss[r] = static_cast<T>(lse - x[target]);
+    if (!compute_grad) continue;
+    for (int64_t j = 0; j < vocab_valid; ++j)
+      x[j] = static_cast<T>(grad_scale * (std::exp(x[j] - lse) - (j == target ? 1.0 : 0.0)));
+    for (int64_t j = vocab_valid; j < vocab_local; ++j) x[j] = T(0);
+  }
+}
+
+}  // namespace
+
+void cross_entropy_fwd_bwd(Ctx&, Tensor losses, Tensor logits, Tensor targets, int64_t vocab_valid,
+                           float grad_scale, bool compute_grad) {
+  dispatch_float(logits.dtype, "cross_entropy_fwd_bwd", [&](auto tag) {
+    cross_entropy_impl<decltype(tag)>(losses, logits, targets, vocab_valid, grad_scale,
+                                      compute_grad);
+  });
+}
+
+}  // namespace tr::cpu

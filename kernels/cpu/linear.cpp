@@ -1,0 +1,58 @@
+// Linear layer through cblas GEMMs: out[T,O] = in[T,K] · weight[O,K]^T + bias[O].
+#include <vector>
+
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/cpu_ops.h"
+
+namespace tr::cpu {
+namespace {
+
+// out [T,O] ASSIGNED; bias [O] may be empty.
+template <class T>
+void linear_fwd_impl(Tensor out, Tensor in, Tensor weight, Tensor bias) {
+  const int64_t n_tok = in.dim(0), k = in.dim(1), n_out = weight.dim(0);
+  T* o = out.ptr<T>();
+  T beta = 0;
+  if (!bias.empty()) {  // seed every row with the bias, then accumulate the product onto it
+    const T* b = bias.ptr<T>();
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t j = 0; j < n_out; ++j) o[t * n_out + j] = b[j];
+    beta = 1;
+  }
+  gemm(false, true, n_tok, n_out, k, T(1), in.ptr<T>(), k, weight.ptr<T>(), k, beta, o, n_out);
+}
+
+// din [T,K] = dout · weight ASSIGNED (skipped when empty); dweight [O,K] += dout^T · in and
+// dbias [O] += column sums of dout ACCUMULATE (dbias may be empty).
+template <class T>
+void linear_bwd_impl(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
+                     Tensor weight) {
+  const int64_t n_tok = in.dim(0), k = in.dim(1), n_out = weight.dim(0);
+  const T* g = dout.ptr<T>();
+  if (!din.empty())
+    gemm(false, false, n_tok, k, n_out, T(1), g, n_out, weight.ptr<T>(), k, T(0), din.ptr<T>(), k);
+  gemm(true, false, n_out, k, n_tok, T(1), g, n_out, in.ptr<T>(), k, T(1), dweight.ptr<T>(), k);
+  if (!dbias.empty()) {
+    std::vector<double> sums(n_out, 0.0);  // [O]
+    for (int64_t t = 0; t < n_tok; ++t)
+      for (int64_t j = 0; j < n_out; ++j) sums[j] += g[t * n_out + j];
+    T* db = dbias.ptr<T>();
+    for (int64_t j = 0; j < n_out; ++j) db[j] += static_cast<T>(sums[j]);
+  }
+}
+
+}  // namespace
+
+void linear_fwd(Ctx&, Tensor out, Tensor in, Tensor weight, Tensor bias) {
+  dispatch_float(in.dtype, "linear_fwd",
+                 [&](auto tag) { linear_fwd_impl<decltype(tag)>(out, in, weight, bias); });
+}
+
+void linear_bwd(Ctx&, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
+                Tensor weight) {
+  dispatch_float(in.dtype, "linear_bwd", [&](auto tag) {
+    linear_bwd_impl<decltype(tag)>(din, dweight, dbias, dout, in, weight);
+  });
+}
+
+}  // namespace tr::cpu

@@ -1,0 +1,581 @@
+// Tests of the CPU reference op set: closed-form forwards (integer inputs where exact), fp64
+// central finite differences for every backward, the gradient rule (parameter grads
+// ACCUMULATE, activation grads are ASSIGNED) and op-specific properties.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace tr {
+namespace {
+
+constexpr double kFdTol = 1e-6;   // fp64 finite differences vs analytic gradients
+constexpr double kF32Tol = 1e-5;  // f32 vs f64 of the same op
+constexpr double kF64Tol = 1e-12;
+
+Ctx ctx;  // CPU
+
+// Zero-filled host tensor that owns its memory; values read and written as double.
+struct HostTensor {
+  Buffer buf;
+  Tensor t;
+  HostTensor(DType dtype, std::initializer_list<int64_t> shape)
+      : t(nullptr, dtype, Device::cpu, shape) {
+    buf = Buffer(std::max<size_t>(t.nbytes(), 1), Device::cpu);
+    std::memset(buf.data(), 0, t.nbytes());
+    t.data = buf.data();
+  }
+  int64_t size() const { return t.numel(); }
+  double get(int64_t i) const {
+    switch (t.dtype) {
+      case DType::f32:
+        return t.ptr<float>()[i];
+      case DType::f64:
+        return t.ptr<double>()[i];
+      default:
+        return t.ptr<int32_t>()[i];
+    }
+  }
+  void set(int64_t i, double v) {
+    switch (t.dtype) {
+      case DType::f32:
+        t.ptr<float>()[i] = static_cast<float>(v);
+        break;
+      case DType::f64:
+        t.ptr<double>()[i] = v;
+        break;
+      default:
+        t.ptr<int32_t>()[i] = static_cast<int32_t>(v);
+    }
+  }
+  std::vector<double> values() const {
+    std::vector<double> v(size());
+    for (int64_t i = 0; i < size(); ++i) v[i] = get(i);
+    return v;
+  }
+  void assign(const std::vector<double>& v) {
+    REQUIRE(static_cast<int64_t>(v.size()) == size());
+    for (int64_t i = 0; i < size(); ++i) set(i, v[i]);
+  }
+  void fill(double v) {
+    for (int64_t i = 0; i < size(); ++i) set(i, v);
+  }
+};
+
+std::vector<double> random_values(int64_t n, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(n);
+  for (double& x : v) x = dist(rng);
+  return v;
+}
+
+void randomize(HostTensor& x, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
+  x.assign(random_values(x.size(), rng, lo, hi));
+}
+
+// ‖a − b‖ / ‖b‖.
+double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
+  REQUIRE(a.size() == b.size());
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  REQUIRE(den > 0.0);
+  return std::sqrt(num / den);
+}
+
+// sum(out * w): a scalar loss whose gradient with respect to out is w.
+double weighted_sum(const HostTensor& out, const std::vector<double>& w) {
+  double s = 0.0;
+  for (int64_t i = 0; i < out.size(); ++i) s += out.get(i) * w[i];
+  return s;
+}
+
+// Central finite differences of loss() with respect to every element of the f64 tensor x;
+// loss() reruns the forward on x's current values.
+std::vector<double> numeric_grad(HostTensor& x, const std::function<double()>& loss,
+                                 double h = 1e-5) {
+  std::vector<double> g(x.size());
+  for (int64_t i = 0; i < x.size(); ++i) {
+    const double x0 = x.get(i);
+    x.set(i, x0 + h);
+    const double up = loss();
+    x.set(i, x0 - h);
+    const double down = loss();
+    x.set(i, x0);
+    g[i] = (up - down) / (2.0 * h);
+  }
+  return g;
+}
+
+// Runs bwd twice. Parameter grads (zeroed first) must double: they ACCUMULATE. Activation
+// grads, refilled with garbage before each call, must come out the same: they are ASSIGNED.
+void check_grad_rule(const std::function<void()>& bwd, std::vector<HostTensor*> params,
+                     std::vector<HostTensor*> acts) {
+  for (HostTensor* p : params) p->fill(0.0);
+  for (HostTensor* a : acts) a->fill(123.0);
+  bwd();
+  std::vector<std::vector<double>> p1, a1;
+  for (HostTensor* p : params) p1.push_back(p->values());
+  for (HostTensor* a : acts) a1.push_back(a->values());
+  for (HostTensor* a : acts) a->fill(-7.0);
+  bwd();
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::vector<double> twice = p1[i];
+    for (double& x : twice) x *= 2.0;
+    CHECK(rel_err(params[i]->values(), twice) < kF64Tol);
+  }
+  for (size_t i = 0; i < acts.size(); ++i) CHECK(rel_err(acts[i]->values(), a1[i]) < kF64Tol);
+}
+
+const DType kFloatTypes[] = {DType::f32, DType::f64};
+
+// ---------------------------------------------------------------- embedding
+
+TEST_CASE("kernels: embedding_fwd picks this rank's rows and zeroes the others", "[kernels]") {
+  for (DType dt : kFloatTypes) {
+    HostTensor table(dt, {4, 3}), out(dt, {6, 3}), tokens(DType::i32, {6});
+    for (int64_t i = 0; i < 12; ++i) table.set(i, 10 * (i / 3) + i % 3);
+    tokens.assign({2, 5, 3, 1, 6, 5});  // vocab_offset 2: rows 0, 3, 1, none, none, 3
+    out.fill(99.0);
+    embedding_fwd(ctx, out.t, tokens.t, table.t, 2);
+    CHECK(out.values() ==
+          std::vector<double>{0, 1, 2, 30, 31, 32, 10, 11, 12, 0, 0, 0, 0, 0, 0, 30, 31, 32});
+  }
+}
+
+TEST_CASE("kernels: embedding_bwd matches finite differences and accumulates", "[kernels]") {
+  std::mt19937 rng(1);
+  HostTensor table(DType::f64, {5, 4}), dtable(DType::f64, {5, 4}), out(DType::f64, {7, 4});
+  HostTensor tokens(DType::i32, {7});
+  tokens.assign({3, 4, 3, 9, 1, 7, 5});  // offset 3: token 3 twice, 1 and 9 off this rank
+  randomize(table, rng);
+  const std::vector<double> w = random_values(out.size(), rng);
+  HostTensor dout(DType::f64, {7, 4});
+  dout.assign(w);
+  auto loss = [&] {
+    embedding_fwd(ctx, out.t, tokens.t, table.t, 3);
+    return weighted_sum(out, w);
+  };
+  auto bwd = [&] { embedding_bwd(ctx, dtable.t, dout.t, tokens.t, 3); };
+  bwd();
+  CHECK(rel_err(dtable.values(), numeric_grad(table, loss)) < kFdTol);
+  check_grad_rule(bwd, {&dtable}, {});
+}
+
+// ---------------------------------------------------------------- rmsnorm
+
+TEST_CASE("kernels: rmsnorm_fwd on rows with known rms", "[kernels]") {
+  for (DType dt : kFloatTypes) {
+    HostTensor in(dt, {2, 4}), w(dt, {4}), out(dt, {2, 4}), rstd(dt, {2});
+    in.assign({2, 2, 2, 2, 3, -3, 3, -3});
+    w.assign({1, 2, 3, 4});
+    rmsnorm_fwd(ctx, out.t, rstd.t, in.t, w.t, 0.0f);
+    CHECK(rstd.get(0) == 0.5);
+    CHECK(rstd.get(1) == Approx(1.0 / 3.0).epsilon(1e-7));
+    const std::vector<double> want = {1, 2, 3, 4, 1, -2, 3, -4};
+    for (int64_t i = 0; i < 8; ++i) CHECK(out.get(i) == Approx(want[i]).epsilon(1e-7));
+    in.assign({1, 1, 1, 1, 2, 0, 0, 0});  // mean(in^2) = 1, so rstd = 1/sqrt(1 + eps)
+    rmsnorm_fwd(ctx, out.t, rstd.t, in.t, w.t, 3.0f);
+    CHECK(rstd.values() == std::vector<double>{0.5, 0.5});
+  }
+}
+
+TEST_CASE("kernels: rmsnorm_bwd matches finite differences and dweight accumulates", "[kernels]") {
+  std::mt19937 rng(2);
+  const float eps = 1e-5f;
+  HostTensor in(DType::f64, {4, 6}), w(DType::f64, {6}), out(DType::f64, {4, 6}),
+      rstd(DType::f64, {4}), din(DType::f64, {4, 6}), dw(DType::f64, {6}), dout(DType::f64, {4, 6});
+  randomize(in, rng);
+  randomize(w, rng, 0.5, 1.5);
+  dout.assign(random_values(dout.size(), rng));
+  const std::vector<double> g = dout.values();
+  auto loss = [&] {
+    rmsnorm_fwd(ctx, out.t, rstd.t, in.t, w.t, eps);
+    return weighted_sum(out, g);
+  };
+  loss();
+  auto bwd = [&] { rmsnorm_bwd(ctx, din.t, dw.t, dout.t, in.t, w.t, rstd.t); };
+  check_grad_rule(bwd, {&dw}, {&din});
+  const std::vector<double> din_a = din.values();
+  dw.fill(0.0);
+  bwd();
+  CHECK(rel_err(din_a, numeric_grad(in, loss)) < kFdTol);
+  CHECK(rel_err(dw.values(), numeric_grad(w, loss)) < kFdTol);
+}
+
+// ---------------------------------------------------------------- linear
+
+TEST_CASE("kernels: linear_fwd with and without bias on integers", "[kernels]") {
+  for (DType dt : kFloatTypes) {
+    HostTensor in(dt, {2, 3}), w(dt, {2, 3}), b(dt, {2}), out(dt, {2, 2});
+    in.assign({1, 2, 3, 4, 5, 6});
+    w.assign({1, 0, -1, 2, 1, 0});
+    b.assign({10, 20});
+    linear_fwd(ctx, out.t, in.t, w.t, b.t);
+    CHECK(out.values() == std::vector<double>{8, 24, 8, 33});
+    linear_fwd(ctx, out.t, in.t, w.t, Tensor());
+    CHECK(out.values() == std::vector<double>{-2, 4, -2, 13});
+  }
+}
+
+TEST_CASE("kernels: linear_bwd matches finite differences and dweight and dbias accumulate",
+          "[kernels]") {
+  std::mt19937 rng(3);
+  HostTensor in(DType::f64, {5, 4}), w(DType::f64, {3, 4}), b(DType::f64, {3}),
+      out(DType::f64, {5, 3}), dout(DType::f64, {5, 3});
+  HostTensor din(DType::f64, {5, 4}), dw(DType::f64, {3, 4}), db(DType::f64, {3});
+  randomize(in, rng);
+  randomize(w, rng);
+  randomize(b, rng);
+  randomize(dout, rng);
+  const std::vector<double> g = dout.values();
+  auto loss = [&] {
+    linear_fwd(ctx, out.t, in.t, w.t, b.t);
+    return weighted_sum(out, g);
+  };
+  auto bwd = [&] { linear_bwd(ctx, din.t, dw.t, db.t, dout.t, in.t, w.t); };
+  check_grad_rule(bwd, {&dw, &db}, {&din});
+  dw.fill(0.0);
+  db.fill(0.0);
+  bwd();
+  CHECK(rel_err(din.values(), numeric_grad(in, loss)) < kFdTol);
+  CHECK(rel_err(dw.values(), numeric_grad(w, loss)) < kFdTol);
+  CHECK(rel_err(db.values(), numeric_grad(b, loss)) < kFdTol);
+
+  HostTensor dw2(DType::f64, {3, 4});  // empty din and dbias are skipped
+  linear_bwd(ctx, Tensor(), dw2.t, Tensor(), dout.t, in.t, w.t);
+  CHECK(rel_err(dw2.values(), dw.values()) < kF64Tol);
+}
+
+TEST_CASE("kernels: linear f32 agrees with f64", "[kernels]") {
+  std::mt19937 rng(4);
+  const int64_t T = 64, K = 48, O = 32;
+  const std::vector<double> x = random_values(T * K, rng), wv = random_values(O * K, rng),
+                            bv = random_values(O, rng), g = random_values(T * O, rng);
+  std::vector<std::vector<double>> results[2];
+  for (int i = 0; i < 2; ++i) {
+    const DType dt = kFloatTypes[i];
+    HostTensor in(dt, {T, K}), w(dt, {O, K}), b(dt, {O}), out(dt, {T, O}), dout(dt, {T, O});
+    HostTensor din(dt, {T, K}), dw(dt, {O, K}), db(dt, {O});
+    in.assign(x);
+    w.assign(wv);
+    b.assign(bv);
+    dout.assign(g);
+    linear_fwd(ctx, out.t, in.t, w.t, b.t);
+    linear_bwd(ctx, din.t, dw.t, db.t, dout.t, in.t, w.t);
+    results[i] = {out.values(), din.values(), dw.values(), db.values()};
+  }
+  for (size_t k = 0; k < results[0].size(); ++k)
+    CHECK(rel_err(results[0][k], results[1][k]) < kF32Tol);
+}
+
+// ---------------------------------------------------------------- rope
+
+TEST_CASE("kernels: rope_fwd rotates only the first n_rope_heads heads by the HF angles",
+          "[kernels]") {
+  const int seq = 3, heads = 3, rope_heads = 2, hd = 4;
+  const float theta = 100.0f;  // inv_freq = {1, 0.1}
+  for (DType dt : kFloatTypes) {
+    HostTensor x(dt, {2 * seq, heads, hd});
+    for (int64_t i = 0; i < x.size(); ++i) x.set(i, static_cast<double>(i % 7) - 3.0);
+    const std::vector<double> x0 = x.values();
+    rope_fwd(ctx, x.t, rope_heads, seq, theta);
+    for (int64_t t = 0; t < 2 * seq; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          const int64_t a = (t * heads + h) * hd + i, b = a + hd / 2;
+          const double ang = h < rope_heads ? static_cast<double>(t % seq) * (i ? 0.1 : 1.0) : 0;
+          CHECK(x.get(a) == Approx(x0[a] * std::cos(ang) - x0[b] * std::sin(ang)).margin(1e-6));
+          CHECK(x.get(b) == Approx(x0[b] * std::cos(ang) + x0[a] * std::sin(ang)).margin(1e-6));
+          if (h >= rope_heads || t % seq == 0) CHECK((x.get(a) == x0[a] && x.get(b) == x0[b]));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("kernels: rope_bwd inverts rope_fwd and matches finite differences", "[kernels]") {
+  std::mt19937 rng(5);
+  const int seq = 4, rope_heads = 3;
+  const float theta = 10000.0f;
+  HostTensor x(DType::f64, {2 * seq, 4, 8}), y(DType::f64, {2 * seq, 4, 8}),
+      dx(DType::f64, {2 * seq, 4, 8});
+  randomize(x, rng);
+  y.assign(x.values());
+  rope_fwd(ctx, y.t, rope_heads, seq, theta);
+  rope_bwd(ctx, y.t, rope_heads, seq, theta);
+  CHECK(rel_err(y.values(), x.values()) < kF64Tol);
+
+  const std::vector<double> g = random_values(x.size(), rng);
+  auto loss = [&] {
+    y.assign(x.values());
+    rope_fwd(ctx, y.t, rope_heads, seq, theta);
+    return weighted_sum(y, g);
+  };
+  dx.assign(g);
+  rope_bwd(ctx, dx.t, rope_heads, seq, theta);
+  CHECK(rel_err(dx.values(), numeric_grad(x, loss)) < kFdTol);
+}
+
+// ---------------------------------------------------------------- attention
+
+// qkv, out, lse, dqkv and dout of one attention problem, zero-filled.
+struct Attn {
+  int batch, seq, nh, nkv, hd;
+  HostTensor qkv, out, lse, dqkv, dout;
+  Attn(DType dt, int b, int s, int nh_, int nkv_, int hd_)
+      : batch(b),
+        seq(s),
+        nh(nh_),
+        nkv(nkv_),
+        hd(hd_),
+        qkv(dt, {b * s, (nh_ + 2 * nkv_) * hd_}),
+        out(dt, {b * s, nh_ * hd_}),
+        lse(dt, {b, nh_, s}),
+        dqkv(dt, {b * s, (nh_ + 2 * nkv_) * hd_}),
+        dout(dt, {b * s, nh_ * hd_}) {}
+  int64_t width() const { return (nh + 2 * nkv) * hd; }
+  // Element e of q head h / k head g / v head g of token row r.
+  int64_t q(int64_t r, int64_t h, int64_t e) const { return r * width() + h * hd + e; }
+  int64_t k(int64_t r, int64_t g, int64_t e) const { return q(r, nh + g, e); }
+  int64_t v(int64_t r, int64_t g, int64_t e) const { return q(r, nh + nkv + g, e); }
+  void fwd() { attention_fwd(ctx, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd); }
+  void bwd() { attention_bwd(ctx, dqkv.t, dout.t, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd); }
+};
+
+TEST_CASE("kernels: attention_fwd on two tokens by hand", "[kernels]") {
+  for (DType dt : kFloatTypes) {
+    Attn a(dt, 1, 2, 1, 1, 4);                           // scale 1/2
+    a.qkv.assign({1, 1, 1, 1, 2, 0, 0, 0, 1, 2, 3, 4,    // token 0: q, k, v
+                  1, 1, 0, 0, 0, 0, 0, 0, 5, 6, 7, 8});  // token 1: scores {1, 0}
+    a.fwd();
+    const double e = std::exp(1.0);
+    const std::vector<double> want = {1,
+                                      2,
+                                      3,
+                                      4,
+                                      (e + 5) / (e + 1),
+                                      (2 * e + 6) / (e + 1),
+                                      (3 * e + 7) / (e + 1),
+                                      (4 * e + 8) / (e + 1)};
+    for (int64_t i = 0; i < 8; ++i) CHECK(a.out.get(i) == Approx(want[i]).epsilon(1e-6));
+    CHECK(a.lse.get(0) == Approx(1.0).epsilon(1e-7));
+    CHECK(a.lse.get(1) == Approx(std::log(e + 1)).epsilon(1e-7));
+  }
+}
+
+TEST_CASE("kernels: GQA attention with zero keys averages the right KV head's values",
+          "[kernels]") {
+  struct Shape {
+    int batch, seq, hd;
+  };
+  std::mt19937 rng(6);
+  for (Shape s : {Shape{2, 6, 8}, Shape{1, 256, 64}}) {
+    for (DType dt : kFloatTypes) {
+      Attn a(dt, s.batch, s.seq, 4, 2, s.hd);  // query heads {0,1} read KV 0, {2,3} read KV 1
+      randomize(a.qkv, rng);
+      for (int64_t r = 0; r < s.batch * s.seq; ++r)
+        for (int64_t g = 0; g < 2; ++g)
+          for (int64_t e = 0; e < s.hd; ++e) a.qkv.set(a.k(r, g, e), 0.0);
+      a.fwd();
+      std::vector<double> want, got;
+      for (int64_t b = 0; b < s.batch; ++b) {
+        for (int64_t h = 0; h < 4; ++h) {
+          for (int64_t e = 0; e < s.hd; ++e) {
+            double sum = 0.0;
+            for (int64_t i = 0; i < s.seq; ++i) {
+              sum += a.qkv.get(a.v(b * s.seq + i, h / 2, e));
+              want.push_back(sum / static_cast<double>(i + 1));
+              got.push_back(a.out.get((b * s.seq + i) * 4 * s.hd + h * s.hd + e));
+            }
+          }
+          for (int64_t i = 0; i < s.seq; ++i)
+            CHECK(a.lse.get((b * 4 + h) * s.seq + i) == Approx(std::log(i + 1.0)).margin(1e-6));
+        }
+      }
+      CHECK(rel_err(got, want) < (dt == DType::f32 ? kF32Tol : kF64Tol));
+    }
+  }
+}
+
+TEST_CASE("kernels: attention is causal and batch elements are independent", "[kernels]") {
+  std::mt19937 rng(7);
+  Attn a(DType::f64, 2, 6, 4, 2, 8);
+  randomize(a.qkv, rng);
+  a.fwd();
+  const std::vector<double> out0 = a.out.values();
+  const int64_t changed = 3;  // token 3 of batch element 0: its q, k and v
+  for (int64_t c = 0; c < a.width(); ++c) a.qkv.set(changed * a.width() + c, 5.0);
+  a.fwd();
+  const std::vector<double> out1 = a.out.values();
+  const int64_t row = 4 * 8;
+  for (int64_t r = 0; r < 12; ++r) {
+    const bool same =
+        std::equal(out0.begin() + r * row, out0.begin() + (r + 1) * row, out1.begin() + r * row);
+    CHECK(same == (r < changed || r >= 6));
+  }
+}
+
+TEST_CASE("kernels: GQA attention_bwd matches finite differences and assigns dqkv", "[kernels]") {
+  std::mt19937 rng(8);
+  Attn a(DType::f64, 2, 5, 4, 2, 4);
+  randomize(a.qkv, rng, -1.5, 1.5);
+  randomize(a.dout, rng);
+  const std::vector<double> g = a.dout.values();
+  auto loss = [&] {
+    a.fwd();
+    return weighted_sum(a.out, g);
+  };
+  loss();
+  check_grad_rule([&] { a.bwd(); }, {}, {&a.dqkv});
+  CHECK(rel_err(a.dqkv.values(), numeric_grad(a.qkv, loss)) < kFdTol);
+}
+
+// ---------------------------------------------------------------- swiglu
+
+TEST_CASE("kernels: swiglu_fwd is silu of gate times up", "[kernels]") {
+  for (DType dt : kFloatTypes) {
+    HostTensor gu(dt, {1, 8}), out(dt, {1, 4});
+    gu.assign({0, 1, -1, 2, 5, 2, 3, -1});
+    swiglu_fwd(ctx, out.t, gu.t);
+    auto silu = [](double g) { return g / (1.0 + std::exp(-g)); };
+    const std::vector<double> want = {0, 2 * silu(1), 3 * silu(-1), -silu(2)};
+    for (int64_t i = 0; i < 4; ++i) CHECK(out.get(i) == Approx(want[i]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("kernels: swiglu_bwd matches finite differences and assigns dgateup", "[kernels]") {
+  std::mt19937 rng(9);
+  HostTensor gu(DType::f64, {3, 10}), out(DType::f64, {3, 5}), dgu(DType::f64, {3, 10}),
+      dout(DType::f64, {3, 5});
+  randomize(gu, rng, -3.0, 3.0);
+  randomize(dout, rng);
+  const std::vector<double> g = dout.values();
+  auto loss = [&] {
+    swiglu_fwd(ctx, out.t, gu.t);
+    return weighted_sum(out, g);
+  };
+  check_grad_rule([&] { swiglu_bwd(ctx, dgu.t, dout.t, gu.t); }, {}, {&dgu});
+  CHECK(rel_err(dgu.values(), numeric_grad(gu, loss)) < kFdTol);
+}
+
+// ---------------------------------------------------------------- elementwise
+
+TEST_CASE("kernels: add and scale_ and zero_ and sum_squares on integers", "[kernels]") {
+  for (DType dt : kFloatTypes) {
+    HostTensor a(dt, {2, 2}), b(dt, {2, 2}), out(dt, {2, 2});
+    a.assign({1, 2, 3, -4});
+    b.assign({10, 20, 30, 40});
+    add(ctx, out.t, a.t, b.t);
+    CHECK(out.values() == std::vector<double>{11, 22, 33, 36});
+    add(ctx, a.t, a.t, b.t);  // out aliases a
+    CHECK(a.values() == out.values());
+    scale_(ctx, a.t, 0.5f);
+    CHECK(a.values() == std::vector<double>{5.5, 11, 16.5, 18});
+    CHECK(sum_squares(ctx, b.t) == 3000.0);
+    zero_(ctx, a.t);
+    CHECK(a.values() == std::vector<double>(4, 0.0));
+  }
+  HostTensor ints(DType::i32, {3});
+  ints.assign({1, -2, 3});
+  zero_(ctx, ints.t);
+  CHECK(ints.values() == std::vector<double>(3, 0.0));
+}
+
+// ---------------------------------------------------------------- cross-entropy
+
+TEST_CASE("kernels: cross_entropy by hand with padding columns ignored", "[kernels]") {
+  for (DType dt : kFloatTypes) {
+    HostTensor logits(dt, {2, 6}), losses(dt, {2}), targets(DType::i32, {2});
+    const double pad = 1e30;  // would dominate the softmax if padding were not ignored
+    // Row 0 uniform over 4 valid columns; row 1 has softmax {1, 2, 3, 4} / 10.
+    logits.assign(
+        {0, 0, 0, 0, pad, pad, 0, std::log(2.0), std::log(3.0), std::log(4.0), pad, -pad});
+    targets.assign({1, 3});
+    const std::vector<double> before = logits.values();
+    cross_entropy_fwd_bwd(ctx, losses.t, logits.t, targets.t, 4, 0.5f, false);
+    CHECK(logits.values() == before);  // untouched without compute_grad
+    CHECK(losses.get(0) == Approx(std::log(4.0)).epsilon(1e-6));
+    CHECK(losses.get(1) == Approx(-std::log(0.4)).epsilon(1e-6));
+    cross_entropy_fwd_bwd(ctx, losses.t, logits.t, targets.t, 4, 0.5f, true);
+    const std::vector<double> want = {0.125, -0.375, 0.125, 0.125, 0, 0,
+                                      0.05,  0.1,    0.15,  -0.3,  0, 0};
+    for (int64_t i = 0; i < 12; ++i) CHECK(logits.get(i) == Approx(want[i]).margin(1e-7));
+    CHECK(losses.get(1) == Approx(-std::log(0.4)).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("kernels: cross_entropy gradient matches finite differences", "[kernels]") {
+  std::mt19937 rng(10);
+  const int64_t rows = 3, vl = 7, valid = 5;
+  const float scale = 0.25f;
+  HostTensor logits(DType::f64, {rows, vl}), work(DType::f64, {rows, vl}),
+      losses(DType::f64, {rows}), targets(DType::i32, {rows});
+  randomize(logits, rng, -2.0, 2.0);
+  targets.assign({4, 0, 2});
+  auto loss = [&] {
+    work.assign(logits.values());
+    cross_entropy_fwd_bwd(ctx, losses.t, work.t, targets.t, valid, scale, false);
+    return scale * weighted_sum(losses, std::vector<double>(rows, 1.0));
+  };
+  const std::vector<double> numeric = numeric_grad(logits, loss);
+  work.assign(logits.values());
+  cross_entropy_fwd_bwd(ctx, losses.t, work.t, targets.t, valid, scale, true);
+  CHECK(rel_err(work.values(), numeric) < kFdTol);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = valid; j < vl; ++j) CHECK(work.get(r * vl + j) == 0.0);
+}
+
+// ---------------------------------------------------------------- AdamW
+
+TEST_CASE("kernels: adamw_update against a hand computation", "[kernels]") {
+  const AdamWParams hp{0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1};
+  for (DType dt : kFloatTypes) {
+    HostTensor p(dt, {3}), g(dt, {3}), m(dt, {3}), v(dt, {3});
+    p.assign({1, -2, 0.5});
+    g.assign({0.1, -0.3, 0});
+    // Step 1: mhat = g, vhat = g^2, so the Adam direction is g / (|g| + eps) ~ sign(g).
+    adamw_update(ctx, p.t, g.t, m.t, v.t, hp);
+    const double e = static_cast<double>(hp.eps);
+    const std::vector<double> want_p = {1 - 0.1 * (0.1 / (0.1 + e) + 0.01),
+                                        -2 - 0.1 * (-0.3 / (0.3 + e) - 0.02), 0.5 * (1 - 0.001)};
+    // m = 0.1 g and v = 0.001 g^2 up to the rounding of beta1, beta2 to float.
+    const double c1 = 1.0 - static_cast<double>(hp.beta1), c2 = 1.0 - static_cast<double>(hp.beta2);
+    const std::vector<double> want_m = {0.1 * c1, -0.3 * c1, 0}, want_v = {0.01 * c2, 0.09 * c2, 0};
+    for (int i = 0; i < 3; ++i) {
+      CHECK(p.get(i) == Approx(want_p[i]).epsilon(1e-6));
+      CHECK(m.get(i) == Approx(want_m[i]).epsilon(1e-6));
+      CHECK(v.get(i) == Approx(want_v[i]).epsilon(1e-6));
+    }
+    // Step 3 from a given state, in the order of torch.optim.AdamW.
+    AdamWParams hp3 = hp;
+    hp3.step = 3;
+    p.assign({0.3, -0.7, 2});
+    g.assign({0.5, 0.2, -1});
+    m.assign({0.1, -0.2, 0.05});
+    v.assign({0.01, 0.04, 0.2});
+    adamw_update(ctx, p.t, g.t, m.t, v.t, hp3);
+    const std::vector<double> p0 = {0.3, -0.7, 2}, g0 = {0.5, 0.2, -1}, m0 = {0.1, -0.2, 0.05},
+                              v0 = {0.01, 0.04, 0.2};
+    const double lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2, wd = hp.weight_decay;
+    for (int i = 0; i < 3; ++i) {
+      const double mi = b1 * m0[i] + (1 - b1) * g0[i], vi = b2 * v0[i] + (1 - b2) * g0[i] * g0[i];
+      const double mhat = mi / (1 - std::pow(b1, 3)), vhat = vi / (1 - std::pow(b2, 3));
+      const double want = p0[i] * (1 - lr * wd) - lr * mhat / (std::sqrt(vhat) + e);
+      CHECK(p.get(i) == Approx(want).epsilon(1e-6));
+      CHECK(m.get(i) == Approx(mi).epsilon(1e-6));
+      CHECK(v.get(i) == Approx(vi).epsilon(1e-6));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tr
