@@ -1,0 +1,52 @@
+// Reading side: verify() and load(). The writing side (save, find_latest, retention) is in
+// commit.cpp; the HDF5 schema in model_file.cpp.
+#include "checkpoint/checkpoint.h"
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/fs_io.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/model_file.h"
+
+namespace tr::ckpt {
+namespace {
+
+absl::StatusOr<Manifest> verified_manifest(const std::string& ckpt_dir) {
+  if (!fs::is_directory(ckpt_dir)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", ckpt_dir, " does not exist"));
+  }
+  absl::StatusOr<Manifest> m = read_manifest(ckpt_dir);
+  if (!m.ok()) return m.status();
+  if (absl::Status st = check_manifest_files(ckpt_dir, *m); !st.ok()) return st;
+  return m;
+}
+
+}  // namespace
+
+absl::Status verify(const std::string& ckpt_dir) {
+  return verified_manifest(ckpt_dir).status();
+}
+
+absl::Status load(const std::string& ckpt_dir, const LoadTarget& dst, TrainState* state,
+                  std::string* config_yaml, std::string* layout_json) {
+  const std::pair<std::span<const TensorRef>, const char*> sets[] = {
+      {dst.params, "params"}, {dst.exp_avg, "exp_avg"}, {dst.exp_avg_sq, "exp_avg_sq"}};
+  for (auto [tensors, what] : sets) {
+    if (absl::Status st = validate_tensors(tensors, what); !st.ok()) return st;
+  }
+  absl::StatusOr<Manifest> m = verified_manifest(ckpt_dir);
+  if (!m.ok()) return m.status();
+  TrainState read_state;
+  absl::Status st = read_model_file(fs::join(ckpt_dir, kModelFile),
+                                    checkpoint_sets(dst.params, dst.exp_avg, dst.exp_avg_sq),
+                                    &read_state, config_yaml, layout_json);
+  if (!st.ok()) return st;
+  if (read_state.step != m->step) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", ckpt_dir,
+                                            " is inconsistent: manifest step ", m->step,
+                                            " but /state step ", read_state.step));
+  }
+  if (state != nullptr) *state = read_state;
+  return absl::OkStatus();
+}
+
+}  // namespace tr::ckpt

@@ -1,0 +1,152 @@
+#include "checkpoint/fs_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace tr::ckpt::fs {
+namespace {
+
+constexpr size_t kReadChunk = size_t{4} << 20;  // bytes per read() while checksumming
+
+absl::Status errno_status(int err, const std::string& what, const std::string& path) {
+  return absl::ErrnoToStatus(err, absl::StrCat(what, " ", path));
+}
+
+// Closes a file descriptor on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now and reports the result (close can report a deferred write error).
+  int close_now() {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+absl::Status make_dirs(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) return errno_status(ec.value(), "cannot create directory", path);
+  return absl::OkStatus();
+}
+
+absl::Status remove_all(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return errno_status(ec.value(), "cannot remove", path);
+  return absl::OkStatus();
+}
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::lstat(path.c_str(), &st) == 0;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+absl::Status write_file_durable(const std::string& path, std::string_view bytes) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return errno_status(errno, "cannot create", path);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "cannot write", path);
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) return errno_status(errno, "cannot fsync", path);
+  if (fd.close_now() != 0) return errno_status(errno, "cannot close", path);
+  return absl::OkStatus();
+}
+
+absl::Status fsync_path(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(errno, "cannot open for fsync", path);
+  if (::fsync(fd.get()) != 0) return errno_status(errno, "cannot fsync", path);
+  return absl::OkStatus();
+}
+
+absl::Status rename_path(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    return errno_status(errno, "cannot rename " + from + " to", to);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status exchange_paths(const std::string& a, const std::string& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0) {
+    return absl::OkStatus();
+  }
+  int err = errno;
+  if (err == EINVAL || err == ENOSYS || err == ENOTSUP) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot atomically swap ", a, " and ", b,
+                     ": the filesystem does not support renameat2(RENAME_EXCHANGE)"));
+  }
+  return errno_status(err, "cannot swap " + a + " with", b);
+}
+
+absl::StatusOr<std::string> read_file(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(errno, "cannot open", path);
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "cannot read", path);
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+absl::StatusOr<FileDigest> digest_file(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(errno, "cannot open", path);
+  std::vector<unsigned char> buf(kReadChunk);
+  FileDigest d;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "cannot read", path);
+    if (n == 0) break;
+    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
+    d.bytes += static_cast<uint64_t>(n);
+  }
+  d.crc32 = static_cast<uint32_t>(crc);
+  return d;
+}
+
+absl::StatusOr<uint64_t> file_size(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return errno_status(errno, "cannot stat", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+}  // namespace tr::ckpt::fs

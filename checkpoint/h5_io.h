@@ -1,0 +1,93 @@
+// HDF5 primitives for the checkpoint layer: an owning hid_t, fp32 tensor datasets, string
+// datasets and scalar attributes. Internal to tr_checkpoint.
+//
+// Failures that can come from the file or the disk (open, create, write, close, a missing
+// object) return absl::Status; failures of in-memory calls on objects we just made
+// (dataspaces, types, property lists) are program errors and stop via H5_CHECK.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tr::ckpt::h5 {
+
+// Owns one HDF5 identifier and closes it with the matching H5*close. Move-only.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer close) : id_(id), close_(close) {}
+  Handle(Handle&& other) noexcept : id_(other.id_), close_(other.close_) { other.id_ = -1; }
+  Handle& operator=(Handle&& other) noexcept;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() { reset(); }
+
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  // Closes now; returns the close status (a file close flushes, so this can fail).
+  herr_t reset();
+
+ private:
+  hid_t id_ = -1;
+  Closer close_ = nullptr;
+};
+
+// Turns off HDF5's automatic error stack printing (once per process): bad files must give
+// our one-line message, not a library stack dump.
+void quiet_errors();
+
+// A file access property list with file locking that degrades gracefully on filesystems
+// without flock (Lustre, some NFS).
+Handle file_access_plist();
+
+// Creates `path` (fails if it exists) / opens it read-only.
+absl::StatusOr<Handle> create_file(const std::string& path);
+absl::StatusOr<Handle> open_file_readonly(const std::string& path);
+
+// Writes `count` floats at `data` as a new fp32 dataset `path` (absolute, "/a/b/c") with
+// `shape` (empty = scalar), creating intermediate groups.
+absl::Status write_f32(hid_t file, const std::string& path, const std::vector<int64_t>& shape,
+                       const float* data);
+
+// True when every component of the absolute `path` exists as a link.
+bool path_exists(hid_t file, const std::string& path);
+
+// A dataset's element type and shape, for checks before a read.
+struct DatasetInfo {
+  bool is_f32 = false;         // IEEE float of 4 bytes
+  std::string type_desc;       // e.g. "float64", "int32" when not fp32
+  std::vector<int64_t> shape;  // empty = scalar
+};
+absl::StatusOr<DatasetInfo> dataset_info(hid_t file, const std::string& path);
+
+// Reads a dataset whose shape the caller checked into `out` (converted to native float).
+absl::Status read_f32(hid_t file, const std::string& path, float* out);
+
+// Absolute paths of all datasets under group `group` ("/model"), sorted; {} if none.
+std::vector<std::string> list_datasets(hid_t file, const std::string& group);
+
+// Variable-length UTF-8 string datasets (scalar).
+absl::Status write_string(hid_t file, const std::string& path, std::string_view value);
+absl::StatusOr<std::string> read_string(hid_t file, const std::string& path);
+
+// Scalar attributes on an object (group or dataset).
+void write_attr_i64(hid_t obj, const char* name, int64_t value);
+void write_attr_u64(hid_t obj, const char* name, uint64_t value);
+void write_attr_f64(hid_t obj, const char* name, double value);
+void write_attr_string(hid_t obj, const char* name, std::string_view value);
+absl::StatusOr<int64_t> read_attr_i64(hid_t obj, const char* name);
+absl::StatusOr<uint64_t> read_attr_u64(hid_t obj, const char* name);
+absl::StatusOr<double> read_attr_f64(hid_t obj, const char* name);
+
+// "[64,128]"
+std::string shape_str(const std::vector<int64_t>& shape);
+
+}  // namespace tr::ckpt::h5

@@ -1,0 +1,36 @@
+// manifest.json: the list of a checkpoint's files with size and crc32. Written last, so its
+// presence marks a committed checkpoint. Internal to tr_checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/fs_io.h"
+
+namespace tr::ckpt {
+
+inline constexpr char kManifestFile[] = "manifest.json";
+inline constexpr char kManifestFormat[] = "trainer-checkpoint";
+inline constexpr int kManifestVersion = 1;
+
+struct Manifest {
+  int64_t step = 0;
+  std::map<std::string, fs::FileDigest> files;  // file name in the checkpoint dir -> digest
+};
+
+// Digests `files` (names inside `dir`) and writes `dir`/manifest.json durably (fsync).
+absl::Status write_manifest(const std::string& dir, int64_t step,
+                            const std::vector<std::string>& files);
+
+// Reads and parses `dir`/manifest.json: present, valid JSON, our format and version, a step
+// and a well-formed file table listing model.h5.
+absl::StatusOr<Manifest> read_manifest(const std::string& dir);
+
+// Every file of `m` exists in `dir` with its recorded size and crc32.
+absl::Status check_manifest_files(const std::string& dir, const Manifest& m);
+
+}  // namespace tr::ckpt

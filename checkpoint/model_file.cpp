@@ -1,0 +1,229 @@
+#include "checkpoint/model_file.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/h5_io.h"
+#include "checkpoint/manifest.h"
+#include "kernels/core/check.h"
+
+namespace tr::ckpt {
+namespace {
+
+using h5::Handle;
+
+constexpr char kStateGroup[] = "/state";
+constexpr char kConfigDataset[] = "/config";
+constexpr char kLayoutDataset[] = "/layout";
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string dataset_path(const TensorSet& set, const TensorRef& t) {
+  return absl::StrCat(set.group, "/", t.name);
+}
+
+bool valid_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+  }
+  return true;
+}
+
+absl::Status write_state(hid_t file, const TrainState& s) {
+  Handle group(H5Gcreate2(file, kStateGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (!group.valid()) return absl::UnavailableError("cannot create group /state");
+  h5::write_attr_i64(group.get(), "step", s.step);
+  h5::write_attr_i64(group.get(), "consumed_samples", s.consumed_samples);
+  h5::write_attr_u64(group.get(), "rng_state", s.rng_state);
+  h5::write_attr_f64(group.get(), "lr", s.lr);
+  h5::write_attr_i64(group.get(), "tokens_seen", s.tokens_seen);
+  return absl::OkStatus();
+}
+
+absl::Status read_state(hid_t file, const std::string& path, TrainState* s) {
+  if (!h5::path_exists(file, kStateGroup)) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " has no /state group"));
+  }
+  Handle group(H5Gopen2(file, kStateGroup, H5P_DEFAULT), H5Gclose);
+  if (!group.valid()) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": cannot open /state"));
+  }
+  auto fail = [&](const absl::Status& st) {
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, " /state: ", st.message()));
+  };
+  absl::StatusOr<int64_t> step = h5::read_attr_i64(group.get(), "step");
+  absl::StatusOr<int64_t> consumed = h5::read_attr_i64(group.get(), "consumed_samples");
+  absl::StatusOr<uint64_t> rng = h5::read_attr_u64(group.get(), "rng_state");
+  absl::StatusOr<double> lr = h5::read_attr_f64(group.get(), "lr");
+  absl::StatusOr<int64_t> tokens = h5::read_attr_i64(group.get(), "tokens_seen");
+  for (const absl::Status& st :
+       {step.status(), consumed.status(), rng.status(), lr.status(), tokens.status()}) {
+    if (!st.ok()) return fail(st);
+  }
+  *s = TrainState{*step, *consumed, *rng, *lr, *tokens};
+  return absl::OkStatus();
+}
+
+// Checks existence, dtype and shape of one expected tensor, then reads it.
+absl::Status read_tensor(hid_t file, const std::string& path, const TensorSet& set,
+                         const TensorRef& t) {
+  std::string ds = dataset_path(set, t);
+  if (!h5::path_exists(file, ds)) {
+    return absl::NotFoundError(absl::StrCat("checkpoint file ", path, " has no tensor '", t.name,
+                                            "' (", ds, "): it was written for a different model"));
+  }
+  absl::StatusOr<h5::DatasetInfo> info = h5::dataset_info(file, ds);
+  if (!info.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint file ", path, ": ", info.status().message()));
+  }
+  if (!info->is_f32) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint file ", path, ": tensor '",
+                                                      t.name, "' (", ds, ") is stored as ",
+                                                      info->type_desc, ", expected float32"));
+  }
+  if (info->shape != t.shape) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint file ", path, ": tensor '", t.name, "' (", ds, ") has shape ",
+                     h5::shape_str(info->shape), " in the checkpoint but the model expects ",
+                     h5::shape_str(t.shape), ": the checkpoint is from a different model shape"));
+  }
+  absl::Status st = h5::read_f32(file, ds, t.data);
+  if (!st.ok())
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": ", st.message()));
+  return absl::OkStatus();
+}
+
+// A non-empty set's group must hold exactly the tensors asked for.
+absl::Status check_no_extra(hid_t file, const std::string& path, const TensorSet& set) {
+  std::set<std::string> expected;
+  for (const TensorRef& t : set.tensors) expected.insert(dataset_path(set, t));
+  for (const std::string& ds : h5::list_datasets(file, set.group)) {
+    if (expected.count(ds)) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint file ", path, " has tensor '", ds.substr(set.group.size() + 1), "' (", ds,
+        ") that the model does not have: it was written for a ", "different model"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<TensorSet> checkpoint_sets(std::span<const TensorRef> params,
+                                       std::span<const TensorRef> exp_avg,
+                                       std::span<const TensorRef> exp_avg_sq) {
+  return {{"/model", params}, {"/optim/exp_avg", exp_avg}, {"/optim/exp_avg_sq", exp_avg_sq}};
+}
+
+absl::Status validate_tensors(std::span<const TensorRef> tensors, absl::string_view what) {
+  std::set<std::string> names;
+  for (const TensorRef& t : tensors) {
+    if (!valid_name(t.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " tensor name '", t.name,
+                       "' is not a relative path like \"layers/0/attn/q_proj/weight\""));
+    }
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " tensor '", t.name, "' appears twice"));
+    }
+    for (int64_t d : t.shape) {
+      if (d < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " tensor '", t.name, "' has negative shape ", h5::shape_str(t.shape)));
+      }
+    }
+    if (t.data == nullptr && numel(t.shape) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " tensor '", t.name, "' has no data"));
+    }
+  }
+  // "a" cannot be both a dataset and the group holding "a/b".
+  for (const std::string& n : names) {
+    auto next = names.lower_bound(n + "/");
+    if (next != names.end() && next->starts_with(n + "/")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " tensor '", n, "' is also a group of '", *next, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status validate_same_layout(std::span<const TensorRef> params,
+                                  std::span<const TensorRef> other, absl::string_view what) {
+  if (other.size() != params.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", other.size(), " tensors but params has ", params.size()));
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (other[i].name != params[i].name || other[i].shape != params[i].shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " tensor ", i, " is '", other[i].name, "' ", h5::shape_str(other[i].shape),
+          " but params has '", params[i].name, "' ", h5::shape_str(params[i].shape)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status write_model_file(const std::string& path, const ModelFileContents& contents,
+                              const WriteProgress& progress) {
+  absl::StatusOr<Handle> file = h5::create_file(path);
+  if (!file.ok()) return file.status();
+  hid_t f = file->get();
+  h5::write_attr_string(f, "format", kManifestFormat);
+  h5::write_attr_i64(f, "version", kManifestVersion);
+  size_t total = 0, done = 0;
+  for (const TensorSet& set : contents.sets) total += set.tensors.size();
+  for (const TensorSet& set : contents.sets) {
+    for (const TensorRef& t : set.tensors) {
+      absl::Status st = h5::write_f32(f, dataset_path(set, t), t.shape, t.data);
+      if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+      if (progress) progress(++done, total);
+    }
+  }
+  for (absl::Status st :
+       {write_state(f, contents.state), h5::write_string(f, kConfigDataset, contents.config_yaml),
+        h5::write_string(f, kLayoutDataset, contents.layout_json)}) {
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+  }
+  if (file->reset() < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot close HDF5 file ", path, " (disk full?)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status read_model_file(const std::string& path, const std::vector<TensorSet>& sets,
+                             TrainState* state, std::string* config_yaml,
+                             std::string* layout_json) {
+  absl::StatusOr<Handle> file = h5::open_file_readonly(path);
+  if (!file.ok()) return file.status();
+  hid_t f = file->get();
+  for (const TensorSet& set : sets) {
+    if (set.tensors.empty()) continue;
+    for (const TensorRef& t : set.tensors) {
+      if (absl::Status st = read_tensor(f, path, set, t); !st.ok()) return st;
+    }
+    if (absl::Status st = check_no_extra(f, path, set); !st.ok()) return st;
+  }
+  if (state != nullptr) {
+    if (absl::Status st = read_state(f, path, state); !st.ok()) return st;
+  }
+  const std::pair<std::string*, const char*> strings[] = {{config_yaml, kConfigDataset},
+                                                          {layout_json, kLayoutDataset}};
+  for (auto [out, ds] : strings) {
+    if (out == nullptr) continue;
+    absl::StatusOr<std::string> s = h5::read_string(f, ds);
+    if (!s.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint file ", path, ": ", s.status().message()));
+    }
+    *out = *std::move(s);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tr::ckpt

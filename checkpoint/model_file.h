@@ -1,0 +1,67 @@
+// The HDF5 schema of model.h5: "write these tensors to this file" and "read these tensors
+// from this file", apart from the directory commit protocol so that per-rank shard files
+// (stitched by rank 0 with virtual datasets) can reuse it. Internal to tr_checkpoint.
+//
+//   /                    attributes format = "trainer-checkpoint", version = 1
+//   /model/<name>        fp32 params, global shape
+//   /optim/exp_avg/<name>, /optim/exp_avg_sq/<name>   fp32 Adam moments
+//   /state               group; scalar attributes step, consumed_samples, rng_state, lr,
+//                        tokens_seen
+//   /config, /layout     variable-length UTF-8 string datasets
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "checkpoint/checkpoint.h"
+
+namespace tr::ckpt {
+
+inline constexpr char kModelFile[] = "model.h5";
+
+// Tensors stored under one group ("/model", "/optim/exp_avg", "/optim/exp_avg_sq").
+struct TensorSet {
+  std::string group;
+  std::span<const TensorRef> tensors;
+};
+
+// The three sets of a checkpoint in file order.
+std::vector<TensorSet> checkpoint_sets(std::span<const TensorRef> params,
+                                       std::span<const TensorRef> exp_avg,
+                                       std::span<const TensorRef> exp_avg_sq);
+
+// Names are non-empty relative paths ("a/b/c": no leading or trailing slash, no empty, "."
+// or ".." component), unique, none a group of another; shapes non-negative; data non-null
+// when there are elements. `what` names the set in messages ("params").
+absl::Status validate_tensors(std::span<const TensorRef> tensors, absl::string_view what);
+// `other` has the same names and shapes as `params`, in the same order.
+absl::Status validate_same_layout(std::span<const TensorRef> params,
+                                  std::span<const TensorRef> other, absl::string_view what);
+
+struct ModelFileContents {
+  std::vector<TensorSet> sets;
+  TrainState state;
+  std::string config_yaml;
+  std::string layout_json;
+};
+
+// Called after each tensor is written with (tensors written so far, total).
+using WriteProgress = std::function<void(size_t, size_t)>;
+
+// Creates `path` (which must not exist) holding everything in `contents`, and closes it.
+// The caller fsyncs. `progress` may be empty.
+absl::Status write_model_file(const std::string& path, const ModelFileContents& contents,
+                              const WriteProgress& progress);
+
+// Reads every tensor of every set into its buffer after checking that it exists, is fp32
+// and has the expected shape, and that a non-empty set's group holds no tensor the caller
+// did not ask for. Null outputs are skipped.
+absl::Status read_model_file(const std::string& path, const std::vector<TensorSet>& sets,
+                             TrainState* state, std::string* config_yaml, std::string* layout_json);
+
+}  // namespace tr::ckpt
