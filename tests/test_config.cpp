@@ -1,0 +1,197 @@
+// Config parsing, validation and output; presets; LR schedules; the topology's rank layout.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <string>
+
+#include "parallel/topology.h"
+#include "tests/test_util.h"
+#include "trainer/config.h"
+#include "trainer/optim.h"
+
+namespace tr {
+namespace {
+
+const char* kBase = R"(
+model: {hidden_size: 64, intermediate_size: 128, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        head_dim: 16, vocab_size: 257, max_seq_len: 256}
+data: {train: [{path: data/x}], seq_len: 32}
+train: {steps: 10, global_batch: 4, micro_batch: 2}
+)";
+
+std::string error_of(const std::string& yaml, std::vector<std::string> sets = {}) {
+  absl::StatusOr<Config> c = parse_config(yaml, sets, "test.yaml");
+  REQUIRE_FALSE(c.ok());
+  return std::string(c.status().message());
+}
+
+TEST_CASE("config: a minimal config parses with defaults", "[config]") {
+  absl::StatusOr<Config> c = parse_config(kBase, {});
+  REQUIRE(c.ok());
+  CHECK(c->model.hidden_size == 64);
+  CHECK(c->data.train.size() == 1);
+  CHECK(c->data.train[0].path == "data/x");
+  CHECK(c->data.train[0].weight == 1.0);
+  CHECK(c->parallel.dp == 0);  // auto
+  CHECK(c->optim.schedule == "cosine");
+  CHECK(c->checkpoint.keep_last == 2);
+}
+
+TEST_CASE("config: unknown key suggests the nearest one", "[config]") {
+  std::string e = error_of(std::string(kBase) + "optim: {lrr: 0.1}\n");
+  CHECK(e == "unknown key 'optim.lrr' in test.yaml; did you mean 'lr'?");
+  e = error_of(std::string(kBase) + "chekpoint: {dir: x}\n");
+  CHECK(e == "unknown section 'chekpoint' in test.yaml; did you mean 'checkpoint'?");
+}
+
+TEST_CASE("config: wrong types and ranges name the key", "[config]") {
+  CHECK(error_of(kBase, {"train.steps=ten"}) == "train.steps: expected an integer, got 'ten'");
+  CHECK(error_of(kBase, {"train.steps=2.5"}) == "train.steps: expected an integer, got '2.5'");
+  CHECK(error_of(kBase, {"optim.lr=-0.1"}) == "optim.lr must be > 0 (got -0.1)");
+  CHECK(error_of(kBase, {"optim.beta1=1.5"}) == "optim.beta1 must be in [0, 0.999999] (got 1.5)");
+  CHECK(error_of(kBase, {"checkpoint.keep_last=1"}) ==
+        "checkpoint.keep_last must be in [2, 1048576] (got 1)");
+  CHECK(error_of(kBase, {"model.tie_embeddings=maybe"}) ==
+        "model.tie_embeddings: expected true or false, got 'maybe'");
+  CHECK(error_of(kBase, {"optim.schedule=cosin"}) ==
+        "optim.schedule must be one of cosine|linear|constant|wsd (got 'cosin'); did you mean "
+        "'cosine'?");
+  CHECK(error_of(kBase, {"data.train=[{path: a, weight: 0}]"}) ==
+        "data.train[0].weight must be > 0 (got 0)");
+}
+
+TEST_CASE("config: cross-field checks", "[config]") {
+  CHECK(error_of(kBase, {"model.num_kv_heads=3"}) ==
+        "model.num_heads 4 is not a multiple of model.num_kv_heads 3");
+  CHECK(error_of(kBase, {"train.global_batch=5"}) ==
+        "train.global_batch 5 is not divisible by train.micro_batch 2 x dp 1 = 2");
+  CHECK(error_of(kBase, {"data.seq_len=512"}) == "data.seq_len 512 exceeds model.max_seq_len 256");
+  CHECK(error_of(kBase, {"parallel.tp=4"}) ==
+        "model.num_kv_heads 2 is not divisible by parallel.tp 4; use a tp that divides it");
+  CHECK(error_of(kBase, {"train.eval_interval=5"}) ==
+        "train.eval_interval is 5 but data.valid is empty; add data.valid or set "
+        "train.eval_interval=0");
+  CHECK(error_of(kBase, {"optim.min_lr=1"}) == "optim.min_lr 1 exceeds optim.lr 3e-04");
+}
+
+TEST_CASE("config: --set overrides and its errors", "[config]") {
+  absl::StatusOr<Config> c =
+      parse_config(kBase, {"train.micro_batch=4", "optim.lr=1e-3", "parallel.dp=1"});
+  REQUIRE(c.ok());
+  CHECK(c->train.micro_batch == 4);
+  CHECK(c->optim.lr == 1e-3);
+  CHECK(c->parallel.dp == 1);
+  CHECK(error_of(kBase, {"train.micro_bach=4"}) ==
+        "unknown key 'train.micro_bach' in test.yaml; did you mean 'micro_batch'?");
+  CHECK(error_of(kBase, {"steps=4"}) ==
+        "--set 'steps=4': expected section.key=value, e.g. --set train.micro_batch=2");
+}
+
+TEST_CASE("config: invalid YAML names file, line and column", "[config]") {
+  std::string e = error_of("model: {hidden_size: 64\ntrain: [");
+  CHECK(e.rfind("test.yaml:", 0) == 0);
+  CHECK(e.find("invalid YAML") != std::string::npos);
+}
+
+TEST_CASE("config: the resolved YAML parses back to itself", "[config]") {
+  absl::StatusOr<Config> c =
+      parse_config(kBase, {"optim.lr=0.1", "data.valid=[{path: v, weight: 0.5}]"});
+  REQUIRE(c.ok());
+  const std::string y = to_yaml(*c);
+  absl::StatusOr<Config> back = parse_config(y, {});
+  REQUIRE(back.ok());
+  CHECK(to_yaml(*back) == y);
+  CHECK(back->optim.lr == 0.1);
+  CHECK(back->data.valid[0].weight == 0.5);
+}
+
+TEST_CASE("config: preset files carry the built-in shapes", "[config]") {
+  for (const std::string& name : preset_names()) {
+    INFO(name);
+    const std::string path = std::string(TR_SOURCE_DIR) + "/configs/" + name + ".yaml";
+    absl::StatusOr<Config> file = load_config(path, {});
+    REQUIRE(file.ok());
+    // The preset alone (no explicit fields) must give the same model section.
+    absl::StatusOr<Config> preset = parse_config(
+        "model: {preset: " + name +
+            "}\ndata: {train: [x], seq_len: 128}\ntrain: {steps: 1, global_batch: 1}\n",
+        {});
+    REQUIRE(preset.ok());
+    const ModelConfig &a = file->model, &b = preset->model;
+    CHECK(a.hidden_size == b.hidden_size);
+    CHECK(a.intermediate_size == b.intermediate_size);
+    CHECK(a.num_layers == b.num_layers);
+    CHECK(a.num_heads == b.num_heads);
+    CHECK(a.num_kv_heads == b.num_kv_heads);
+    CHECK(a.head_dim == b.head_dim);
+    CHECK(a.vocab_size == b.vocab_size);
+    CHECK(a.max_seq_len == b.max_seq_len);
+    CHECK(a.rope_theta == b.rope_theta);
+    CHECK(a.rms_norm_eps == b.rms_norm_eps);
+    CHECK(a.tie_embeddings == b.tie_embeddings);
+  }
+  absl::StatusOr<Config> c72 =
+      load_config(std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml", {});
+  REQUIRE(c72.ok());
+  CHECK(c72->model.hidden_size == 8192);
+  CHECK(c72->model.num_layers == 80);
+  CHECK(c72->parallel.tp == 8);
+  CHECK(c72->parallel.pp == 2);
+  CHECK(error_of("model: {preset: qwen2.5-8b}\n", {}) ==
+        "model.preset 'qwen2.5-8b' is unknown; known presets: qwen2.5-0.5b, qwen2.5-1.5b, "
+        "qwen2.5-3b, "
+        "qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b; did you mean 'qwen2.5-3b'?");
+}
+
+TEST_CASE("config: docs/config.md holds the generated key table", "[config]") {
+  const std::string doc = test::read_file(std::string(TR_SOURCE_DIR) + "/docs/config.md");
+  INFO("regenerate with: build/trainer/trainer --help-config");
+  CHECK(doc.find(config_docs_markdown()) != std::string::npos);
+}
+
+TEST_CASE("optim: learning-rate schedules", "[config]") {
+  OptimConfig o;
+  o.lr = 1.0;
+  o.min_lr = 0.1;
+  o.warmup_steps = 10;
+  CHECK(lr_at(o, 110, 1) == Approx(0.1));
+  CHECK(lr_at(o, 110, 10) == Approx(1.0));
+  o.schedule = "cosine";
+  CHECK(lr_at(o, 110, 60) == Approx(0.55));  // half way: (lr + min_lr) / 2
+  CHECK(lr_at(o, 110, 110) == Approx(0.1));
+  CHECK(lr_at(o, 110, 35) == Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.25))));
+  o.schedule = "linear";
+  CHECK(lr_at(o, 110, 60) == Approx(0.55));
+  CHECK(lr_at(o, 110, 85) == Approx(0.325));
+  o.schedule = "constant";
+  CHECK(lr_at(o, 110, 100) == Approx(1.0));
+  o.schedule = "wsd";
+  o.decay_fraction = 0.2;  // last 22 steps decay
+  CHECK(lr_at(o, 110, 88) == Approx(1.0));
+  CHECK(lr_at(o, 110, 99) == Approx(0.55));
+  CHECK(lr_at(o, 110, 110) == Approx(0.1));
+}
+
+TEST_CASE("topology: rank layout is tp fastest, then dp, then pp", "[config]") {
+  absl::StatusOr<Topology> t = Topology::make(16, 13, 2, 2, 0);
+  REQUIRE(t.ok());
+  CHECK(t->dp == 4);
+  CHECK(t->tp_rank == 1);
+  CHECK(t->dp_rank == 2);
+  CHECK(t->pp_rank == 1);
+  CHECK(t->rank_at(1, 2, 1) == 13);
+  absl::StatusOr<Topology> bad = Topology::make(1, 0, 8, 2, 0);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()) ==
+        "parallel layout: world size 1 is not divisible by tp 8 x pp 2 = 16; launch a multiple of "
+        "16 ranks or "
+        "change parallel.tp/pp");
+  bad = Topology::make(8, 0, 2, 2, 3);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()) ==
+        "parallel layout: tp 2 x pp 2 x dp 3 = 12 ranks but this run has 8 processes; launch 12 "
+        "ranks (srun -n 12) "
+        "or change parallel.tp/pp/dp");
+}
+
+}  // namespace
+}  // namespace tr
