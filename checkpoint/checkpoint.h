@@ -39,7 +39,8 @@
 // `latest.tmp`.
 //
 // Crash-test hook: when the environment variable TR_TEST_CRASH_POINT equals one of these
-// stage names, save() sends its own process SIGKILL at that point:
+// stage names (or "stage@N": only while saving step N), save() sends its own process SIGKILL
+// at that point:
 //   "mid_tensors"     after half of the tensors (params, m, v together) are in model.h5
 //   "before_manifest" all data files written and fsynced, manifest not yet written
 //   "before_rename"   manifest written and fsynced, step_N.tmp not yet renamed

@@ -31,10 +31,16 @@ constexpr char kCrashEnv[] = "TR_TEST_CRASH_POINT";
 constexpr size_t kStepDigits = 8;  // step_%08lld
 
 // Test hook: dies by SIGKILL (no cleanup, no flush: like a node failure) when
-// TR_TEST_CRASH_POINT names `stage`.
-void crash_point(const char* stage) {
+// TR_TEST_CRASH_POINT names `stage`, or is "stage@N" and this save is of step N.
+void crash_point(const char* stage, int64_t step) {
   const char* want = std::getenv(kCrashEnv);
-  if (want != nullptr && std::strcmp(want, stage) == 0) ::kill(::getpid(), SIGKILL);
+  if (want == nullptr) return;
+  std::string_view w = want;
+  if (size_t at = w.find('@'); at != std::string_view::npos) {
+    if (w.substr(at + 1) != std::to_string(step)) return;
+    w = w.substr(0, at);
+  }
+  if (w == stage) ::kill(::getpid(), SIGKILL);
 }
 
 // The step of a committed directory name "step_" + >= 8 digits; nullopt for anything else.
@@ -94,8 +100,8 @@ absl::StatusOr<std::vector<std::string>> write_step_files(const SaveRequest& req
                                                           const std::string& dir) {
   ModelFileContents contents{checkpoint_sets(req.params, req.exp_avg, req.exp_avg_sq), req.state,
                              req.config_yaml, req.layout_json};
-  auto progress = [](size_t done, size_t total) {
-    if (done == std::max<size_t>(1, total / 2)) crash_point("mid_tensors");
+  auto progress = [&req](size_t done, size_t total) {
+    if (done == std::max<size_t>(1, total / 2)) crash_point("mid_tensors", req.step);
   };
   std::string h5_path = fs::join(dir, kModelFile);
   if (absl::Status st = write_model_file(h5_path, contents, progress); !st.ok()) return st;
@@ -171,7 +177,7 @@ absl::StatusOr<std::string> prepare_step_tmp(const SaveRequest& req, const std::
   if (absl::Status st = fs::make_dirs(tmp); !st.ok()) return st;
   absl::StatusOr<std::vector<std::string>> files = write_step_files(req, tmp);
   if (!files.ok()) return files.status();
-  crash_point("before_manifest");
+  crash_point("before_manifest", req.step);
   if (absl::Status st = write_manifest(tmp, req.step, *files); !st.ok()) return st;
   if (absl::Status st = fs::fsync_path(tmp); !st.ok()) return st;
   return tmp;
@@ -195,14 +201,14 @@ absl::Status save(const SaveRequest& req) {
 
   absl::StatusOr<std::string> tmp = prepare_step_tmp(req, name);
   if (!tmp.ok()) return tmp.status();
-  crash_point("before_rename");
+  crash_point("before_rename", req.step);
   if (absl::Status st = install_step_dir(req.root, *tmp, final_dir, name, *latest_name); !st.ok()) {
     return st;
   }
   if (absl::Status st = fs::fsync_path(req.root); !st.ok()) return st;
-  crash_point("before_latest");
+  crash_point("before_latest", req.step);
   if (absl::Status st = write_latest(req.root, name); !st.ok()) return st;
-  crash_point("before_cleanup");
+  crash_point("before_cleanup", req.step);
   if (absl::Status st = apply_retention(req.root, req.keep_last, name); !st.ok()) {
     return absl::Status(st.code(),
                         absl::StrCat("checkpoint ", final_dir,

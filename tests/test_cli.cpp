@@ -1,0 +1,247 @@
+// End-to-end tests of the trainer binary: training, bit-exact resume, crash safety and the
+// one-line errors (exit code 2) for every kind of bad input.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "data/writer.h"
+#include "tests/test_util.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
+
+namespace tr {
+namespace {
+
+namespace fs = std::filesystem;
+using test::CmdResult;
+using test::run_cmd;
+using test::TempDir;
+
+// Byte-level documents of a few repeated sentences: easy to learn, so the loss falls fast.
+void write_dataset(const std::string& prefix, int docs) {
+  const char* sentences[] = {"the quick brown fox jumps over the lazy dog. ",
+                             "pack my box with five dozen liquor jugs! ",
+                             "how vexingly quick daft zebras jump? "};
+  auto w = data::IndexedDatasetWriter::create(prefix, 257);
+  REQUIRE(w.ok());
+  for (int d = 0; d < docs; ++d) {
+    std::vector<int32_t> toks;
+    for (int r = 0; r < 6; ++r)
+      for (const char* c = sentences[(d + r) % 3]; *c; ++c)
+        toks.push_back(static_cast<unsigned char>(*c));
+    toks.push_back(256);
+    REQUIRE((*w)->add_document(toks).ok());
+  }
+  REQUIRE((*w)->finish().ok());
+}
+
+// A run directory: data, config.yaml and the checkpoint/log dirs inside one temp dir.
+struct RunDir {
+  TempDir dir;
+  std::string config = dir / "config.yaml";
+  explicit RunDir(int steps = 20, const std::string& extra = "") {
+    write_dataset(dir / "train", 40);
+    write_dataset(dir / "valid", 4);
+    test::write_file(config, R"(
+model: {hidden_size: 64, intermediate_size: 128, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        head_dim: 16, vocab_size: 257, max_seq_len: 64, rope_theta: 10000, tie_embeddings: true}
+data: {train: [{path: )" + (dir / "train") +
+                                 R"(}], valid: [{path: )" + (dir / "valid") + R"(}], seq_len: 32}
+train: {steps: )" + std::to_string(steps) +
+                                 R"(, global_batch: 8, micro_batch: 4, eval_interval: 0}
+optim: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5}
+checkpoint: {dir: )" + (dir / "ckpt") +
+                                 R"(, interval: 10, keep_last: 2}
+log: {dir: )" + (dir / "log") + R"(, interval: 5}
+)" + extra);
+  }
+  CmdResult trainer(const std::string& args = "", const std::string& env = "") const {
+    return run_cmd(env + " " + TR_TRAINER_BIN + " --config " + config + " " + args);
+  }
+  std::vector<nlohmann::json> metrics() const {
+    std::vector<nlohmann::json> steps;
+    for (const std::string& l : test::read_lines(dir / "log/metrics.jsonl")) {
+      auto j = nlohmann::json::parse(l);
+      if (j.contains("loss")) steps.push_back(j);
+    }
+    return steps;
+  }
+};
+
+// Every tensor of a checkpoint (params, Adam m and v) as one flat vector per kind.
+struct CkptTensors {
+  std::vector<float> p, m, v;
+  ckpt::TrainState state;
+};
+CkptTensors read_checkpoint(const std::string& config, const std::string& path) {
+  absl::StatusOr<Config> cfg = load_config(config, {});
+  REQUIRE(cfg.ok());
+  ParamLayout layout = ParamLayout::make(ModelDims::from(cfg->model, Topology{}));
+  CkptTensors t;
+  t.p.resize(layout.total), t.m.resize(layout.total), t.v.resize(layout.total);
+  auto refs = [&](std::vector<float>& buf) {
+    std::vector<ckpt::TensorRef> r;
+    for (const ParamInfo& p : layout.tensors)
+      r.push_back({p.name, p.global_shape, buf.data() + p.offset});
+    return r;
+  };
+  auto p = refs(t.p), m = refs(t.m), v = refs(t.v);
+  absl::Status st = ckpt::load(path, ckpt::LoadTarget{p, m, v}, &t.state, nullptr);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  return t;
+}
+
+TEST_CASE("cli: the tiny model's loss falls below a bound", "[cli]") {
+  RunDir run(150);
+  CmdResult r = run.trainer();
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  std::vector<nlohmann::json> m = run.metrics();
+  REQUIRE(m.size() == 150);
+  const double first = m.front()["loss"], last = m.back()["loss"];
+  CHECK(std::abs(first - std::log(257.0)) < 0.3);  // uniform prediction at the start
+  CHECK(last < 1.0);
+  CHECK(m.back()["step"] == 150);
+  CHECK(m.back()["tokens"] == 8 * 32);
+  for (const char* k : {"lr", "grad_norm", "tokens_per_s", "step_time_s"})
+    CHECK(m.back().contains(k));
+  CHECK(fs::exists(run.dir / "ckpt/step_00000150/model.h5"));
+  CHECK(fs::exists(run.dir / "log/config.yaml"));
+  CHECK(r.output.find("resolved config:") != std::string::npos);
+}
+
+TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps", "[cli]") {
+  RunDir straight(20), split(20);
+  REQUIRE(straight.trainer().exit_code == 0);
+  CmdResult first = split.trainer("--set train.exit_interval=10");
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  REQUIRE(split.metrics().size() == 10);
+  CmdResult second = split.trainer("--resume auto");
+  INFO(second.output);
+  REQUIRE(second.exit_code == 0);
+  CHECK(second.output.find("resumed from") != std::string::npos);
+  std::vector<nlohmann::json> a = straight.metrics(), b = split.metrics();
+  REQUIRE(a.size() == 20);
+  REQUIRE(b.size() == 20);
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(a[i]["step"] == b[i]["step"]);
+    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());  // bit for bit
+    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+  }
+  CkptTensors x = read_checkpoint(straight.config, straight.dir / "ckpt/step_00000020");
+  CkptTensors y = read_checkpoint(split.config, split.dir / "ckpt/step_00000020");
+  CHECK(std::memcmp(x.p.data(), y.p.data(), x.p.size() * 4) == 0);
+  CHECK(std::memcmp(x.m.data(), y.m.data(), x.m.size() * 4) == 0);
+  CHECK(std::memcmp(x.v.data(), y.v.data(), x.v.size() * 4) == 0);
+  CHECK(x.state.consumed_samples == 160);
+  CHECK(y.state.consumed_samples == 160);
+}
+
+TEST_CASE("cli: SIGKILL during a save leaves the previous checkpoint as latest", "[cli]") {
+  RunDir run(20);
+  CmdResult r = run.trainer("", "TR_TEST_CRASH_POINT=mid_tensors@20");
+  INFO(r.output);
+  CHECK(r.exit_code == 128 + 9);  // the shell reports the trainer's SIGKILL
+  absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
+  REQUIRE(latest.ok());
+  CHECK(*latest == run.dir / "ckpt/step_00000010");
+  CHECK(ckpt::verify(*latest).ok());
+  CHECK(read_checkpoint(run.config, *latest).state.step == 10);
+  CmdResult again = run.trainer("--resume auto");
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(again.output.find("resumed from " + run.dir.path() + "/ckpt/step_00000010: step 10") !=
+        std::string::npos);
+  CHECK(*ckpt::find_latest(run.dir / "ckpt") == run.dir / "ckpt/step_00000020");
+}
+
+// Runs the trainer expecting exit code 2 and one error line containing `message`.
+void expect_bad_input(const CmdResult& r, const std::string& message) {
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  const size_t at = r.output.find("error: ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+  CHECK(line.find(message) != std::string::npos);
+  CHECK(r.output.find('\n', at) == r.output.size() - 1);  // one line, and the last
+}
+
+TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
+  RunDir run;
+  expect_bad_input(run.trainer("--set optim.lrr=0.1"),
+                   "unknown key 'optim.lrr' in " + run.config + "; did you mean 'lr'?");
+  expect_bad_input(run.trainer("--set train.steps=many"),
+                   "train.steps: expected an integer, got 'many'");
+  expect_bad_input(run.trainer("--set optim.lr=-0.5"), "optim.lr must be > 0 (got -0.5)");
+  expect_bad_input(run_cmd(std::string(TR_TRAINER_BIN) + " --config " + (run.dir / "nope.yaml")),
+                   "config file '" + (run.dir / "nope.yaml") + "' cannot be read; check --config");
+  expect_bad_input(run.trainer("--bogus"), "unknown argument '--bogus'; see --help");
+  expect_bad_input(run_cmd(TR_TRAINER_BIN), "--config FILE is required; see --help");
+  CHECK_FALSE(fs::exists(run.dir / "ckpt"));  // nothing written by a refused run
+}
+
+TEST_CASE("cli: bad data files exit 2 naming the file", "[cli]") {
+  RunDir run;
+  expect_bad_input(run.trainer("--set 'data.train=[{path: " + (run.dir / "missing") + "}]'"),
+                   "data path '" + (run.dir / "missing") + "' not found");
+  SECTION("bad .idx magic") {
+    std::string idx = test::read_file(run.dir / "train.idx");
+    idx[0] = 'X';
+    test::write_file(run.dir / "train.idx", idx);
+    expect_bad_input(run.trainer(), "index file " + (run.dir / "train.idx") + " has a bad magic");
+  }
+  SECTION(".bin shorter than the index says") {
+    fs::resize_file(run.dir / "train.bin", fs::file_size(run.dir / "train.bin") - 10);
+    expect_bad_input(run.trainer(), "data file " + (run.dir / "train.bin") +
+                                        " is 19750 bytes but " + (run.dir / "train.idx") +
+                                        " says 19760; the .bin is truncated");
+  }
+}
+
+TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
+  RunDir run(10);
+  REQUIRE(run.trainer().exit_code == 0);
+  const std::string step = run.dir / "ckpt/step_00000010";
+  SECTION("checkpoint from a different model shape") {
+    CmdResult r = run.trainer("--set model.hidden_size=32 --set train.steps=20");
+    expect_bad_input(r, "");
+    CHECK(r.output.find("different model") != std::string::npos);
+  }
+  SECTION("truncated checkpoint file") {
+    fs::resize_file(step + "/model.h5", fs::file_size(step + "/model.h5") / 2);
+    CmdResult r = run.trainer("--set train.steps=20");
+    expect_bad_input(r, "checkpoint file " + step + "/model.h5 is corrupt");
+    CHECK(fs::file_size(step + "/model.h5") > 0);
+  }
+  SECTION("--resume PATH that is not a checkpoint") {
+    expect_bad_input(run.trainer("--resume " + (run.dir / "log") + " --set train.steps=20"), "");
+  }
+  SECTION("--resume none over existing checkpoints") {
+    expect_bad_input(
+        run.trainer("--resume none --set train.steps=20"),
+        "--resume none but checkpoint.dir '" + (run.dir / "ckpt") + "' already holds checkpoints");
+  }
+  CHECK(*ckpt::find_latest(run.dir / "ckpt") == step);  // latest untouched by the refused run
+}
+
+TEST_CASE("cli: train.backend=cuda without a CUDA backend is a clear error", "[cli]") {
+  RunDir run;
+  CmdResult r = run.trainer("--set train.backend=cuda");
+#ifdef TRAINER_HAVE_CUDA
+  expect_bad_input(r, "train.backend=cuda: the CUDA backend is not implemented yet in this build");
+#else
+  expect_bad_input(r, "train.backend=cuda but this trainer was built without CUDA");
+#endif
+}
+
+}  // namespace
+}  // namespace tr
