@@ -164,6 +164,23 @@ TEST_CASE("cli: SIGKILL during a save leaves the previous checkpoint as latest",
   CHECK(*ckpt::find_latest(run.dir / "ckpt") == run.dir / "ckpt/step_00000020");
 }
 
+TEST_CASE("cli: SIGTERM finishes the step, saves a checkpoint and exits 0", "[cli]") {
+  RunDir run(100000);
+  const std::string log = run.dir / "log/metrics.jsonl";
+  // Start, wait until steps are being logged, then signal as Slurm does before a time limit.
+  CmdResult r = run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + run.config +
+                        " & pid=$!; while [ ! -s " + log +
+                        " ]; do sleep 0.05; done; kill -TERM $pid; wait $pid'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("stopped by signal 15 after step") != std::string::npos);
+  const int64_t steps = static_cast<int64_t>(run.metrics().size());
+  REQUIRE(steps >= 1);
+  absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
+  REQUIRE(latest.ok());
+  CHECK(read_checkpoint(run.config, *latest).state.step == steps);
+}
+
 // Runs the trainer expecting exit code 2 and one error line containing `message`.
 void expect_bad_input(const CmdResult& r, const std::string& message) {
   INFO(r.output);

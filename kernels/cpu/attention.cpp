@@ -89,30 +89,34 @@ void head_bwd(const AttnDims& d, int64_t b, int64_t h, const T* qkv, const T* ou
   }
 }
 
+// (batch, head) pairs are independent: split them over OpenMP threads. Each pair's arithmetic
+// is fixed, so results do not depend on the thread count.
 template <class T>
 void attention_fwd_impl(Tensor out, Tensor lse, Tensor qkv, const AttnDims& d) {
-  for (int64_t b = 0; b < d.batch; ++b)
-    for (int64_t h = 0; h < d.nh; ++h)
-      head_fwd<T>(d, b, h, qkv.ptr<T>(), out.ptr<T>(), lse.ptr<T>());
+  const T* q = qkv.ptr<T>();
+  T* o = out.ptr<T>();
+  T* l = lse.ptr<T>();
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t bh = 0; bh < d.batch * d.nh; ++bh) head_fwd<T>(d, bh / d.nh, bh % d.nh, q, o, l);
 }
 
 // dqkv [T, (nh + 2*nkv) * hd] ASSIGNED: every q, k and v column is written once.
+// (batch, KV head) pairs are independent (a KV head's query heads run in a fixed order inside
+// one pair), so they are split over OpenMP threads without changing any result.
 template <class T>
 void attention_bwd_impl(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                         const AttnDims& d) {
-  std::vector<double> dk(d.seq * d.hd), dv(d.seq * d.hd);  // [seq, hd] per KV head
   T* dst = dqkv.ptr<T>();
-  for (int64_t b = 0; b < d.batch; ++b) {
-    for (int64_t g = 0; g < d.nkv; ++g) {
-      std::fill(dk.begin(), dk.end(), 0.0);
-      std::fill(dv.begin(), dv.end(), 0.0);
-      for (int64_t h = g * d.group(); h < (g + 1) * d.group(); ++h)
-        head_bwd<T>(d, b, h, qkv.ptr<T>(), out.ptr<T>(), lse.ptr<T>(), dout.ptr<T>(), dst, dk, dv);
-      for (int64_t j = 0; j < d.seq; ++j) {
-        for (int64_t e = 0; e < d.hd; ++e) {
-          dst[d.k(b, g, j) + e] = static_cast<T>(dk[j * d.hd + e]);
-          dst[d.v(b, g, j) + e] = static_cast<T>(dv[j * d.hd + e]);
-        }
+#pragma omp parallel for schedule(dynamic)
+  for (int64_t bg = 0; bg < d.batch * d.nkv; ++bg) {
+    const int64_t b = bg / d.nkv, g = bg % d.nkv;
+    std::vector<double> dk(d.seq * d.hd, 0.0), dv(d.seq * d.hd, 0.0);  // [seq, hd] of KV head g
+    for (int64_t h = g * d.group(); h < (g + 1) * d.group(); ++h)
+      head_bwd<T>(d, b, h, qkv.ptr<T>(), out.ptr<T>(), lse.ptr<T>(), dout.ptr<T>(), dst, dk, dv);
+    for (int64_t j = 0; j < d.seq; ++j) {
+      for (int64_t e = 0; e < d.hd; ++e) {
+        dst[d.k(b, g, j) + e] = static_cast<T>(dk[j * d.hd + e]);
+        dst[d.v(b, g, j) + e] = static_cast<T>(dv[j * d.hd + e]);
       }
     }
   }
