@@ -1,0 +1,106 @@
+// DataLoader: the per-data-parallel-rank view of the blended, shuffled sample stream, with a
+// background thread that prepares the next steps.
+//
+// Step layout: the global batch of a step is samples [consumed, consumed + global_batch).
+// Rank r of dp_size takes samples consumed + r * (global_batch / dp_size) + j,
+// j < global_batch / dp_size, cut in order into micro-batches of micro_batch samples. After
+// the step, consumed += global_batch. A step is a pure function of (sources, seed, consumed),
+// so resuming from consumed_samples() (even with another dp_size) reproduces the order.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "data/sampling.h"
+#include "data/token_source.h"
+
+namespace tr::data {
+
+struct DataPath {
+  std::string path;     // Megatron prefix or llm.c shard
+  double weight = 1.0;  // relative; normalised over all paths
+};
+
+struct LoaderOptions {
+  std::vector<DataPath> paths;
+  SourceFormat format = SourceFormat::auto_detect;
+  int64_t seq_len = 0;   // tokens per sample input (each sample reads seq_len + 1)
+  uint64_t seed = 1234;  // shuffle seed
+  bool shuffle = true;   // false: samples in file order (e.g. validation)
+  int dp_rank = 0;
+  int dp_size = 1;
+  int64_t global_batch = 0;      // samples per step over all dp ranks
+  int64_t micro_batch = 0;       // samples per micro-batch on one rank
+  int64_t consumed_samples = 0;  // resumable state: global samples already trained on
+  int64_t vocab_size = 0;        // > 0: token ids must be < vocab_size (checked on read)
+  int prefetch_steps = 2;        // steps prepared ahead by the background thread (>= 1)
+};
+
+// Checks the batch arithmetic; errors name the offending option.
+absl::Status validate_loader_options(const LoaderOptions& options);
+
+struct MicroBatch {
+  std::vector<int32_t> inputs;   // [micro_batch * seq_len]: sample tokens t[:-1]
+  std::vector<int32_t> targets;  // [micro_batch * seq_len]: sample tokens t[1:]
+};
+
+struct StepBatch {
+  int64_t consumed_before = 0;            // consumed samples at the start of this step
+  std::vector<int64_t> sample_ids;        // [global_batch / dp_size]: global sample indices
+  std::vector<MicroBatch> micro_batches;  // [global_batch / dp_size / micro_batch]
+};
+
+// Builds rank `dp_rank`'s share of the step starting at `consumed` (no thread; used by the
+// loader and by evaluation).
+absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const LoaderOptions& options,
+                                          int64_t consumed);
+
+class DataLoader {
+ public:
+  // Opens and validates every source, builds the sample space and starts the prefetch thread
+  // at options.consumed_samples.
+  static absl::StatusOr<std::unique_ptr<DataLoader>> create(const LoaderOptions& options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // The next step's micro-batches for this rank; blocks until prefetched. An error (e.g. a
+  // bad token found while reading) is returned here and again on every later call.
+  absl::StatusOr<StepBatch> next();
+  // Samples consumed by the steps handed out so far: save it; pass it back to resume.
+  int64_t consumed_samples() const;
+  // Drops prefetched steps and restarts at `consumed`. Evaluation: a loader over the
+  // validation paths with shuffle = false; reset(0) before each evaluation, then eval_steps
+  // calls of next() read the same validation samples in file order every time.
+  void reset(int64_t consumed);
+
+  const SampleSpace& space() const { return space_; }
+  const LoaderOptions& options() const { return options_; }
+
+ private:
+  DataLoader(LoaderOptions options, SampleSpace space);
+  void start(int64_t consumed);
+  void stop();
+  void produce();
+
+  LoaderOptions options_;
+  SampleSpace space_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<absl::StatusOr<StepBatch>> queue_;  // prepared steps, oldest first
+  int64_t consumed_ = 0;                         // handed out to the caller
+  int64_t next_produce_ = 0;                     // start of the next step the thread prepares
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace tr::data
