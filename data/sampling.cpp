@@ -8,17 +8,8 @@
 
 namespace tr::data {
 
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
 uint64_t permutation_key(uint64_t seed, uint64_t epoch, uint64_t source) {
-  constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;  // splitmix64 increment
+  constexpr uint64_t kGolden = kGolden64;
   uint64_t h = mix64(seed + kGolden);
   h = mix64(h ^ (epoch + 2 * kGolden));
   h = mix64(h ^ (source + 3 * kGolden));

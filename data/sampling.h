@@ -27,11 +27,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/token_source.h"
+#include "kernels/core/hash.h"
 
 namespace tr::data {
 
-// splitmix64 finaliser: a bijective 64-bit mixer (Steele, Lea, Flood 2014 constants).
-uint64_t mix64(uint64_t x);
 // Key of the permutation of (seed, epoch, source): chained mixes, portable across platforms.
 uint64_t permutation_key(uint64_t seed, uint64_t epoch, uint64_t source);
 

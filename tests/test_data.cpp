@@ -248,7 +248,9 @@ TEST_CASE("data: reader converts every .idx token dtype") {
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     INFO("dtype code " << int(c.code));
-    const std::string prefix = dir / ("d" + std::to_string(i));
+    std::string name = "d";  // (not "d" + to_string(i): GCC 12 -Wrestrict false positive)
+    name += std::to_string(i);
+    const std::string prefix = dir / name;
     write_file(prefix + ".idx", idx_bytes(c.code, {2, 3, 1}, c.elem));
     write_file(prefix + ".bin", c.bin);
     auto src = open_ok(prefix);

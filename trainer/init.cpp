@@ -3,18 +3,13 @@
 #include <cmath>
 #include <numbers>
 
+#include "kernels/core/hash.h"
+
 namespace tr {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 double normal_at(uint64_t stream, uint64_t index) {
-  const uint64_t a = mix64(stream ^ mix64(2 * index));
-  const uint64_t b = mix64(stream ^ mix64(2 * index + 1));
+  const uint64_t a = mix64(stream ^ mix64(2 * index + kGolden64));
+  const uint64_t b = mix64(stream ^ mix64(2 * index + 1 + kGolden64));
   // Uniforms in (0, 1]: 53 random bits, never 0 so log() is finite.
   const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
   const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
@@ -45,7 +40,7 @@ void fill(T* p, int64_t n, InitKind kind, double std, uint64_t stream, int64_t c
 void fill_init(Tensor t, InitKind kind, double std, uint64_t seed, const std::string& name,
                int64_t count, int64_t first_index) {
   TR_ASSERT(t.device == Device::cpu, "fill_init runs on host tensors");
-  const uint64_t stream = mix64(seed) ^ hash_name(name);
+  const uint64_t stream = mix64(seed + kGolden64) ^ hash_name(name);
   if (t.dtype == DType::f64)
     fill(t.ptr<double>(), t.numel(), kind, std, stream, count, first_index);
   else

@@ -16,8 +16,6 @@ enum class InitKind { zeros, ones, normal };
 void fill_init(Tensor t, InitKind kind, double std, uint64_t seed, const std::string& name,
                int64_t count, int64_t first_index = 0);
 
-// splitmix64 finaliser: a good 64-bit mix, the basis of the counter-based generator.
-uint64_t mix64(uint64_t x);
 // Standard normal sample number `index` of stream `stream` (Box-Muller on two hashed uniforms).
 double normal_at(uint64_t stream, uint64_t index);
 
