@@ -36,20 +36,12 @@ std::vector<T> read_dataset(hid_t file, const std::string& name) {
   return out;
 }
 
-int64_t read_attr(hid_t file, const char* name) {
+template <class T = int64_t>
+T read_attr(hid_t file, const char* name) {
   hid_t a = H5Aopen(file, name, H5P_DEFAULT);
   REQUIRE(a >= 0);
-  int64_t v = 0;
-  REQUIRE(H5Aread(a, H5T_NATIVE_INT64, &v) >= 0);
-  H5Aclose(a);
-  return v;
-}
-
-double read_attr_f(hid_t file, const char* name) {
-  hid_t a = H5Aopen(file, name, H5P_DEFAULT);
-  REQUIRE(a >= 0);
-  double v = 0;
-  REQUIRE(H5Aread(a, H5T_NATIVE_DOUBLE, &v) >= 0);
+  T v = 0;
+  REQUIRE(H5Aread(a, std::is_same_v<T, double> ? H5T_NATIVE_DOUBLE : H5T_NATIVE_INT64, &v) >= 0);
   H5Aclose(a);
   return v;
 }
@@ -77,8 +69,8 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
   mc.num_kv_heads = read_attr(f.id, "num_key_value_heads");
   mc.head_dim = read_attr(f.id, "head_dim");
   mc.vocab_size = read_attr(f.id, "vocab_size");
-  mc.rope_theta = read_attr_f(f.id, "rope_theta");
-  mc.rms_norm_eps = read_attr_f(f.id, "rms_norm_eps");
+  mc.rope_theta = read_attr<double>(f.id, "rope_theta");
+  mc.rms_norm_eps = read_attr<double>(f.id, "rms_norm_eps");
   mc.tie_embeddings = read_attr(f.id, "tie_word_embeddings") != 0;
   const int64_t B = read_attr(f.id, "batch"), S = read_attr(f.id, "seq_len"), V = mc.vocab_size;
   Topology topo;

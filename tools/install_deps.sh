@@ -5,8 +5,7 @@ set -euo pipefail
 pkgs=(
   build-essential cmake ninja-build pkg-config ccache
   libyaml-cpp-dev libhdf5-dev hdf5-tools libabsl-dev catch2
-  libopenmpi-dev openmpi-bin libopenblas-dev nlohmann-json3-dev
-  python3
+  libopenmpi-dev openmpi-bin libopenblas-dev nlohmann-json3-dev zlib1g-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do
