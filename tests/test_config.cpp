@@ -104,6 +104,16 @@ TEST_CASE("config: the resolved YAML parses back to itself", "[config]") {
   CHECK(back->data.valid[0].weight == 0.5);
 }
 
+TEST_CASE("config: differences between two resolved configs are listed by key", "[config]") {
+  absl::StatusOr<Config> a = parse_config(kBase, {}),
+                         b = parse_config(kBase, {"optim.lr=0.001", "train.steps=20"});
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(config_differences(to_yaml(*a), to_yaml(*a)).empty());
+  CHECK(config_differences(to_yaml(*a), to_yaml(*b)) ==
+        std::vector<std::string>{"train.steps: 10 -> 20", "optim.lr: 3e-04 -> 0.001"});
+}
+
 TEST_CASE("config: preset files carry the built-in shapes", "[config]") {
   for (const std::string& name : preset_names()) {
     INFO(name);

@@ -512,6 +512,29 @@ std::string to_yaml(const Config& cfg_in) {
   return std::string(out.c_str()) + "\n";
 }
 
+std::vector<std::string> config_differences(const std::string& before_yaml,
+                                            const std::string& after_yaml) {
+  std::vector<std::string> out;
+  YAML::Node a, b;
+  try {
+    a = YAML::Load(before_yaml);
+    b = YAML::Load(after_yaml);
+  } catch (const YAML::Exception&) {
+    return {"the checkpoint's config is not valid YAML"};
+  }
+  auto text = [](const YAML::Node& n) {
+    if (!n) return std::string("(absent)");
+    YAML::Emitter e;
+    e << YAML::Flow << n;
+    return std::string(e.c_str());
+  };
+  for (const Field& f : fields()) {
+    std::string x = text(a[f.section][f.key]), y = text(b[f.section][f.key]);
+    if (x != y) out.push_back(absl::StrCat(f.section, ".", f.key, ": ", x, " -> ", y));
+  }
+  return out;
+}
+
 std::string config_docs_markdown() {
   Config defaults;
   std::string md = "| key | type | default | meaning |\n|---|---|---|---|\n";

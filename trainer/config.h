@@ -97,6 +97,10 @@ absl::StatusOr<Config> parse_config(const std::string& yaml_text,
 // The resolved config as YAML (every key, presets expanded): printed at start-up, stored in
 // checkpoints, and parseable again by parse_config.
 std::string to_yaml(const Config& cfg);
+// "section.key: old -> new" for each key whose value differs between two resolved configs
+// (as written by to_yaml), in schema order.
+std::vector<std::string> config_differences(const std::string& before_yaml,
+                                            const std::string& after_yaml);
 // Markdown table of every key: section, key, type, default, doc.
 std::string config_docs_markdown();
 // Names of the built-in model presets.

@@ -76,6 +76,7 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
                       {"data_wait_s", m.data_wait_s},
                       {"optimizer_s", m.optimizer_s},
                       {"tflops_per_rank", flops / m.world / 1e12},
+                      {"peak_mem_mib", m.peak_mem_mib},
                       {"tokens", m.tokens}};
   if (m.peak_flops > 0) j["mfu"] = flops / m.world / m.peak_flops;
   if (f_) {

@@ -1,5 +1,7 @@
 #include "trainer/run.h"
 
+#include <sys/resource.h>
+
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -89,7 +91,7 @@ absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Run& r,
   o.dp_size = r.topo.dp;
   o.global_batch = r.cfg.train.global_batch;
   o.micro_batch = r.cfg.train.micro_batch;
-  o.consumed_samples = shuffle ? r.state.consumed_samples : 0;
+  o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume
   o.vocab_size = r.cfg.model.vocab_size;
   return data::DataLoader::create(o);
 }
@@ -165,6 +167,8 @@ absl::Status load_checkpoint(Run& r, const std::string& path) {
   std::string stored_yaml;
   if (absl::Status st = ckpt::load(path, dst, &r.state, &stored_yaml); !st.ok()) return st;
   r.last_saved_step = r.state.step;
+  for (const std::string& d : config_differences(stored_yaml, to_yaml(r.cfg)))
+    std::printf("note: config differs from the checkpoint's: %s\n", d.c_str());
   std::printf("resumed from %s: step %lld, %lld samples consumed\n", path.c_str(),
               static_cast<long long>(r.state.step),
               static_cast<long long>(r.state.consumed_samples));
@@ -263,6 +267,9 @@ absl::Status train_loop(Run& r) {
     if (absl::Status st = train_step(r, m); !st.ok()) return st;
     ++m.steps_done_here;
     m.elapsed_s = seconds_since(start);
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    m.peak_mem_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB
     if (!std::isfinite(m.loss))
       return absl::InternalError(
           absl::StrFormat("loss is %f at step %d; stopping (last checkpoint: step %d)", m.loss,
@@ -296,7 +303,9 @@ absl::Status train_loop(Run& r) {
   return absl::OkStatus();
 }
 
-// Everything before the first step. Any error here is bad input (exit 2).
+// Everything before the first step, cheapest checks first: config, layout, backend, the
+// checkpoint to resume and every data file are validated before the model is allocated. Any
+// error here is bad input (exit 2).
 absl::Status setup(Run& r) {
   absl::StatusOr<Config> cfg = load_config(r.opts.config, r.opts.sets);
   if (!cfg.ok()) return cfg.status();
@@ -309,13 +318,6 @@ absl::Status setup(Run& r) {
   if (absl::Status st = resolve_backend(r); !st.ok()) return st;
   absl::StatusOr<std::string> resume = resume_path(r);
   if (!resume.ok()) return resume.status();
-  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg.model, r.topo),
-                                         r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx);
-  r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx);
-  r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
-  r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
-  if (!resume->empty())
-    if (absl::Status st = load_checkpoint(r, *resume); !st.ok()) return st;
   absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(r, r.cfg.data.train, true);
   if (!train.ok()) return train.status();
   r.train = std::move(*train);
@@ -324,6 +326,15 @@ absl::Status setup(Run& r) {
         make_loader(r, r.cfg.data.valid, false);
     if (!valid.ok()) return valid.status();
     r.valid = std::move(*valid);
+  }
+  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg.model, r.topo),
+                                         r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx);
+  r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx);
+  r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
+  r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
+  if (!resume->empty()) {
+    if (absl::Status st = load_checkpoint(r, *resume); !st.ok()) return st;
+    r.train->reset(r.state.consumed_samples);  // continue the sample order exactly
   }
   return absl::OkStatus();
 }
