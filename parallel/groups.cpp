@@ -1,0 +1,25 @@
+#include "parallel/groups.h"
+
+#include "parallel/mpi_comm.h"
+
+namespace tr {
+
+ProcessGroups make_groups(const Topology& t, std::unique_ptr<Comm> world) {
+  TR_ASSERT(world->size() == t.world && world->rank() == t.rank,
+            "topology and world communicator disagree");
+  ProcessGroups g;
+  if (t.world == 1) {
+    g.tp = make_self_comm("tp");
+    g.dp = make_self_comm("dp");
+    g.pp = make_self_comm("pp");
+  } else {
+    // color = the coordinates that stay fixed within the group, key = the one that varies.
+    g.tp = split_mpi_comm(*world, t.dp_rank + t.dp * t.pp_rank, t.tp_rank, "tp");
+    g.dp = split_mpi_comm(*world, t.tp_rank + t.tp * t.pp_rank, t.dp_rank, "dp");
+    g.pp = split_mpi_comm(*world, t.tp_rank + t.tp * t.dp_rank, t.pp_rank, "pp");
+  }
+  g.world = std::move(world);
+  return g;
+}
+
+}  // namespace tr

@@ -1,0 +1,22 @@
+// The communicators of a Topology: one group per parallel axis, made once at start-up.
+#pragma once
+
+#include <memory>
+
+#include "parallel/comm.h"
+#include "parallel/topology.h"
+
+namespace tr {
+
+struct ProcessGroups {
+  std::unique_ptr<Comm> world;
+  std::unique_ptr<Comm> tp;  // ranks that differ only in tp_rank (same dp, pp), ordered by tp_rank
+  std::unique_ptr<Comm> dp;  // ranks that differ only in dp_rank, ordered by dp_rank
+  std::unique_ptr<Comm> pp;  // ranks that differ only in pp_rank, ordered by pp_rank
+};
+
+// Splits `world` (an MPI world comm of topo.world ranks, or a self comm when topo.world == 1)
+// into the tp, dp and pp groups of `topo`. Collective over world.
+ProcessGroups make_groups(const Topology& topo, std::unique_ptr<Comm> world);
+
+}  // namespace tr

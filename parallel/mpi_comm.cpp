@@ -1,0 +1,178 @@
+#include "parallel/mpi_comm.h"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/core/check.h"
+
+// MPI calls return error codes (MPI_ERRORS_RETURN on every communicator); a failure aborts
+// every rank through fatal_error -> MPI_Abort, naming the rank, the call and the group.
+#define MPI_CHECK(expr, group)                 \
+  TR_CHECK_GEN("MPI", expr, _v == MPI_SUCCESS, \
+               ::tr::mpi_error_text(_v) + " (group " + (group) + ")")
+
+namespace tr {
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+namespace {
+
+MPI_Datatype mpi_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::bf16:
+      return MPI_UINT16_T;  // moved, never reduced (no MPI bf16 arithmetic)
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+MPI_Op mpi_op(ReduceOp op) {
+  return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+}
+
+int count_of(const Tensor& t) {
+  TR_ASSERT(t.device == Device::cpu, "MPI communicates host tensors, got a device tensor");
+  TR_ASSERT(t.numel() <= INT_MAX,
+            "MPI message of " + std::to_string(t.numel()) + " elements; split it");
+  return static_cast<int>(t.numel());
+}
+
+void check_reducible(const Tensor& t) {
+  TR_ASSERT(t.dtype != DType::bf16, "MPI cannot reduce bf16 tensors");
+}
+
+void abort_all_ranks(int code) {
+  int up = 0;
+  MPI_Initialized(&up);
+  if (up) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+class MpiComm final : public Comm {
+ public:
+  MpiComm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+    MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), name_);
+    MPI_CHECK(MPI_Comm_rank(comm_, &rank_), name_);
+    MPI_CHECK(MPI_Comm_size(comm_, &size_), name_);
+  }
+  ~MpiComm() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_WORLD && !finalized) MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  MPI_Comm handle() const { return comm_; }
+
+  void all_reduce(Tensor buf, ReduceOp op) override {
+    check_reducible(buf);
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype), mpi_op(op),
+                            comm_),
+              name_);
+  }
+  void all_gather(Tensor out, Tensor in) override {
+    TR_ASSERT(out.numel() == in.numel() * size_ && out.dtype == in.dtype,
+              "all_gather: out " + out.shape_str() + " must be " + std::to_string(size_) +
+                  " x in " + in.shape_str());
+    MPI_CHECK(MPI_Allgather(in.data, count_of(in), mpi_type(in.dtype), out.data, count_of(in),
+                            mpi_type(in.dtype), comm_),
+              name_);
+  }
+  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
+    check_reducible(in);
+    TR_ASSERT(in.numel() == out.numel() * size_ && out.dtype == in.dtype,
+              "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size_) +
+                  " x out " + out.shape_str());
+    MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
+                                       mpi_op(op), comm_),
+              name_);
+  }
+  void broadcast(Tensor buf, int root) override {
+    MPI_CHECK(MPI_Bcast(buf.data, count_of(buf), mpi_type(buf.dtype), root, comm_), name_);
+  }
+  void send(Tensor buf, int peer) override {
+    MPI_CHECK(MPI_Send(buf.data, count_of(buf), mpi_type(buf.dtype), peer, kTag, comm_), name_);
+  }
+  void recv(Tensor buf, int peer) override {
+    MPI_CHECK(MPI_Recv(buf.data, count_of(buf), mpi_type(buf.dtype), peer, kTag, comm_,
+                       MPI_STATUS_IGNORE),
+              name_);
+  }
+  void exchange(std::span<const P2P> ops) override {
+    std::vector<MPI_Request> reqs(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const P2P& p = ops[i];
+      if (p.kind == P2P::send)
+        MPI_CHECK(MPI_Isend(p.buf.data, count_of(p.buf), mpi_type(p.buf.dtype), p.peer, kTag, comm_,
+                            &reqs[i]),
+                  name_);
+      else
+        MPI_CHECK(MPI_Irecv(p.buf.data, count_of(p.buf), mpi_type(p.buf.dtype), p.peer, kTag, comm_,
+                            &reqs[i]),
+                  name_);
+    }
+    MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), name_);
+  }
+  void barrier() override { MPI_CHECK(MPI_Barrier(comm_), name_); }
+
+ private:
+  static constexpr int kTag = 7;
+  MPI_Comm comm_;
+  std::string name_;
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace
+
+bool launched_by_mpi_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+MpiRuntime::MpiRuntime(int* argc, char*** argv) {
+  int provided = 0;
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), std::string("world"));
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), std::string("world"));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), std::string("world"));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_), std::string("world"));
+  set_error_rank(rank_);
+  set_abort_hook(abort_all_ranks);
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+            std::string("world"));
+  MPI_CHECK(MPI_Comm_rank(node, &local_rank_), std::string("node"));
+  MPI_Comm_free(&node);
+}
+
+MpiRuntime::~MpiRuntime() {
+  set_abort_hook(nullptr);
+  MPI_Finalize();
+}
+
+std::unique_ptr<Comm> make_mpi_world(const std::string& name) {
+  return std::make_unique<MpiComm>(MPI_COMM_WORLD, name);
+}
+
+std::unique_ptr<Comm> split_mpi_comm(Comm& parent, int color, int key, const std::string& name) {
+  auto* p = dynamic_cast<MpiComm*>(&parent);
+  TR_ASSERT(p != nullptr, "split_mpi_comm needs an MPI communicator");
+  MPI_Comm child;
+  MPI_CHECK(MPI_Comm_split(p->handle(), color, key, &child), parent.name());
+  return std::make_unique<MpiComm>(child, name);
+}
+
+}  // namespace tr

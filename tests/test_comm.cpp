@@ -1,0 +1,121 @@
+// Collectives and groups with rank-valued inputs and closed-form results. Runs as a single
+// process (self communicators) and under mpirun with 2, 4 and 8 ranks (see CMakeLists.txt).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+#include <memory>
+#include <vector>
+
+#include "parallel/groups.h"
+#include "parallel/mpi_comm.h"
+
+namespace tr {
+namespace {
+
+std::unique_ptr<Comm> world_comm() {
+  return launched_by_mpi_launcher() ? make_mpi_world() : make_self_comm("world");
+}
+
+Tensor host(std::vector<float>& v) {
+  return Tensor(v.data(), DType::f32, Device::cpu, {static_cast<int64_t>(v.size())});
+}
+
+TEST_CASE("comm: all-reduce sum and max of rank-valued vectors", "[comm]") {
+  auto w = world_comm();
+  const int r = w->rank(), n = w->size();
+  std::vector<float> v = {1.0f * (r + 1), 2.0f * (r + 1), 3.0f * (r + 1)};
+  w->all_reduce(host(v), ReduceOp::sum);
+  for (int i = 0; i < 3; ++i) CHECK(v[i] == (i + 1) * n * (n + 1) / 2.0f);
+  std::vector<float> m = {static_cast<float>(r), -static_cast<float>(r)};
+  w->all_reduce(host(m), ReduceOp::max);
+  CHECK(m[0] == n - 1);
+  CHECK(m[1] == 0);
+  std::vector<double> d = {0.5 * r};
+  w->all_reduce(Tensor(d.data(), DType::f64, Device::cpu, {1}), ReduceOp::sum);
+  CHECK(d[0] == 0.25 * n * (n - 1));
+  std::vector<int32_t> k = {r * 10};
+  w->all_reduce(Tensor(k.data(), DType::i32, Device::cpu, {1}), ReduceOp::sum);
+  CHECK(k[0] == 5 * n * (n - 1));
+}
+
+TEST_CASE("comm: all-gather, reduce-scatter and broadcast", "[comm]") {
+  auto w = world_comm();
+  const int r = w->rank(), n = w->size();
+  std::vector<float> in = {static_cast<float>(r), -static_cast<float>(r)}, out(2 * n, -1.0f);
+  w->all_gather(host(out), host(in));
+  for (int q = 0; q < n; ++q) {
+    CHECK(out[2 * q] == q);
+    CHECK(out[2 * q + 1] == -q);
+  }
+  // in[j] = 1000 r + j; rank r keeps block r of the sum: sum_q (1000 q + 2 r + k).
+  std::vector<float> big(2 * n), mine(2);
+  for (int j = 0; j < 2 * n; ++j) big[j] = 1000.0f * r + j;
+  w->reduce_scatter(host(mine), host(big), ReduceOp::sum);
+  for (int k = 0; k < 2; ++k) CHECK(mine[k] == 1000.0f * n * (n - 1) / 2 + n * (2.0f * r + k));
+  std::vector<float> b = {static_cast<float>(r == n - 1 ? 42 + n : r)};
+  w->broadcast(host(b), n - 1);
+  CHECK(b[0] == 42 + n);
+  w->barrier();
+}
+
+TEST_CASE("comm: grouped send/recv around a ring", "[comm]") {
+  auto w = world_comm();
+  const int r = w->rank(), n = w->size();
+  if (n == 1) return;  // no peer: exchange within one rank is a programming error
+  std::vector<float> to_right = {static_cast<float>(r)}, from_left = {-1.0f};
+  const P2P ops[] = {{P2P::send, host(to_right), (r + 1) % n},
+                     {P2P::recv, host(from_left), (r + n - 1) % n}};
+  w->exchange(ops);
+  CHECK(from_left[0] == (r + n - 1) % n);
+  // Blocking send/recv, even ranks first.
+  std::vector<float> msg = {100.0f + r};
+  const int peer = r ^ 1;
+  if (peer < n) {
+    if (r % 2 == 0) {
+      w->send(host(msg), peer);
+      w->recv(host(msg), peer);
+    } else {
+      std::vector<float> got = {0};
+      w->recv(host(got), peer);
+      w->send(host(msg), peer);
+      msg = got;
+    }
+    CHECK(msg[0] == 100.0f + peer);
+  }
+}
+
+TEST_CASE("comm: tp, dp and pp groups follow the rank layout", "[comm]") {
+  auto w = world_comm();
+  const int n = w->size();
+  const int tp = n % 2 == 0 ? 2 : 1, pp = n % 8 == 0 ? 2 : 1;
+  absl::StatusOr<Topology> t = Topology::make(n, w->rank(), tp, pp, 0);
+  REQUIRE(t.ok());
+  ProcessGroups g = make_groups(*t, std::move(w));
+  CHECK(g.tp->size() == t->tp);
+  CHECK(g.dp->size() == t->dp);
+  CHECK(g.pp->size() == t->pp);
+  CHECK(g.tp->rank() == t->tp_rank);
+  CHECK(g.dp->rank() == t->dp_rank);
+  CHECK(g.pp->rank() == t->pp_rank);
+  // Sum of the world ranks in each group, in closed form from rank_at().
+  auto group_sum = [&](Comm& c) {
+    std::vector<float> v = {static_cast<float>(t->rank)};
+    c.all_reduce(host(v), ReduceOp::sum);
+    return v[0];
+  };
+  float want_tp = 0, want_dp = 0, want_pp = 0;
+  for (int i = 0; i < t->tp; ++i) want_tp += t->rank_at(i, t->dp_rank, t->pp_rank);
+  for (int i = 0; i < t->dp; ++i) want_dp += t->rank_at(t->tp_rank, i, t->pp_rank);
+  for (int i = 0; i < t->pp; ++i) want_pp += t->rank_at(t->tp_rank, t->dp_rank, i);
+  CHECK(group_sum(*g.tp) == want_tp);
+  CHECK(group_sum(*g.dp) == want_dp);
+  CHECK(group_sum(*g.pp) == want_pp);
+}
+
+}  // namespace
+}  // namespace tr
+
+int main(int argc, char** argv) {
+  std::unique_ptr<tr::MpiRuntime> mpi;
+  if (tr::launched_by_mpi_launcher()) mpi = std::make_unique<tr::MpiRuntime>(&argc, &argv);
+  return Catch::Session().run(argc, argv);
+}
