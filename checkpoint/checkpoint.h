@@ -54,7 +54,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -119,5 +121,8 @@ absl::Status verify(const std::string& ckpt_dir);
 
 // "step_00000500": the directory name of a step.
 std::string step_dir_name(int64_t step);
+// The step of a committed directory's name ("step_" + at least 8 digits); nullopt otherwise
+// (e.g. "step_00000500.tmp").
+std::optional<int64_t> parse_step_dir_name(std::string_view name);
 
 }  // namespace tr::ckpt

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -44,7 +45,7 @@ void crash_point(const char* stage, int64_t step) {
 }
 
 // The step of a committed directory name "step_" + >= 8 digits; nullopt for anything else.
-std::optional<int64_t> parse_step_dir(std::string_view name) {
+std::optional<int64_t> parse_step_dir_impl(std::string_view name) {
   if (!name.starts_with(kStepPrefix)) return std::nullopt;
   std::string_view digits = name.substr(std::strlen(kStepPrefix));
   if (digits.size() < kStepDigits || digits.size() > 18) return std::nullopt;
@@ -88,7 +89,7 @@ absl::StatusOr<std::string> read_latest_name(const std::string& root) {
   if (absl::IsNotFound(text.status())) return std::string();
   if (!text.ok()) return text.status();
   std::string name(absl::StripAsciiWhitespace(*text));
-  if (!parse_step_dir(name)) {
+  if (!parse_step_dir_impl(name)) {
     return absl::DataLossError(absl::StrCat(path, " is malformed: it holds '", name.substr(0, 64),
                                             "', expected a directory name like step_00000500"));
   }
@@ -136,18 +137,23 @@ absl::Status write_latest(const std::string& root, const std::string& name) {
   return fs::fsync_path(root);
 }
 
-// Keeps the `keep_last` highest committed steps plus `latest_name`; removes the other
-// step_* dirs (renamed to *.deleting.tmp first) and every stale step_*.tmp / latest.tmp.
+// Keeps the `keep_last` highest committed steps up to the one `latest_name` names; removes
+// the older step_* dirs (renamed to *.deleting.tmp first) and every stale step_*.tmp /
+// latest.tmp. Directories of steps above `latest` (left by a run that was rolled back to an
+// earlier checkpoint) are neither counted nor deleted: the live run keeps its keep_last, and a
+// later save of the same step replaces such a directory.
 absl::Status apply_retention(const std::string& root, int keep_last,
                              const std::string& latest_name) {
   std::vector<std::pair<int64_t, std::string>> committed;  // (step, name)
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
     std::string name = entry.path().filename().string();
-    std::optional<int64_t> step = parse_step_dir(name);
+    std::optional<int64_t> step = parse_step_dir_impl(name);
     if (step && entry.is_directory()) committed.emplace_back(*step, name);
   }
   if (ec) return absl::ErrnoToStatus(ec.value(), "cannot list " + root);
+  const int64_t latest_step = parse_step_dir_impl(latest_name).value_or(INT64_MAX);
+  std::erase_if(committed, [&](const auto& c) { return c.first > latest_step; });
   std::sort(committed.rbegin(), committed.rend());  // newest first
   for (size_t i = static_cast<size_t>(keep_last); i < committed.size(); ++i) {
     const std::string& name = committed[i].second;
@@ -184,6 +190,8 @@ absl::StatusOr<std::string> prepare_step_tmp(const SaveRequest& req, const std::
 }
 
 }  // namespace
+
+std::optional<int64_t> parse_step_dir_name(std::string_view name) { return parse_step_dir_impl(name); }
 
 std::string step_dir_name(int64_t step) {
   char buf[32];

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "tests/test_util.h"
 
 namespace {
 
@@ -27,24 +28,7 @@ using tr::ckpt::SaveRequest;
 using tr::ckpt::TensorRef;
 using tr::ckpt::TrainState;
 
-// A fresh directory under /tmp, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/tr_ckpt_test_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using tr::test::TempDir;
 
 struct Spec {
   std::string name;
@@ -232,6 +216,30 @@ TEST_CASE("checkpoint: retention keeps the last keep_last", "[checkpoint]") {
   CHECK(read_text(root / "latest") == "step_00000500\n");
   require_loads_as(root / "step_00000400", FakeModel(kTinyModel, 4), 400);
   require_loads_as(root / "step_00000500", FakeModel(kTinyModel, 5), 500);
+}
+
+TEST_CASE("checkpoint: after a rollback, retention keeps keep_last of the live run",
+          "[checkpoint]") {
+  TempDir root;
+  auto save = [&](int64_t step) {
+    absl::Status s = tr::ckpt::save(
+        request(root.path(), step, FakeModel(kTinyModel, static_cast<uint32_t>(step)), 2));
+    INFO(s.message());
+    REQUIRE(s.ok());
+  };
+  for (int64_t step : {10, 20, 30}) save(step);
+  CHECK(entries(root.path()) == std::set<std::string>{"latest", "step_00000020", "step_00000030"});
+  // Resumed from step 20: the abandoned step 30 is neither counted nor deleted.
+  save(22);
+  CHECK(entries(root.path()) ==
+        std::set<std::string>{"latest", "step_00000020", "step_00000022", "step_00000030"});
+  save(24);
+  CHECK(entries(root.path()) ==
+        std::set<std::string>{"latest", "step_00000022", "step_00000024", "step_00000030"});
+  CHECK(read_text(root / "latest") == "step_00000024\n");
+  save(30);  // the live run reaches step 30: the abandoned directory is replaced
+  CHECK(entries(root.path()) == std::set<std::string>{"latest", "step_00000024", "step_00000030"});
+  require_loads_as(root / "step_00000030", FakeModel(kTinyModel, 30), 30);
 }
 
 TEST_CASE("checkpoint: find_latest on an empty or missing root, and a broken latest",

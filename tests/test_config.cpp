@@ -86,6 +86,23 @@ TEST_CASE("config: --set overrides and its errors", "[config]") {
         "--set 'steps=4': expected section.key=value, e.g. --set train.micro_batch=2");
 }
 
+TEST_CASE("config: odd documents are one-line errors, not crashes", "[config]") {
+  CHECK(error_of("{[a]: 1}") == "test.yaml: keys must be plain names, got a list");
+  CHECK(error_of("model: {[a]: 1}") ==
+        "test.yaml: section 'model': keys must be plain names, got a list");
+  CHECK(error_of(std::string(kBase) + "optim: {lr: 1.0e-3, lr: 2.0e-3}\n") ==
+        "test.yaml: section 'optim': key 'lr' appears twice");
+  CHECK(error_of(kBase, {"data.train=[{[x]: 1}]"}).find("data.train[0]") != std::string::npos);
+  CHECK(error_of("- a\n- b\n") == "test.yaml: the top level must be a mapping of sections");
+  CHECK(error_of(kBase, {"model.hidden_size=[1, 2]"}) ==
+        "model.hidden_size: expected an integer, got a list");
+  test::TempDir dir;
+  absl::StatusOr<Config> d = load_config(dir.path(), {});
+  REQUIRE_FALSE(d.ok());
+  CHECK(std::string(d.status().message()) ==
+        "config '" + dir.path() + "' is not a file; --config takes a YAML file");
+}
+
 TEST_CASE("config: invalid YAML names file, line and column", "[config]") {
   std::string e = error_of("model: {hidden_size: 64\ntrain: [");
   CHECK(e.rfind("test.yaml:", 0) == 0);

@@ -3,6 +3,7 @@
 // float64 by tools/make_hf_fixture.py.
 #include <hdf5.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "trainer/model.h"
+#include "trainer/optim.h"
 
 namespace tr {
 namespace {
@@ -115,6 +117,82 @@ TEST_CASE("HF parity: tiny Qwen2, untied embeddings, fp32", "[model]") {
 // computed in float32, ours in double.
 TEST_CASE("HF parity: tiny Qwen2 in fp64 matches to 1e-6", "[model]") {
   check_parity<double>("qwen2_tiny_untied.h5", DType::f64, 1e-6);
+}
+
+ModelConfig small_config(bool tied) {
+  ModelConfig mc;
+  mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 2, mc.num_heads = 4,
+  mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = tied;
+  return mc;
+}
+
+double rel_diff(Tensor a, Tensor b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double x = a.ptr<float>()[i], y = b.ptr<float>()[i];
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return std::sqrt(num / den);
+}
+
+TEST_CASE("the loss in chunks equals the loss in one piece", "[model]") {
+  Topology topo;
+  const ModelDims d = ModelDims::from(small_config(false), topo);
+  Qwen2Model whole(d, 2, 8, Ctx{}), chunked(d, 2, 8, Ctx{}, DType::f32, 5);  // 16 tokens: 5+5+5+1
+  whole.init_weights(11, 0.1);
+  chunked.init_weights(11, 0.1);
+  std::vector<int32_t> tok(16), tgt(16);
+  for (int i = 0; i < 16; ++i) tok[i] = (7 * i + 3) % 50, tgt[i] = (5 * i + 1) % 50;
+  const double a = whole.forward_backward(tok.data(), tgt.data(), 1.0f / 16);
+  const double b = chunked.forward_backward(tok.data(), tgt.data(), 1.0f / 16);
+  CHECK(std::abs(a - b) / a < 1e-6);
+  CHECK(rel_diff(chunked.grads(), whole.grads()) < 1e-6);
+}
+
+TEST_CASE("two micro-batches of one sample give the gradients of one batch of two", "[model]") {
+  Topology topo;
+  const ModelDims d = ModelDims::from(small_config(true), topo);
+  Qwen2Model one(d, 2, 8, Ctx{}), halves(d, 1, 8, Ctx{});
+  one.init_weights(5, 0.1);
+  halves.init_weights(5, 0.1);
+  std::vector<int32_t> tok(16), tgt(16);
+  for (int i = 0; i < 16; ++i) tok[i] = (3 * i + 1) % 50, tgt[i] = (11 * i + 2) % 50;
+  const float scale = 1.0f / 16;  // mean over the 16 tokens of the global batch
+  const double a = one.forward_backward(tok.data(), tgt.data(), scale);
+  const double b = halves.forward_backward(tok.data(), tgt.data(), scale) +
+                   halves.forward_backward(tok.data() + 8, tgt.data() + 8, scale);
+  CHECK(std::abs(a - b) / a < 1e-6);
+  CHECK(rel_diff(halves.grads(), one.grads()) < 1e-6);
+}
+
+TEST_CASE("AdamW decays matrices but never norms or biases; clipping bounds the norm", "[model]") {
+  Topology topo;
+  Qwen2Model model(ModelDims::from(small_config(false), topo), 1, 8, Ctx{});
+  model.init_weights(9, 0.1);
+  OptimConfig oc;
+  oc.weight_decay = 0.5;
+  oc.grad_clip = 1.0;
+  AdamW opt(oc, model, Ctx{});
+  std::vector<float> before(model.params().ptr<float>(),
+                            model.params().ptr<float>() + model.layout().total);
+  // Zero gradients: Adam's update is 0, so only the decoupled decay moves the weights.
+  opt.update(0.1, 1);
+  for (const ParamInfo& p : model.layout().tensors) {
+    INFO(p.name);
+    const float* w = model.param(p).ptr<float>();
+    const float factor = p.decay ? 1.0f - 0.1f * 0.5f : 1.0f;
+    CHECK(w[1] == Approx(before[p.offset + 1] * factor).epsilon(1e-6));
+    CHECK(p.decay ==
+          (p.name.find("norm") == std::string::npos && p.name.find("bias") == std::string::npos));
+  }
+  // Every gradient 1: the norm is sqrt(P); clipping scales it to grad_clip.
+  float* g = model.grads().ptr<float>();
+  std::fill(g, g + model.layout().total, 1.0f);
+  CHECK(opt.clip_grad_norm() == Approx(std::sqrt(static_cast<double>(model.layout().total))));
+  double sq = 0;
+  for (int64_t i = 0; i < model.layout().total; ++i) sq += static_cast<double>(g[i]) * g[i];
+  CHECK(std::sqrt(sq) == Approx(1.0).epsilon(1e-5));
 }
 
 TEST_CASE("gradients accumulate over micro-batches", "[model]") {

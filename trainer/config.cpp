@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <charconv>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kernels/core/check.h"
 
 namespace tr {
 namespace {
@@ -180,7 +182,10 @@ Status parse_sources(const YAML::Node& n, const std::string& name, std::vector<D
       s.path = e.Scalar();
     } else if (e.IsMap()) {
       for (const auto& kv : e) {
-        std::string k = kv.first.as<std::string>();
+        if (!kv.first.IsScalar())
+          return InvalidArgumentError(
+              absl::StrCat(item, ": keys must be path or weight, got ", scalar_text(kv.first)));
+        const std::string k = kv.first.Scalar();
         if (k == "path") {
           if (!kv.second.IsScalar())
             return InvalidArgumentError(absl::StrCat(item, ".path: expected a string"));
@@ -426,30 +431,62 @@ const char* kind_name(Kind k) {
   return "?";
 }
 
+// A mapping's keys as strings: every key a scalar, none repeated.
+absl::StatusOr<std::vector<std::string>> map_keys(const YAML::Node& map, const std::string& where) {
+  std::vector<std::string> keys;
+  for (const auto& kv : map) {
+    if (!kv.first.IsScalar())
+      return InvalidArgumentError(
+          absl::StrCat(where, ": keys must be plain names, got ", scalar_text(kv.first)));
+    const std::string k = kv.first.Scalar();
+    if (std::find(keys.begin(), keys.end(), k) != keys.end())
+      return InvalidArgumentError(absl::StrCat(where, ": key '", k, "' appears twice"));
+    keys.push_back(k);
+  }
+  return keys;
+}
+
+// Every section and key known, each once; values are checked by parse_field.
+Status check_keys(const YAML::Node& root, const std::string& origin) {
+  absl::StatusOr<std::vector<std::string>> sections = map_keys(root, origin);
+  if (!sections.ok()) return sections.status();
+  for (const std::string& s : *sections) {
+    if (std::find(section_names().begin(), section_names().end(), s) == section_names().end())
+      return InvalidArgumentError(
+          absl::StrCat("unknown section '", s, "' in ", origin, suggest(s, section_names())));
+    const YAML::Node sec = root[s];
+    if (sec.IsNull()) continue;
+    if (!sec.IsMap())
+      return InvalidArgumentError(
+          absl::StrCat("section '", s, "' in ", origin, " must be a mapping"));
+    absl::StatusOr<std::vector<std::string>> keys =
+        map_keys(sec, absl::StrCat(origin, ": section '", s, "'"));
+    if (!keys.ok()) return keys.status();
+    const std::vector<std::string> known = keys_of(s);
+    for (const std::string& k : *keys)
+      if (std::find(known.begin(), known.end(), k) == known.end())
+        return InvalidArgumentError(
+            absl::StrCat("unknown key '", s, ".", k, "' in ", origin, suggest(k, known)));
+  }
+  return absl::OkStatus();
+}
+
+const Field& field_named(const std::string& section, const std::string& key) {
+  for (const Field& f : fields())
+    if (section == f.section && key == f.key) return f;
+  TR_ASSERT(false, "no config field " + section + "." + key);
+}
+
 Status parse_root(const YAML::Node& root, const std::string& origin, Config* cfg) {
   if (!root.IsMap())
     return InvalidArgumentError(
         absl::StrCat(origin, ": the top level must be a mapping of sections"));
-  for (const auto& sec : root) {
-    std::string s = sec.first.as<std::string>();
-    if (std::find(section_names().begin(), section_names().end(), s) == section_names().end())
-      return InvalidArgumentError(
-          absl::StrCat("unknown section '", s, "' in ", origin, suggest(s, section_names())));
-    if (sec.second.IsNull()) continue;
-    if (!sec.second.IsMap())
-      return InvalidArgumentError(
-          absl::StrCat("section '", s, "' in ", origin, " must be a mapping"));
-    for (const auto& kv : sec.second) {
-      std::string k = kv.first.as<std::string>();
-      std::vector<std::string> known = keys_of(s);
-      if (std::find(known.begin(), known.end(), k) == known.end())
-        return InvalidArgumentError(
-            absl::StrCat("unknown key '", s, ".", k, "' in ", origin, suggest(k, known)));
-    }
-  }
+  if (Status st = check_keys(root, origin); !st.ok()) return st;
   // The preset first, so that explicit model fields override it.
   if (root["model"] && root["model"]["preset"]) {
-    if (Status st = parse_field(fields()[0], root["model"]["preset"], *cfg); !st.ok()) return st;
+    if (Status st = parse_field(field_named("model", "preset"), root["model"]["preset"], *cfg);
+        !st.ok())
+      return st;
     if (!cfg->model.preset.empty())
       if (Status st = apply_preset(cfg->model.preset, &cfg->model); !st.ok()) return st;
   }
@@ -484,11 +521,19 @@ absl::StatusOr<Config> parse_config(const std::string& yaml_text,
   for (const std::string& s : sets)
     if (Status st = apply_override(root, s); !st.ok()) return st;
   Config cfg;
-  if (Status st = parse_root(root, origin, &cfg); !st.ok()) return st;
+  try {
+    if (Status st = parse_root(root, origin, &cfg); !st.ok()) return st;
+  } catch (const YAML::Exception& e) {  // a shape of document the checks above did not foresee
+    return InvalidArgumentError(absl::StrCat(origin, ":", e.mark.line + 1, ": ", e.msg));
+  }
   return cfg;
 }
 
 absl::StatusOr<Config> load_config(const std::string& path, const std::vector<std::string>& sets) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    return absl::InvalidArgumentError(
+        absl::StrCat("config '", path, "' is not a file; --config takes a YAML file"));
   std::ifstream in(path);
   if (!in)
     return absl::NotFoundError(

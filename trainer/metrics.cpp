@@ -38,8 +38,9 @@ absl::Status MetricsLog::open(const std::string& dir, int64_t resume_step) {
       std::string line;
       while (std::getline(in, line)) {
         auto j = nlohmann::json::parse(line, nullptr, false);
-        if (j.is_discarded() || !j.contains("step") || j["step"].get<int64_t>() <= resume_step)
-          out << line << "\n";
+        const bool later = !j.is_discarded() && j.is_object() && j.contains("step") &&
+                           j["step"].is_number_integer() && j["step"].get<int64_t>() > resume_step;
+        if (!later) out << line << "\n";
       }
       out.close();
       fs::rename(tmp, path, ec);

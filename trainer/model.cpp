@@ -8,6 +8,10 @@
 #include "trainer/init.h"
 
 namespace tr {
+namespace {
+// The vocabulary is padded to a multiple of this times tp (GEMM-friendly shard sizes).
+constexpr int64_t kVocabMultiple = 128;
+}  // namespace
 
 ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
   ModelDims d;
@@ -18,7 +22,7 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
   d.kv_heads = m.num_kv_heads / topo.tp;
   d.head_dim = m.head_dim;
   d.vocab = m.vocab_size;
-  const int64_t multiple = 128 * topo.tp;
+  const int64_t multiple = kVocabMultiple * topo.tp;
   d.vocab_padded = (m.vocab_size + multiple - 1) / multiple * multiple;
   d.eps = static_cast<float>(m.rms_norm_eps);
   d.theta = static_cast<float>(m.rope_theta);
@@ -96,7 +100,6 @@ struct Qwen2Model::Acts {
   Tensor dact;                   // [T, I]
   Tensor logits;                 // [C, Vp] one loss chunk; overwritten by its gradient
   Tensor losses;                 // [C]
-  int64_t chunk = 0;             // C
 };
 
 namespace {
@@ -114,7 +117,8 @@ double sum_host(Tensor t) {
 }
 }  // namespace
 
-Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype)
+Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype,
+                       int64_t loss_chunk)
     : dims_(dims), batch_(batch), seq_len_(seq_len), ctx_(ctx), dtype_(dtype) {
   layout_ = ParamLayout::make(dims_);
   param_arena_ = std::make_unique<Arena>(2 * arena_bytes(dtype, layout_.total), ctx.device);
@@ -123,48 +127,49 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   w_ = views(params_);
   g_ = views(grads_);
 
-  const int64_t T = batch * seq_len, H = dims.hidden, Q = dims.qkv_out(),
-                A = dims.heads * dims.head_dim, I = dims.inter, Vp = dims.vocab_padded;
+  const int64_t T = batch * seq_len;
+  chunk_ = std::max<int64_t>(
+      1, std::min<int64_t>(T, loss_chunk > 0 ? loss_chunk : kLogitsPerChunk / dims.vocab_padded));
+  // Measure the activation buffers, then allocate exactly that once.
+  Arena plan = Arena::planner(ctx.device);
+  alloc_acts(plan);
+  act_arena_ = std::make_unique<Arena>(plan.used(), ctx.device);
+  alloc_acts(*act_arena_);
+}
+
+void Qwen2Model::alloc_acts(Arena& ar) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_, H = d.hidden, Q = d.qkv_out(), A = d.heads * d.head_dim,
+                I = d.inter, C = chunk_;
   a_ = std::make_unique<Acts>();
-  a_->chunk = std::max<int64_t>(1, std::min<int64_t>(T, kLogitsPerChunk / Vp));
-  const int64_t C = a_->chunk;
-  const int64_t per_layer =
-      4 * T * H + 2 * T + T * Q + T * A + batch * dims.heads * seq_len + T * 2 * I + T * I;
-  const int64_t scratch = (dims.layers + 1) * T * H + T * H + T + T * H * 5 + T * Q + T * A +
-                          T * 2 * I + T * I + C * Vp + C;
-  // Generous per-allocation alignment slack: 256 bytes for each of < 64 tensors per layer.
-  const size_t bytes = static_cast<size_t>(dims.layers * per_layer + scratch) * dtype_size(dtype) +
-                       static_cast<size_t>(dims.layers + 4) * 64 * 256;
-  act_arena_ = std::make_unique<Arena>(bytes, ctx.device);
-  Arena& ar = *act_arena_;
-  for (int64_t l = 0; l <= dims.layers; ++l) a_->resid.push_back(ar.alloc(dtype, {T, H}));
-  for (int64_t l = 0; l < dims.layers; ++l) {
+  for (int64_t l = 0; l <= d.layers; ++l) a_->resid.push_back(ar.alloc(dtype_, {T, H}));
+  for (int64_t l = 0; l < d.layers; ++l) {
     Acts::Layer L;
-    L.ln1 = ar.alloc(dtype, {T, H});
-    L.rstd1 = ar.alloc(dtype, {T});
-    L.qkv = ar.alloc(dtype, {T, Q});
-    L.att = ar.alloc(dtype, {T, A});
-    L.lse = ar.alloc(dtype, {batch, dims.heads, seq_len});
-    L.x_mid = ar.alloc(dtype, {T, H});
-    L.ln2 = ar.alloc(dtype, {T, H});
-    L.rstd2 = ar.alloc(dtype, {T});
-    L.gateup = ar.alloc(dtype, {T, 2 * I});
-    L.act = ar.alloc(dtype, {T, I});
+    L.ln1 = ar.alloc(dtype_, {T, H});
+    L.rstd1 = ar.alloc(dtype_, {T});
+    L.qkv = ar.alloc(dtype_, {T, Q});
+    L.att = ar.alloc(dtype_, {T, A});
+    L.lse = ar.alloc(dtype_, {batch_, d.heads, seq_len_});
+    L.x_mid = ar.alloc(dtype_, {T, H});
+    L.ln2 = ar.alloc(dtype_, {T, H});
+    L.rstd2 = ar.alloc(dtype_, {T});
+    L.gateup = ar.alloc(dtype_, {T, 2 * I});
+    L.act = ar.alloc(dtype_, {T, I});
     a_->layers.push_back(L);
   }
-  a_->lnf = ar.alloc(dtype, {T, H});
-  a_->rstdf = ar.alloc(dtype, {T});
-  a_->tmp = ar.alloc(dtype, {T, H});
-  a_->dres = ar.alloc(dtype, {T, H});
-  a_->dtmp = ar.alloc(dtype, {T, H});
-  a_->dln = ar.alloc(dtype, {T, H});
-  a_->dlnf = ar.alloc(dtype, {T, H});
-  a_->dqkv = ar.alloc(dtype, {T, Q});
-  a_->datt = ar.alloc(dtype, {T, A});
-  a_->dgateup = ar.alloc(dtype, {T, 2 * I});
-  a_->dact = ar.alloc(dtype, {T, I});
-  a_->logits = ar.alloc(dtype, {C, Vp});
-  a_->losses = ar.alloc(dtype, {C});
+  a_->lnf = ar.alloc(dtype_, {T, H});
+  a_->rstdf = ar.alloc(dtype_, {T});
+  a_->tmp = ar.alloc(dtype_, {T, H});
+  a_->dres = ar.alloc(dtype_, {T, H});
+  a_->dtmp = ar.alloc(dtype_, {T, H});
+  a_->dln = ar.alloc(dtype_, {T, H});
+  a_->dlnf = ar.alloc(dtype_, {T, H});
+  a_->dqkv = ar.alloc(dtype_, {T, Q});
+  a_->datt = ar.alloc(dtype_, {T, A});
+  a_->dgateup = ar.alloc(dtype_, {T, 2 * I});
+  a_->dact = ar.alloc(dtype_, {T, I});
+  a_->logits = ar.alloc(dtype_, {C, d.vocab_padded});
+  a_->losses = ar.alloc(dtype_, {C});
 }
 
 Qwen2Model::~Qwen2Model() = default;
@@ -258,8 +263,8 @@ double Qwen2Model::loss_and_head_backward(const int32_t* targets, float grad_sca
   Acts& a = *a_;
   const int64_t T = batch_ * seq_len_;
   double total = 0;
-  for (int64_t begin = 0; begin < T; begin += a.chunk) {
-    const int64_t n = std::min(a.chunk, T - begin);
+  for (int64_t begin = 0; begin < T; begin += chunk_) {
+    const int64_t n = std::min(chunk_, T - begin);
     Tensor logits = a.logits.slice(0, n), losses = a.losses.slice(0, n);
     Tensor x = a.lnf.slice(begin, n);
     Tensor tgt(const_cast<int32_t*>(targets + begin), DType::i32, Device::cpu, {n});
@@ -315,7 +320,7 @@ double Qwen2Model::forward_loss(const int32_t* tokens, const int32_t* targets) {
 }
 
 std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
-  TR_ASSERT(n <= a_->chunk && begin + n <= batch_ * seq_len_, "logits range too large");
+  TR_ASSERT(n <= chunk_ && begin + n <= batch_ * seq_len_, "logits range too large");
   Tensor logits = a_->logits.slice(0, n);
   linear_fwd(ctx_, logits, a_->lnf.slice(begin, n), w_.lm_head, Tensor());
   std::vector<float> out(static_cast<size_t>(n * dims_.vocab));

@@ -64,9 +64,10 @@ struct Weights {
 
 class Qwen2Model {
  public:
-  // Buffers for micro-batches of `batch` samples of `seq_len` tokens, of the given dtype.
+  // Buffers for micro-batches of `batch` samples of `seq_len` tokens, of the given dtype. The
+  // loss runs over chunks of `loss_chunk` tokens (0 = as many as fit in ~16M logits).
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
-             DType dtype = DType::f32);
+             DType dtype = DType::f32, int64_t loss_chunk = 0);
   ~Qwen2Model();
 
   const ModelDims& dims() const { return dims_; }
@@ -98,9 +99,11 @@ class Qwen2Model {
   double loss_and_head_backward(const int32_t* targets, float grad_scale, bool grad);
   void backward(const int32_t* tokens);
   Weights views(Tensor flat) const;
+  void alloc_acts(Arena& arena);  // every activation and scratch buffer, in one fixed order
 
   ModelDims dims_;
   int64_t batch_, seq_len_;
+  int64_t chunk_ = 0;  // tokens per loss chunk (C)
   Ctx ctx_;
   DType dtype_;
   ParamLayout layout_;

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -134,7 +135,7 @@ absl::Status save_checkpoint(Run& r) {
   const double dt = seconds_since(t0);
   std::printf("checkpoint %s/%s saved in %.2fs\n", r.cfg.checkpoint.dir.c_str(),
               ckpt::step_dir_name(r.state.step).c_str(), dt);
-  r.log.note(absl::StrFormat("\"event\": \"checkpoint\", \"saved_step\": %d, \"seconds\": %.3f",
+  r.log.note(absl::StrFormat("\"step\": %d, \"event\": \"checkpoint\", \"seconds\": %.3f",
                              r.state.step, dt));
   return absl::OkStatus();
 }
@@ -169,6 +170,13 @@ absl::Status load_checkpoint(Run& r, const std::string& path) {
   r.last_saved_step = r.state.step;
   for (const std::string& d : config_differences(stored_yaml, to_yaml(r.cfg)))
     std::printf("note: config differs from the checkpoint's: %s\n", d.c_str());
+  const double lr_now = lr_at(r.cfg.optim, r.cfg.train.steps, r.state.step);
+  if (r.state.step > 0 &&
+      std::abs(lr_now - r.state.lr) > 1e-9 * std::max(1.0, std::abs(r.state.lr)))
+    std::printf(
+        "note: the LR schedule changed: step %lld ran at lr %.4g, the new config gives %.4g "
+        "there\n",
+        static_cast<long long>(r.state.step), r.state.lr, lr_now);
   std::printf("resumed from %s: step %lld, %lld samples consumed\n", path.c_str(),
               static_cast<long long>(r.state.step),
               static_cast<long long>(r.state.consumed_samples));

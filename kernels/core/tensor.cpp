@@ -83,10 +83,11 @@ Tensor Tensor::view(std::initializer_list<int64_t> new_shape) const {
 }
 
 Tensor Tensor::at(int64_t offset, std::initializer_list<int64_t> new_shape) const {
-  Tensor t(static_cast<char*>(data) + static_cast<size_t>(offset) * dtype_size(dtype), dtype, device,
-           new_shape);
-  TR_ASSERT(offset >= 0 && offset + t.numel() <= numel(),
-            "sub-view " + t.shape_str() + " at " + std::to_string(offset) + " outside " + shape_str());
+  Tensor t(static_cast<char*>(data) + static_cast<size_t>(offset) * dtype_size(dtype), dtype,
+           device, new_shape);
+  TR_ASSERT(
+      offset >= 0 && offset + t.numel() <= numel(),
+      "sub-view " + t.shape_str() + " at " + std::to_string(offset) + " outside " + shape_str());
   return t;
 }
 
@@ -142,13 +143,24 @@ size_t arena_bytes(DType dtype, int64_t numel) {
   return round_up(static_cast<size_t>(numel) * dtype_size(dtype));
 }
 
-Arena::Arena(size_t bytes, Device device) : buffer_(bytes, device) {
+Arena::Arena(size_t bytes, Device device) : buffer_(bytes, device), device_(device) {
   if (buffer_.data()) std::memset(buffer_.data(), 0, buffer_.bytes());
 }
 
+Arena Arena::planner(Device device) {
+  Arena a;
+  a.planning_ = true;
+  a.device_ = device;
+  return a;
+}
+
 Tensor Arena::alloc(DType dtype, std::initializer_list<int64_t> shape) {
-  Tensor t(nullptr, dtype, buffer_.device(), shape);
+  Tensor t(nullptr, dtype, device_, shape);
   size_t need = arena_bytes(dtype, t.numel());
+  if (planning_) {
+    used_ += need;
+    return t;
+  }
   TR_ASSERT(used_ + need <= buffer_.bytes(), "arena exhausted: need " +
                                                  std::to_string(used_ + need) + " of " +
                                                  std::to_string(buffer_.bytes()) + " bytes");

@@ -94,13 +94,19 @@ class Buffer {
 class Arena {
  public:
   Arena(size_t bytes, Device device);
+  // An arena that only measures: alloc() returns tensors without memory and counts the bytes a
+  // real arena needs for the same sequence of allocations (see used()).
+  static Arena planner(Device device);
   Tensor alloc(DType dtype, std::initializer_list<int64_t> shape);
   size_t used() const { return used_; }
   size_t capacity() const { return buffer_.bytes(); }
 
  private:
+  Arena() = default;
   Buffer buffer_;
   size_t used_ = 0;
+  bool planning_ = false;
+  Device device_ = Device::cpu;
 };
 
 // Returns the bytes an Arena needs for these allocations (with alignment padding).
