@@ -64,13 +64,14 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
   CmdResult trainer(const std::string& args = "", const std::string& env = "") const {
     return run_cmd(env + " " + TR_TRAINER_BIN + " --config " + config + " " + args);
   }
-  std::vector<nlohmann::json> metrics() const {
-    std::vector<nlohmann::json> steps;
+  // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations).
+  std::vector<nlohmann::json> metrics(const char* key = "loss") const {
+    std::vector<nlohmann::json> lines;
     for (const std::string& l : test::read_lines(dir / "log/metrics.jsonl")) {
       auto j = nlohmann::json::parse(l);
-      if (j.contains("loss")) steps.push_back(j);
+      if (j.contains(key)) lines.push_back(j);
     }
-    return steps;
+    return lines;
   }
 };
 
@@ -119,12 +120,13 @@ TEST_CASE("cli: the tiny model's loss falls below a bound", "[cli]") {
 
 TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps", "[cli]") {
   RunDir straight(20), split(20);
-  REQUIRE(straight.trainer().exit_code == 0);
-  CmdResult first = split.trainer("--set train.exit_interval=10");
+  const std::string eval = "--set train.eval_interval=5 --set train.eval_steps=2 ";
+  REQUIRE(straight.trainer(eval).exit_code == 0);
+  CmdResult first = split.trainer(eval + "--set train.exit_interval=10");
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
   REQUIRE(split.metrics().size() == 10);
-  CmdResult second = split.trainer("--resume auto");
+  CmdResult second = split.trainer(eval + "--resume auto");
   INFO(second.output);
   REQUIRE(second.exit_code == 0);
   CHECK(second.output.find("resumed from") != std::string::npos);
@@ -137,6 +139,14 @@ TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps", "[cl
     CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());  // bit for bit
     CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
   }
+  std::vector<nlohmann::json> ea = straight.metrics("val_loss"), eb = split.metrics("val_loss");
+  REQUIRE(ea.size() == 4);  // steps 5, 10, 15, 20
+  REQUIRE(eb.size() == 4);
+  for (size_t i = 0; i < ea.size(); ++i) {
+    CHECK(ea[i]["step"] == 5 * (i + 1));
+    CHECK(ea[i]["val_loss"].get<double>() == eb[i]["val_loss"].get<double>());
+  }
+  CHECK(ea[3]["val_loss"].get<double>() < ea[0]["val_loss"].get<double>());
   CkptTensors x = read_checkpoint(straight.config, straight.dir / "ckpt/step_00000020");
   CkptTensors y = read_checkpoint(split.config, split.dir / "ckpt/step_00000020");
   CHECK(std::memcmp(x.p.data(), y.p.data(), x.p.size() * 4) == 0);
@@ -217,10 +227,12 @@ TEST_CASE("cli: bad data files exit 2 naming the file", "[cli]") {
     expect_bad_input(run.trainer(), "index file " + (run.dir / "train.idx") + " has a bad magic");
   }
   SECTION(".bin shorter than the index says") {
-    fs::resize_file(run.dir / "train.bin", fs::file_size(run.dir / "train.bin") - 10);
-    expect_bad_input(run.trainer(), "data file " + (run.dir / "train.bin") +
-                                        " is 19750 bytes but " + (run.dir / "train.idx") +
-                                        " says 19760; the .bin is truncated");
+    const uintmax_t size = fs::file_size(run.dir / "train.bin");
+    fs::resize_file(run.dir / "train.bin", size - 10);
+    expect_bad_input(run.trainer(), "data file " + (run.dir / "train.bin") + " is " +
+                                        std::to_string(size - 10) + " bytes but " +
+                                        (run.dir / "train.idx") + " says " + std::to_string(size) +
+                                        "; the .bin is truncated");
   }
 }
 
@@ -229,9 +241,11 @@ TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
   REQUIRE(run.trainer().exit_code == 0);
   const std::string step = run.dir / "ckpt/step_00000010";
   SECTION("checkpoint from a different model shape") {
-    CmdResult r = run.trainer("--set model.hidden_size=32 --set train.steps=20");
-    expect_bad_input(r, "");
-    CHECK(r.output.find("different model") != std::string::npos);
+    expect_bad_input(run.trainer("--set model.hidden_size=32 --set train.steps=20"),
+                     "checkpoint file " + step +
+                         "/model.h5: tensor 'embed_tokens/weight' (/model/embed_tokens/weight) has "
+                         "shape [257,64] in the checkpoint but the model expects [257,32]: the "
+                         "checkpoint is from a different model shape");
   }
   SECTION("truncated checkpoint file") {
     fs::resize_file(step + "/model.h5", fs::file_size(step + "/model.h5") / 2);
@@ -240,7 +254,10 @@ TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
     CHECK(fs::file_size(step + "/model.h5") > 0);
   }
   SECTION("--resume PATH that is not a checkpoint") {
-    expect_bad_input(run.trainer("--resume " + (run.dir / "log") + " --set train.steps=20"), "");
+    expect_bad_input(run.trainer("--resume " + (run.dir / "log") + " --set train.steps=20"),
+                     "--resume " + (run.dir / "log") + ": not a committed checkpoint directory");
+    expect_bad_input(run.trainer("--resume " + (run.dir / "nowhere")),
+                     "--resume " + (run.dir / "nowhere") + ": no such checkpoint directory");
   }
   SECTION("--resume none over existing checkpoints") {
     expect_bad_input(

@@ -156,6 +156,12 @@ absl::StatusOr<std::string> resume_path(const Run& r) {
   if (!fs::is_directory(how))
     return absl::InvalidArgumentError(
         absl::StrCat("--resume ", how, ": no such checkpoint directory"));
+  fs::path dir = fs::path(how).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // "x/step_00000010/"
+  if (!ckpt::parse_step_dir_name(dir.filename().string()))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--resume ", how,
+        ": not a committed checkpoint directory (expected CHECKPOINT_DIR/step_NNNNNNNN)"));
   if (absl::Status st = ckpt::verify(how); !st.ok()) return st;
   return how;
 }
