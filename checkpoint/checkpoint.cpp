@@ -3,9 +3,9 @@
 #include "checkpoint/checkpoint.h"
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/fs_io.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/model_file.h"
+#include "kernels/core/fs_io.h"
 
 namespace tr::ckpt {
 namespace {

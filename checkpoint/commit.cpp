@@ -15,9 +15,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/fs_io.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/model_file.h"
+#include "kernels/core/fs_io.h"
 
 namespace tr::ckpt {
 namespace {
@@ -191,7 +191,9 @@ absl::StatusOr<std::string> prepare_step_tmp(const SaveRequest& req, const std::
 
 }  // namespace
 
-std::optional<int64_t> parse_step_dir_name(std::string_view name) { return parse_step_dir_impl(name); }
+std::optional<int64_t> parse_step_dir_name(std::string_view name) {
+  return parse_step_dir_impl(name);
+}
 
 std::string step_dir_name(int64_t step) {
   char buf[32];

@@ -1,9 +1,7 @@
 #include "data/writer.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -16,74 +14,11 @@ namespace {
 
 constexpr size_t kBufferBytes = size_t{1} << 20;
 
-absl::Status io_error(std::string_view what, const std::string& path) {
-  return absl::InternalError(
-      absl::StrCat("cannot ", std::string(what), " '", path, "': ", std::strerror(errno)));
-}
-
-absl::StatusOr<int> open_for_write(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return io_error("create", path);
-  return fd;
-}
-
-absl::Status write_all(int fd, const void* data, size_t n, const std::string& path) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return io_error("write", path);
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return absl::OkStatus();
-}
-
-// fsync + close; closes even when fsync fails.
-absl::Status sync_close(int fd, const std::string& path) {
-  if (::fsync(fd) != 0) {
-    absl::Status st = io_error("fsync", path);
-    ::close(fd);
-    return st;
-  }
-  if (::close(fd) != 0) return io_error("close", path);
-  return absl::OkStatus();
-}
-
-// Makes the renames in `file`'s directory durable.
-absl::Status sync_parent_dir(const std::string& file) {
-  const std::filesystem::path parent = std::filesystem::path(file).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return io_error("open directory", dir);
-  return sync_close(fd, dir);
-}
-
-absl::Status rename_file(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0) return io_error("rename to " + to, from);
-  return absl::OkStatus();
-}
-
 template <class T>
 void append(std::vector<uint8_t>& out, T v) {
   const size_t at = out.size();
   out.resize(at + sizeof(T));
   std::memcpy(out.data() + at, &v, sizeof(T));
-}
-
-// Writes bytes to path via path.tmp + fsync + rename + directory fsync.
-absl::Status write_file_atomic(const std::string& path, const std::vector<uint8_t>& bytes) {
-  const std::string tmp = path + ".tmp";
-  auto fd = open_for_write(tmp);
-  if (!fd.ok()) return fd.status();
-  if (auto st = write_all(*fd, bytes.data(), bytes.size(), tmp); !st.ok()) {
-    ::close(*fd);
-    ::unlink(tmp.c_str());
-    return st;
-  }
-  if (auto st = sync_close(*fd, tmp); !st.ok()) return st;
-  if (auto st = rename_file(tmp, path); !st.ok()) return st;
-  return sync_parent_dir(path);
 }
 
 }  // namespace
@@ -97,9 +32,9 @@ absl::StatusOr<std::unique_ptr<IndexedDatasetWriter>> IndexedDatasetWriter::crea
   w->prefix_ = prefix;
   w->vocab_size_ = vocab_size;
   w->dtype_ = vocab_size < kMegatronU16VocabLimit ? TokenDType::u16 : TokenDType::i32;
-  auto fd = open_for_write(prefix + ".bin.tmp");
-  if (!fd.ok()) return fd.status();
-  w->bin_fd_ = *fd;
+  absl::StatusOr<fs::WriteFile> bin = fs::WriteFile::open(prefix + ".bin.tmp");
+  if (!bin.ok()) return bin.status();
+  w->bin_.emplace(std::move(*bin));
   w->buffer_.reserve(kBufferBytes);
   return w;
 }
@@ -109,20 +44,19 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
 }
 
 void IndexedDatasetWriter::abandon() {
-  if (bin_fd_ >= 0) ::close(bin_fd_);
-  bin_fd_ = -1;
+  bin_.reset();
   ::unlink((prefix_ + ".bin.tmp").c_str());
   ::unlink((prefix_ + ".idx.tmp").c_str());
 }
 
 absl::Status IndexedDatasetWriter::flush() {
-  auto st = write_all(bin_fd_, buffer_.data(), buffer_.size(), prefix_ + ".bin.tmp");
+  absl::Status st = bin_->append(buffer_.data(), buffer_.size());
   buffer_.clear();
   return st;
 }
 
 absl::Status IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
-  if (finished_ || bin_fd_ < 0)
+  if (finished_ || !bin_)
     return absl::FailedPreconditionError(absl::StrCat("writer for ", prefix_, " is closed"));
   if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
     return absl::InvalidArgumentError(absl::StrCat("document ", lengths_.size(), " has ",
@@ -151,12 +85,13 @@ absl::Status IndexedDatasetWriter::add_document(std::span<const int32_t> tokens)
 }
 
 absl::Status IndexedDatasetWriter::finish() {
-  if (finished_ || bin_fd_ < 0)
+  if (finished_ || !bin_)
     return absl::FailedPreconditionError(absl::StrCat("writer for ", prefix_, " is closed"));
   const std::string bin_tmp = prefix_ + ".bin.tmp", idx_tmp = prefix_ + ".idx.tmp";
   if (auto st = flush(); !st.ok()) return st;
-  const int fd = std::exchange(bin_fd_, -1);
-  if (auto st = sync_close(fd, bin_tmp); !st.ok()) return st;
+  absl::Status synced = bin_->sync_and_close();
+  bin_.reset();
+  if (!synced.ok()) return synced;
 
   const uint64_t s = lengths_.size();
   std::vector<uint8_t> idx(kMegatronMagic, kMegatronMagic + sizeof(kMegatronMagic));
@@ -173,19 +108,15 @@ absl::Status IndexedDatasetWriter::finish() {
   }
   for (uint64_t d = 0; d <= s; ++d) append(idx, static_cast<int64_t>(d));
 
-  auto ifd = open_for_write(idx_tmp);
-  if (!ifd.ok()) return ifd.status();
-  if (auto st = write_all(*ifd, idx.data(), idx.size(), idx_tmp); !st.ok()) {
-    ::close(*ifd);
-    return st;
-  }
-  if (auto st = sync_close(*ifd, idx_tmp); !st.ok()) return st;
+  const std::string_view idx_bytes(reinterpret_cast<const char*>(idx.data()), idx.size());
+  if (auto st = fs::write_file_durable(idx_tmp, idx_bytes); !st.ok()) return st;
   // Old .idx first: from here until the last rename no complete-looking pair exists.
-  if (::unlink((prefix_ + ".idx").c_str()) != 0 && errno != ENOENT)
-    return io_error("remove", prefix_ + ".idx");
-  if (auto st = rename_file(bin_tmp, prefix_ + ".bin"); !st.ok()) return st;
-  if (auto st = rename_file(idx_tmp, prefix_ + ".idx"); !st.ok()) return st;
-  if (auto st = sync_parent_dir(prefix_ + ".idx"); !st.ok()) return st;
+  std::error_code ec;
+  std::filesystem::remove(prefix_ + ".idx", ec);  // a file (never a directory's contents)
+  if (ec) return absl::ErrnoToStatus(ec.value(), "cannot remove " + prefix_ + ".idx");
+  if (auto st = fs::rename_path(bin_tmp, prefix_ + ".bin"); !st.ok()) return st;
+  if (auto st = fs::rename_path(idx_tmp, prefix_ + ".idx"); !st.ok()) return st;
+  if (auto st = fs::fsync_parent(prefix_ + ".idx"); !st.ok()) return st;
   finished_ = true;
   bytes_written_ = offset + static_cast<int64_t>(idx.size());
   return absl::OkStatus();
@@ -217,7 +148,8 @@ absl::Status write_llmc_shard(const std::string& path, std::span<const int32_t> 
       append(bytes, static_cast<uint32_t>(tokens[i]));
     }
   }
-  return write_file_atomic(path, bytes);
+  return fs::write_file_atomic(
+      path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 }  // namespace tr::data

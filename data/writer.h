@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/formats.h"
+#include "kernels/core/fs_io.h"
 
 namespace tr::data {
 
@@ -49,9 +51,9 @@ class IndexedDatasetWriter {
   std::string prefix_;
   int64_t vocab_size_ = 0;
   TokenDType dtype_ = TokenDType::u16;
-  int bin_fd_ = -1;               // PREFIX.bin.tmp while writing
-  std::vector<uint8_t> buffer_;   // pending .bin bytes
-  std::vector<int32_t> lengths_;  // tokens per sequence
+  std::optional<fs::WriteFile> bin_;  // PREFIX.bin.tmp while writing
+  std::vector<uint8_t> buffer_;       // pending .bin bytes
+  std::vector<int32_t> lengths_;      // tokens per sequence
   int64_t num_tokens_ = 0;
   int64_t bytes_written_ = 0;
   bool finished_ = false;

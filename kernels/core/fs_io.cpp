@@ -1,4 +1,4 @@
-#include "checkpoint/fs_io.h"
+#include "kernels/core/fs_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,11 +8,12 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 
-namespace tr::ckpt::fs {
+namespace tr::fs {
 namespace {
 
 constexpr size_t kReadChunk = size_t{4} << 20;  // bytes per read() while checksumming
@@ -68,19 +69,67 @@ bool is_directory(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-absl::Status write_file_durable(const std::string& path, std::string_view bytes) {
-  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return errno_status(errno, "cannot create", path);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return errno_status(errno, "cannot write", path);
-    done += static_cast<size_t>(n);
+absl::StatusOr<WriteFile> WriteFile::open(const std::string& path) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return errno_status(errno, "cannot create", path);
+  return WriteFile(fd, path);
+}
+
+WriteFile::WriteFile(WriteFile&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), path_(std::move(other.path_)) {}
+
+WriteFile& WriteFile::operator=(WriteFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = std::exchange(other.fd_, -1);
+    path_ = std::move(other.path_);
   }
-  if (::fsync(fd.get()) != 0) return errno_status(errno, "cannot fsync", path);
-  if (fd.close_now() != 0) return errno_status(errno, "cannot close", path);
+  return *this;
+}
+
+WriteFile::~WriteFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status WriteFile::append(const void* data, size_t bytes) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return errno_status(errno, "cannot write", path_);
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
   return absl::OkStatus();
+}
+
+absl::Status WriteFile::sync_and_close() {
+  Fd fd(std::exchange(fd_, -1));
+  if (::fsync(fd.get()) != 0) return errno_status(errno, "cannot fsync", path_);
+  if (fd.close_now() != 0) return errno_status(errno, "cannot close", path_);
+  return absl::OkStatus();
+}
+
+absl::Status write_file_durable(const std::string& path, std::string_view bytes) {
+  absl::StatusOr<WriteFile> f = WriteFile::open(path);
+  if (!f.ok()) return f.status();
+  if (absl::Status st = f->append(bytes.data(), bytes.size()); !st.ok()) return st;
+  return f->sync_and_close();
+}
+
+absl::Status write_file_atomic(const std::string& path, std::string_view bytes) {
+  const std::string tmp = path + ".tmp";
+  if (absl::Status st = write_file_durable(tmp, bytes); !st.ok()) {
+    ::unlink(tmp.c_str());
+    return st;
+  }
+  if (absl::Status st = rename_path(tmp, path); !st.ok()) return st;
+  return fsync_parent(path);
+}
+
+absl::Status fsync_parent(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return fsync_path(parent.empty() ? std::string(".") : parent.string());
 }
 
 absl::Status fsync_path(const std::string& path) {
@@ -149,4 +198,4 @@ absl::StatusOr<uint64_t> file_size(const std::string& path) {
   return static_cast<uint64_t>(st.st_size);
 }
 
-}  // namespace tr::ckpt::fs
+}  // namespace tr::fs

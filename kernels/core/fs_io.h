@@ -1,16 +1,17 @@
-// POSIX file helpers for the commit protocol: durable writes, fsync of files and
-// directories, renames, checksums. Internal to tr_checkpoint. Every error is one line
-// naming the path and the OS reason.
+// POSIX file helpers for crash-safe output (checkpoints, datasets): durable writes, fsync of
+// files and directories, renames, checksums. Every error is one line naming the path and the
+// OS reason.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-namespace tr::ckpt::fs {
+namespace tr::fs {
 
 // `dir`/`name`, without doubling a trailing slash of `dir`.
 inline std::string join(const std::string& dir, const std::string& name) {
@@ -26,10 +27,37 @@ absl::Status remove_all(const std::string& path);
 bool exists(const std::string& path);
 bool is_directory(const std::string& path);
 
+// A file being written: created or truncated by open(), appended to, then made durable by
+// sync_and_close(). Closed on destruction if still open (nothing synced).
+class WriteFile {
+ public:
+  static absl::StatusOr<WriteFile> open(const std::string& path);
+  WriteFile(WriteFile&& other) noexcept;
+  WriteFile& operator=(WriteFile&& other) noexcept;
+  WriteFile(const WriteFile&) = delete;
+  WriteFile& operator=(const WriteFile&) = delete;
+  ~WriteFile();
+  absl::Status append(const void* data, size_t bytes);
+  // fsync + close; the file is closed even when fsync fails.
+  absl::Status sync_and_close();
+  bool is_open() const { return fd_ >= 0; }
+  const std::string& path() const { return path_; }
+
+ private:
+  WriteFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  int fd_ = -1;
+  std::string path_;
+};
+
 // Creates or truncates `path`, writes `bytes`, fsyncs it. Does not fsync the directory.
 absl::Status write_file_durable(const std::string& path, std::string_view bytes);
 // fsync of an existing file or directory.
 absl::Status fsync_path(const std::string& path);
+// fsync of the directory holding `path` (makes a rename or create there durable).
+absl::Status fsync_parent(const std::string& path);
+// Writes `bytes` to path.tmp, fsyncs, renames it over `path`, fsyncs the directory: readers see
+// the old file or the whole new one, never a part.
+absl::Status write_file_atomic(const std::string& path, std::string_view bytes);
 // rename(2); the caller fsyncs the parent directory.
 absl::Status rename_path(const std::string& from, const std::string& to);
 // Atomically swaps two existing paths (renameat2 RENAME_EXCHANGE). FailedPrecondition when
@@ -48,4 +76,4 @@ absl::StatusOr<FileDigest> digest_file(const std::string& path);
 // Size only (stat).
 absl::StatusOr<uint64_t> file_size(const std::string& path);
 
-}  // namespace tr::ckpt::fs
+}  // namespace tr::fs
