@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "tests/test_util.h"
 
 namespace tr {
 namespace {
@@ -80,16 +81,7 @@ void randomize(HostTensor& x, std::mt19937& rng, double lo = -1.0, double hi = 1
 }
 
 // ‖a − b‖ / ‖b‖.
-double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  REQUIRE(den > 0.0);
-  return std::sqrt(num / den);
-}
+using test::rel_err;
 
 // sum(out * w): a scalar loss whose gradient with respect to out is w.
 double weighted_sum(const HostTensor& out, const std::vector<double>& w) {

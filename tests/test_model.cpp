@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
 
@@ -48,17 +49,6 @@ T read_attr(hid_t file, const char* name) {
   return v;
 }
 
-// ‖a − b‖ / ‖b‖ over the first n elements.
-template <class A>
-double rel_err(const A* a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < b.size(); ++i) {
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
 template <class T>
 void check_parity(const std::string& fixture, DType dtype, double tol) {
   H5File f(std::string(TR_SOURCE_DIR) + "/tests/fixtures/" + fixture);
@@ -95,11 +85,11 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
 
   std::vector<float> logits = model.logits(0, B * S);
   REQUIRE(logits.size() == static_cast<size_t>(B * S * V));
-  CHECK(rel_err(logits.data(), read_dataset<double>(f.id, "logits")) <= tol);
+  CHECK(test::rel_err(logits, read_dataset<double>(f.id, "logits")) <= tol);
 
   for (const ParamInfo& p : model.layout().tensors) {
     std::vector<double> g = read_dataset<double>(f.id, "grads/" + p.name);
-    const double e = rel_err(model.grad(p).template ptr<T>(), g);
+    const double e = test::rel_err(model.grad(p).template ptr<T>(), g.data(), g.size());
     INFO(fixture << " gradient of " << p.name << ": relative error " << e);
     CHECK(e <= tol);
   }
@@ -127,13 +117,7 @@ ModelConfig small_config(bool tied) {
 }
 
 double rel_diff(Tensor a, Tensor b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double x = a.ptr<float>()[i], y = b.ptr<float>()[i];
-    num += (x - y) * (x - y);
-    den += y * y;
-  }
-  return std::sqrt(num / den);
+  return test::rel_err(a.ptr<float>(), b.ptr<float>(), a.numel());
 }
 
 TEST_CASE("the loss in chunks equals the loss in one piece", "[model]") {

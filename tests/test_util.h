@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -12,6 +13,23 @@
 #include <vector>
 
 namespace tr::test {
+
+// ‖a − b‖ / ‖b‖ over n elements: the relative error every numeric test bounds (STYLE.md).
+// NaN when b is all zeros, so that no bound passes by accident.
+template <class A, class B>
+double rel_err(const A* a, const B* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(a[i]), y = static_cast<double>(b[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::nan("");
+}
+template <class A, class B>
+double rel_err(const std::vector<A>& a, const std::vector<B>& b) {
+  return a.size() == b.size() ? rel_err(a.data(), b.data(), a.size()) : std::nan("");
+}
 
 // A fresh directory under $TMPDIR, removed with everything in it on destruction.
 class TempDir {
