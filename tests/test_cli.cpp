@@ -64,6 +64,11 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
   CmdResult trainer(const std::string& args = "", const std::string& env = "") const {
     return run_cmd(env + " " + TR_TRAINER_BIN + " --config " + config + " " + args);
   }
+  // The trainer on `ranks` MPI ranks of this machine (mpirun; srun works the same way).
+  CmdResult mpirun(int ranks, const std::string& args = "") const {
+    return run_cmd(std::string(TR_MPIRUN) + " " + std::to_string(ranks) + " " + TR_TRAINER_BIN +
+                   " --config " + config + " " + args);
+  }
   // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations).
   std::vector<nlohmann::json> metrics(const char* key = "loss") const {
     std::vector<nlohmann::json> lines;
@@ -189,6 +194,51 @@ TEST_CASE("cli: SIGTERM finishes the step, saves a checkpoint and exits 0", "[cl
   absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
   REQUIRE(latest.ok());
   CHECK(read_checkpoint(run.config, *latest).state.step == steps);
+}
+
+TEST_CASE("cli: data parallel over 2 and 4 MPI ranks matches one rank", "[cli][mpi]") {
+  const std::string args =
+      "--set train.micro_batch=2 --set train.eval_interval=5 --set train.eval_steps=2";
+  RunDir one(10), two(10), four(10);
+  REQUIRE(one.trainer(args).exit_code == 0);
+  for (auto [run, ranks] : {std::pair{&two, 2}, {&four, 4}}) {
+    CmdResult r = run->mpirun(ranks, args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("world " + std::to_string(ranks) + " = tp 1 x dp " +
+                        std::to_string(ranks)) != std::string::npos);
+    std::vector<nlohmann::json> a = one.metrics(), b = run->metrics();
+    REQUIRE(a.size() == 10);
+    REQUIRE(b.size() == 10);
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO("dp " << ranks << " step " << i + 1);
+      CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
+    }
+    std::vector<nlohmann::json> ea = one.metrics("val_loss"), eb = run->metrics("val_loss");
+    REQUIRE(eb.size() == 2);
+    CHECK(std::abs(eb[1]["val_loss"].get<double>() / ea[1]["val_loss"].get<double>() - 1) < 1e-5);
+    CkptTensors x = read_checkpoint(one.config, one.dir / "ckpt/step_00000010");
+    CkptTensors y = read_checkpoint(run->config, run->dir / "ckpt/step_00000010");
+    CHECK(test::rel_err(y.p, x.p) < 1e-5);
+    CHECK(test::rel_err(y.v, x.v) < 1e-5);
+    CHECK(y.state.consumed_samples == 80);
+  }
+}
+
+TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi]") {
+  RunDir run;
+  CmdResult r = run.mpirun(2, "--set optim.lr=-1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("error: rank 0: optim.lr must be > 0 (got -1)") != std::string::npos);
+  CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
+  r = run.mpirun(2, "--set parallel.tp=2");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("parallel.tp 2: tensor parallelism is not implemented yet") !=
+        std::string::npos);
+  r = run.mpirun(3);  // global_batch 8 does not split over 3 data-parallel ranks
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("not divisible") != std::string::npos);
+  CHECK_FALSE(fs::exists(run.dir / "ckpt"));
 }
 
 // Runs the trainer expecting exit code 2 and one error line containing `message`.

@@ -1,8 +1,8 @@
 #include "trainer/run.h"
 
-#include <sys/resource.h>
+#include <unistd.h>
 
-#include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -10,56 +10,34 @@
 #include <fstream>
 #include <memory>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/checkpoint.h"
-#include "data/loader.h"
-#include "kernels/ops.h"
-#include "parallel/topology.h"
-#include "trainer/config.h"
-#include "trainer/metrics.h"
-#include "trainer/model.h"
-#include "trainer/optim.h"
+#include "trainer/session.h"
 
 namespace tr {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
-// Set by SIGTERM/SIGINT (Slurm sends SIGTERM before a time limit or preemption): the loop
-// finishes the current step, saves a checkpoint and exits.
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) {
-  g_stop_signal = sig;
+// Data parallelism runs; tensor and pipeline parallelism and ZeRO-1 come next.
+absl::Status check_implemented(const Topology& t, const ParallelConfig& p) {
+  if (t.tp > 1)
+    return absl::UnimplementedError(
+        absl::StrCat("parallel.tp ", t.tp,
+                     ": tensor parallelism is not implemented yet (data parallelism is); "
+                     "set parallel.tp=1"));
+  if (t.pp > 1)
+    return absl::UnimplementedError(
+        absl::StrCat("parallel.pp ", t.pp,
+                     ": pipeline parallelism is not implemented yet (data parallelism "
+                     "is); set parallel.pp=1"));
+  if (p.zero1 && t.dp > 1)
+    return absl::UnimplementedError(
+        "parallel.zero1 is not implemented yet; set parallel.zero1=false");
+  return absl::OkStatus();
 }
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// An error that ends the run, with its exit code.
-struct Failure {
-  absl::Status status;
-  int code;
-};
-
-struct Run {
-  CliOptions opts;
-  Config cfg;
-  Topology topo;
-  Ctx ctx;
-  std::unique_ptr<Qwen2Model> model;
-  std::unique_ptr<AdamW> opt;
-  std::unique_ptr<data::DataLoader> train, valid;
-  MetricsLog log;
-  ckpt::TrainState state;
-  int64_t last_saved_step = -1;
-};
-
-absl::Status resolve_backend(Run& r) {
+absl::Status resolve_backend(Session& r) {
   std::string& b = r.cfg.train.backend;
 #ifdef TRAINER_HAVE_CUDA
   if (b == "cuda")
@@ -77,7 +55,7 @@ absl::Status resolve_backend(Run& r) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Run& r,
+absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& r,
                                                               const std::vector<DataSource>& srcs,
                                                               bool shuffle) {
   data::LoaderOptions o;
@@ -97,51 +75,8 @@ absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Run& r,
   return data::DataLoader::create(o);
 }
 
-// Checkpoint views of the flat buffers: global names and shapes (vocab rows unpadded).
-std::vector<ckpt::TensorRef> tensor_refs(const Qwen2Model& m, Tensor flat) {
-  std::vector<ckpt::TensorRef> refs;
-  for (const ParamInfo& p : m.layout().tensors)
-    refs.push_back({p.name, p.global_shape, flat.at(p.offset, {p.numel}).ptr<float>()});
-  return refs;
-}
-
-std::string layout_json(const Run& r) {
-  nlohmann::json j = {{"world", r.topo.world},
-                      {"tp", r.topo.tp},
-                      {"pp", r.topo.pp},
-                      {"dp", r.topo.dp},
-                      {"backend", r.cfg.train.backend},
-                      {"vocab_padded", r.model->dims().vocab_padded}};
-  return j.dump();
-}
-
-absl::Status save_checkpoint(Run& r) {
-  const auto t0 = Clock::now();
-  std::vector<ckpt::TensorRef> p = tensor_refs(*r.model, r.model->params());
-  std::vector<ckpt::TensorRef> m = tensor_refs(*r.model, r.opt->exp_avg());
-  std::vector<ckpt::TensorRef> v = tensor_refs(*r.model, r.opt->exp_avg_sq());
-  ckpt::SaveRequest req;
-  req.root = r.cfg.checkpoint.dir;
-  req.step = r.state.step;
-  req.keep_last = static_cast<int>(r.cfg.checkpoint.keep_last);
-  req.params = p;
-  req.exp_avg = m;
-  req.exp_avg_sq = v;
-  req.state = r.state;
-  req.config_yaml = to_yaml(r.cfg);
-  req.layout_json = layout_json(r);
-  if (absl::Status st = ckpt::save(req); !st.ok()) return st;
-  r.last_saved_step = r.state.step;
-  const double dt = seconds_since(t0);
-  std::printf("checkpoint %s/%s saved in %.2fs\n", r.cfg.checkpoint.dir.c_str(),
-              ckpt::step_dir_name(r.state.step).c_str(), dt);
-  r.log.note(absl::StrFormat("\"step\": %d, \"event\": \"checkpoint\", \"seconds\": %.3f",
-                             r.state.step, dt));
-  return absl::OkStatus();
-}
-
 // The checkpoint to resume from: "" = start fresh.
-absl::StatusOr<std::string> resume_path(const Run& r) {
+absl::StatusOr<std::string> resume_path(const Session& r) {
   const std::string& how = r.opts.resume;
   const std::string& root = r.cfg.checkpoint.dir;
   if (how == "auto") return ckpt::find_latest(root);
@@ -166,7 +101,7 @@ absl::StatusOr<std::string> resume_path(const Run& r) {
   return how;
 }
 
-absl::Status load_checkpoint(Run& r, const std::string& path) {
+absl::Status load_checkpoint(Session& r, const std::string& path) {
   std::vector<ckpt::TensorRef> p = tensor_refs(*r.model, r.model->params());
   std::vector<ckpt::TensorRef> m = tensor_refs(*r.model, r.opt->exp_avg());
   std::vector<ckpt::TensorRef> v = tensor_refs(*r.model, r.opt->exp_avg_sq());
@@ -189,8 +124,8 @@ absl::Status load_checkpoint(Run& r, const std::string& path) {
   return absl::OkStatus();
 }
 
-// Training FLOPs per token, causal counting (llm.c / Megatron-Core): 6 N_matmul + 6 L s (nh hd),
-// N_matmul = parameters in matrix products, LM head included, input embedding excluded.
+}  // namespace
+
 double flops_per_token(const Config& c) {
   const ModelConfig& m = c.model;
   const double H = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim);
@@ -204,7 +139,9 @@ double flops_per_token(const Config& c) {
          6 * static_cast<double>(m.num_layers) * static_cast<double>(c.data.seq_len) * q;
 }
 
-void print_plan(const Run& r) {
+namespace {
+
+void print_plan(const Session& r) {
   const double mib = 1024.0 * 1024.0;
   const int64_t P = r.model->layout().total;
   std::printf("resolved config:\n%s", to_yaml(r.cfg).c_str());
@@ -225,110 +162,20 @@ void print_plan(const Run& r) {
   std::fflush(stdout);
 }
 
-// Mean validation loss per token over eval_steps batches read in order from the start.
-absl::StatusOr<double> evaluate(Run& r) {
-  r.valid->reset(0);
-  double sum = 0;
-  int64_t tokens = 0;
-  for (int64_t i = 0; i < r.cfg.train.eval_steps; ++i) {
-    absl::StatusOr<data::StepBatch> b = r.valid->next();
-    if (!b.ok()) return b.status();
-    for (const data::MicroBatch& mb : b->micro_batches) {
-      sum += r.model->forward_loss(mb.inputs.data(), mb.targets.data());
-      tokens += static_cast<int64_t>(mb.targets.size());
-    }
-  }
-  return sum / static_cast<double>(tokens);
-}
-
-// One optimizer step: micro-batches with gradient accumulation, clip, AdamW.
-absl::Status train_step(Run& r, StepMetrics& m) {
-  const auto t0 = Clock::now();
-  absl::StatusOr<data::StepBatch> batch = r.train->next();
-  if (!batch.ok()) return batch.status();
-  m.data_wait_s = seconds_since(t0);
-  const int64_t step = r.state.step + 1;
-  const int64_t tokens = r.cfg.train.global_batch * r.cfg.data.seq_len;
-  const float grad_scale = 1.0f / static_cast<float>(tokens);  // mean loss over the global batch
-  zero_(r.ctx, r.model->grads());
-  double loss_sum = 0;
-  for (const data::MicroBatch& mb : batch->micro_batches)
-    loss_sum += r.model->forward_backward(mb.inputs.data(), mb.targets.data(), grad_scale);
-  const auto t1 = Clock::now();
-  m.grad_norm = r.opt->clip_grad_norm();
-  m.lr = lr_at(r.cfg.optim, r.cfg.train.steps, step);
-  r.opt->update(m.lr, step);
-  m.optimizer_s = seconds_since(t1);
-  m.loss = loss_sum / static_cast<double>(tokens);
-  m.step = step;
-  m.tokens = tokens;
-  m.step_time_s = seconds_since(t0);
-  r.state.step = step;
-  r.state.consumed_samples = r.train->consumed_samples();
-  r.state.tokens_seen += tokens;
-  r.state.lr = m.lr;
-  return absl::OkStatus();
-}
-
-absl::Status train_loop(Run& r) {
-  const auto start = Clock::now();
-  StepMetrics m;
-  m.total_steps = r.cfg.train.steps;
-  m.flops_per_token = flops_per_token(r.cfg);
-  m.world = r.topo.world;
-  const TrainConfig& t = r.cfg.train;
-  while (r.state.step < t.steps) {
-    if (absl::Status st = train_step(r, m); !st.ok()) return st;
-    ++m.steps_done_here;
-    m.elapsed_s = seconds_since(start);
-    rusage ru{};
-    getrusage(RUSAGE_SELF, &ru);
-    m.peak_mem_mib = static_cast<double>(ru.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB
-    if (!std::isfinite(m.loss))
-      return absl::InternalError(
-          absl::StrFormat("loss is %f at step %d; stopping (last checkpoint: step %d)", m.loss,
-                          m.step, r.last_saved_step));
-    r.log.step(m, m.step % r.cfg.log.interval == 0 || m.step == t.steps || m.step == 1);
-    if (t.eval_interval > 0 && (m.step % t.eval_interval == 0 || m.step == t.steps)) {
-      const auto e0 = Clock::now();
-      absl::StatusOr<double> val = evaluate(r);
-      if (!val.ok()) return val.status();
-      r.log.eval(m.step, *val, seconds_since(e0));
-    }
-    const bool interval = r.cfg.checkpoint.interval > 0 && m.step % r.cfg.checkpoint.interval == 0;
-    const bool exit_now = t.exit_interval > 0 && m.step % t.exit_interval == 0 && m.step < t.steps;
-    if (interval || exit_now || m.step == t.steps || g_stop_signal) {
-      if (absl::Status st = save_checkpoint(r); !st.ok())
-        return absl::InternalError(absl::StrCat("checkpoint save failed: ", st.message()));
-    }
-    if (g_stop_signal) {
-      std::printf("stopped by signal %d after step %lld; resume with --resume auto\n",
-                  static_cast<int>(g_stop_signal), static_cast<long long>(m.step));
-      return absl::OkStatus();
-    }
-    if (exit_now) {
-      std::printf("exit_interval: stopping after step %lld; resume with --resume auto\n",
-                  static_cast<long long>(m.step));
-      return absl::OkStatus();
-    }
-  }
-  std::printf("done: %lld steps, last loss %.4f, %s\n", static_cast<long long>(r.state.step),
-              m.loss, format_duration(seconds_since(start)).c_str());
-  return absl::OkStatus();
-}
-
 // Everything before the first step, cheapest checks first: config, layout, backend, the
 // checkpoint to resume and every data file are validated before the model is allocated. Any
 // error here is bad input (exit 2).
-absl::Status setup(Run& r) {
+absl::Status setup(Session& r) {
   absl::StatusOr<Config> cfg = load_config(r.opts.config, r.opts.sets);
   if (!cfg.ok()) return cfg.status();
   r.cfg = *cfg;
+  const Comm& world = *r.groups.world;
   absl::StatusOr<Topology> topo =
-      Topology::make(1, 0, static_cast<int>(r.cfg.parallel.tp), static_cast<int>(r.cfg.parallel.pp),
-                     static_cast<int>(r.cfg.parallel.dp));
+      Topology::make(world.size(), world.rank(), static_cast<int>(r.cfg.parallel.tp),
+                     static_cast<int>(r.cfg.parallel.pp), static_cast<int>(r.cfg.parallel.dp));
   if (!topo.ok()) return topo.status();
   r.topo = *topo;
+  if (absl::Status st = check_implemented(r.topo, r.cfg.parallel); !st.ok()) return st;
   if (absl::Status st = resolve_backend(r); !st.ok()) return st;
   absl::StatusOr<std::string> resume = resume_path(r);
   if (!resume.ok()) return resume.status();
@@ -353,7 +200,7 @@ absl::Status setup(Run& r) {
   return absl::OkStatus();
 }
 
-absl::Status write_run_files(Run& r) {
+absl::Status write_run_files(Session& r) {
   if (absl::Status st = r.log.open(r.cfg.log.dir, r.state.step); !st.ok()) return st;
   std::ofstream f(fs::path(r.cfg.log.dir) / "config.yaml", std::ios::trunc);
   f << to_yaml(r.cfg);
@@ -365,12 +212,17 @@ absl::Status write_run_files(Run& r) {
 }  // namespace
 
 int run(const CliOptions& opts) {
-  Run r;
+  Session r;
   r.opts = opts;
-  if (absl::Status st = setup(r); !st.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
-    return kExitBadInput;
-  }
+  // Under srun or mpirun every rank runs this; a lone process needs no launcher.
+  if (launched_by_mpi_launcher()) r.mpi = std::make_unique<MpiRuntime>(nullptr, nullptr);
+  r.groups.world = r.mpi ? make_mpi_world() : make_self_comm("world");
+  if (r.groups.world->rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 logs
+    return kExitFailure;
+  absl::Status st = setup(r);
+  if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
+    return code;
+  r.groups = make_groups(r.topo, std::move(r.groups.world));
   print_plan(r);
   if (opts.dry_run) return kExitOk;
   if (r.state.step >= r.cfg.train.steps) {
@@ -378,18 +230,12 @@ int run(const CliOptions& opts) {
                 static_cast<long long>(r.state.step), static_cast<long long>(r.cfg.train.steps));
     return kExitOk;
   }
-  if (absl::Status st = write_run_files(r); !st.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
-    return kExitBadInput;
-  }
+  st = r.logger() ? write_run_files(r) : absl::OkStatus();
+  if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
+    return code;
   std::signal(SIGTERM, on_stop_signal);
   std::signal(SIGINT, on_stop_signal);
-  if (absl::Status st = train_loop(r); !st.ok()) {
-    std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
-    // A bad token or unreadable shard found mid-run is still bad input.
-    return st.code() == absl::StatusCode::kInternal ? kExitFailure : kExitBadInput;
-  }
-  return kExitOk;
+  return train_loop(r);
 }
 
 }  // namespace tr

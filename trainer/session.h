@@ -1,0 +1,64 @@
+// Session: everything one rank's run holds, shared by the set-up (run.cpp) and the training
+// loop (loop.cpp). Internal to trainer/.
+#pragma once
+
+#include <csignal>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "data/loader.h"
+#include "kernels/core/ctx.h"
+#include "parallel/groups.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/topology.h"
+#include "trainer/cli.h"
+#include "trainer/config.h"
+#include "trainer/metrics.h"
+#include "trainer/model.h"
+#include "trainer/optim.h"
+
+namespace tr {
+
+struct Session {
+  std::unique_ptr<MpiRuntime> mpi;  // first member: finalised after every communicator is gone
+  CliOptions opts;
+  Config cfg;
+  Topology topo;
+  ProcessGroups groups;
+  Ctx ctx;
+  std::unique_ptr<Qwen2Model> model;
+  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<data::DataLoader> train, valid;
+  MetricsLog log;  // open on rank 0 only
+  ckpt::TrainState state;
+  int64_t last_saved_step = -1;
+
+  bool logger() const { return topo.rank == 0; }
+};
+
+// Set by SIGTERM/SIGINT (Slurm sends SIGTERM before a time limit or preemption); the ranks
+// agree on it at the end of each step, save a checkpoint and exit.
+extern volatile std::sig_atomic_t g_stop_signal;
+extern "C" void on_stop_signal(int sig);
+
+// Every rank passes its own outcome (exit code and status); all get the worst exit code back.
+// Only the lowest-numbered failing rank prints its error, so a config error shared by all
+// ranks is one line, and a rank that fails alone (a missing file on its node) still ends the
+// job instead of leaving the others waiting in a collective.
+int agree_on_exit(Session& s, int code, const absl::Status& status);
+
+// Checkpoint views of the flat buffers: global names and shapes (vocab rows unpadded).
+std::vector<ckpt::TensorRef> tensor_refs(const Qwen2Model& m, Tensor flat);
+
+// Training FLOPs per token, causal counting (llm.c / Megatron-Core): 6 N_matmul + 6 L s (nh hd),
+// N_matmul = parameters in matrix products, LM head included, input embedding excluded.
+double flops_per_token(const Config& c);
+
+// Trains from s.state.step to train.steps (or a stop), saving checkpoints. Returns the exit
+// code, agreed by all ranks.
+int train_loop(Session& s);
+
+}  // namespace tr
