@@ -31,7 +31,8 @@ class Comm {
 
   // buf = op over ranks of buf, in place.
   virtual void all_reduce(Tensor buf, ReduceOp op) = 0;
-  // out [size * n, ...] = concatenation over ranks (rank order) of in [n, ...].
+  // out [size * n, ...] = concatenation over ranks (rank order) of in [n, ...]. `in` may be
+  // this rank's own block of `out` (in place).
   virtual void all_gather(Tensor out, Tensor in) = 0;
   // out [n, ...] = rank's n-row block of (op over ranks of in [size * n, ...]).
   virtual void reduce_scatter(Tensor out, Tensor in, ReduceOp op) = 0;

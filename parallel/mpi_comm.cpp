@@ -87,8 +87,10 @@ class MpiComm final : public Comm {
     TR_ASSERT(out.numel() == in.numel() * size_ && out.dtype == in.dtype,
               "all_gather: out " + out.shape_str() + " must be " + std::to_string(size_) +
                   " x in " + in.shape_str());
-    MPI_CHECK(MPI_Allgather(in.data, count_of(in), mpi_type(in.dtype), out.data, count_of(in),
-                            mpi_type(in.dtype), comm_),
+    // In place when `in` is this rank's block of `out` (e.g. ZeRO-1's weight all-gather).
+    const bool in_place = in.data == static_cast<char*>(out.data) + rank_ * in.nbytes();
+    MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, count_of(in), mpi_type(in.dtype),
+                            out.data, count_of(in), mpi_type(in.dtype), comm_),
               name_);
   }
   void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {

@@ -26,25 +26,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Gradients are all-reduced in buckets of this many elements (bounded message size; the
-// unit of overlap with backward once the backend allows it).
-constexpr int64_t kBucketElems = int64_t{1} << 25;
-
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
 void all_reduce_sum(Comm& c, double* values, int64_t n) {
   c.all_reduce(Tensor(values, DType::f64, Device::cpu, {n}), ReduceOp::sum);
-}
-
-// Sum of the gradients over the data-parallel ranks, bucket by bucket.
-void reduce_gradients(Session& s) {
-  Comm& dp = *s.groups.dp;
-  if (dp.size() == 1) return;
-  Tensor g = s.model->grads();
-  for (int64_t begin = 0; begin < g.numel(); begin += kBucketElems)
-    dp.all_reduce(g.slice(begin, std::min(kBucketElems, g.numel() - begin)), ReduceOp::sum);
 }
 
 std::string layout_json(const Session& s) {
@@ -57,13 +44,20 @@ std::string layout_json(const Session& s) {
   return j.dump();
 }
 
-// Rank 0 writes the checkpoint (every rank holds the same full model while tp = pp = 1).
+// Rank 0 writes the checkpoint: every rank holds all weights while tp = pp = 1, and the Adam
+// states are gathered first (a collective under ZeRO-1, so every rank calls this).
 absl::Status save_checkpoint(Session& s) {
-  if (!s.logger()) return absl::OkStatus();
   const auto t0 = Clock::now();
+  const int64_t capacity = s.model->layout().capacity;
+  std::vector<float> m_full(capacity), v_full(capacity);
+  s.opt->gather_state(m_full.data(), v_full.data());
+  if (!s.logger()) return absl::OkStatus();
+  auto full = [&](std::vector<float>& b) {
+    return Tensor(b.data(), DType::f32, Device::cpu, {capacity});
+  };
   std::vector<ckpt::TensorRef> p = tensor_refs(*s.model, s.model->params());
-  std::vector<ckpt::TensorRef> m = tensor_refs(*s.model, s.opt->exp_avg());
-  std::vector<ckpt::TensorRef> v = tensor_refs(*s.model, s.opt->exp_avg_sq());
+  std::vector<ckpt::TensorRef> m = tensor_refs(*s.model, full(m_full));
+  std::vector<ckpt::TensorRef> v = tensor_refs(*s.model, full(v_full));
   ckpt::SaveRequest req;
   req.root = s.cfg.checkpoint.dir;
   req.step = s.state.step;
@@ -140,9 +134,8 @@ StepOutcome train_step(Session& s, StepMetrics& m) {
   if (out.code != kExitOk) return out;
   double loss_sum = *local;
   all_reduce_sum(*s.groups.dp, &loss_sum, 1);
-  reduce_gradients(s);
   const auto t1 = Clock::now();
-  m.grad_norm = s.opt->clip_grad_norm();
+  m.grad_norm = s.opt->reduce_and_clip();
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   s.opt->update(m.lr, step);
   m.optimizer_s = seconds_since(t1);

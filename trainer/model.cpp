@@ -30,7 +30,7 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
   return d;
 }
 
-ParamLayout ParamLayout::make(const ModelDims& d) {
+ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
   ParamLayout l;
   auto add = [&](std::string name, std::vector<int64_t> shape, bool decay,
                  std::vector<int64_t> global = {}) {
@@ -65,6 +65,7 @@ ParamLayout ParamLayout::make(const ModelDims& d) {
   }
   add("norm/weight", {H}, false);
   if (!d.tied) add("lm_head/weight", {d.vocab_padded, H}, true, {d.vocab, H});
+  l.capacity = (l.total + multiple - 1) / multiple * multiple;
   return l;
 }
 
@@ -118,12 +119,12 @@ double sum_host(Tensor t) {
 }  // namespace
 
 Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype,
-                       int64_t loss_chunk)
+                       int64_t loss_chunk, int64_t flat_multiple)
     : dims_(dims), batch_(batch), seq_len_(seq_len), ctx_(ctx), dtype_(dtype) {
-  layout_ = ParamLayout::make(dims_);
-  param_arena_ = std::make_unique<Arena>(2 * arena_bytes(dtype, layout_.total), ctx.device);
-  params_ = param_arena_->alloc(dtype, {layout_.total});
-  grads_ = param_arena_->alloc(dtype, {layout_.total});
+  layout_ = ParamLayout::make(dims_, flat_multiple);
+  param_arena_ = std::make_unique<Arena>(2 * arena_bytes(dtype, layout_.capacity), ctx.device);
+  params_ = param_arena_->alloc(dtype, {layout_.capacity});
+  grads_ = param_arena_->alloc(dtype, {layout_.capacity});
   w_ = views(params_);
   g_ = views(grads_);
 

@@ -40,8 +40,9 @@ struct ParamInfo {
 
 struct ParamLayout {
   std::vector<ParamInfo> tensors;
-  int64_t total = 0;  // elements
-  static ParamLayout make(const ModelDims& d);
+  int64_t total = 0;     // elements
+  int64_t capacity = 0;  // total rounded up to `multiple` (ZeRO-1 shards); the tail stays zero
+  static ParamLayout make(const ModelDims& d, int64_t multiple = 1);
   const ParamInfo& find(const std::string& name) const;
 };
 
@@ -65,17 +66,20 @@ struct Weights {
 class Qwen2Model {
  public:
   // Buffers for micro-batches of `batch` samples of `seq_len` tokens, of the given dtype. The
-  // loss runs over chunks of `loss_chunk` tokens (0 = as many as fit in ~16M logits).
+  // loss runs over chunks of `loss_chunk` tokens (0 = as many as fit in ~16M logits). The flat
+  // buffers hold a multiple of `flat_multiple` elements (the data-parallel size under ZeRO-1).
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
-             DType dtype = DType::f32, int64_t loss_chunk = 0);
+             DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1);
   ~Qwen2Model();
 
   const ModelDims& dims() const { return dims_; }
   const ParamLayout& layout() const { return layout_; }
-  Tensor params() const { return params_; }  // [P] flat
-  Tensor grads() const { return grads_; }    // [P] flat
-  Tensor param(const ParamInfo& p) const;    // view of p in params()
-  Tensor grad(const ParamInfo& p) const;     // view of p in grads()
+  Tensor params() const { return params_.slice(0, layout_.total); }  // [P] flat
+  Tensor grads() const { return grads_.slice(0, layout_.total); }    // [P] flat
+  Tensor params_padded() const { return params_; }  // [capacity]: params() and a zero tail
+  Tensor grads_padded() const { return grads_; }    // [capacity]
+  Tensor param(const ParamInfo& p) const;           // view of p in params()
+  Tensor grad(const ParamInfo& p) const;            // view of p in grads()
 
   // Normal(0, std) matrices and embedding (output projections std / sqrt(2 L)), zero biases,
   // unit norms; each value a pure function of (seed, tensor name, element index).

@@ -28,32 +28,89 @@ double lr_at(const OptimConfig& o, int64_t total_steps, int64_t step) {
   return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx)
-    : cfg_(cfg), model_(model), ctx_(ctx) {
-  const int64_t n = model.layout().total;
-  arena_ = std::make_unique<Arena>(2 * arena_bytes(DType::f32, n), ctx.device);
-  m_ = arena_->alloc(DType::f32, {n});
-  v_ = arena_->alloc(DType::f32, {n});
+namespace {
+// Gradients are all-reduced in buckets of this many elements (bounded message size; the unit
+// of overlap with backward once the backend allows it).
+constexpr int64_t kBucketElems = int64_t{1} << 25;
+}  // namespace
+
+AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool zero1)
+    : cfg_(cfg),
+      model_(model),
+      ctx_(ctx),
+      dp_(dp),
+      zero1_(zero1 && dp != nullptr && dp->size() > 1) {
+  const int64_t capacity = model.layout().capacity;
+  shard_size_ = model.layout().total;
+  if (zero1_) {
+    TR_ASSERT(capacity % dp_->size() == 0, "ZeRO-1 needs flat buffers padded to a multiple of dp");
+    shard_size_ = capacity / dp_->size();
+    shard_begin_ = shard_size_ * dp_->rank();
+  }
+  arena_ = std::make_unique<Arena>(3 * arena_bytes(DType::f32, shard_size_), ctx.device);
+  m_ = arena_->alloc(DType::f32, {shard_size_});
+  v_ = arena_->alloc(DType::f32, {shard_size_});
+  if (zero1_) grad_shard_ = arena_->alloc(DType::f32, {shard_size_});
 }
 
-double AdamW::clip_grad_norm() {
-  const double norm = std::sqrt(sum_squares(ctx_, model_.grads()));
+Tensor AdamW::grad_shard() const {
+  return zero1_ ? grad_shard_ : model_.grads();
+}
+
+double AdamW::reduce_and_clip() {
+  if (zero1_) {
+    dp_->reduce_scatter(grad_shard_, model_.grads_padded(), ReduceOp::sum);
+  } else if (dp_ != nullptr && dp_->size() > 1) {
+    Tensor g = model_.grads();
+    for (int64_t begin = 0; begin < g.numel(); begin += kBucketElems)
+      dp_->all_reduce(g.slice(begin, std::min(kBucketElems, g.numel() - begin)), ReduceOp::sum);
+  }
+  double sq = sum_squares(ctx_, grad_shard());
+  if (zero1_) dp_->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
+  const double norm = std::sqrt(sq);
   if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip)
-    scale_(ctx_, model_.grads(), static_cast<float>(cfg_.grad_clip / norm));
+    scale_(ctx_, grad_shard(), static_cast<float>(cfg_.grad_clip / norm));
   return norm;
 }
 
 void AdamW::update(double lr, int64_t step) {
+  const int64_t end = std::min(shard_begin_ + shard_size_, model_.layout().total);
+  Tensor params = model_.params(), grads = grad_shard();
   for (const ParamInfo& p : model_.layout().tensors) {
-    AdamWParams a{static_cast<float>(lr),
-                  static_cast<float>(cfg_.beta1),
-                  static_cast<float>(cfg_.beta2),
-                  static_cast<float>(cfg_.eps),
-                  p.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f,
-                  step};
-    adamw_update(ctx_, model_.param(p), model_.grad(p), m_.at(p.offset, {p.numel}),
-                 v_.at(p.offset, {p.numel}), a);
+    const int64_t lo = std::max(p.offset, shard_begin_), hi = std::min(p.offset + p.numel, end);
+    if (lo >= hi) continue;  // tensor outside this rank's shard
+    const AdamWParams a{static_cast<float>(lr),
+                        static_cast<float>(cfg_.beta1),
+                        static_cast<float>(cfg_.beta2),
+                        static_cast<float>(cfg_.eps),
+                        p.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f,
+                        step};
+    const int64_t at = lo - shard_begin_;  // offset within the shard
+    adamw_update(ctx_, params.at(lo, {hi - lo}), grads.at(zero1_ ? at : lo, {hi - lo}),
+                 m_.at(at, {hi - lo}), v_.at(at, {hi - lo}), a);
   }
+  if (zero1_) {
+    Tensor all = model_.params_padded();
+    dp_->all_gather(all, all.slice(shard_begin_, shard_size_));
+  }
+}
+
+void AdamW::gather_state(float* exp_avg, float* exp_avg_sq) {
+  const int64_t capacity = model_.layout().capacity;
+  for (auto [state, out] : {std::pair{m_, exp_avg}, {v_, exp_avg_sq}}) {
+    Tensor full(out, DType::f32, Device::cpu, {capacity});
+    if (zero1_) {
+      dp_->all_gather(full, state);
+    } else {
+      std::fill(out, out + capacity, 0.0f);
+      std::copy(state.ptr<float>(), state.ptr<float>() + shard_size_, out);
+    }
+  }
+}
+
+void AdamW::scatter_state(const float* exp_avg, const float* exp_avg_sq) {
+  std::copy(exp_avg + shard_begin_, exp_avg + shard_begin_ + shard_size_, m_.ptr<float>());
+  std::copy(exp_avg_sq + shard_begin_, exp_avg_sq + shard_begin_ + shard_size_, v_.ptr<float>());
 }
 
 }  // namespace tr

@@ -6,6 +6,7 @@
 
 #include "kernels/core/ctx.h"
 #include "kernels/core/tensor.h"
+#include "parallel/comm.h"
 #include "trainer/config.h"
 #include "trainer/model.h"
 
@@ -15,23 +16,44 @@ namespace tr {
 // lr/warmup to lr over warmup_steps, then cosine | linear | constant | wsd towards min_lr.
 double lr_at(const OptimConfig& o, int64_t total_steps, int64_t step);
 
+// Data-parallel gradient reduction, global-norm clipping and AdamW over the model's flat
+// buffers (fp32 here: on the CPU the weights are their own fp32 masters).
+//
+// Without ZeRO-1 every data-parallel rank holds all Adam states: gradients are all-reduced in
+// buckets and each rank applies the same update. With ZeRO-1 rank r of dp keeps the states of
+// its shard [r*S, (r+1)*S) of the (padded) flat buffer only: gradients are reduce-scattered,
+// each rank updates its shard, and the updated weights are all-gathered. The gradient norm
+// counts every element exactly once in both modes.
 class AdamW {
  public:
-  AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx);
-  // Global L2 norm of the gradients (before clipping); clips them in place when the norm
-  // exceeds grad_clip (> 0).
-  double clip_grad_norm();
+  // `dp` may be null (one rank). With zero1 the model's flat buffers must be padded to a
+  // multiple of dp->size() (Qwen2Model's flat_multiple).
+  AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp = nullptr, bool zero1 = false);
+  // Sums gradients over dp, returns their global L2 norm (before clipping) and clips them
+  // when it exceeds grad_clip (> 0).
+  double reduce_and_clip();
   // One update with learning rate `lr`; `step` is the 1-based optimizer step (bias correction).
+  // With zero1 it ends by all-gathering the weights.
   void update(double lr, int64_t step);
-  Tensor exp_avg() const { return m_; }     // [P] Adam first moment
-  Tensor exp_avg_sq() const { return v_; }  // [P] Adam second moment
+  // Full-size Adam states (layout().capacity floats each) for a checkpoint. Collective over
+  // dp with zero1.
+  void gather_state(float* exp_avg, float* exp_avg_sq);
+  // Takes this rank's part of full-size Adam states read from a checkpoint.
+  void scatter_state(const float* exp_avg, const float* exp_avg_sq);
+  int64_t state_elems() const { return shard_size_; }  // per Adam moment, on this rank
 
  private:
+  Tensor grad_shard() const;  // the reduced gradients of this rank's shard
+
   OptimConfig cfg_;
   Qwen2Model& model_;
   Ctx ctx_;
+  Comm* dp_;
+  bool zero1_;
+  int64_t shard_begin_ = 0, shard_size_ = 0;  // this rank's range of the flat buffer
   std::unique_ptr<Arena> arena_;
-  Tensor m_, v_;
+  Tensor m_, v_;       // [shard_size] Adam first and second moments
+  Tensor grad_shard_;  // [shard_size] reduce-scatter output (zero1 only)
 };
 
 }  // namespace tr

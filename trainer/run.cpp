@@ -19,8 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Data parallelism runs; tensor and pipeline parallelism and ZeRO-1 come next.
-absl::Status check_implemented(const Topology& t, const ParallelConfig& p) {
+// Data parallelism (with or without ZeRO-1) runs; tensor and pipeline parallelism come next.
+absl::Status check_implemented(const Topology& t) {
   if (t.tp > 1)
     return absl::UnimplementedError(
         absl::StrCat("parallel.tp ", t.tp,
@@ -31,9 +31,6 @@ absl::Status check_implemented(const Topology& t, const ParallelConfig& p) {
         absl::StrCat("parallel.pp ", t.pp,
                      ": pipeline parallelism is not implemented yet (data parallelism "
                      "is); set parallel.pp=1"));
-  if (p.zero1 && t.dp > 1)
-    return absl::UnimplementedError(
-        "parallel.zero1 is not implemented yet; set parallel.zero1=false");
   return absl::OkStatus();
 }
 
@@ -101,13 +98,21 @@ absl::StatusOr<std::string> resume_path(const Session& r) {
   return how;
 }
 
+// Every rank reads the whole checkpoint (global tensors) and keeps what it owns: all the
+// weights while tp = pp = 1, its shard of the Adam states under ZeRO-1.
 absl::Status load_checkpoint(Session& r, const std::string& path) {
+  const int64_t capacity = r.model->layout().capacity;
+  std::vector<float> m_full(capacity, 0.0f), v_full(capacity, 0.0f);
+  auto full = [&](std::vector<float>& b) {
+    return Tensor(b.data(), DType::f32, Device::cpu, {capacity});
+  };
   std::vector<ckpt::TensorRef> p = tensor_refs(*r.model, r.model->params());
-  std::vector<ckpt::TensorRef> m = tensor_refs(*r.model, r.opt->exp_avg());
-  std::vector<ckpt::TensorRef> v = tensor_refs(*r.model, r.opt->exp_avg_sq());
+  std::vector<ckpt::TensorRef> m = tensor_refs(*r.model, full(m_full));
+  std::vector<ckpt::TensorRef> v = tensor_refs(*r.model, full(v_full));
   ckpt::LoadTarget dst{p, m, v};
   std::string stored_yaml;
   if (absl::Status st = ckpt::load(path, dst, &r.state, &stored_yaml); !st.ok()) return st;
+  r.opt->scatter_state(m_full.data(), v_full.data());
   r.last_saved_step = r.state.step;
   for (const std::string& d : config_differences(stored_yaml, to_yaml(r.cfg)))
     std::printf("note: config differs from the checkpoint's: %s\n", d.c_str());
@@ -150,7 +155,8 @@ void print_plan(const Session& r) {
               static_cast<long long>(P), static_cast<long long>(r.model->dims().vocab_padded),
               flops_per_token(r.cfg) / 1e9);
   std::printf("memory: weights %.1f MiB, grads %.1f MiB, adam m+v %.1f MiB, activations %.1f MiB\n",
-              P * 4 / mib, P * 4 / mib, 2 * P * 4 / mib, r.model->activation_bytes() / mib);
+              P * 4 / mib, P * 4 / mib, 2.0 * r.opt->state_elems() * 4 / mib,
+              r.model->activation_bytes() / mib);
   int64_t samples = 0;
   for (int i = 0; i < r.train->space().num_sources(); ++i)
     samples += r.train->space().num_samples(i);
@@ -162,10 +168,10 @@ void print_plan(const Session& r) {
   std::fflush(stdout);
 }
 
-// Everything before the first step, cheapest checks first: config, layout, backend, the
-// checkpoint to resume and every data file are validated before the model is allocated. Any
-// error here is bad input (exit 2).
-absl::Status setup(Session& r) {
+// Everything before the model, cheapest checks first: config, layout, backend, the checkpoint
+// to resume and every data file are validated before any memory is committed. No
+// communication happens here; any error is bad input (exit 2).
+absl::Status check_inputs(Session& r) {
   absl::StatusOr<Config> cfg = load_config(r.opts.config, r.opts.sets);
   if (!cfg.ok()) return cfg.status();
   r.cfg = *cfg;
@@ -175,10 +181,11 @@ absl::Status setup(Session& r) {
                      static_cast<int>(r.cfg.parallel.pp), static_cast<int>(r.cfg.parallel.dp));
   if (!topo.ok()) return topo.status();
   r.topo = *topo;
-  if (absl::Status st = check_implemented(r.topo, r.cfg.parallel); !st.ok()) return st;
+  if (absl::Status st = check_implemented(r.topo); !st.ok()) return st;
   if (absl::Status st = resolve_backend(r); !st.ok()) return st;
   absl::StatusOr<std::string> resume = resume_path(r);
   if (!resume.ok()) return resume.status();
+  r.resume_from = *resume;
   absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(r, r.cfg.data.train, true);
   if (!train.ok()) return train.status();
   r.train = std::move(*train);
@@ -188,13 +195,21 @@ absl::Status setup(Session& r) {
     if (!valid.ok()) return valid.status();
     r.valid = std::move(*valid);
   }
-  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg.model, r.topo),
-                                         r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx);
-  r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx);
+  return absl::OkStatus();
+}
+
+// Model, optimizer, initial weights, and the checkpoint when resuming (its shapes are checked
+// here: a mismatch is bad input).
+absl::Status build_model(Session& r) {
+  const bool zero1 = r.cfg.parallel.zero1 && r.topo.dp > 1;
+  r.model =
+      std::make_unique<Qwen2Model>(ModelDims::from(r.cfg.model, r.topo), r.cfg.train.micro_batch,
+                                   r.cfg.data.seq_len, r.ctx, DType::f32, 0, zero1 ? r.topo.dp : 1);
+  r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1);
   r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
-  if (!resume->empty()) {
-    if (absl::Status st = load_checkpoint(r, *resume); !st.ok()) return st;
+  if (!r.resume_from.empty()) {
+    if (absl::Status st = load_checkpoint(r, r.resume_from); !st.ok()) return st;
     r.train->reset(r.state.consumed_samples);  // continue the sample order exactly
   }
   return absl::OkStatus();
@@ -219,10 +234,13 @@ int run(const CliOptions& opts) {
   r.groups.world = r.mpi ? make_mpi_world() : make_self_comm("world");
   if (r.groups.world->rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 logs
     return kExitFailure;
-  absl::Status st = setup(r);
+  absl::Status st = check_inputs(r);
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
   r.groups = make_groups(r.topo, std::move(r.groups.world));
+  st = build_model(r);
+  if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
+    return code;
   print_plan(r);
   if (opts.dry_run) return kExitOk;
   if (r.state.step >= r.cfg.train.steps) {

@@ -34,6 +34,7 @@ struct Session {
   std::unique_ptr<data::DataLoader> train, valid;
   MetricsLog log;  // open on rank 0 only
   ckpt::TrainState state;
+  std::string resume_from;  // checkpoint directory to load; "" = fresh start
   int64_t last_saved_step = -1;
 
   bool logger() const { return topo.rank == 0; }
