@@ -275,6 +275,47 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
               compute_grad);
 }
 
+void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid) {
+  const OpCheck c(ctx, "xent_row_max", {{"row_max", row_max}, {"logits", logits}});
+  c.same_float_dtype({logits, row_max});
+  OP_CHECK(c, logits.ndim == 2 && is_vector(row_max, logits.shape[0]));
+  TR_ASSERT(vocab_valid >= 0 && vocab_valid <= logits.shape[1],
+            c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  TR_DISPATCH(xent_row_max, row_max, logits, vocab_valid);
+}
+
+void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
+               int64_t vocab_offset, int64_t vocab_valid) {
+  const OpCheck c(ctx, "xent_sums",
+                  {{"sums", sums}, {"logits", logits}, {"targets", targets}, {"row_max", row_max}});
+  c.same_float_dtype({logits, sums, row_max});
+  OP_CHECK(c, logits.ndim == 2 && is_matrix(sums, logits.shape[0], 2) &&
+                  is_vector(row_max, logits.shape[0]) && targets.dtype == DType::i32 &&
+                  is_vector(targets, logits.shape[0]));
+  TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
+            c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  TR_DISPATCH(xent_sums, sums, logits, targets, row_max, vocab_offset, vocab_valid);
+}
+
+void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
+                    Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
+                    bool compute_grad) {
+  const OpCheck c(ctx, "xent_loss_grad",
+                  {{"losses", losses},
+                   {"logits", logits},
+                   {"targets", targets},
+                   {"row_max", row_max},
+                   {"sums", sums}});
+  c.same_float_dtype({logits, losses, row_max, sums});
+  OP_CHECK(c, logits.ndim == 2 && is_vector(losses, logits.shape[0]) &&
+                  is_matrix(sums, logits.shape[0], 2) && is_vector(row_max, logits.shape[0]) &&
+                  targets.dtype == DType::i32 && is_vector(targets, logits.shape[0]));
+  TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
+            c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  TR_DISPATCH(xent_loss_grad, losses, logits, targets, row_max, sums, vocab_offset, vocab_valid,
+              grad_scale, compute_grad);
+}
+
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p) {
   const OpCheck c(ctx, "adamw_update", {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
   c.same_float_dtype({param, grad, m, v});

@@ -81,6 +81,24 @@ double sum_squares(Ctx& ctx, Tensor x);
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
                            int64_t vocab_valid, float grad_scale, bool compute_grad);
 
+// ---- vocab-parallel cross-entropy: the same loss when the vocabulary is split over TP ranks ----
+// This rank holds logits [C, Vl] of vocabulary ids [vocab_offset, vocab_offset + Vl); its
+// columns >= vocab_valid are padding. The caller combines the statistics over the TP group
+// between the three steps (max all-reduced after step 1, sums after step 2), so no rank ever
+// holds full-vocabulary logits. Statistics tensors have the logits' dtype.
+// 1. row_max [C] ASSIGNED: max over this shard's valid columns (-inf when it has none).
+void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid);
+// 2. sums [C, 2] ASSIGNED: {sum of exp(logit - row_max) over valid columns, the target's logit
+//    when the target is in this shard else 0}; row_max is the global max.
+void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
+               int64_t vocab_offset, int64_t vocab_valid);
+// 3. losses [C] ASSIGNED: log(sum) + max - target logit, from the global sums and max. When
+//    compute_grad, logits are overwritten IN PLACE by grad_scale * (softmax - onehot) (0 on
+//    padding columns).
+void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
+                    Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
+                    bool compute_grad);
+
 // ---- AdamW (decoupled weight decay), one contiguous range ----
 // param, grad, m, v: [n] f32 (f64 also on the CPU). step >= 1 (bias correction). In the order of
 // torch.optim.AdamW: param *= 1 - lr*weight_decay; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;

@@ -528,6 +528,50 @@ TEST_CASE("kernels: cross_entropy gradient matches finite differences", "[kernel
 
 // ---------------------------------------------------------------- AdamW
 
+// Vocabulary of 13 ids padded to 16, split over two "ranks" of 8 columns (valid 8 and 5); the
+// statistics are combined by hand as the TP all-reduces would. Loss and gradient must equal
+// the one-shard op's.
+TEST_CASE("kernels: vocab-parallel cross-entropy equals the one-shard op", "[kernels]") {
+  const int64_t C = 3, V = 16, half = 8, valid = 13;
+  std::vector<double> full(C * V);
+  for (int64_t i = 0; i < C * V; ++i) full[i] = std::sin(0.7 * i) * 3.0;
+  std::vector<int32_t> tgt = {2, 9, 12};
+  std::vector<double> ref = full, ref_loss(C);
+  cross_entropy_fwd_bwd(ctx, Tensor(ref_loss.data(), DType::f64, Device::cpu, {C}),
+                        Tensor(ref.data(), DType::f64, Device::cpu, {C, V}),
+                        Tensor(tgt.data(), DType::i32, Device::cpu, {C}), valid, 0.5f, true);
+  std::vector<double> shard[2], maxes[2], sums[2], losses[2];
+  for (int r = 0; r < 2; ++r) {
+    shard[r].resize(C * half);
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t j = 0; j < half; ++j) shard[r][i * half + j] = full[i * V + r * half + j];
+    maxes[r].resize(C), sums[r].resize(2 * C), losses[r].resize(C);
+  }
+  auto t = [](std::vector<double>& v, std::initializer_list<int64_t> shape) {
+    return Tensor(v.data(), DType::f64, Device::cpu, shape);
+  };
+  Tensor targets(tgt.data(), DType::i32, Device::cpu, {C});
+  const int64_t shard_valid[2] = {8, 5};
+  for (int r = 0; r < 2; ++r)
+    xent_row_max(ctx, t(maxes[r], {C}), t(shard[r], {C, half}), shard_valid[r]);
+  for (int64_t i = 0; i < C; ++i) maxes[0][i] = maxes[1][i] = std::max(maxes[0][i], maxes[1][i]);
+  for (int r = 0; r < 2; ++r)
+    xent_sums(ctx, t(sums[r], {C, 2}), t(shard[r], {C, half}), targets, t(maxes[r], {C}), r * half,
+              shard_valid[r]);
+  for (int64_t i = 0; i < 2 * C; ++i) sums[0][i] = sums[1][i] = sums[0][i] + sums[1][i];
+  for (int r = 0; r < 2; ++r)
+    xent_loss_grad(ctx, t(losses[r], {C}), t(shard[r], {C, half}), targets, t(maxes[r], {C}),
+                   t(sums[r], {C, 2}), r * half, shard_valid[r], 0.5f, true);
+  CHECK(rel_err(losses[0], ref_loss) < 1e-14);
+  CHECK(rel_err(losses[1], ref_loss) < 1e-14);
+  std::vector<double> joined(C * V);
+  for (int64_t i = 0; i < C; ++i)
+    for (int r = 0; r < 2; ++r)
+      for (int64_t j = 0; j < half; ++j) joined[i * V + r * half + j] = shard[r][i * half + j];
+  CHECK(rel_err(joined, ref) < 1e-14);
+  CHECK(joined[0 * V + 14] == 0.0);  // padding column: zero gradient
+}
+
 TEST_CASE("kernels: adamw_update against a hand computation", "[kernels]") {
   const AdamWParams hp{0.1f, 0.9f, 0.999f, 1e-8f, 0.01f, 1};
   for (DType dt : kFloatTypes) {

@@ -42,6 +42,13 @@ double sum_squares(Ctx& ctx, Tensor x);
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
                            int64_t vocab_valid, float grad_scale, bool compute_grad);
 
+void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid);
+void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
+               int64_t vocab_offset, int64_t vocab_valid);
+void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
+                    Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
+                    bool compute_grad);
+
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p);
 
 // Calls f(float{}) or f(double{}) for dtype f32 or f64, so a generic lambda can pick the

@@ -36,7 +36,72 @@ void cross_entropy_impl(Tensor losses, Tensor logits, Tensor targets, int64_t vo
   }
 }
 
+// Vocab-parallel steps (see ops.h); row r's shard columns are vocabulary ids offset + j.
+template <class T>
+void row_max_impl(Tensor row_max, Tensor logits, int64_t valid) {
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* x = logits.ptr<T>() + r * cols;
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < valid; ++j) m = std::max(m, static_cast<double>(x[j]));
+    row_max.ptr<T>()[r] = static_cast<T>(m);
+  }
+}
+
+template <class T>
+void sums_impl(Tensor sums, Tensor logits, Tensor targets, Tensor row_max, int64_t offset,
+               int64_t valid) {
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* x = logits.ptr<T>() + r * cols;
+    const double m = row_max.ptr<T>()[r];
+    double sum = 0.0;
+    for (int64_t j = 0; j < valid; ++j) sum += std::exp(x[j] - m);
+    const int64_t local = targets.ptr<int32_t>()[r] - offset;
+    sums.ptr<T>()[2 * r] = static_cast<T>(sum);
+    sums.ptr<T>()[2 * r + 1] = local >= 0 && local < valid ? x[local] : T(0);
+  }
+}
+
+template <class T>
+void loss_grad_impl(Tensor losses, Tensor logits, Tensor targets, Tensor row_max, Tensor sums,
+                    int64_t offset, int64_t valid, float grad_scale, bool compute_grad) {
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    T* x = logits.ptr<T>() + r * cols;
+    const double lse = static_cast<double>(row_max.ptr<T>()[r]) +
+                       std::log(static_cast<double>(sums.ptr<T>()[2 * r]));
+    losses.ptr<T>()[r] = static_cast<T>(lse - static_cast<double>(sums.ptr<T>()[2 * r + 1]));
+    if (!compute_grad) continue;
+    const int64_t local = targets.ptr<int32_t>()[r] - offset;
+    for (int64_t j = 0; j < valid; ++j)
+      x[j] = static_cast<T>(grad_scale * (std::exp(x[j] - lse) - (j == local ? 1.0 : 0.0)));
+    for (int64_t j = valid; j < cols; ++j) x[j] = T(0);
+  }
+}
+
 }  // namespace
+
+void xent_row_max(Ctx&, Tensor row_max, Tensor logits, int64_t vocab_valid) {
+  dispatch_float(logits.dtype, "xent_row_max",
+                 [&](auto tag) { row_max_impl<decltype(tag)>(row_max, logits, vocab_valid); });
+}
+
+void xent_sums(Ctx&, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
+               int64_t vocab_offset, int64_t vocab_valid) {
+  dispatch_float(logits.dtype, "xent_sums", [&](auto tag) {
+    sums_impl<decltype(tag)>(sums, logits, targets, row_max, vocab_offset, vocab_valid);
+  });
+}
+
+void xent_loss_grad(Ctx&, Tensor losses, Tensor logits, Tensor targets, Tensor row_max, Tensor sums,
+                    int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
+                    bool compute_grad) {
+  dispatch_float(logits.dtype, "xent_loss_grad", [&](auto tag) {
+    loss_grad_impl<decltype(tag)>(losses, logits, targets, row_max, sums, vocab_offset, vocab_valid,
+                                  grad_scale, compute_grad);
+  });
+}
 
 void cross_entropy_fwd_bwd(Ctx&, Tensor losses, Tensor logits, Tensor targets, int64_t vocab_valid,
                            float grad_scale, bool compute_grad) {
