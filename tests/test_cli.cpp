@@ -196,30 +196,32 @@ TEST_CASE("cli: SIGTERM finishes the step, saves a checkpoint and exits 0", "[cl
   CHECK(read_checkpoint(run.config, *latest).state.step == steps);
 }
 
-TEST_CASE("cli: data parallel over 2 and 4 MPI ranks matches one rank", "[cli][mpi]") {
+TEST_CASE("cli: tensor and data parallel layouts over MPI ranks match one rank", "[cli][mpi]") {
   const std::string args =
       "--set train.micro_batch=2 --set train.eval_interval=5 --set train.eval_steps=2";
-  RunDir one(10), two(10), four(10), two_zero1(10);
+  RunDir one(10), two(10), four(10), two_zero1(10), tp2(10), tp2_dp2_zero1(10);
   REQUIRE(one.trainer(args).exit_code == 0);
   struct Case {
     RunDir* run;
     int ranks;
-    std::string extra;
+    std::string extra, layout;
   };
   for (const Case& c :
-       {Case{&two, 2, ""}, Case{&four, 4, ""}, Case{&two_zero1, 2, " --set parallel.zero1=true"}}) {
+       {Case{&two, 2, "", "tp 1 x dp 2"}, Case{&four, 4, "", "tp 1 x dp 4"},
+        Case{&two_zero1, 2, " --set parallel.zero1=true", "tp 1 x dp 2"},
+        Case{&tp2, 2, " --set parallel.tp=2", "tp 2 x dp 1"},
+        Case{&tp2_dp2_zero1, 4, " --set parallel.tp=2 --set parallel.zero1=true", "tp 2 x dp 2"}}) {
     RunDir* run = c.run;
     const int ranks = c.ranks;
     CmdResult r = run->mpirun(ranks, args + c.extra);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
-    CHECK(r.output.find("world " + std::to_string(ranks) + " = tp 1 x dp " +
-                        std::to_string(ranks)) != std::string::npos);
+    CHECK(r.output.find("world " + std::to_string(ranks) + " = " + c.layout) != std::string::npos);
     std::vector<nlohmann::json> a = one.metrics(), b = run->metrics();
     REQUIRE(a.size() == 10);
     REQUIRE(b.size() == 10);
     for (size_t i = 0; i < a.size(); ++i) {
-      INFO("dp " << ranks << " step " << i + 1);
+      INFO(c.layout << c.extra << ": step " << i + 1);
       CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
     }
     std::vector<nlohmann::json> ea = one.metrics("val_loss"), eb = run->metrics("val_loss");
@@ -235,7 +237,7 @@ TEST_CASE("cli: data parallel over 2 and 4 MPI ranks matches one rank", "[cli][m
 
 // Save under one data-parallel layout, resume under another: the next losses match an
 // uninterrupted single-rank run (checkpoints hold global tensors; the sample order is global).
-TEST_CASE("cli: checkpoints move between dp 1, dp 2 with ZeRO-1 and dp 4", "[cli][mpi]") {
+TEST_CASE("cli: checkpoints move between tensor- and data-parallel layouts", "[cli][mpi]") {
   const std::string args = "--set train.micro_batch=2 --set checkpoint.interval=5";
   RunDir straight(10);
   REQUIRE(straight.trainer(args).exit_code == 0);
@@ -262,6 +264,18 @@ TEST_CASE("cli: checkpoints move between dp 1, dp 2 with ZeRO-1 and dp 4", "[cli
           std::string::npos);
     check_tail(run);
   }
+  SECTION("tp 2 x dp 2 + ZeRO-1, then tp 1 x dp 2") {
+    RunDir run(10);
+    REQUIRE(
+        run.mpirun(
+               4,
+               args + " --set parallel.tp=2 --set parallel.zero1=true --set train.exit_interval=5")
+            .exit_code == 0);
+    CmdResult r = run.mpirun(2, args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    check_tail(run);
+  }
   SECTION("dp 1, then dp 4 + ZeRO-1") {
     RunDir run(10);
     REQUIRE(run.trainer(args + " --set train.exit_interval=5").exit_code == 0);
@@ -278,9 +292,9 @@ TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: rank 0: optim.lr must be > 0 (got -1)") != std::string::npos);
   CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
-  r = run.mpirun(2, "--set parallel.tp=2");
+  r = run.mpirun(2, "--set parallel.pp=2");
   CHECK(r.exit_code == 2);
-  CHECK(r.output.find("parallel.tp 2: tensor parallelism is not implemented yet") !=
+  CHECK(r.output.find("parallel.pp 2: pipeline parallelism is not implemented yet") !=
         std::string::npos);
   r = run.mpirun(3);  // global_batch 8 does not split over 3 data-parallel ranks
   CHECK(r.exit_code == 2);

@@ -354,6 +354,9 @@ Status validate(const Config& c) {
   if (m.num_kv_heads % p.tp != 0)
     return err("model.num_kv_heads ", m.num_kv_heads, " is not divisible by parallel.tp ", p.tp,
                "; use a tp that divides it");
+  if (m.intermediate_size % p.tp != 0)
+    return err("model.intermediate_size ", m.intermediate_size, " is not divisible by parallel.tp ",
+               p.tp);
   if (m.num_layers % p.pp != 0)
     return err("model.num_layers ", m.num_layers, " is not divisible by parallel.pp ", p.pp);
   if (c.data.train.empty()) return err("data.train is empty: give at least one {path: PREFIX}");

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/ops.h"
 #include "trainer/session.h"
+#include "trainer/shard.h"
 
 namespace tr {
 
@@ -44,27 +45,26 @@ std::string layout_json(const Session& s) {
   return j.dump();
 }
 
-// Rank 0 writes the checkpoint: every rank holds all weights while tp = pp = 1, and the Adam
-// states are gathered first (a collective under ZeRO-1, so every rank calls this).
+// Every rank calls this (the gathers are collectives); rank 0 writes. The Adam states are
+// gathered over DP under ZeRO-1, then weights and states over TP into global tensors.
+// (Fine at CPU scale; at GPU scale each rank will write its own slices instead.)
 absl::Status save_checkpoint(Session& s) {
   const auto t0 = Clock::now();
-  const int64_t capacity = s.model->layout().capacity;
-  std::vector<float> m_full(capacity), v_full(capacity);
-  s.opt->gather_state(m_full.data(), v_full.data());
+  const ParamLayout& layout = s.model->layout();
+  std::vector<float> m_local(layout.capacity), v_local(layout.capacity);
+  s.opt->gather_state(m_local.data(), v_local.data());
+  GlobalTensors p(layout), m(layout), v(layout);
+  gather_global(layout, *s.groups.tp, s.model->params().ptr<float>(), p);
+  gather_global(layout, *s.groups.tp, m_local.data(), m);
+  gather_global(layout, *s.groups.tp, v_local.data(), v);
   if (!s.logger()) return absl::OkStatus();
-  auto full = [&](std::vector<float>& b) {
-    return Tensor(b.data(), DType::f32, Device::cpu, {capacity});
-  };
-  std::vector<ckpt::TensorRef> p = tensor_refs(*s.model, s.model->params());
-  std::vector<ckpt::TensorRef> m = tensor_refs(*s.model, full(m_full));
-  std::vector<ckpt::TensorRef> v = tensor_refs(*s.model, full(v_full));
   ckpt::SaveRequest req;
   req.root = s.cfg.checkpoint.dir;
   req.step = s.state.step;
   req.keep_last = static_cast<int>(s.cfg.checkpoint.keep_last);
-  req.params = p;
-  req.exp_avg = m;
-  req.exp_avg_sq = v;
+  req.params = p.refs;
+  req.exp_avg = m.refs;
+  req.exp_avg_sq = v.refs;
   req.state = s.state;
   req.config_yaml = to_yaml(s.cfg);
   req.layout_json = layout_json(s);
@@ -157,13 +157,6 @@ double peak_mem_mib() {
 }
 
 }  // namespace
-
-std::vector<ckpt::TensorRef> tensor_refs(const Qwen2Model& m, Tensor flat) {
-  std::vector<ckpt::TensorRef> refs;
-  for (const ParamInfo& p : m.layout().tensors)
-    refs.push_back({p.name, p.global_shape, flat.at(p.offset, {p.numel}).ptr<float>()});
-  return refs;
-}
 
 int agree_on_exit(Session& s, int code, const absl::Status& status) {
   Comm& w = *s.groups.world;

@@ -21,9 +21,14 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
   d.heads = m.num_heads / topo.tp;
   d.kv_heads = m.num_kv_heads / topo.tp;
   d.head_dim = m.head_dim;
+  d.total_layers = m.num_layers;
   d.vocab = m.vocab_size;
   const int64_t multiple = kVocabMultiple * topo.tp;
   d.vocab_padded = (m.vocab_size + multiple - 1) / multiple * multiple;
+  d.vocab_local = d.vocab_padded / topo.tp;
+  d.vocab_offset = d.vocab_local * topo.tp_rank;
+  d.tp = topo.tp;
+  d.tp_rank = topo.tp_rank;
   d.eps = static_cast<float>(m.rms_norm_eps);
   d.theta = static_cast<float>(m.rope_theta);
   d.tied = m.tie_embeddings;
@@ -32,12 +37,17 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
 
 ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
   ParamLayout l;
-  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay,
-                 std::vector<int64_t> global = {}) {
+  // split: -1 replicated, 0 rows, 1 columns; the global shape multiplies the split dim by tp.
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, int split) {
     ParamInfo p;
     p.name = std::move(name);
     p.shape = shape;
-    p.global_shape = global.empty() ? shape : global;
+    p.global_shape = shape;
+    if (split >= 0) {
+      p.global_shape[split] *= d.tp;
+      p.split_dim = split;
+      p.split_offset = shape[split] * d.tp_rank;
+    }
     p.offset = l.total;
     p.numel = 1;
     for (int64_t s : shape) p.numel *= s;
@@ -46,25 +56,30 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
     l.tensors.push_back(std::move(p));
   };
   const int64_t H = d.hidden, hd = d.head_dim;
-  add("embed_tokens/weight", {d.vocab_padded, H}, true, {d.vocab, H});
+  auto vocab_table = [&](const std::string& name) {  // vocab-parallel rows; padding not stored
+    add(name, {d.vocab_local, H}, true, 0);
+    l.tensors.back().global_shape[0] = d.vocab;
+  };
+  vocab_table("embed_tokens/weight");
   for (int64_t i = 0; i < d.layers; ++i) {
     const std::string p = absl::StrCat("layers/", i, "/");
-    add(p + "input_layernorm/weight", {H}, false);
+    add(p + "input_layernorm/weight", {H}, false, -1);
     // q, k, v adjacent so that [q; k; v] is one [(nh + 2 nkv) hd, H] matrix; biases likewise.
-    add(p + "self_attn/q_proj/weight", {d.heads * hd, H}, true);
-    add(p + "self_attn/k_proj/weight", {d.kv_heads * hd, H}, true);
-    add(p + "self_attn/v_proj/weight", {d.kv_heads * hd, H}, true);
-    add(p + "self_attn/q_proj/bias", {d.heads * hd}, false);
-    add(p + "self_attn/k_proj/bias", {d.kv_heads * hd}, false);
-    add(p + "self_attn/v_proj/bias", {d.kv_heads * hd}, false);
-    add(p + "self_attn/o_proj/weight", {H, d.heads * hd}, true);
-    add(p + "post_attention_layernorm/weight", {H}, false);
-    add(p + "mlp/gate_proj/weight", {d.inter, H}, true);  // gate then up: one [2I, H]
-    add(p + "mlp/up_proj/weight", {d.inter, H}, true);
-    add(p + "mlp/down_proj/weight", {H, d.inter}, true);
+    // Column-parallel: each TP rank holds whole heads.
+    add(p + "self_attn/q_proj/weight", {d.heads * hd, H}, true, 0);
+    add(p + "self_attn/k_proj/weight", {d.kv_heads * hd, H}, true, 0);
+    add(p + "self_attn/v_proj/weight", {d.kv_heads * hd, H}, true, 0);
+    add(p + "self_attn/q_proj/bias", {d.heads * hd}, false, 0);
+    add(p + "self_attn/k_proj/bias", {d.kv_heads * hd}, false, 0);
+    add(p + "self_attn/v_proj/bias", {d.kv_heads * hd}, false, 0);
+    add(p + "self_attn/o_proj/weight", {H, d.heads * hd}, true, 1);  // row-parallel
+    add(p + "post_attention_layernorm/weight", {H}, false, -1);
+    add(p + "mlp/gate_proj/weight", {d.inter, H}, true, 0);  // gate then up: one [2I, H]
+    add(p + "mlp/up_proj/weight", {d.inter, H}, true, 0);
+    add(p + "mlp/down_proj/weight", {H, d.inter}, true, 1);  // row-parallel
   }
-  add("norm/weight", {H}, false);
-  if (!d.tied) add("lm_head/weight", {d.vocab_padded, H}, true, {d.vocab, H});
+  add("norm/weight", {H}, false, -1);
+  if (!d.tied) vocab_table("lm_head/weight");
   l.capacity = (l.total + multiple - 1) / multiple * multiple;
   return l;
 }
@@ -99,8 +114,9 @@ struct Qwen2Model::Acts {
   Tensor datt;                   // [T, nh hd]
   Tensor dgateup;                // [T, 2I]
   Tensor dact;                   // [T, I]
-  Tensor logits;                 // [C, Vp] one loss chunk; overwritten by its gradient
+  Tensor logits;                 // [C, Vl] one loss chunk; overwritten by its gradient
   Tensor losses;                 // [C]
+  Tensor row_max, sums;          // [C], [C, 2] vocab-parallel cross-entropy statistics
 };
 
 namespace {
@@ -130,7 +146,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
 
   const int64_t T = batch * seq_len;
   chunk_ = std::max<int64_t>(
-      1, std::min<int64_t>(T, loss_chunk > 0 ? loss_chunk : kLogitsPerChunk / dims.vocab_padded));
+      1, std::min<int64_t>(T, loss_chunk > 0 ? loss_chunk : kLogitsPerChunk / dims.vocab_local));
   // Measure the activation buffers, then allocate exactly that once.
   Arena plan = Arena::planner(ctx.device);
   alloc_acts(plan);
@@ -169,7 +185,9 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   a_->datt = ar.alloc(dtype_, {T, A});
   a_->dgateup = ar.alloc(dtype_, {T, 2 * I});
   a_->dact = ar.alloc(dtype_, {T, I});
-  a_->logits = ar.alloc(dtype_, {C, d.vocab_padded});
+  a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
+  a_->row_max = ar.alloc(dtype_, {C});
+  a_->sums = ar.alloc(dtype_, {C, 2});
   a_->losses = ar.alloc(dtype_, {C});
 }
 
@@ -194,7 +212,7 @@ Weights Qwen2Model::views(Tensor flat) const {
     return flat.at(layout_.find(name).offset, shape);
   };
   Weights w;
-  w.embed = at("embed_tokens/weight", {d.vocab_padded, H});
+  w.embed = at("embed_tokens/weight", {d.vocab_local, H});
   for (int64_t i = 0; i < d.layers; ++i) {
     const std::string p = absl::StrCat("layers/", i, "/");
     LayerWeights L;
@@ -208,26 +226,38 @@ Weights Qwen2Model::views(Tensor flat) const {
     w.layers.push_back(L);
   }
   w.norm = at("norm/weight", {H});
-  w.lm_head = d.tied ? w.embed : at("lm_head/weight", {d.vocab_padded, H});
+  w.lm_head = d.tied ? w.embed : at("lm_head/weight", {d.vocab_local, H});
   return w;
 }
 
 void Qwen2Model::init_weights(uint64_t seed, double std) {
-  const double out_std = std / std::sqrt(2.0 * static_cast<double>(dims_.layers));
+  const double out_std = std / std::sqrt(2.0 * static_cast<double>(dims_.total_layers));
   for (const ParamInfo& p : layout_.tensors) {
     Tensor t = param(p);
     const bool norm = p.name.find("layernorm") != std::string::npos || p.name == "norm/weight";
     const bool bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
     const bool out_proj =
         p.name.find("o_proj") != std::string::npos || p.name.find("down_proj") != std::string::npos;
-    const int64_t valid = p.global_shape.empty() ? p.numel : [&] {
-      int64_t n = 1;
-      for (int64_t s : p.global_shape) n *= s;
-      return n;
-    }();
-    InitKind kind = norm ? InitKind::ones : bias ? InitKind::zeros : InitKind::normal;
-    fill_init(t, kind, out_proj ? out_std : std, seed, p.name, std::min(valid, p.numel));
+    const InitKind kind = norm ? InitKind::ones : bias ? InitKind::zeros : InitKind::normal;
+    const double sd = out_proj ? out_std : std;
+    // Row by row, each element keeps the index it has in the whole (vocab-padded) tensor, so
+    // every tensor-parallel layout initialises the same global weights.
+    const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1, cols = p.numel / rows;
+    const int64_t global_cols = p.split_dim == 1 ? cols * dims_.tp : cols;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t grow = i + (p.split_dim == 0 && p.shape.size() == 2 ? p.split_offset : 0);
+      const int64_t first =
+          grow * global_cols + (p.split_dim == 1 || p.shape.size() == 1 ? p.split_offset : 0);
+      const bool padding_row = p.shape.size() == 2 && p.split_dim == 0 && grow >= p.global_shape[0];
+      fill_init(t.at(i * cols, {cols}), kind, sd, seed, p.name, padding_row ? 0 : cols, first);
+    }
   }
+}
+
+void Qwen2Model::tp_sum(Tensor t) {
+  if (dims_.tp == 1) return;
+  TR_ASSERT(tp_ != nullptr && tp_->size() == dims_.tp, "tensor parallelism needs set_tp_comm()");
+  tp_->all_reduce(t, ReduceOp::sum);
 }
 
 void Qwen2Model::forward(const int32_t* tokens) {
@@ -235,7 +265,8 @@ void Qwen2Model::forward(const int32_t* tokens) {
   const int64_t T = batch_ * seq_len_;
   Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
   Acts& a = *a_;
-  embedding_fwd(ctx_, a.resid[0], tok, w_.embed, 0);
+  embedding_fwd(ctx_, a.resid[0], tok, w_.embed, d.vocab_offset);
+  tp_sum(a.resid[0]);  // vocab-parallel: each rank contributed its own rows
   for (int64_t l = 0; l < d.layers; ++l) {
     const LayerWeights& w = w_.layers[l];
     Acts::Layer& L = a.layers[l];
@@ -248,11 +279,13 @@ void Qwen2Model::forward(const int32_t* tokens) {
                   static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
                   static_cast<int>(d.head_dim));
     linear_fwd(ctx_, a.tmp, L.att, w.o_w, Tensor());
+    tp_sum(a.tmp);  // row-parallel: partial sums over the TP ranks' heads
     add(ctx_, L.x_mid, a.resid[l], a.tmp);
     rmsnorm_fwd(ctx_, L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
     linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
     swiglu_fwd(ctx_, L.act, L.gateup);
     linear_fwd(ctx_, a.tmp, L.act, w.down_w, Tensor());
+    tp_sum(a.tmp);  // row-parallel
     add(ctx_, a.resid[l + 1], L.x_mid, a.tmp);
   }
   rmsnorm_fwd(ctx_, a.lnf, a.rstdf, a.resid[d.layers], w_.norm, d.eps);
@@ -270,11 +303,31 @@ double Qwen2Model::loss_and_head_backward(const int32_t* targets, float grad_sca
     Tensor x = a.lnf.slice(begin, n);
     Tensor tgt(const_cast<int32_t*>(targets + begin), DType::i32, Device::cpu, {n});
     linear_fwd(ctx_, logits, x, w_.lm_head, Tensor());
-    cross_entropy_fwd_bwd(ctx_, losses, logits, tgt, dims_.vocab, grad_scale, grad);
+    chunk_loss(losses, logits, tgt, grad_scale, grad);
     total += sum_host(losses);
     if (grad) linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head);
   }
+  if (grad) tp_sum(a.dlnf);  // vocab-parallel LM head: each rank's share of d lnf
   return total;
+}
+
+// One chunk's cross-entropy: in one step on a single rank; with the vocabulary split over TP,
+// in three steps with the row max and the sums all-reduced in between.
+void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale,
+                            bool grad) {
+  const ModelDims& d = dims_;
+  if (d.tp == 1) {
+    cross_entropy_fwd_bwd(ctx_, losses, logits, targets, d.vocab, grad_scale, grad);
+    return;
+  }
+  const int64_t n = logits.dim(0);
+  Tensor row_max = a_->row_max.slice(0, n), sums = a_->sums.slice(0, n);
+  xent_row_max(ctx_, row_max, logits, d.vocab_valid_local());
+  tp_->all_reduce(row_max, ReduceOp::max);
+  xent_sums(ctx_, sums, logits, targets, row_max, d.vocab_offset, d.vocab_valid_local());
+  tp_sum(sums);
+  xent_loss_grad(ctx_, losses, logits, targets, row_max, sums, d.vocab_offset,
+                 d.vocab_valid_local(), grad_scale, grad);
 }
 
 void Qwen2Model::backward(const int32_t* tokens) {
@@ -290,6 +343,7 @@ void Qwen2Model::backward(const int32_t* tokens) {
     linear_bwd(ctx_, a.dact, g.down_w, Tensor(), a.dres, L.act, w.down_w);
     swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
     linear_bwd(ctx_, a.dln, g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w);
+    tp_sum(a.dln);  // column-parallel input: every rank's share of d ln2
     rmsnorm_bwd(ctx_, a.dtmp, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2);
     add(ctx_, a.dres, a.dres, a.dtmp);  // d x_mid
     // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
@@ -300,11 +354,12 @@ void Qwen2Model::backward(const int32_t* tokens) {
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.theta);
     linear_bwd(ctx_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w);
+    tp_sum(a.dln);  // column-parallel input
     rmsnorm_bwd(ctx_, a.dtmp, g.ln1, a.dln, a.resid[l], w.ln1, L.rstd1);
     add(ctx_, a.dres, a.dres, a.dtmp);  // d resid[l]
   }
   Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
-  embedding_bwd(ctx_, g_.embed, a.dres, tok, 0);
+  embedding_bwd(ctx_, g_.embed, a.dres, tok, d.vocab_offset);
 }
 
 double Qwen2Model::forward_backward(const int32_t* tokens, const int32_t* targets,
@@ -321,6 +376,7 @@ double Qwen2Model::forward_loss(const int32_t* tokens, const int32_t* targets) {
 }
 
 std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
+  TR_ASSERT(dims_.tp == 1, "logits() returns the whole vocabulary: tp must be 1");
   TR_ASSERT(n <= chunk_ && begin + n <= batch_ * seq_len_, "logits range too large");
   Tensor logits = a_->logits.slice(0, n);
   linear_fwd(ctx_, logits, a_->lnf.slice(begin, n), w_.lm_head, Tensor());
@@ -329,8 +385,8 @@ std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
     for (int64_t v = 0; v < dims_.vocab; ++v)
       out[i * dims_.vocab + v] =
           dtype_ == DType::f32
-              ? logits.ptr<float>()[i * dims_.vocab_padded + v]
-              : static_cast<float>(logits.ptr<double>()[i * dims_.vocab_padded + v]);
+              ? logits.ptr<float>()[i * dims_.vocab_local + v]
+              : static_cast<float>(logits.ptr<double>()[i * dims_.vocab_local + v]);
   return out;
 }
 

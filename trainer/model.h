@@ -4,6 +4,7 @@
 // contiguous range each.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,19 +12,29 @@
 
 #include "kernels/core/ctx.h"
 #include "kernels/core/tensor.h"
+#include "parallel/comm.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
 
 namespace tr {
 
-// Shapes of the model as one rank holds it.
+// Shapes of the model as one rank holds it: heads, intermediate size and vocabulary are this
+// rank's tensor-parallel shard.
 struct ModelDims {
   int64_t hidden, inter, layers, heads, kv_heads, head_dim;
+  int64_t total_layers;  // of the whole model (for the output-projection init scale)
   int64_t vocab;         // real vocabulary
-  int64_t vocab_padded;  // multiple of 128 * tp; padded rows are zero and padded logits masked
+  int64_t vocab_padded;  // whole padded vocabulary: a multiple of 128 * tp
+  int64_t vocab_local;   // vocab_padded / tp rows of the embedding and LM head on this rank
+  int64_t vocab_offset;  // first vocabulary id of this rank's rows
+  int tp = 1, tp_rank = 0;
   float eps, theta;
   bool tied;
   int64_t qkv_out() const { return (heads + 2 * kv_heads) * head_dim; }
+  // Real (unpadded) vocabulary rows among this rank's vocab_local.
+  int64_t vocab_valid_local() const {
+    return std::clamp<int64_t>(vocab - vocab_offset, 0, vocab_local);
+  }
 
   static ModelDims from(const ModelConfig& m, const Topology& topo);
 };
@@ -36,6 +47,11 @@ struct ParamInfo {
   int64_t offset = 0;                 // elements into the flat buffers
   int64_t numel = 0;
   bool decay = true;  // AdamW weight decay (false for norms and biases)
+  // Tensor parallelism: -1 = replicated on every TP rank; 0 = rows split (column-parallel
+  // layers, vocabulary); 1 = columns split (row-parallel layers). This rank's slice starts at
+  // index `split_offset` of that dimension of the (vocab-padded) global tensor.
+  int split_dim = -1;
+  int64_t split_offset = 0;
 };
 
 struct ParamLayout {
@@ -70,6 +86,8 @@ class Qwen2Model {
   // buffers hold a multiple of `flat_multiple` elements (the data-parallel size under ZeRO-1).
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
              DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1);
+  // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
+  void set_tp_comm(Comm* tp) { tp_ = tp; }
   ~Qwen2Model();
 
   const ModelDims& dims() const { return dims_; }
@@ -104,10 +122,13 @@ class Qwen2Model {
   void backward(const int32_t* tokens);
   Weights views(Tensor flat) const;
   void alloc_acts(Arena& arena);  // every activation and scratch buffer, in one fixed order
+  void tp_sum(Tensor t);          // all-reduce over the TP group (no-op when tp == 1)
+  void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
 
   ModelDims dims_;
   int64_t batch_, seq_len_;
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
+  Comm* tp_ = nullptr;
   Ctx ctx_;
   DType dtype_;
   ParamLayout layout_;

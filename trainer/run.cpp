@@ -13,24 +13,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "trainer/session.h"
+#include "trainer/shard.h"
 
 namespace tr {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Data parallelism (with or without ZeRO-1) runs; tensor and pipeline parallelism come next.
-absl::Status check_implemented(const Topology& t) {
-  if (t.tp > 1)
-    return absl::UnimplementedError(
-        absl::StrCat("parallel.tp ", t.tp,
-                     ": tensor parallelism is not implemented yet (data parallelism is); "
-                     "set parallel.tp=1"));
+// Tensor and data parallelism (with or without ZeRO-1) run; pipeline parallelism and sequence
+// parallelism come next.
+absl::Status check_implemented(const Topology& t, const ParallelConfig& p) {
   if (t.pp > 1)
     return absl::UnimplementedError(
         absl::StrCat("parallel.pp ", t.pp,
-                     ": pipeline parallelism is not implemented yet (data parallelism "
-                     "is); set parallel.pp=1"));
+                     ": pipeline parallelism is not implemented yet (tensor and data "
+                     "parallelism are); set parallel.pp=1"));
+  if (p.sequence_parallel && t.tp > 1)
+    return absl::UnimplementedError(
+        "parallel.sequence_parallel is not implemented yet; set parallel.sequence_parallel=false");
   return absl::OkStatus();
 }
 
@@ -98,21 +98,19 @@ absl::StatusOr<std::string> resume_path(const Session& r) {
   return how;
 }
 
-// Every rank reads the whole checkpoint (global tensors) and keeps what it owns: all the
-// weights while tp = pp = 1, its shard of the Adam states under ZeRO-1.
+// Every rank reads the whole checkpoint (global tensors) and keeps what it owns: its TP slices
+// of the weights, and of those its ZeRO-1 shard of the Adam states.
 absl::Status load_checkpoint(Session& r, const std::string& path) {
-  const int64_t capacity = r.model->layout().capacity;
-  std::vector<float> m_full(capacity, 0.0f), v_full(capacity, 0.0f);
-  auto full = [&](std::vector<float>& b) {
-    return Tensor(b.data(), DType::f32, Device::cpu, {capacity});
-  };
-  std::vector<ckpt::TensorRef> p = tensor_refs(*r.model, r.model->params());
-  std::vector<ckpt::TensorRef> m = tensor_refs(*r.model, full(m_full));
-  std::vector<ckpt::TensorRef> v = tensor_refs(*r.model, full(v_full));
-  ckpt::LoadTarget dst{p, m, v};
+  const ParamLayout& layout = r.model->layout();
+  GlobalTensors p(layout), m(layout), v(layout);
+  ckpt::LoadTarget dst{p.refs, m.refs, v.refs};
   std::string stored_yaml;
   if (absl::Status st = ckpt::load(path, dst, &r.state, &stored_yaml); !st.ok()) return st;
-  r.opt->scatter_state(m_full.data(), v_full.data());
+  std::vector<float> m_local(layout.capacity, 0.0f), v_local(layout.capacity, 0.0f);
+  scatter_global(layout, p, r.model->params().ptr<float>());
+  scatter_global(layout, m, m_local.data());
+  scatter_global(layout, v, v_local.data());
+  r.opt->scatter_state(m_local.data(), v_local.data());
   r.last_saved_step = r.state.step;
   for (const std::string& d : config_differences(stored_yaml, to_yaml(r.cfg)))
     std::printf("note: config differs from the checkpoint's: %s\n", d.c_str());
@@ -181,7 +179,7 @@ absl::Status check_inputs(Session& r) {
                      static_cast<int>(r.cfg.parallel.pp), static_cast<int>(r.cfg.parallel.dp));
   if (!topo.ok()) return topo.status();
   r.topo = *topo;
-  if (absl::Status st = check_implemented(r.topo); !st.ok()) return st;
+  if (absl::Status st = check_implemented(r.topo, r.cfg.parallel); !st.ok()) return st;
   if (absl::Status st = resolve_backend(r); !st.ok()) return st;
   absl::StatusOr<std::string> resume = resume_path(r);
   if (!resume.ok()) return resume.status();
@@ -205,7 +203,9 @@ absl::Status build_model(Session& r) {
   r.model =
       std::make_unique<Qwen2Model>(ModelDims::from(r.cfg.model, r.topo), r.cfg.train.micro_batch,
                                    r.cfg.data.seq_len, r.ctx, DType::f32, 0, zero1 ? r.topo.dp : 1);
-  r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1);
+  r.model->set_tp_comm(r.groups.tp.get());
+  r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
+                                  r.groups.tp.get());
   r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
   if (!r.resume_from.empty()) {

@@ -51,9 +51,6 @@ extern "C" void on_stop_signal(int sig);
 // job instead of leaving the others waiting in a collective.
 int agree_on_exit(Session& s, int code, const absl::Status& status);
 
-// Checkpoint views of the flat buffers: global names and shapes (vocab rows unpadded).
-std::vector<ckpt::TensorRef> tensor_refs(const Qwen2Model& m, Tensor flat);
-
 // Training FLOPs per token, causal counting (llm.c / Megatron-Core): 6 N_matmul + 6 L s (nh hd),
 // N_matmul = parameters in matrix products, LM head included, input embedding excluded.
 double flops_per_token(const Config& c);
