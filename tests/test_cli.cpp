@@ -64,7 +64,12 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
   CmdResult trainer(const std::string& args = "", const std::string& env = "") const {
     return run_cmd(env + " " + TR_TRAINER_BIN + " --config " + config + " " + args);
   }
-  // The trainer on `ranks` MPI ranks of this machine (mpirun; srun works the same way).
+  // The trainer on `ranks` ranks of the test suite's own Slurm (tests/slurm/local_slurm.sh).
+  CmdResult srun(int ranks, const std::string& args = "") const {
+    return run_cmd("srun --overcommit --mpi=pmix -n " + std::to_string(ranks) + " " +
+                   TR_TRAINER_BIN + " --config " + config + " " + args);
+  }
+  // The trainer on `ranks` MPI ranks of this machine.
   CmdResult mpirun(int ranks, const std::string& args = "") const {
     return run_cmd(std::string(TR_MPIRUN) + " " + std::to_string(ranks) + " " + TR_TRAINER_BIN +
                    " --config " + config + " " + args);
@@ -300,6 +305,30 @@ TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("not divisible") != std::string::npos);
   CHECK_FALSE(fs::exists(run.dir / "ckpt"));
+}
+
+// Launched by srun (PMIx) on the local Slurm, as on a cluster: tp 2 x dp 2 with ZeRO-1 matches
+// one rank, and a bad layout is one error line. Run by ctest with the slurm fixture.
+TEST_CASE("cli: srun -n 4 with tp 2 x dp 2 matches one rank", "[.slurm]") {
+  REQUIRE(std::getenv("SLURM_CONF") != nullptr);  // started by tests/slurm/local_slurm.sh
+  const std::string args = "--set train.micro_batch=2";
+  RunDir one(10), four(10);
+  REQUIRE(one.trainer(args).exit_code == 0);
+  CmdResult r = four.srun(4, args + " --set parallel.tp=2 --set parallel.zero1=true");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("world 4 = tp 2 x dp 2 x pp 1") != std::string::npos);
+  std::vector<nlohmann::json> a = one.metrics(), b = four.metrics();
+  REQUIRE(b.size() == 10);
+  for (size_t i = 0; i < a.size(); ++i)
+    CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
+  r = four.srun(4, "--set parallel.dp=2");
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find(
+            "error: rank 0: parallel layout: tp 1 x pp 1 x dp 2 = 2 ranks but this run has 4 "
+            "processes; launch 2 ranks (srun -n 2) or change parallel.tp/pp/dp") !=
+        std::string::npos);
 }
 
 // Runs the trainer expecting exit code 2 and one error line containing `message`.

@@ -6,6 +6,7 @@ pkgs=(
   build-essential cmake ninja-build pkg-config ccache
   libyaml-cpp-dev libhdf5-dev hdf5-tools libabsl-dev catch2
   libopenmpi-dev openmpi-bin libopenblas-dev nlohmann-json3-dev zlib1g-dev
+  slurm-wlm munge
 )
 missing=()
 for p in "${pkgs[@]}"; do
