@@ -38,7 +38,7 @@ absl::Status load(const std::string& ckpt_dir, const LoadTarget& dst, TrainState
   TrainState read_state;
   absl::Status st = read_model_file(fs::join(ckpt_dir, kModelFile),
                                     checkpoint_sets(dst.params, dst.exp_avg, dst.exp_avg_sq),
-                                    &read_state, config_yaml, layout_json);
+                                    &read_state, config_yaml, layout_json, dst.subset);
   if (!st.ok()) return st;
   if (read_state.step != m->step) {
     return absl::DataLossError(absl::StrCat("checkpoint ", ckpt_dir,

@@ -106,6 +106,9 @@ absl::StatusOr<std::string> find_latest(const std::string& root);
 // (e.g. params only, for evaluation).
 struct LoadTarget {
   std::span<const TensorRef> params, exp_avg, exp_avg_sq;
+  // The targets are a subset of the model (one pipeline stage's tensors): tensors in the
+  // checkpoint beyond them are not an error.
+  bool subset = false;
 };
 
 // Verifies `ckpt_dir` (as verify()), then reads every expected tensor into its buffer; errors

@@ -60,8 +60,9 @@ absl::Status write_model_file(const std::string& path, const ModelFileContents& 
 
 // Reads every tensor of every set into its buffer after checking that it exists, is fp32
 // and has the expected shape, and that a non-empty set's group holds no tensor the caller
-// did not ask for. Null outputs are skipped.
+// did not ask for (unless `subset`). Null outputs are skipped.
 absl::Status read_model_file(const std::string& path, const std::vector<TensorSet>& sets,
-                             TrainState* state, std::string* config_yaml, std::string* layout_json);
+                             TrainState* state, std::string* config_yaml, std::string* layout_json,
+                             bool subset = false);
 
 }  // namespace tr::ckpt

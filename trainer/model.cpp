@@ -18,6 +18,9 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
   d.hidden = m.hidden_size;
   d.inter = m.intermediate_size / topo.tp;
   d.layers = m.num_layers / topo.pp;
+  d.first_layer = d.layers * topo.pp_rank;
+  d.first_stage = topo.first_stage();
+  d.last_stage = topo.last_stage();
   d.heads = m.num_heads / topo.tp;
   d.kv_heads = m.num_kv_heads / topo.tp;
   d.head_dim = m.head_dim;
@@ -60,8 +63,8 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
     add(name, {d.vocab_local, H}, true, 0);
     l.tensors.back().global_shape[0] = d.vocab;
   };
-  vocab_table("embed_tokens/weight");
-  for (int64_t i = 0; i < d.layers; ++i) {
+  if (d.first_stage) vocab_table("embed_tokens/weight");
+  for (int64_t i = d.first_layer; i < d.first_layer + d.layers; ++i) {
     const std::string p = absl::StrCat("layers/", i, "/");
     add(p + "input_layernorm/weight", {H}, false, -1);
     // q, k, v adjacent so that [q; k; v] is one [(nh + 2 nkv) hd, H] matrix; biases likewise.
@@ -78,8 +81,15 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
     add(p + "mlp/up_proj/weight", {d.inter, H}, true, 0);
     add(p + "mlp/down_proj/weight", {H, d.inter}, true, 1);  // row-parallel
   }
-  add("norm/weight", {H}, false, -1);
-  if (!d.tied) vocab_table("lm_head/weight");
+  if (d.last_stage) {
+    add("norm/weight", {H}, false, -1);
+    if (!d.tied) {
+      vocab_table("lm_head/weight");
+    } else if (!d.first_stage) {
+      vocab_table("embed_tokens/weight");
+      l.tensors.back().tied_copy = true;
+    }
+  }
   l.capacity = (l.total + multiple - 1) / multiple * multiple;
   return l;
 }
@@ -90,7 +100,8 @@ const ParamInfo& ParamLayout::find(const std::string& name) const {
   TR_ASSERT(false, "no parameter named " + name);
 }
 
-// Activations of one micro-batch kept for backward, and scratch. T = batch * seq_len.
+// Activations kept for backward (one Slot per micro-batch in flight), and scratch shared by
+// all micro-batches. T = batch * seq_len.
 struct Qwen2Model::Acts {
   struct Layer {
     Tensor ln1;     // [T, H] input_layernorm output
@@ -104,19 +115,25 @@ struct Qwen2Model::Acts {
     Tensor gateup;  // [T, 2I]
     Tensor act;     // [T, I] silu(gate) * up
   };
-  std::vector<Layer> layers;
-  std::vector<Tensor> resid;  // L + 1 of [T, H]: resid[l] enters layer l
-  Tensor lnf, rstdf;          // [T, H], [T]
-  Tensor tmp;                 // [T, H] projection outputs
+  struct Slot {
+    std::vector<Layer> layers;
+    std::vector<Tensor> resid;  // L + 1 of [T, H]: resid[l] enters layer l
+    Tensor lnf, rstdf;          // [T, H], [T] (last stage)
+  };
+  std::vector<Slot> slots;
+  Tensor tmp;  // [T, H] projection outputs
   // backward scratch
-  Tensor dres, dtmp, dln, dlnf;  // [T, H]
-  Tensor dqkv;                   // [T, (nh + 2 nkv) hd]
-  Tensor datt;                   // [T, nh hd]
-  Tensor dgateup;                // [T, 2I]
-  Tensor dact;                   // [T, I]
-  Tensor logits;                 // [C, Vl] one loss chunk; overwritten by its gradient
-  Tensor losses;                 // [C]
-  Tensor row_max, sums;          // [C], [C, 2] vocab-parallel cross-entropy statistics
+  Tensor dres;     // [T, H] running gradient of the residual stream; after backward_stage, the
+                   // stage input's gradient (sent to the previous stage)
+  Tensor grad_in;  // [T, H] the next stage's gradient, received; swapped into dres
+  Tensor dtmp, dln, dlnf;  // [T, H]
+  Tensor dqkv;             // [T, (nh + 2 nkv) hd]
+  Tensor datt;             // [T, nh hd]
+  Tensor dgateup;          // [T, 2I]
+  Tensor dact;             // [T, I]
+  Tensor logits;           // [C, Vl] one loss chunk; overwritten by its gradient
+  Tensor losses;           // [C]
+  Tensor row_max, sums;    // [C], [C, 2] vocab-parallel cross-entropy statistics
 };
 
 namespace {
@@ -135,8 +152,9 @@ double sum_host(Tensor t) {
 }  // namespace
 
 Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype,
-                       int64_t loss_chunk, int64_t flat_multiple)
-    : dims_(dims), batch_(batch), seq_len_(seq_len), ctx_(ctx), dtype_(dtype) {
+                       int64_t loss_chunk, int64_t flat_multiple, int slots)
+    : dims_(dims), batch_(batch), seq_len_(seq_len), slots_(slots), ctx_(ctx), dtype_(dtype) {
+  TR_ASSERT(slots >= 1, "at least one activation slot");
   layout_ = ParamLayout::make(dims_, flat_multiple);
   param_arena_ = std::make_unique<Arena>(2 * arena_bytes(dtype, layout_.capacity), ctx.device);
   params_ = param_arena_->alloc(dtype, {layout_.capacity});
@@ -159,25 +177,31 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   const int64_t T = batch_ * seq_len_, H = d.hidden, Q = d.qkv_out(), A = d.heads * d.head_dim,
                 I = d.inter, C = chunk_;
   a_ = std::make_unique<Acts>();
-  for (int64_t l = 0; l <= d.layers; ++l) a_->resid.push_back(ar.alloc(dtype_, {T, H}));
-  for (int64_t l = 0; l < d.layers; ++l) {
-    Acts::Layer L;
-    L.ln1 = ar.alloc(dtype_, {T, H});
-    L.rstd1 = ar.alloc(dtype_, {T});
-    L.qkv = ar.alloc(dtype_, {T, Q});
-    L.att = ar.alloc(dtype_, {T, A});
-    L.lse = ar.alloc(dtype_, {batch_, d.heads, seq_len_});
-    L.x_mid = ar.alloc(dtype_, {T, H});
-    L.ln2 = ar.alloc(dtype_, {T, H});
-    L.rstd2 = ar.alloc(dtype_, {T});
-    L.gateup = ar.alloc(dtype_, {T, 2 * I});
-    L.act = ar.alloc(dtype_, {T, I});
-    a_->layers.push_back(L);
+  for (int k = 0; k < slots_; ++k) {
+    Acts::Slot& slot = a_->slots.emplace_back();
+    for (int64_t l = 0; l <= d.layers; ++l) slot.resid.push_back(ar.alloc(dtype_, {T, H}));
+    for (int64_t l = 0; l < d.layers; ++l) {
+      Acts::Layer L;
+      L.ln1 = ar.alloc(dtype_, {T, H});
+      L.rstd1 = ar.alloc(dtype_, {T});
+      L.qkv = ar.alloc(dtype_, {T, Q});
+      L.att = ar.alloc(dtype_, {T, A});
+      L.lse = ar.alloc(dtype_, {batch_, d.heads, seq_len_});
+      L.x_mid = ar.alloc(dtype_, {T, H});
+      L.ln2 = ar.alloc(dtype_, {T, H});
+      L.rstd2 = ar.alloc(dtype_, {T});
+      L.gateup = ar.alloc(dtype_, {T, 2 * I});
+      L.act = ar.alloc(dtype_, {T, I});
+      slot.layers.push_back(L);
+    }
+    if (d.last_stage) {
+      slot.lnf = ar.alloc(dtype_, {T, H});
+      slot.rstdf = ar.alloc(dtype_, {T});
+    }
   }
-  a_->lnf = ar.alloc(dtype_, {T, H});
-  a_->rstdf = ar.alloc(dtype_, {T});
   a_->tmp = ar.alloc(dtype_, {T, H});
   a_->dres = ar.alloc(dtype_, {T, H});
+  a_->grad_in = ar.alloc(dtype_, {T, H});
   a_->dtmp = ar.alloc(dtype_, {T, H});
   a_->dln = ar.alloc(dtype_, {T, H});
   a_->dlnf = ar.alloc(dtype_, {T, H});
@@ -212,8 +236,8 @@ Weights Qwen2Model::views(Tensor flat) const {
     return flat.at(layout_.find(name).offset, shape);
   };
   Weights w;
-  w.embed = at("embed_tokens/weight", {d.vocab_local, H});
-  for (int64_t i = 0; i < d.layers; ++i) {
+  if (d.first_stage) w.embed = at("embed_tokens/weight", {d.vocab_local, H});
+  for (int64_t i = d.first_layer; i < d.first_layer + d.layers; ++i) {
     const std::string p = absl::StrCat("layers/", i, "/");
     LayerWeights L;
     L.ln1 = at(p + "input_layernorm/weight", {H});
@@ -225,8 +249,10 @@ Weights Qwen2Model::views(Tensor flat) const {
     L.down_w = at(p + "mlp/down_proj/weight", {H, d.inter});
     w.layers.push_back(L);
   }
-  w.norm = at("norm/weight", {H});
-  w.lm_head = d.tied ? w.embed : at("lm_head/weight", {d.vocab_local, H});
+  if (d.last_stage) {
+    w.norm = at("norm/weight", {H});
+    w.lm_head = at(d.tied ? "embed_tokens/weight" : "lm_head/weight", {d.vocab_local, H});
+  }
   return w;
 }
 
@@ -260,17 +286,33 @@ void Qwen2Model::tp_sum(Tensor t) {
   tp_->all_reduce(t, ReduceOp::sum);
 }
 
-void Qwen2Model::forward(const int32_t* tokens) {
+Tensor Qwen2Model::stage_input(int slot) const {
+  return a_->slots[slot].resid[0];
+}
+Tensor Qwen2Model::stage_output(int slot) const {
+  return a_->slots[slot].resid[dims_.layers];
+}
+Tensor Qwen2Model::recv_grad_buffer() const {
+  return a_->grad_in;
+}
+Tensor Qwen2Model::send_grad_buffer() const {
+  return a_->dres;
+}
+
+void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
-  Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
   Acts& a = *a_;
-  embedding_fwd(ctx_, a.resid[0], tok, w_.embed, d.vocab_offset);
-  tp_sum(a.resid[0]);  // vocab-parallel: each rank contributed its own rows
+  Acts::Slot& S = a.slots[slot];
+  if (d.first_stage) {
+    Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
+    embedding_fwd(ctx_, S.resid[0], tok, w_.embed, d.vocab_offset);
+    tp_sum(S.resid[0]);  // vocab-parallel: each rank contributed its own rows
+  }
   for (int64_t l = 0; l < d.layers; ++l) {
     const LayerWeights& w = w_.layers[l];
-    Acts::Layer& L = a.layers[l];
-    rmsnorm_fwd(ctx_, L.ln1, L.rstd1, a.resid[l], w.ln1, d.eps);
+    Acts::Layer& L = S.layers[l];
+    rmsnorm_fwd(ctx_, L.ln1, L.rstd1, S.resid[l], w.ln1, d.eps);
     linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
     Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
     rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_),
@@ -280,27 +322,29 @@ void Qwen2Model::forward(const int32_t* tokens) {
                   static_cast<int>(d.head_dim));
     linear_fwd(ctx_, a.tmp, L.att, w.o_w, Tensor());
     tp_sum(a.tmp);  // row-parallel: partial sums over the TP ranks' heads
-    add(ctx_, L.x_mid, a.resid[l], a.tmp);
+    add(ctx_, L.x_mid, S.resid[l], a.tmp);
     rmsnorm_fwd(ctx_, L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
     linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
     swiglu_fwd(ctx_, L.act, L.gateup);
     linear_fwd(ctx_, a.tmp, L.act, w.down_w, Tensor());
     tp_sum(a.tmp);  // row-parallel
-    add(ctx_, a.resid[l + 1], L.x_mid, a.tmp);
+    add(ctx_, S.resid[l + 1], L.x_mid, a.tmp);
   }
-  rmsnorm_fwd(ctx_, a.lnf, a.rstdf, a.resid[d.layers], w_.norm, d.eps);
+  if (d.last_stage) rmsnorm_fwd(ctx_, S.lnf, S.rstdf, S.resid[d.layers], w_.norm, d.eps);
 }
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
 // assigned, the LM head gradient accumulated.
-double Qwen2Model::loss_and_head_backward(const int32_t* targets, float grad_scale, bool grad) {
+double Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale, bool grad) {
+  TR_ASSERT(dims_.last_stage, "the loss is computed on the last pipeline stage");
   Acts& a = *a_;
+  const Tensor lnf = a.slots[slot].lnf;
   const int64_t T = batch_ * seq_len_;
   double total = 0;
   for (int64_t begin = 0; begin < T; begin += chunk_) {
     const int64_t n = std::min(chunk_, T - begin);
     Tensor logits = a.logits.slice(0, n), losses = a.losses.slice(0, n);
-    Tensor x = a.lnf.slice(begin, n);
+    Tensor x = lnf.slice(begin, n);
     Tensor tgt(const_cast<int32_t*>(targets + begin), DType::i32, Device::cpu, {n});
     linear_fwd(ctx_, logits, x, w_.lm_head, Tensor());
     chunk_loss(losses, logits, tgt, grad_scale, grad);
@@ -330,15 +374,19 @@ void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float 
                  d.vocab_valid_local(), grad_scale, grad);
 }
 
-void Qwen2Model::backward(const int32_t* tokens) {
+void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   Acts& a = *a_;
-  rmsnorm_bwd(ctx_, a.dres, g_.norm, a.dlnf, a.resid[d.layers], w_.norm, a.rstdf);
+  Acts::Slot& S = a.slots[slot];
+  if (d.last_stage)
+    rmsnorm_bwd(ctx_, a.dres, g_.norm, a.dlnf, S.resid[d.layers], w_.norm, S.rstdf);
+  else
+    std::swap(a.dres, a.grad_in);  // the received gradient becomes the running one
   for (int64_t l = d.layers - 1; l >= 0; --l) {
     const LayerWeights& w = w_.layers[l];
     const LayerWeights& g = g_.layers[l];
-    Acts::Layer& L = a.layers[l];
+    Acts::Layer& L = S.layers[l];
     // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
     linear_bwd(ctx_, a.dact, g.down_w, Tensor(), a.dres, L.act, w.down_w);
     swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
@@ -355,31 +403,35 @@ void Qwen2Model::backward(const int32_t* tokens) {
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.theta);
     linear_bwd(ctx_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w);
     tp_sum(a.dln);  // column-parallel input
-    rmsnorm_bwd(ctx_, a.dtmp, g.ln1, a.dln, a.resid[l], w.ln1, L.rstd1);
+    rmsnorm_bwd(ctx_, a.dtmp, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1);
     add(ctx_, a.dres, a.dres, a.dtmp);  // d resid[l]
   }
-  Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
-  embedding_bwd(ctx_, g_.embed, a.dres, tok, d.vocab_offset);
+  if (d.first_stage) {
+    Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
+    embedding_bwd(ctx_, g_.embed, a.dres, tok, d.vocab_offset);
+  }
 }
 
 double Qwen2Model::forward_backward(const int32_t* tokens, const int32_t* targets,
                                     float grad_scale) {
-  forward(tokens);
-  const double loss = loss_and_head_backward(targets, grad_scale, true);
-  backward(tokens);
+  TR_ASSERT(dims_.first_stage && dims_.last_stage, "forward_backward runs the whole model");
+  forward_stage(0, tokens);
+  const double loss = stage_loss(0, targets, grad_scale, true);
+  backward_stage(0, tokens);
   return loss;
 }
 
 double Qwen2Model::forward_loss(const int32_t* tokens, const int32_t* targets) {
-  forward(tokens);
-  return loss_and_head_backward(targets, 0.0f, false);
+  TR_ASSERT(dims_.first_stage && dims_.last_stage, "forward_loss runs the whole model");
+  forward_stage(0, tokens);
+  return stage_loss(0, targets, 0.0f, false);
 }
 
 std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
   TR_ASSERT(dims_.tp == 1, "logits() returns the whole vocabulary: tp must be 1");
   TR_ASSERT(n <= chunk_ && begin + n <= batch_ * seq_len_, "logits range too large");
   Tensor logits = a_->logits.slice(0, n);
-  linear_fwd(ctx_, logits, a_->lnf.slice(begin, n), w_.lm_head, Tensor());
+  linear_fwd(ctx_, logits, a_->slots[0].lnf.slice(begin, n), w_.lm_head, Tensor());
   std::vector<float> out(static_cast<size_t>(n * dims_.vocab));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t v = 0; v < dims_.vocab; ++v)

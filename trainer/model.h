@@ -28,6 +28,11 @@ struct ModelDims {
   int64_t vocab_local;   // vocab_padded / tp rows of the embedding and LM head on this rank
   int64_t vocab_offset;  // first vocabulary id of this rank's rows
   int tp = 1, tp_rank = 0;
+  // Pipeline stage: layers [first_layer, first_layer + layers) of the model. The first stage
+  // holds the input embedding, the last the final norm and the LM head (with tied embeddings
+  // and pp > 1, its own copy of embed_tokens, kept equal by an all-reduce of the gradients).
+  int64_t first_layer = 0;
+  bool first_stage = true, last_stage = true;
   float eps, theta;
   bool tied;
   int64_t qkv_out() const { return (heads + 2 * kv_heads) * head_dim; }
@@ -52,6 +57,8 @@ struct ParamInfo {
   // index `split_offset` of that dimension of the (vocab-padded) global tensor.
   int split_dim = -1;
   int64_t split_offset = 0;
+  bool tied_copy = false;  // the last stage's copy of the tied embedding (pp > 1): not saved,
+                           // not counted twice in the gradient norm
 };
 
 struct ParamLayout {
@@ -73,10 +80,10 @@ struct LayerWeights {
   Tensor down_w;    // [H, I]
 };
 struct Weights {
-  Tensor embed;  // [Vp, H]
+  Tensor embed;  // [Vl, H] (first stage)
   std::vector<LayerWeights> layers;
-  Tensor norm;     // [H]
-  Tensor lm_head;  // [Vp, H]; the same memory as embed when tied
+  Tensor norm;     // [H] (last stage)
+  Tensor lm_head;  // [Vl, H] (last stage); the embedding's memory when tied
 };
 
 class Qwen2Model {
@@ -84,8 +91,10 @@ class Qwen2Model {
   // Buffers for micro-batches of `batch` samples of `seq_len` tokens, of the given dtype. The
   // loss runs over chunks of `loss_chunk` tokens (0 = as many as fit in ~16M logits). The flat
   // buffers hold a multiple of `flat_multiple` elements (the data-parallel size under ZeRO-1).
+  // `slots` micro-batches can be in flight at once (pipeline stages keep their activations).
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
-             DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1);
+             DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1,
+             int slots = 1);
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   ~Qwen2Model();
@@ -109,6 +118,20 @@ class Qwen2Model {
   double forward_backward(const int32_t* tokens, const int32_t* targets, float grad_scale);
   // Forward and loss only. Returns the sum of the per-token losses.
   double forward_loss(const int32_t* tokens, const int32_t* targets);
+  // Pipeline stages, one micro-batch at a time in activation slot `slot`:
+  // forward_stage embeds `tokens` on the first stage, else starts from stage_input(slot) (the
+  // previous stage's output); stage_loss (last stage) adds the LM head and the loss, and with
+  // `grad` the head's backward; backward_stage starts from the loss on the last stage, else
+  // from recv_grad_buffer() (the next stage's input gradient), and leaves this stage's input
+  // gradient in send_grad_buffer() (or in the embedding's gradient on the first stage).
+  void forward_stage(int slot, const int32_t* tokens);
+  double stage_loss(int slot, const int32_t* targets, float grad_scale, bool grad);
+  void backward_stage(int slot, const int32_t* tokens);
+  Tensor stage_input(int slot) const;   // [T, H]
+  Tensor stage_output(int slot) const;  // [T, H]
+  Tensor recv_grad_buffer() const;      // [T, H]
+  Tensor send_grad_buffer() const;      // [T, H]
+
   // Logits of the last forward's final hidden states for tokens [begin, begin + n): [n, vocab]
   // (padding dropped). For tests and debugging; runs the LM head again.
   std::vector<float> logits(int64_t begin, int64_t n);
@@ -117,9 +140,6 @@ class Qwen2Model {
 
  private:
   struct Acts;
-  void forward(const int32_t* tokens);
-  double loss_and_head_backward(const int32_t* targets, float grad_scale, bool grad);
-  void backward(const int32_t* tokens);
   Weights views(Tensor flat) const;
   void alloc_acts(Arena& arena);  // every activation and scratch buffer, in one fixed order
   void tp_sum(Tensor t);          // all-reduce over the TP group (no-op when tp == 1)
@@ -128,6 +148,7 @@ class Qwen2Model {
   ModelDims dims_;
   int64_t batch_, seq_len_;
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
+  int slots_ = 1;
   Comm* tp_ = nullptr;
   Ctx ctx_;
   DType dtype_;
