@@ -13,6 +13,9 @@ struct ProcessGroups {
   std::unique_ptr<Comm> tp;  // ranks that differ only in tp_rank (same dp, pp), ordered by tp_rank
   std::unique_ptr<Comm> dp;  // ranks that differ only in dp_rank, ordered by dp_rank
   std::unique_ptr<Comm> pp;  // ranks that differ only in pp_rank, ordered by pp_rank
+  // The first and the last pipeline stage of one pp group (for the tied embedding's gradient);
+  // the middle stages of that pp group form a second group of this name that nobody uses.
+  std::unique_ptr<Comm> embed;
 };
 
 // Splits `world` (an MPI world comm of topo.world ranks, or a self comm when topo.world == 1)

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/ops.h"
+#include "parallel/schedule.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
 
@@ -45,26 +46,65 @@ std::string layout_json(const Session& s) {
   return j.dump();
 }
 
+// The three global copies (weights, Adam m and v) of one pipeline stage's tensors.
+struct StageTensors {
+  GlobalTensors p, m, v;
+  explicit StageTensors(const ParamLayout& layout) : p(layout), m(layout), v(layout) {}
+};
+
+// Pipeline: the (tp 0, dp 0) rank of every later stage sends its stage's global tensors to
+// rank 0, which appends them (without the last stage's copy of a tied embedding).
+void collect_stages(Session& s, StageTensors& mine, std::vector<StageTensors>& others,
+                    std::vector<ckpt::TensorRef> refs[3]) {
+  for (auto [i, g] : {std::pair{0, &mine.p}, {1, &mine.m}, {2, &mine.v}}) refs[i] = g->refs;
+  if (s.topo.pp == 1 || s.topo.tp_rank != 0 || s.topo.dp_rank != 0) return;
+  auto whole = [](GlobalTensors& g) {
+    return Tensor(g.data.data(), DType::f32, Device::cpu, {static_cast<int64_t>(g.data.size())});
+  };
+  if (!s.topo.first_stage()) {
+    for (GlobalTensors* g : {&mine.p, &mine.m, &mine.v}) s.groups.pp->send(whole(*g), 0);
+    return;
+  }
+  others.reserve(s.topo.pp - 1);
+  for (int stage = 1; stage < s.topo.pp; ++stage) {
+    Topology t = s.topo;
+    t.pp_rank = stage;
+    const ParamLayout layout = ParamLayout::make(ModelDims::from(s.cfg.model, t));
+    StageTensors& st = others.emplace_back(layout);
+    for (GlobalTensors* g : {&st.p, &st.m, &st.v}) s.groups.pp->recv(whole(*g), stage);
+    for (size_t k = 0; k < layout.tensors.size(); ++k) {
+      if (layout.tensors[k].tied_copy) continue;
+      refs[0].push_back(st.p.refs[k]);
+      refs[1].push_back(st.m.refs[k]);
+      refs[2].push_back(st.v.refs[k]);
+    }
+  }
+}
+
 // Every rank calls this (the gathers are collectives); rank 0 writes. The Adam states are
-// gathered over DP under ZeRO-1, then weights and states over TP into global tensors.
-// (Fine at CPU scale; at GPU scale each rank will write its own slices instead.)
+// gathered over DP under ZeRO-1, then weights and states over TP into global tensors, then
+// over the pipeline stages. (Fine at CPU scale; at GPU scale each rank will write its own
+// slices instead.)
 absl::Status save_checkpoint(Session& s) {
   const auto t0 = Clock::now();
   const ParamLayout& layout = s.model->layout();
   std::vector<float> m_local(layout.capacity), v_local(layout.capacity);
   s.opt->gather_state(m_local.data(), v_local.data());
-  GlobalTensors p(layout), m(layout), v(layout);
-  gather_global(layout, *s.groups.tp, s.model->params().ptr<float>(), p);
-  gather_global(layout, *s.groups.tp, m_local.data(), m);
-  gather_global(layout, *s.groups.tp, v_local.data(), v);
+  StageTensors mine(layout);
+  gather_global(layout, *s.groups.tp, s.model->params().ptr<float>(), mine.p);
+  gather_global(layout, *s.groups.tp, m_local.data(), mine.m);
+  gather_global(layout, *s.groups.tp, v_local.data(), mine.v);
+  std::vector<StageTensors> others;
+  std::vector<ckpt::TensorRef> refs[3];
+  collect_stages(s, mine, others, refs);
   if (!s.logger()) return absl::OkStatus();
   ckpt::SaveRequest req;
   req.root = s.cfg.checkpoint.dir;
   req.step = s.state.step;
   req.keep_last = static_cast<int>(s.cfg.checkpoint.keep_last);
-  req.params = p.refs;
-  req.exp_avg = m.refs;
-  req.exp_avg_sq = v.refs;
+  req.params = refs[0];
+  req.exp_avg = refs[1];
+  req.exp_avg_sq = refs[2];
   req.state = s.state;
   req.config_yaml = to_yaml(s.cfg);
   req.layout_json = layout_json(s);
@@ -78,34 +118,84 @@ absl::Status save_checkpoint(Session& s) {
   return absl::OkStatus();
 }
 
+// The point-to-point operation of a pipeline communication action.
+P2P p2p_of(Session& s, const PipeAction& a, int slot) {
+  const int stage = s.topo.pp_rank;
+  switch (a.kind) {
+    case PipeAction::send_act:
+      return {P2P::send, s.model->stage_output(slot), stage + 1};
+    case PipeAction::recv_act:
+      return {P2P::recv, s.model->stage_input(slot), stage - 1};
+    case PipeAction::send_grad:
+      return {P2P::send, s.model->send_grad_buffer(), stage - 1};
+    case PipeAction::recv_grad:
+      return {P2P::recv, s.model->recv_grad_buffer(), stage + 1};
+    default:
+      break;
+  }
+  TR_ASSERT(false, "not a communication action");
+}
+
+// Runs this stage's 1F1B action list over the step's micro-batches; gradients accumulate.
+// Returns the loss sum of the micro-batches (non-zero on the last stage only).
+double run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) {
+  const std::vector<data::MicroBatch>& mbs = batch.micro_batches;
+  const int m = static_cast<int>(mbs.size());
+  const std::vector<PipeAction> actions = one_f_one_b(s.topo.pp, m)[s.topo.pp_rank];
+  const int slots = std::min(s.topo.pp - s.topo.pp_rank, m);  // micro-batches in flight
+  double loss = 0;
+  std::vector<P2P> group;  // communication between two compute actions, posted together
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const PipeAction& a = actions[i];
+    const int slot = a.micro_batch % slots;
+    const data::MicroBatch& mb = mbs[a.micro_batch];
+    if (a.is_comm()) {
+      group.push_back(p2p_of(s, a, slot));
+      if (i + 1 == actions.size() || !actions[i + 1].is_comm()) {
+        s.groups.pp->exchange(group);
+        group.clear();
+      }
+    } else if (a.kind == PipeAction::fwd) {
+      s.model->forward_stage(slot, mb.inputs.data());
+      if (s.topo.last_stage())
+        loss += s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
+    } else {
+      s.model->backward_stage(slot, mb.inputs.data());
+    }
+  }
+  return loss;
+}
+
+// Forward only, micro-batch after micro-batch down the pipeline; the loss sum (last stage).
+double forward_pipeline(Session& s, const data::StepBatch& batch) {
+  const int stage = s.topo.pp_rank;
+  double loss = 0;
+  for (const data::MicroBatch& mb : batch.micro_batches) {
+    if (!s.topo.first_stage()) s.groups.pp->recv(s.model->stage_input(0), stage - 1);
+    s.model->forward_stage(0, mb.inputs.data());
+    if (s.topo.last_stage())
+      loss += s.model->stage_loss(0, mb.targets.data(), 0.0f, false);
+    else
+      s.groups.pp->send(s.model->stage_output(0), stage + 1);
+  }
+  return loss;
+}
+
 // Mean validation loss per token over eval_steps batches read in order from the start, over
-// all data-parallel ranks.
+// all data-parallel ranks and pipeline stages.
 absl::StatusOr<double> evaluate(Session& s) {
   s.valid->reset(0);
   double sums[2] = {0, 0};  // loss, tokens
   for (int64_t i = 0; i < s.cfg.train.eval_steps; ++i) {
     absl::StatusOr<data::StepBatch> b = s.valid->next();
     if (!b.ok()) return b.status();
-    for (const data::MicroBatch& mb : b->micro_batches) {
-      sums[0] += s.model->forward_loss(mb.inputs.data(), mb.targets.data());
+    sums[0] += forward_pipeline(s, *b);
+    for (const data::MicroBatch& mb : b->micro_batches)
       sums[1] += static_cast<double>(mb.targets.size());
-    }
   }
+  all_reduce_sum(*s.groups.pp, sums, 1);  // the loss lives on the last stage
   all_reduce_sum(*s.groups.dp, sums, 2);
   return sums[0] / sums[1];
-}
-
-// Forward and backward of this rank's micro-batches; the loss sum is returned.
-absl::StatusOr<double> forward_backward(Session& s, StepMetrics& m, float grad_scale) {
-  const auto t0 = Clock::now();
-  absl::StatusOr<data::StepBatch> batch = s.train->next();
-  m.data_wait_s = seconds_since(t0);
-  if (!batch.ok()) return batch.status();
-  zero_(s.ctx, s.model->grads());
-  double loss_sum = 0;
-  for (const data::MicroBatch& mb : batch->micro_batches)
-    loss_sum += s.model->forward_backward(mb.inputs.data(), mb.targets.data(), grad_scale);
-  return loss_sum;
 }
 
 struct StepOutcome {
@@ -122,18 +212,25 @@ StepOutcome agree_on_step(Session& s, int code, absl::Status status) {
   return {ctl[0], std::move(status), ctl[1] != 0};
 }
 
-// One optimizer step: micro-batches with gradient accumulation, DP reduction, clip, AdamW.
+// One optimizer step: micro-batches through the pipeline with gradient accumulation, the tied
+// embedding's gradient shared by the first and last stage, DP reduction, clip, AdamW.
 StepOutcome train_step(Session& s, StepMetrics& m) {
   const auto t0 = Clock::now();
   const int64_t step = s.state.step + 1;
   const int64_t tokens = s.cfg.train.global_batch * s.cfg.data.seq_len;
   const float grad_scale = 1.0f / static_cast<float>(tokens);  // mean over the global batch
-  absl::StatusOr<double> local = forward_backward(s, m, grad_scale);
+  absl::StatusOr<data::StepBatch> batch = s.train->next();
+  m.data_wait_s = seconds_since(t0);
   // A bad token found by one rank's loader must end every rank, not leave them in a collective.
-  StepOutcome out = agree_on_step(s, local.ok() ? kExitOk : kExitBadInput, local.status());
+  StepOutcome out = agree_on_step(s, batch.ok() ? kExitOk : kExitBadInput, batch.status());
   if (out.code != kExitOk) return out;
-  double loss_sum = *local;
+  zero_(s.ctx, s.model->grads());
+  double loss_sum = run_pipeline(s, *batch, grad_scale);
+  all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
   all_reduce_sum(*s.groups.dp, &loss_sum, 1);
+  if (s.topo.pp > 1 && s.cfg.model.tie_embeddings && (s.topo.first_stage() || s.topo.last_stage()))
+    s.groups.embed->all_reduce(s.model->grad(s.model->layout().find("embed_tokens/weight")),
+                               ReduceOp::sum);
   const auto t1 = Clock::now();
   m.grad_norm = s.opt->reduce_and_clip();
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);

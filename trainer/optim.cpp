@@ -34,13 +34,15 @@ namespace {
 constexpr int64_t kBucketElems = int64_t{1} << 25;
 }  // namespace
 
-AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool zero1, Comm* tp)
+AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool zero1, Comm* tp,
+             Comm* pp)
     : cfg_(cfg),
       model_(model),
       ctx_(ctx),
       dp_(dp),
       zero1_(zero1 && dp != nullptr && dp->size() > 1),
-      tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr) {
+      tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
+      pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr) {
   const int64_t capacity = model.layout().capacity;
   shard_size_ = model.layout().total;
   if (zero1_) {
@@ -67,18 +69,20 @@ double AdamW::reduce_and_clip() {
       dp_->all_reduce(g.slice(begin, std::min(kBucketElems, g.numel() - begin)), ReduceOp::sum);
   }
   double sq = 0;
-  if (!zero1_ && tp_ == nullptr) {
+  if (!zero1_ && tp_ == nullptr && pp_ == nullptr) {
     sq = sum_squares(ctx_, grad_shard());
   } else {  // tensor by tensor: replicated tensors count on TP rank 0 only
     const int64_t end = std::min(shard_begin_ + shard_size_, model_.layout().total);
     Tensor grads = grad_shard();
     for (const ParamInfo& p : model_.layout().tensors) {
       const int64_t lo = std::max(p.offset, shard_begin_), hi = std::min(p.offset + p.numel, end);
-      if (lo >= hi || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0)) continue;
+      if (lo >= hi || p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0))
+        continue;
       sq += sum_squares(ctx_, grads.at(zero1_ ? lo - shard_begin_ : lo, {hi - lo}));
     }
     if (zero1_) dp_->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
     if (tp_ != nullptr) tp_->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
+    if (pp_ != nullptr) pp_->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
   }
   const double norm = std::sqrt(sq);
   if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip)

@@ -24,13 +24,14 @@ double lr_at(const OptimConfig& o, int64_t total_steps, int64_t step);
 // its shard [r*S, (r+1)*S) of the (padded) flat buffer only: gradients are reduce-scattered,
 // each rank updates its shard, and the updated weights are all-gathered. The gradient norm
 // counts every element exactly once in both modes, and with tensor parallelism counts each
-// replicated tensor (the norms) once rather than once per TP rank.
+// replicated tensor (the norms) once rather than once per TP rank, and the tied embedding
+// once although the first and last pipeline stages both hold it.
 class AdamW {
  public:
   // `dp` may be null (one rank). With zero1 the model's flat buffers must be padded to a
   // multiple of dp->size() (Qwen2Model's flat_multiple).
   AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp = nullptr, bool zero1 = false,
-        Comm* tp = nullptr);
+        Comm* tp = nullptr, Comm* pp = nullptr);
   // Sums gradients over dp, returns their global L2 norm (before clipping) and clips them
   // when it exceeds grad_clip (> 0).
   double reduce_and_clip();
@@ -53,6 +54,7 @@ class AdamW {
   Comm* dp_;
   bool zero1_;
   Comm* tp_;  // tensor-parallel group: sharded tensors' squares are summed over it
+  Comm* pp_;  // pipeline group: each stage's squares are summed over it
   int64_t shard_begin_ = 0, shard_size_ = 0;  // this rank's range of the flat buffer
   std::unique_ptr<Arena> arena_;
   Tensor m_, v_;       // [shard_size] Adam first and second moments

@@ -20,14 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Tensor and data parallelism (with or without ZeRO-1) run; pipeline parallelism and sequence
-// parallelism come next.
+// Sequence parallelism comes next; every other layout runs.
 absl::Status check_implemented(const Topology& t, const ParallelConfig& p) {
-  if (t.pp > 1)
-    return absl::UnimplementedError(
-        absl::StrCat("parallel.pp ", t.pp,
-                     ": pipeline parallelism is not implemented yet (tensor and data "
-                     "parallelism are); set parallel.pp=1"));
   if (p.sequence_parallel && t.tp > 1)
     return absl::UnimplementedError(
         "parallel.sequence_parallel is not implemented yet; set parallel.sequence_parallel=false");
@@ -103,7 +97,7 @@ absl::StatusOr<std::string> resume_path(const Session& r) {
 absl::Status load_checkpoint(Session& r, const std::string& path) {
   const ParamLayout& layout = r.model->layout();
   GlobalTensors p(layout), m(layout), v(layout);
-  ckpt::LoadTarget dst{p.refs, m.refs, v.refs};
+  ckpt::LoadTarget dst{p.refs, m.refs, v.refs, /*subset=*/r.topo.pp > 1};
   std::string stored_yaml;
   if (absl::Status st = ckpt::load(path, dst, &r.state, &stored_yaml); !st.ok()) return st;
   std::vector<float> m_local(layout.capacity, 0.0f), v_local(layout.capacity, 0.0f);
@@ -200,12 +194,14 @@ absl::Status check_inputs(Session& r) {
 // here: a mismatch is bad input).
 absl::Status build_model(Session& r) {
   const bool zero1 = r.cfg.parallel.zero1 && r.topo.dp > 1;
-  r.model =
-      std::make_unique<Qwen2Model>(ModelDims::from(r.cfg.model, r.topo), r.cfg.train.micro_batch,
-                                   r.cfg.data.seq_len, r.ctx, DType::f32, 0, zero1 ? r.topo.dp : 1);
+  const int64_t micro_batches = r.cfg.train.global_batch / (r.cfg.train.micro_batch * r.topo.dp);
+  const int slots = static_cast<int>(std::min<int64_t>(r.topo.pp - r.topo.pp_rank, micro_batches));
+  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg.model, r.topo),
+                                         r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx,
+                                         DType::f32, 0, zero1 ? r.topo.dp : 1, slots);
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
-                                  r.groups.tp.get());
+                                  r.groups.tp.get(), r.groups.pp.get());
   r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
   if (!r.resume_from.empty()) {
