@@ -65,6 +65,10 @@ TEST_CASE("config: cross-field checks", "[config]") {
   CHECK(error_of(kBase, {"train.global_batch=5"}) ==
         "train.global_batch 5 is not divisible by train.micro_batch 2 x dp 1 = 2");
   CHECK(error_of(kBase, {"data.seq_len=512"}) == "data.seq_len 512 exceeds model.max_seq_len 256");
+  CHECK(error_of(kBase, {"parallel.pp=4"}) ==
+        "model.num_layers 2 is not divisible by parallel.pp 4");
+  CHECK(error_of(kBase, {"model.intermediate_size=130", "parallel.tp=4", "model.num_kv_heads=4"}) ==
+        "model.intermediate_size 130 is not divisible by parallel.tp 4");
   CHECK(error_of(kBase, {"parallel.tp=4"}) ==
         "model.num_kv_heads 2 is not divisible by parallel.tp 4; use a tp that divides it");
   CHECK(error_of(kBase, {"train.eval_interval=5"}) ==
