@@ -221,10 +221,11 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
   REQUIRE(one.trainer(args).exit_code == 0);
   struct Case {
     int tp, pp, dp;
-    bool zero1;
+    bool zero1, sp;
   };
-  const Case cases[] = {{2, 1, 1, false}, {1, 2, 1, false}, {1, 1, 2, false}, {2, 2, 2, false},
-                        {4, 1, 2, false}, {2, 2, 2, true},  {1, 1, 4, true}};
+  const Case cases[] = {{2, 1, 1, false, false}, {1, 2, 1, false, false}, {1, 1, 2, false, false},
+                        {2, 2, 2, false, false}, {4, 1, 2, false, false}, {2, 2, 2, true, false},
+                        {2, 2, 2, false, true},  {1, 1, 4, true, false}};
   std::printf("layout (tp,pp,dp)   loss at step 10     relative difference\n");
   std::printf("(1,1,1)             %.9f\n", one.metrics().back()["loss"].get<double>());
   for (const Case& c : cases) {
@@ -233,7 +234,8 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     const int ranks = c.tp * c.pp * c.dp;
     const std::string extra = " --set parallel.tp=" + std::to_string(c.tp) +
                               " --set parallel.pp=" + std::to_string(c.pp) +
-                              (c.zero1 ? " --set parallel.zero1=true" : "");
+                              (c.zero1 ? " --set parallel.zero1=true" : "") +
+                              (c.sp ? " --set parallel.sequence_parallel=true" : "");
     const std::string layout = "tp " + std::to_string(c.tp) + " x dp " + std::to_string(c.dp) +
                                " x pp " + std::to_string(c.pp);
     CmdResult r = run->mpirun(ranks, args + extra);
@@ -256,8 +258,11 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     CHECK(test::rel_err(y.v, x.v) < 1e-5);
     CHECK(y.state.consumed_samples == 80);
     const double la = a.back()["loss"].get<double>(), lb = b.back()["loss"].get<double>();
-    std::printf("(%d,%d,%d)%-13s%.9f  %.2e\n", c.tp, c.pp, c.dp, c.zero1 ? "+zero1" : "", lb,
-                std::abs(lb / la - 1));
+    std::printf("(%d,%d,%d)%-13s%.9f  %.2e\n", c.tp, c.pp, c.dp,
+                c.zero1 ? "+zero1"
+                : c.sp  ? "+seq-par"
+                        : "",
+                lb, std::abs(lb / la - 1));
   }
 }
 
@@ -315,9 +320,14 @@ TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: rank 0: optim.lr must be > 0 (got -1)") != std::string::npos);
   CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
-  r = run.mpirun(2, "--set parallel.tp=2 --set parallel.sequence_parallel=true");
+  r = run.mpirun(
+      2,
+      "--set parallel.tp=2 --set parallel.sequence_parallel=true --set train.micro_batch=1 "
+      "--set data.seq_len=31");
   CHECK(r.exit_code == 2);
-  CHECK(r.output.find("parallel.sequence_parallel is not implemented yet") != std::string::npos);
+  CHECK(r.output.find(
+            "parallel.sequence_parallel: train.micro_batch x data.seq_len = 31 tokens do not "
+            "split over parallel.tp 2") != std::string::npos);
   r = run.mpirun(3);  // global_batch 8 does not split over 3 data-parallel ranks
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("not divisible") != std::string::npos);

@@ -226,6 +226,7 @@ StepOutcome train_step(Session& s, StepMetrics& m) {
   if (out.code != kExitOk) return out;
   zero_(s.ctx, s.model->grads());
   double loss_sum = run_pipeline(s, *batch, grad_scale);
+  s.model->sync_replicated_grads();
   all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
   all_reduce_sum(*s.groups.dp, &loss_sum, 1);
   if (s.topo.pp > 1 && s.cfg.model.tie_embeddings && (s.topo.first_stage() || s.topo.last_stage()))

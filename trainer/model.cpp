@@ -13,7 +13,7 @@ namespace {
 constexpr int64_t kVocabMultiple = 128;
 }  // namespace
 
-ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
+ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool sequence_parallel) {
   ModelDims d;
   d.hidden = m.hidden_size;
   d.inter = m.intermediate_size / topo.tp;
@@ -32,6 +32,7 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo) {
   d.vocab_offset = d.vocab_local * topo.tp_rank;
   d.tp = topo.tp;
   d.tp_rank = topo.tp_rank;
+  d.sequence_parallel = sequence_parallel && topo.tp > 1;
   d.eps = static_cast<float>(m.rms_norm_eps);
   d.theta = static_cast<float>(m.rope_theta);
   d.tied = m.tie_embeddings;
@@ -104,21 +105,23 @@ const ParamInfo& ParamLayout::find(const std::string& name) const {
 // all micro-batches. T = batch * seq_len.
 struct Qwen2Model::Acts {
   struct Layer {
-    Tensor ln1;     // [T, H] input_layernorm output
-    Tensor rstd1;   // [T]
+    Tensor ln1;     // [T, H] input_layernorm output (all-gathered)
+    Tensor rstd1;   // [Tl]
     Tensor qkv;     // [T, (nh + 2 nkv) hd], rope applied to q and k
     Tensor att;     // [T, nh hd] attention output before o_proj
     Tensor lse;     // [B, nh, S]
-    Tensor x_mid;   // [T, H] residual after attention
+    Tensor x_mid;   // [Tl, H] residual after attention
     Tensor ln2;     // [T, H]
-    Tensor rstd2;   // [T]
+    Tensor rstd2;   // [Tl]
     Tensor gateup;  // [T, 2I]
     Tensor act;     // [T, I] silu(gate) * up
   };
+  // [T, ...] buffers hold the whole micro-batch; [Tl, ...] ones this rank's tokens (Tl = T, or
+  // T / tp with sequence parallelism).
   struct Slot {
     std::vector<Layer> layers;
-    std::vector<Tensor> resid;  // L + 1 of [T, H]: resid[l] enters layer l
-    Tensor lnf, rstdf;          // [T, H], [T] (last stage)
+    std::vector<Tensor> resid;  // L + 1 of [Tl, H]: resid[l] enters layer l
+    Tensor lnf, rstdf;          // [T, H], [Tl] (last stage)
   };
   std::vector<Slot> slots;
   Tensor tmp;  // [T, H] projection outputs
@@ -134,6 +137,11 @@ struct Qwen2Model::Acts {
   Tensor logits;           // [C, Vl] one loss chunk; overwritten by its gradient
   Tensor losses;           // [C]
   Tensor row_max, sums;    // [C], [C, 2] vocab-parallel cross-entropy statistics
+  // Sequence parallelism: the residual stream, norms and their gradients hold Tl = T / tp
+  // tokens per rank; these are the full-sequence buffers around the TP regions.
+  Tensor full;        // [T, H] all-gathered or not yet reduce-scattered
+  Tensor ln_local;    // [Tl, H] norm output before its all-gather
+  Tensor dlnf_local;  // [Tl, H]
 };
 
 namespace {
@@ -176,35 +184,41 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_, H = d.hidden, Q = d.qkv_out(), A = d.heads * d.head_dim,
                 I = d.inter, C = chunk_;
+  const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
   a_ = std::make_unique<Acts>();
   for (int k = 0; k < slots_; ++k) {
     Acts::Slot& slot = a_->slots.emplace_back();
-    for (int64_t l = 0; l <= d.layers; ++l) slot.resid.push_back(ar.alloc(dtype_, {T, H}));
+    for (int64_t l = 0; l <= d.layers; ++l) slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
     for (int64_t l = 0; l < d.layers; ++l) {
       Acts::Layer L;
       L.ln1 = ar.alloc(dtype_, {T, H});
-      L.rstd1 = ar.alloc(dtype_, {T});
+      L.rstd1 = ar.alloc(dtype_, {Tl});
       L.qkv = ar.alloc(dtype_, {T, Q});
       L.att = ar.alloc(dtype_, {T, A});
       L.lse = ar.alloc(dtype_, {batch_, d.heads, seq_len_});
-      L.x_mid = ar.alloc(dtype_, {T, H});
+      L.x_mid = ar.alloc(dtype_, {Tl, H});
       L.ln2 = ar.alloc(dtype_, {T, H});
-      L.rstd2 = ar.alloc(dtype_, {T});
+      L.rstd2 = ar.alloc(dtype_, {Tl});
       L.gateup = ar.alloc(dtype_, {T, 2 * I});
       L.act = ar.alloc(dtype_, {T, I});
       slot.layers.push_back(L);
     }
     if (d.last_stage) {
       slot.lnf = ar.alloc(dtype_, {T, H});
-      slot.rstdf = ar.alloc(dtype_, {T});
+      slot.rstdf = ar.alloc(dtype_, {Tl});
     }
   }
-  a_->tmp = ar.alloc(dtype_, {T, H});
-  a_->dres = ar.alloc(dtype_, {T, H});
-  a_->grad_in = ar.alloc(dtype_, {T, H});
-  a_->dtmp = ar.alloc(dtype_, {T, H});
-  a_->dln = ar.alloc(dtype_, {T, H});
+  a_->tmp = ar.alloc(dtype_, {Tl, H});
+  a_->dres = ar.alloc(dtype_, {Tl, H});
+  a_->grad_in = ar.alloc(dtype_, {Tl, H});
+  a_->dtmp = ar.alloc(dtype_, {Tl, H});
+  a_->dln = ar.alloc(dtype_, {Tl, H});
   a_->dlnf = ar.alloc(dtype_, {T, H});
+  if (d.sequence_parallel) {  // full-sequence twins of the sharded buffers
+    a_->full = ar.alloc(dtype_, {T, H});
+    a_->ln_local = ar.alloc(dtype_, {Tl, H});
+    a_->dlnf_local = ar.alloc(dtype_, {Tl, H});
+  }
   a_->dqkv = ar.alloc(dtype_, {T, Q});
   a_->datt = ar.alloc(dtype_, {T, A});
   a_->dgateup = ar.alloc(dtype_, {T, 2 * I});
@@ -286,6 +300,30 @@ void Qwen2Model::tp_sum(Tensor t) {
   tp_->all_reduce(t, ReduceOp::sum);
 }
 
+// The two ends of a TP region (Megatron's paired primitives). Without sequence parallelism the
+// full-sequence buffer is the local one: a partial sum is all-reduced in place and a gather is
+// nothing. With it, partial sums are reduce-scattered over the tokens and inputs all-gathered.
+Tensor Qwen2Model::full_or(Tensor local) const {
+  return dims_.sequence_parallel ? a_->full : local;
+}
+
+void Qwen2Model::reduce_to_local(Tensor partial, Tensor local) {
+  if (!dims_.sequence_parallel) return tp_sum(partial);  // partial is local
+  tp_->reduce_scatter(local, partial, ReduceOp::sum);
+}
+
+Tensor Qwen2Model::gather_tokens(Tensor local, Tensor full) {
+  if (!dims_.sequence_parallel) return local;
+  tp_->all_gather(full, local);
+  return full;
+}
+
+void Qwen2Model::sync_replicated_grads() {
+  if (!dims_.sequence_parallel) return;
+  for (const ParamInfo& p : layout_.tensors)  // the norms saw only this rank's tokens
+    if (p.split_dim < 0) tp_sum(grad(p));
+}
+
 Tensor Qwen2Model::stage_input(int slot) const {
   return a_->slots[slot].resid[0];
 }
@@ -302,17 +340,20 @@ Tensor Qwen2Model::send_grad_buffer() const {
 void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
+  const bool sp = d.sequence_parallel;
   Acts& a = *a_;
   Acts::Slot& S = a.slots[slot];
   if (d.first_stage) {
     Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
-    embedding_fwd(ctx_, S.resid[0], tok, w_.embed, d.vocab_offset);
-    tp_sum(S.resid[0]);  // vocab-parallel: each rank contributed its own rows
+    Tensor emb = full_or(S.resid[0]);
+    embedding_fwd(ctx_, emb, tok, w_.embed, d.vocab_offset);
+    reduce_to_local(emb, S.resid[0]);  // vocab-parallel: each rank contributed its own rows
   }
   for (int64_t l = 0; l < d.layers; ++l) {
     const LayerWeights& w = w_.layers[l];
     Acts::Layer& L = S.layers[l];
-    rmsnorm_fwd(ctx_, L.ln1, L.rstd1, S.resid[l], w.ln1, d.eps);
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln1, L.rstd1, S.resid[l], w.ln1, d.eps);
+    gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
     linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
     Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
     rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_),
@@ -320,17 +361,21 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
     attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
                   static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
                   static_cast<int>(d.head_dim));
-    linear_fwd(ctx_, a.tmp, L.att, w.o_w, Tensor());
-    tp_sum(a.tmp);  // row-parallel: partial sums over the TP ranks' heads
+    linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
+    reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
     add(ctx_, L.x_mid, S.resid[l], a.tmp);
-    rmsnorm_fwd(ctx_, L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
+    gather_tokens(a.ln_local, L.ln2);
     linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
     swiglu_fwd(ctx_, L.act, L.gateup);
-    linear_fwd(ctx_, a.tmp, L.act, w.down_w, Tensor());
-    tp_sum(a.tmp);  // row-parallel
+    linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
+    reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel
     add(ctx_, S.resid[l + 1], L.x_mid, a.tmp);
   }
-  if (d.last_stage) rmsnorm_fwd(ctx_, S.lnf, S.rstdf, S.resid[d.layers], w_.norm, d.eps);
+  if (d.last_stage) {
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.lnf, S.rstdf, S.resid[d.layers], w_.norm, d.eps);
+    gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
+  }
 }
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
@@ -351,7 +396,8 @@ double Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale
     total += sum_host(losses);
     if (grad) linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head);
   }
-  if (grad) tp_sum(a.dlnf);  // vocab-parallel LM head: each rank's share of d lnf
+  // Vocab-parallel LM head: each rank holds its share of d lnf.
+  if (grad) reduce_to_local(a.dlnf, dims_.sequence_parallel ? a.dlnf_local : a.dlnf);
   return total;
 }
 
@@ -380,7 +426,8 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
   Acts& a = *a_;
   Acts::Slot& S = a.slots[slot];
   if (d.last_stage)
-    rmsnorm_bwd(ctx_, a.dres, g_.norm, a.dlnf, S.resid[d.layers], w_.norm, S.rstdf);
+    rmsnorm_bwd(ctx_, a.dres, g_.norm, d.sequence_parallel ? a.dlnf_local : a.dlnf,
+                S.resid[d.layers], w_.norm, S.rstdf);
   else
     std::swap(a.dres, a.grad_in);  // the received gradient becomes the running one
   for (int64_t l = d.layers - 1; l >= 0; --l) {
@@ -388,27 +435,27 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
     const LayerWeights& g = g_.layers[l];
     Acts::Layer& L = S.layers[l];
     // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
-    linear_bwd(ctx_, a.dact, g.down_w, Tensor(), a.dres, L.act, w.down_w);
+    linear_bwd(ctx_, a.dact, g.down_w, Tensor(), gather_tokens(a.dres, a.full), L.act, w.down_w);
     swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
-    linear_bwd(ctx_, a.dln, g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w);
-    tp_sum(a.dln);  // column-parallel input: every rank's share of d ln2
+    linear_bwd(ctx_, full_or(a.dln), g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w);
+    reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input: every rank's share of d ln2
     rmsnorm_bwd(ctx_, a.dtmp, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2);
     add(ctx_, a.dres, a.dres, a.dtmp);  // d x_mid
     // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
-    linear_bwd(ctx_, a.datt, g.o_w, Tensor(), a.dres, L.att, w.o_w);
+    linear_bwd(ctx_, a.datt, g.o_w, Tensor(), gather_tokens(a.dres, a.full), L.att, w.o_w);
     attention_bwd(ctx_, a.dqkv, a.datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
                   static_cast<int>(seq_len_), static_cast<int>(d.heads),
                   static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim));
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.theta);
-    linear_bwd(ctx_, a.dln, g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w);
-    tp_sum(a.dln);  // column-parallel input
+    linear_bwd(ctx_, full_or(a.dln), g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w);
+    reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
     rmsnorm_bwd(ctx_, a.dtmp, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1);
     add(ctx_, a.dres, a.dres, a.dtmp);  // d resid[l]
   }
   if (d.first_stage) {
     Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
-    embedding_bwd(ctx_, g_.embed, a.dres, tok, d.vocab_offset);
+    embedding_bwd(ctx_, g_.embed, gather_tokens(a.dres, a.full), tok, d.vocab_offset);
   }
 }
 

@@ -28,6 +28,10 @@ struct ModelDims {
   int64_t vocab_local;   // vocab_padded / tp rows of the embedding and LM head on this rank
   int64_t vocab_offset;  // first vocabulary id of this rank's rows
   int tp = 1, tp_rank = 0;
+  // Sequence parallelism (tp > 1): outside the TP regions (norms, residual stream) each TP rank
+  // holds T / tp tokens; all-gather before the column-parallel layers, reduce-scatter after
+  // the row-parallel ones.
+  bool sequence_parallel = false;
   // Pipeline stage: layers [first_layer, first_layer + layers) of the model. The first stage
   // holds the input embedding, the last the final norm and the LM head (with tied embeddings
   // and pp > 1, its own copy of embed_tokens, kept equal by an all-reduce of the gradients).
@@ -41,7 +45,7 @@ struct ModelDims {
     return std::clamp<int64_t>(vocab - vocab_offset, 0, vocab_local);
   }
 
-  static ModelDims from(const ModelConfig& m, const Topology& topo);
+  static ModelDims from(const ModelConfig& m, const Topology& topo, bool sequence_parallel = false);
 };
 
 // One parameter tensor: where it lives in the flat buffers and how it is checkpointed.
@@ -131,6 +135,9 @@ class Qwen2Model {
   Tensor stage_output(int slot) const;  // [T, H]
   Tensor recv_grad_buffer() const;      // [T, H]
   Tensor send_grad_buffer() const;      // [T, H]
+  // After the last backward of a step: with sequence parallelism, sums the gradients of the
+  // replicated tensors (the norms, which each saw only this rank's tokens) over TP.
+  void sync_replicated_grads();
 
   // Logits of the last forward's final hidden states for tokens [begin, begin + n): [n, vocab]
   // (padding dropped). For tests and debugging; runs the LM head again.
@@ -141,8 +148,11 @@ class Qwen2Model {
  private:
   struct Acts;
   Weights views(Tensor flat) const;
-  void alloc_acts(Arena& arena);  // every activation and scratch buffer, in one fixed order
-  void tp_sum(Tensor t);          // all-reduce over the TP group (no-op when tp == 1)
+  void alloc_acts(Arena& arena);       // every activation and scratch buffer, in one fixed order
+  void tp_sum(Tensor t);               // all-reduce over the TP group (no-op when tp == 1)
+  Tensor full_or(Tensor local) const;  // the [T, H] buffer for a [Tl, H] one
+  void reduce_to_local(Tensor partial, Tensor local);  // end of a TP region
+  Tensor gather_tokens(Tensor local, Tensor full);     // start of a TP region
   void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
 
   ModelDims dims_;

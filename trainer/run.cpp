@@ -20,11 +20,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Sequence parallelism comes next; every other layout runs.
-absl::Status check_implemented(const Topology& t, const ParallelConfig& p) {
-  if (p.sequence_parallel && t.tp > 1)
-    return absl::UnimplementedError(
-        "parallel.sequence_parallel is not implemented yet; set parallel.sequence_parallel=false");
+// Sequence parallelism splits each micro-batch's tokens over the TP ranks.
+absl::Status check_sequence_parallel(const Topology& t, const Config& c) {
+  const int64_t tokens = c.train.micro_batch * c.data.seq_len;
+  if (c.parallel.sequence_parallel && t.tp > 1 && tokens % t.tp != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.sequence_parallel: train.micro_batch x data.seq_len = ", tokens,
+        " tokens do not split over parallel.tp ", t.tp, "; change data.seq_len or micro_batch"));
   return absl::OkStatus();
 }
 
@@ -173,7 +175,7 @@ absl::Status check_inputs(Session& r) {
                      static_cast<int>(r.cfg.parallel.pp), static_cast<int>(r.cfg.parallel.dp));
   if (!topo.ok()) return topo.status();
   r.topo = *topo;
-  if (absl::Status st = check_implemented(r.topo, r.cfg.parallel); !st.ok()) return st;
+  if (absl::Status st = check_sequence_parallel(r.topo, r.cfg); !st.ok()) return st;
   if (absl::Status st = resolve_backend(r); !st.ok()) return st;
   absl::StatusOr<std::string> resume = resume_path(r);
   if (!resume.ok()) return resume.status();
@@ -196,9 +198,10 @@ absl::Status build_model(Session& r) {
   const bool zero1 = r.cfg.parallel.zero1 && r.topo.dp > 1;
   const int64_t micro_batches = r.cfg.train.global_batch / (r.cfg.train.micro_batch * r.topo.dp);
   const int slots = static_cast<int>(std::min<int64_t>(r.topo.pp - r.topo.pp_rank, micro_batches));
-  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg.model, r.topo),
-                                         r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx,
-                                         DType::f32, 0, zero1 ? r.topo.dp : 1, slots);
+  r.model = std::make_unique<Qwen2Model>(
+      ModelDims::from(r.cfg.model, r.topo, r.cfg.parallel.sequence_parallel),
+      r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx, DType::f32, 0, zero1 ? r.topo.dp : 1,
+      slots);
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());
