@@ -97,8 +97,9 @@ struct CkptTensors {
   std::vector<float> p, m, v;
   ckpt::TrainState state;
 };
-CkptTensors read_checkpoint(const std::string& config, const std::string& path) {
-  absl::StatusOr<Config> cfg = load_config(config, {});
+CkptTensors read_checkpoint(const std::string& config, const std::string& path,
+                            const std::vector<std::string>& sets = {}) {
+  absl::StatusOr<Config> cfg = load_config(config, sets);
   REQUIRE(cfg.ok());
   ParamLayout layout = ParamLayout::make(ModelDims::from(cfg->model, Topology{}));
   CkptTensors t;
@@ -212,20 +213,29 @@ TEST_CASE("cli: SIGTERM finishes the step, saves a checkpoint and exits 0", "[cl
 // final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
 TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match one rank",
           "[cli][mpi]") {
-  // 8 heads and 4 KV heads (so tp 4 divides them) of dim 8: the same q/k/v shapes as the
-  // config file's 4 x 16 and 2 x 16, which read_checkpoint() uses.
-  const std::string args =
-      "--set train.micro_batch=2 --set train.eval_interval=5 --set train.eval_steps=2 "
-      "--set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8";
+  // 8 heads and 4 KV heads (so tp 4 divides them) of dim 8, and 4 layers (so pp 4 divides them).
+  const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
+                                          "model.head_dim=8", "model.num_layers=4"};
+  std::string args =
+      "--set train.micro_batch=2 --set train.eval_interval=5 --set train.eval_steps=2";
+  for (const std::string& kv : shape) args += " --set " + kv;
   RunDir one(10);
   REQUIRE(one.trainer(args).exit_code == 0);
   struct Case {
     int tp, pp, dp;
     bool zero1, sp;
+    std::string more = "";
   };
-  const Case cases[] = {{2, 1, 1, false, false}, {1, 2, 1, false, false}, {1, 1, 2, false, false},
-                        {2, 2, 2, false, false}, {4, 1, 2, false, false}, {2, 2, 2, true, false},
-                        {2, 2, 2, false, true},  {1, 1, 4, true, false}};
+  const Case cases[] = {{2, 1, 1, false, false},
+                        {1, 2, 1, false, false},
+                        {1, 1, 2, false, false},
+                        {2, 2, 2, false, false},
+                        {4, 1, 2, false, false},
+                        {2, 2, 2, true, false},
+                        {2, 2, 2, false, true},
+                        {1, 1, 4, true, false},
+                        {1, 4, 1, false, false},
+                        {1, 4, 1, false, false, " --set train.micro_batch=4"}};  // 2 < 4 stages
   std::printf("layout (tp,pp,dp)   loss at step 10     relative difference\n");
   std::printf("(1,1,1)             %.9f\n", one.metrics().back()["loss"].get<double>());
   for (const Case& c : cases) {
@@ -235,7 +245,7 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     const std::string extra = " --set parallel.tp=" + std::to_string(c.tp) +
                               " --set parallel.pp=" + std::to_string(c.pp) +
                               (c.zero1 ? " --set parallel.zero1=true" : "") +
-                              (c.sp ? " --set parallel.sequence_parallel=true" : "");
+                              (c.sp ? " --set parallel.sequence_parallel=true" : "") + c.more;
     const std::string layout = "tp " + std::to_string(c.tp) + " x dp " + std::to_string(c.dp) +
                                " x pp " + std::to_string(c.pp);
     CmdResult r = run->mpirun(ranks, args + extra);
@@ -248,20 +258,23 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     for (size_t i = 0; i < a.size(); ++i) {
       INFO(layout << extra << ": step " << i + 1);
       CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
+      CHECK(std::abs(b[i]["grad_norm"].get<double>() / a[i]["grad_norm"].get<double>() - 1) < 1e-5);
     }
     std::vector<nlohmann::json> ea = one.metrics("val_loss"), eb = run->metrics("val_loss");
     REQUIRE(eb.size() == 2);
     CHECK(std::abs(eb[1]["val_loss"].get<double>() / ea[1]["val_loss"].get<double>() - 1) < 1e-5);
-    CkptTensors x = read_checkpoint(one.config, one.dir / "ckpt/step_00000010");
-    CkptTensors y = read_checkpoint(run->config, run->dir / "ckpt/step_00000010");
+    CkptTensors x = read_checkpoint(one.config, one.dir / "ckpt/step_00000010", shape);
+    CkptTensors y = read_checkpoint(run->config, run->dir / "ckpt/step_00000010", shape);
     CHECK(test::rel_err(y.p, x.p) < 1e-5);
+    CHECK(test::rel_err(y.m, x.m) < 1e-5);
     CHECK(test::rel_err(y.v, x.v) < 1e-5);
     CHECK(y.state.consumed_samples == 80);
     const double la = a.back()["loss"].get<double>(), lb = b.back()["loss"].get<double>();
     std::printf("(%d,%d,%d)%-13s%.9f  %.2e\n", c.tp, c.pp, c.dp,
-                c.zero1 ? "+zero1"
-                : c.sp  ? "+seq-par"
-                        : "",
+                c.zero1          ? "+zero1"
+                : c.sp           ? "+seq-par"
+                : c.more.empty() ? ""
+                                 : "+mb4",
                 lb, std::abs(lb / la - 1));
   }
 }
@@ -314,6 +327,28 @@ TEST_CASE("cli: checkpoints move between tensor- and data-parallel layouts", "[c
   }
 }
 
+// A bad token that only data-parallel rank 1 reads (validation samples 4..7 of 8) must end
+// every rank with exit 2, not leave rank 0 waiting in a collective.
+TEST_CASE("cli: bad validation data on one rank ends every rank", "[cli][mpi]") {
+  RunDir run(6);
+  {
+    auto w = data::IndexedDatasetWriter::create(run.dir / "badvalid", 400);
+    REQUIRE(w.ok());
+    std::vector<int32_t> toks(300, 'a');
+    toks[200] = 300;  // past model.vocab_size 257; in sample 6 (tokens 192..224)
+    REQUIRE((*w)->add_document(toks).ok());
+    REQUIRE((*w)->finish().ok());
+  }
+  CmdResult r =
+      run_cmd(std::string(kOneThread) + " timeout 120 " + TR_MPIRUN + " 2 " + TR_TRAINER_BIN +
+              " --config " + run.config + " --set 'data.valid=[{path: " + (run.dir / "badvalid") +
+              "}]' --set train.eval_interval=1 --set train.eval_steps=1");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);  // 124 would be the timeout: a hang
+  CHECK(r.output.find("error: rank 1: ") != std::string::npos);
+  CHECK(r.output.find("300") != std::string::npos);
+}
+
 TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi]") {
   RunDir run;
   CmdResult r = run.mpirun(2, "--set optim.lr=-1");
@@ -349,9 +384,12 @@ TEST_CASE("cli: srun -n 4 with tp 2 x dp 2 matches one rank", "[.slurm]") {
   REQUIRE(b.size() == 10);
   for (size_t i = 0; i < a.size(); ++i)
     CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
+  r = run_cmd("srun -n 2 " + std::string(TR_TRAINER_BIN) + " --config " + four.config);  // no PMI
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("error: started by srun with 2 tasks but without PMI") != std::string::npos);
   r = four.srun(4, "--set parallel.dp=2");
   INFO(r.output);
-  CHECK(r.exit_code != 0);
+  CHECK(r.exit_code == 2);
   CHECK(r.output.find(
             "error: rank 0: parallel layout: tp 1 x pp 1 x dp 2 = 2 ranks but this run has 4 "
             "processes; launch 2 ranks (srun -n 2) or change parallel.tp/pp/dp") !=

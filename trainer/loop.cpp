@@ -42,6 +42,8 @@ std::string layout_json(const Session& s) {
                       {"pp", s.topo.pp},
                       {"dp", s.topo.dp},
                       {"backend", s.cfg.train.backend},
+                      {"zero1", s.cfg.parallel.zero1},
+                      {"sequence_parallel", s.cfg.parallel.sequence_parallel},
                       {"vocab_padded", s.model->dims().vocab_padded}};
   return j.dump();
 }
@@ -181,25 +183,9 @@ double forward_pipeline(Session& s, const data::StepBatch& batch) {
   return loss;
 }
 
-// Mean validation loss per token over eval_steps batches read in order from the start, over
-// all data-parallel ranks and pipeline stages.
-absl::StatusOr<double> evaluate(Session& s) {
-  s.valid->reset(0);
-  double sums[2] = {0, 0};  // loss, tokens
-  for (int64_t i = 0; i < s.cfg.train.eval_steps; ++i) {
-    absl::StatusOr<data::StepBatch> b = s.valid->next();
-    if (!b.ok()) return b.status();
-    sums[0] += forward_pipeline(s, *b);
-    for (const data::MicroBatch& mb : b->micro_batches)
-      sums[1] += static_cast<double>(mb.targets.size());
-  }
-  all_reduce_sum(*s.groups.pp, sums, 1);  // the loss lives on the last stage
-  all_reduce_sum(*s.groups.dp, sums, 2);
-  return sums[0] / sums[1];
-}
-
 struct StepOutcome {
   int code = kExitOk;   // agreed by all ranks
+  int own = kExitOk;    // this rank's own exit code (for agree_on_exit: who reports)
   absl::Status status;  // this rank's own error, if any
   bool stop = false;    // a rank received SIGTERM/SIGINT
 };
@@ -209,7 +195,26 @@ StepOutcome agree_on_step(Session& s, int code, absl::Status status) {
   int32_t ctl[2] = {code, static_cast<int32_t>(g_stop_signal)};
   s.groups.world->all_reduce(Tensor(ctl, DType::i32, Device::cpu, {2}), ReduceOp::max);
   if (ctl[1] != 0 && g_stop_signal == 0) g_stop_signal = ctl[1];
-  return {ctl[0], std::move(status), ctl[1] != 0};
+  return {ctl[0], code, std::move(status), ctl[1] != 0};
+}
+
+// Mean validation loss per token over eval_steps batches read in order from the start, over
+// all data-parallel ranks and pipeline stages. Every rank learns of a bad batch on any rank.
+StepOutcome evaluate(Session& s, double* val_loss) {
+  s.valid->reset(0);
+  double sums[2] = {0, 0};  // loss, tokens
+  for (int64_t i = 0; i < s.cfg.train.eval_steps; ++i) {
+    absl::StatusOr<data::StepBatch> b = s.valid->next();
+    StepOutcome out = agree_on_step(s, b.ok() ? kExitOk : kExitBadInput, b.status());
+    if (out.code != kExitOk) return out;
+    sums[0] += forward_pipeline(s, *b);
+    for (const data::MicroBatch& mb : b->micro_batches)
+      sums[1] += static_cast<double>(mb.targets.size());
+  }
+  all_reduce_sum(*s.groups.pp, sums, 1);  // the loss lives on the last stage
+  all_reduce_sum(*s.groups.dp, sums, 2);
+  *val_loss = sums[0] / sums[1];
+  return {};
 }
 
 // One optimizer step: micro-batches through the pipeline with gradient accumulation, the tied
@@ -236,6 +241,9 @@ StepOutcome train_step(Session& s, StepMetrics& m) {
   m.grad_norm = s.opt->reduce_and_clip();
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   s.opt->update(m.lr, step);
+  if (s.topo.pp > 1 && s.cfg.model.tie_embeddings && (s.topo.first_stage() || s.topo.last_stage()))
+    // The two copies took the same update up to summation order; make them bit-identical.
+    s.groups.embed->broadcast(s.model->param(s.model->layout().find("embed_tokens/weight")), 0);
   m.optimizer_s = seconds_since(t1);
   m.loss = loss_sum / static_cast<double>(tokens);
   m.step = step;
@@ -276,7 +284,7 @@ int train_loop(Session& s) {
   const TrainConfig& t = s.cfg.train;
   while (s.state.step < t.steps) {
     StepOutcome out = train_step(s, m);
-    if (out.code != kExitOk) return agree_on_exit(s, out.code, out.status);
+    if (out.code != kExitOk) return agree_on_exit(s, out.own, out.status);
     ++m.steps_done_here;
     m.elapsed_s = seconds_since(start);
     m.peak_mem_mib = peak_mem_mib();
@@ -289,9 +297,10 @@ int train_loop(Session& s) {
       s.log.step(m, m.step % s.cfg.log.interval == 0 || m.step == t.steps || m.step == 1);
     if (t.eval_interval > 0 && (m.step % t.eval_interval == 0 || m.step == t.steps)) {
       const auto e0 = Clock::now();
-      absl::StatusOr<double> val = evaluate(s);
-      if (!val.ok()) return agree_on_exit(s, kExitBadInput, val.status());
-      if (s.logger()) s.log.eval(m.step, *val, seconds_since(e0));
+      double val = 0;
+      StepOutcome eval = evaluate(s, &val);
+      if (eval.code != kExitOk) return agree_on_exit(s, eval.own, eval.status);
+      if (s.logger()) s.log.eval(m.step, val, seconds_since(e0));
     }
     const bool interval = s.cfg.checkpoint.interval > 0 && m.step % s.cfg.checkpoint.interval == 0;
     const bool exit_now = t.exit_interval > 0 && m.step % t.exit_interval == 0 && m.step < t.steps;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -229,10 +230,17 @@ int run(const CliOptions& opts) {
   Session r;
   r.opts = opts;
   // Under srun or mpirun every rank runs this; a lone process needs no launcher.
+  if (const char* n = std::getenv("SLURM_STEP_NUM_TASKS");
+      n != nullptr && std::atoi(n) > 1 && !launched_by_mpi_launcher()) {
+    std::fprintf(stderr,
+                 "error: started by srun with %s tasks but without PMI, so the ranks cannot "
+                 "connect; launch with srun --mpi=pmix (or set MpiDefault=pmix in slurm.conf)\n",
+                 n);
+    return kExitBadInput;
+  }
   if (launched_by_mpi_launcher()) r.mpi = std::make_unique<MpiRuntime>(nullptr, nullptr);
   r.groups.world = r.mpi ? make_mpi_world() : make_self_comm("world");
-  if (r.groups.world->rank() != 0 && !std::freopen("/dev/null", "w", stdout))  // rank 0 logs
-    return kExitFailure;
+  if (r.groups.world->rank() != 0) (void)!std::freopen("/dev/null", "w", stdout);  // rank 0 logs
   absl::Status st = check_inputs(r);
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
