@@ -1,6 +1,7 @@
 // Collectives and groups with rank-valued inputs and closed-form results. Runs as a single
 // process (self communicators) and under mpirun with 2, 4 and 8 ranks (see CMakeLists.txt).
 #define CATCH_CONFIG_RUNNER
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <vector>
@@ -109,6 +110,34 @@ TEST_CASE("comm: tp, dp and pp groups follow the rank layout", "[comm]") {
   CHECK(group_sum(*g.tp) == want_tp);
   CHECK(group_sum(*g.dp) == want_dp);
   CHECK(group_sum(*g.pp) == want_pp);
+  // Every other op on every group, with the group rank as the value.
+  for (Comm* c : {g.tp.get(), g.dp.get(), g.pp.get(), g.embed.get()}) {
+    INFO("group " << c->name());
+    const int r = c->rank(), n = c->size();
+    std::vector<float> mx = {static_cast<float>(r)};
+    c->all_reduce(host(mx), ReduceOp::max);
+    CHECK(mx[0] == n - 1);
+    std::vector<float> mine = {static_cast<float>(r)}, all(n, -1.0f);
+    c->all_gather(host(all), host(mine));
+    for (int q = 0; q < n; ++q) CHECK(all[q] == q);
+    std::vector<float> in(n), out(1);
+    for (int q = 0; q < n; ++q) in[q] = static_cast<float>(10 * r + q);
+    c->reduce_scatter(host(out), host(in), ReduceOp::sum);
+    CHECK(out[0] == 10.0f * n * (n - 1) / 2 + n * r);
+    std::vector<float> b = {static_cast<float>(r == 0 ? 7 : -1)};
+    c->broadcast(host(b), 0);
+    CHECK(b[0] == 7);
+    if (n > 1) {
+      std::vector<float> to = {static_cast<float>(r)}, from = {-1.0f};
+      const P2P ops[] = {{P2P::send, host(to), (r + 1) % n},
+                         {P2P::recv, host(from), (r + n - 1) % n}};
+      c->exchange(ops);
+      CHECK(from[0] == (r + n - 1) % n);
+    }
+  }
+  // The embedding group joins the first and last pipeline stage of each pp group.
+  const bool ends = t->first_stage() || t->last_stage();
+  CHECK(g.embed->size() == (ends ? std::min(t->pp, 2) : t->pp - 2));
 }
 
 // A failed MPI call on one rank must end every rank (MPI_Abort), naming the rank and the call,
