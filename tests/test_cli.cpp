@@ -235,7 +235,8 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
                         {2, 2, 2, false, true},
                         {1, 1, 4, true, false},
                         {1, 4, 1, false, false},
-                        {1, 4, 1, false, false, " --set train.micro_batch=4"}};  // 2 < 4 stages
+                        {1, 4, 1, false, false, " --set train.micro_batch=4"},  // 2 < 4 stages
+                        {1, 2, 1, false, false, " --set 'parallel.pipeline_layers=[1, 3]'"}};
   std::printf("layout (tp,pp,dp)   loss at step 10     relative difference\n");
   std::printf("(1,1,1)             %.9f\n", one.metrics().back()["loss"].get<double>());
   for (const Case& c : cases) {
@@ -274,7 +275,8 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
                 c.zero1          ? "+zero1"
                 : c.sp           ? "+seq-par"
                 : c.more.empty() ? ""
-                                 : "+mb4",
+                : c.pp == 4      ? "+mb4"
+                                 : "+[1,3]",
                 lb, std::abs(lb / la - 1));
   }
 }

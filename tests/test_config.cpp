@@ -65,8 +65,18 @@ TEST_CASE("config: cross-field checks", "[config]") {
   CHECK(error_of(kBase, {"train.global_batch=5"}) ==
         "train.global_batch 5 is not divisible by train.micro_batch 2 x dp 1 = 2");
   CHECK(error_of(kBase, {"data.seq_len=512"}) == "data.seq_len 512 exceeds model.max_seq_len 256");
-  CHECK(error_of(kBase, {"parallel.pp=4"}) ==
-        "model.num_layers 2 is not divisible by parallel.pp 4");
+  CHECK(
+      error_of(kBase, {"parallel.pp=4"}) ==
+      "model.num_layers 2 is not divisible by parallel.pp 4; set parallel.pipeline_layers to split "
+      "them unevenly");
+  CHECK(error_of(kBase, {"parallel.pp=2", "parallel.pipeline_layers=[1, 2]"}) ==
+        "parallel.pipeline_layers has 2 stages summing to 3 layers; it needs parallel.pp 2 stages "
+        "summing to model.num_layers 2");
+  CHECK(error_of(kBase, {"parallel.pipeline_layers=[0, 2]", "parallel.pp=2"}) ==
+        "parallel.pipeline_layers[0] must be in [1, 4096] (got 0)");
+  CHECK(parse_config(kBase,
+                     {"model.num_layers=3", "parallel.pp=2", "parallel.pipeline_layers=[1, 2]"})
+            .ok());
   CHECK(error_of(kBase, {"model.intermediate_size=130", "parallel.tp=4", "model.num_kv_heads=4"}) ==
         "model.intermediate_size 130 is not divisible by parallel.tp 4");
   CHECK(error_of(kBase, {"parallel.tp=4"}) ==

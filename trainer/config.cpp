@@ -19,7 +19,7 @@ namespace {
 using absl::InvalidArgumentError;
 using absl::Status;
 
-enum class Kind { Int, IntOrAuto, Float, Bool, String, Sources };
+enum class Kind { Int, IntOrAuto, Float, Bool, String, Sources, IntList };
 
 struct Field {
   const char* section;
@@ -62,6 +62,8 @@ const std::vector<Field>& fields() {
       TR_FIELD(parallel, pp, Int, 1, 1024, "pipeline-parallel stages"),
       TR_FIELD(parallel, dp, IntOrAuto, 0, 1 << 20,
                "data-parallel ranks, or auto = world / (tp*pp)"),
+      TR_FIELD(parallel, pipeline_layers, IntList, 1, 4096,
+               "layers of each pipeline stage, e.g. [18, 22, 22, 18]; [] = num_layers / pp each"),
       TR_FIELD(parallel, sequence_parallel, Bool, 0, 0,
                "shard norms and residuals along the sequence within TP"),
       TR_FIELD(parallel, zero1, Bool, 0, 0, "shard fp32 master weights and Adam states across DP"),
@@ -257,12 +259,25 @@ Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
       }
       case Kind::Sources:
         return parse_sources(n, name, static_cast<std::vector<DataSource>*>(p));
+      case Kind::IntList: {
+        if (!n.IsSequence() && !n.IsNull()) throw YAML::Exception(YAML::Mark(), "");
+        std::vector<int64_t> v;
+        for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
+          const int64_t x = n[i].as<int64_t>();
+          if (x < f.lo || x > f.hi)
+            return range_error(absl::StrCat(name, "[", i, "]"), static_cast<double>(x), f);
+          v.push_back(x);
+        }
+        *static_cast<std::vector<int64_t>*>(p) = v;
+        return absl::OkStatus();
+      }
     }
   } catch (const YAML::Exception&) {
     const char* want = f.kind == Kind::Int         ? "an integer"
                        : f.kind == Kind::IntOrAuto ? "an integer or auto"
                        : f.kind == Kind::Float     ? "a number"
                        : f.kind == Kind::Bool      ? "true or false"
+                       : f.kind == Kind::IntList   ? "a list of integers"
                                                    : "a string";
     return InvalidArgumentError(absl::StrCat(name, ": expected ", want, ", got ", scalar_text(n)));
   }
@@ -357,8 +372,17 @@ Status validate(const Config& c) {
   if (m.intermediate_size % p.tp != 0)
     return err("model.intermediate_size ", m.intermediate_size, " is not divisible by parallel.tp ",
                p.tp);
-  if (m.num_layers % p.pp != 0)
-    return err("model.num_layers ", m.num_layers, " is not divisible by parallel.pp ", p.pp);
+  if (!p.pipeline_layers.empty()) {
+    int64_t sum = 0;
+    for (int64_t l : p.pipeline_layers) sum += l;
+    if (static_cast<int64_t>(p.pipeline_layers.size()) != p.pp || sum != m.num_layers)
+      return err("parallel.pipeline_layers has ", p.pipeline_layers.size(), " stages summing to ",
+                 sum, " layers; it needs parallel.pp ", p.pp,
+                 " stages summing to model.num_layers ", m.num_layers);
+  } else if (m.num_layers % p.pp != 0) {
+    return err("model.num_layers ", m.num_layers, " is not divisible by parallel.pp ", p.pp,
+               "; set parallel.pipeline_layers to split them unevenly");
+  }
   if (c.data.train.empty()) return err("data.train is empty: give at least one {path: PREFIX}");
   if (c.data.seq_len == 0) return err("data.seq_len is not set");
   if (c.data.seq_len > m.max_seq_len)
@@ -413,6 +437,9 @@ void emit_field(YAML::Emitter& out, const Field& f, Config& c) {
             << fmt_double(s.weight) << YAML::EndMap;
       out << YAML::EndSeq;
       break;
+    case Kind::IntList:
+      out << YAML::Flow << *static_cast<std::vector<int64_t>*>(p);
+      break;
   }
 }
 
@@ -430,6 +457,8 @@ const char* kind_name(Kind k) {
       return "string";
     case Kind::Sources:
       return "list";
+    case Kind::IntList:
+      return "list of int";
   }
   return "?";
 }

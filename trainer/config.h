@@ -28,7 +28,8 @@ struct ModelConfig {
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1;
-  int64_t dp = 0;  // 0 = auto (world / (tp*pp)); written "auto" in YAML
+  int64_t dp = 0;                        // 0 = auto (world / (tp*pp)); written "auto" in YAML
+  std::vector<int64_t> pipeline_layers;  // layers per stage; empty = num_layers / pp each
   bool sequence_parallel = false;
   bool zero1 = false;
 };

@@ -71,7 +71,8 @@ void collect_stages(Session& s, StageTensors& mine, std::vector<StageTensors>& o
   for (int stage = 1; stage < s.topo.pp; ++stage) {
     Topology t = s.topo;
     t.pp_rank = stage;
-    const ParamLayout layout = ParamLayout::make(ModelDims::from(s.cfg.model, t));
+    const ParamLayout layout =
+        ParamLayout::make(ModelDims::from(s.cfg.model, t, false, s.cfg.parallel.pipeline_layers));
     StageTensors& st = others.emplace_back(layout);
     for (GlobalTensors* g : {&st.p, &st.m, &st.v}) s.groups.pp->recv(whole(*g), stage);
     for (size_t k = 0; k < layout.tensors.size(); ++k) {

@@ -13,12 +13,19 @@ namespace {
 constexpr int64_t kVocabMultiple = 128;
 }  // namespace
 
-ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool sequence_parallel) {
+ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool sequence_parallel,
+                          const std::vector<int64_t>& stage_layers) {
   ModelDims d;
   d.hidden = m.hidden_size;
   d.inter = m.intermediate_size / topo.tp;
   d.layers = m.num_layers / topo.pp;
   d.first_layer = d.layers * topo.pp_rank;
+  if (!stage_layers.empty()) {
+    TR_ASSERT(static_cast<int>(stage_layers.size()) == topo.pp, "one layer count per stage");
+    d.layers = stage_layers[topo.pp_rank];
+    d.first_layer = 0;
+    for (int s = 0; s < topo.pp_rank; ++s) d.first_layer += stage_layers[s];
+  }
   d.first_stage = topo.first_stage();
   d.last_stage = topo.last_stage();
   d.heads = m.num_heads / topo.tp;

@@ -45,7 +45,9 @@ struct ModelDims {
     return std::clamp<int64_t>(vocab - vocab_offset, 0, vocab_local);
   }
 
-  static ModelDims from(const ModelConfig& m, const Topology& topo, bool sequence_parallel = false);
+  // `stage_layers`: layers of each pipeline stage (empty = num_layers / pp each).
+  static ModelDims from(const ModelConfig& m, const Topology& topo, bool sequence_parallel = false,
+                        const std::vector<int64_t>& stage_layers = {});
 };
 
 // One parameter tensor: where it lives in the flat buffers and how it is checkpointed.

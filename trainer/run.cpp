@@ -200,7 +200,8 @@ absl::Status build_model(Session& r) {
   const int64_t micro_batches = r.cfg.train.global_batch / (r.cfg.train.micro_batch * r.topo.dp);
   const int slots = static_cast<int>(std::min<int64_t>(r.topo.pp - r.topo.pp_rank, micro_batches));
   r.model = std::make_unique<Qwen2Model>(
-      ModelDims::from(r.cfg.model, r.topo, r.cfg.parallel.sequence_parallel),
+      ModelDims::from(r.cfg.model, r.topo, r.cfg.parallel.sequence_parallel,
+                      r.cfg.parallel.pipeline_layers),
       r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx, DType::f32, 0, zero1 ? r.topo.dp : 1,
       slots);
   r.model->set_tp_comm(r.groups.tp.get());
