@@ -327,6 +327,41 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
   }
 }
 
+// What the executor ran on each stage equals the textbook 1F1B order (warm-up forwards,
+// one-forward-one-backward, cool-down backwards), written out here by hand.
+TEST_CASE("cli: each pipeline stage executes the textbook 1F1B order", "[cli][mpi]") {
+  RunDir run(1);
+  auto executed = [&](int pp, int micro_batch) {
+    CmdResult r = run_cmd(
+        std::string(kOneThread) + " TR_TRACE_PIPELINE=1 " + TR_MPIRUN + " " + std::to_string(pp) +
+        " " + TR_TRAINER_BIN + " --config " + run.config + " --resume none --set checkpoint.dir=" +
+        (run.dir / ("ck" + std::to_string(pp * 10 + micro_batch))) +
+        " --set optim.warmup_steps=0 --set model.num_layers=4 --set parallel.pp=" +
+        std::to_string(pp) + " --set train.micro_batch=" + std::to_string(micro_batch));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    std::vector<std::string> order(pp);
+    for (int s = 0; s < pp; ++s) {
+      const std::string tag = "pipeline stage " + std::to_string(s) + " executed: ";
+      const size_t at = r.output.find(tag);
+      REQUIRE(at != std::string::npos);
+      order[s] = r.output.substr(at + tag.size(), r.output.find('\n', at) - at - tag.size());
+    }
+    return order;
+  };
+  // pp 4, 4 micro-batches of 2 samples.
+  CHECK(executed(4, 2) ==
+        std::vector<std::string>{"F0 F1 F2 F3 B0 B1 B2 B3", "F0 F1 F2 B0 F3 B1 B2 B3",
+                                 "F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"});
+  // pp 4, 2 micro-batches: fewer than stages.
+  CHECK(executed(4, 4) ==
+        std::vector<std::string>{"F0 F1 B0 B1", "F0 F1 B0 B1", "F0 F1 B0 B1", "F0 B0 F1 B1"});
+  // pp 2, 8 micro-batches of 1.
+  CHECK(executed(2, 1) ==
+        std::vector<std::string>{"F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 F6 B5 F7 B6 B7",
+                                 "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5 F6 B6 F7 B7"});
+}
+
 // A bad token that only data-parallel rank 1 reads (validation samples 4..7 of 8) must end
 // every rank with exit 2, not leave rank 0 waiting in a collective.
 TEST_CASE("cli: bad validation data on one rank ends every rank", "[cli][mpi]") {

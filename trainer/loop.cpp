@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include <nlohmann/json.hpp>
 
@@ -148,6 +149,9 @@ double run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) 
   const int slots = std::min(s.topo.pp - s.topo.pp_rank, m);  // micro-batches in flight
   double loss = 0;
   std::vector<P2P> group;  // communication between two compute actions, posted together
+  // TR_TRACE_PIPELINE=1: each stage's first TP/DP rank prints the compute order it executed.
+  static const bool trace = std::getenv("TR_TRACE_PIPELINE") != nullptr;
+  std::string executed;
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
     const int slot = a.micro_batch % slots;
@@ -159,13 +163,17 @@ double run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) 
         group.clear();
       }
     } else if (a.kind == PipeAction::fwd) {
+      if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "F", a.micro_batch);
       s.model->forward_stage(slot, mb.inputs.data());
       if (s.topo.last_stage())
         loss += s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
     } else {
+      if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "B", a.micro_batch);
       s.model->backward_stage(slot, mb.inputs.data());
     }
   }
+  if (trace && s.topo.tp_rank == 0 && s.topo.dp_rank == 0)
+    std::fprintf(stderr, "pipeline stage %d executed: %s\n", s.topo.pp_rank, executed.c_str());
   return loss;
 }
 
