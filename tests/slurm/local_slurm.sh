@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A single-node Slurm cluster of the test suite's own: munged, slurmctld and slurmd from
 # Debian's packages, everything (config, key, sockets, state, logs) under one directory, on
-# free ports. Jobs then run as `SLURM_CONF=DIR/slurm.conf srun --overcommit --mpi=pmix -n N ...`.
+# free ports, on 127.0.0.1 (no name resolution needed). Jobs then run as `SLURM_CONF=DIR/slurm.conf srun --overcommit --mpi=pmix -n N ...`.
 #
 #   tests/slurm/local_slurm.sh start DIR   # idempotent: stops a cluster left in DIR first
 #   tests/slurm/local_slurm.sh stop DIR
@@ -46,7 +46,7 @@ munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.sock
 host=$(hostname -s)
 cat >"$dir/slurm.conf" <<CONF
 ClusterName=trtest
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$(free_port)
 SlurmdPort=$(free_port)
 AuthType=auth/munge
@@ -68,8 +68,14 @@ SlurmdLogFile=$dir/slurmd.log
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
-NodeName=$host CPUs=$(nproc) State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 NodeHostname=$host CPUs=$(nproc) State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+CONF
+# slurmd always initialises its cgroup plugin; started by hand (not as a systemd unit) on a
+# cgroup v2 system it must not ask systemd for a scope.
+cat >"$dir/cgroup.conf" <<CONF
+CgroupPlugin=autodetect
+IgnoreSystemd=yes
 CONF
 export SLURM_CONF="$dir/slurm.conf"
 slurmctld
