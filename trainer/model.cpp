@@ -475,12 +475,6 @@ double Qwen2Model::forward_backward(const int32_t* tokens, const int32_t* target
   return loss;
 }
 
-double Qwen2Model::forward_loss(const int32_t* tokens, const int32_t* targets) {
-  TR_ASSERT(dims_.first_stage && dims_.last_stage, "forward_loss runs the whole model");
-  forward_stage(0, tokens);
-  return stage_loss(0, targets, 0.0f, false);
-}
-
 std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
   TR_ASSERT(dims_.tp == 1, "logits() returns the whole vocabulary: tp must be 1");
   TR_ASSERT(n <= chunk_ && begin + n <= batch_ * seq_len_, "logits range too large");

@@ -122,8 +122,6 @@ class Qwen2Model {
   // Gradients ACCUMULATE into grads() scaled by grad_scale (e.g. 1 / tokens in the global
   // batch). Returns the sum of the per-token losses.
   double forward_backward(const int32_t* tokens, const int32_t* targets, float grad_scale);
-  // Forward and loss only. Returns the sum of the per-token losses.
-  double forward_loss(const int32_t* tokens, const int32_t* targets);
   // Pipeline stages, one micro-batch at a time in activation slot `slot`:
   // forward_stage embeds `tokens` on the first stage, else starts from stage_input(slot) (the
   // previous stage's output); stage_loss (last stage) adds the LM head and the loss, and with

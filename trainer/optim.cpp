@@ -80,9 +80,8 @@ double AdamW::reduce_and_clip() {
         continue;
       sq += sum_squares(ctx_, grads.at(zero1_ ? lo - shard_begin_ : lo, {hi - lo}));
     }
-    if (zero1_) dp_->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
-    if (tp_ != nullptr) tp_->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
-    if (pp_ != nullptr) pp_->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
+    for (Comm* c : {zero1_ ? dp_ : nullptr, tp_, pp_})  // the groups this rank's squares miss
+      if (c != nullptr) c->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
   }
   const double norm = std::sqrt(sq);
   if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip)
