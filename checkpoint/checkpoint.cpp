@@ -2,6 +2,8 @@
 // commit.cpp; the HDF5 schema in model_file.cpp.
 #include "checkpoint/checkpoint.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/model_file.h"
@@ -10,20 +12,28 @@
 namespace tr::ckpt {
 namespace {
 
-absl::StatusOr<Manifest> verified_manifest(const std::string& ckpt_dir) {
+absl::StatusOr<Manifest> verified_manifest(const std::string& ckpt_dir, int part, int parts) {
   if (!fs::is_directory(ckpt_dir)) {
     return absl::NotFoundError(absl::StrCat("checkpoint directory ", ckpt_dir, " does not exist"));
   }
   absl::StatusOr<Manifest> m = read_manifest(ckpt_dir);
   if (!m.ok()) return m.status();
-  if (absl::Status st = check_manifest_files(ckpt_dir, *m); !st.ok()) return st;
+  if (absl::Status st = check_manifest_files(ckpt_dir, *m, part, parts); !st.ok()) return st;
   return m;
 }
 
 }  // namespace
 
-absl::Status verify(const std::string& ckpt_dir) {
-  return verified_manifest(ckpt_dir).status();
+int64_t TensorRef::block_numel() const {
+  int64_t n = 1;
+  for (int64_t d : whole() ? shape : extent) n *= d;
+  return n;
+}
+
+absl::Status verify(const std::string& ckpt_dir, int part, int parts) {
+  if (parts < 1 || part < 0 || part >= parts)
+    return absl::InvalidArgumentError(absl::StrCat("verify part ", part, " of ", parts));
+  return verified_manifest(ckpt_dir, part, parts).status();
 }
 
 absl::Status load(const std::string& ckpt_dir, const LoadTarget& dst, TrainState* state,
@@ -33,12 +43,14 @@ absl::Status load(const std::string& ckpt_dir, const LoadTarget& dst, TrainState
   for (auto [tensors, what] : sets) {
     if (absl::Status st = validate_tensors(tensors, what); !st.ok()) return st;
   }
-  absl::StatusOr<Manifest> m = verified_manifest(ckpt_dir);
+  absl::StatusOr<Manifest> m = verified_manifest(ckpt_dir, 0, dst.check_crc ? 1 : 0);
   if (!m.ok()) return m.status();
+  std::set<std::string> files;
+  for (const auto& [name, digest] : m->files) files.insert(name);
   TrainState read_state;
   absl::Status st = read_model_file(fs::join(ckpt_dir, kModelFile),
                                     checkpoint_sets(dst.params, dst.exp_avg, dst.exp_avg_sq),
-                                    &read_state, config_yaml, layout_json, dst.subset);
+                                    &read_state, config_yaml, layout_json, dst.subset, files);
   if (!st.ok()) return st;
   if (read_state.step != m->step) {
     return absl::DataLossError(absl::StrCat("checkpoint ", ckpt_dir,

@@ -1,4 +1,5 @@
-// Checkpoints: one HDF5 file of global fp32 tensors per step, a manifest with per-file
+// Checkpoints: an HDF5 file of global fp32 tensors per step (written whole by save(), or
+// stitched from per-rank shard files by the distributed save below), a manifest with per-file
 // checksums, and a crash-safe commit protocol.
 //
 // On disk, for step 500 under root `ckpt/`:
@@ -42,15 +43,25 @@
 // stage names (or "stage@N": only while saving step N), save() sends its own process SIGKILL
 // at that point:
 //   "mid_tensors"     after half of the tensors (params, m, v together) are in model.h5
+//                     (distributed: after half of a shard's blocks)
 //   "before_manifest" all data files written and fsynced, manifest not yet written
 //   "before_rename"   manifest written and fsynced, step_N.tmp not yet renamed
 //   "before_latest"   step_N committed, `latest` still names the previous checkpoint
 //   "before_cleanup"  `latest` names step_N, retention not yet run
 //
-// Single rank for now (a TensorRef's local shape is its global shape). The writer is split
-// so that per-rank shard files plus rank-0 virtual datasets can be added later: the HDF5
-// schema lives in model_file.h (write_model_file: "these tensors into this file"), the
-// directory protocol in commit.cpp.
+// Distributed save (the trainer's path): every rank writes only the blocks of the global
+// tensors it owns into its own `shard_RRRRR.h5` (datasets /<set>/<name>/<k>, attribute `start`),
+// and a coordinator writes model.h5 whose tensors are HDF5 virtual datasets stitching those
+// blocks into global tensors, so model.h5 still reads as one model (h5py, h5dump, load()).
+// The shards are listed in the manifest with the crc32 their writers computed. The steps, with
+// the caller agreeing on success between them (see begin_save):
+//   coordinator  begin_save(root, step)          fresh step_N.tmp
+//   every owner  write_shard(tmp, rank, pieces)  shard_RRRRR.h5, fsynced; returns its digest
+//   coordinator  commit_save(req)                model.h5, config, layout, manifest, rename,
+//                                                `latest`, retention (as save() from there on)
+// A load reads only the blocks it asks for (TensorRef::start/extent) through the virtual
+// datasets, after checking that every source file a tensor maps to is in the manifest.
+#pragma once
 #pragma once
 
 #include <cstdint>
@@ -58,18 +69,29 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/core/fs_io.h"
 
 namespace tr::ckpt {
 
-// One fp32 tensor as this rank holds it (single rank for now: local == global).
+// One fp32 tensor, or a block of it.
 struct TensorRef {
+  TensorRef() = default;
+  TensorRef(std::string name_, std::vector<int64_t> shape_, float* data_ = nullptr)
+      : name(std::move(name_)), shape(std::move(shape_)), data(data_) {}
+
   std::string name;            // readable path, no leading slash: "layers/0/attn/q_proj/weight"
   std::vector<int64_t> shape;  // global shape; empty = scalar
-  float* data = nullptr;       // contiguous row-major, product(shape) floats
+  float* data = nullptr;       // contiguous row-major: the whole tensor, or the block below
+  // A block of the global tensor: its first index and size in every dimension (both empty =
+  // the whole tensor). Only loads and distributed saves take blocks.
+  std::vector<int64_t> start, extent;
+  bool whole() const { return extent.empty(); }
+  int64_t block_numel() const;  // elements in `data`
 };
 
 // Everything besides tensors that a resumed run needs to continue bit-exactly.
@@ -97,30 +119,88 @@ struct SaveRequest {
 // checkpoint and `latest` untouched.
 absl::Status save(const SaveRequest& req);
 
+// ---- Distributed save (see the header comment) ----
+
+// Where the tensors of a checkpoint live in model.h5.
+enum class TensorSetId : int { params = 0, exp_avg = 1, exp_avg_sq = 2 };
+
+// One block a rank owns and writes: a TensorRef with start/extent (or whole) in one set.
+struct ShardPiece {
+  TensorSetId set = TensorSetId::params;
+  TensorRef ref;
+};
+
+// The coordinator's record of one rank's shard: what it holds (data pointers unused) and the
+// digest its writer returned.
+struct ShardRecord {
+  int rank = 0;
+  std::vector<ShardPiece> pieces;
+  fs::FileDigest digest;
+};
+
+struct CommitRequest {
+  std::string root;
+  int64_t step = 0;
+  int keep_last = 2;
+  // Names and global shapes of the model's tensors (data unused); the same for the three sets.
+  std::span<const TensorRef> tensors;
+  // Every shard written; together they must cover every tensor of every set exactly once.
+  std::vector<ShardRecord> shards;
+  TrainState state;  // state.step must equal step
+  std::string config_yaml, layout_json;
+};
+
+// "<root>/step_XXXXXXXX.tmp": where the shards of `step` are written before the commit.
+std::string save_tmp_dir(const std::string& root, int64_t step);
+// "shard_00005.h5"
+std::string shard_file_name(int rank);
+
+// Coordinator: validates `root` and `keep_last` as save() does, removes a stale
+// step_N.tmp and creates it empty. Returns its path. Nothing else is touched.
+absl::StatusOr<std::string> begin_save(const std::string& root, int64_t step, int keep_last);
+
+// Writes `pieces` (non-empty blocks of fp32 data) into `tmp_dir`/shard_file_name(rank),
+// fsyncs it and returns its size and crc32. The file must not exist. Names are validated as in
+// save(). Crash point "mid_tensors" fires after half of them.
+absl::StatusOr<fs::FileDigest> write_shard(const std::string& tmp_dir, int rank, int64_t step,
+                                           std::span<const ShardPiece> pieces);
+
+// Coordinator, after every shard was written: checks that the shards tile every tensor of the
+// three sets exactly (an error names the first tensor that is not), writes model.h5 (virtual
+// datasets), config.yaml, layout.json and the manifest into save_tmp_dir(root, step), then
+// commits as save() does.
+absl::Status commit_save(const CommitRequest& req);
+
 // The committed checkpoint directory `<root>/latest` names, as "<root>/step_XXXXXXXX"; ""
 // when root or `latest` does not exist. Errors when `latest` is malformed or names a
 // missing directory or one without manifest.json (not committed).
 absl::StatusOr<std::string> find_latest(const std::string& root);
 
-// Destination buffers with the expected names and shapes. An empty span is not loaded
-// (e.g. params only, for evaluation).
+// Destination buffers with the expected names and shapes (or blocks of them: TensorRef::start
+// and extent). An empty span is not loaded (e.g. params only, for evaluation).
 struct LoadTarget {
   std::span<const TensorRef> params, exp_avg, exp_avg_sq;
   // The targets are a subset of the model (one pipeline stage's tensors): tensors in the
   // checkpoint beyond them are not an error.
   bool subset = false;
+  // Check every file's crc32 (as verify()). A caller that verified the checkpoint already
+  // (e.g. split across ranks with verify(dir, part, parts)) passes false: sizes are still
+  // checked.
+  bool check_crc = true;
 };
 
-// Verifies `ckpt_dir` (as verify()), then reads every expected tensor into its buffer; errors
-// name the file or tensor at fault (missing, different shape, not fp32, and, for params,
-// tensors in the checkpoint the model does not have). `state`, `config_yaml` and
-// `layout_json` may be null.
+// Checks the manifest, then reads every expected tensor (or block) into its buffer; errors
+// name the file or tensor at fault (missing, different shape, not fp32, a source file of a
+// virtual dataset that the manifest does not list, and, for params, tensors in the checkpoint
+// the model does not have). `state`, `config_yaml` and `layout_json` may be null.
 absl::Status load(const std::string& ckpt_dir, const LoadTarget& dst, TrainState* state,
                   std::string* config_yaml, std::string* layout_json = nullptr);
 
-// Checks the manifest (present, valid JSON, format and version) and that every file it
-// lists exists with the recorded size and crc32. Does not open the HDF5 file.
-absl::Status verify(const std::string& ckpt_dir);
+// Checks the manifest (present, valid JSON, format and version) and that every file it lists
+// exists with the recorded size, and, for the files whose index in the manifest is `part`
+// modulo `parts`, the recorded crc32 (so `parts` ranks verify a checkpoint together, each
+// reading 1/parts of it). Does not open the HDF5 files.
+absl::Status verify(const std::string& ckpt_dir, int part = 0, int parts = 1);
 
 // "step_00000500": the directory name of a step.
 std::string step_dir_name(int64_t step);

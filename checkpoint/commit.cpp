@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -30,6 +31,12 @@ constexpr char kStepPrefix[] = "step_";
 constexpr char kTmpSuffix[] = ".tmp";
 constexpr char kCrashEnv[] = "TR_TEST_CRASH_POINT";
 constexpr size_t kStepDigits = 8;  // step_%08lld
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
 
 // Test hook: dies by SIGKILL (no cleanup, no flush: like a node failure) when
 // TR_TEST_CRASH_POINT names `stage`, or is "stage@N" and this save is of step N.
@@ -57,20 +64,28 @@ std::optional<int64_t> parse_step_dir_impl(std::string_view name) {
   return step;
 }
 
-absl::Status validate_request(const SaveRequest& req) {
-  if (req.root.empty()) return absl::InvalidArgumentError("checkpoint root directory is empty");
-  if (req.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint step ", req.step, " is negative"));
+absl::Status validate_target(const std::string& root, int64_t step, int keep_last) {
+  if (root.empty()) return absl::InvalidArgumentError("checkpoint root directory is empty");
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint step ", step, " is negative"));
   }
-  if (req.state.step != req.step) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint step ", req.step, " differs from state.step ", req.state.step));
-  }
-  if (req.keep_last < 2) {
+  if (keep_last < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint keep_last is ", req.keep_last,
+        "checkpoint keep_last is ", keep_last,
         "; it must be >= 2 so the previous checkpoint survives while the next is written"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status validate_state_step(int64_t step, const TrainState& state) {
+  if (state.step == step) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("checkpoint step ", step, " differs from state.step ", state.step));
+}
+
+absl::Status validate_request(const SaveRequest& req) {
+  if (absl::Status st = validate_target(req.root, req.step, req.keep_last); !st.ok()) return st;
+  if (absl::Status st = validate_state_step(req.step, req.state); !st.ok()) return st;
   const std::pair<std::span<const TensorRef>, const char*> sets[] = {
       {req.params, "params"}, {req.exp_avg, "exp_avg"}, {req.exp_avg_sq, "exp_avg_sq"}};
   for (auto [tensors, what] : sets) {
@@ -97,22 +112,85 @@ absl::StatusOr<std::string> read_latest_name(const std::string& root) {
 }
 
 // Writes model.h5, config.yaml and layout.json into `dir` (fsynced); returns their names.
-absl::StatusOr<std::vector<std::string>> write_step_files(const SaveRequest& req,
-                                                          const std::string& dir) {
-  ModelFileContents contents{checkpoint_sets(req.params, req.exp_avg, req.exp_avg_sq), req.state,
-                             req.config_yaml, req.layout_json};
-  auto progress = [&req](size_t done, size_t total) {
-    if (done == std::max<size_t>(1, total / 2)) crash_point("mid_tensors", req.step);
-  };
+absl::StatusOr<std::vector<std::string>> write_step_files(const ModelFileContents& contents,
+                                                          const std::string& dir,
+                                                          const WriteProgress& progress) {
   std::string h5_path = fs::join(dir, kModelFile);
   if (absl::Status st = write_model_file(h5_path, contents, progress); !st.ok()) return st;
   if (absl::Status st = fs::fsync_path(h5_path); !st.ok()) return st;
-  const std::pair<const char*, const std::string*> texts[] = {{kConfigFile, &req.config_yaml},
-                                                              {kLayoutFile, &req.layout_json}};
+  const std::pair<const char*, const std::string*> texts[] = {{kConfigFile, &contents.config_yaml},
+                                                              {kLayoutFile, &contents.layout_json}};
   for (auto [name, text] : texts) {
     if (absl::Status st = fs::write_file_durable(fs::join(dir, name), *text); !st.ok()) return st;
   }
   return std::vector<std::string>{kModelFile, kConfigFile, kLayoutFile};
+}
+
+std::vector<int64_t> block_start(const TensorRef& t) {
+  return t.whole() ? std::vector<int64_t>(t.shape.size(), 0) : t.start;
+}
+std::vector<int64_t> block_extent(const TensorRef& t) {
+  return t.whole() ? t.shape : t.extent;
+}
+
+bool blocks_overlap(const h5::VirtualPiece& a, const h5::VirtualPiece& b) {
+  for (size_t d = 0; d < a.start.size(); ++d)
+    if (a.start[d] + a.extent[d] <= b.start[d] || b.start[d] + b.extent[d] <= a.start[d])
+      return false;
+  return true;
+}
+
+// The virtual-dataset mappings of every tensor of the three sets (by dataset path), after
+// checking that the shards' blocks lie inside their tensors, do not overlap, and cover them.
+// Dataset names follow write_shard_file: <group>/<name>/<k>, k counting per tensor per shard.
+absl::StatusOr<std::map<std::string, std::vector<h5::VirtualPiece>>> tile_tensors(
+    std::span<const TensorRef> tensors, const std::vector<ShardRecord>& shards) {
+  const std::vector<TensorSet> groups = checkpoint_sets({}, {}, {});
+  std::map<std::string, const TensorRef*> by_name;
+  for (const TensorRef& t : tensors) by_name[t.name] = &t;
+  std::map<std::string, std::vector<h5::VirtualPiece>> tiles;
+  for (const ShardRecord& shard : shards) {
+    std::map<std::string, int> count;
+    for (const ShardPiece& p : shard.pieces) {
+      const int set = static_cast<int>(p.set);
+      if (set < 0 || set > 2)
+        return absl::InvalidArgumentError(absl::StrCat("shard tensor set ", set, " is invalid"));
+      auto t = by_name.find(p.ref.name);
+      if (t == by_name.end() || t->second->shape != p.ref.shape)
+        return absl::InvalidArgumentError(absl::StrCat("rank ", shard.rank, "'s shard holds '",
+                                                       p.ref.name, "' ", h5::shape_str(p.ref.shape),
+                                                       ", which is not a tensor of the model"));
+      const std::string ds = dataset_path(groups[set].group, p.ref.name);
+      h5::VirtualPiece v{block_start(p.ref), block_extent(p.ref), shard_file_name(shard.rank),
+                         absl::StrCat(ds, "/", count[ds]++)};
+      for (size_t d = 0; d < v.start.size(); ++d)
+        if (v.start.size() != p.ref.shape.size() || v.extent.size() != p.ref.shape.size() ||
+            v.start[d] < 0 || v.extent[d] < 0 || v.start[d] + v.extent[d] > p.ref.shape[d])
+          return absl::InvalidArgumentError(absl::StrCat("rank ", shard.rank, "'s block of ", ds,
+                                                         " lies outside ",
+                                                         h5::shape_str(p.ref.shape)));
+      if (numel(v.extent) > 0) tiles[ds].push_back(std::move(v));
+    }
+  }
+  for (const TensorSet& g : groups) {
+    for (const TensorRef& t : tensors) {
+      const std::string ds = dataset_path(g.group, t.name);
+      const std::vector<h5::VirtualPiece>& pieces = tiles[ds];
+      int64_t covered = 0;
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        covered += numel(pieces[i].extent);
+        for (size_t j = 0; j < i; ++j)
+          if (blocks_overlap(pieces[i], pieces[j]))
+            return absl::InvalidArgumentError(absl::StrCat("checkpoint shards overlap on ", ds,
+                                                           " (", pieces[i].file, " and ",
+                                                           pieces[j].file, ")"));
+      }
+      if (covered != numel(t.shape))
+        return absl::InvalidArgumentError(absl::StrCat(
+            "checkpoint shards cover ", covered, " of the ", numel(t.shape), " elements of ", ds));
+    }
+  }
+  return tiles;
 }
 
 // Renames the finished `tmp` to `final_dir` (named `name`). An existing `final_dir` is moved
@@ -181,12 +259,40 @@ absl::StatusOr<std::string> prepare_step_tmp(const SaveRequest& req, const std::
   std::string tmp = fs::join(req.root, name + kTmpSuffix);
   if (absl::Status st = fs::remove_all(tmp); !st.ok()) return st;
   if (absl::Status st = fs::make_dirs(tmp); !st.ok()) return st;
-  absl::StatusOr<std::vector<std::string>> files = write_step_files(req, tmp);
+  ModelFileContents contents{checkpoint_sets(req.params, req.exp_avg, req.exp_avg_sq),
+                             req.state,
+                             req.config_yaml,
+                             req.layout_json,
+                             {}};
+  auto progress = [&req](size_t done, size_t total) {
+    if (done == std::max<size_t>(1, total / 2)) crash_point("mid_tensors", req.step);
+  };
+  absl::StatusOr<std::vector<std::string>> files = write_step_files(contents, tmp, progress);
   if (!files.ok()) return files.status();
   crash_point("before_manifest", req.step);
   if (absl::Status st = write_manifest(tmp, req.step, *files); !st.ok()) return st;
   if (absl::Status st = fs::fsync_path(tmp); !st.ok()) return st;
   return tmp;
+}
+
+// The commit after step_N.tmp is complete: rename into place, `latest`, retention.
+absl::Status publish(const std::string& root, int64_t step, int keep_last, const std::string& tmp,
+                     const std::string& latest_name) {
+  const std::string name = step_dir_name(step);
+  const std::string final_dir = fs::join(root, name);
+  crash_point("before_rename", step);
+  if (absl::Status st = install_step_dir(root, tmp, final_dir, name, latest_name); !st.ok())
+    return st;
+  if (absl::Status st = fs::fsync_path(root); !st.ok()) return st;
+  crash_point("before_latest", step);
+  if (absl::Status st = write_latest(root, name); !st.ok()) return st;
+  crash_point("before_cleanup", step);
+  if (absl::Status st = apply_retention(root, keep_last, name); !st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("checkpoint ", final_dir,
+                                     " was committed, but retention failed: ", st.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -206,25 +312,73 @@ absl::Status save(const SaveRequest& req) {
   if (absl::Status st = fs::make_dirs(req.root); !st.ok()) return st;
   absl::StatusOr<std::string> latest_name = read_latest_name(req.root);
   if (!latest_name.ok()) return latest_name.status();
-  std::string name = step_dir_name(req.step);
-  std::string final_dir = fs::join(req.root, name);
-
-  absl::StatusOr<std::string> tmp = prepare_step_tmp(req, name);
+  absl::StatusOr<std::string> tmp = prepare_step_tmp(req, step_dir_name(req.step));
   if (!tmp.ok()) return tmp.status();
-  crash_point("before_rename", req.step);
-  if (absl::Status st = install_step_dir(req.root, *tmp, final_dir, name, *latest_name); !st.ok()) {
+  return publish(req.root, req.step, req.keep_last, *tmp, *latest_name);
+}
+
+std::string save_tmp_dir(const std::string& root, int64_t step) {
+  return fs::join(root, step_dir_name(step) + kTmpSuffix);
+}
+
+std::string shard_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "shard_%05d.h5", rank);
+  return buf;
+}
+
+absl::StatusOr<std::string> begin_save(const std::string& root, int64_t step, int keep_last) {
+  if (absl::Status st = validate_target(root, step, keep_last); !st.ok()) return st;
+  if (absl::Status st = fs::make_dirs(root); !st.ok()) return st;
+  if (absl::StatusOr<std::string> latest = read_latest_name(root); !latest.ok())
+    return latest.status();
+  std::string tmp = save_tmp_dir(root, step);
+  if (absl::Status st = fs::remove_all(tmp); !st.ok()) return st;
+  if (absl::Status st = fs::make_dirs(tmp); !st.ok()) return st;
+  return tmp;
+}
+
+absl::StatusOr<fs::FileDigest> write_shard(const std::string& tmp_dir, int rank, int64_t step,
+                                           std::span<const ShardPiece> pieces) {
+  for (const ShardPiece& p : pieces) {
+    if (absl::Status st = validate_tensors({&p.ref, 1}, "shard"); !st.ok()) return st;
+    if (p.ref.shape.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("shard tensor '", p.ref.name, "' is a scalar; shards hold blocks"));
+  }
+  auto progress = [step](size_t done, size_t total) {
+    if (done == std::max<size_t>(1, total / 2)) crash_point("mid_tensors", step);
+  };
+  const std::string path = fs::join(tmp_dir, shard_file_name(rank));
+  if (absl::Status st = write_shard_file(path, pieces, progress); !st.ok()) return st;
+  if (absl::Status st = fs::fsync_path(path); !st.ok()) return st;
+  return fs::digest_file(path);
+}
+
+absl::Status commit_save(const CommitRequest& req) {
+  if (absl::Status st = validate_target(req.root, req.step, req.keep_last); !st.ok()) return st;
+  if (absl::Status st = validate_state_step(req.step, req.state); !st.ok()) return st;
+  if (absl::Status st = validate_tensors(req.tensors, "checkpoint", /*need_data=*/false); !st.ok())
     return st;
-  }
-  if (absl::Status st = fs::fsync_path(req.root); !st.ok()) return st;
-  crash_point("before_latest", req.step);
-  if (absl::Status st = write_latest(req.root, name); !st.ok()) return st;
-  crash_point("before_cleanup", req.step);
-  if (absl::Status st = apply_retention(req.root, req.keep_last, name); !st.ok()) {
-    return absl::Status(st.code(),
-                        absl::StrCat("checkpoint ", final_dir,
-                                     " was committed, but retention failed: ", st.message()));
-  }
-  return absl::OkStatus();
+  absl::StatusOr<std::map<std::string, std::vector<h5::VirtualPiece>>> tiles =
+      tile_tensors(req.tensors, req.shards);
+  if (!tiles.ok()) return tiles.status();
+  absl::StatusOr<std::string> latest_name = read_latest_name(req.root);
+  if (!latest_name.ok()) return latest_name.status();
+  const std::string tmp = save_tmp_dir(req.root, req.step);
+  if (!fs::is_directory(tmp))
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint commit: ", tmp, " does not exist (begin_save was not called)"));
+  std::map<std::string, fs::FileDigest> shard_digests;
+  for (const ShardRecord& r : req.shards) shard_digests[shard_file_name(r.rank)] = r.digest;
+  ModelFileContents contents{checkpoint_sets(req.tensors, req.tensors, req.tensors), req.state,
+                             req.config_yaml, req.layout_json, *std::move(tiles)};
+  absl::StatusOr<std::vector<std::string>> files = write_step_files(contents, tmp, nullptr);
+  if (!files.ok()) return files.status();
+  crash_point("before_manifest", req.step);
+  if (absl::Status st = write_manifest(tmp, req.step, *files, shard_digests); !st.ok()) return st;
+  if (absl::Status st = fs::fsync_path(tmp); !st.ok()) return st;
+  return publish(req.root, req.step, req.keep_last, tmp, *latest_name);
 }
 
 absl::StatusOr<std::string> find_latest(const std::string& root) {

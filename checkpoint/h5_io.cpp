@@ -194,14 +194,81 @@ absl::StatusOr<DatasetInfo> dataset_info(hid_t file, const std::string& path) {
   return info;
 }
 
-absl::Status read_f32(hid_t file, const std::string& path, float* out) {
-  Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+absl::Status read_f32(hid_t file, const std::string& path, float* out, hid_t dapl,
+                      const std::vector<int64_t>& start, const std::vector<int64_t>& extent) {
+  Handle dset(H5Dopen2(file, path.c_str(), dapl), H5Dclose);
   if (!dset.valid()) return absl::DataLossError(with_detail("cannot open dataset " + path));
   Handle space(H5Dget_space(dset.get()), H5Sclose);
   H5_CHECK(space.get());
-  if (H5Sget_simple_extent_npoints(space.get()) == 0) return absl::OkStatus();
-  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+  Handle mem = simple_space(extent);
+  hid_t mem_space = H5S_ALL;
+  if (!extent.empty()) {
+    std::vector<hsize_t> at(start.begin(), start.end()), count(extent.begin(), extent.end());
+    for (hsize_t c : count)
+      if (c == 0) return absl::OkStatus();
+    H5_CHECK(H5Sselect_hyperslab(space.get(), H5S_SELECT_SET, at.data(), nullptr, count.data(),
+                                 nullptr));
+    mem_space = mem.get();
+  }
+  if (H5Sget_select_npoints(space.get()) == 0) return absl::OkStatus();
+  if (H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem_space, space.get(), H5P_DEFAULT, out) < 0) {
     return absl::DataLossError(with_detail("cannot read dataset " + path));
+  }
+  return absl::OkStatus();
+}
+
+Handle vds_access_plist(const std::string& dir) {
+  Handle dapl(H5Pcreate(H5P_DATASET_ACCESS), H5Pclose);
+  H5_CHECK(dapl.get());
+  H5_CHECK(H5Pset_virtual_prefix(dapl.get(), dir.c_str()));
+  return dapl;
+}
+
+absl::StatusOr<std::vector<std::string>> virtual_sources(hid_t file, const std::string& path) {
+  Handle dset(H5Dopen2(file, path.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!dset.valid()) return absl::DataLossError(with_detail("cannot open dataset " + path));
+  Handle dcpl(H5Dget_create_plist(dset.get()), H5Pclose);
+  H5_CHECK(dcpl.get());
+  std::vector<std::string> files;
+  if (H5Pget_layout(dcpl.get()) != H5D_VIRTUAL) return files;
+  size_t count = 0;
+  H5_CHECK(H5Pget_virtual_count(dcpl.get(), &count));
+  for (size_t i = 0; i < count; ++i) {
+    ssize_t n = H5Pget_virtual_filename(dcpl.get(), i, nullptr, 0);
+    H5_CHECK(n);
+    std::string name(static_cast<size_t>(n) + 1, '\0');
+    H5_CHECK(H5Pget_virtual_filename(dcpl.get(), i, name.data(), name.size()));
+    name.resize(static_cast<size_t>(n));
+    if (std::find(files.begin(), files.end(), name) == files.end()) files.push_back(name);
+  }
+  return files;
+}
+
+absl::Status write_virtual_f32(hid_t file, const std::string& path,
+                               const std::vector<int64_t>& shape,
+                               const std::vector<VirtualPiece>& pieces) {
+  Handle space = simple_space(shape);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5_CHECK(dcpl.get());
+  const float zero = 0.0f;
+  H5_CHECK(H5Pset_fill_value(dcpl.get(), H5T_NATIVE_FLOAT, &zero));
+  for (const VirtualPiece& p : pieces) {
+    std::vector<hsize_t> at(p.start.begin(), p.start.end()),
+        count(p.extent.begin(), p.extent.end());
+    Handle dst = simple_space(shape);
+    if (!shape.empty())
+      H5_CHECK(H5Sselect_hyperslab(dst.get(), H5S_SELECT_SET, at.data(), nullptr, count.data(),
+                                   nullptr));
+    Handle src = simple_space(p.extent);
+    H5_CHECK(H5Pset_virtual(dcpl.get(), dst.get(), p.file.c_str(), p.dataset.c_str(), src.get()));
+  }
+  Handle lcpl = intermediate_groups_plist();
+  Handle dset(H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(),
+                         H5P_DEFAULT),
+              H5Dclose);
+  if (!dset.valid() || dset.reset() < 0) {
+    return absl::UnavailableError(
+        with_detail(absl::StrCat("cannot create virtual dataset ", path)));
   }
   return absl::OkStatus();
 }

@@ -68,8 +68,32 @@ struct DatasetInfo {
 };
 absl::StatusOr<DatasetInfo> dataset_info(hid_t file, const std::string& path);
 
-// Reads a dataset whose shape the caller checked into `out` (converted to native float).
-absl::Status read_f32(hid_t file, const std::string& path, float* out);
+// Reads a dataset whose shape the caller checked into `out` (converted to native float): the
+// block at `start` of `extent` elements per dimension, or all of it when both are empty. `dapl`
+// is the dataset access property list (H5P_DEFAULT, or vds_access_plist for a checkpoint).
+absl::Status read_f32(hid_t file, const std::string& path, float* out, hid_t dapl = H5P_DEFAULT,
+                      const std::vector<int64_t>& start = {},
+                      const std::vector<int64_t>& extent = {});
+
+// A dataset access property list that resolves the relative source file names of virtual
+// datasets against `dir`, whatever the working directory.
+Handle vds_access_plist(const std::string& dir);
+
+// The source file names of a virtual dataset, each once, in mapping order; {} when `path` is
+// an ordinary dataset.
+absl::StatusOr<std::vector<std::string>> virtual_sources(hid_t file, const std::string& path);
+
+// One mapping of a virtual dataset: the block at `start` of `extent` is all of dataset
+// `dataset` (its shape is `extent`) in file `file` (relative to the virtual file's directory).
+struct VirtualPiece {
+  std::vector<int64_t> start, extent;
+  std::string file, dataset;
+};
+// Creates fp32 virtual dataset `path` of `shape` stitched from `pieces` (intermediate groups
+// created). Elements no piece covers read as 0.
+absl::Status write_virtual_f32(hid_t file, const std::string& path,
+                               const std::vector<int64_t>& shape,
+                               const std::vector<VirtualPiece>& pieces);
 
 // Absolute paths of all datasets under group `group` ("/model"), sorted; {} if none.
 std::vector<std::string> list_datasets(hid_t file, const std::string& group);

@@ -22,15 +22,19 @@ struct Manifest {
   std::map<std::string, fs::FileDigest> files;  // file name in the checkpoint dir -> digest
 };
 
-// Digests `files` (names inside `dir`) and writes `dir`/manifest.json durably (fsync).
+// Digests `files` (names inside `dir`) and writes `dir`/manifest.json durably (fsync),
+// listing them and the files of `known` (digests computed by their writers).
 absl::Status write_manifest(const std::string& dir, int64_t step,
-                            const std::vector<std::string>& files);
+                            const std::vector<std::string>& files,
+                            const std::map<std::string, fs::FileDigest>& known = {});
 
 // Reads and parses `dir`/manifest.json: present, valid JSON, our format and version, a step
 // and a well-formed file table listing model.h5.
 absl::StatusOr<Manifest> read_manifest(const std::string& dir);
 
-// Every file of `m` exists in `dir` with its recorded size and crc32.
-absl::Status check_manifest_files(const std::string& dir, const Manifest& m);
+// Every file of `m` exists in `dir` with its recorded size, and those whose index in `m.files`
+// is `part` modulo `parts` with their recorded crc32 (parts = 0: no crc32 checks).
+absl::Status check_manifest_files(const std::string& dir, const Manifest& m, int part = 0,
+                                  int parts = 1);
 
 }  // namespace tr::ckpt

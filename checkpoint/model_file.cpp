@@ -1,5 +1,7 @@
 #include "checkpoint/model_file.h"
 
+#include <filesystem>
+#include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -17,14 +19,20 @@ constexpr char kStateGroup[] = "/state";
 constexpr char kConfigDataset[] = "/config";
 constexpr char kLayoutDataset[] = "/layout";
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+std::string dataset_path(const TensorSet& set, const TensorRef& t) {
+  return ckpt::dataset_path(set.group, t.name);
 }
 
-std::string dataset_path(const TensorSet& set, const TensorRef& t) {
-  return absl::StrCat(set.group, "/", t.name);
+// Where the block of `t` lies, checked against its global shape (a caller's error otherwise).
+absl::Status check_block(const TensorRef& t) {
+  if (t.whole()) return absl::OkStatus();
+  bool ok = t.start.size() == t.shape.size() && t.extent.size() == t.shape.size();
+  for (size_t d = 0; ok && d < t.shape.size(); ++d)
+    ok = t.start[d] >= 0 && t.extent[d] >= 0 && t.start[d] + t.extent[d] <= t.shape[d];
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", t.name, "': block at ", h5::shape_str(t.start), " of ",
+                   h5::shape_str(t.extent), " is outside its shape ", h5::shape_str(t.shape)));
 }
 
 bool valid_name(const std::string& name) {
@@ -70,9 +78,27 @@ absl::Status read_state(hid_t file, const std::string& path, TrainState* s) {
   return absl::OkStatus();
 }
 
-// Checks existence, dtype and shape of one expected tensor, then reads it.
+// A virtual tensor must map only to files the manifest lists: HDF5 reads a missing source as
+// zeros, which would load silently wrong weights.
+absl::Status check_sources(hid_t file, const std::string& path, const std::string& ds,
+                           const std::set<std::string>& known_files) {
+  absl::StatusOr<std::vector<std::string>> sources = h5::virtual_sources(file, ds);
+  if (!sources.ok())
+    return absl::DataLossError(
+        absl::StrCat("checkpoint file ", path, ": ", sources.status().message()));
+  for (const std::string& src : *sources) {
+    if (src == "." || known_files.count(src)) continue;
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": tensor ", ds,
+                                            " maps to file '", src,
+                                            "' that the manifest does not list"));
+  }
+  return absl::OkStatus();
+}
+
+// Checks existence, dtype and shape of one expected tensor, then reads it (or its block).
 absl::Status read_tensor(hid_t file, const std::string& path, const TensorSet& set,
-                         const TensorRef& t) {
+                         const TensorRef& t, hid_t dapl, const std::set<std::string>& known_files) {
+  if (absl::Status st = check_block(t); !st.ok()) return st;
   std::string ds = dataset_path(set, t);
   if (!h5::path_exists(file, ds)) {
     return absl::NotFoundError(absl::StrCat("checkpoint file ", path, " has no tensor '", t.name,
@@ -94,7 +120,8 @@ absl::Status read_tensor(hid_t file, const std::string& path, const TensorSet& s
                      h5::shape_str(info->shape), " in the checkpoint but the model expects ",
                      h5::shape_str(t.shape), ": the checkpoint is from a different model shape"));
   }
-  absl::Status st = h5::read_f32(file, ds, t.data);
+  if (absl::Status st = check_sources(file, path, ds, known_files); !st.ok()) return st;
+  absl::Status st = h5::read_f32(file, ds, t.data, dapl, t.start, t.extent);
   if (!st.ok())
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": ", st.message()));
   return absl::OkStatus();
@@ -115,13 +142,18 @@ absl::Status check_no_extra(hid_t file, const std::string& path, const TensorSet
 
 }  // namespace
 
+std::string dataset_path(const std::string& group, const std::string& name) {
+  return absl::StrCat(group, "/", name);
+}
+
 std::vector<TensorSet> checkpoint_sets(std::span<const TensorRef> params,
                                        std::span<const TensorRef> exp_avg,
                                        std::span<const TensorRef> exp_avg_sq) {
   return {{"/model", params}, {"/optim/exp_avg", exp_avg}, {"/optim/exp_avg_sq", exp_avg_sq}};
 }
 
-absl::Status validate_tensors(std::span<const TensorRef> tensors, absl::string_view what) {
+absl::Status validate_tensors(std::span<const TensorRef> tensors, absl::string_view what,
+                              bool need_data) {
   std::set<std::string> names;
   for (const TensorRef& t : tensors) {
     if (!valid_name(t.name)) {
@@ -138,7 +170,7 @@ absl::Status validate_tensors(std::span<const TensorRef> tensors, absl::string_v
             what, " tensor '", t.name, "' has negative shape ", h5::shape_str(t.shape)));
       }
     }
-    if (t.data == nullptr && numel(t.shape) > 0) {
+    if (need_data && t.data == nullptr && t.block_numel() > 0) {
       return absl::InvalidArgumentError(absl::StrCat(what, " tensor '", t.name, "' has no data"));
     }
   }
@@ -180,7 +212,11 @@ absl::Status write_model_file(const std::string& path, const ModelFileContents& 
   for (const TensorSet& set : contents.sets) total += set.tensors.size();
   for (const TensorSet& set : contents.sets) {
     for (const TensorRef& t : set.tensors) {
-      absl::Status st = h5::write_f32(f, dataset_path(set, t), t.shape, t.data);
+      const std::string ds = dataset_path(set, t);
+      auto virt = contents.virtual_tensors.find(ds);
+      absl::Status st = virt != contents.virtual_tensors.end()
+                            ? h5::write_virtual_f32(f, ds, t.shape, virt->second)
+                            : h5::write_f32(f, ds, t.shape, t.data);
       if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
       if (progress) progress(++done, total);
     }
@@ -196,16 +232,47 @@ absl::Status write_model_file(const std::string& path, const ModelFileContents& 
   return absl::OkStatus();
 }
 
+absl::Status write_shard_file(const std::string& path, std::span<const ShardPiece> pieces,
+                              const WriteProgress& progress) {
+  absl::StatusOr<Handle> file = h5::create_file(path);
+  if (!file.ok()) return file.status();
+  hid_t f = file->get();
+  h5::write_attr_string(f, "format", kManifestFormat);
+  h5::write_attr_i64(f, "version", kManifestVersion);
+  const std::vector<TensorSet> groups = checkpoint_sets({}, {}, {});
+  std::map<std::string, int> count;  // pieces written per tensor
+  size_t done = 0;
+  for (const ShardPiece& p : pieces) {
+    const std::string tensor = dataset_path(groups[static_cast<int>(p.set)].group, p.ref.name);
+    const std::string ds = absl::StrCat(tensor, "/", count[tensor]++);
+    absl::Status st = h5::write_f32(f, ds, p.ref.extent, p.ref.data);
+    if (st.ok()) {
+      Handle dset(H5Dopen2(f, ds.c_str(), H5P_DEFAULT), H5Dclose);
+      H5_CHECK(dset.get());
+      h5::write_attr_string(dset.get(), "start", h5::shape_str(p.ref.start));
+    }
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+    if (progress) progress(++done, pieces.size());
+  }
+  if (file->reset() < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot close HDF5 file ", path, " (disk full?)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status read_model_file(const std::string& path, const std::vector<TensorSet>& sets,
                              TrainState* state, std::string* config_yaml, std::string* layout_json,
-                             bool subset) {
+                             bool subset, const std::set<std::string>& known_files) {
   absl::StatusOr<Handle> file = h5::open_file_readonly(path);
   if (!file.ok()) return file.status();
   hid_t f = file->get();
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  Handle dapl = h5::vds_access_plist(dir.empty() ? "." : dir);
   for (const TensorSet& set : sets) {
     if (set.tensors.empty()) continue;
     for (const TensorRef& t : set.tensors) {
-      if (absl::Status st = read_tensor(f, path, set, t); !st.ok()) return st;
+      if (absl::Status st = read_tensor(f, path, set, t, dapl.get(), known_files); !st.ok())
+        return st;
     }
     if (subset) continue;
     if (absl::Status st = check_no_extra(f, path, set); !st.ok()) return st;

@@ -12,6 +12,8 @@
 
 #include <cstddef>
 #include <functional>
+#include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/h5_io.h"
 
 namespace tr::ckpt {
 
@@ -37,8 +40,9 @@ std::vector<TensorSet> checkpoint_sets(std::span<const TensorRef> params,
 
 // Names are non-empty relative paths ("a/b/c": no leading or trailing slash, no empty, "."
 // or ".." component), unique, none a group of another; shapes non-negative; data non-null
-// when there are elements. `what` names the set in messages ("params").
-absl::Status validate_tensors(std::span<const TensorRef> tensors, absl::string_view what);
+// when there are elements (unless !need_data). `what` names the set in messages ("params").
+absl::Status validate_tensors(std::span<const TensorRef> tensors, absl::string_view what,
+                              bool need_data = true);
 // `other` has the same names and shapes as `params`, in the same order.
 absl::Status validate_same_layout(std::span<const TensorRef> params,
                                   std::span<const TensorRef> other, absl::string_view what);
@@ -48,6 +52,10 @@ struct ModelFileContents {
   TrainState state;
   std::string config_yaml;
   std::string layout_json;
+  // Distributed checkpoints: the blocks of each tensor (by dataset path, "/model/<name>") in
+  // the shard files. A tensor listed here is written as a virtual dataset over them (its data
+  // pointer unused); the others are written from their data.
+  std::map<std::string, std::vector<h5::VirtualPiece>> virtual_tensors;
 };
 
 // Called after each tensor is written with (tensors written so far, total).
@@ -58,11 +66,21 @@ using WriteProgress = std::function<void(size_t, size_t)>;
 absl::Status write_model_file(const std::string& path, const ModelFileContents& contents,
                               const WriteProgress& progress);
 
-// Reads every tensor of every set into its buffer after checking that it exists, is fp32
-// and has the expected shape, and that a non-empty set's group holds no tensor the caller
-// did not ask for (unless `subset`). Null outputs are skipped.
+// "/model/layers/0/mlp/up_proj/weight"
+std::string dataset_path(const std::string& group, const std::string& name);
+
+// Writes `pieces` (blocks of the tensors of `sets`, group by group) as datasets
+// <group>/<name>/<k> with an attribute `start` into `path` (which must not exist) and closes it.
+absl::Status write_shard_file(const std::string& path, std::span<const ShardPiece> pieces,
+                              const WriteProgress& progress);
+
+// Reads every tensor (or block) of every set into its buffer after checking that it exists,
+// is fp32 and has the expected shape, that a virtual tensor's source files are all in
+// `known_files` (names in the file's directory: the manifest's list), and that a non-empty
+// set's group holds no tensor the caller did not ask for (unless `subset`). Null outputs are
+// skipped.
 absl::Status read_model_file(const std::string& path, const std::vector<TensorSet>& sets,
                              TrainState* state, std::string* config_yaml, std::string* layout_json,
-                             bool subset = false);
+                             bool subset, const std::set<std::string>& known_files);
 
 }  // namespace tr::ckpt

@@ -24,6 +24,15 @@ struct Topology {
   int rank_at(int tp_coord, int dp_coord, int pp_coord) const {
     return tp_coord + tp * (dp_coord + dp * pp_coord);
   }
+  // The same grid seen from global rank `r`.
+  Topology of_rank(int r) const {
+    Topology t = *this;
+    t.rank = r;
+    t.tp_rank = r % tp;
+    t.dp_rank = r / tp % dp;
+    t.pp_rank = r / (tp * dp);
+    return t;
+  }
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp - 1; }
   std::string describe() const;  // "world 8 = tp 2 x dp 2 x pp 2; rank 5 = (tp 1, dp 0, pp 1)"

@@ -47,7 +47,8 @@ struct FakeModel {
   std::vector<std::vector<float>> buf[3];
   std::vector<TensorRef> refs[3];
 
-  FakeModel(const std::vector<Spec>& specs, uint32_t seed) {
+  std::vector<Spec> specs;
+  FakeModel(const std::vector<Spec>& specs_, uint32_t seed) : specs(specs_) {
     for (int s = 0; s < 3; ++s) {
       for (const Spec& sp : specs) {
         int64_t n = 1;
@@ -107,6 +108,95 @@ SaveRequest request(const std::string& root, int64_t step, const FakeModel& m, i
   return req;
 }
 
+// The model of the distributed tests: shards hold blocks, so no scalars.
+const std::vector<Spec> kShardModel = {
+    {"embed/weight", {16, 8}},
+    {"layers/0/attn/q_proj/weight", {8, 8}},
+    {"layers/0/norm/weight", {8}},
+    {"layers/1/attn/q_proj/weight", {8, 8}},
+};
+
+// A block of tensor `t` of `m` in set `set`: a copy of its elements, kept alive by `store`.
+tr::ckpt::ShardPiece block_of(const FakeModel& m, int set, size_t t, std::vector<int64_t> start,
+                              std::vector<int64_t> extent, std::vector<std::vector<float>>& store) {
+  const Spec& sp = m.specs[t];
+  const int64_t cols = sp.shape.size() == 2 ? sp.shape[1] : 1;
+  std::vector<float>& data = store.emplace_back();
+  const int64_t rows = sp.shape.size() == 2 ? extent[0] : 1, width = extent.back();
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < width; ++j) {
+      const int64_t r = sp.shape.size() == 2 ? start[0] + i : 0, c = start.back() + j;
+      data.push_back(m.buf[set][t][r * cols + c]);
+    }
+  tr::ckpt::ShardPiece p;
+  p.set = static_cast<tr::ckpt::TensorSetId>(set);
+  p.ref = TensorRef(sp.name, sp.shape, data.data());
+  p.ref.start = std::move(start);
+  p.ref.extent = std::move(extent);
+  return p;
+}
+
+// Rank 0 writes the top half of each matrix (the first 3 elements of a vector); rank 1 the
+// rest as a partial row, full rows and a partial row (as a ZeRO-1 range cuts a tensor), and
+// rank 2 nothing. `gap` leaves one element out; `overlap` writes one twice.
+struct Shards {
+  std::vector<std::vector<float>> store;
+  std::vector<tr::ckpt::ShardPiece> pieces[3];
+  Shards(const FakeModel& m, bool gap = false, bool overlap = false) {
+    store.reserve(1000);
+    for (int set = 0; set < 3; ++set) {
+      for (size_t t = 0; t < m.specs.size(); ++t) {
+        const std::vector<int64_t>& shape = m.specs[t].shape;
+        if (shape.size() == 1) {
+          pieces[0].push_back(block_of(m, set, t, {0}, {3}, store));
+          pieces[1].push_back(block_of(m, set, t, {3}, {shape[0] - 3}, store));
+          continue;
+        }
+        const int64_t R = shape[0], C = shape[1], h = R / 2;
+        pieces[0].push_back(block_of(m, set, t, {0, 0}, {h, C}, store));
+        pieces[1].push_back(block_of(m, set, t, {h, 0}, {1, C - 3}, store));
+        pieces[1].push_back(block_of(m, set, t, {h, C - 3}, {1, 3}, store));
+        pieces[1].push_back(block_of(m, set, t, {h + 1, 0}, {R - h - 2, C}, store));
+        pieces[1].push_back(block_of(m, set, t, {R - 1, 0}, {1, gap ? C - 1 : C}, store));
+        if (overlap) pieces[1].push_back(block_of(m, set, t, {0, 0}, {1, 1}, store));
+      }
+    }
+  }
+};
+
+std::vector<TensorRef> metadata(const FakeModel& m) {
+  std::vector<TensorRef> out;
+  for (const Spec& sp : m.specs) out.emplace_back(sp.name, sp.shape);
+  return out;
+}
+
+// The distributed protocol in one process: begin, a shard per rank, commit.
+absl::Status distributed_save(const std::string& root, int64_t step, const FakeModel& m,
+                              const Shards& shards) {
+  absl::StatusOr<std::string> tmp = tr::ckpt::begin_save(root, step, 2);
+  if (!tmp.ok()) return tmp.status();
+  const std::vector<TensorRef> tensors = metadata(m);
+  tr::ckpt::CommitRequest req;
+  req.root = root;
+  req.step = step;
+  req.tensors = tensors;
+  for (int rank = 0; rank < 3; ++rank) {
+    if (shards.pieces[rank].empty()) continue;
+    absl::StatusOr<tr::fs::FileDigest> d =
+        tr::ckpt::write_shard(*tmp, rank, step, shards.pieces[rank]);
+    if (!d.ok()) return d.status();
+    req.shards.push_back({rank, shards.pieces[rank], *d});
+  }
+  req.state = state_for(step);
+  req.config_yaml = config_for(step);
+  req.layout_json = R"({"tp": 1, "pp": 1, "dp": 1})";
+  return tr::ckpt::commit_save(req);
+}
+
+absl::Status distributed_save(const std::string& root, int64_t step, const FakeModel& m) {
+  return distributed_save(root, step, m, Shards(m));
+}
+
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
@@ -123,7 +213,7 @@ std::set<std::string> entries(const std::string& dir) {
 // Loads `dir` into a zeroed model of `specs` and checks it equals `expected` bit for bit,
 // with the state and config of `step`.
 void require_loads_as(const std::string& dir, const FakeModel& expected, int64_t step) {
-  FakeModel got(kTinyModel, 0);
+  FakeModel got(expected.specs, 0);
   for (auto& set : got.buf) {
     for (auto& v : set) std::fill(v.begin(), v.end(), 0.0f);
   }
@@ -453,5 +543,146 @@ TEST_CASE("checkpoint: h5ls reads the file as a whole model", "[checkpoint]") {
   if (have_tool("h5dump")) {
     std::string attr = run_capture("h5dump -a /state/step '" + h5 + "' 2>&1");
     CHECK_THAT(attr, Catch::Contains("(0): 20"));
+  }
+}
+
+TEST_CASE("distributed save: shards read back as whole tensors and as blocks, bit-exact",
+          "[checkpoint]") {
+  TempDir root;
+  FakeModel model(kShardModel, 7);
+  absl::Status s = distributed_save(root.path(), 20, model);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  const std::string dir = root / "step_00000020";
+  CHECK(entries(dir) == std::set<std::string>{"config.yaml", "layout.json", "manifest.json",
+                                              "model.h5", "shard_00000.h5", "shard_00001.h5"});
+  CHECK(tr::ckpt::verify(dir).ok());
+  require_loads_as(dir, model, 20);
+
+  // A block that crosses both shards: rows 6..11, columns 2..6 of embed/weight, Adam v.
+  std::vector<float> got(6 * 5, -1.0f);
+  TensorRef block("embed/weight", {16, 8}, got.data());
+  block.start = {6, 2};
+  block.extent = {6, 5};
+  LoadTarget dst;
+  dst.exp_avg_sq = {&block, 1};
+  dst.subset = true;
+  s = tr::ckpt::load(dir, dst, nullptr, nullptr);
+  INFO(s.message());
+  REQUIRE(s.ok());
+  for (int64_t i = 0; i < 6; ++i)
+    for (int64_t j = 0; j < 5; ++j) CHECK(got[i * 5 + j] == model.buf[2][0][(6 + i) * 8 + 2 + j]);
+
+  // A block outside the tensor is the caller's error, named.
+  block.start = {12, 0};
+  CHECK(load_error(dir, dst) ==
+        "tensor 'embed/weight': block at [12,0] of [6,5] is outside its shape [16,8]");
+
+  // Read from another working directory: the shards are found next to model.h5.
+  if (have_tool("h5dump")) {
+    const std::string out =
+        run_capture("cd / && h5dump -d /model/embed/weight -s 15,7 -c 1,1 " + dir + "/model.h5");
+    char want[64];
+    std::snprintf(want, sizeof(want), "%g", model.buf[0][0][15 * 8 + 7]);
+    CHECK(out.find(want) != std::string::npos);
+  }
+}
+
+TEST_CASE("distributed save: a missing or unlisted shard is an error naming it", "[checkpoint]") {
+  TempDir root;
+  FakeModel model(kShardModel, 3);
+  REQUIRE(distributed_save(root.path(), 5, model).ok());
+  const std::string dir = root / "step_00000005";
+  FakeModel got(kShardModel, 0);
+  SECTION("missing shard file") {
+    fs::remove(dir + "/shard_00001.h5");
+    CHECK(load_error(dir, got.target()) ==
+          "checkpoint file " + dir + "/shard_00001.h5 listed in the manifest is missing");
+  }
+  SECTION("shard file not in the manifest (HDF5 would read it as zeros if it were gone)") {
+    nlohmann::json j = nlohmann::json::parse(read_text(dir + "/manifest.json"));
+    j["files"].erase("shard_00001.h5");
+    std::ofstream(dir + "/manifest.json", std::ios::trunc) << j.dump();
+    CHECK(load_error(dir, got.target()) ==
+          "checkpoint file " + dir +
+              "/model.h5: tensor /model/embed/weight maps to file 'shard_00001.h5' that the "
+              "manifest does not list");
+  }
+}
+
+TEST_CASE("distributed save: the commit refuses shards that leave a gap or overlap",
+          "[checkpoint]") {
+  TempDir root;
+  FakeModel model(kShardModel, 3);
+  REQUIRE(distributed_save(root.path(), 1, model).ok());
+  absl::Status gap = distributed_save(root.path(), 2, model, Shards(model, true, false));
+  CHECK(gap.message() == "checkpoint shards cover 127 of the 128 elements of /model/embed/weight");
+  absl::Status overlap = distributed_save(root.path(), 2, model, Shards(model, false, true));
+  CHECK(overlap.message() ==
+        "checkpoint shards overlap on /model/embed/weight (shard_00001.h5 and shard_00000.h5)");
+  // Nothing was committed; the earlier checkpoint is still the latest.
+  CHECK(*tr::ckpt::find_latest(root.path()) == root / "step_00000001");
+  CHECK_FALSE(fs::exists(root / "step_00000002"));
+}
+
+TEST_CASE("verify(dir, part, parts): each part checks the sizes of all and the crc32 of its share",
+          "[checkpoint]") {
+  TempDir root;
+  FakeModel model(kShardModel, 4);
+  REQUIRE(distributed_save(root.path(), 3, model).ok());
+  const std::string dir = root / "step_00000003";
+  // Six files: config.yaml layout.json model.h5 shard_00000.h5 shard_00001.h5 (+ manifest,
+  // unlisted). Flip one byte of shard_00001.h5 (index 4 in the manifest's order).
+  {
+    std::fstream f(dir + "/shard_00001.h5", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-100, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-100, std::ios::end);
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  int failed = 0;
+  for (int part = 0; part < 3; ++part) {
+    absl::Status s = tr::ckpt::verify(dir, part, 3);
+    if (!s.ok()) {
+      ++failed;
+      CHECK(part == 4 % 3);
+      CHECK(std::string(s.message()).find("shard_00001.h5 is corrupt: crc32 mismatch") !=
+            std::string::npos);
+    }
+  }
+  CHECK(failed == 1);
+  fs::resize_file(dir + "/shard_00000.h5", 100);  // a size error: every part sees it
+  for (int part = 0; part < 3; ++part)
+    CHECK(std::string(tr::ckpt::verify(dir, part, 3).message()).find("size mismatch") !=
+          std::string::npos);
+}
+
+TEST_CASE("distributed save: a crash at any stage leaves a loadable checkpoint", "[checkpoint]") {
+  for (const char* stage :
+       {"mid_tensors", "before_manifest", "before_rename", "before_latest", "before_cleanup"}) {
+    INFO("crash point " << stage);
+    TempDir root;
+    FakeModel m1(kShardModel, 1), m2(kShardModel, 2), m3(kShardModel, 3);
+    REQUIRE(distributed_save(root.path(), 1, m1).ok());
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      setenv("TR_TEST_CRASH_POINT", stage, 1);
+      absl::Status s = distributed_save(root.path(), 2, m2);
+      _exit(s.ok() ? 10 : 11);
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFSIGNALED(status));
+    const int64_t survivor = std::string(stage) == "before_cleanup" ? 2 : 1;
+    absl::StatusOr<std::string> latest = tr::ckpt::find_latest(root.path());
+    REQUIRE(latest.ok());
+    CHECK(*latest == root / tr::ckpt::step_dir_name(survivor));
+    require_loads_as(*latest, survivor == 1 ? m1 : m2, survivor);
+    REQUIRE(distributed_save(root.path(), 2, m3).ok());
+    require_loads_as(root / "step_00000002", m3, 2);
+    require_loads_as(root / "step_00000001", m1, 1);
   }
 }

@@ -419,7 +419,8 @@ TEST_CASE("cli: srun -n 4 with tp 2 x dp 2 matches one rank", "[.slurm]") {
   REQUIRE(b.size() == 10);
   for (size_t i = 0; i < a.size(); ++i)
     CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
-  r = run_cmd("srun -n 2 " + std::string(TR_TRAINER_BIN) + " --config " + four.config);  // no PMI
+  r = run_cmd("srun --overcommit -n 2 " + std::string(TR_TRAINER_BIN) + " --config " +
+              four.config);  // no PMI
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: started by srun with 2 tasks but without PMI") != std::string::npos);
   r = four.srun(4, "--set parallel.dp=2");

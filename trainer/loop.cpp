@@ -49,76 +49,74 @@ std::string layout_json(const Session& s) {
   return j.dump();
 }
 
-// The three global copies (weights, Adam m and v) of one pipeline stage's tensors.
-struct StageTensors {
-  GlobalTensors p, m, v;
-  explicit StageTensors(const ParamLayout& layout) : p(layout), m(layout), v(layout) {}
-};
-
-// Pipeline: the (tp 0, dp 0) rank of every later stage sends its stage's global tensors to
-// rank 0, which appends them (without the last stage's copy of a tied embedding).
-void collect_stages(Session& s, StageTensors& mine, std::vector<StageTensors>& others,
-                    std::vector<ckpt::TensorRef> refs[3]) {
-  for (auto [i, g] : {std::pair{0, &mine.p}, {1, &mine.m}, {2, &mine.v}}) refs[i] = g->refs;
-  if (s.topo.pp == 1 || s.topo.tp_rank != 0 || s.topo.dp_rank != 0) return;
-  auto whole = [](GlobalTensors& g) {
-    return Tensor(g.data.data(), DType::f32, Device::cpu, {static_cast<int64_t>(g.data.size())});
-  };
-  if (!s.topo.first_stage()) {
-    for (GlobalTensors* g : {&mine.p, &mine.m, &mine.v}) s.groups.pp->send(whole(*g), 0);
-    return;
-  }
-  others.reserve(s.topo.pp - 1);
-  for (int stage = 1; stage < s.topo.pp; ++stage) {
-    Topology t = s.topo;
-    t.pp_rank = stage;
-    const ParamLayout layout =
-        ParamLayout::make(ModelDims::from(s.cfg.model, t, false, s.cfg.parallel.pipeline_layers));
-    StageTensors& st = others.emplace_back(layout);
-    for (GlobalTensors* g : {&st.p, &st.m, &st.v}) s.groups.pp->recv(whole(*g), stage);
-    for (size_t k = 0; k < layout.tensors.size(); ++k) {
-      if (layout.tensors[k].tied_copy) continue;
-      refs[0].push_back(st.p.refs[k]);
-      refs[1].push_back(st.m.refs[k]);
-      refs[2].push_back(st.v.refs[k]);
-    }
-  }
+// True on every rank when `ok` is true on every rank.
+bool all_ok(Comm& world, bool ok) {
+  int32_t failed = ok ? 0 : 1;
+  world.all_reduce(Tensor(&failed, DType::i32, Device::cpu, {1}), ReduceOp::max);
+  return failed == 0;
 }
 
-// Every rank calls this (the gathers are collectives); rank 0 writes. The Adam states are
-// gathered over DP under ZeRO-1, then weights and states over TP into global tensors, then
-// over the pipeline stages. (Fine at CPU scale; at GPU scale each rank will write its own
-// slices instead.)
+// Every rank writes the blocks it owns (trainer/shard.h) into its own shard file; rank 0
+// prepares the directory before and commits after. A rank's own failure is its return value;
+// when another rank failed, the others return OK and skip the commit, so that agree_on_exit
+// prints the failing rank's message.
 absl::Status save_checkpoint(Session& s) {
   const auto t0 = Clock::now();
-  const ParamLayout& layout = s.model->layout();
-  std::vector<float> m_local(layout.capacity), v_local(layout.capacity);
-  s.opt->gather_state(m_local.data(), v_local.data());
-  StageTensors mine(layout);
-  gather_global(layout, *s.groups.tp, s.model->params().ptr<float>(), mine.p);
-  gather_global(layout, *s.groups.tp, m_local.data(), mine.m);
-  gather_global(layout, *s.groups.tp, v_local.data(), mine.v);
-  std::vector<StageTensors> others;
-  std::vector<ckpt::TensorRef> refs[3];
-  collect_stages(s, mine, others, refs);
+  Comm& world = *s.groups.world;
+  const std::string& root = s.cfg.checkpoint.dir;
+  const int64_t step = s.state.step;
+  const int keep_last = static_cast<int>(s.cfg.checkpoint.keep_last);
+  absl::Status st;
+  if (s.logger()) st = ckpt::begin_save(root, step, keep_last).status();
+  if (!all_ok(world, st.ok())) return st;
+
+  TR_ASSERT(rank_layout(s.cfg, s.topo).capacity == s.model->layout().capacity,
+            "checkpoint ownership must see the model's layout");
+  const RankBuffers mine{s.model->params().ptr<float>(), s.opt->exp_avg().ptr<float>(),
+                         s.opt->exp_avg_sq().ptr<float>()};
+  const std::vector<ckpt::ShardPiece> pieces = owned_pieces(s.cfg, s.topo, mine);
+  fs::FileDigest digest;
+  if (!pieces.empty()) {
+    absl::StatusOr<fs::FileDigest> d =
+        ckpt::write_shard(ckpt::save_tmp_dir(root, step), s.topo.rank, step, pieces);
+    st = d.status();
+    if (d.ok()) digest = *d;
+  }
+  // (ok, bytes, crc32) of every rank, for the manifest. Doubles hold both exactly.
+  double own[3] = {st.ok() ? 1.0 : 0.0, static_cast<double>(digest.bytes),
+                   static_cast<double>(digest.crc32)};
+  std::vector<double> all(3 * static_cast<size_t>(world.size()));
+  world.all_gather(Tensor(all.data(), DType::f64, Device::cpu, {3 * world.size()}),
+                   Tensor(own, DType::f64, Device::cpu, {3}));
+  if (!st.ok()) return st;
+  for (int r = 0; r < world.size(); ++r)
+    if (all[3 * r] != 1.0) return absl::OkStatus();  // rank r reports its own error
   if (!s.logger()) return absl::OkStatus();
-  ckpt::SaveRequest req;
-  req.root = s.cfg.checkpoint.dir;
-  req.step = s.state.step;
-  req.keep_last = static_cast<int>(s.cfg.checkpoint.keep_last);
-  req.params = refs[0];
-  req.exp_avg = refs[1];
-  req.exp_avg_sq = refs[2];
+
+  const std::vector<ckpt::TensorRef> tensors = model_tensors(s.cfg, s.topo);
+  ckpt::CommitRequest req;
+  req.root = root;
+  req.step = step;
+  req.keep_last = keep_last;
+  req.tensors = tensors;
+  for (int r = 0; r < world.size(); ++r) {
+    std::vector<ckpt::ShardPiece> theirs = owned_pieces(s.cfg, s.topo.of_rank(r), {});
+    if (theirs.empty()) continue;
+    req.shards.push_back(
+        {r,
+         std::move(theirs),
+         {static_cast<uint64_t>(all[3 * r + 1]), static_cast<uint32_t>(all[3 * r + 2])}});
+  }
   req.state = s.state;
   req.config_yaml = to_yaml(s.cfg);
   req.layout_json = layout_json(s);
-  if (absl::Status st = ckpt::save(req); !st.ok())
-    return absl::InternalError(absl::StrCat("checkpoint save failed: ", st.message()));
+  if (absl::Status c = ckpt::commit_save(req); !c.ok())
+    return absl::InternalError(absl::StrCat("checkpoint save failed: ", c.message()));
   const double dt = seconds_since(t0);
-  std::printf("checkpoint %s/%s saved in %.2fs\n", s.cfg.checkpoint.dir.c_str(),
-              ckpt::step_dir_name(s.state.step).c_str(), dt);
-  s.log.note(absl::StrFormat("\"step\": %d, \"event\": \"checkpoint\", \"seconds\": %.3f",
-                             s.state.step, dt));
+  std::printf("checkpoint %s/%s saved in %.2fs (%zu shard files)\n", root.c_str(),
+              ckpt::step_dir_name(step).c_str(), dt, req.shards.size());
+  s.log.note(
+      absl::StrFormat("\"step\": %d, \"event\": \"checkpoint\", \"seconds\": %.3f", step, dt));
   return absl::OkStatus();
 }
 

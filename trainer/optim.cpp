@@ -111,22 +111,4 @@ void AdamW::update(double lr, int64_t step) {
   }
 }
 
-void AdamW::gather_state(float* exp_avg, float* exp_avg_sq) {
-  const int64_t capacity = model_.layout().capacity;
-  for (auto [state, out] : {std::pair{m_, exp_avg}, {v_, exp_avg_sq}}) {
-    Tensor full(out, DType::f32, Device::cpu, {capacity});
-    if (zero1_) {
-      dp_->all_gather(full, state);
-    } else {
-      std::fill(out, out + capacity, 0.0f);
-      std::copy(state.ptr<float>(), state.ptr<float>() + shard_size_, out);
-    }
-  }
-}
-
-void AdamW::scatter_state(const float* exp_avg, const float* exp_avg_sq) {
-  std::copy(exp_avg + shard_begin_, exp_avg + shard_begin_ + shard_size_, m_.ptr<float>());
-  std::copy(exp_avg_sq + shard_begin_, exp_avg_sq + shard_begin_ + shard_size_, v_.ptr<float>());
-}
-
 }  // namespace tr

@@ -38,11 +38,12 @@ class AdamW {
   // One update with learning rate `lr`; `step` is the 1-based optimizer step (bias correction).
   // With zero1 it ends by all-gathering the weights.
   void update(double lr, int64_t step);
-  // Full-size Adam states (layout().capacity floats each) for a checkpoint. Collective over
-  // dp with zero1.
-  void gather_state(float* exp_avg, float* exp_avg_sq);
-  // Takes this rank's part of full-size Adam states read from a checkpoint.
-  void scatter_state(const float* exp_avg, const float* exp_avg_sq);
+  // This rank's Adam states: [state_elems()] floats each, covering the flat buffer's range
+  // [shard_begin(), shard_begin() + state_elems()) (all of it without ZeRO-1). Checkpoints
+  // read and write them in place.
+  Tensor exp_avg() const { return m_; }
+  Tensor exp_avg_sq() const { return v_; }
+  int64_t shard_begin() const { return shard_begin_; }
   int64_t state_elems() const { return shard_size_; }  // per Adam moment, on this rank
 
  private:

@@ -1,84 +1,183 @@
 #include "trainer/shard.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace tr {
 namespace {
 
-int64_t product(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t s : shape) n *= s;
-  return n;
+using ckpt::ShardPiece;
+using ckpt::TensorRef;
+using ckpt::TensorSetId;
+
+bool zero1_on(const Config& cfg, const Topology& t) {
+  return cfg.parallel.zero1 && t.dp > 1;
 }
 
-// Rows and columns of a tensor seen as a matrix (a vector is one row).
-struct Mat {
-  int64_t rows, cols;
-};
-Mat mat(const std::vector<int64_t>& shape) {
-  return shape.size() == 2 ? Mat{shape[0], shape[1]} : Mat{1, product(shape)};
+// A tensor's columns as a matrix (a vector is one row).
+int64_t cols_of(const ParamInfo& p) {
+  return p.shape.size() == 2 ? p.shape[1] : p.numel;
 }
 
-// Copies block `r` of a TP-split tensor between its local layout (`local`, shape p.shape) and
-// the global one (`global`, shape p.global_shape); `to_global` picks the direction. Rows past
-// the global row count (vocabulary padding) are skipped, or zeroed when copying to local.
-void copy_block(const ParamInfo& p, int r, float* local, float* global, bool to_global) {
-  const Mat l = mat(p.shape), g = mat(p.global_shape);
-  const bool rows_split = p.split_dim == 0 && p.shape.size() == 2;
-  const bool vec_split = p.split_dim == 0 && p.shape.size() == 1;
-  for (int64_t i = 0; i < l.rows; ++i) {
-    const int64_t gi = rows_split ? i + r * l.rows : i;
-    const int64_t gj = p.split_dim == 1 ? r * l.cols : vec_split ? r * l.cols : 0;
-    float* lp = local + i * l.cols;
-    if (gi >= g.rows) {
-      if (!to_global) std::fill(lp, lp + l.cols, 0.0f);
-      continue;
+// Appends the blocks of the global tensor that elements [a, b) of p's local (row-major) slice
+// cover: at most a partial row, full rows and a partial row. `data` holds element a (null:
+// describe only). Vocabulary padding rows are left out.
+void add_range(const ParamInfo& p, TensorSetId set, int64_t a, int64_t b, const float* data,
+               std::vector<ShardPiece>& out) {
+  const int64_t C = cols_of(p);
+  auto rect = [&](int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+    if (nr <= 0 || nc <= 0) return;
+    ShardPiece piece;
+    piece.set = set;
+    piece.ref.name = p.name;
+    piece.ref.shape = p.global_shape;
+    if (p.shape.size() == 2) {
+      const int64_t gr = r0 + (p.split_dim == 0 ? p.split_offset : 0);
+      const int64_t gc = c0 + (p.split_dim == 1 ? p.split_offset : 0);
+      nr = std::min(nr, p.global_shape[0] - gr);  // padding rows are not part of the tensor
+      if (nr <= 0) return;
+      piece.ref.start = {gr, gc};
+      piece.ref.extent = {nr, nc};
+    } else {
+      piece.ref.start = {c0 + (p.split_dim == 0 ? p.split_offset : 0)};
+      piece.ref.extent = {nc};
     }
-    float* gp = global + gi * g.cols + gj;
-    if (to_global)
-      std::memcpy(gp, lp, sizeof(float) * l.cols);
-    else
-      std::memcpy(lp, gp, sizeof(float) * l.cols);
+    if (data != nullptr) piece.ref.data = const_cast<float*>(data) + (r0 * C + c0 - a);
+    out.push_back(std::move(piece));
+  };
+  if (a >= b) return;
+  const int64_t ra = a / C, rb = b / C;
+  if (ra == rb) {  // inside one row
+    rect(ra, 1, a % C, b - a);
+    return;
   }
+  int64_t full = ra;
+  if (a % C != 0) {
+    rect(ra, 1, a % C, C - a % C);
+    full = ra + 1;
+  }
+  rect(full, rb - full, 0, C);
+  if (b % C != 0) rect(rb, 1, 0, b % C);
+}
+
+// An empty block of p's global tensor: read nothing, but ask for the tensor (so that the
+// checkpoint's tensors are checked against the model's).
+TensorRef empty_block(const ParamInfo& p) {
+  TensorRef empty{p.name, p.global_shape, nullptr};
+  empty.start.assign(p.global_shape.size(), 0);
+  empty.extent = p.global_shape;
+  if (!empty.extent.empty()) empty.extent[0] = 0;
+  return empty;
+}
+
+// The whole local slice of p as one block of the global tensor (an empty block when the slice
+// is all vocabulary padding).
+TensorRef local_block(const ParamInfo& p, TensorSetId set, float* data) {
+  std::vector<ShardPiece> one;
+  add_range(p, set, 0, p.numel, data, one);
+  return one.empty() ? empty_block(p) : std::move(one.front().ref);
+}
+
+// This dp rank's 1/dp of the flat buffer: under ZeRO-1 the range whose Adam states it keeps
+// (as AdamW: capacity is a multiple of dp), and the range of every set it writes.
+std::pair<int64_t, int64_t> dp_range(const ParamLayout& l, const Topology& t) {
+  const int64_t size = (l.capacity + t.dp - 1) / t.dp, begin = std::min(size * t.dp_rank, l.total);
+  return {begin, std::min(begin + size, l.total)};
 }
 
 }  // namespace
 
-GlobalTensors::GlobalTensors(const ParamLayout& layout) {
-  int64_t total = 0;
-  for (const ParamInfo& p : layout.tensors) total += product(p.global_shape);
-  data.assign(static_cast<size_t>(total), 0.0f);
-  int64_t at = 0;
-  for (const ParamInfo& p : layout.tensors) {
-    refs.push_back({p.name, p.global_shape, data.data() + at});
-    at += product(p.global_shape);
-  }
+ParamLayout rank_layout(const Config& cfg, const Topology& topo) {
+  return ParamLayout::make(ModelDims::from(cfg.model, topo, cfg.parallel.sequence_parallel,
+                                           cfg.parallel.pipeline_layers),
+                           zero1_on(cfg, topo) ? topo.dp : 1);
 }
 
-void gather_global(const ParamLayout& layout, Comm& tp, const float* local, GlobalTensors& out) {
-  std::vector<float> blocks;
-  for (size_t k = 0; k < layout.tensors.size(); ++k) {
-    const ParamInfo& p = layout.tensors[k];
-    float* global = out.refs[k].data;
-    float* mine = const_cast<float*>(local) + p.offset;
-    if (p.split_dim < 0) {  // replicated: every rank holds the whole tensor
-      copy_block(p, 0, mine, global, true);
-      continue;
+std::vector<ShardPiece> owned_pieces(const Config& cfg, const Topology& topo,
+                                     const RankBuffers& bufs) {
+  const ParamLayout layout = rank_layout(cfg, topo);
+  auto owns = [&](const ParamInfo& p) {
+    return !p.tied_copy && (p.split_dim >= 0 || topo.tp_rank == 0);
+  };
+  auto at = [](const float* base, int64_t offset) {
+    return base != nullptr ? base + offset : nullptr;
+  };
+  const auto [begin, end] = dp_range(layout, topo);
+  const bool zero1 = zero1_on(cfg, topo);
+  std::vector<ShardPiece> out;
+  const std::pair<TensorSetId, const float*> sets[] = {{TensorSetId::params, bufs.params},
+                                                       {TensorSetId::exp_avg, bufs.exp_avg},
+                                                       {TensorSetId::exp_avg_sq, bufs.exp_avg_sq}};
+  for (auto [set, base] : sets) {
+    // Where the buffer starts in the flat layout: the Adam states of a ZeRO-1 shard start at
+    // its range; everything else is whole.
+    const int64_t origin = set != TensorSetId::params && zero1 ? begin : 0;
+    for (const ParamInfo& p : layout.tensors) {
+      const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
+      if (!owns(p) || lo >= hi) continue;
+      add_range(p, set, lo - p.offset, hi - p.offset, at(base, lo - origin), out);
     }
-    blocks.resize(static_cast<size_t>(p.numel * tp.size()));
-    Tensor all(blocks.data(), DType::f32, Device::cpu, {p.numel * tp.size()});
-    tp.all_gather(all, Tensor(mine, DType::f32, Device::cpu, {p.numel}));
-    for (int r = 0; r < tp.size(); ++r) copy_block(p, r, blocks.data() + r * p.numel, global, true);
   }
+  return out;
 }
 
-void scatter_global(const ParamLayout& layout, const GlobalTensors& in, float* local) {
-  for (size_t k = 0; k < layout.tensors.size(); ++k) {
-    const ParamInfo& p = layout.tensors[k];
-    const int r = p.split_dim < 0 ? 0 : static_cast<int>(p.split_offset / p.shape[p.split_dim]);
-    copy_block(p, r, local + p.offset, in.refs[k].data, false);
+std::vector<TensorRef> model_tensors(const Config& cfg, const Topology& topo) {
+  std::vector<TensorRef> out;
+  for (int stage = 0; stage < topo.pp; ++stage)
+    for (const ParamInfo& p : rank_layout(cfg, topo.of_rank(topo.rank_at(0, 0, stage))).tensors)
+      if (!p.tied_copy) out.push_back({p.name, p.global_shape, nullptr});
+  return out;
+}
+
+absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Topology& topo,
+                            float* params, float* exp_avg, float* exp_avg_sq,
+                            ckpt::TrainState* state, std::string* config_yaml) {
+  const ParamLayout layout = rank_layout(cfg, topo);
+  const bool zero1 = zero1_on(cfg, topo);
+  const auto [begin, end] =
+      zero1 ? dp_range(layout, topo) : std::pair<int64_t, int64_t>{0, layout.total};
+  std::fill(params, params + layout.total, 0.0f);  // vocabulary padding rows stay zero
+  std::vector<float> whole_m, whole_v;             // ZeRO-1: the local slices overlapping the range
+  std::vector<int64_t> at;                         // where each one starts in whole_m / whole_v
+  std::vector<TensorRef> refs[3];
+  for (const ParamInfo& p : layout.tensors) {
+    refs[0].push_back(local_block(p, TensorSetId::params, params + p.offset));
+    if (!zero1) {
+      refs[1].push_back(local_block(p, TensorSetId::exp_avg, exp_avg + p.offset));
+      refs[2].push_back(local_block(p, TensorSetId::exp_avg_sq, exp_avg_sq + p.offset));
+    } else if (std::max(p.offset, begin) < std::min(p.offset + p.numel, end)) {
+      at.push_back(static_cast<int64_t>(whole_m.size()));
+      whole_m.resize(whole_m.size() + static_cast<size_t>(p.numel), 0.0f);
+    } else {
+      at.push_back(-1);
+    }
   }
+  if (zero1) {
+    whole_v.assign(whole_m.size(), 0.0f);
+    for (size_t k = 0; k < layout.tensors.size(); ++k) {
+      const ParamInfo& p = layout.tensors[k];
+      refs[1].push_back(at[k] < 0 ? empty_block(p)
+                                  : local_block(p, TensorSetId::exp_avg, whole_m.data() + at[k]));
+      refs[2].push_back(at[k] < 0
+                            ? empty_block(p)
+                            : local_block(p, TensorSetId::exp_avg_sq, whole_v.data() + at[k]));
+    }
+  }
+  ckpt::LoadTarget dst{refs[0], refs[1], refs[2], /*subset=*/topo.pp > 1, /*check_crc=*/false};
+  if (absl::Status st = ckpt::load(dir, dst, state, config_yaml); !st.ok()) return st;
+  if (!zero1) return absl::OkStatus();
+  const int64_t shard = layout.capacity / topo.dp;
+  std::fill(exp_avg, exp_avg + shard, 0.0f);
+  std::fill(exp_avg_sq, exp_avg_sq + shard, 0.0f);
+  for (size_t k = 0; k < layout.tensors.size(); ++k) {
+    if (at[k] < 0) continue;
+    const ParamInfo& p = layout.tensors[k];
+    const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
+    const int64_t from = at[k] + (lo - p.offset);
+    std::copy(whole_m.begin() + from, whole_m.begin() + from + (hi - lo), exp_avg + (lo - begin));
+    std::copy(whole_v.begin() + from, whole_v.begin() + from + (hi - lo),
+              exp_avg_sq + (lo - begin));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tr

@@ -1,27 +1,49 @@
-// Between this rank's tensor-parallel shards (the flat buffers) and the global tensors that
-// checkpoints hold: gather for saving, scatter for loading. Layout-independent checkpoints are
-// what let a run resume under another tp, dp or zero1 setting.
+// Between this rank's flat buffers and the checkpoint's global tensors. Checkpoints hold every
+// tensor (weights, Adam m and v) in its global shape, written as blocks: each block has exactly
+// one owning rank, which writes it into its own shard file, and the coordinator stitches the
+// blocks into model.h5 (see checkpoint/checkpoint.h). Which rank owns what is a pure function
+// of the config and the rank's place in the grid, so the coordinator knows every rank's blocks
+// without being told. Loading reads only the blocks a rank needs, under any layout.
+//
+// Ownership: the (tp, pp) position's slice of each tensor is replicated over dp, so each dp
+// rank writes its 1/dp of the flat buffer (under ZeRO-1 exactly the range whose Adam states
+// it keeps), for the weights and both Adam moments: a 72B checkpoint is written by every rank
+// in equal parts. A range cuts a tensor into at most three rectangles (partial row, full rows,
+// partial row). Replicated tensors (the norms) are written by TP rank 0 only, the last stage's
+// copy of a tied embedding by nobody (the first stage has it), vocabulary padding rows never.
 #pragma once
 
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "parallel/comm.h"
+#include "parallel/topology.h"
+#include "trainer/config.h"
 #include "trainer/model.h"
 
 namespace tr {
 
-// Storage for every tensor of a layout in its global shape, with checkpoint refs into it.
-struct GlobalTensors {
-  std::vector<float> data;
-  std::vector<ckpt::TensorRef> refs;  // one per ParamInfo, in layout order
-  explicit GlobalTensors(const ParamLayout& layout);
+// The parameter layout of the rank at `topo` under `cfg` (as build_model makes it).
+ParamLayout rank_layout(const Config& cfg, const Topology& topo);
+
+// This rank's flat buffers as the checkpoint sees them; null when describing another rank.
+struct RankBuffers {
+  const float* params = nullptr;   // [layout.total]
+  const float* exp_avg = nullptr;  // Adam m: [layout.total], or this rank's ZeRO-1 shard
+  const float* exp_avg_sq = nullptr;
 };
 
-// Fills `out` from every TP rank's `local` flat buffer (collective over `tp`).
-void gather_global(const ParamLayout& layout, Comm& tp, const float* local, GlobalTensors& out);
-// Copies this rank's slices of the global tensors into its `local` flat buffer (padding rows of
-// the vocabulary become zero).
-void scatter_global(const ParamLayout& layout, const GlobalTensors& in, float* local);
+// The blocks the rank at `topo` owns and writes, in a fixed order.
+std::vector<ckpt::ShardPiece> owned_pieces(const Config& cfg, const Topology& topo,
+                                           const RankBuffers& bufs);
+
+// Names and global shapes of every tensor of the model (all pipeline stages), for the commit.
+std::vector<ckpt::TensorRef> model_tensors(const Config& cfg, const Topology& topo);
+
+// Reads this rank's part of checkpoint `dir` into its buffers: its TP slice of each tensor of
+// its stage (vocabulary padding rows zeroed), and its ZeRO-1 range of the Adam states. The
+// checkpoint's files must be verified already (sizes are checked again, not checksums).
+absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Topology& topo,
+                            float* params, float* exp_avg, float* exp_avg_sq,
+                            ckpt::TrainState* state, std::string* config_yaml);
 
 }  // namespace tr

@@ -68,7 +68,7 @@ SlurmdLogFile=$dir/slurmd.log
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
-NodeName=$host NodeAddr=127.0.0.1 NodeHostname=$host CPUs=$(nproc) State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 NodeHostname=$host CPUs=$(getconf _NPROCESSORS_ONLN) State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
 # slurmd always initialises its cgroup plugin; started by hand (not as a systemd unit) on a
