@@ -402,6 +402,15 @@ TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("not divisible") != std::string::npos);
   CHECK_FALSE(fs::exists(run.dir / "ckpt"));
+  // A checkpoint of 4 layers resumed as 2 layers over 2 pipeline stages: each stage reads only
+  // its own layer, yet the extra layers are found.
+  REQUIRE(run.trainer("--set model.num_layers=4 --set train.steps=6").exit_code == 0);
+  r = run.mpirun(2, "--set parallel.pp=2 --set train.steps=8");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("has tensor 'layers/2/input_layernorm/weight' (/model/layers/2/"
+                      "input_layernorm/weight) that the model does not have") != std::string::npos);
+  CHECK(r.output.find("error:") == r.output.rfind("error:"));
 }
 
 // Launched by srun (PMIx) on the local Slurm, as on a cluster: tp 2 x dp 2 with ZeRO-1 matches

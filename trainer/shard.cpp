@@ -1,6 +1,7 @@
 #include "trainer/shard.h"
 
 #include <algorithm>
+#include <set>
 
 namespace tr {
 namespace {
@@ -162,7 +163,18 @@ absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Top
                             : local_block(p, TensorSetId::exp_avg_sq, whole_v.data() + at[k]));
     }
   }
-  ckpt::LoadTarget dst{refs[0], refs[1], refs[2], /*subset=*/topo.pp > 1, /*check_crc=*/false};
+  // The other stages' tensors as empty blocks: every rank checks that the checkpoint holds
+  // exactly the model's tensors (no layer more or less), while reading only its own.
+  std::set<std::string> mine;
+  for (const ParamInfo& p : layout.tensors) mine.insert(p.name);
+  for (const TensorRef& t : model_tensors(cfg, topo)) {
+    if (mine.count(t.name)) continue;
+    ParamInfo other;
+    other.name = t.name;
+    other.global_shape = t.shape;
+    for (std::vector<TensorRef>& set : refs) set.push_back(empty_block(other));
+  }
+  ckpt::LoadTarget dst{refs[0], refs[1], refs[2], /*subset=*/false, /*check_crc=*/false};
   if (absl::Status st = ckpt::load(dir, dst, state, config_yaml); !st.ok()) return st;
   if (!zero1) return absl::OkStatus();
   const int64_t shard = layout.capacity / topo.dp;
