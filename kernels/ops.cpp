@@ -7,6 +7,9 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#ifdef TRAINER_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace tr {
 namespace {
@@ -53,6 +56,13 @@ class OpCheck {
       TR_ASSERT(t.empty() || t.dtype == dt, describe("floating tensors differ in dtype"));
   }
 
+  // A parameter gradient `g` of an op computing in `act`'s dtype: the same dtype, or f32
+  // (the gradient buffers) when the op computes in bf16.
+  void grad_dtype(const Tensor& g, const Tensor& act) const {
+    TR_ASSERT(g.dtype == act.dtype || (act.dtype == DType::bf16 && g.dtype == DType::f32),
+              describe("a parameter gradient is the activations' dtype or f32"));
+  }
+
   std::string describe(const std::string& detail = "") const {
     std::string s = std::string(op_) + "(";
     for (int i = 0; i < n_; ++i)
@@ -86,8 +96,22 @@ bool is_vector(const Tensor& t, int64_t n) {
 // A failed precondition names the op and its arguments' shapes.
 #define OP_CHECK(chk, cond) TR_ASSERT(cond, (chk).describe())
 
-// Runs `op` on the backend of ctx.device; the CUDA backend is not built yet.
-#define TR_DISPATCH(op, ...)                                                          \
+// Runs `op` on the backend of ctx.device.
+#ifdef TRAINER_HAVE_CUDA
+#define TR_DISPATCH(op, ...)                                           \
+  do {                                                                 \
+    if (ctx.device == Device::cuda) return cuda::op(ctx, __VA_ARGS__); \
+    return cpu::op(ctx, __VA_ARGS__);                                  \
+  } while (0)
+#else
+#define TR_DISPATCH(op, ...)                                                                    \
+  do {                                                                                          \
+    TR_ASSERT(ctx.device == Device::cpu, "op " #op " on cuda: this build has no CUDA backend"); \
+    return cpu::op(ctx, __VA_ARGS__);                                                           \
+  } while (0)
+#endif
+// Ops whose CUDA kernels do not exist yet.
+#define TR_DISPATCH_CPU(op, ...)                                                      \
   do {                                                                                \
     TR_ASSERT(ctx.device == Device::cpu, "CUDA backend op " #op " is not built yet"); \
     return cpu::op(ctx, __VA_ARGS__);                                                 \
@@ -104,7 +128,8 @@ void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vo
 
 void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t vocab_offset) {
   const OpCheck c(ctx, "embedding_bwd", {{"dtable", dtable}, {"dout", dout}, {"tokens", tokens}});
-  c.same_float_dtype({dtable, dout});
+  c.same_float_dtype({dout});
+  c.grad_dtype(dtable, dout);
   OP_CHECK(c, tokens.dtype == DType::i32 && tokens.ndim == 1 && dtable.ndim == 2);
   OP_CHECK(c, is_matrix(dout, tokens.shape[0], dtable.shape[1]));
   OP_CHECK(c, vocab_offset >= 0);
@@ -131,7 +156,8 @@ void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, T
                    {"in", in},
                    {"weight", weight},
                    {"rstd", rstd}});
-  c.same_float_dtype({din, dweight, dout, in, weight});
+  c.same_float_dtype({din, dout, in, weight});
+  c.grad_dtype(dweight, in);
   OP_CHECK(c, rstd.dtype == stat_dtype(in.dtype));
   OP_CHECK(c, in.ndim == 2 && din.same_shape(in) && dout.same_shape(in));
   OP_CHECK(c, is_vector(rstd, in.shape[0]) && is_vector(weight, in.shape[1]));
@@ -146,7 +172,7 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
   OP_CHECK(c, in.ndim == 2 && weight.ndim == 2 && weight.shape[1] == in.shape[1]);
   OP_CHECK(c, is_matrix(out, in.shape[0], weight.shape[0]));
   OP_CHECK(c, bias.empty() || is_vector(bias, weight.shape[0]));
-  TR_DISPATCH(linear_fwd, out, in, weight, bias);
+  TR_DISPATCH_CPU(linear_fwd, out, in, weight, bias);
 }
 
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
@@ -163,7 +189,7 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
   OP_CHECK(c, is_matrix(dout, in.shape[0], weight.shape[0]) && dweight.same_shape(weight));
   OP_CHECK(c, din.empty() || din.same_shape(in));
   OP_CHECK(c, dbias.empty() || is_vector(dbias, weight.shape[0]));
-  TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight);
+  TR_DISPATCH_CPU(linear_bwd, din, dweight, dbias, dout, in, weight);
 }
 
 namespace {
@@ -208,7 +234,7 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
   const OpCheck c(ctx, "attention_fwd", {{"out", out}, {"lse", lse}, {"qkv", qkv}});
   c.same_float_dtype({out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
-  TR_DISPATCH(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
+  TR_DISPATCH_CPU(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
 }
 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
@@ -218,8 +244,8 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
   c.same_float_dtype({dqkv, dout, out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
   OP_CHECK(c, dqkv.same_shape(qkv) && dout.same_shape(out));
-  TR_DISPATCH(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
-              head_dim);
+  TR_DISPATCH_CPU(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
+                  head_dim);
 }
 
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup) {
@@ -255,6 +281,14 @@ void zero_(Ctx& ctx, Tensor x) {
   TR_DISPATCH(zero_, x);
 }
 
+void cast(Ctx& ctx, Tensor out, Tensor in) {
+  const OpCheck c(ctx, "cast", {{"out", out}, {"in", in}});
+  c.same_float_dtype({out});
+  c.same_float_dtype({in});
+  OP_CHECK(c, out.numel() == in.numel());
+  TR_DISPATCH(cast, out, in);
+}
+
 double sum_squares(Ctx& ctx, Tensor x) {
   const OpCheck c(ctx, "sum_squares", {{"x", x}});
   c.same_float_dtype({x});
@@ -271,8 +305,8 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
                   is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_valid > 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
-  TR_DISPATCH(cross_entropy_fwd_bwd, losses, logits, targets, vocab_valid, grad_scale,
-              compute_grad);
+  TR_DISPATCH_CPU(cross_entropy_fwd_bwd, losses, logits, targets, vocab_valid, grad_scale,
+                  compute_grad);
 }
 
 void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid) {
@@ -281,7 +315,7 @@ void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid) 
   OP_CHECK(c, logits.ndim == 2 && is_vector(row_max, logits.shape[0]));
   TR_ASSERT(vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
-  TR_DISPATCH(xent_row_max, row_max, logits, vocab_valid);
+  TR_DISPATCH_CPU(xent_row_max, row_max, logits, vocab_valid);
 }
 
 void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
@@ -294,7 +328,7 @@ void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_
                   is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
-  TR_DISPATCH(xent_sums, sums, logits, targets, row_max, vocab_offset, vocab_valid);
+  TR_DISPATCH_CPU(xent_sums, sums, logits, targets, row_max, vocab_offset, vocab_valid);
 }
 
 void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
@@ -312,19 +346,26 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
                   targets.dtype == DType::i32 && is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
-  TR_DISPATCH(xent_loss_grad, losses, logits, targets, row_max, sums, vocab_offset, vocab_valid,
-              grad_scale, compute_grad);
+  TR_DISPATCH_CPU(xent_loss_grad, losses, logits, targets, row_max, sums, vocab_offset, vocab_valid,
+                  grad_scale, compute_grad);
 }
 
-void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p) {
-  const OpCheck c(ctx, "adamw_update", {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
+void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
+                  Tensor compute_copy) {
+  const OpCheck c(ctx, "adamw_update",
+                  {{"param", param},
+                   {"grad", grad},
+                   {"m", m},
+                   {"v", v},
+                   optional("compute_copy", compute_copy)});
   c.same_float_dtype({param, grad, m, v});
   OP_CHECK(c, param.same_shape(grad) && param.same_shape(m) && param.same_shape(v));
+  OP_CHECK(c, compute_copy.empty() || compute_copy.numel() == param.numel());
   TR_ASSERT(p.step >= 1 && p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f &&
                 p.eps > 0.0f,
             c.describe("step=" + std::to_string(p.step) + " beta1=" + std::to_string(p.beta1) +
                        " beta2=" + std::to_string(p.beta2) + " eps=" + std::to_string(p.eps)));
-  TR_DISPATCH(adamw_update, param, grad, m, v, p);
+  TR_DISPATCH(adamw_update, param, grad, m, v, p, compute_copy);
 }
 
 }  // namespace tr

@@ -5,9 +5,11 @@
 // Gradient rule: backward of a parameter ACCUMULATES (+=), backward of an activation ASSIGNS (=).
 // Each declaration below says which. Notation: T = tokens in a micro-batch (batch * seq_len,
 // batch-major), H = hidden size, I = intermediate size, nh/nkv = query/KV heads on this rank,
-// hd = head dim. All floating tensors of one call share one dtype (f32 or f64 on the CPU),
-// except saved statistics and per-row losses (rstd, lse, losses): those are f64 when the op's
-// tensors are f64 and f32 otherwise, so fp64 finite-difference tests stay clean.
+// hd = head dim. All floating tensors of one call share one dtype (f32 or f64 on the CPU, f32
+// or bf16 on CUDA), except saved statistics and per-row losses (rstd, lse, losses): those are
+// f64 when the op's tensors are f64 and f32 otherwise, so fp64 finite-difference tests stay
+// clean; and parameter gradients (dweight, dtable), which may be f32 under bf16 compute (the
+// fp32 gradient buffers accumulate directly).
 #pragma once
 
 #include <cstdint>
@@ -69,8 +71,10 @@ void add(Ctx& ctx, Tensor out, Tensor a, Tensor b);
 void scale_(Ctx& ctx, Tensor x, float s);
 // x = 0.
 void zero_(Ctx& ctx, Tensor x);
-// Sum of squares of x, accumulated in double (for the global gradient norm).
+// Sum of squares of x, accumulated in double (for the global gradient norm). Deterministic.
 double sum_squares(Ctx& ctx, Tensor x);
+// out = in converted to out's dtype (f32, f64, bf16; round to nearest even), same numel.
+void cast(Ctx& ctx, Tensor out, Tensor in);
 
 // ---- cross-entropy on one chunk of logits ----
 // logits [C, Vl]: columns >= vocab_valid are vocabulary padding and never win the softmax.
@@ -108,6 +112,9 @@ struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;
 };
-void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p);
+// compute_copy (optional, [n], e.g. bf16): receives the updated param in its dtype, in the same
+// pass (the weights the next forward computes with).
+void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
+                  Tensor compute_copy = {});
 
 }  // namespace tr

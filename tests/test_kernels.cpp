@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "kernels/core/bf16.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
 
@@ -614,4 +615,38 @@ TEST_CASE("kernels: adamw_update against a hand computation", "[kernels]") {
 }
 
 }  // namespace
+}  // namespace tr
+
+namespace tr {
+
+TEST_CASE("kernels: cast rounds to bf16 to nearest even and back exactly", "[kernels]") {
+  // 1 + 2^-8 is halfway between two bf16 values (ties to even: 1); 1 + 3 * 2^-8 rounds up.
+  std::vector<float> in = {1.0f, 1.0f + 0x1p-8f, 1.0f + 0x3p-8f, -2.5f, 65504.0f, 0x1p-130f};
+  std::vector<uint16_t> half(in.size());
+  std::vector<float> back(in.size());
+  const int64_t n = static_cast<int64_t>(in.size());
+  cast(ctx, Tensor(half.data(), DType::bf16, Device::cpu, {n}),
+       Tensor(in.data(), DType::f32, Device::cpu, {n}));
+  cast(ctx, Tensor(back.data(), DType::f32, Device::cpu, {n}),
+       Tensor(half.data(), DType::bf16, Device::cpu, {n}));
+  CHECK(half[0] == 0x3f80);
+  CHECK(back[1] == 1.0f);
+  CHECK(back[2] == 1.0f + 0x4p-8f);
+  CHECK(back[3] == -2.5f);
+  CHECK(back[4] == 65536.0f);
+  CHECK(back[5] == 0x1p-130f);  // subnormal in bf16 too
+  for (size_t i = 0; i < in.size(); ++i) CHECK(round_to_bf16(in[i]) == back[i]);
+}
+
+TEST_CASE("kernels: adamw_update writes the updated weights' compute copy", "[kernels]") {
+  std::vector<float> p = {1.0f, -0.3f, 0.25f}, g = {0.5f, -1.0f, 0.0f}, m(3, 0.0f), v(3, 0.0f);
+  std::vector<uint16_t> copy(3, 0xffff);
+  auto t = [](std::vector<float>& x) { return Tensor(x.data(), DType::f32, Device::cpu, {3}); };
+  adamw_update(ctx, t(p), t(g), t(m), t(v), AdamWParams{0.1f, 0.9f, 0.999f, 1e-8f, 0.0f, 1},
+               Tensor(copy.data(), DType::bf16, Device::cpu, {3}));
+  CHECK(p[0] == Approx(0.9f));  // first step: a step of lr against the gradient's sign
+  CHECK(p[1] == Approx(-0.2f));
+  for (int i = 0; i < 3; ++i) CHECK(bf16_to_f32(copy[i]) == round_to_bf16(p[i]));
+}
+
 }  // namespace tr

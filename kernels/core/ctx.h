@@ -8,6 +8,11 @@ namespace tr {
 struct Ctx {
   Device device = Device::cpu;
   void* stream = nullptr;  // cudaStream_t on the CUDA backend
+  // Scratch memory on `device` for ops that need it (deterministic two-pass reductions,
+  // sorting, GEMM workspace); reused by every op on the stream, so nothing in it outlives a
+  // call. Ops that need more than workspace_bytes stop with a message naming the size.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 }  // namespace tr

@@ -1,5 +1,9 @@
 #include "kernels/core/tensor.h"
 
+#ifdef TRAINER_HAVE_CUDA
+#include "kernels/cuda/cuda_check.h"
+#endif
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -109,8 +113,15 @@ bool Tensor::same_shape(const Tensor& other) const {
 }
 
 Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  TR_ASSERT(device == Device::cpu, "device buffers are allocated by the CUDA backend");
   if (bytes == 0) return;
+  if (device == Device::cuda) {
+#ifdef TRAINER_HAVE_CUDA
+    CUDA_CHECK(cudaMalloc(&data_, round_up(bytes)));
+    return;
+#else
+    TR_ASSERT(false, "a CUDA buffer in a build without the CUDA backend");
+#endif
+  }
   data_ = std::aligned_alloc(kAlign, round_up(bytes));
   TR_ASSERT(data_ != nullptr, "out of host memory allocating " + std::to_string(bytes) + " bytes");
 }
@@ -135,8 +146,29 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
 }
 
 void Buffer::release() {
+#ifdef TRAINER_HAVE_CUDA
+  if (data_ && device_ == Device::cuda) {
+    CUDA_CHECK(cudaFree(data_));
+    data_ = nullptr;
+  }
+#endif
   if (data_) std::free(data_);
   data_ = nullptr;
+}
+
+void copy_tensor(Tensor dst, Tensor src) {
+  TR_ASSERT(dst.dtype == src.dtype && dst.numel() == src.numel(),
+            "copy_tensor: " + src.shape_str() + " into " + dst.shape_str());
+  if (src.numel() == 0) return;
+  if (dst.device == Device::cpu && src.device == Device::cpu) {
+    std::memmove(dst.data, src.data, src.nbytes());
+    return;
+  }
+#ifdef TRAINER_HAVE_CUDA
+  CUDA_CHECK(cudaMemcpy(dst.data, src.data, src.nbytes(), cudaMemcpyDefault));
+#else
+  TR_ASSERT(false, "copy_tensor: a CUDA tensor in a build without the CUDA backend");
+#endif
 }
 
 size_t arena_bytes(DType dtype, int64_t numel) {
@@ -144,7 +176,15 @@ size_t arena_bytes(DType dtype, int64_t numel) {
 }
 
 Arena::Arena(size_t bytes, Device device) : buffer_(bytes, device), device_(device) {
-  if (buffer_.data()) std::memset(buffer_.data(), 0, buffer_.bytes());
+  if (!buffer_.data()) return;
+  if (device == Device::cpu) {
+    std::memset(buffer_.data(), 0, buffer_.bytes());
+    return;
+  }
+#ifdef TRAINER_HAVE_CUDA
+  CUDA_CHECK(cudaMemset(buffer_.data(), 0, buffer_.bytes()));
+  CUDA_CHECK(cudaDeviceSynchronize());
+#endif
 }
 
 Arena Arena::planner(Device device) {

@@ -33,6 +33,12 @@ template <>
 constexpr DType dtype_of<int32_t>() {
   return DType::i32;
 }
+// bf16 on the host is its bit pattern (kernels/core/bf16.h converts); device code uses
+// __nv_bfloat16 (kernels/cuda/common.cuh).
+template <>
+constexpr DType dtype_of<uint16_t>() {
+  return DType::bf16;
+}
 
 struct Tensor {
   static constexpr int kMaxDims = 4;
@@ -67,7 +73,8 @@ struct Tensor {
   bool same_shape(const Tensor& other) const;
 };
 
-// Owning allocation of raw bytes on one device (64-byte aligned on the host).
+// Owning allocation of raw bytes on one device (64-byte aligned on the host; cudaMalloc'd,
+// 256-byte aligned, on a GPU).
 class Buffer {
  public:
   Buffer() = default;
@@ -90,7 +97,7 @@ class Buffer {
 };
 
 // Bump allocator over one Buffer: everything the step loop touches is carved out at start-up.
-// Tensors are zero-filled on the host.
+// The memory starts zeroed (host or device).
 class Arena {
  public:
   Arena(size_t bytes, Device device);
@@ -111,5 +118,9 @@ class Arena {
 
 // Returns the bytes an Arena needs for these allocations (with alignment padding).
 size_t arena_bytes(DType dtype, int64_t numel);
+
+// Copies src into dst (same dtype and element count; any devices). Synchronous: for set-up,
+// tests and checkpoints, never the step loop.
+void copy_tensor(Tensor dst, Tensor src);
 
 }  // namespace tr

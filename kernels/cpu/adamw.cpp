@@ -33,9 +33,11 @@ void adamw_impl(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams
 
 }  // namespace
 
-void adamw_update(Ctx&, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p) {
+void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
+                  Tensor compute_copy) {
   dispatch_float(param.dtype, "adamw_update",
                  [&](auto tag) { adamw_impl<decltype(tag)>(param, grad, m, v, p); });
+  if (!compute_copy.empty()) cpu::cast(ctx, compute_copy, param);
 }
 
 }  // namespace tr::cpu

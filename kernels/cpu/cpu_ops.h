@@ -49,7 +49,9 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
                     Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
                     bool compute_grad);
 
-void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p);
+void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
+                  Tensor compute_copy);
+void cast(Ctx& ctx, Tensor out, Tensor in);
 
 // Calls f(float{}) or f(double{}) for dtype f32 or f64, so a generic lambda can pick the
 // template instance: dispatch_float(t.dtype, "op", [&](auto tag) { impl<decltype(tag)>(...); }).

@@ -1,6 +1,7 @@
 // Elementwise helpers over whole tensors (any shape; contiguous).
 #include <cstring>
 
+#include "kernels/core/bf16.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace tr::cpu {
@@ -36,6 +37,36 @@ double sum_squares(Ctx&, Tensor x) {
     for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += static_cast<double>(p[i]) * p[i];
   });
   return sum;
+}
+
+namespace {
+// Element i of a f32, f64 or bf16 tensor as double, and back (bf16: round to nearest even).
+double load_any(const Tensor& t, int64_t i) {
+  switch (t.dtype) {
+    case DType::f32:
+      return t.ptr<float>()[i];
+    case DType::f64:
+      return t.ptr<double>()[i];
+    default:
+      return bf16_to_f32(t.ptr<uint16_t>()[i]);
+  }
+}
+void store_any(Tensor t, int64_t i, double v) {
+  switch (t.dtype) {
+    case DType::f32:
+      t.ptr<float>()[i] = static_cast<float>(v);
+      return;
+    case DType::f64:
+      t.ptr<double>()[i] = v;
+      return;
+    default:
+      t.ptr<uint16_t>()[i] = f32_to_bf16(static_cast<float>(v));
+  }
+}
+}  // namespace
+
+void cast(Ctx&, Tensor out, Tensor in) {
+  for (int64_t i = 0, n = in.numel(); i < n; ++i) store_any(out, i, load_any(in, i));
 }
 
 }  // namespace tr::cpu

@@ -1,0 +1,44 @@
+// CUDA backend: the ops of kernels/ops.h on the GPU, f32 and bf16 (activations and weights
+// in bf16, parameter gradients and optimizer state in f32). Callers go through the tr:: entry
+// points in ops.h, which check preconditions and dispatch here. Each launcher runs on
+// ctx.stream, checks the launch and never synchronises the device (sum_squares waits for its
+// own stream: its result goes to the host).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/core/ctx.h"
+#include "kernels/core/tensor.h"
+#include "kernels/ops.h"
+
+namespace tr::cuda {
+
+// True when a CUDA device can run kernels here (a driver and at least one GPU).
+bool device_available();
+// Name of device `index` ("NVIDIA H100 80GB HBM3"), or "" when there is none.
+std::string device_name(int index);
+
+void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vocab_offset);
+void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t vocab_offset);
+
+void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, float eps);
+void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
+                 Tensor rstd);
+
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta);
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta);
+
+void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);
+void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup);
+
+void add(Ctx& ctx, Tensor out, Tensor a, Tensor b);
+void scale_(Ctx& ctx, Tensor x, float s);
+void zero_(Ctx& ctx, Tensor x);
+double sum_squares(Ctx& ctx, Tensor x);
+void cast(Ctx& ctx, Tensor out, Tensor in);
+
+void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
+                  Tensor compute_copy);
+
+}  // namespace tr::cuda

@@ -1,0 +1,118 @@
+// Elementwise ops over flat tensors: add, scale, zero, cast, and the deterministic sum of
+// squares behind the global gradient norm.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace tr::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Fixed grid of the sum of squares: the partial sums, and so the result, do not depend on the
+// device, and the final pass adds them in one order.
+constexpr int kSumBlocks = 512;
+
+template <class T>
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_f<T>(to_f(a[i]) + to_f(b[i]));
+}
+
+template <class T>
+__global__ void scale_kernel(T* x, float s, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = from_f<T>(to_f(x[i]) * s);
+}
+
+template <class To, class From>
+__global__ void cast_kernel(To* out, const From* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_f<To>(to_f(in[i]));
+}
+
+// Pass 1: block b sums the squares of a grid-strided subset into partial[b] (double).
+template <class T>
+__global__ void sum_squares_partial(double* partial, const T* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const double v = to_f(x[i]);
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// Pass 2: one block adds the kSumBlocks partials.
+__global__ void sum_partials(double* out, const double* partial) {
+  double acc = 0;
+  for (int i = threadIdx.x; i < kSumBlocks; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+int grid_for(int64_t n) {
+  return static_cast<int>(std::min<int64_t>(blocks_for(n, kThreads), 8192));
+}
+
+}  // namespace
+
+void add(Ctx& ctx, Tensor out, Tensor a, Tensor b) {
+  dispatch_float(out.dtype, "add", [&](auto tag) {
+    using T = decltype(tag);
+    add_kernel<T><<<grid_for(out.numel()), kThreads, 0, stream_of(ctx)>>>(out.ptr<T>(), a.ptr<T>(),
+                                                                          b.ptr<T>(), out.numel());
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void scale_(Ctx& ctx, Tensor x, float s) {
+  dispatch_float(x.dtype, "scale_", [&](auto tag) {
+    using T = decltype(tag);
+    scale_kernel<T><<<grid_for(x.numel()), kThreads, 0, stream_of(ctx)>>>(x.ptr<T>(), s, x.numel());
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void zero_(Ctx& ctx, Tensor x) {
+  CUDA_CHECK(cudaMemsetAsync(x.data, 0, x.nbytes(), stream_of(ctx)));
+}
+
+void cast(Ctx& ctx, Tensor out, Tensor in) {
+  if (out.dtype == in.dtype) {
+    CUDA_CHECK(
+        cudaMemcpyAsync(out.data, in.data, in.nbytes(), cudaMemcpyDeviceToDevice, stream_of(ctx)));
+    return;
+  }
+  dispatch_float(out.dtype, "cast", [&](auto to) {
+    dispatch_float(in.dtype, "cast", [&](auto from) {
+      using To = decltype(to);
+      using From = decltype(from);
+      cast_kernel<To, From><<<grid_for(in.numel()), kThreads, 0, stream_of(ctx)>>>(
+          out.ptr<To>(), in.ptr<From>(), in.numel());
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+double sum_squares(Ctx& ctx, Tensor x) {
+  Workspace ws(ctx, "sum_squares");
+  double* partial = ws.take<double>(kSumBlocks);
+  double* total = ws.take<double>(1);
+  dispatch_float(x.dtype, "sum_squares", [&](auto tag) {
+    using T = decltype(tag);
+    sum_squares_partial<T>
+        <<<kSumBlocks, kThreads, 0, stream_of(ctx)>>>(partial, x.ptr<T>(), x.numel());
+  });
+  CUDA_CHECK_LAUNCH();
+  sum_partials<<<1, kThreads, 0, stream_of(ctx)>>>(total, partial);
+  CUDA_CHECK_LAUNCH();
+  double host = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&host, total, sizeof(double), cudaMemcpyDeviceToHost, stream_of(ctx)));
+  CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+  return host;
+}
+
+}  // namespace tr::cuda
