@@ -172,7 +172,7 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
   OP_CHECK(c, in.ndim == 2 && weight.ndim == 2 && weight.shape[1] == in.shape[1]);
   OP_CHECK(c, is_matrix(out, in.shape[0], weight.shape[0]));
   OP_CHECK(c, bias.empty() || is_vector(bias, weight.shape[0]));
-  TR_DISPATCH_CPU(linear_fwd, out, in, weight, bias);
+  TR_DISPATCH(linear_fwd, out, in, weight, bias);
 }
 
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
@@ -184,12 +184,14 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
                    {"dout", dout},
                    {"in", in},
                    {"weight", weight}});
-  c.same_float_dtype({din, dweight, dbias, dout, in, weight});
+  c.same_float_dtype({din, dout, in, weight});
+  c.grad_dtype(dweight, in);
+  if (!dbias.empty()) c.grad_dtype(dbias, in);
   OP_CHECK(c, in.ndim == 2 && weight.ndim == 2 && weight.shape[1] == in.shape[1]);
   OP_CHECK(c, is_matrix(dout, in.shape[0], weight.shape[0]) && dweight.same_shape(weight));
   OP_CHECK(c, din.empty() || din.same_shape(in));
   OP_CHECK(c, dbias.empty() || is_vector(dbias, weight.shape[0]));
-  TR_DISPATCH_CPU(linear_bwd, din, dweight, dbias, dout, in, weight);
+  TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight);
 }
 
 namespace {
@@ -305,30 +307,32 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
                   is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_valid > 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
-  TR_DISPATCH_CPU(cross_entropy_fwd_bwd, losses, logits, targets, vocab_valid, grad_scale,
-                  compute_grad);
+  TR_DISPATCH(cross_entropy_fwd_bwd, losses, logits, targets, vocab_valid, grad_scale,
+              compute_grad);
 }
 
 void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid) {
   const OpCheck c(ctx, "xent_row_max", {{"row_max", row_max}, {"logits", logits}});
-  c.same_float_dtype({logits, row_max});
+  c.same_float_dtype({logits});
+  OP_CHECK(c, row_max.dtype == stat_dtype(logits.dtype));
   OP_CHECK(c, logits.ndim == 2 && is_vector(row_max, logits.shape[0]));
   TR_ASSERT(vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
-  TR_DISPATCH_CPU(xent_row_max, row_max, logits, vocab_valid);
+  TR_DISPATCH(xent_row_max, row_max, logits, vocab_valid);
 }
 
 void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
                int64_t vocab_offset, int64_t vocab_valid) {
   const OpCheck c(ctx, "xent_sums",
                   {{"sums", sums}, {"logits", logits}, {"targets", targets}, {"row_max", row_max}});
-  c.same_float_dtype({logits, sums, row_max});
+  c.same_float_dtype({logits});
+  OP_CHECK(c, sums.dtype == stat_dtype(logits.dtype) && row_max.dtype == sums.dtype);
   OP_CHECK(c, logits.ndim == 2 && is_matrix(sums, logits.shape[0], 2) &&
                   is_vector(row_max, logits.shape[0]) && targets.dtype == DType::i32 &&
                   is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
-  TR_DISPATCH_CPU(xent_sums, sums, logits, targets, row_max, vocab_offset, vocab_valid);
+  TR_DISPATCH(xent_sums, sums, logits, targets, row_max, vocab_offset, vocab_valid);
 }
 
 void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
@@ -340,14 +344,16 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
                    {"targets", targets},
                    {"row_max", row_max},
                    {"sums", sums}});
-  c.same_float_dtype({logits, losses, row_max, sums});
+  c.same_float_dtype({logits});
+  OP_CHECK(c, losses.dtype == stat_dtype(logits.dtype) && row_max.dtype == losses.dtype &&
+                  sums.dtype == losses.dtype);
   OP_CHECK(c, logits.ndim == 2 && is_vector(losses, logits.shape[0]) &&
                   is_matrix(sums, logits.shape[0], 2) && is_vector(row_max, logits.shape[0]) &&
                   targets.dtype == DType::i32 && is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
-  TR_DISPATCH_CPU(xent_loss_grad, losses, logits, targets, row_max, sums, vocab_offset, vocab_valid,
-                  grad_scale, compute_grad);
+  TR_DISPATCH(xent_loss_grad, losses, logits, targets, row_max, sums, vocab_offset, vocab_valid,
+              grad_scale, compute_grad);
 }
 
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,

@@ -89,7 +89,8 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
 // This rank holds logits [C, Vl] of vocabulary ids [vocab_offset, vocab_offset + Vl); its
 // columns >= vocab_valid are padding. The caller combines the statistics over the TP group
 // between the three steps (max all-reduced after step 1, sums after step 2), so no rank ever
-// holds full-vocabulary logits. Statistics tensors have the logits' dtype.
+// holds full-vocabulary logits. Statistics tensors (row_max, sums, losses) are f32 (f64 for f64
+// logits).
 // 1. row_max [C] ASSIGNED: max over this shard's valid columns (-inf when it has none).
 void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid);
 // 2. sums [C, 2] ASSIGNED: {sum of exp(logit - row_max) over valid columns, the target's logit

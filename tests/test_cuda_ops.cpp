@@ -148,6 +148,86 @@ TEST_CASE("cuda: rmsnorm forward and backward match the CPU", "[gpu]") {
   }
 }
 
+TEST_CASE("cuda: cuBLASLt linear forward and backward match the CPU", "[gpu]") {
+  GpuCtx g;
+  std::mt19937 rng(7);
+  struct Shape {
+    int64_t T, K, O;
+    bool bias;
+  };
+  // Odd; 0.5B QKV (with bias); 72B tp 8 gate|up and down projections.
+  for (DType dt : kTypes) {
+    for (Shape s : {Shape{5, 7, 3, true}, Shape{64, 896, 1152, true}, Shape{16, 8192, 7392, false},
+                    Shape{16, 3696, 8192, false}}) {
+      const int64_t T = s.T, K = s.K, O = s.O;
+      std::vector<float> in = random_values(T * K, rng, dt), w = random_values(O * K, rng, dt),
+                         b = random_values(O, rng, dt), dout = random_values(T * O, rng, dt);
+      std::vector<float> out(T * O), din(T * K), dw = random_values(O * K, rng, DType::f32),
+                                                 db = random_values(O, rng, DType::f32);
+      const std::vector<float> dw0 = dw, db0 = db;
+      Tensor hb = s.bias ? host(b, {O}) : Tensor();
+      linear_fwd(cpu_ctx, host(out, {T, O}), host(in, {T, K}), host(w, {O, K}), hb);
+      linear_bwd(cpu_ctx, host(din, {T, K}), host(dw, {O, K}), s.bias ? host(db, {O}) : Tensor(),
+                 host(dout, {T, O}), host(in, {T, K}), host(w, {O, K}));
+      Dev d_in(dt, {T, K}, in), d_w(dt, {O, K}, w), d_b(dt, {O}, b), d_out(dt, {T, O}),
+          d_dout(dt, {T, O}, dout), d_din(dt, {T, K}), d_dw(DType::f32, {O, K}, dw0),
+          d_db(DType::f32, {O}, db0);
+      linear_fwd(g.ctx, d_out.t, d_in.t, d_w.t, s.bias ? d_b.t : Tensor());
+      linear_bwd(g.ctx, d_din.t, d_dw.t, s.bias ? d_db.t : Tensor(), d_dout.t, d_in.t, d_w.t);
+      const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T) +
+                               " K=" + std::to_string(K) + " O=" + std::to_string(O);
+      check_close(d_out.download(), out, dt, "out " + what);
+      check_close(d_din.download(), din, dt, "din " + what);
+      check_close(d_dw.download(), dw, dt, "dweight (accumulated) " + what);
+      if (s.bias) check_close(d_db.download(), db, dt, "dbias (accumulated) " + what);
+    }
+  }
+}
+
+TEST_CASE("cuda: cross-entropy in place, whole and vocab-parallel, matches the CPU", "[gpu]") {
+  GpuCtx g;
+  std::mt19937 rng(8);
+  // (rows, local vocabulary, valid columns): odd; 0.5B (151936 padded to 152064); 72B tp 8.
+  for (DType dt : kTypes) {
+    for (auto [C, Vl, valid] : {std::tuple<int64_t, int64_t, int64_t>{3, 10, 7},
+                                {16, 152064, 151936},
+                                {8, 19008, 19008}}) {
+      std::vector<float> logits = random_values(C * Vl, rng, dt, -8, 8);
+      std::vector<float> tgt(C);
+      for (int64_t r = 0; r < C; ++r) tgt[r] = static_cast<float>((r * 7919) % valid);
+      std::vector<int32_t> tgt_i(tgt.begin(), tgt.end());
+      Tensor targets(tgt_i.data(), DType::i32, Device::cpu, {C});
+      const float scale = 1.0f / 3.0f;
+      // Whole vocabulary in one op.
+      std::vector<float> grad = logits, losses(C);
+      cross_entropy_fwd_bwd(cpu_ctx, host(losses, {C}), host(grad, {C, Vl}), targets, valid, scale,
+                            true);
+      Dev d_logits(dt, {C, Vl}, logits), d_losses(DType::f32, {C}), d_tgt(DType::i32, {C}, tgt);
+      cross_entropy_fwd_bwd(g.ctx, d_losses.t, d_logits.t, d_tgt.t, valid, scale, true);
+      const std::string what = std::string(dtype_name(dt)) + " V=" + std::to_string(Vl);
+      check_close(d_losses.download(), losses, DType::f32, "losses " + what);
+      check_close(d_logits.download(), grad, dt, "gradient " + what);
+      // The vocab-parallel steps on the same shard (offset 0, one rank): the same results.
+      std::vector<float> rmax(C), sums(2 * C), losses2(C), grad2 = logits;
+      xent_row_max(cpu_ctx, host(rmax, {C}), host(grad2, {C, Vl}), valid);
+      xent_sums(cpu_ctx, host(sums, {C, 2}), host(grad2, {C, Vl}), targets, host(rmax, {C}), 0,
+                valid);
+      xent_loss_grad(cpu_ctx, host(losses2, {C}), host(grad2, {C, Vl}), targets, host(rmax, {C}),
+                     host(sums, {C, 2}), 0, valid, scale, true);
+      Dev e_logits(dt, {C, Vl}, logits), e_max(DType::f32, {C}), e_sums(DType::f32, {C, 2}),
+          e_losses(DType::f32, {C});
+      xent_row_max(g.ctx, e_max.t, e_logits.t, valid);
+      xent_sums(g.ctx, e_sums.t, e_logits.t, d_tgt.t, e_max.t, 0, valid);
+      xent_loss_grad(g.ctx, e_losses.t, e_logits.t, d_tgt.t, e_max.t, e_sums.t, 0, valid, scale,
+                     true);
+      check_close(e_max.download(), rmax, DType::f32, "row max " + what);
+      check_close(e_sums.download(), sums, DType::f32, "sums " + what);
+      check_close(e_losses.download(), losses2, DType::f32, "vocab-parallel losses " + what);
+      check_close(e_logits.download(), grad2, dt, "vocab-parallel gradient " + what);
+    }
+  }
+}
+
 TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
   GpuCtx g;
   std::mt19937 rng(2);

@@ -103,6 +103,23 @@ __device__ T block_sum(T v) {
   return v;
 }
 
+// Maximum over the block, returned to every thread (same constraints as block_sum).
+__device__ inline float block_max(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : -INFINITY;
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (threadIdx.x == 0) partial[0] = v;
+  __syncthreads();
+  v = partial[0];
+  __syncthreads();
+  return v;
+}
+
 // Hands out 256-byte aligned pieces of ctx.workspace; running out is a program error that
 // names the op and the bytes it needed.
 class Workspace {

@@ -26,11 +26,24 @@ void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, fl
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
                  Tensor rstd);
 
+void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
+void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
+                Tensor weight);
+
 void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta);
 void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta);
 
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);
 void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup);
+
+void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
+                           int64_t vocab_valid, float grad_scale, bool compute_grad);
+void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid);
+void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
+               int64_t vocab_offset, int64_t vocab_valid);
+void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
+                    Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
+                    bool compute_grad);
 
 void add(Ctx& ctx, Tensor out, Tensor a, Tensor b);
 void scale_(Ctx& ctx, Tensor x, float s);

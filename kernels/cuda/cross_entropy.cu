@@ -1,0 +1,128 @@
+// Cross-entropy over one chunk of LM-head logits, in place: the loss per row and, on request,
+// the gradient written over the logits (so no fp32 copy of the logits exists). One block per
+// row; statistics in f32 whatever the logits' dtype. The vocab-parallel steps (row max, sums,
+// loss and gradient) let the caller reduce the statistics over TP ranks between them.
+//
+// Every thread reads what it needs of a row (the target's logit) before the block's first
+// barrier and writes only its own columns after the last, so the in-place gradient never races
+// with a read.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace tr::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+
+template <class T>
+__device__ float local_max(const T* x, int64_t valid) {
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, to_f(x[j]));
+  return block_max(m);
+}
+
+template <class T>
+__device__ float local_sum_exp(const T* x, int64_t valid, float m) {
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += expf(to_f(x[j]) - m);
+  return block_sum(s);
+}
+
+// x := grad_scale * (exp(x - lse) - onehot(local_target)) on valid columns, 0 on padding.
+template <class T>
+__device__ void write_grad(T* x, int64_t cols, int64_t valid, float lse, int64_t local_target,
+                           float grad_scale) {
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float g = j < valid
+                        ? grad_scale * (expf(to_f(x[j]) - lse) - (j == local_target ? 1.0f : 0.0f))
+                        : 0.0f;
+    x[j] = from_f<T>(g);
+  }
+}
+
+template <class T>
+__global__ void cross_entropy_kernel(float* losses, T* logits, const int32_t* targets, int64_t cols,
+                                     int64_t valid, float grad_scale, bool grad) {
+  T* x = logits + blockIdx.x * cols;
+  const int64_t target = targets[blockIdx.x];
+  const float xt = to_f(x[target]);
+  const float m = local_max(x, valid);
+  const float lse = m + logf(local_sum_exp(x, valid, m));
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - xt;
+  if (grad) write_grad(x, cols, valid, lse, target, grad_scale);
+}
+
+template <class T>
+__global__ void row_max_kernel(float* row_max, const T* logits, int64_t cols, int64_t valid) {
+  const float m = local_max(logits + blockIdx.x * cols, valid);
+  if (threadIdx.x == 0) row_max[blockIdx.x] = m;
+}
+
+template <class T>
+__global__ void sums_kernel(float* sums, const T* logits, const int32_t* targets,
+                            const float* row_max, int64_t cols, int64_t offset, int64_t valid) {
+  const T* x = logits + blockIdx.x * cols;
+  const float s = local_sum_exp(x, valid, row_max[blockIdx.x]);
+  if (threadIdx.x != 0) return;
+  const int64_t local = targets[blockIdx.x] - offset;
+  sums[2 * blockIdx.x] = s;
+  sums[2 * blockIdx.x + 1] = local >= 0 && local < valid ? to_f(x[local]) : 0.0f;
+}
+
+template <class T>
+__global__ void loss_grad_kernel(float* losses, T* logits, const int32_t* targets,
+                                 const float* row_max, const float* sums, int64_t cols,
+                                 int64_t offset, int64_t valid, float grad_scale, bool grad) {
+  const int64_t r = blockIdx.x;
+  const float lse = row_max[r] + logf(sums[2 * r]);
+  if (threadIdx.x == 0) losses[r] = lse - sums[2 * r + 1];
+  if (grad) write_grad(logits + r * cols, cols, valid, lse, targets[r] - offset, grad_scale);
+}
+
+}  // namespace
+
+void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
+                           int64_t vocab_valid, float grad_scale, bool compute_grad) {
+  dispatch_float(logits.dtype, "cross_entropy_fwd_bwd", [&](auto tag) {
+    using T = decltype(tag);
+    cross_entropy_kernel<T>
+        <<<static_cast<unsigned>(logits.shape[0]), kThreads, 0, stream_of(ctx)>>>(
+            losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), logits.shape[1],
+            vocab_valid, grad_scale, compute_grad);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid) {
+  dispatch_float(logits.dtype, "xent_row_max", [&](auto tag) {
+    using T = decltype(tag);
+    row_max_kernel<T><<<static_cast<unsigned>(logits.shape[0]), kThreads, 0, stream_of(ctx)>>>(
+        row_max.ptr<float>(), logits.ptr<T>(), logits.shape[1], vocab_valid);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
+               int64_t vocab_offset, int64_t vocab_valid) {
+  dispatch_float(logits.dtype, "xent_sums", [&](auto tag) {
+    using T = decltype(tag);
+    sums_kernel<T><<<static_cast<unsigned>(logits.shape[0]), kThreads, 0, stream_of(ctx)>>>(
+        sums.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
+        logits.shape[1], vocab_offset, vocab_valid);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
+                    Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
+                    bool compute_grad) {
+  dispatch_float(logits.dtype, "xent_loss_grad", [&](auto tag) {
+    using T = decltype(tag);
+    loss_grad_kernel<T><<<static_cast<unsigned>(logits.shape[0]), kThreads, 0, stream_of(ctx)>>>(
+        losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
+        sums.ptr<float>(), logits.shape[1], vocab_offset, vocab_valid, grad_scale, compute_grad);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tr::cuda

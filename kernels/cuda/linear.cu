@@ -1,0 +1,184 @@
+// Linear layers through cuBLASLt: out[T,O] = in[T,K] · weight[O,K]^T (+ bias in the epilogue),
+// din = dout · weight, dweight += dout^T · in straight into the (f32) gradient buffer (beta 1),
+// dbias += column sums of dout (a deterministic two-pass reduction). bf16 operands accumulate
+// in fp32; f32 operands run in exact fp32 (no TF32), so the f32 path matches the CPU to 1e-5.
+//
+// Row-major X[r,c] is column-major X^T, so each product is set up on the transposes:
+//   forward   out^T[O,T] = (W as col-major [K,O])^T · (in as col-major [K,T])
+//   din       din^T[K,T] = (W as col-major [K,O]) · (dout as col-major [O,T])
+//   dweight   dW^T[K,O] += (in as col-major [K,T]) · (dout as col-major [O,T])^T
+// One handle per process; each GEMM shape's plan (descriptors, layouts and the heuristic's
+// algorithm) is chosen once and cached.
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace tr::cuda {
+namespace {
+
+constexpr size_t kGemmWorkspace = size_t{32} << 20;  // cuBLASLt's share of ctx.workspace
+constexpr int kThreads = 256;
+constexpr int kRowChunks = 128;
+
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    default:
+      TR_ASSERT(false, std::string("cuBLASLt GEMM on ") + dtype_name(dt));
+  }
+}
+
+// One GEMM D = alpha op(A) op(B) + beta C (C = D), column-major, as cuBLASLt sees it.
+struct GemmKey {
+  int64_t m, n, k;
+  bool ta, tb;
+  DType ab, cd;
+  bool bias, accumulate;
+  auto tie() const { return std::tie(m, n, k, ta, tb, ab, cd, bias, accumulate); }
+  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+};
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+class Lt {
+ public:
+  static Lt& get() {
+    static Lt lt;
+    return lt;
+  }
+  cublasLtHandle_t handle() const { return handle_; }
+  const GemmPlan& plan(const GemmKey& key);
+
+ private:
+  Lt() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
+  cublasLtHandle_t handle_ = nullptr;
+  std::mutex mu_;
+  std::map<GemmKey, GemmPlan> plans_;
+};
+
+const GemmPlan& Lt::plan(const GemmKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  GemmPlan p;
+  const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 accumulation, no TF32
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+  const cublasOperation_t ta = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                          tb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+  if (key.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    const cudaDataType_t bias_type = cuda_type(key.cd);
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                &bias_type, sizeof(bias_type)));
+  }
+  // Stored shapes (rows x cols, leading dimension = rows): A is m x k (or k x m when
+  // transposed), B is k x n (or n x k), C is m x n.
+  const uint64_t a_rows = key.ta ? key.k : key.m, a_cols = key.ta ? key.m : key.k;
+  const uint64_t b_rows = key.tb ? key.n : key.k, b_cols = key.tb ? key.k : key.n;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(key.ab), a_rows, a_cols, a_rows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(key.ab), b_rows, b_cols, b_rows));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(key.cd), key.m, key.n, key.m));
+  cublasLtMatmulPreference_t pref = nullptr;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const size_t ws = kGemmWorkspace;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof(ws)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result,
+                                              &found));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  TR_ASSERT(found > 0, "cuBLASLt has no algorithm for GEMM m=" + std::to_string(key.m) +
+                           " n=" + std::to_string(key.n) + " k=" + std::to_string(key.k));
+  p.algo = result.algo;
+  return plans_.emplace(key, p).first->second;
+}
+
+void gemm(Ctx& ctx, const GemmKey& key, const void* A, const void* B, void* C, const void* bias,
+          float beta) {
+  Lt& lt = Lt::get();
+  const GemmPlan& p = lt.plan(key);
+  if (key.bias)
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
+  Workspace ws(ctx, "linear (cuBLASLt)");
+  void* scratch = ws.take<char>(static_cast<int64_t>(kGemmWorkspace));
+  const float alpha = 1.0f;
+  CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
+                              &p.algo, scratch, kGemmWorkspace, stream_of(ctx)));
+}
+
+// Pass 1 of dbias: partial[chunk][o] = sum of dout[t][o] over the chunk's rows.
+template <class T>
+__global__ void column_sum_partial(float* partial, const T* dout, int64_t rows, int64_t cols) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= cols) return;
+  const int64_t per = (rows + gridDim.y - 1) / gridDim.y;
+  const int64_t begin = blockIdx.y * per, end = begin + per < rows ? begin + per : rows;
+  float acc = 0;
+  for (int64_t r = begin; r < end; ++r) acc += to_f(dout[r * cols + j]);
+  partial[blockIdx.y * cols + j] = acc;
+}
+
+// Pass 2: dbias[o] += the chunks' partials in order. ACCUMULATES.
+template <class G>
+__global__ void column_sum_final(G* dbias, const float* partial, int chunks, int64_t cols) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= cols) return;
+  float acc = 0;
+  for (int c = 0; c < chunks; ++c) acc += partial[c * cols + j];
+  dbias[j] = from_f<G>(to_f(dbias[j]) + acc);
+}
+
+}  // namespace
+
+void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
+  const int64_t T = in.shape[0], K = in.shape[1], O = weight.shape[0];
+  const GemmKey key{O, T, K, true, false, in.dtype, out.dtype, !bias.empty(), false};
+  gemm(ctx, key, weight.data, in.data, out.data, bias.empty() ? nullptr : bias.data, 0.0f);
+}
+
+void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
+                Tensor weight) {
+  const int64_t T = in.shape[0], K = in.shape[1], O = weight.shape[0];
+  if (!din.empty()) {
+    const GemmKey key{K, T, O, false, false, dout.dtype, din.dtype, false, false};
+    gemm(ctx, key, weight.data, dout.data, din.data, nullptr, 0.0f);
+  }
+  const GemmKey wkey{K, O, T, false, true, in.dtype, dweight.dtype, false, true};
+  gemm(ctx, wkey, in.data, dout.data, dweight.data, nullptr, 1.0f);
+  if (dbias.empty()) return;
+  const int chunks = static_cast<int>(T < kRowChunks ? T : kRowChunks);
+  Workspace ws(ctx, "linear_bwd (dbias)");
+  float* partial = ws.take<float>(int64_t{chunks} * O);
+  dispatch_float(dout.dtype, "linear_bwd", [&](auto tag) {
+    using T_ = decltype(tag);
+    const dim3 grid(blocks_for(O, kThreads), static_cast<unsigned>(chunks));
+    column_sum_partial<T_><<<grid, kThreads, 0, stream_of(ctx)>>>(partial, dout.ptr<T_>(), T, O);
+  });
+  CUDA_CHECK_LAUNCH();
+  dispatch_float(dbias.dtype, "linear_bwd", [&](auto tag) {
+    using G = decltype(tag);
+    column_sum_final<G><<<blocks_for(O, kThreads), kThreads, 0, stream_of(ctx)>>>(
+        dbias.ptr<G>(), partial, chunks, O);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tr::cuda
