@@ -236,7 +236,7 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
   const OpCheck c(ctx, "attention_fwd", {{"out", out}, {"lse", lse}, {"qkv", qkv}});
   c.same_float_dtype({out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
-  TR_DISPATCH_CPU(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
+  TR_DISPATCH(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
 }
 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
@@ -246,7 +246,7 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
   c.same_float_dtype({dqkv, dout, out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
   OP_CHECK(c, dqkv.same_shape(qkv) && dout.same_shape(out));
-  TR_DISPATCH_CPU(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
+  TR_DISPATCH(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
                   head_dim);
 }
 

@@ -228,6 +228,48 @@ TEST_CASE("cuda: cross-entropy in place, whole and vocab-parallel, matches the C
   }
 }
 
+TEST_CASE("cuda: cuDNN causal GQA attention, forward and deterministic backward, matches the CPU",
+          "[gpu]") {
+  GpuCtx g;
+  std::mt19937 rng(9);
+  struct Shape {
+    int batch, seq, nh, nkv, hd;
+  };
+  // Small; Qwen2.5-0.5B (14 q / 2 kv heads, hd 64); 72B at tp 8 (8 q / 1 kv head, hd 128).
+  for (Shape s : {Shape{1, 16, 2, 1, 64}, Shape{2, 128, 14, 2, 64}, Shape{1, 256, 8, 1, 128}}) {
+    const DType dt = DType::bf16;
+    const int64_t T = int64_t{s.batch} * s.seq, W = int64_t{s.nh + 2 * s.nkv} * s.hd,
+                  O = int64_t{s.nh} * s.hd;
+    std::vector<float> qkv = random_values(T * W, rng, dt, -2, 2),
+                       dout = random_values(T * O, rng, dt);
+    std::vector<float> out(T * O), lse(int64_t{s.batch} * s.nh * s.seq), dqkv(T * W);
+    attention_fwd(cpu_ctx, host(out, {T, O}), host(lse, {s.batch, s.nh, s.seq}), host(qkv, {T, W}),
+                  s.batch, s.seq, s.nh, s.nkv, s.hd);
+    Dev d_qkv(dt, {T, W}, qkv), d_out(dt, {T, O}), d_lse(DType::f32, {s.batch, s.nh, s.seq}),
+        d_dout(dt, {T, O}, dout), d_dqkv(dt, {T, W});
+    attention_fwd(g.ctx, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv, s.hd);
+    // The CPU backward from the GPU's (bf16) output, as the model would run it.
+    std::vector<float> gpu_out = d_out.download();
+    attention_bwd(cpu_ctx, host(dqkv, {T, W}), host(dout, {T, O}), host(gpu_out, {T, O}),
+                  host(lse, {s.batch, s.nh, s.seq}), host(qkv, {T, W}), s.batch, s.seq, s.nh, s.nkv,
+                  s.hd);
+    attention_bwd(g.ctx, d_dqkv.t, d_dout.t, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv,
+                  s.hd);
+    const std::string what = "nh=" + std::to_string(s.nh) + " nkv=" + std::to_string(s.nkv) +
+                             " hd=" + std::to_string(s.hd) + " seq=" + std::to_string(s.seq);
+    check_close(gpu_out, out, dt, "out " + what);
+    const double lse_err = test::rel_err(d_lse.download(), lse);
+    INFO("lse " << what << ": relative error " << lse_err);
+    CHECK(lse_err < 1e-3);
+    const std::vector<float> first = d_dqkv.download();
+    check_close(first, dqkv, dt, "dqkv " + what);
+    d_dqkv.poison();
+    attention_bwd(g.ctx, d_dqkv.t, d_dout.t, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv,
+                  s.hd);
+    CHECK(std::memcmp(first.data(), d_dqkv.download().data(), first.size() * 4) == 0);
+  }
+}
+
 TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
   GpuCtx g;
   std::mt19937 rng(2);

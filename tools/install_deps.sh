@@ -20,3 +20,25 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq -o Dpkg::Use-Pty=0 \
     --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# cuDNN's C++ frontend (header-only; the graph API behind the fused attention), only where
+# the CUDA toolkit is: from its PyPI wheel into .deps/ (ignored by git; carry it to the GPU
+# machine, which reaches no registry).
+frontend_version=1.32.0
+frontend_dir="$(cd "$(dirname "$0")/.." && pwd)/.deps/cudnn-frontend"
+if command -v nvcc >/dev/null 2>&1 && [ ! -f "$frontend_dir/$frontend_version/include/cudnn_frontend.h" ]; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    sudo_cmd=()
+    [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)
+    "${sudo_cmd[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq python3-pip >/dev/null
+  fi
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$tmp" \
+    "nvidia-cudnn-frontend==$frontend_version"
+  mkdir -p "$frontend_dir/$frontend_version"
+  python3 -m zipfile -e "$tmp"/nvidia_cudnn_frontend-*.whl "$tmp/wheel"
+  cp -r "$tmp/wheel/include" "$frontend_dir/$frontend_version/"
+  rm -rf "$tmp"
+  echo "cuDNN frontend $frontend_version headers in $frontend_dir/$frontend_version/include"
+fi

@@ -5,6 +5,7 @@
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 #include <string>
 
@@ -20,6 +21,12 @@ inline std::string cuda_error_detail(cudaError_t e) {
          std::to_string(device) + ")";
 }
 
+inline int current_device() {
+  int device = -1;
+  cudaGetDevice(&device);
+  return device;
+}
+
 inline std::string cublas_error_detail(cublasStatus_t s) {
   int device = -1;
   cudaGetDevice(&device);
@@ -33,5 +40,9 @@ inline std::string cublas_error_detail(cublasStatus_t s) {
   TR_CHECK_GEN("CUDA", expr, _v == cudaSuccess, ::tr::cuda::cuda_error_detail(_v))
 // After a kernel launch: the launch configuration was accepted.
 #define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+#define CUDNN_CHECK(expr)                                           \
+  TR_CHECK_GEN("cuDNN", expr, _v == CUDNN_STATUS_SUCCESS,           \
+               std::string(cudnnGetErrorString(_v)) + " (device " + \
+                   std::to_string(::tr::cuda::current_device()) + ")")
 #define CUBLAS_CHECK(expr) \
   TR_CHECK_GEN("cuBLAS", expr, _v == CUBLAS_STATUS_SUCCESS, ::tr::cuda::cublas_error_detail(_v))

@@ -30,6 +30,12 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
                 Tensor weight);
 
+// bf16 only (cuDNN fused attention).
+void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
+                   int n_heads, int n_kv_heads, int head_dim);
+void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
+                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim);
+
 void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta);
 void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta);
 

@@ -1,0 +1,183 @@
+// Causal GQA attention through cuDNN's fused scaled-dot-product attention (flash attention),
+// built with the cuDNN frontend's graph API. Host code only: the graphs are built once per
+// shape and cached; each call binds pointers into our packed layouts, no copies:
+//   qkv [T, (nh + 2 nkv) hd] per token (T = batch * seq_len): Q heads, K heads, V heads, so
+//       Q is the strided [batch, nh, seq, hd] view (strides seq*W, hd, W, 1; W = row width),
+//       K and V the same at column offsets nh*hd and (nh + nkv)*hd;
+//   out [T, nh hd]; lse [batch, nh, seq] f32 (cuDNN's softmax statistics, log-sum-exp of the
+//       scaled scores) saved for the backward;
+//   dqkv ASSIGNED through the same strided views.
+// bf16 only (cuDNN's fused attention has no fp32 path); the backward uses cuDNN's
+// deterministic algorithm so that two runs give the same bits.
+#include <cudnn_frontend.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
+
+#define CUDNN_FE_CHECK(expr)                                                            \
+  do {                                                                                  \
+    auto _e = (expr);                                                                   \
+    if (_e.is_bad())                                                                    \
+      ::tr::fatal_error("cuDNN frontend", #expr, _e.get_message(), __FILE__, __LINE__); \
+  } while (0)
+
+namespace tr::cuda {
+namespace {
+
+namespace fe = cudnn_frontend;
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+struct AttnKey {
+  int64_t batch, seq, nh, nkv, hd;
+  bool backward;
+  auto tie() const { return std::tie(batch, seq, nh, nkv, hd, backward); }
+  bool operator<(const AttnKey& o) const { return tie() < o.tie(); }
+};
+
+struct AttnGraph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  TensorPtr q, k, v, o, stats, dout, dq, dk, dv;
+  int64_t workspace = 0;
+};
+
+class Cudnn {
+ public:
+  static Cudnn& get() {
+    static Cudnn c;
+    return c;
+  }
+  cudnnHandle_t handle() const { return handle_; }
+  const AttnGraph& graph(const AttnKey& key);
+
+ private:
+  Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
+  cudnnHandle_t handle_ = nullptr;
+  std::mutex mu_;
+  std::map<AttnKey, AttnGraph> graphs_;
+};
+
+const AttnGraph& Cudnn::graph(const AttnKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) return it->second;
+  const int64_t B = key.batch, S = key.seq, nh = key.nh, nkv = key.nkv, hd = key.hd;
+  const int64_t W = (nh + 2 * nkv) * hd;  // qkv row width
+  const std::vector<int64_t> q_dim{B, nh, S, hd}, kv_dim{B, nkv, S, hd};
+  const std::vector<int64_t> qkv_stride{S * W, hd, W, 1};
+  const std::vector<int64_t> o_stride{S * nh * hd, hd, nh * hd, 1};
+  const std::vector<int64_t> stats_dim{B, nh, S, 1}, stats_stride{nh * S, S, 1, 1};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  AttnGraph a;
+  a.graph = std::make_shared<fe::graph::Graph>();
+  fe::graph::Graph& g = *a.graph;
+  g.set_io_data_type(fe::DataType_t::BFLOAT16)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto input = [&](const char* name, const std::vector<int64_t>& dim,
+                   const std::vector<int64_t>& stride) {
+    return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(dim).set_stride(stride));
+  };
+  a.q = input("Q", q_dim, qkv_stride);
+  a.k = input("K", kv_dim, qkv_stride);
+  a.v = input("V", kv_dim, qkv_stride);
+  if (!key.backward) {
+    auto opts = fe::graph::SDPA_attributes()
+                    .set_name("sdpa_fwd")
+                    .set_generate_stats(true)
+                    .set_causal_mask(true)
+                    .set_attn_scale(scale);
+    auto [o, stats] = g.sdpa(a.q, a.k, a.v, opts);
+    o->set_output(true).set_dim(q_dim).set_stride(o_stride);
+    stats->set_output(true)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
+    a.o = o;
+    a.stats = stats;
+  } else {
+    a.o = input("O", q_dim, o_stride);
+    a.dout = input("dO", q_dim, o_stride);
+    a.stats = g.tensor(fe::graph::Tensor_attributes()
+                           .set_name("Stats")
+                           .set_dim(stats_dim)
+                           .set_stride(stats_stride)
+                           .set_data_type(fe::DataType_t::FLOAT));
+    auto opts = fe::graph::SDPA_backward_attributes()
+                    .set_name("sdpa_bwd")
+                    .set_causal_mask(true)
+                    .set_attn_scale(scale)
+                    .set_deterministic_algorithm(true);
+    auto [dq, dk, dv] = g.sdpa_backward(a.q, a.k, a.v, a.o, a.dout, a.stats, opts);
+    dq->set_output(true).set_dim(q_dim).set_stride(qkv_stride);
+    dk->set_output(true).set_dim(kv_dim).set_stride(qkv_stride);
+    dv->set_output(true).set_dim(kv_dim).set_stride(qkv_stride);
+    a.dq = dq;
+    a.dk = dk;
+    a.dv = dv;
+  }
+  CUDNN_FE_CHECK(g.validate());
+  CUDNN_FE_CHECK(g.build_operation_graph(handle_));
+  CUDNN_FE_CHECK(g.create_execution_plans({fe::HeurMode_t::A}));
+  CUDNN_FE_CHECK(g.check_support(handle_));
+  CUDNN_FE_CHECK(g.build_plans(handle_));
+  CUDNN_FE_CHECK(g.get_workspace_size(a.workspace));
+  return graphs_.emplace(key, std::move(a)).first->second;
+}
+
+void check_bf16(const Tensor& qkv, const char* op) {
+  TR_ASSERT(qkv.dtype == DType::bf16, std::string(op) +
+                                          " on CUDA runs in bf16 (cuDNN fused attention), not " +
+                                          dtype_name(qkv.dtype));
+}
+
+// Runs `a` with the given bindings and workspace from ctx.
+void run(Ctx& ctx, const AttnGraph& a, std::unordered_map<TensorPtr, void*>& pack, const char* op) {
+  Cudnn& c = Cudnn::get();
+  CUDNN_CHECK(cudnnSetStream(c.handle(), static_cast<cudaStream_t>(ctx.stream)));
+  TR_ASSERT(a.workspace <= static_cast<int64_t>(ctx.workspace_bytes),
+            std::string(op) + ": cuDNN needs " + std::to_string(a.workspace) +
+                " bytes of workspace, the context has " + std::to_string(ctx.workspace_bytes));
+  CUDNN_FE_CHECK(a.graph->execute(c.handle(), pack, ctx.workspace));
+}
+
+}  // namespace
+
+void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
+                   int n_heads, int n_kv_heads, int head_dim) {
+  check_bf16(qkv, "attention_fwd");
+  const AttnGraph& a =
+      Cudnn::get().graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false});
+  char* base = static_cast<char*>(qkv.data);
+  const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
+  std::unordered_map<TensorPtr, void*> pack = {{a.q, base},
+                                               {a.k, base + n_heads * head_bytes},
+                                               {a.v, base + (n_heads + n_kv_heads) * head_bytes},
+                                               {a.o, out.data},
+                                               {a.stats, lse.data}};
+  run(ctx, a, pack, "attention_fwd");
+}
+
+void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
+                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim) {
+  check_bf16(qkv, "attention_bwd");
+  const AttnGraph& a =
+      Cudnn::get().graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true});
+  char* base = static_cast<char*>(qkv.data);
+  char* dbase = static_cast<char*>(dqkv.data);
+  const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
+  const size_t k_at = n_heads * head_bytes, v_at = (n_heads + n_kv_heads) * head_bytes;
+  std::unordered_map<TensorPtr, void*> pack = {
+      {a.q, base},     {a.k, base + k_at},   {a.v, base + v_at},
+      {a.o, out.data}, {a.dout, dout.data},  {a.stats, lse.data},
+      {a.dq, dbase},   {a.dk, dbase + k_at}, {a.dv, dbase + v_at}};
+  run(ctx, a, pack, "attention_bwd");
+}
+
+}  // namespace tr::cuda
