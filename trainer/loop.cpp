@@ -49,6 +49,21 @@ std::string layout_json(const Session& s) {
   return j.dump();
 }
 
+// An f32 tensor's values readable on the host: its own memory on the CPU, a copy otherwise.
+struct HostCopy {
+  std::vector<float> copy;
+  const float* ptr = nullptr;
+  explicit HostCopy(Tensor t) {
+    if (t.device == Device::cpu) {
+      ptr = t.ptr<float>();
+      return;
+    }
+    copy.resize(static_cast<size_t>(t.numel()));
+    copy_tensor(Tensor(copy.data(), DType::f32, Device::cpu, {t.numel()}), t);
+    ptr = copy.data();
+  }
+};
+
 // True on every rank when `ok` is true on every rank.
 bool all_ok(Comm& world, bool ok) {
   int32_t failed = ok ? 0 : 1;
@@ -72,8 +87,8 @@ absl::Status save_checkpoint(Session& s) {
 
   TR_ASSERT(rank_layout(s.cfg, s.topo).capacity == s.model->layout().capacity,
             "checkpoint ownership must see the model's layout");
-  const RankBuffers mine{s.model->params().ptr<float>(), s.opt->exp_avg().ptr<float>(),
-                         s.opt->exp_avg_sq().ptr<float>()};
+  const HostCopy params(s.model->params()), m(s.opt->exp_avg()), v(s.opt->exp_avg_sq());
+  const RankBuffers mine{params.ptr, m.ptr, v.ptr};
   const std::vector<ckpt::ShardPiece> pieces = owned_pieces(s.cfg, s.topo, mine);
   fs::FileDigest digest;
   if (!pieces.empty()) {
@@ -248,9 +263,13 @@ StepOutcome train_step(Session& s, StepMetrics& m) {
   m.grad_norm = s.opt->reduce_and_clip();
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   s.opt->update(m.lr, step);
-  if (s.topo.pp > 1 && s.cfg.model.tie_embeddings && (s.topo.first_stage() || s.topo.last_stage()))
+  if (s.topo.pp > 1 && s.cfg.model.tie_embeddings &&
+      (s.topo.first_stage() || s.topo.last_stage())) {
     // The two copies took the same update up to summation order; make them bit-identical.
-    s.groups.embed->broadcast(s.model->param(s.model->layout().find("embed_tokens/weight")), 0);
+    const ParamInfo& embed = s.model->layout().find("embed_tokens/weight");
+    s.groups.embed->broadcast(s.model->param(embed), 0);
+    s.model->refresh_compute_copy(&embed);
+  }
   m.optimizer_s = seconds_since(t1);
   m.loss = loss_sum / static_cast<double>(tokens);
   m.step = step;

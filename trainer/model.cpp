@@ -144,6 +144,7 @@ struct Qwen2Model::Acts {
   Tensor logits;           // [C, Vl] one loss chunk; overwritten by its gradient
   Tensor losses;           // [C]
   Tensor row_max, sums;    // [C], [C, 2] vocab-parallel cross-entropy statistics
+  Tensor tokens, targets;  // i32 [T] the micro-batch on the device (unused on the CPU)
   // Sequence parallelism: the residual stream, norms and their gradients hold Tl = T / tp
   // tokens per rank; these are the full-sequence buffers around the TP regions.
   Tensor full;        // [T, H] all-gathered or not yet reduce-scattered
@@ -164,17 +165,45 @@ double sum_host(Tensor t) {
     s += t.dtype == DType::f64 ? t.ptr<double>()[i] : t.ptr<float>()[i];
   return s;
 }
+
+// Any floating tensor's values as host floats (copied back from a device first).
+std::vector<float> to_host_floats(Tensor t) {
+  const int64_t n = t.numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  Ctx cpu;
+  if (t.device == Device::cpu) {
+    cast(cpu, Tensor(out.data(), DType::f32, Device::cpu, {n}), t.view({n}));
+    return out;
+  }
+  std::vector<char> raw(t.nbytes());
+  Tensor staged(raw.data(), t.dtype, Device::cpu, {n});
+  copy_tensor(staged, t.view({n}));
+  cast(cpu, Tensor(out.data(), DType::f32, Device::cpu, {n}), staged);
+  return out;
+}
 }  // namespace
 
 Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype,
-                       int64_t loss_chunk, int64_t flat_multiple, int slots)
-    : dims_(dims), batch_(batch), seq_len_(seq_len), slots_(slots), ctx_(ctx), dtype_(dtype) {
+                       int64_t loss_chunk, int64_t flat_multiple, int slots,
+                       bool separate_compute_copy)
+    : dims_(dims),
+      batch_(batch),
+      seq_len_(seq_len),
+      slots_(slots),
+      ctx_(ctx),
+      dtype_(dtype),
+      mdtype_(dtype == DType::bf16 ? DType::f32 : dtype),
+      sdtype_(dtype == DType::f64 ? DType::f64 : DType::f32) {
   TR_ASSERT(slots >= 1, "at least one activation slot");
   layout_ = ParamLayout::make(dims_, flat_multiple);
-  param_arena_ = std::make_unique<Arena>(2 * arena_bytes(dtype, layout_.capacity), ctx.device);
-  params_ = param_arena_->alloc(dtype, {layout_.capacity});
-  grads_ = param_arena_->alloc(dtype, {layout_.capacity});
-  w_ = views(params_);
+  const bool separate = separate_compute_copy || dtype_ != mdtype_;
+  param_arena_ = std::make_unique<Arena>(2 * arena_bytes(mdtype_, layout_.capacity) +
+                                             (separate ? arena_bytes(dtype_, layout_.capacity) : 0),
+                                         ctx.device);
+  params_ = param_arena_->alloc(mdtype_, {layout_.capacity});
+  grads_ = param_arena_->alloc(mdtype_, {layout_.capacity});
+  compute_ = separate ? param_arena_->alloc(dtype_, {layout_.capacity}) : params_;
+  w_ = views(compute_);
   g_ = views(grads_);
 
   const int64_t T = batch * seq_len;
@@ -199,20 +228,20 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     for (int64_t l = 0; l < d.layers; ++l) {
       Acts::Layer L;
       L.ln1 = ar.alloc(dtype_, {T, H});
-      L.rstd1 = ar.alloc(dtype_, {Tl});
+      L.rstd1 = ar.alloc(sdtype_, {Tl});
       L.qkv = ar.alloc(dtype_, {T, Q});
       L.att = ar.alloc(dtype_, {T, A});
-      L.lse = ar.alloc(dtype_, {batch_, d.heads, seq_len_});
+      L.lse = ar.alloc(sdtype_, {batch_, d.heads, seq_len_});
       L.x_mid = ar.alloc(dtype_, {Tl, H});
       L.ln2 = ar.alloc(dtype_, {T, H});
-      L.rstd2 = ar.alloc(dtype_, {Tl});
+      L.rstd2 = ar.alloc(sdtype_, {Tl});
       L.gateup = ar.alloc(dtype_, {T, 2 * I});
       L.act = ar.alloc(dtype_, {T, I});
       slot.layers.push_back(L);
     }
     if (d.last_stage) {
       slot.lnf = ar.alloc(dtype_, {T, H});
-      slot.rstdf = ar.alloc(dtype_, {Tl});
+      slot.rstdf = ar.alloc(sdtype_, {Tl});
     }
   }
   a_->tmp = ar.alloc(dtype_, {Tl, H});
@@ -231,9 +260,46 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   a_->dgateup = ar.alloc(dtype_, {T, 2 * I});
   a_->dact = ar.alloc(dtype_, {T, I});
   a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
-  a_->row_max = ar.alloc(dtype_, {C});
-  a_->sums = ar.alloc(dtype_, {C, 2});
-  a_->losses = ar.alloc(dtype_, {C});
+  a_->row_max = ar.alloc(sdtype_, {C});
+  a_->sums = ar.alloc(sdtype_, {C, 2});
+  a_->losses = ar.alloc(sdtype_, {C});
+  if (ctx_.device != Device::cpu) {
+    a_->tokens = ar.alloc(DType::i32, {T});
+    a_->targets = ar.alloc(DType::i32, {T});
+  }
+}
+
+Tensor Qwen2Model::stage_tokens(const int32_t* host, int64_t n, Tensor device_buf) {
+  Tensor h(const_cast<int32_t*>(host), DType::i32, Device::cpu, {n});
+  if (ctx_.device == Device::cpu) return h;
+  Tensor d = device_buf.slice(0, n);
+  copy_tensor(d, h);
+  return d;
+}
+
+void Qwen2Model::refresh_compute_copy(const ParamInfo* p) {
+  if (compute_is_master()) return;
+  if (p == nullptr)
+    cast(ctx_, compute_, params_);
+  else
+    cast(ctx_, compute_.at(p->offset, {p->numel}), param(*p));
+}
+
+std::vector<float> Qwen2Model::params_to_host() const {
+  std::vector<float> host(static_cast<size_t>(layout_.total));
+  TR_ASSERT(mdtype_ == DType::f32,
+            "params_to_host: the masters are " + std::string(dtype_name(mdtype_)) + ", not f32");
+  copy_tensor(Tensor(host.data(), DType::f32, Device::cpu, {layout_.total}), params());
+  return host;
+}
+
+void Qwen2Model::params_from_host(const std::vector<float>& host) {
+  TR_ASSERT(static_cast<int64_t>(host.size()) == layout_.total && mdtype_ == DType::f32,
+            "params_from_host: " + std::to_string(host.size()) + " floats for " +
+                std::to_string(layout_.total) + " f32 masters");
+  copy_tensor(params(),
+              Tensor(const_cast<float*>(host.data()), DType::f32, Device::cpu, {layout_.total}));
+  refresh_compute_copy();
 }
 
 Qwen2Model::~Qwen2Model() = default;
@@ -279,8 +345,12 @@ Weights Qwen2Model::views(Tensor flat) const {
 
 void Qwen2Model::init_weights(uint64_t seed, double std) {
   const double out_std = std / std::sqrt(2.0 * static_cast<double>(dims_.total_layers));
+  // On a device the values are made on the host and copied over once.
+  const bool on_host = ctx_.device == Device::cpu;
+  std::vector<float> staging(on_host ? 0 : static_cast<size_t>(layout_.total));
   for (const ParamInfo& p : layout_.tensors) {
-    Tensor t = param(p);
+    Tensor t =
+        on_host ? param(p) : Tensor(staging.data() + p.offset, DType::f32, Device::cpu, {p.numel});
     const bool norm = p.name.find("layernorm") != std::string::npos || p.name == "norm/weight";
     const bool bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
     const bool out_proj =
@@ -299,6 +369,10 @@ void Qwen2Model::init_weights(uint64_t seed, double std) {
       fill_init(t.at(i * cols, {cols}), kind, sd, seed, p.name, padding_row ? 0 : cols, first);
     }
   }
+  if (on_host)
+    refresh_compute_copy();
+  else
+    params_from_host(staging);
 }
 
 void Qwen2Model::tp_sum(Tensor t) {
@@ -351,7 +425,7 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
   Acts& a = *a_;
   Acts::Slot& S = a.slots[slot];
   if (d.first_stage) {
-    Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
+    Tensor tok = stage_tokens(tokens, T, a.tokens);
     Tensor emb = full_or(S.resid[0]);
     embedding_fwd(ctx_, emb, tok, w_.embed, d.vocab_offset);
     reduce_to_local(emb, S.resid[0]);  // vocab-parallel: each rank contributed its own rows
@@ -397,10 +471,16 @@ double Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale
     const int64_t n = std::min(chunk_, T - begin);
     Tensor logits = a.logits.slice(0, n), losses = a.losses.slice(0, n);
     Tensor x = lnf.slice(begin, n);
-    Tensor tgt(const_cast<int32_t*>(targets + begin), DType::i32, Device::cpu, {n});
+    Tensor tgt = stage_tokens(targets + begin, n, a.targets);
     linear_fwd(ctx_, logits, x, w_.lm_head, Tensor());
     chunk_loss(losses, logits, tgt, grad_scale, grad);
-    total += sum_host(losses);
+    if (losses.device == Device::cpu) {
+      total += sum_host(losses);
+    } else {
+      host_losses_.resize(static_cast<size_t>(n));
+      copy_tensor(Tensor(host_losses_.data(), DType::f32, Device::cpu, {n}), losses);
+      total += sum_host(Tensor(host_losses_.data(), DType::f32, Device::cpu, {n}));
+    }
     if (grad) linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head);
   }
   // Vocab-parallel LM head: each rank holds its share of d lnf.
@@ -461,7 +541,7 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
     add(ctx_, a.dres, a.dres, a.dtmp);  // d resid[l]
   }
   if (d.first_stage) {
-    Tensor tok(const_cast<int32_t*>(tokens), DType::i32, Device::cpu, {T});
+    Tensor tok = stage_tokens(tokens, T, a.tokens);
     embedding_bwd(ctx_, g_.embed, gather_tokens(a.dres, a.full), tok, d.vocab_offset);
   }
 }
@@ -480,13 +560,11 @@ std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
   TR_ASSERT(n <= chunk_ && begin + n <= batch_ * seq_len_, "logits range too large");
   Tensor logits = a_->logits.slice(0, n);
   linear_fwd(ctx_, logits, a_->slots[0].lnf.slice(begin, n), w_.lm_head, Tensor());
+  const std::vector<float> all = to_host_floats(logits);  // [n, vocab_local]
   std::vector<float> out(static_cast<size_t>(n * dims_.vocab));
   for (int64_t i = 0; i < n; ++i)
     for (int64_t v = 0; v < dims_.vocab; ++v)
-      out[i * dims_.vocab + v] =
-          dtype_ == DType::f32
-              ? logits.ptr<float>()[i * dims_.vocab_local + v]
-              : static_cast<float>(logits.ptr<double>()[i * dims_.vocab_local + v]);
+      out[i * dims_.vocab + v] = all[i * dims_.vocab_local + v];
   return out;
 }
 

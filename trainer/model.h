@@ -94,25 +94,42 @@ struct Weights {
 
 class Qwen2Model {
  public:
-  // Buffers for micro-batches of `batch` samples of `seq_len` tokens, of the given dtype. The
-  // loss runs over chunks of `loss_chunk` tokens (0 = as many as fit in ~16M logits). The flat
-  // buffers hold a multiple of `flat_multiple` elements (the data-parallel size under ZeRO-1).
-  // `slots` micro-batches can be in flight at once (pipeline stages keep their activations).
+  // Buffers for micro-batches of `batch` samples of `seq_len` tokens, computing in `dtype`
+  // (activations and the weights the ops read). The loss runs over chunks of `loss_chunk`
+  // tokens (0 = as many as fit in ~16M logits). The flat buffers hold a multiple of
+  // `flat_multiple` elements (the data-parallel size under ZeRO-1). `slots` micro-batches can
+  // be in flight at once (pipeline stages keep their activations).
+  //
+  // Mixed precision: with dtype bf16 the master weights and the gradients are f32 and the ops
+  // read a bf16 compute copy of the weights (the optimizer writes it in the same pass as the
+  // update); saved statistics (rstd, lse, losses) are f32. With f32 or f64 the weights are
+  // their own compute copy, unless `separate_compute_copy` asks for the bf16 layout anyway
+  // (to test that plumbing on the CPU).
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
              DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1,
-             int slots = 1);
+             int slots = 1, bool separate_compute_copy = false);
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   ~Qwen2Model();
 
   const ModelDims& dims() const { return dims_; }
   const ParamLayout& layout() const { return layout_; }
-  Tensor params() const { return params_.slice(0, layout_.total); }  // [P] flat
+  Tensor params() const { return params_.slice(0, layout_.total); }  // [P] flat masters
   Tensor grads() const { return grads_.slice(0, layout_.total); }    // [P] flat
   Tensor params_padded() const { return params_; }  // [capacity]: params() and a zero tail
   Tensor grads_padded() const { return grads_; }    // [capacity]
   Tensor param(const ParamInfo& p) const;           // view of p in params()
   Tensor grad(const ParamInfo& p) const;            // view of p in grads()
+  // The weights the ops read: [capacity] in the compute dtype; empty when the masters are
+  // their own compute copy.
+  Tensor compute_copy() const { return compute_is_master() ? Tensor() : compute_; }
+  bool compute_is_master() const { return compute_.data == params_.data; }
+  // Rewrites the compute copy from the masters (after they change other than through AdamW:
+  // initialisation, a checkpoint load, a broadcast). All of it, or only tensor `p`.
+  void refresh_compute_copy(const ParamInfo* p = nullptr);
+  // The masters on the host (a copy when they live on a device), and back.
+  std::vector<float> params_to_host() const;
+  void params_from_host(const std::vector<float>& host);
 
   // Normal(0, std) matrices and embedding (output projections std / sqrt(2 L)), zero biases,
   // unit norms; each value a pure function of (seed, tensor name, element index).
@@ -155,16 +172,23 @@ class Qwen2Model {
   Tensor gather_tokens(Tensor local, Tensor full);     // start of a TP region
   void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
 
+  // The tokens of a micro-batch where the ops can read them: the host array itself on the CPU,
+  // else copied into `device_buf`.
+  Tensor stage_tokens(const int32_t* host, int64_t n, Tensor device_buf);
+
   ModelDims dims_;
   int64_t batch_, seq_len_;
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
   int slots_ = 1;
   Comm* tp_ = nullptr;
   Ctx ctx_;
-  DType dtype_;
+  DType dtype_;   // compute: activations and the weights the ops read
+  DType mdtype_;  // masters and gradients (f32 under bf16 compute)
+  DType sdtype_;  // saved statistics and losses (f32, f64 for f64 compute)
   ParamLayout layout_;
   std::unique_ptr<Arena> param_arena_, act_arena_;
-  Tensor params_, grads_;
+  Tensor params_, grads_, compute_;
+  std::vector<float> host_losses_;  // one loss chunk, read back from the device
   Weights w_, g_;
   std::unique_ptr<Acts> a_;
 };

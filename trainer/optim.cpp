@@ -91,7 +91,7 @@ double AdamW::reduce_and_clip() {
 
 void AdamW::update(double lr, int64_t step) {
   const int64_t end = std::min(shard_begin_ + shard_size_, model_.layout().total);
-  Tensor params = model_.params(), grads = grad_shard();
+  Tensor params = model_.params(), grads = grad_shard(), compute = model_.compute_copy();
   for (const ParamInfo& p : model_.layout().tensors) {
     const int64_t lo = std::max(p.offset, shard_begin_), hi = std::min(p.offset + p.numel, end);
     if (lo >= hi) continue;  // tensor outside this rank's shard
@@ -103,11 +103,13 @@ void AdamW::update(double lr, int64_t step) {
                         step};
     const int64_t at = lo - shard_begin_;  // offset within the shard
     adamw_update(ctx_, params.at(lo, {hi - lo}), grads.at(zero1_ ? at : lo, {hi - lo}),
-                 m_.at(at, {hi - lo}), v_.at(at, {hi - lo}), a);
+                 m_.at(at, {hi - lo}), v_.at(at, {hi - lo}), a,
+                 compute.empty() ? Tensor() : compute.at(lo, {hi - lo}));
   }
   if (zero1_) {
     Tensor all = model_.params_padded();
     dp_->all_gather(all, all.slice(shard_begin_, shard_size_));
+    model_.refresh_compute_copy();  // the other ranks' shards arrived as masters
   }
 }
 

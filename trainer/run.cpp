@@ -16,6 +16,10 @@
 #include "trainer/session.h"
 #include "trainer/shard.h"
 
+#ifdef TRAINER_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
 namespace tr {
 namespace {
 
@@ -31,22 +35,38 @@ absl::Status check_sequence_parallel(const Topology& t, const Config& c) {
   return absl::OkStatus();
 }
 
+// Bytes of the CUDA ops' workspace (cuBLASLt's 32 MiB plus the reductions' and sorts' scratch).
+constexpr size_t kCudaWorkspace = size_t{256} << 20;
+
+// `auto` runs on the CPU until the GPU path has been validated on hardware; `cuda` asks for
+// the GPU explicitly (one rank per process and GPU; multi-rank GPU runs need the NCCL
+// communicator, not built yet).
 absl::Status resolve_backend(Session& r) {
   std::string& b = r.cfg.train.backend;
+  r.ctx = Ctx{};
+  if (b != "cuda") {
+    b = "cpu";
+    return absl::OkStatus();
+  }
 #ifdef TRAINER_HAVE_CUDA
-  if (b == "cuda")
+  if (!cuda::device_available())
     return absl::InvalidArgumentError(
-        "train.backend=cuda: the CUDA backend is not implemented yet in this build; set "
-        "train.backend=cpu (or auto)");
-#else
-  if (b == "cuda")
-    return absl::InvalidArgumentError(
-        "train.backend=cuda but this trainer was built without CUDA (TRAINER_CUDA=OFF or no nvcc); "
-        "rebuild with -DTRAINER_CUDA=ON or set train.backend=cpu");
-#endif
-  b = "cpu";  // auto: the CUDA backend is not available yet
-  r.ctx = Ctx{Device::cpu, nullptr};
+        "train.backend=cuda but no CUDA device is visible (no driver, or CUDA_VISIBLE_DEVICES "
+        "hides them); set train.backend=cpu");
+  if (r.groups.world->size() > 1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.backend=cuda with ", r.groups.world->size(),
+        " ranks: GPU runs are single-rank until the NCCL communicator lands; launch one rank "
+        "or set train.backend=cpu"));
+  auto dev = std::make_shared<cuda::DeviceContext>(0, kCudaWorkspace);
+  r.ctx = dev->ctx();
+  r.device = dev;
   return absl::OkStatus();
+#else
+  return absl::InvalidArgumentError(
+      "train.backend=cuda but this trainer was built without CUDA (TRAINER_CUDA=OFF or no nvcc); "
+      "rebuild with -DTRAINER_CUDA=ON or set train.backend=cpu");
+#endif
 }
 
 absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& r,
@@ -98,11 +118,27 @@ absl::StatusOr<std::string> resume_path(const Session& r) {
 // ZeRO-1 range of the Adam states (the files were verified in check_inputs).
 absl::Status load_checkpoint(Session& r, const std::string& path) {
   std::string stored_yaml;
-  if (absl::Status st = load_rank_part(path, r.cfg, r.topo, r.model->params().ptr<float>(),
-                                       r.opt->exp_avg().ptr<float>(),
-                                       r.opt->exp_avg_sq().ptr<float>(), &r.state, &stored_yaml);
+  // Read on the host; copied to the device after (the masters, then their compute copy).
+  Tensor targets[3] = {r.model->params(), r.opt->exp_avg(), r.opt->exp_avg_sq()};
+  std::vector<float> staged[3];
+  float* into[3];
+  for (int i = 0; i < 3; ++i) {
+    if (targets[i].device == Device::cpu) {
+      into[i] = targets[i].ptr<float>();
+    } else {
+      staged[i].resize(static_cast<size_t>(targets[i].numel()));
+      into[i] = staged[i].data();
+    }
+  }
+  if (absl::Status st =
+          load_rank_part(path, r.cfg, r.topo, into[0], into[1], into[2], &r.state, &stored_yaml);
       !st.ok())
     return st;
+  for (int i = 0; i < 3; ++i)
+    if (!staged[i].empty())
+      copy_tensor(targets[i],
+                  Tensor(staged[i].data(), DType::f32, Device::cpu, {targets[i].numel()}));
+  r.model->refresh_compute_copy();
   r.last_saved_step = r.state.step;
   for (const std::string& d : config_differences(stored_yaml, to_yaml(r.cfg)))
     std::printf("note: config differs from the checkpoint's: %s\n", d.c_str());
@@ -203,8 +239,8 @@ absl::Status build_model(Session& r) {
   r.model = std::make_unique<Qwen2Model>(
       ModelDims::from(r.cfg.model, r.topo, r.cfg.parallel.sequence_parallel,
                       r.cfg.parallel.pipeline_layers),
-      r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx, DType::f32, 0, zero1 ? r.topo.dp : 1,
-      slots);
+      r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx,
+      r.ctx.device == Device::cuda ? DType::bf16 : DType::f32, 0, zero1 ? r.topo.dp : 1, slots);
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());

@@ -29,6 +29,7 @@ struct Session {
   Topology topo;
   ProcessGroups groups;
   Ctx ctx;
+  std::shared_ptr<void> device;  // the CUDA DeviceContext behind ctx (train.backend=cuda)
   std::unique_ptr<Qwen2Model> model;
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<data::DataLoader> train, valid;

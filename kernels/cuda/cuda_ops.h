@@ -16,6 +16,28 @@ namespace tr::cuda {
 
 // True when a CUDA device can run kernels here (a driver and at least one GPU).
 bool device_available();
+int device_count();
+
+// One process's GPU: selects device `index`, creates the compute stream (the handles of
+// cuBLASLt and cuDNN are made once, on first use) and the ops' workspace. ctx() hands ops all
+// three.
+class DeviceContext {
+ public:
+  DeviceContext(int index, size_t workspace_bytes);
+  ~DeviceContext();
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+  Ctx ctx() const;
+  int index() const { return index_; }
+  size_t workspace_bytes() const { return workspace_.bytes(); }
+  // Waits for everything queued on the stream.
+  void synchronize() const;
+
+ private:
+  int index_;
+  void* stream_ = nullptr;  // cudaStream_t
+  Buffer workspace_;
+};
 // Name of device `index` ("NVIDIA H100 80GB HBM3"), or "" when there is none.
 std::string device_name(int index);
 

@@ -16,6 +16,42 @@ bool device_available() {
   return count > 0;
 }
 
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+DeviceContext::DeviceContext(int index, size_t workspace_bytes) : index_(index) {
+  CUDA_CHECK(cudaSetDevice(index));
+  cudaStream_t s = nullptr;
+  // A blocking stream: the synchronous copies of copy_tensor (legacy default stream) wait for
+  // the kernels queued on it, and it for them, so host reads never see half-written results.
+  CUDA_CHECK(cudaStreamCreate(&s));
+  stream_ = s;
+  workspace_ = Buffer(workspace_bytes, Device::cuda);
+}
+
+DeviceContext::~DeviceContext() {
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+Ctx DeviceContext::ctx() const {
+  Ctx c;
+  c.device = Device::cuda;
+  c.stream = stream_;
+  c.workspace = workspace_.data();
+  c.workspace_bytes = workspace_.bytes();
+  return c;
+}
+
+void DeviceContext::synchronize() const {
+  CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+}
+
 std::string device_name(int index) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
