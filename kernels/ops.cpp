@@ -374,4 +374,19 @@ void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const
   TR_DISPATCH(adamw_update, param, grad, m, v, p, compute_copy);
 }
 
+DeviceInfo device_info(const Ctx& ctx) {
+#ifdef TRAINER_HAVE_CUDA
+  if (ctx.device == Device::cuda) return cuda::device_info();
+#endif
+  (void)ctx;
+  return {"cpu", 0.0, 0.0};
+}
+
+void synchronize(const Ctx& ctx) {
+#ifdef TRAINER_HAVE_CUDA
+  if (ctx.device == Device::cuda) cuda::synchronize(ctx);
+#endif
+  (void)ctx;
+}
+
 }  // namespace tr

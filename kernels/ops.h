@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/core/ctx.h"
 #include "kernels/core/tensor.h"
@@ -117,5 +118,15 @@ struct AdamWParams {
 // pass (the weights the next forward computes with).
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy = {});
+
+// ---- the device behind a context ----
+struct DeviceInfo {
+  std::string name;           // "cpu", "NVIDIA H100 80GB HBM3"
+  double peak_bf16_flops;     // dense bf16 tensor-core peak; 0 when unknown (the CPU)
+  double memory_used_mib;     // device memory in use (total - free), 0 on the CPU
+};
+DeviceInfo device_info(const Ctx& ctx);
+// Waits until everything queued on ctx's stream has run (no-op on the CPU).
+void synchronize(const Ctx& ctx);
 
 }  // namespace tr

@@ -1,6 +1,7 @@
 // prepare_data: tokenizes text into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx).
 //
 //   prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte] INPUT...
+//   prepare_data --output PREFIX --synthetic TOKENS --vocab V [--seed S]
 //
 // INPUT is a file or a directory (all regular files below it, recursively, in sorted order).
 // text: each file is one document. jsonl: each non-blank line is a JSON object whose "text"
@@ -20,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "data/tokenizer.h"
 #include "data/writer.h"
@@ -38,6 +40,8 @@ constexpr const char* kUsage =
     "  --format jsonl      one document per line, from the \"text\" field (default)\n"
     "  --format text       one document per file\n"
     "  --tokenizer byte    bytes 0..255, end of document 256 (default; the only one so far)\n"
+    "  --synthetic TOKENS  instead of INPUTs: TOKENS uniform random ids in [0, V) in documents\n"
+    "                      of 1..8192 tokens, for benchmarks (--vocab V, --seed S, default 1)\n"
     "  The end-of-document token is appended to every document; empty documents are skipped.\n";
 
 struct Args {
@@ -45,6 +49,7 @@ struct Args {
   std::string format = "jsonl";
   std::string tokenizer = "byte";
   std::vector<std::string> inputs;
+  int64_t synthetic = 0, vocab = 0, seed = 1;
   bool help = false;
 };
 
@@ -81,6 +86,12 @@ absl::StatusOr<Args> parse_args(int argc, char** argv) {
       args.format = value;
     } else if (arg == "--tokenizer") {
       args.tokenizer = value;
+    } else if (arg == "--synthetic" || arg == "--vocab" || arg == "--seed") {
+      int64_t n = 0;
+      if (!absl::SimpleAtoi(value, &n) || n < (arg == "--seed" ? 0 : 1))
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg, " '", value, "' is not a ", arg == "--seed" ? "non-negative" : "positive", " integer"));
+      (arg == "--synthetic" ? args.synthetic : arg == "--vocab" ? args.vocab : args.seed) = n;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg, "; see --help"));
     }
@@ -89,6 +100,12 @@ absl::StatusOr<Args> parse_args(int argc, char** argv) {
   if (args.format != "jsonl" && args.format != "text")
     return absl::InvalidArgumentError(
         absl::StrCat("--format '", args.format, "' is unknown; use jsonl or text"));
+  if (args.synthetic > 0) {
+    if (args.vocab <= 0) return absl::InvalidArgumentError("--synthetic needs --vocab V");
+    if (!args.inputs.empty())
+      return absl::InvalidArgumentError("--synthetic takes no INPUT files");
+    return args;
+  }
   if (args.inputs.empty())
     return absl::InvalidArgumentError("no INPUT files or directories given; see --help");
   return args;
@@ -162,7 +179,34 @@ absl::Status process_jsonl(const std::string& path, const Tokenizer& tok,
   return absl::OkStatus();
 }
 
+// Uniform random tokens (splitmix64 of the seed and position) in documents of 1..8192 tokens.
+absl::Status run_synthetic(const Args& args) {
+  auto writer = IndexedDatasetWriter::create(args.output, args.vocab);
+  if (!writer.ok()) return writer.status();
+  uint64_t state = static_cast<uint64_t>(args.seed) * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&state] {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  std::vector<int32_t> doc;
+  for (int64_t left = args.synthetic; left > 0;) {
+    doc.resize(static_cast<size_t>(std::min<int64_t>(left, 1 + next() % 8192)));
+    for (int32_t& t : doc) t = static_cast<int32_t>(next() % static_cast<uint64_t>(args.vocab));
+    if (auto st = (*writer)->add_document(doc); !st.ok()) return st;
+    left -= static_cast<int64_t>(doc.size());
+  }
+  if (auto st = (*writer)->finish(); !st.ok()) return st;
+  std::printf("prepare_data: wrote %lld synthetic documents, %lld tokens (vocab %lld) to %s\n",
+              static_cast<long long>((*writer)->num_documents()),
+              static_cast<long long>((*writer)->num_tokens()), static_cast<long long>(args.vocab),
+              args.output.c_str());
+  return absl::OkStatus();
+}
+
 absl::Status run(const Args& args) {
+  if (args.synthetic > 0) return run_synthetic(args);
   auto tok = tr::data::make_tokenizer(args.tokenizer);
   if (!tok.ok()) return tok.status();
   auto files = collect_files(args.inputs);

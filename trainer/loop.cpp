@@ -270,6 +270,7 @@ StepOutcome train_step(Session& s, StepMetrics& m) {
     s.groups.embed->broadcast(s.model->param(embed), 0);
     s.model->refresh_compute_copy(&embed);
   }
+  synchronize(s.ctx);  // a GPU step's time includes its last kernel
   m.optimizer_s = seconds_since(t1);
   m.loss = loss_sum / static_cast<double>(tokens);
   m.step = step;
@@ -306,6 +307,7 @@ int train_loop(Session& s) {
   StepMetrics m;
   m.total_steps = s.cfg.train.steps;
   m.flops_per_token = flops_per_token(s.cfg);
+  m.peak_flops = device_info(s.ctx).peak_bf16_flops;
   m.world = s.topo.world;
   const TrainConfig& t = s.cfg.train;
   while (s.state.step < t.steps) {
@@ -314,6 +316,7 @@ int train_loop(Session& s) {
     ++m.steps_done_here;
     m.elapsed_s = seconds_since(start);
     m.peak_mem_mib = peak_mem_mib();
+    if (s.ctx.device != Device::cpu) m.device_mem_mib = device_info(s.ctx).memory_used_mib;
     if (!std::isfinite(m.loss))  // the same on every rank: the loss is all-reduced
       return agree_on_exit(s, kExitFailure,
                            absl::InternalError(absl::StrFormat(

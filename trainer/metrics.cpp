@@ -80,6 +80,7 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
                       {"peak_mem_mib", m.peak_mem_mib},
                       {"tokens", m.tokens}};
   if (m.peak_flops > 0) j["mfu"] = flops / m.world / m.peak_flops;
+  if (m.device_mem_mib > 0) j["device_mem_mib"] = m.device_mem_mib;
   if (f_) {
     std::fprintf(f_, "%s\n", j.dump().c_str());
     std::fflush(f_);

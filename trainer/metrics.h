@@ -19,6 +19,7 @@ struct StepMetrics {
   double peak_flops = 0;       // dense peak of the device, 0 when unknown (CPU)
   int world = 1;
   double peak_mem_mib = 0;      // peak resident memory of this process (host)
+  double device_mem_mib = 0;    // GPU memory in use (0 on the CPU)
   double elapsed_s = 0;         // since this process started training
   int64_t steps_done_here = 0;  // steps run by this process (for the ETA)
 };

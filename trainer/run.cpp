@@ -180,9 +180,18 @@ void print_plan(const Session& r) {
   std::printf("model: %lld parameters on this rank (vocab padded to %lld); %.3g GFLOP per token\n",
               static_cast<long long>(P), static_cast<long long>(r.model->dims().vocab_padded),
               flops_per_token(r.cfg) / 1e9);
-  std::printf("memory: weights %.1f MiB, grads %.1f MiB, adam m+v %.1f MiB, activations %.1f MiB\n",
-              P * 4 / mib, P * 4 / mib, 2.0 * r.opt->state_elems() * 4 / mib,
-              r.model->activation_bytes() / mib);
+  const Tensor copy = r.model->compute_copy();
+  std::printf(
+      "memory on %s: weights %.1f MiB, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f MiB, "
+      "activations %.1f MiB, workspace %.1f MiB\n",
+      device_name(r.ctx.device), P * 4 / mib, copy.empty() ? 0.0 : copy.nbytes() / mib,
+      P * 4 / mib, 2.0 * r.opt->state_elems() * 4 / mib, r.model->activation_bytes() / mib,
+      r.ctx.workspace_bytes / mib);
+  if (r.ctx.device != Device::cpu) {
+    const DeviceInfo info = device_info(r.ctx);
+    std::printf("device: %s, %.0f MiB in use after set-up\n", info.name.c_str(),
+                info.memory_used_mib);
+  }
   int64_t samples = 0;
   for (int i = 0; i < r.train->space().num_sources(); ++i)
     samples += r.train->space().num_samples(i);

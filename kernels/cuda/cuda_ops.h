@@ -40,6 +40,10 @@ class DeviceContext {
 };
 // Name of device `index` ("NVIDIA H100 80GB HBM3"), or "" when there is none.
 std::string device_name(int index);
+// The current device: name, dense bf16 peak from a table of known GPUs (0 if unknown), memory
+// in use.
+DeviceInfo device_info();
+void synchronize(const Ctx& ctx);
 
 void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vocab_offset);
 void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t vocab_offset);
