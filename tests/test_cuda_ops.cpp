@@ -118,7 +118,7 @@ void check_close(const std::vector<float>& gpu, const std::vector<float>& cpu, D
 const DType kTypes[] = {DType::f32, DType::bf16};
 
 // (tokens, hidden): tiny and odd (no 16-byte packs), Qwen2.5-0.5B, 72B.
-const std::pair<int64_t, int64_t> kRowShapes[] = {{5, 100}, {64, 896}, {16, 8192}};
+const std::pair<int64_t, int64_t> kRowShapes[] = {{5, 102}, {64, 896}, {16, 8192}};
 
 TEST_CASE("cuda: rmsnorm forward and backward match the CPU", "[gpu]") {
   GpuCtx g;
@@ -236,7 +236,8 @@ TEST_CASE("cuda: cuDNN causal GQA attention, forward and deterministic backward,
     int batch, seq, nh, nkv, hd;
   };
   // Small; Qwen2.5-0.5B (14 q / 2 kv heads, hd 64); 72B at tp 8 (8 q / 1 kv head, hd 128).
-  for (Shape s : {Shape{1, 16, 2, 1, 64}, Shape{2, 128, 14, 2, 64}, Shape{1, 256, 8, 1, 128}}) {
+  for (Shape s : {Shape{1, 16, 2, 1, 64}, Shape{2, 128, 14, 2, 64}, Shape{1, 256, 8, 1, 128},
+                  Shape{1, 4096, 14, 2, 64}}) {
     const DType dt = DType::bf16;
     const int64_t T = int64_t{s.batch} * s.seq, W = int64_t{s.nh + 2 * s.nkv} * s.hd,
                   O = int64_t{s.nh} * s.hd;
@@ -279,7 +280,8 @@ TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
   };
   // 0.5B: 14 q + 2 k heads rotated of 18 (v not), hd 64; 72B tp 8: 8 + 1 of 10, hd 128.
   for (DType dt : kTypes) {
-    for (Shape s : {Shape{8, 3, 2, 8, 4}, Shape{64, 18, 16, 64, 32}, Shape{32, 10, 9, 128, 4096}}) {
+    for (Shape s :
+         {Shape{8, 3, 2, 8, 4}, Shape{64, 18, 16, 64, 32}, Shape{4096, 10, 9, 128, 4096}}) {
       std::vector<float> x = random_values(s.tokens * s.heads * s.hd, rng, dt);
       std::vector<float> fwd = x, bwd = x;
       rope_fwd(cpu_ctx, host(fwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, 1e6f);

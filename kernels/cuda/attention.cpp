@@ -8,7 +8,8 @@
 //       scaled scores) saved for the backward;
 //   dqkv ASSIGNED through the same strided views.
 // bf16 only (cuDNN's fused attention has no fp32 path); the backward uses cuDNN's
-// deterministic algorithm so that two runs give the same bits.
+// deterministic algorithm so that two runs give the same bits. Its workspace grows with
+// seq^2 on cuDNN < 9.25, so cuDNN gets a workspace of its own, sized by the graphs built.
 #include <cudnn_frontend.h>
 
 #include <map>
@@ -54,10 +55,21 @@ class Cudnn {
   }
   cudnnHandle_t handle() const { return handle_; }
   const AttnGraph& graph(const AttnKey& key);
+  // cuDNN's workspace, grown to the largest graph built so far (the deterministic backward
+  // needs O(batch * heads * seq^2) bytes: ~450 MiB for 0.5B at seq 4096). Grows only when a new
+  // shape's graph is built (the first step), never in the steady state.
+  void* workspace(int64_t bytes) {
+    if (bytes > static_cast<int64_t>(workspace_.bytes())) {
+      CUDA_CHECK(cudaDeviceSynchronize());  // the old buffer may still be in use
+      workspace_ = Buffer(static_cast<size_t>(bytes), Device::cuda);
+    }
+    return workspace_.data();
+  }
 
  private:
   Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
   cudnnHandle_t handle_ = nullptr;
+  Buffer workspace_;
   std::mutex mu_;
   std::map<AttnKey, AttnGraph> graphs_;
 };
@@ -137,14 +149,11 @@ void check_bf16(const Tensor& qkv, const char* op) {
                                           dtype_name(qkv.dtype));
 }
 
-// Runs `a` with the given bindings and workspace from ctx.
-void run(Ctx& ctx, const AttnGraph& a, std::unordered_map<TensorPtr, void*>& pack, const char* op) {
+// Runs `a` with the given bindings on ctx's stream.
+void run(Ctx& ctx, const AttnGraph& a, std::unordered_map<TensorPtr, void*>& pack) {
   Cudnn& c = Cudnn::get();
   CUDNN_CHECK(cudnnSetStream(c.handle(), static_cast<cudaStream_t>(ctx.stream)));
-  TR_ASSERT(a.workspace <= static_cast<int64_t>(ctx.workspace_bytes),
-            std::string(op) + ": cuDNN needs " + std::to_string(a.workspace) +
-                " bytes of workspace, the context has " + std::to_string(ctx.workspace_bytes));
-  CUDNN_FE_CHECK(a.graph->execute(c.handle(), pack, ctx.workspace));
+  CUDNN_FE_CHECK(a.graph->execute(c.handle(), pack, c.workspace(a.workspace)));
 }
 
 }  // namespace
@@ -161,7 +170,7 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
                                                {a.v, base + (n_heads + n_kv_heads) * head_bytes},
                                                {a.o, out.data},
                                                {a.stats, lse.data}};
-  run(ctx, a, pack, "attention_fwd");
+  run(ctx, a, pack);
 }
 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
@@ -177,7 +186,7 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
       {a.q, base},     {a.k, base + k_at},   {a.v, base + v_at},
       {a.o, out.data}, {a.dout, dout.data},  {a.stats, lse.data},
       {a.dq, dbase},   {a.dk, dbase + k_at}, {a.dv, dbase + v_at}};
-  run(ctx, a, pack, "attention_bwd");
+  run(ctx, a, pack);
 }
 
 }  // namespace tr::cuda

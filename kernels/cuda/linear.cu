@@ -9,6 +9,7 @@
 //   dweight   dW^T[K,O] += (in as col-major [K,T]) · (dout as col-major [O,T])^T
 // One handle per process; each GEMM shape's plan (descriptors, layouts and the heuristic's
 // algorithm) is chosen once and cached.
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -40,7 +41,12 @@ struct GemmKey {
   bool ta, tb;
   DType ab, cd;
   bool bias, accumulate;
-  auto tie() const { return std::tie(m, n, k, ta, tb, ab, cd, bias, accumulate); }
+  // Alignment in bytes (up to 256) of the A, B and C pointers: an algorithm chosen for aligned
+  // operands may not run on views at odd offsets of the flat buffers.
+  uint32_t align_a = 256, align_b = 256, align_c = 256;
+  auto tie() const {
+    return std::tie(m, n, k, ta, tb, ab, cd, bias, accumulate, align_a, align_b, align_c);
+  }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -99,6 +105,13 @@ const GemmPlan& Lt::plan(const GemmKey& key) {
   const size_t ws = kGemmWorkspace;
   CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                     &ws, sizeof(ws)));
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
+  for (auto [attr, bytes] : aligns)
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof(bytes)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result,
@@ -110,8 +123,17 @@ const GemmPlan& Lt::plan(const GemmKey& key) {
   return plans_.emplace(key, p).first->second;
 }
 
-void gemm(Ctx& ctx, const GemmKey& key, const void* A, const void* B, void* C, const void* bias,
+// Largest power of two (up to 256) dividing the address.
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  return a == 0 ? 256u : static_cast<uint32_t>(std::min<uintptr_t>(256, a & (~a + 1)));
+}
+
+void gemm(Ctx& ctx, GemmKey key, const void* A, const void* B, void* C, const void* bias,
           float beta) {
+  key.align_a = alignment(A);
+  key.align_b = alignment(B);
+  key.align_c = alignment(C);
   Lt& lt = Lt::get();
   const GemmPlan& p = lt.plan(key);
   if (key.bias)
@@ -122,6 +144,14 @@ void gemm(Ctx& ctx, const GemmKey& key, const void* A, const void* B, void* C, c
   const float alpha = 1.0f;
   CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
                               &p.algo, scratch, kGemmWorkspace, stream_of(ctx)));
+}
+
+// out[t][o] += bias[o]: the bias when its pointer is too unaligned for the GEMM epilogue.
+template <class T>
+__global__ void add_bias_rows(T* out, const T* bias, int64_t rows, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols;
+       i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_f<T>(to_f(out[i]) + to_f(bias[i % cols]));
 }
 
 // Pass 1 of dbias: partial[chunk][o] = sum of dout[t][o] over the chunk's rows.
@@ -150,8 +180,17 @@ __global__ void column_sum_final(G* dbias, const float* partial, int chunks, int
 
 void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
   const int64_t T = in.shape[0], K = in.shape[1], O = weight.shape[0];
-  const GemmKey key{O, T, K, true, false, in.dtype, out.dtype, !bias.empty(), false};
-  gemm(ctx, key, weight.data, in.data, out.data, bias.empty() ? nullptr : bias.data, 0.0f);
+  // The epilogue reads the bias with 16-byte accesses; a bias at an odd offset is added apart.
+  const bool epilogue = !bias.empty() && alignment(bias.data) >= 16;
+  const GemmKey key{O, T, K, true, false, in.dtype, out.dtype, epilogue, false};
+  gemm(ctx, key, weight.data, in.data, out.data, epilogue ? bias.data : nullptr, 0.0f);
+  if (bias.empty() || epilogue) return;
+  dispatch_float(out.dtype, "linear_fwd", [&](auto tag) {
+    using T_ = decltype(tag);
+    const int grid = static_cast<int>(std::min<int64_t>(blocks_for(T * O, kThreads), 8192));
+    add_bias_rows<T_><<<grid, kThreads, 0, stream_of(ctx)>>>(out.ptr<T_>(), bias.ptr<T_>(), T, O);
+  });
+  CUDA_CHECK_LAUNCH();
 }
 
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
