@@ -35,6 +35,7 @@ while (($#)); do
 done
 ((steps > warmup)) || { echo "bench.sh: --steps $steps must exceed --warmup $warmup" >&2; exit 2; }
 out=${out:-$(mktemp -d /tmp/trainer-bench.XXXXXX)}
+rm -rf "$out/ckpt" "$out/log"  # the benchmark's own scratch: every run starts fresh
 mkdir -p "$out/data"
 tokens=$(( (steps + 1) * global * (seq_len + 1) * 2 ))
 "$build/tools/prepare_data" --output "$out/data/synthetic" --synthetic "$tokens" --vocab "$vocab" >/dev/null
