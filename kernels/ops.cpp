@@ -148,7 +148,7 @@ void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, fl
 }
 
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd) {
+                 Tensor rstd, bool accumulate_din) {
   const OpCheck c(ctx, "rmsnorm_bwd",
                   {{"din", din},
                    {"dweight", dweight},
@@ -162,7 +162,20 @@ void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, T
   OP_CHECK(c, in.ndim == 2 && din.same_shape(in) && dout.same_shape(in));
   OP_CHECK(c, is_vector(rstd, in.shape[0]) && is_vector(weight, in.shape[1]));
   OP_CHECK(c, dweight.same_shape(weight));
-  TR_DISPATCH(rmsnorm_bwd, din, dweight, dout, in, weight, rstd);
+  TR_DISPATCH(rmsnorm_bwd, din, dweight, dout, in, weight, rstd, accumulate_din);
+}
+
+void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Tensor b,
+                     Tensor weight, float eps) {
+  const OpCheck c(
+      ctx, "add_rmsnorm_fwd",
+      {{"sum", sum}, {"out", out}, {"rstd", rstd}, {"a", a}, {"b", b}, {"weight", weight}});
+  c.same_float_dtype({sum, out, a, b, weight});
+  OP_CHECK(c, rstd.dtype == stat_dtype(a.dtype));
+  OP_CHECK(c, a.ndim == 2 && b.same_shape(a) && sum.same_shape(a) && out.same_shape(a));
+  OP_CHECK(c, is_vector(rstd, a.shape[0]) && is_vector(weight, a.shape[1]));
+  OP_CHECK(c, eps >= 0.0f);
+  TR_DISPATCH(add_rmsnorm_fwd, sum, out, rstd, a, b, weight, eps);
 }
 
 void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
@@ -247,7 +260,7 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
   OP_CHECK(c, dqkv.same_shape(qkv) && dout.same_shape(out));
   TR_DISPATCH(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
-                  head_dim);
+              head_dim);
 }
 
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup) {

@@ -30,9 +30,14 @@ void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t 
 // ---- RMSNorm: out = in * rsqrt(mean(in^2) + eps) * weight ----
 // out [T,H], rstd [T] (saved for backward; f32, or f64 for f64 ops), in [T,H], weight [H].
 void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, float eps);
-// din [T,H] ASSIGNED; dweight [H] ACCUMULATES.
+// din [T,H] ASSIGNED, or ACCUMULATED with accumulate_din (the residual stream's gradient: the
+// fused form of rmsnorm_bwd into a temporary and an add); dweight [H] ACCUMULATES.
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd);
+                 Tensor rstd, bool accumulate_din = false);
+// Residual add fused with the next RMSNorm: sum = a + b (ASSIGNED; may alias a), then
+// rmsnorm_fwd(out, rstd, sum, weight, eps) on the sum as stored (rounded to its dtype).
+void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Tensor b,
+                     Tensor weight, float eps);
 
 // ---- linear: out[T,O] = in[T,K] · weight[O,K]^T + bias[O] (bias may be empty) ----
 void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
@@ -121,9 +126,9 @@ void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const
 
 // ---- the device behind a context ----
 struct DeviceInfo {
-  std::string name;           // "cpu", "NVIDIA H100 80GB HBM3"
-  double peak_bf16_flops;     // dense bf16 tensor-core peak; 0 when unknown (the CPU)
-  double memory_used_mib;     // device memory in use (total - free), 0 on the CPU
+  std::string name;        // "cpu", "NVIDIA H100 80GB HBM3"
+  double peak_bf16_flops;  // dense bf16 tensor-core peak; 0 when unknown (the CPU)
+  double memory_used_mib;  // device memory in use (total - free), 0 on the CPU
 };
 DeviceInfo device_info(const Ctx& ctx);
 // Waits until everything queued on ctx's stream has run (no-op on the CPU).

@@ -144,6 +144,21 @@ TEST_CASE("cuda: rmsnorm forward and backward match the CPU", "[gpu]") {
       check_close(d_rstd.download(), rstd, DType::f32, "rstd " + what);
       check_close(d_din.download(), din, dt, "din " + what);
       check_close(d_dw.download(), dw, dt, "dweight (accumulated) " + what);
+      // The fused residual add + norm, and the backward accumulating into the residual's
+      // gradient.
+      std::vector<float> b = random_values(T * H, rng, dt), sum(T * H), out2(T * H), rstd2(T);
+      add_rmsnorm_fwd(cpu_ctx, host(sum, {T, H}), host(out2, {T, H}), host(rstd2, {T}),
+                      host(in, {T, H}), host(b, {T, H}), host(w, {H}), 1e-6f);
+      std::vector<float> dres = random_values(T * H, rng, dt), dres0 = dres;
+      rmsnorm_bwd(cpu_ctx, host(dres, {T, H}), host(dw, {H}), host(dout, {T, H}), host(in, {T, H}),
+                  host(w, {H}), host(rstd, {T}), true);
+      Dev d_b(dt, {T, H}, b), d_sum(dt, {T, H}), d_out2(dt, {T, H}), d_rstd2(DType::f32, {T}),
+          d_dres(dt, {T, H}, dres0);
+      add_rmsnorm_fwd(g.ctx, d_sum.t, d_out2.t, d_rstd2.t, d_in.t, d_b.t, d_w.t, 1e-6f);
+      rmsnorm_bwd(g.ctx, d_dres.t, d_dw.t, d_dout.t, d_in.t, d_w.t, d_rstd.t, true);
+      check_close(d_sum.download(), sum, dt, "add_rmsnorm sum " + what);
+      check_close(d_out2.download(), out2, dt, "add_rmsnorm out " + what);
+      check_close(d_dres.download(), dres, dt, "din accumulated " + what);
     }
   }
 }

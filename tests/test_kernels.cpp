@@ -649,4 +649,28 @@ TEST_CASE("kernels: adamw_update writes the updated weights' compute copy", "[ke
   for (int i = 0; i < 3; ++i) CHECK(bf16_to_f32(copy[i]) == round_to_bf16(p[i]));
 }
 
+TEST_CASE("kernels: rmsnorm_bwd accumulating into din adds exactly what it would assign",
+          "[kernels]") {
+  const int64_t T = 3, H = 8;
+  std::mt19937 rng(12);
+  for (DType dt : kFloatTypes) {
+    HostTensor in(dt, {T, H}), w(dt, {H}), dout(dt, {T, H}), out(dt, {T, H}), rstd(dt, {T});
+    HostTensor din(dt, {T, H}), acc(dt, {T, H}), dw(dt, {H});
+    randomize(in, rng);
+    randomize(w, rng);
+    randomize(dout, rng);
+    randomize(acc, rng);
+    std::vector<double> before(static_cast<size_t>(T * H));
+    for (int64_t i = 0; i < T * H; ++i) before[i] = acc.get(i);
+    rmsnorm_fwd(ctx, out.t, rstd.t, in.t, w.t, 1e-6f);
+    rmsnorm_bwd(ctx, din.t, dw.t, dout.t, in.t, w.t, rstd.t);
+    rmsnorm_bwd(ctx, acc.t, dw.t, dout.t, in.t, w.t, rstd.t, true);
+    for (int64_t i = 0; i < T * H; ++i) {
+      HostTensor one(dt, {1});
+      one.set(0, before[i] + din.get(i));  // rounded to dt like the op's own add
+      CHECK(acc.get(i) == one.get(0));
+    }
+  }
+}
+
 }  // namespace tr

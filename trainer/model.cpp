@@ -133,16 +133,16 @@ struct Qwen2Model::Acts {
   std::vector<Slot> slots;
   Tensor tmp;  // [T, H] projection outputs
   // backward scratch
-  Tensor dres;     // [T, H] running gradient of the residual stream; after backward_stage, the
-                   // stage input's gradient (sent to the previous stage)
-  Tensor grad_in;  // [T, H] the next stage's gradient, received; swapped into dres
-  Tensor dtmp, dln, dlnf;  // [T, H]
-  Tensor dqkv;             // [T, (nh + 2 nkv) hd]
-  Tensor datt;             // [T, nh hd]
-  Tensor dgateup;          // [T, 2I]
-  Tensor dact;             // [T, I]
-  Tensor logits;           // [C, Vl] one loss chunk; overwritten by its gradient
-  Tensor losses;           // [C]
+  Tensor dres;       // [T, H] running gradient of the residual stream; after backward_stage, the
+                     // stage input's gradient (sent to the previous stage)
+  Tensor grad_in;    // [T, H] the next stage's gradient, received; swapped into dres
+  Tensor dln, dlnf;  // [T, H]
+  Tensor dqkv;       // [T, (nh + 2 nkv) hd]
+  Tensor datt;       // [T, nh hd]
+  Tensor dgateup;    // [T, 2I]
+  Tensor dact;       // [T, I]
+  Tensor logits;     // [C, Vl] one loss chunk; overwritten by its gradient
+  Tensor losses;     // [C]
   Tensor row_max, sums;    // [C], [C, 2] vocab-parallel cross-entropy statistics
   Tensor tokens, targets;  // i32 [T] the micro-batch on the device (unused on the CPU)
   // Sequence parallelism: the residual stream, norms and their gradients hold Tl = T / tp
@@ -247,7 +247,6 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   a_->tmp = ar.alloc(dtype_, {Tl, H});
   a_->dres = ar.alloc(dtype_, {Tl, H});
   a_->grad_in = ar.alloc(dtype_, {Tl, H});
-  a_->dtmp = ar.alloc(dtype_, {Tl, H});
   a_->dln = ar.alloc(dtype_, {Tl, H});
   a_->dlnf = ar.alloc(dtype_, {T, H});
   if (d.sequence_parallel) {  // full-sequence twins of the sharded buffers
@@ -430,10 +429,16 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
     embedding_fwd(ctx_, emb, tok, w_.embed, d.vocab_offset);
     reduce_to_local(emb, S.resid[0]);  // vocab-parallel: each rank contributed its own rows
   }
+  // Each residual add is fused with the RMSNorm after it: the layer's second norm, and the next
+  // layer's first norm (or the final norm) at the end of a layer.
+  if (d.layers > 0)
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.layers[0].ln1, S.layers[0].rstd1, S.resid[0],
+                w_.layers[0].ln1, d.eps);
+  else if (d.last_stage)
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.lnf, S.rstdf, S.resid[0], w_.norm, d.eps);
   for (int64_t l = 0; l < d.layers; ++l) {
     const LayerWeights& w = w_.layers[l];
     Acts::Layer& L = S.layers[l];
-    rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln1, L.rstd1, S.resid[l], w.ln1, d.eps);
     gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
     linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
     Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
@@ -444,19 +449,23 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
                   static_cast<int>(d.head_dim));
     linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
     reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
-    add(ctx_, L.x_mid, S.resid[l], a.tmp);
-    rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
+    add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, S.resid[l], a.tmp, w.ln2,
+                    d.eps);
     gather_tokens(a.ln_local, L.ln2);
     linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
     swiglu_fwd(ctx_, L.act, L.gateup);
     linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
     reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel
-    add(ctx_, S.resid[l + 1], L.x_mid, a.tmp);
+    if (l + 1 < d.layers)
+      add_rmsnorm_fwd(ctx_, S.resid[l + 1], sp ? a.ln_local : S.layers[l + 1].ln1,
+                      S.layers[l + 1].rstd1, L.x_mid, a.tmp, w_.layers[l + 1].ln1, d.eps);
+    else if (d.last_stage)
+      add_rmsnorm_fwd(ctx_, S.resid[l + 1], sp ? a.ln_local : S.lnf, S.rstdf, L.x_mid, a.tmp,
+                      w_.norm, d.eps);
+    else
+      add(ctx_, S.resid[l + 1], L.x_mid, a.tmp);
   }
-  if (d.last_stage) {
-    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.lnf, S.rstdf, S.resid[d.layers], w_.norm, d.eps);
-    gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
-  }
+  if (d.last_stage) gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
 }
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
@@ -526,8 +535,8 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
     swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
     linear_bwd(ctx_, full_or(a.dln), g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input: every rank's share of d ln2
-    rmsnorm_bwd(ctx_, a.dtmp, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2);
-    add(ctx_, a.dres, a.dres, a.dtmp);  // d x_mid
+    rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true);
+    // dres now holds d x_mid
     // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
     linear_bwd(ctx_, a.datt, g.o_w, Tensor(), gather_tokens(a.dres, a.full), L.att, w.o_w);
     attention_bwd(ctx_, a.dqkv, a.datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
@@ -537,8 +546,8 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.theta);
     linear_bwd(ctx_, full_or(a.dln), g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
-    rmsnorm_bwd(ctx_, a.dtmp, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1);
-    add(ctx_, a.dres, a.dres, a.dtmp);  // d resid[l]
+    rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true);
+    // dres now holds d resid[l]
   }
   if (d.first_stage) {
     Tensor tok = stage_tokens(tokens, T, a.tokens);

@@ -26,11 +26,12 @@ void rmsnorm_fwd_impl(Tensor out, Tensor rstd, Tensor in, Tensor weight, float e
   }
 }
 
-// With g = dout * weight: din = rstd * (g - in * rstd^2 * mean(g * in)) ASSIGNED;
-// dweight += sum over rows of dout * in * rstd ACCUMULATES.
+// With g = dout * weight: din = rstd * (g - in * rstd^2 * mean(g * in)) ASSIGNED (or added,
+// rounded to T first, as rmsnorm_bwd into a temporary plus add would); dweight += sum over rows
+// of dout * in * rstd ACCUMULATES.
 template <class T>
 void rmsnorm_bwd_impl(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                      Tensor rstd) {
+                      Tensor rstd, bool accumulate) {
   const int64_t n_tok = in.dim(0), hidden = in.dim(1);
   const T* x = in.ptr<T>();
   const T* w = weight.ptr<T>();
@@ -49,8 +50,10 @@ void rmsnorm_bwd_impl(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor
     }
     const double c = rs * rs * dot / static_cast<double>(hidden);
     T* dxr = dx + t * hidden;
-    for (int64_t h = 0; h < hidden; ++h)
-      dxr[h] = static_cast<T>(rs * (static_cast<double>(gr[h]) * w[h] - xr[h] * c));
+    for (int64_t h = 0; h < hidden; ++h) {
+      const T v = static_cast<T>(rs * (static_cast<double>(gr[h]) * w[h] - xr[h] * c));
+      dxr[h] = accumulate ? static_cast<T>(dxr[h] + v) : v;
+    }
   }
   T* dwp = dweight.ptr<T>();
   for (int64_t h = 0; h < hidden; ++h) dwp[h] += static_cast<T>(dw[h]);
@@ -64,10 +67,17 @@ void rmsnorm_fwd(Ctx&, Tensor out, Tensor rstd, Tensor in, Tensor weight, float 
 }
 
 void rmsnorm_bwd(Ctx&, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd) {
+                 Tensor rstd, bool accumulate_din) {
   dispatch_float(in.dtype, "rmsnorm_bwd", [&](auto tag) {
-    rmsnorm_bwd_impl<decltype(tag)>(din, dweight, dout, in, weight, rstd);
+    rmsnorm_bwd_impl<decltype(tag)>(din, dweight, dout, in, weight, rstd, accumulate_din);
   });
+}
+
+// The reference of the fused op is the two ops: the same bits.
+void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Tensor b,
+                     Tensor weight, float eps) {
+  cpu::add(ctx, sum, a, b);
+  cpu::rmsnorm_fwd(ctx, out, rstd, sum, weight, eps);
 }
 
 }  // namespace tr::cpu

@@ -36,8 +36,37 @@ __global__ void rmsnorm_fwd_kernel(T* out, float* rstd, const T* in, const T* we
   }
 }
 
-// din = r w g - (r^3 / H) x sum(g w x), per row. ASSIGNS din.
+// Fused residual add: sum = a + b (stored in T), then the norm of the stored sum. Each thread
+// reads back only the elements it wrote, so no barrier is needed between the two passes.
 template <class T, int N>
+__global__ void add_rmsnorm_fwd_kernel(T* sum, T* out, float* rstd, const T* a, const T* b,
+                                       const T* weight, int H, float eps) {
+  const int64_t off = blockIdx.x * int64_t{H};
+  float ss = 0;
+  for (int i = threadIdx.x * N; i < H; i += blockDim.x * N) {
+    const Pack<T, N> pa = load_pack<T, N>(a + off + i), pb = load_pack<T, N>(b + off + i);
+    Pack<T, N> ps;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      ps.v[k] = from_f<T>(to_f(pa.v[k]) + to_f(pb.v[k]));
+      ss += to_f(ps.v[k]) * to_f(ps.v[k]);
+    }
+    store_pack<T, N>(sum + off + i, ps);
+  }
+  const float r = rsqrtf(block_sum(ss) / static_cast<float>(H) + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+  for (int i = threadIdx.x * N; i < H; i += blockDim.x * N) {
+    const Pack<T, N> p = load_pack<T, N>(sum + off + i), w = load_pack<T, N>(weight + i);
+    Pack<T, N> o;
+#pragma unroll
+    for (int k = 0; k < N; ++k) o.v[k] = from_f<T>(to_f(p.v[k]) * r * to_f(w.v[k]));
+    store_pack<T, N>(out + off + i, o);
+  }
+}
+
+// din = r w g - (r^3 / H) x sum(g w x), per row. ASSIGNS din, or ACCUMULATES with ACC (the
+// residual stream's gradient).
+template <class T, int N, bool ACC>
 __global__ void rmsnorm_bwd_din_kernel(T* din, const T* dout, const T* in, const T* weight,
                                        const float* rstd, int H) {
   const int64_t off = blockIdx.x * int64_t{H};
@@ -54,9 +83,12 @@ __global__ void rmsnorm_bwd_din_kernel(T* din, const T* dout, const T* in, const
     const Pack<T, N> g = load_pack<T, N>(dout + off + i), x = load_pack<T, N>(in + off + i),
                      w = load_pack<T, N>(weight + i);
     Pack<T, N> o;
+    if constexpr (ACC) o = load_pack<T, N>(din + off + i);
 #pragma unroll
-    for (int k = 0; k < N; ++k)
-      o.v[k] = from_f<T>(r * to_f(w.v[k]) * to_f(g.v[k]) - c * to_f(x.v[k]));
+    for (int k = 0; k < N; ++k) {
+      const float v = r * to_f(w.v[k]) * to_f(g.v[k]) - c * to_f(x.v[k]);
+      o.v[k] = from_f<T>(ACC ? to_f(o.v[k]) + v : v);
+    }
     store_pack<T, N>(din + off + i, o);
   }
 }
@@ -103,8 +135,27 @@ void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, fl
   CUDA_CHECK_LAUNCH();
 }
 
+void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Tensor b,
+                     Tensor weight, float eps) {
+  const int64_t rows = a.shape[0];
+  const int H = static_cast<int>(a.shape[1]);
+  dispatch_float(a.dtype, "add_rmsnorm_fwd", [&](auto tag) {
+    using T = decltype(tag);
+    const dim3 grid(static_cast<unsigned>(rows));
+    if (packable(H, sizeof(T), {sum.data, out.data, a.data, b.data, weight.data}))
+      add_rmsnorm_fwd_kernel<T, kPack<T>>
+          <<<grid, kThreads, 0, stream_of(ctx)>>>(sum.ptr<T>(), out.ptr<T>(), rstd.ptr<float>(),
+                                                  a.ptr<T>(), b.ptr<T>(), weight.ptr<T>(), H, eps);
+    else
+      add_rmsnorm_fwd_kernel<T, 1>
+          <<<grid, kThreads, 0, stream_of(ctx)>>>(sum.ptr<T>(), out.ptr<T>(), rstd.ptr<float>(),
+                                                  a.ptr<T>(), b.ptr<T>(), weight.ptr<T>(), H, eps);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd) {
+                 Tensor rstd, bool accumulate_din) {
   const int64_t rows = in.shape[0];
   const int H = static_cast<int>(in.shape[1]);
   const int chunks = static_cast<int>(std::min<int64_t>(rows, kRowChunks));
@@ -113,12 +164,19 @@ void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, T
   dispatch_float(in.dtype, "rmsnorm_bwd", [&](auto tag) {
     using T = decltype(tag);
     const dim3 grid(static_cast<unsigned>(rows));
-    if (packable(H, sizeof(T), {din.data, dout.data, in.data, weight.data}))
-      rmsnorm_bwd_din_kernel<T, kPack<T>><<<grid, kThreads, 0, stream_of(ctx)>>>(
-          din.ptr<T>(), dout.ptr<T>(), in.ptr<T>(), weight.ptr<T>(), rstd.ptr<float>(), H);
+    const bool packs = packable(H, sizeof(T), {din.data, dout.data, in.data, weight.data});
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, kThreads, 0, stream_of(ctx)>>>(din.ptr<T>(), dout.ptr<T>(), in.ptr<T>(),
+                                                    weight.ptr<T>(), rstd.ptr<float>(), H);
+    };
+    if (packs && accumulate_din)
+      launch(rmsnorm_bwd_din_kernel<T, kPack<T>, true>);
+    else if (packs)
+      launch(rmsnorm_bwd_din_kernel<T, kPack<T>, false>);
+    else if (accumulate_din)
+      launch(rmsnorm_bwd_din_kernel<T, 1, true>);
     else
-      rmsnorm_bwd_din_kernel<T, 1><<<grid, kThreads, 0, stream_of(ctx)>>>(
-          din.ptr<T>(), dout.ptr<T>(), in.ptr<T>(), weight.ptr<T>(), rstd.ptr<float>(), H);
+      launch(rmsnorm_bwd_din_kernel<T, 1, false>);
     CUDA_CHECK_LAUNCH();
     const dim3 pgrid(blocks_for(H, kThreads), static_cast<unsigned>(chunks));
     rmsnorm_dweight_partial<T><<<pgrid, kThreads, 0, stream_of(ctx)>>>(
