@@ -387,6 +387,16 @@ void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const
   TR_DISPATCH(adamw_update, param, grad, m, v, p, compute_copy);
 }
 
+size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                         int head_dim) {
+#ifdef TRAINER_HAVE_CUDA
+  if (ctx.device == Device::cuda)
+    return cuda::attention_prepare(ctx, batch, seq_len, n_heads, n_kv_heads, head_dim);
+#endif
+  (void)ctx, (void)batch, (void)seq_len, (void)n_heads, (void)n_kv_heads, (void)head_dim;
+  return 0;
+}
+
 DeviceInfo device_info(const Ctx& ctx) {
 #ifdef TRAINER_HAVE_CUDA
   if (ctx.device == Device::cuda) return cuda::device_info();

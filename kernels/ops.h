@@ -65,6 +65,11 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim);
 
+// Builds what attention of this shape needs before the first step (cuDNN's graphs and their
+// workspace on CUDA) and returns the bytes of workspace it holds for it (0 on the CPU).
+size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                         int head_dim);
+
 // ---- SwiGLU: out[T,I] = silu(gate) * up, gateup [T, 2I] = [gate | up] per row ----
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);
 // dgateup [T,2I] ASSIGNED.

@@ -214,6 +214,11 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   alloc_acts(plan);
   act_arena_ = std::make_unique<Arena>(plan.used(), ctx.device);
   alloc_acts(*act_arena_);
+  // Attention's plans and workspace now, not in the first step.
+  if (dims_.layers > 0)
+    attention_workspace_ = attention_prepare(
+        ctx_, static_cast<int>(batch_), static_cast<int>(seq_len_), static_cast<int>(dims_.heads),
+        static_cast<int>(dims_.kv_heads), static_cast<int>(dims_.head_dim));
 }
 
 void Qwen2Model::alloc_acts(Arena& ar) {

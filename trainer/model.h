@@ -161,6 +161,8 @@ class Qwen2Model {
   std::vector<float> logits(int64_t begin, int64_t n);
   // Bytes of the activation and scratch buffers (for the start-up memory breakdown).
   size_t activation_bytes() const;
+  // Bytes of workspace the attention backend holds for this model's shape (cuDNN), 0 on CPU.
+  size_t attention_workspace_bytes() const { return attention_workspace_; }
 
  private:
   struct Acts;
@@ -189,6 +191,7 @@ class Qwen2Model {
   std::unique_ptr<Arena> param_arena_, act_arena_;
   Tensor params_, grads_, compute_;
   std::vector<float> host_losses_;  // one loss chunk, read back from the device
+  size_t attention_workspace_ = 0;
   Weights w_, g_;
   std::unique_ptr<Acts> a_;
 };

@@ -183,10 +183,10 @@ void print_plan(const Session& r) {
   const Tensor copy = r.model->compute_copy();
   std::printf(
       "memory on %s: weights %.1f MiB, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f MiB, "
-      "activations %.1f MiB, workspace %.1f MiB\n",
-      device_name(r.ctx.device), P * 4 / mib, copy.empty() ? 0.0 : copy.nbytes() / mib,
-      P * 4 / mib, 2.0 * r.opt->state_elems() * 4 / mib, r.model->activation_bytes() / mib,
-      r.ctx.workspace_bytes / mib);
+      "activations %.1f MiB, workspace %.1f MiB + attention %.1f MiB\n",
+      device_name(r.ctx.device), P * 4 / mib, copy.empty() ? 0.0 : copy.nbytes() / mib, P * 4 / mib,
+      2.0 * r.opt->state_elems() * 4 / mib, r.model->activation_bytes() / mib,
+      r.ctx.workspace_bytes / mib, r.model->attention_workspace_bytes() / mib);
   if (r.ctx.device != Device::cpu) {
     const DeviceInfo info = device_info(r.ctx);
     std::printf("device: %s, %.0f MiB in use after set-up\n", info.name.c_str(),

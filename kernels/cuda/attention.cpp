@@ -12,6 +12,7 @@
 // seq^2 on cuDNN < 9.25, so cuDNN gets a workspace of its own, sized by the graphs built.
 #include <cudnn_frontend.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -157,6 +158,16 @@ void run(Ctx& ctx, const AttnGraph& a, std::unordered_map<TensorPtr, void*>& pac
 }
 
 }  // namespace
+
+size_t attention_prepare(Ctx&, int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim) {
+  Cudnn& c = Cudnn::get();
+  int64_t bytes = 0;
+  for (bool backward : {false, true})
+    bytes = std::max(bytes,
+                     c.graph({batch, seq_len, n_heads, n_kv_heads, head_dim, backward}).workspace);
+  c.workspace(bytes);
+  return static_cast<size_t>(bytes);
+}
 
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
                    int n_heads, int n_kv_heads, int head_dim) {
