@@ -600,3 +600,28 @@ TEST_CASE("cli: train.backend=cuda trains on a GPU, or is a clear error without 
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+TEST_CASE("cli: trainer plan prints the 72B plan; a bad --gpu is one error line and exit 2",
+          "[cli]") {
+  const std::string cfg = std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml";
+  CmdResult r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg +
+                        " --gpu b300 --nodes 16 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("plan: 16 nodes x 8 b300 = 128 GPUs; tp 8 x pp 2 x dp 8, zero1") !=
+        std::string::npos);
+  CHECK(r.output.find("verdict: fits") != std::string::npos);
+  CHECK(r.output.find("tokens/s/GPU, MFU") != std::string::npos);
+  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --gpu a100 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: --gpu a100 is unknown; known: h100, h200, b200, b300\n");
+  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --nodes 3 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("error: parallel layout") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace tr

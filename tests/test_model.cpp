@@ -11,11 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/test_util.h"
 #include "kernels/ops.h"
+#include "tests/test_util.h"
 #include "trainer/config.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
+#include "trainer/plan.h"
 #include "trainer/shard.h"
 
 namespace tr {
@@ -356,6 +357,89 @@ TEST_CASE("a separate compute copy of the weights trains bit-identically to the 
   for (float& x : w) x *= 0.5f;
   split.params_from_host(w);
   CHECK(split.compute_copy().ptr<float>()[7] == w[7]);
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+Config plan_config(const std::vector<std::string>& sets) {
+  absl::StatusOr<Config> cfg =
+      load_config(std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml", sets);
+  INFO(cfg.status().message());
+  REQUIRE(cfg.ok());
+  return *cfg;
+}
+
+// The planner's numbers for a small shape, against hand computation, and its memory against
+// what a real model allocates.
+TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by hand", "[model]") {
+  // H 64, I 128, 4 layers, 4 heads of 16 (2 KV heads), vocab 1000 untied; tp 2, pp 2, dp 2.
+  const Config cfg =
+      plan_config({"model.preset=", "model.hidden_size=64", "model.intermediate_size=128",
+                   "model.num_layers=4", "model.num_heads=4", "model.num_kv_heads=2",
+                   "model.head_dim=16", "model.vocab_size=1000", "parallel.tp=2", "parallel.pp=2",
+                   "parallel.dp=2", "parallel.zero1=true", "parallel.sequence_parallel=false",
+                   "data.seq_len=32", "train.global_batch=16", "train.micro_batch=2"});
+  const GpuSpec gpu = *gpu_spec("h100");
+  absl::StatusOr<Plan> p = make_plan(cfg, gpu, 1, 8);
+  INFO(p.status().message());
+  REQUIRE(p.ok());
+  CHECK(p->world == 8);
+  CHECK(p->micro_batches == 4);           // 16 / (2 x dp 2)
+  CHECK(p->bubble == Approx(1.0 / 5.0));  // (pp - 1) / (m + pp - 1)
+  // Parameters: per layer q,k,v 64x(64+32+32) + biases 128 + o 64x64 + mlp 3x64x128 + norms
+  // 2x64 = 8192 + 128 + 4096 + 24576 + 128 = 37120; x4 layers + final norm 64 + embed and
+  // head 2 x 1000 x 64.
+  CHECK(p->params_total == 4 * 37120 + 64 + 2 * 1000 * 64);
+  // FLOPs: 6 x (4 x (64x128 + 64x64 + 3x64x128) + 1000 x 64) + 6 x 4 x 32 x 64 causal; full
+  // attention adds the attention term again.
+  const double matmul = 4.0 * (64 * 128 + 64 * 64 + 3 * 64 * 128) + 1000.0 * 64;
+  CHECK(p->flops_per_token_causal == Approx(6 * matmul + 6.0 * 4 * 32 * 64));
+  CHECK(p->flops_per_token_full - p->flops_per_token_causal == Approx(6.0 * 4 * 32 * 64));
+  // TP per step: 4 micro-batches x 2 layers per stage x 4 all-reduces x 2(tp-1)/tp x [64 x 64]
+  // bf16 (T = 2 x 32 tokens).
+  CHECK(p->tp_bytes == Approx(4 * 2 * 4 * 1.0 * (64 * 64 * 2)));
+  CHECK(p->pp_bytes == Approx(4 * 2 * (64 * 64 * 2)));  // activations out, gradients back
+  // Memory: stage 0 as the trainer builds it on a rank (tp 0, dp 0, pp 0), measured by a real
+  // (CPU) model with the same arguments.
+  const Topology topo = Topology::make(8, 0, 2, 2, 2)->of_rank(0);
+  Qwen2Model real(ModelDims::from(cfg.model, topo, false, {}), 2, 32, Ctx{}, DType::bf16, 0, 2, 2);
+  CHECK(p->stages[0].weights == static_cast<double>(real.memory().weights));
+  CHECK(p->stages[0].compute_copy == static_cast<double>(real.memory().compute_copy));
+  // The GPU also keeps the micro-batch's token ids and targets (i32 [T]) on the device.
+  CHECK(p->stages[0].activations ==
+        static_cast<double>(real.activation_bytes() + 2 * arena_bytes(DType::i32, 64)));
+  CHECK(p->stages[0].in_flight == 2);
+  CHECK(p->stages[1].in_flight == 1);
+  // This rank's layout: 512 embedding rows (1000 padded to 1024, over tp 2) of 64, and per
+  // layer ln1 64, q 32x64, k 16x64, v 16x64, biases 64, o 64x32, ln2 64, gate, up 64x64 and
+  // down 64x64.
+  const int64_t layer = 64 + 2048 + 1024 + 1024 + 64 + 2048 + 64 + 3 * 4096;
+  const int64_t stage0 = 512 * 64 + 2 * layer;
+  CHECK(p->stages[0].weights == static_cast<double>(arena_bytes(DType::f32, stage0)));
+  CHECK(real.layout().total == stage0);
+  CHECK(p->fits);
+}
+
+TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {
+  const Config cfg = plan_config({});
+  absl::StatusOr<Plan> big = make_plan(cfg, *gpu_spec("b300"), 16, 8);
+  REQUIRE(big.ok());
+  CHECK(big->params_total == 72'706'203'648.0);
+  CHECK(big->fits);
+  CHECK(big->mfu > 0.3);
+  CHECK(big->mfu < 0.7);
+  const std::string text = format_plan(cfg, *big);
+  CHECK(text.find("verdict: fits: stage 0 needs") != std::string::npos);
+  absl::StatusOr<Plan> small = make_plan(cfg, *gpu_spec("h100"), 1, 16);  // dp 1
+  REQUIRE(small.ok());
+  CHECK_FALSE(small->fits);
+  CHECK(format_plan(cfg, *small).find("verdict: does not fit: stage 0 needs") != std::string::npos);
+  CHECK(gpu_spec("a100").status().message() ==
+        "--gpu a100 is unknown; known: h100, h200, b200, b300");
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <string_view>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace tr {
@@ -16,12 +17,30 @@ std::string usage() {
          "  --resume none     start fresh; refused when checkpoint.dir already holds checkpoints\n"
          "  --resume PATH     continue from the committed checkpoint directory PATH\n"
          "  --dry-run         validate config and data, print the plan and memory, then exit\n"
-         "  --help-config     print every config key with its type, default and meaning\n";
+         "  --help-config     print every config key with its type, default and meaning\n"
+         "\n"
+         "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300]\n"
+         "               [--nodes N] [--gpus-per-node G]\n"
+         "  per-GPU memory, FLOPs per token, pipeline bubble, communication per step and a\n"
+         "  predicted step time, tokens/s/GPU and MFU, without a GPU (defaults: h100, 1 node,\n"
+         "  8 GPUs per node)\n";
 }
 
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
   CliOptions o;
-  for (int i = 1; i < argc; ++i) {
+  int first = 1;
+  if (argc > 1 && std::string_view(argv[1]) == "plan") {
+    o.plan = true;
+    first = 2;
+  }
+  auto count = [](std::string_view flag, const std::string& v) -> absl::StatusOr<int> {
+    int n = 0;
+    if (!absl::SimpleAtoi(v, &n) || n < 1)
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(flag), " '", v, "' is not a positive integer"));
+    return n;
+  };
+  for (int i = first; i < argc; ++i) {
     std::string_view a = argv[i];
     auto value = [&](std::string_view flag) -> absl::StatusOr<std::string> {
       if (size_t eq = a.find('='); eq != std::string_view::npos)
@@ -55,6 +74,19 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
         v = *n;
       }
       o.sets.push_back(v);
+    } else if (o.plan && (is("--gpu") || is("--nodes") || is("--gpus-per-node"))) {
+      const std::string_view flag = is("--gpu")     ? "--gpu"
+                                    : is("--nodes") ? "--nodes"
+                                                    : "--gpus-per-node";
+      absl::StatusOr<std::string> v = value(flag);
+      if (!v.ok()) return v.status();
+      if (flag == "--gpu") {
+        o.gpu = *v;
+      } else {
+        absl::StatusOr<int> n = count(flag, *v);
+        if (!n.ok()) return n.status();
+        (flag == "--nodes" ? o.nodes : o.gpus_per_node) = *n;
+      }
     } else if (is("--resume")) {
       absl::StatusOr<std::string> v = value("--resume");
       if (!v.ok()) return v.status();

@@ -15,6 +15,11 @@ struct CliOptions {
   bool dry_run = false;           // --dry-run: validate, print the plan, exit
   bool help = false;              // --help
   bool help_config = false;       // --help-config: the config reference (docs/config.md)
+  // trainer plan ...: memory, FLOPs, communication and a predicted speed; no GPU needed.
+  bool plan = false;
+  std::string gpu = "h100";  // --gpu h100|h200|b200|b300
+  int nodes = 1;             // --nodes N
+  int gpus_per_node = 8;     // --gpus-per-node G
 };
 
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv);

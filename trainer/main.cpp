@@ -19,5 +19,6 @@ int main(int argc, char** argv) {
     std::fputs(tr::config_docs_markdown().c_str(), stdout);
     return tr::kExitOk;
   }
+  if (opts->plan) return tr::run_plan(*opts);
   return tr::run(*opts);
 }

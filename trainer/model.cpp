@@ -185,7 +185,7 @@ std::vector<float> to_host_floats(Tensor t) {
 
 Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype,
                        int64_t loss_chunk, int64_t flat_multiple, int slots,
-                       bool separate_compute_copy)
+                       bool separate_compute_copy, bool plan_only)
     : dims_(dims),
       batch_(batch),
       seq_len_(seq_len),
@@ -197,14 +197,18 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   TR_ASSERT(slots >= 1, "at least one activation slot");
   layout_ = ParamLayout::make(dims_, flat_multiple);
   const bool separate = separate_compute_copy || dtype_ != mdtype_;
-  param_arena_ = std::make_unique<Arena>(2 * arena_bytes(mdtype_, layout_.capacity) +
-                                             (separate ? arena_bytes(dtype_, layout_.capacity) : 0),
-                                         ctx.device);
+  memory_.weights = memory_.grads = arena_bytes(mdtype_, layout_.capacity);
+  memory_.compute_copy = separate ? arena_bytes(dtype_, layout_.capacity) : 0;
+  param_arena_ = std::make_unique<Arena>(
+      plan_only ? Arena::planner(ctx.device)
+                : Arena(memory_.weights + memory_.grads + memory_.compute_copy, ctx.device));
   params_ = param_arena_->alloc(mdtype_, {layout_.capacity});
   grads_ = param_arena_->alloc(mdtype_, {layout_.capacity});
   compute_ = separate ? param_arena_->alloc(dtype_, {layout_.capacity}) : params_;
-  w_ = views(compute_);
-  g_ = views(grads_);
+  if (!plan_only) {
+    w_ = views(compute_);
+    g_ = views(grads_);
+  }
 
   const int64_t T = batch * seq_len;
   chunk_ = std::max<int64_t>(
@@ -212,6 +216,8 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   // Measure the activation buffers, then allocate exactly that once.
   Arena plan = Arena::planner(ctx.device);
   alloc_acts(plan);
+  memory_.activations = plan.used();
+  if (plan_only) return;
   act_arena_ = std::make_unique<Arena>(plan.used(), ctx.device);
   alloc_acts(*act_arena_);
   // Attention's plans and workspace now, not in the first step.

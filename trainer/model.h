@@ -105,9 +105,18 @@ class Qwen2Model {
   // update); saved statistics (rstd, lse, losses) are f32. With f32 or f64 the weights are
   // their own compute copy, unless `separate_compute_copy` asks for the bf16 layout anyway
   // (to test that plumbing on the CPU).
+  //
+  // `plan_only` allocates nothing: the arenas only measure (for the planner, which sizes a
+  // 72B rank on a laptop); such a model answers memory() and nothing else.
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
              DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1,
-             int slots = 1, bool separate_compute_copy = false);
+             int slots = 1, bool separate_compute_copy = false, bool plan_only = false);
+
+  // Bytes of this rank's model buffers, by the arenas' own accounting (alignment included).
+  struct Memory {
+    size_t weights = 0, compute_copy = 0, grads = 0, activations = 0;
+  };
+  Memory memory() const { return memory_; }
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   ~Qwen2Model();
@@ -192,6 +201,7 @@ class Qwen2Model {
   Tensor params_, grads_, compute_;
   std::vector<float> host_losses_;  // one loss chunk, read back from the device
   size_t attention_workspace_ = 0;
+  Memory memory_;
   Weights w_, g_;
   std::unique_ptr<Acts> a_;
 };

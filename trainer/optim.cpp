@@ -50,7 +50,8 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
     shard_size_ = capacity / dp_->size();
     shard_begin_ = shard_size_ * dp_->rank();
   }
-  arena_ = std::make_unique<Arena>(3 * arena_bytes(DType::f32, shard_size_), ctx.device);
+  arena_ =
+      std::make_unique<Arena>((zero1_ ? 3 : 2) * arena_bytes(DType::f32, shard_size_), ctx.device);
   m_ = arena_->alloc(DType::f32, {shard_size_});
   v_ = arena_->alloc(DType::f32, {shard_size_});
   if (zero1_) grad_shard_ = arena_->alloc(DType::f32, {shard_size_});

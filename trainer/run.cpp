@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "trainer/plan.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
 
@@ -272,6 +273,20 @@ absl::Status write_run_files(Session& r) {
 }
 
 }  // namespace
+
+int run_plan(const CliOptions& opts) {
+  absl::StatusOr<Config> cfg = load_config(opts.config, opts.sets);
+  absl::StatusOr<GpuSpec> gpu = gpu_spec(opts.gpu);
+  absl::StatusOr<Plan> plan = absl::InternalError("");
+  if (cfg.ok() && gpu.ok()) plan = make_plan(*cfg, *gpu, opts.nodes, opts.gpus_per_node);
+  for (const absl::Status& st : {cfg.status(), gpu.status(), plan.status()}) {
+    if (st.ok()) continue;
+    std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
+    return kExitBadInput;
+  }
+  std::fputs(format_plan(*cfg, *plan).c_str(), stdout);
+  return kExitOk;
+}
 
 int run(const CliOptions& opts) {
   Session r;

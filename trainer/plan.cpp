@@ -1,0 +1,216 @@
+#include "trainer/plan.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "kernels/core/tensor.h"
+#include "parallel/topology.h"
+#include "trainer/model.h"
+#include "trainer/session.h"
+
+namespace tr {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+// The CUDA ops' workspace the trainer allocates (trainer/run.cpp kCudaWorkspace).
+constexpr double kWorkspaceBytes = 256.0 * 1024 * 1024;
+
+// cuDNN's deterministic flash-attention backward keeps a dP buffer of batch x heads x
+// pad64(seq)^2 bf16 (cuDNN < 9.25); the forward needs far less. An estimate, not a reading.
+double attention_workspace_estimate(int64_t batch, int64_t heads, int64_t seq) {
+  const double s = static_cast<double>((seq + 63) / 64 * 64);
+  return static_cast<double>(batch) * static_cast<double>(heads) * s * s * 2.0;
+}
+
+// Bytes one rank sends in a ring all-reduce / reduce-scatter / all-gather of `bytes`.
+double ring_all_reduce(double bytes, int n) {
+  return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0;
+}
+double ring_half(double bytes, int n) {
+  return n > 1 ? static_cast<double>(n - 1) / n * bytes : 0.0;
+}
+
+}  // namespace
+
+absl::StatusOr<GpuSpec> gpu_spec(const std::string& name) {
+  // Dense bf16 peaks and bandwidths of the SXM parts; 400 Gb/s NICs per H100/H200 GPU and
+  // 800 Gb/s per B200/B300 GPU (the usual InfiniBand/RoCE builds); GEMM efficiency from the
+  // published training anchors (45-50% MFU end to end).
+  static const GpuSpec kSpecs[] = {
+      {"h100", 989.4e12, 80.0 * kGiB, 3.35e12, 450e9, 50e9, 0.70},
+      {"h200", 989.4e12, 141.0 * kGiB, 4.8e12, 450e9, 50e9, 0.72},
+      {"b200", 2250e12, 180.0 * kGiB, 8.0e12, 900e9, 100e9, 0.70},
+      {"b300", 2250e12, 288.0 * kGiB, 8.0e12, 900e9, 100e9, 0.70},
+  };
+  std::vector<std::string> names;
+  for (const GpuSpec& g : kSpecs) {
+    if (g.name == name) return g;
+    names.push_back(g.name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--gpu ", name, " is unknown; known: ", absl::StrJoin(names, ", ")));
+}
+
+absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
+                               int gpus_per_node) {
+  if (nodes < 1 || gpus_per_node < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nodes ", nodes, " and --gpus-per-node ", gpus_per_node, " must be >= 1"));
+  Plan plan;
+  plan.gpu = gpu;
+  plan.nodes = nodes;
+  plan.gpus_per_node = gpus_per_node;
+  plan.world = nodes * gpus_per_node;
+  const ParallelConfig& par = cfg.parallel;
+  absl::StatusOr<Topology> topo = Topology::make(
+      plan.world, 0, static_cast<int>(par.tp), static_cast<int>(par.pp), static_cast<int>(par.dp));
+  if (!topo.ok()) return topo.status();
+  const TrainConfig& t = cfg.train;
+  if (t.global_batch % (t.micro_batch * topo->dp) != 0)
+    return absl::InvalidArgumentError(absl::StrCat("train.global_batch ", t.global_batch,
+                                                   " is not divisible by train.micro_batch ",
+                                                   t.micro_batch, " x dp ", topo->dp));
+  plan.micro_batches = static_cast<int>(t.global_batch / (t.micro_batch * topo->dp));
+  const bool zero1 = par.zero1 && topo->dp > 1;
+  const int64_t seq = cfg.data.seq_len, T = t.micro_batch * seq;
+
+  // Memory: each stage's rank (0, 0, stage) as the trainer would build it, measuring only.
+  for (int stage = 0; stage < topo->pp; ++stage) {
+    const Topology st = topo->of_rank(topo->rank_at(0, 0, stage));
+    const ModelDims dims =
+        ModelDims::from(cfg.model, st, par.sequence_parallel, par.pipeline_layers);
+    StageMemory m;
+    m.stage = stage;
+    m.in_flight = static_cast<int>(std::min<int64_t>(topo->pp - stage, plan.micro_batches));
+    const Qwen2Model model(dims, t.micro_batch, seq, Ctx{Device::cuda}, DType::bf16, 0,
+                           zero1 ? topo->dp : 1, m.in_flight, false, /*plan_only=*/true);
+    const Qwen2Model::Memory mm = model.memory();
+    m.weights = static_cast<double>(mm.weights);
+    m.compute_copy = static_cast<double>(mm.compute_copy);
+    m.grads = static_cast<double>(mm.grads);
+    m.activations = static_cast<double>(mm.activations);
+    const int64_t capacity = model.layout().capacity, total = model.layout().total;
+    // AdamW: m and v (and, under ZeRO-1, the reduced gradient shard) of this rank's range.
+    m.optimizer_without_zero1 = 2.0 * static_cast<double>(arena_bytes(DType::f32, total));
+    m.optimizer = zero1 ? 3.0 * static_cast<double>(arena_bytes(DType::f32, capacity / topo->dp))
+                        : m.optimizer_without_zero1;
+    m.workspace = kWorkspaceBytes;
+    m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
+    plan.fits = plan.fits && m.total() <= gpu.memory_bytes;
+    plan.stages.push_back(m);
+  }
+
+  // FLOPs and the bubble.
+  const ModelConfig& mc = cfg.model;
+  const double H = static_cast<double>(mc.hidden_size), L = static_cast<double>(mc.num_layers);
+  const double attn =
+      L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
+  plan.flops_per_token_causal = flops_per_token(cfg);
+  plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
+  const double q = static_cast<double>(mc.num_heads * mc.head_dim),
+               kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
+  const double per_layer =
+      H * (q + 2 * kv) + (q + 2 * kv) + q * H + 3 * H * mc.intermediate_size + 2 * H;
+  plan.params_total =
+      L * per_layer + H + static_cast<double>(mc.vocab_size) * H * (mc.tie_embeddings ? 1.0 : 2.0);
+  const int pp = topo->pp, tp = topo->tp, dp = topo->dp;
+  plan.bubble = static_cast<double>(pp - 1) / (plan.micro_batches + pp - 1);
+
+  // Communication per GPU per step (bytes sent), bf16 activations, fp32 gradients.
+  const double act = static_cast<double>(T) * H * 2.0;  // one [T, H] bf16 tensor
+  const double layers_here = L / pp;
+  // Per layer and micro-batch: 2 TP reductions forward (attention, MLP) and 2 backward; with
+  // sequence parallelism each is a reduce-scatter + all-gather pair of the same volume.
+  plan.tp_bytes = plan.micro_batches * layers_here * 4.0 * ring_all_reduce(act, tp);
+  plan.pp_bytes = pp > 1 ? plan.micro_batches * 2.0 * act / (par.sequence_parallel ? tp : 1) : 0;
+  const double grads = static_cast<double>(plan.stages[0].grads);
+  plan.dp_bytes = zero1 ? 2.0 * ring_half(grads, dp) : ring_all_reduce(grads, dp);
+
+  // Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication
+  // (TP over NVLink inside a node, PP and DP over the network when they cross nodes).
+  const double tokens_step = static_cast<double>(t.global_batch * seq);
+  // 1F1B runs m + pp - 1 micro-batch slots for m micro-batches of work.
+  const double stretch = static_cast<double>(plan.micro_batches + pp - 1) / plan.micro_batches;
+  plan.compute_s = plan.flops_per_token_causal * tokens_step / plan.world /
+                   (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
+  const bool tp_in_node = tp <= gpus_per_node;
+  plan.tp_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
+  const bool multi_node = plan.world > gpus_per_node;
+  plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw);
+  plan.dp_s = plan.dp_bytes / (multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw);
+  plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s;
+  plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;
+  plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;
+  return plan;
+}
+
+std::string format_plan(const Config& cfg, const Plan& p) {
+  std::string out;
+  const ParallelConfig& par = cfg.parallel;
+  const int dp = p.world / static_cast<int>(par.tp * par.pp);
+  absl::StrAppendFormat(&out,
+                        "plan: %d nodes x %d %s = %d GPUs; tp %d x pp %d x dp %d%s%s; "
+                        "%.3gB parameters; %d micro-batches of %d x %d tokens per step\n",
+                        p.nodes, p.gpus_per_node, p.gpu.name, p.world, par.tp, par.pp, dp,
+                        par.zero1 && dp > 1 ? ", zero1" : "",
+                        par.sequence_parallel && par.tp > 1 ? ", sequence parallel" : "",
+                        p.params_total / 1e9, p.micro_batches, cfg.train.micro_batch,
+                        cfg.data.seq_len);
+  absl::StrAppend(&out, "memory per GPU (GiB)     ");
+  for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  stage %-3d", m.stage);
+  absl::StrAppend(&out, "\n");
+  auto row = [&](const char* what, auto get) {
+    absl::StrAppendFormat(&out, "  %-23s", what);
+    for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  %9.2f", get(m) / kGiB);
+    absl::StrAppend(&out, "\n");
+  };
+  row("weights (fp32 master)", [](const StageMemory& m) { return m.weights; });
+  row("compute copy (bf16)", [](const StageMemory& m) { return m.compute_copy; });
+  row("gradients (fp32)", [](const StageMemory& m) { return m.grads; });
+  row(par.zero1 && dp > 1 ? "adam m, v (zero1)" : "adam m, v",
+      [](const StageMemory& m) { return m.optimizer; });
+  row("  (without zero1)", [](const StageMemory& m) { return m.optimizer_without_zero1; });
+  row("activations", [](const StageMemory& m) { return m.activations; });
+  row("workspace", [](const StageMemory& m) { return m.workspace; });
+  row("attention (estimated)", [](const StageMemory& m) { return m.attention_workspace; });
+  row("total", [](const StageMemory& m) { return m.total(); });
+  const auto worst = std::max_element(p.stages.begin(), p.stages.end(),
+                                      [](auto& a, auto& b) { return a.total() < b.total(); });
+  if (p.fits) {
+    absl::StrAppendFormat(&out, "verdict: fits: stage %d needs %.1f GiB of %.0f GiB\n",
+                          worst->stage, worst->total() / kGiB, p.gpu.memory_bytes / kGiB);
+  } else {
+    std::vector<std::pair<double, std::string>> terms = {
+        {worst->weights + worst->compute_copy, "weights"},
+        {worst->grads, "gradients"},
+        {worst->optimizer, "optimizer states"},
+        {worst->activations, "activations"}};
+    std::sort(terms.rbegin(), terms.rend());
+    absl::StrAppendFormat(&out,
+                          "verdict: does not fit: stage %d needs %.1f GiB of %.0f GiB; largest: "
+                          "%s %.1f GiB, %s %.1f GiB\n",
+                          worst->stage, worst->total() / kGiB, p.gpu.memory_bytes / kGiB,
+                          terms[0].second, terms[0].first / kGiB, terms[1].second,
+                          terms[1].first / kGiB);
+  }
+  absl::StrAppendFormat(&out,
+                        "FLOPs per token: %.4g (causal: 6 N_matmul + 6 L s nh hd, what MFU "
+                        "counts); %.4g counting full attention\n",
+                        p.flops_per_token_causal, p.flops_per_token_full);
+  absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (1F1B, %d micro-batches)\n",
+                        100 * p.bubble, p.micro_batches);
+  absl::StrAppendFormat(&out,
+                        "communication per GPU per step: tp %.2f GB, pp %.2f GB, dp %.2f GB\n",
+                        p.tp_bytes / 1e9, p.pp_bytes / 1e9, p.dp_bytes / 1e9);
+  absl::StrAppendFormat(&out,
+                        "predicted step %.2f s (compute %.2f, tp %.2f, pp %.2f, dp %.2f, no "
+                        "overlap): %.0f tokens/s/GPU, MFU %.1f%%\n",
+                        p.step_s, p.compute_s, p.tp_s, p.pp_s, p.dp_s, p.tokens_per_s_per_gpu,
+                        100 * p.mfu);
+  return out;
+}
+
+}  // namespace tr

@@ -1,0 +1,62 @@
+// The planner: per-GPU memory, FLOPs, pipeline bubble, communication volume and a predicted
+// step time for a config on a cluster, without touching a GPU. Memory comes from the model's
+// and optimizer's own arena accounting (a plan-only Qwen2Model), so it is what the trainer
+// will allocate, not a separate formula.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "trainer/config.h"
+
+namespace tr {
+
+// One GPU type (the defaults of `--gpu`); every number can be overridden.
+struct GpuSpec {
+  std::string name;
+  double peak_bf16_flops;  // dense bf16 tensor-core peak, FLOP/s
+  double memory_bytes;     // HBM capacity
+  double hbm_bw;           // bytes/s
+  double nvlink_bw;        // bytes/s per GPU, one direction, inside a node
+  double network_bw;       // bytes/s per GPU (its NIC), between nodes
+  double gemm_efficiency;  // fraction of peak the GEMMs reach in training
+};
+// h100, h200, b200, b300; an error names the known ones.
+absl::StatusOr<GpuSpec> gpu_spec(const std::string& name);
+
+// Bytes per GPU of one pipeline stage (its largest rank).
+struct StageMemory {
+  int stage = 0;
+  double weights = 0, compute_copy = 0, grads = 0, optimizer = 0, optimizer_without_zero1 = 0;
+  double activations = 0;  // the micro-batches 1F1B keeps in flight on this stage, + scratch
+  double workspace = 0, attention_workspace = 0;  // cuBLASLt/kernels; cuDNN (estimated)
+  int in_flight = 1;                              // micro-batches whose activations are held
+  double total() const {
+    return weights + compute_copy + grads + optimizer + activations + workspace +
+           attention_workspace;
+  }
+};
+
+struct Plan {
+  int world = 1, nodes = 1, gpus_per_node = 8, micro_batches = 1;
+  GpuSpec gpu;
+  std::vector<StageMemory> stages;
+  double params_total = 0;            // parameters of the model (real vocabulary)
+  double flops_per_token_causal = 0;  // 6 N_matmul + 6 L s (nh hd): what our MFU counts
+  double flops_per_token_full = 0;    // 6 N_matmul + 12 L s (nh hd): non-causal counting
+  double bubble = 0;                  // (pp - 1) / (m + pp - 1) of each step idle
+  double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per GPU per step, sent
+  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+  double tokens_per_s_per_gpu = 0, mfu = 0;
+  bool fits = true;
+};
+
+// The plan of `cfg` on `nodes` x `gpus_per_node` GPUs of type `gpu`. parallel.dp auto is
+// resolved from the GPU count; the layout is validated as the trainer does.
+absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node);
+
+// The human-readable report: memory table, verdict, FLOPs, bubble, communication, prediction.
+std::string format_plan(const Config& cfg, const Plan& plan);
+
+}  // namespace tr
