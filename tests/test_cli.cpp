@@ -621,6 +621,18 @@ TEST_CASE("cli: trainer plan prints the 72B plan; a bad --gpu is one error line 
   r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --nodes 3 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: parallel layout") != std::string::npos);
+  // The hardware table overridden from YAML (name and GEMM efficiency here).
+  test::TempDir dir;
+  test::write_file(dir / "hw.yaml", "name: slow-h100\ngemm_efficiency: 0.35\n");
+  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --nodes 16 --hardware " +
+              (dir / "hw.yaml") + " 2>&1");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("x 8 slow-h100 = 128 GPUs") != std::string::npos);
+  test::write_file(dir / "bad.yaml", "netwrk: 3\n");
+  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --hardware " +
+              (dir / "bad.yaml") + " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("unknown key 'netwrk'; known: name, peak_bf16_tflops") != std::string::npos);
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ struct CliOptions {
   std::string gpu = "h100";  // --gpu h100|h200|b200|b300
   int nodes = 1;             // --nodes N
   int gpus_per_node = 8;     // --gpus-per-node G
+  std::string hardware;      // --hardware FILE: YAML overrides of the GPU's numbers
 };
 
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv);

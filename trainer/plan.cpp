@@ -10,6 +10,7 @@
 #include "parallel/topology.h"
 #include "trainer/model.h"
 #include "trainer/session.h"
+#include "yaml-cpp/yaml.h"
 
 namespace tr {
 namespace {
@@ -52,6 +53,54 @@ absl::StatusOr<GpuSpec> gpu_spec(const std::string& name) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--gpu ", name, " is unknown; known: ", absl::StrJoin(names, ", ")));
+}
+
+absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hardware ", path, ": cannot read YAML (", e.what(), ")"));
+  }
+  if (!root.IsMap())
+    return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": expected a mapping"));
+  const std::pair<const char*, std::pair<double*, double>> keys[] = {
+      {"peak_bf16_tflops", {&g.peak_bf16_flops, 1e12}},
+      {"memory_gib", {&g.memory_bytes, kGiB}},
+      {"hbm_tbps", {&g.hbm_bw, 1e12}},
+      {"nvlink_gbps", {&g.nvlink_bw, 1e9}},
+      {"network_gbps", {&g.network_bw, 1e9}},
+      {"gemm_efficiency", {&g.gemm_efficiency, 1.0}}};
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>("");
+    if (key == "name") {
+      g.name = kv.second.as<std::string>("");
+      continue;
+    }
+    bool known = false;
+    for (const auto& [name, target] : keys) {
+      if (key != name) continue;
+      known = true;
+      double v = 0;
+      try {
+        v = kv.second.as<double>();
+      } catch (const YAML::Exception&) {
+        v = -1;
+      }
+      if (!(v > 0) || (key == "gemm_efficiency" && v > 1))
+        return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", key,
+                                                       " must be a positive number",
+                                                       key == "gemm_efficiency" ? " <= 1" : ""));
+      *target.first = v * target.second;
+    }
+    if (!known)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hardware ", path, ": unknown key '", key,
+          "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
+          "gemm_efficiency"));
+  }
+  return g;
 }
 
 absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,

@@ -24,6 +24,10 @@ struct GpuSpec {
 };
 // h100, h200, b200, b300; an error names the known ones.
 absl::StatusOr<GpuSpec> gpu_spec(const std::string& name);
+// `base` with the numbers a YAML file sets: any of name, peak_bf16_tflops, memory_gib,
+// hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_efficiency. Errors name the file
+// and key.
+absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_path);
 
 // Bytes per GPU of one pipeline stage (its largest rank).
 struct StageMemory {

@@ -277,6 +277,7 @@ absl::Status write_run_files(Session& r) {
 int run_plan(const CliOptions& opts) {
   absl::StatusOr<Config> cfg = load_config(opts.config, opts.sets);
   absl::StatusOr<GpuSpec> gpu = gpu_spec(opts.gpu);
+  if (gpu.ok() && !opts.hardware.empty()) gpu = override_gpu_spec(*gpu, opts.hardware);
   absl::StatusOr<Plan> plan = absl::InternalError("");
   if (cfg.ok() && gpu.ok()) plan = make_plan(*cfg, *gpu, opts.nodes, opts.gpus_per_node);
   for (const absl::Status& st : {cfg.status(), gpu.status(), plan.status()}) {
