@@ -163,12 +163,9 @@ absl::StatusOr<std::map<std::string, std::vector<h5::VirtualPiece>>> tile_tensor
       const std::string ds = dataset_path(groups[set].group, p.ref.name);
       h5::VirtualPiece v{block_start(p.ref), block_extent(p.ref), shard_file_name(shard.rank),
                          absl::StrCat(ds, "/", count[ds]++)};
-      for (size_t d = 0; d < v.start.size(); ++d)
-        if (v.start.size() != p.ref.shape.size() || v.extent.size() != p.ref.shape.size() ||
-            v.start[d] < 0 || v.extent[d] < 0 || v.start[d] + v.extent[d] > p.ref.shape[d])
-          return absl::InvalidArgumentError(absl::StrCat("rank ", shard.rank, "'s block of ", ds,
-                                                         " lies outside ",
-                                                         h5::shape_str(p.ref.shape)));
+      if (absl::Status st = check_block(p.ref); !st.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", shard.rank, "'s shard: ", st.message()));
       if (numel(v.extent) > 0) tiles[ds].push_back(std::move(v));
     }
   }
@@ -342,6 +339,7 @@ absl::StatusOr<fs::FileDigest> write_shard(const std::string& tmp_dir, int rank,
                                            std::span<const ShardPiece> pieces) {
   for (const ShardPiece& p : pieces) {
     if (absl::Status st = validate_tensors({&p.ref, 1}, "shard"); !st.ok()) return st;
+    if (absl::Status st = check_block(p.ref); !st.ok()) return st;
     if (p.ref.shape.empty())
       return absl::InvalidArgumentError(
           absl::StrCat("shard tensor '", p.ref.name, "' is a scalar; shards hold blocks"));

@@ -23,18 +23,6 @@ std::string dataset_path(const TensorSet& set, const TensorRef& t) {
   return ckpt::dataset_path(set.group, t.name);
 }
 
-// Where the block of `t` lies, checked against its global shape (a caller's error otherwise).
-absl::Status check_block(const TensorRef& t) {
-  if (t.whole()) return absl::OkStatus();
-  bool ok = t.start.size() == t.shape.size() && t.extent.size() == t.shape.size();
-  for (size_t d = 0; ok && d < t.shape.size(); ++d)
-    ok = t.start[d] >= 0 && t.extent[d] >= 0 && t.start[d] + t.extent[d] <= t.shape[d];
-  if (ok) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("tensor '", t.name, "': block at ", h5::shape_str(t.start), " of ",
-                   h5::shape_str(t.extent), " is outside its shape ", h5::shape_str(t.shape)));
-}
-
 bool valid_name(const std::string& name) {
   if (name.empty()) return false;
   for (absl::string_view part : absl::StrSplit(name, '/')) {
@@ -140,7 +128,34 @@ absl::Status check_no_extra(hid_t file, const std::string& path, const TensorSet
   return absl::OkStatus();
 }
 
+// A new checkpoint HDF5 file with the format attributes.
+absl::StatusOr<Handle> create_checkpoint_file(const std::string& path) {
+  absl::StatusOr<Handle> file = h5::create_file(path);
+  if (!file.ok()) return file;
+  h5::write_attr_string(file->get(), "format", kManifestFormat);
+  h5::write_attr_i64(file->get(), "version", kManifestVersion);
+  return file;
+}
+
+// Closing flushes: a failure here is a write failure.
+absl::Status close_checkpoint_file(Handle& file, const std::string& path) {
+  if (file.reset() < 0)
+    return absl::UnavailableError(absl::StrCat("cannot close HDF5 file ", path, " (disk full?)"));
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status check_block(const TensorRef& t) {
+  if (t.whole()) return absl::OkStatus();
+  bool ok = t.start.size() == t.shape.size() && t.extent.size() == t.shape.size();
+  for (size_t d = 0; ok && d < t.shape.size(); ++d)
+    ok = t.start[d] >= 0 && t.extent[d] >= 0 && t.start[d] + t.extent[d] <= t.shape[d];
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", t.name, "': block at ", h5::shape_str(t.start), " of ",
+                   h5::shape_str(t.extent), " is outside its shape ", h5::shape_str(t.shape)));
+}
 
 std::string dataset_path(const std::string& group, const std::string& name) {
   return absl::StrCat(group, "/", name);
@@ -203,11 +218,9 @@ absl::Status validate_same_layout(std::span<const TensorRef> params,
 
 absl::Status write_model_file(const std::string& path, const ModelFileContents& contents,
                               const WriteProgress& progress) {
-  absl::StatusOr<Handle> file = h5::create_file(path);
+  absl::StatusOr<Handle> file = create_checkpoint_file(path);
   if (!file.ok()) return file.status();
   hid_t f = file->get();
-  h5::write_attr_string(f, "format", kManifestFormat);
-  h5::write_attr_i64(f, "version", kManifestVersion);
   size_t total = 0, done = 0;
   for (const TensorSet& set : contents.sets) total += set.tensors.size();
   for (const TensorSet& set : contents.sets) {
@@ -226,19 +239,14 @@ absl::Status write_model_file(const std::string& path, const ModelFileContents& 
         h5::write_string(f, kLayoutDataset, contents.layout_json)}) {
     if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
   }
-  if (file->reset() < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot close HDF5 file ", path, " (disk full?)"));
-  }
-  return absl::OkStatus();
+  return close_checkpoint_file(*file, path);
 }
 
 absl::Status write_shard_file(const std::string& path, std::span<const ShardPiece> pieces,
                               const WriteProgress& progress) {
-  absl::StatusOr<Handle> file = h5::create_file(path);
+  absl::StatusOr<Handle> file = create_checkpoint_file(path);
   if (!file.ok()) return file.status();
   hid_t f = file->get();
-  h5::write_attr_string(f, "format", kManifestFormat);
-  h5::write_attr_i64(f, "version", kManifestVersion);
   const std::vector<TensorSet> groups = checkpoint_sets({}, {}, {});
   std::map<std::string, int> count;  // pieces written per tensor
   size_t done = 0;
@@ -254,10 +262,7 @@ absl::Status write_shard_file(const std::string& path, std::span<const ShardPiec
     if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
     if (progress) progress(++done, pieces.size());
   }
-  if (file->reset() < 0) {
-    return absl::UnavailableError(absl::StrCat("cannot close HDF5 file ", path, " (disk full?)"));
-  }
-  return absl::OkStatus();
+  return close_checkpoint_file(*file, path);
 }
 
 absl::Status read_model_file(const std::string& path, const std::vector<TensorSet>& sets,

@@ -69,6 +69,9 @@ absl::Status write_model_file(const std::string& path, const ModelFileContents& 
 // "/model/layers/0/mlp/up_proj/weight"
 std::string dataset_path(const std::string& group, const std::string& name);
 
+// A block (TensorRef::start/extent) lies inside its tensor's shape; whole tensors always do.
+absl::Status check_block(const TensorRef& t);
+
 // Writes `pieces` (blocks of the tensors of `sets`, group by group) as datasets
 // <group>/<name>/<k> with an attribute `start` into `path` (which must not exist) and closes it.
 absl::Status write_shard_file(const std::string& path, std::span<const ShardPiece> pieces,

@@ -10,14 +10,13 @@
 #include "parallel/topology.h"
 #include "trainer/model.h"
 #include "trainer/session.h"
+#include "trainer/shard.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tr {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-// The CUDA ops' workspace the trainer allocates (trainer/run.cpp kCudaWorkspace).
-constexpr double kWorkspaceBytes = 256.0 * 1024 * 1024;
 
 // cuDNN's deterministic flash-attention backward keeps a dP buffer of batch x heads x
 // pad64(seq)^2 bf16 (cuDNN < 9.25); the forward needs far less. An estimate, not a reading.
@@ -146,7 +145,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     m.optimizer_without_zero1 = 2.0 * static_cast<double>(arena_bytes(DType::f32, total));
     m.optimizer = zero1 ? 3.0 * static_cast<double>(arena_bytes(DType::f32, capacity / topo->dp))
                         : m.optimizer_without_zero1;
-    m.workspace = kWorkspaceBytes;
+    m.workspace = static_cast<double>(kCudaWorkspaceBytes);
     m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
     plan.fits = plan.fits && m.total() <= gpu.memory_bytes;
     plan.stages.push_back(m);
@@ -159,12 +158,11 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
       L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
   plan.flops_per_token_causal = flops_per_token(cfg);
   plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
-  const double q = static_cast<double>(mc.num_heads * mc.head_dim),
-               kv = static_cast<double>(mc.num_kv_heads * mc.head_dim);
-  const double per_layer =
-      H * (q + 2 * kv) + (q + 2 * kv) + q * H + 3 * H * mc.intermediate_size + 2 * H;
-  plan.params_total =
-      L * per_layer + H + static_cast<double>(mc.vocab_size) * H * (mc.tie_embeddings ? 1.0 : 2.0);
+  for (const ckpt::TensorRef& tensor : model_tensors(cfg, *topo)) {
+    double n = 1;
+    for (int64_t d : tensor.shape) n *= static_cast<double>(d);
+    plan.params_total += n;
+  }
   const int pp = topo->pp, tp = topo->tp, dp = topo->dp;
   plan.bubble = static_cast<double>(pp - 1) / (plan.micro_batches + pp - 1);
 

@@ -36,9 +36,6 @@ absl::Status check_sequence_parallel(const Topology& t, const Config& c) {
   return absl::OkStatus();
 }
 
-// Bytes of the CUDA ops' workspace (cuBLASLt's 32 MiB plus the reductions' and sorts' scratch).
-constexpr size_t kCudaWorkspace = size_t{256} << 20;
-
 // `auto` runs on the CPU until the GPU path has been validated on hardware; `cuda` asks for
 // the GPU explicitly (one rank per process and GPU; multi-rank GPU runs need the NCCL
 // communicator, not built yet).
@@ -59,7 +56,7 @@ absl::Status resolve_backend(Session& r) {
         "train.backend=cuda with ", r.groups.world->size(),
         " ranks: GPU runs are single-rank until the NCCL communicator lands; launch one rank "
         "or set train.backend=cpu"));
-  auto dev = std::make_shared<cuda::DeviceContext>(0, kCudaWorkspace);
+  auto dev = std::make_shared<cuda::DeviceContext>(0, kCudaWorkspaceBytes);
   r.ctx = dev->ctx();
   r.device = dev;
   return absl::OkStatus();

@@ -48,7 +48,7 @@ void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const
       lr / (1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
       std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
   const int64_t n = param.numel();
-  const int grid = static_cast<int>(std::min<int64_t>(blocks_for(n, kThreads), 8192));
+  const int grid = grid_stride_blocks(n, kThreads);
   if (compute_copy.empty()) {
     adamw_kernel<float><<<grid, kThreads, 0, stream_of(ctx)>>>(
         param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), nullptr, n, k);

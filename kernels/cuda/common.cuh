@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -145,6 +146,46 @@ class Workspace {
 
 inline int blocks_for(int64_t n, int threads) {
   return static_cast<int>((n + threads - 1) / threads);
+}
+
+// Blocks for a grid-stride loop over n elements: enough to fill the GPU, never more than 8192.
+inline int grid_stride_blocks(int64_t n, int threads) {
+  return static_cast<int>(std::min<int64_t>(blocks_for(n, threads), 8192));
+}
+
+// Deterministic column sums (dweight of RMSNorm, dbias of linear) without atomics, in two
+// passes: each of column_chunks(rows) fixed chunks of rows writes its partial sums
+// (partial[chunk][col], f32, gridDim.y = chunks), then one ordered sum per column is added
+// to the output.
+constexpr int kColumnChunks = 128;
+inline int column_chunks(int64_t rows) {
+  return static_cast<int>(std::min<int64_t>(rows, kColumnChunks));
+}
+// Pass 1: rows [*begin, *end) of this block's chunk (blockIdx.y of gridDim.y).
+__device__ inline void chunk_rows(int64_t rows, int64_t* begin, int64_t* end) {
+  const int64_t per = (rows + gridDim.y - 1) / gridDim.y;
+  *begin = blockIdx.y * per;
+  *end = *begin + per < rows ? *begin + per : rows;
+}
+// Pass 2: out[j] += sum over chunks of partial[c][j], in chunk order. ACCUMULATES.
+template <class G>
+__global__ void add_column_partials_kernel(G* out, const float* partial, int chunks, int64_t cols) {
+  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (j >= cols) return;
+  float acc = 0;
+  for (int c = 0; c < chunks; ++c) acc += partial[c * cols + j];
+  out[j] = from_f<G>(to_f(out[j]) + acc);
+}
+inline void add_column_partials(const Ctx& ctx, Tensor out, const float* partial, int chunks,
+                                const char* op) {
+  constexpr int kThreads = 256;
+  dispatch_float(out.dtype, op, [&](auto tag) {
+    using G = decltype(tag);
+    add_column_partials_kernel<G>
+        <<<blocks_for(out.numel(), kThreads), kThreads, 0, stream_of(ctx)>>>(out.ptr<G>(), partial,
+                                                                             chunks, out.numel());
+  });
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tr::cuda

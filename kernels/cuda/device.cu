@@ -6,23 +6,18 @@
 
 namespace tr::cuda {
 
-bool device_available() {
-  int count = 0;
-  // No driver, no device or a broken install all mean "no GPU here"; clear the sticky error.
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return count > 0;
-}
-
 int device_count() {
   int count = 0;
+  // No driver, no device or a broken install all mean "no GPU here"; clear the sticky error.
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   return count;
+}
+
+bool device_available() {
+  return device_count() > 0;
 }
 
 DeviceContext::DeviceContext(int index, size_t workspace_bytes) : index_(index) {

@@ -53,17 +53,13 @@ __global__ void sum_partials(double* out, const double* partial) {
   if (threadIdx.x == 0) *out = acc;
 }
 
-int grid_for(int64_t n) {
-  return static_cast<int>(std::min<int64_t>(blocks_for(n, kThreads), 8192));
-}
-
 }  // namespace
 
 void add(Ctx& ctx, Tensor out, Tensor a, Tensor b) {
   dispatch_float(out.dtype, "add", [&](auto tag) {
     using T = decltype(tag);
-    add_kernel<T><<<grid_for(out.numel()), kThreads, 0, stream_of(ctx)>>>(out.ptr<T>(), a.ptr<T>(),
-                                                                          b.ptr<T>(), out.numel());
+    add_kernel<T><<<grid_stride_blocks(out.numel(), kThreads), kThreads, 0, stream_of(ctx)>>>(
+        out.ptr<T>(), a.ptr<T>(), b.ptr<T>(), out.numel());
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -71,7 +67,8 @@ void add(Ctx& ctx, Tensor out, Tensor a, Tensor b) {
 void scale_(Ctx& ctx, Tensor x, float s) {
   dispatch_float(x.dtype, "scale_", [&](auto tag) {
     using T = decltype(tag);
-    scale_kernel<T><<<grid_for(x.numel()), kThreads, 0, stream_of(ctx)>>>(x.ptr<T>(), s, x.numel());
+    scale_kernel<T><<<grid_stride_blocks(x.numel(), kThreads), kThreads, 0, stream_of(ctx)>>>(
+        x.ptr<T>(), s, x.numel());
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -90,8 +87,9 @@ void cast(Ctx& ctx, Tensor out, Tensor in) {
     dispatch_float(in.dtype, "cast", [&](auto from) {
       using To = decltype(to);
       using From = decltype(from);
-      cast_kernel<To, From><<<grid_for(in.numel()), kThreads, 0, stream_of(ctx)>>>(
-          out.ptr<To>(), in.ptr<From>(), in.numel());
+      cast_kernel<To, From>
+          <<<grid_stride_blocks(in.numel(), kThreads), kThreads, 0, stream_of(ctx)>>>(
+              out.ptr<To>(), in.ptr<From>(), in.numel());
     });
   });
   CUDA_CHECK_LAUNCH();

@@ -1,7 +1,8 @@
 // Linear layers through cuBLASLt: out[T,O] = in[T,K] · weight[O,K]^T (+ bias in the epilogue),
 // din = dout · weight, dweight += dout^T · in straight into the (f32) gradient buffer (beta 1),
-// dbias += column sums of dout (a deterministic two-pass reduction). bf16 operands accumulate
-// in fp32; f32 operands run in exact fp32 (no TF32), so the f32 path matches the CPU to 1e-5.
+// dbias += column sums of dout (common.cuh's deterministic two-pass column sums). bf16 operands
+// accumulate in fp32; f32 operands run in exact fp32 (no TF32), so the f32 path matches the CPU to
+// 1e-5.
 //
 // Row-major X[r,c] is column-major X^T, so each product is set up on the transposes:
 //   forward   out^T[O,T] = (W as col-major [K,O])^T · (in as col-major [K,T])
@@ -22,7 +23,6 @@ namespace {
 
 constexpr size_t kGemmWorkspace = size_t{32} << 20;  // cuBLASLt's share of ctx.workspace
 constexpr int kThreads = 256;
-constexpr int kRowChunks = 128;
 
 cudaDataType_t cuda_type(DType dt) {
   switch (dt) {
@@ -154,26 +154,16 @@ __global__ void add_bias_rows(T* out, const T* bias, int64_t rows, int64_t cols)
     out[i] = from_f<T>(to_f(out[i]) + to_f(bias[i % cols]));
 }
 
-// Pass 1 of dbias: partial[chunk][o] = sum of dout[t][o] over the chunk's rows.
+// Pass 1 of dbias (common.cuh's column sums): the chunk's sum of dout[t][o].
 template <class T>
 __global__ void column_sum_partial(float* partial, const T* dout, int64_t rows, int64_t cols) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= cols) return;
-  const int64_t per = (rows + gridDim.y - 1) / gridDim.y;
-  const int64_t begin = blockIdx.y * per, end = begin + per < rows ? begin + per : rows;
+  int64_t begin, end;
+  chunk_rows(rows, &begin, &end);
   float acc = 0;
   for (int64_t r = begin; r < end; ++r) acc += to_f(dout[r * cols + j]);
   partial[blockIdx.y * cols + j] = acc;
-}
-
-// Pass 2: dbias[o] += the chunks' partials in order. ACCUMULATES.
-template <class G>
-__global__ void column_sum_final(G* dbias, const float* partial, int chunks, int64_t cols) {
-  const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= cols) return;
-  float acc = 0;
-  for (int c = 0; c < chunks; ++c) acc += partial[c * cols + j];
-  dbias[j] = from_f<G>(to_f(dbias[j]) + acc);
 }
 
 }  // namespace
@@ -187,8 +177,8 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
   if (bias.empty() || epilogue) return;
   dispatch_float(out.dtype, "linear_fwd", [&](auto tag) {
     using T_ = decltype(tag);
-    const int grid = static_cast<int>(std::min<int64_t>(blocks_for(T * O, kThreads), 8192));
-    add_bias_rows<T_><<<grid, kThreads, 0, stream_of(ctx)>>>(out.ptr<T_>(), bias.ptr<T_>(), T, O);
+    add_bias_rows<T_><<<grid_stride_blocks(T * O, kThreads), kThreads, 0, stream_of(ctx)>>>(
+        out.ptr<T_>(), bias.ptr<T_>(), T, O);
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -203,7 +193,7 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
   const GemmKey wkey{K, O, T, false, true, in.dtype, dweight.dtype, false, true};
   gemm(ctx, wkey, in.data, dout.data, dweight.data, nullptr, 1.0f);
   if (dbias.empty()) return;
-  const int chunks = static_cast<int>(T < kRowChunks ? T : kRowChunks);
+  const int chunks = column_chunks(T);
   Workspace ws(ctx, "linear_bwd (dbias)");
   float* partial = ws.take<float>(int64_t{chunks} * O);
   dispatch_float(dout.dtype, "linear_bwd", [&](auto tag) {
@@ -212,12 +202,7 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
     column_sum_partial<T_><<<grid, kThreads, 0, stream_of(ctx)>>>(partial, dout.ptr<T_>(), T, O);
   });
   CUDA_CHECK_LAUNCH();
-  dispatch_float(dbias.dtype, "linear_bwd", [&](auto tag) {
-    using G = decltype(tag);
-    column_sum_final<G><<<blocks_for(O, kThreads), kThreads, 0, stream_of(ctx)>>>(
-        dbias.ptr<G>(), partial, chunks, O);
-  });
-  CUDA_CHECK_LAUNCH();
+  add_column_partials(ctx, dbias, partial, chunks, "linear_bwd");
 }
 
 }  // namespace tr::cuda

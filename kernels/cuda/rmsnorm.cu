@@ -1,7 +1,7 @@
 // RMSNorm forward and backward: out = in * rstd * weight, rstd = rsqrt(mean(in^2) + eps),
 // statistics in f32. Forward: one block per row, 16-byte packs. Backward: din per row (one
-// block each), dweight by a deterministic two-pass column reduction (partial sums per chunk of
-// rows in the workspace, then one ordered sum per column).
+// block each), dweight by common.cuh's deterministic two-pass column sums (partials in the
+// workspace).
 #include <algorithm>
 
 #include "kernels/cuda/common.cuh"
@@ -11,7 +11,6 @@ namespace tr::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRowChunks = 128;  // pass-1 row chunks of the dweight reduction (fixed: determinism)
 
 // out, in: [rows, H]; weight: [H]; rstd: [rows] f32.
 template <class T, int N>
@@ -93,28 +92,18 @@ __global__ void rmsnorm_bwd_din_kernel(T* din, const T* dout, const T* in, const
   }
 }
 
-// Pass 1: partial[chunk][j] = sum over the chunk's rows of g[r][j] x[r][j] rstd[r].
+// Pass 1 of dweight (common.cuh's column sums): the chunk's sum of g[r][j] x[r][j] rstd[r].
 template <class T>
 __global__ void rmsnorm_dweight_partial(float* partial, const T* dout, const T* in,
                                         const float* rstd, int64_t rows, int H) {
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= H) return;
-  const int64_t per = (rows + gridDim.y - 1) / gridDim.y;
-  const int64_t begin = blockIdx.y * per, end = std::min<int64_t>(rows, begin + per);
+  int64_t begin, end;
+  chunk_rows(rows, &begin, &end);
   float acc = 0;
   for (int64_t r = begin; r < end; ++r)
     acc += to_f(dout[r * H + j]) * to_f(in[r * H + j]) * rstd[r];
   partial[blockIdx.y * int64_t{H} + j] = acc;
-}
-
-// Pass 2: dweight[j] += sum over chunks, in chunk order. ACCUMULATES.
-template <class G>
-__global__ void rmsnorm_dweight_final(G* dweight, const float* partial, int chunks, int H) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= H) return;
-  float acc = 0;
-  for (int c = 0; c < chunks; ++c) acc += partial[c * int64_t{H} + j];
-  dweight[j] = from_f<G>(to_f(dweight[j]) + acc);
 }
 
 }  // namespace
@@ -158,7 +147,7 @@ void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, T
                  Tensor rstd, bool accumulate_din) {
   const int64_t rows = in.shape[0];
   const int H = static_cast<int>(in.shape[1]);
-  const int chunks = static_cast<int>(std::min<int64_t>(rows, kRowChunks));
+  const int chunks = column_chunks(rows);
   Workspace ws(ctx, "rmsnorm_bwd");
   float* partial = ws.take<float>(int64_t{chunks} * H);
   dispatch_float(in.dtype, "rmsnorm_bwd", [&](auto tag) {
@@ -182,13 +171,8 @@ void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, T
     rmsnorm_dweight_partial<T><<<pgrid, kThreads, 0, stream_of(ctx)>>>(
         partial, dout.ptr<T>(), in.ptr<T>(), rstd.ptr<float>(), rows, H);
     CUDA_CHECK_LAUNCH();
-    dispatch_float(dweight.dtype, "rmsnorm_bwd", [&](auto gtag) {
-      using G = decltype(gtag);
-      rmsnorm_dweight_final<G><<<blocks_for(H, kThreads), kThreads, 0, stream_of(ctx)>>>(
-          dweight.ptr<G>(), partial, chunks, H);
-    });
   });
-  CUDA_CHECK_LAUNCH();
+  add_column_partials(ctx, dweight, partial, chunks, "rmsnorm_bwd");
 }
 
 }  // namespace tr::cuda

@@ -38,7 +38,7 @@ void rope(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta, double
   const int n_total = static_cast<int>(x.shape[1]), hd = static_cast<int>(x.shape[2]);
   const int64_t pairs = tokens * n_rope_heads * (hd / 2);
   if (pairs == 0) return;  // no rotated heads: nothing to launch
-  const int grid = static_cast<int>(std::min<int64_t>(blocks_for(pairs, kThreads), 8192));
+  const int grid = grid_stride_blocks(pairs, kThreads);
   dispatch_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     rope_kernel<T><<<grid, kThreads, 0, stream_of(ctx)>>>(

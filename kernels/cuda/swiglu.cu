@@ -55,10 +55,6 @@ __global__ void swiglu_bwd_kernel(T* dgateup, const T* dout, const T* gateup, in
   }
 }
 
-int grid_for(int64_t n) {
-  return static_cast<int>(std::min<int64_t>(blocks_for(n, kThreads), 8192));
-}
-
 // Launches kernel<T, N> with 16-byte packs when every row start allows it, else N = 1.
 template <class T, class Launch>
 void with_packs(int64_t I, std::initializer_list<const void*> ptrs, Launch&& launch) {
@@ -76,8 +72,9 @@ void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup) {
     using T = decltype(tag);
     with_packs<T>(I, {out.data, gateup.data}, [&](auto n) {
       constexpr int N = decltype(n)::value;
-      swiglu_fwd_kernel<T, N><<<grid_for(tokens * I / N), kThreads, 0, stream_of(ctx)>>>(
-          out.ptr<T>(), gateup.ptr<T>(), tokens, I);
+      swiglu_fwd_kernel<T, N>
+          <<<grid_stride_blocks(tokens * I / N, kThreads), kThreads, 0, stream_of(ctx)>>>(
+              out.ptr<T>(), gateup.ptr<T>(), tokens, I);
     });
   });
   CUDA_CHECK_LAUNCH();
@@ -89,8 +86,9 @@ void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup) {
     using T = decltype(tag);
     with_packs<T>(I, {dgateup.data, dout.data, gateup.data}, [&](auto n) {
       constexpr int N = decltype(n)::value;
-      swiglu_bwd_kernel<T, N><<<grid_for(tokens * I / N), kThreads, 0, stream_of(ctx)>>>(
-          dgateup.ptr<T>(), dout.ptr<T>(), gateup.ptr<T>(), tokens, I);
+      swiglu_bwd_kernel<T, N>
+          <<<grid_stride_blocks(tokens * I / N, kThreads), kThreads, 0, stream_of(ctx)>>>(
+              dgateup.ptr<T>(), dout.ptr<T>(), gateup.ptr<T>(), tokens, I);
     });
   });
   CUDA_CHECK_LAUNCH();
