@@ -1,6 +1,7 @@
 #include "parallel/groups.h"
 
 #include "parallel/mpi_comm.h"
+#include "parallel/nccl_comm.h"
 
 namespace tr {
 
@@ -23,6 +24,13 @@ ProcessGroups make_groups(const Topology& t, std::unique_ptr<Comm> world) {
   }
   g.world = std::move(world);
   return g;
+}
+
+void use_device_comms(ProcessGroups& g, bool nccl, void* stream, double timeout_s) {
+  if (g.world->size() == 1) return;
+  // Every rank wraps the groups in the same order, so each NCCL initialisation meets its peers.
+  for (std::unique_ptr<Comm>* c : {&g.tp, &g.dp, &g.pp, &g.embed})
+    *c = nccl ? make_nccl_comm(std::move(*c), stream, timeout_s) : make_staging_comm(std::move(*c));
 }
 
 }  // namespace tr

@@ -22,4 +22,9 @@ struct ProcessGroups {
 // into the tp, dp and pp groups of `topo`. Collective over world.
 ProcessGroups make_groups(const Topology& topo, std::unique_ptr<Comm> world);
 
+// GPU ranks (train.backend=cuda): the tp, dp, pp and embed groups become NCCL communicators
+// over the same ranks, queued on `stream` (nccl), or staging communicators (parallel.comm=mpi);
+// world stays MPI (it only carries host tensors). Collective over world; a no-op for one rank.
+void use_device_comms(ProcessGroups& g, bool nccl, void* stream, double timeout_s);
+
 }  // namespace tr

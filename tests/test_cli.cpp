@@ -635,5 +635,30 @@ TEST_CASE("cli: trainer plan prints the 72B plan; a bad --gpu is one error line 
   CHECK(r.output.find("unknown key 'netwrk'; known: name, peak_bf16_tflops") != std::string::npos);
 }
 
+TEST_CASE("cli: trainer plan --json agrees with the text plan", "[cli]") {
+  const std::string cmd = std::string(TR_TRAINER_BIN) + " plan --config " +
+                          std::string(TR_SOURCE_DIR) +
+                          "/configs/qwen2.5-72b.yaml --gpu b300 --nodes 16";
+  CmdResult text = run_cmd(cmd + " 2>&1");
+  CmdResult js = run_cmd(cmd + " --json 2>&1");
+  REQUIRE(text.exit_code == 0);
+  REQUIRE(js.exit_code == 0);
+  const nlohmann::json j = nlohmann::json::parse(js.output);
+  CHECK(j["world"] == 128);
+  CHECK(j["tp"] == 8);
+  CHECK(j["pp"] == 2);
+  CHECK(j["dp"] == 8);
+  CHECK(j["fits"] == true);
+  CHECK(j["stages"].size() == 2);
+  CHECK(j["params"].get<double>() == 72706203648.0);
+  // The same numbers as the text report, rounded as it prints them.
+  char want[160];
+  std::snprintf(want, sizeof want, "%.0f tokens/s/GPU, MFU %.1f%%",
+                j["tokens_per_s_per_gpu"].get<double>(), 100 * j["mfu"].get<double>());
+  CHECK(text.output.find(want) != std::string::npos);
+  std::snprintf(want, sizeof want, "needs %.1f GiB of 288 GiB", j["memory_gib"].get<double>());
+  CHECK(text.output.find(want) != std::string::npos);
+}
+
 }  // namespace
 }  // namespace tr

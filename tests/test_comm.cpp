@@ -6,8 +6,10 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/core/bf16.h"
 #include "parallel/groups.h"
 #include "parallel/mpi_comm.h"
+#include "parallel/nccl_comm.h"
 
 namespace tr {
 namespace {
@@ -91,6 +93,8 @@ TEST_CASE("comm: tp, dp and pp groups follow the rank layout", "[comm]") {
   absl::StatusOr<Topology> t = Topology::make(n, w->rank(), tp, pp, 0);
   REQUIRE(t.ok());
   ProcessGroups g = make_groups(*t, std::move(w));
+  // As GPU ranks with parallel.comm=mpi build them: host tensors pass straight through.
+  use_device_comms(g, /*nccl=*/false, nullptr, 0);
   CHECK(g.tp->size() == t->tp);
   CHECK(g.dp->size() == t->dp);
   CHECK(g.pp->size() == t->pp);
@@ -138,6 +142,50 @@ TEST_CASE("comm: tp, dp and pp groups follow the rank layout", "[comm]") {
   // The embedding group joins the first and last pipeline stage of each pp group.
   const bool ends = t->first_stage() || t->last_stage();
   CHECK(g.embed->size() == (ends ? std::min(t->pp, 2) : t->pp - 2));
+}
+
+// The staging communicator (parallel.comm=mpi on GPUs) with every tensor staged through its host
+// buffers, so that the staging itself runs here: in-place all-gather, bf16 reduced in f32,
+// several buffers in one exchange.
+TEST_CASE("comm: the staging communicator matches the closed forms", "[comm]") {
+  auto c = make_staging_comm(world_comm(), /*stage_host_tensors=*/true);
+  const int r = c->rank(), n = c->size();
+  CHECK(c->name() == "world");
+  std::vector<float> v = {1.0f * (r + 1), -2.0f * (r + 1)};
+  c->all_reduce(host(v), ReduceOp::sum);
+  CHECK(v[0] == n * (n + 1) / 2.0f);
+  CHECK(v[1] == -n * (n + 1.0f));
+  // bf16: 1 + r/256 rounds each rank's value; the sum is taken in f32 and rounded once.
+  std::vector<uint16_t> h = {f32_to_bf16(1.0f + r / 256.0f), f32_to_bf16(r)};
+  c->all_reduce(Tensor(h.data(), DType::bf16, Device::cpu, {2}), ReduceOp::sum);
+  float want = 0;
+  for (int q = 0; q < n; ++q) want += round_to_bf16(1.0f + q / 256.0f);
+  CHECK(bf16_to_f32(h[0]) == round_to_bf16(want));
+  CHECK(bf16_to_f32(h[1]) == n * (n - 1) / 2.0f);
+  std::vector<float> all(3 * n, -1.0f);  // in place: this rank's block is the input
+  for (int k = 0; k < 3; ++k) all[3 * r + k] = 10.0f * r + k;
+  c->all_gather(host(all), Tensor(all.data() + 3 * r, DType::f32, Device::cpu, {3}));
+  for (int q = 0; q < n; ++q)
+    for (int k = 0; k < 3; ++k) CHECK(all[3 * q + k] == 10.0f * q + k);
+  std::vector<float> in(2 * n), out(2);
+  for (int j = 0; j < 2 * n; ++j) in[j] = 1000.0f * r + j;
+  c->reduce_scatter(host(out), host(in), ReduceOp::max);
+  for (int k = 0; k < 2; ++k) CHECK(out[k] == 1000.0f * (n - 1) + 2 * r + k);
+  std::vector<int32_t> b = {r == n - 1 ? 99 : r};
+  c->broadcast(Tensor(b.data(), DType::i32, Device::cpu, {1}), n - 1);
+  CHECK(b[0] == 99);
+  if (n > 1) {
+    std::vector<float> right(5, static_cast<float>(r)), left(5, -1.0f), tag = {r + 0.5f},
+                                                                        got = {-1.0f};
+    const P2P ops[] = {{P2P::send, host(right), (r + 1) % n},
+                       {P2P::recv, host(left), (r + n - 1) % n},
+                       {P2P::send, host(tag), (r + n - 1) % n},
+                       {P2P::recv, host(got), (r + 1) % n}};
+    c->exchange(ops);
+    for (float x : left) CHECK(x == (r + n - 1) % n);
+    CHECK(got[0] == (r + 1) % n + 0.5f);
+  }
+  c->barrier();
 }
 
 // A failed MPI call on one rank must end every rank (MPI_Abort), naming the rank and the call,

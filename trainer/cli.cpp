@@ -20,11 +20,11 @@ std::string usage() {
          "  --help-config     print every config key with its type, default and meaning\n"
          "\n"
          "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300]\n"
-         "               [--nodes N] [--gpus-per-node G] [--hardware FILE]\n"
+         "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--json]\n"
          "  per-GPU memory, FLOPs per token, pipeline bubble, communication per step and a\n"
          "  predicted step time, tokens/s/GPU and MFU, without a GPU (defaults: h100, 1 node,\n"
          "  8 GPUs per node; FILE overrides the GPU's numbers: peak_bf16_tflops, memory_gib,\n"
-         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_efficiency)\n";
+         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_efficiency; --json prints one JSON object)\n";
 }
 
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
@@ -75,6 +75,8 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
         v = *n;
       }
       o.sets.push_back(v);
+    } else if (o.plan && a == "--json") {
+      o.json = true;
     } else if (o.plan && is("--hardware")) {
       absl::StatusOr<std::string> v = value("--hardware");
       if (!v.ok()) return v.status();

@@ -21,6 +21,7 @@ struct CliOptions {
   int nodes = 1;             // --nodes N
   int gpus_per_node = 8;     // --gpus-per-node G
   std::string hardware;      // --hardware FILE: YAML overrides of the GPU's numbers
+  bool json = false;         // --json: the plan as one JSON object
 };
 
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv);

@@ -67,6 +67,13 @@ const std::vector<Field>& fields() {
       TR_FIELD(parallel, sequence_parallel, Bool, 0, 0,
                "shard norms and residuals along the sequence within TP"),
       TR_FIELD(parallel, zero1, Bool, 0, 0, "shard fp32 master weights and Adam states across DP"),
+      TR_FIELD(parallel, comm, String, 0, 0,
+               "GPU communication: nccl (one rank per GPU), or mpi (device tensors staged through "
+               "host memory; lets several ranks share one GPU, for tests)",
+               {"nccl", "mpi"}),
+      TR_FIELD(parallel, timeout_s, Float, 0, kInf,
+               "a collective unfinished after this many seconds ends the run (NCCL); 0 = wait "
+               "forever"),
       TR_FIELD(data, train, Sources, 0, 0, "training datasets: list of {path: PREFIX, weight: W}"),
       TR_FIELD(data, valid, Sources, 0, 0,
                "validation datasets: list of {path: PREFIX, weight: W}"),
@@ -78,7 +85,8 @@ const std::vector<Field>& fields() {
       TR_FIELD(train, global_batch, Int, 1, kMaxI, "samples per optimizer step over all DP ranks"),
       TR_FIELD(train, micro_batch, Int, 1, kMaxI, "samples per forward/backward on one rank"),
       TR_FIELD(train, backend, String, 0, 0,
-               "compute backend: cpu, or cuda (bf16 on one GPU, one rank for now); auto = cpu",
+               "compute backend: cpu, or cuda (bf16, one GPU per rank; see parallel.comm); "
+               "auto = cpu",
                {"auto", "cpu", "cuda"}),
       TR_FIELD(train, seed, Int, 0, kMaxI, "seed of the weight initialisation"),
       TR_FIELD(train, eval_interval, Int, 0, kMaxI, "steps between validation runs; 0 = never"),

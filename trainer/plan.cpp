@@ -1,5 +1,7 @@
 #include "trainer/plan.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 
@@ -258,6 +260,46 @@ std::string format_plan(const Config& cfg, const Plan& p) {
                         p.step_s, p.compute_s, p.tp_s, p.pp_s, p.dp_s, p.tokens_per_s_per_gpu,
                         100 * p.mfu);
   return out;
+}
+
+std::string plan_json(const Config& cfg, const Plan& p) {
+  const ParallelConfig& par = cfg.parallel;
+  nlohmann::json stages = nlohmann::json::array();
+  double worst = 0;
+  for (const StageMemory& m : p.stages) {
+    worst = std::max(worst, m.total());
+    stages.push_back({{"stage", m.stage},
+                      {"weights_gib", m.weights / kGiB},
+                      {"compute_copy_gib", m.compute_copy / kGiB},
+                      {"grads_gib", m.grads / kGiB},
+                      {"optimizer_gib", m.optimizer / kGiB},
+                      {"activations_gib", m.activations / kGiB},
+                      {"workspace_gib", (m.workspace + m.attention_workspace) / kGiB},
+                      {"total_gib", m.total() / kGiB}});
+  }
+  const nlohmann::json j = {{"gpu", p.gpu.name},
+                            {"nodes", p.nodes},
+                            {"gpus_per_node", p.gpus_per_node},
+                            {"world", p.world},
+                            {"tp", par.tp},
+                            {"pp", par.pp},
+                            {"dp", p.world / static_cast<int>(par.tp * par.pp)},
+                            {"micro_batches", p.micro_batches},
+                            {"params", p.params_total},
+                            {"fits", p.fits},
+                            {"memory_gib", worst / kGiB},
+                            {"gpu_memory_gib", p.gpu.memory_bytes / kGiB},
+                            {"stages", stages},
+                            {"flops_per_token_causal", p.flops_per_token_causal},
+                            {"flops_per_token_full", p.flops_per_token_full},
+                            {"bubble", p.bubble},
+                            {"tp_bytes", p.tp_bytes},
+                            {"pp_bytes", p.pp_bytes},
+                            {"dp_bytes", p.dp_bytes},
+                            {"step_s", p.step_s},
+                            {"tokens_per_s_per_gpu", p.tokens_per_s_per_gpu},
+                            {"mfu", p.mfu}};
+  return j.dump() + "\n";
 }
 
 }  // namespace tr

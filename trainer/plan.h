@@ -62,5 +62,8 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
 
 // The human-readable report: memory table, verdict, FLOPs, bubble, communication, prediction.
 std::string format_plan(const Config& cfg, const Plan& plan);
+// The same as one JSON object (for tools/sweep and scripts): layout, verdict, per-stage memory
+// in GiB, FLOPs, bubble, communication bytes and the prediction.
+std::string plan_json(const Config& cfg, const Plan& plan);
 
 }  // namespace tr

@@ -37,8 +37,8 @@ absl::Status check_sequence_parallel(const Topology& t, const Config& c) {
 }
 
 // `auto` runs on the CPU until the GPU path has been validated on hardware; `cuda` asks for
-// the GPU explicitly (one rank per process and GPU; multi-rank GPU runs need the NCCL
-// communicator, not built yet).
+// the GPU explicitly. GPU ranks use the node's GPUs in node-local rank order; with NCCL each
+// needs its own GPU, with parallel.comm=mpi several may share one.
 absl::Status resolve_backend(Session& r) {
   std::string& b = r.cfg.train.backend;
   r.ctx = Ctx{};
@@ -51,12 +51,15 @@ absl::Status resolve_backend(Session& r) {
     return absl::InvalidArgumentError(
         "train.backend=cuda but no CUDA device is visible (no driver, or CUDA_VISIBLE_DEVICES "
         "hides them); set train.backend=cpu");
-  if (r.groups.world->size() > 1)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "train.backend=cuda with ", r.groups.world->size(),
-        " ranks: GPU runs are single-rank until the NCCL communicator lands; launch one rank "
-        "or set train.backend=cpu"));
-  auto dev = std::make_shared<cuda::DeviceContext>(0, kCudaWorkspaceBytes);
+  const int gpus = cuda::device_count();
+  const int local_rank = r.mpi ? r.mpi->local_rank() : 0;
+  const int local_size = r.mpi ? r.mpi->local_size() : 1;
+  if (r.cfg.parallel.comm == "nccl" && local_size > gpus)
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.comm=nccl needs one GPU per rank, but this node runs ", local_size,
+                     " ranks on ", gpus, " GPU(s); launch at most ", gpus,
+                     " ranks per node, or set parallel.comm=mpi (ranks share GPUs; for tests)"));
+  auto dev = std::make_shared<cuda::DeviceContext>(local_rank % gpus, kCudaWorkspaceBytes);
   r.ctx = dev->ctx();
   r.device = dev;
   return absl::OkStatus();
@@ -282,7 +285,7 @@ int run_plan(const CliOptions& opts) {
     std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
     return kExitBadInput;
   }
-  std::fputs(format_plan(*cfg, *plan).c_str(), stdout);
+  std::fputs((opts.json ? plan_json(*cfg, *plan) : format_plan(*cfg, *plan)).c_str(), stdout);
   return kExitOk;
 }
 
@@ -305,6 +308,9 @@ int run(const CliOptions& opts) {
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
   r.groups = make_groups(r.topo, std::move(r.groups.world));
+  if (r.ctx.device == Device::cuda)
+    use_device_comms(r.groups, r.cfg.parallel.comm == "nccl", r.ctx.stream,
+                     r.cfg.parallel.timeout_s);
   st = build_model(r);
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;

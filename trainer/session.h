@@ -31,9 +31,11 @@ struct Session {
   CliOptions opts;
   Config cfg;
   Topology topo;
+  // The CUDA DeviceContext behind ctx (train.backend=cuda); declared before the groups so that
+  // NCCL communicators queued on its stream are destroyed first.
+  std::shared_ptr<void> device;
   ProcessGroups groups;
   Ctx ctx;
-  std::shared_ptr<void> device;  // the CUDA DeviceContext behind ctx (train.backend=cuda)
   std::unique_ptr<Qwen2Model> model;
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<data::DataLoader> train, valid;
