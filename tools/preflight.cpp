@@ -1,0 +1,534 @@
+// preflight: measures what a training job will run on, before the job spends its budget.
+// Collectives over a size sweep (in the manner of nccl-tests: time, algbw, busbw and a #wrong
+// count from closed-form results) within each node and across all nodes, a GEMM's FLOP/s and
+// the device memory bandwidth; then compares them with a threshold table of the GPU type and
+// exits non-zero naming what fell short.
+//
+//   srun --mpi=pmix -N 2 --ntasks-per-node 8 preflight --backend cuda [--gpu h100]
+//   mpirun -n 4 preflight --backend cpu --max-bytes 1M --expect node_busbw_gbps=0.5
+//
+// Exit 0: every check passed (or none applied); 1: a check failed or a collective computed a
+// wrong element; 2: bad input.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "kernels/core/bf16.h"
+#include "kernels/ops.h"
+#include "parallel/mpi_comm.h"
+#include "parallel/nccl_comm.h"
+#include "trainer/plan.h"
+#ifdef TRAINER_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace {
+
+using tr::Comm;
+using tr::Device;
+using tr::DType;
+using tr::Tensor;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kUsage =
+    "usage: preflight [--backend cpu|cuda] [--comm nccl|mpi] [--ops LIST] [--min-bytes N]\n"
+    "                 [--max-bytes N] [--factor F] [--iters N] [--warmup N] [--gemm N]\n"
+    "                 [--mem-bytes N] [--gpu h100|h200|b200|b300] [--hardware FILE]\n"
+    "                 [--expect KEY=VALUE ...]\n"
+    "  Under srun or mpirun: every rank takes part; rank 0 prints. Sizes take K, M, G suffixes.\n"
+    "  --ops LIST        all_reduce,all_gather,reduce_scatter,sendrecv (default: all four)\n"
+    "  --min-bytes N     smallest message (default 1K); --max-bytes N largest (default 1G on\n"
+    "                    cuda, 4M on cpu); --factor F size step (default 4)\n"
+    "  --iters N         timed repetitions per size (default 20), after --warmup N (default 5)\n"
+    "  --gemm N          N x N x N GEMM (bf16 on cuda, f32 on cpu; default 8192 / 256; 0 = skip)\n"
+    "  --mem-bytes N     device copy for the memory bandwidth (default 1G / 64M; 0 = skip)\n"
+    "  --gpu TYPE        threshold table of this GPU type (default on cuda: from the device name)\n"
+    "  --hardware FILE   overrides of that table's numbers (the YAML of `trainer plan`)\n"
+    "  --expect KEY=V    a threshold of your own (overrides the table): node_busbw_gbps,\n"
+    "                    network_busbw_gbps (all-reduce at the largest size), gemm_tflops,\n"
+    "                    memory_gbps\n"
+    "  --ranks-per-node N  group ranks into nodes by rank / N instead of by hostname\n"
+    "  --corrupt 1       (for testing) world rank 1 perturbs one input element of every checked\n"
+    "                    call, so the #wrong counts and the exit code must show it\n"
+    "  Exit 0: all checks passed; 1: a check fell short or a collective was wrong; 2: bad input.\n";
+
+struct Args {
+  std::string backend = "cpu", comm = "nccl", gpu, hardware;
+  std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
+  int64_t min_bytes = 1024, max_bytes = -1, gemm = -1, mem_bytes = -1;
+  double factor = 4;
+  int iters = 20, warmup = 5, ranks_per_node = 0, corrupt = 0;
+  std::map<std::string, double> expect;
+};
+
+bool parse_bytes(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  int64_t unit = 1;
+  std::string num = s;
+  switch (s.back()) {
+    case 'K':
+    case 'k':
+      unit = int64_t{1} << 10;
+      break;
+    case 'M':
+    case 'm':
+      unit = int64_t{1} << 20;
+      break;
+    case 'G':
+    case 'g':
+      unit = int64_t{1} << 30;
+      break;
+    default:
+      break;
+  }
+  if (unit != 1) num.pop_back();
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(num, &v) || v < 0) return false;
+  *out = v * unit;
+  return true;
+}
+
+// "" on success, else the one-line error.
+std::string parse_args(int argc, char** argv, Args* a) {
+  const std::vector<std::string> known_expect = {"node_busbw_gbps", "network_busbw_gbps",
+                                                 "gemm_tflops", "memory_gbps"};
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") return "help";
+    if (i + 1 >= argc) return flag + " needs a value (or is unknown); see --help";
+    const std::string v = argv[++i];
+    auto bytes = [&](int64_t* out) {
+      return parse_bytes(v, out) ? "" : flag + " '" + v + "' is not a size (e.g. 4096, 64K, 1G)";
+    };
+    auto count = [&](int* out) {
+      return absl::SimpleAtoi(v, out) && *out >= 0 ? "" : flag + " '" + v + "' is not a count";
+    };
+    std::string err;
+    if (flag == "--backend") {
+      a->backend = v;
+      if (v != "cpu" && v != "cuda") err = "--backend '" + v + "' must be cpu or cuda";
+    } else if (flag == "--comm") {
+      a->comm = v;
+      if (v != "nccl" && v != "mpi") err = "--comm '" + v + "' must be nccl or mpi";
+    } else if (flag == "--ops") {
+      a->ops = absl::StrSplit(v, ',');
+      for (const std::string& op : a->ops)
+        if (op != "all_reduce" && op != "all_gather" && op != "reduce_scatter" && op != "sendrecv")
+          err = "--ops: unknown '" + op +
+                "'; known: all_reduce, all_gather, reduce_scatter, "
+                "sendrecv";
+    } else if (flag == "--min-bytes") {
+      err = bytes(&a->min_bytes);
+    } else if (flag == "--max-bytes") {
+      err = bytes(&a->max_bytes);
+    } else if (flag == "--mem-bytes") {
+      err = bytes(&a->mem_bytes);
+    } else if (flag == "--gemm") {
+      int n = 0;
+      err = count(&n);
+      a->gemm = n;
+    } else if (flag == "--factor") {
+      if (!absl::SimpleAtod(v, &a->factor) || a->factor <= 1)
+        err = "--factor '" + v + "' must be a number > 1";
+    } else if (flag == "--iters") {
+      err = count(&a->iters);
+      if (err.empty() && a->iters == 0) err = "--iters must be at least 1";
+    } else if (flag == "--warmup") {
+      err = count(&a->warmup);
+    } else if (flag == "--ranks-per-node") {
+      err = count(&a->ranks_per_node);
+    } else if (flag == "--corrupt") {
+      err = count(&a->corrupt);
+    } else if (flag == "--gpu") {
+      a->gpu = v;
+    } else if (flag == "--hardware") {
+      a->hardware = v;
+    } else if (flag == "--expect") {
+      const size_t eq = v.find('=');
+      double x = 0;
+      const std::string key = v.substr(0, eq);
+      if (eq == std::string::npos || !absl::SimpleAtod(v.substr(eq + 1), &x))
+        err = "--expect '" + v + "' must be KEY=NUMBER";
+      else if (std::find(known_expect.begin(), known_expect.end(), key) == known_expect.end())
+        err = "--expect: unknown key '" + key +
+              "'; known: node_busbw_gbps, network_busbw_gbps, gemm_tflops, memory_gbps";
+      else
+        a->expect[key] = x;
+    } else {
+      err = "unknown argument '" + flag + "'; see --help";
+    }
+    if (!err.empty()) return err;
+  }
+  const bool gpu = a->backend == "cuda";
+  if (a->max_bytes < 0) a->max_bytes = gpu ? int64_t{1} << 30 : int64_t{4} << 20;
+  if (a->gemm < 0) a->gemm = gpu ? 8192 : 256;
+  if (a->mem_bytes < 0) a->mem_bytes = gpu ? int64_t{1} << 30 : int64_t{64} << 20;
+  if (a->min_bytes < 4 || a->min_bytes > a->max_bytes)
+    return absl::StrCat("--min-bytes ", a->min_bytes, " must be >= 4 and <= --max-bytes ",
+                        a->max_bytes);
+  return "";
+}
+
+// Where the benchmark's tensors live and how the ops reach them.
+struct Device_ {
+  tr::Ctx ctx;
+  std::shared_ptr<void> owner;  // the CUDA DeviceContext
+  std::string name = "cpu";
+  Device kind = Device::cpu;
+};
+
+tr::Buffer alloc(const Device_& d, int64_t bytes) {
+  return tr::Buffer(static_cast<size_t>(std::max<int64_t>(bytes, 4)), d.kind);
+}
+
+// Host values -> t (any device) and back.
+void upload(Tensor t, const std::vector<float>& v) {
+  tr::copy_tensor(t, Tensor(const_cast<float*>(v.data()), DType::f32, Device::cpu,
+                            {static_cast<int64_t>(v.size())}));
+}
+std::vector<float> download(Tensor t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  tr::copy_tensor(Tensor(v.data(), DType::f32, Device::cpu, {t.numel()}), t);
+  return v;
+}
+
+// Exact in f32 for the rank and size ranges used: small integers.
+float value(int rank, int64_t i) {
+  return static_cast<float>(rank + 1 + i % 7);
+}
+
+struct Row {
+  int64_t bytes = 0, count = 0;
+  double seconds = 0, algbw = 0, busbw = 0;
+  int64_t wrong = 0;
+};
+
+double max_over(Comm& world, double x) {
+  world.all_reduce(Tensor(&x, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);
+  return x;
+}
+
+// One collective at one size: warm-up, `iters` timed calls (the slowest rank's time), then one
+// call on fresh inputs whose every element is checked against its closed form.
+Row measure(const std::string& op, Comm& c, Comm& world, const Device_& d, int64_t bytes,
+            const Args& a) {
+  const bool corrupt = a.corrupt > 0 && world.rank() == 1;
+  const int n = c.size(), r = c.rank();
+  // The nccl-tests convention for `bytes`: all_reduce the buffer, all_gather the output,
+  // reduce_scatter the input, sendrecv the message.
+  int64_t count = bytes / 4;
+  if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n, 1);
+  const int64_t total = op == "all_gather" || op == "reduce_scatter" ? count * n : count;
+  tr::Buffer big = alloc(d, total * 4), small = alloc(d, count * 4);
+  Tensor tbig(big.data(), DType::f32, d.kind, {total});
+  Tensor tsmall(small.data(), DType::f32, d.kind, {count});
+  const int right = (r + 1) % n, left = (r + n - 1) % n;
+  auto call = [&] {
+    if (op == "all_reduce") {
+      c.all_reduce(tsmall, tr::ReduceOp::sum);
+    } else if (op == "all_gather") {
+      c.all_gather(tbig, tsmall);
+    } else if (op == "reduce_scatter") {
+      c.reduce_scatter(tsmall, tbig, tr::ReduceOp::sum);
+    } else if (n > 1) {  // sendrecv around the ring
+      const tr::P2P ops[] = {{tr::P2P::send, tsmall, right}, {tr::P2P::recv, tbig, left}};
+      c.exchange(ops);
+    }
+  };
+  for (int i = 0; i < a.warmup; ++i) call();
+  tr::synchronize(d.ctx);
+  c.barrier();
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < a.iters; ++i) call();
+  tr::synchronize(d.ctx);
+  Row row;
+  row.seconds = max_over(world, std::chrono::duration<double>(Clock::now() - t0).count()) / a.iters;
+  row.count = op == "all_gather" || op == "reduce_scatter" ? total : count;
+  row.bytes = row.count * 4;
+  const double factor = op == "all_reduce" ? 2.0 * (n - 1) / n
+                        : op == "sendrecv" ? 1.0
+                                           : static_cast<double>(n - 1) / n;
+  row.algbw = static_cast<double>(row.bytes) / row.seconds;
+  row.busbw = row.algbw * factor;
+
+  // Correctness on fresh inputs.
+  std::vector<float> in_small(static_cast<size_t>(count)), in_big(static_cast<size_t>(total));
+  for (int64_t i = 0; i < count; ++i) in_small[i] = value(r, i);
+  for (int64_t i = 0; i < total; ++i) in_big[i] = value(r, i);
+  if (corrupt) {
+    in_small[0] += 1;
+    in_big[0] += 1;
+  }
+  upload(tsmall, in_small);
+  upload(tbig, op == "reduce_scatter" ? in_big : std::vector<float>(total, -1.0f));
+  call();
+  tr::synchronize(d.ctx);
+  const float ranks_sum = n * (n + 1) / 2.0f;
+  if (op == "all_reduce") {
+    std::vector<float> got = download(tsmall);
+    for (int64_t i = 0; i < count; ++i) row.wrong += got[i] != ranks_sum + n * (i % 7);
+  } else if (op == "all_gather") {
+    std::vector<float> got = download(tbig);
+    for (int64_t i = 0; i < total; ++i)
+      row.wrong += got[i] != value(static_cast<int>(i / count), i % count);
+  } else if (op == "reduce_scatter") {
+    std::vector<float> got = download(tsmall);
+    for (int64_t i = 0; i < count; ++i)
+      row.wrong += got[i] != ranks_sum + n * ((r * count + i) % 7);
+  } else if (n > 1) {
+    std::vector<float> got = download(tbig);
+    for (int64_t i = 0; i < count; ++i) row.wrong += got[i] != value(left, i);
+  }
+  double wrong = static_cast<double>(row.wrong);
+  world.all_reduce(Tensor(&wrong, DType::f64, Device::cpu, {1}), tr::ReduceOp::sum);
+  row.wrong = static_cast<int64_t>(wrong);
+  return row;
+}
+
+// `iters` N x N x N GEMMs through the trainer's linear op: TFLOP/s of the slowest rank.
+double gemm_tflops(const Device_& d, Comm& world, int64_t n, int iters) {
+  const DType dt = d.kind == Device::cuda ? DType::bf16 : DType::f32;
+  std::vector<tr::Buffer> bufs;
+  std::vector<Tensor> t;
+  for (int i = 0; i < 3; ++i) {
+    bufs.push_back(alloc(d, n * n * static_cast<int64_t>(tr::dtype_size(dt))));
+    t.emplace_back(bufs.back().data(), dt, d.kind, std::initializer_list<int64_t>{n, n});
+  }
+  // Random-looking operands (all-zero operands draw less power and run faster than real ones).
+  for (int i = 0; i < 2; ++i) {
+    std::vector<float> v(static_cast<size_t>(n * n));
+    for (int64_t j = 0; j < n * n; ++j)
+      v[j] = static_cast<float>((j * 2654435761u + i) % 1000) / 1000 - 0.5f;
+    if (dt == DType::f32) {
+      upload(t[i], v);
+    } else {
+      std::vector<uint16_t> h(v.size());
+      for (size_t j = 0; j < v.size(); ++j) h[j] = tr::f32_to_bf16(v[j]);
+      tr::copy_tensor(t[i], Tensor(h.data(), dt, Device::cpu, {n, n}));
+    }
+  }
+  tr::Ctx ctx = d.ctx;
+  tr::linear_fwd(ctx, t[2], t[0], t[1], Tensor());  // warm-up (plan selection)
+  tr::synchronize(ctx);
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) tr::linear_fwd(ctx, t[2], t[0], t[1], Tensor());
+  tr::synchronize(ctx);
+  const double s = max_over(world, std::chrono::duration<double>(Clock::now() - t0).count());
+  return 2.0 * n * n * n * iters / s / 1e12;
+}
+
+// Device-to-device copies of `bytes`: read + write bytes per second of the slowest rank.
+double memory_gbps(const Device_& d, Comm& world, int64_t bytes, int iters) {
+  const int64_t count = bytes / 4;
+  tr::Buffer a = alloc(d, count * 4), b = alloc(d, count * 4);
+  Tensor ta(a.data(), DType::f32, d.kind, {count}), tb(b.data(), DType::f32, d.kind, {count});
+  tr::copy_tensor(tb, ta);
+  tr::synchronize(d.ctx);
+  const Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) tr::copy_tensor(tb, ta);
+  tr::synchronize(d.ctx);
+  const double s = max_over(world, std::chrono::duration<double>(Clock::now() - t0).count());
+  return 2.0 * count * 4 * iters / s / 1e9;
+}
+
+// This rank's hostname, all-gathered: the lowest world rank on the same node.
+int node_leader(Comm& world, int ranks_per_node) {
+  if (ranks_per_node > 0) return world.rank() / ranks_per_node * ranks_per_node;
+  constexpr int kWords = 16;
+  int32_t mine[kWords] = {};
+  gethostname(reinterpret_cast<char*>(mine), sizeof(mine) - 1);
+  std::vector<int32_t> all(static_cast<size_t>(kWords) * world.size());
+  world.all_gather(Tensor(all.data(), DType::i32, Device::cpu, {kWords * world.size()}),
+                   Tensor(mine, DType::i32, Device::cpu, {kWords}));
+  for (int q = 0; q < world.size(); ++q)
+    if (std::memcmp(&all[static_cast<size_t>(q) * kWords], mine, sizeof(mine)) == 0) return q;
+  return world.rank();
+}
+
+struct Check {
+  std::string what;
+  double got, want;
+  std::string basis;  // where `want` comes from
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (std::string err = parse_args(argc, argv, &a); !err.empty()) {
+    if (err == "help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "preflight: %s\n", err.c_str());
+    return 2;
+  }
+  std::unique_ptr<tr::MpiRuntime> mpi;
+  if (tr::launched_by_mpi_launcher()) mpi = std::make_unique<tr::MpiRuntime>(&argc, &argv);
+  std::unique_ptr<Comm> world = mpi ? tr::make_mpi_world() : tr::make_self_comm("world");
+  const bool root = world->rank() == 0;
+  auto fail_input = [&](const std::string& msg) {
+    if (root) std::fprintf(stderr, "preflight: %s\n", msg.c_str());
+    return 2;
+  };
+
+  Device_ d;
+  if (a.backend == "cuda") {
+#ifdef TRAINER_HAVE_CUDA
+    if (!tr::cuda::device_available())
+      return fail_input("--backend cuda but no CUDA device is visible; use --backend cpu");
+    const int gpus = tr::cuda::device_count();
+    const int local = mpi ? mpi->local_rank() : 0;
+    if (a.comm == "nccl" && mpi && mpi->local_size() > gpus)
+      return fail_input(absl::StrCat("--comm nccl needs one GPU per rank: ", mpi->local_size(),
+                                     " ranks on a node with ", gpus,
+                                     " GPU(s); launch fewer ranks or use --comm mpi"));
+    auto dev = std::make_shared<tr::cuda::DeviceContext>(local % gpus, size_t{64} << 20);
+    d.ctx = dev->ctx();
+    d.owner = dev;
+    d.kind = Device::cuda;
+    d.name = tr::cuda::device_name(local % gpus);
+#else
+    return fail_input("--backend cuda but this build has no CUDA; use --backend cpu");
+#endif
+  }
+
+  // The threshold table: a GPU type's numbers (named, or recognised from the device), then
+  // the user's --expect values over them.
+  std::vector<Check> checks;
+  std::map<std::string, std::pair<double, std::string>> want;
+  std::string gpu = a.gpu;
+  if (gpu.empty() && d.kind == Device::cuda) {
+    for (const char* g : {"H100", "H200", "B200", "B300"})
+      if (d.name.find(g) != std::string::npos) gpu = absl::AsciiStrToLower(g);
+  }
+  if (!gpu.empty()) {
+    absl::StatusOr<tr::GpuSpec> spec = tr::gpu_spec(gpu);
+    if (spec.ok() && !a.hardware.empty()) spec = tr::override_gpu_spec(*spec, a.hardware);
+    if (!spec.ok()) return fail_input(std::string(spec.status().message()));
+    want["node_busbw_gbps"] = {0.7 * spec->nvlink_bw / 1e9,
+                               absl::StrFormat("0.7 x NVLink %.0f GB/s", spec->nvlink_bw / 1e9)};
+    want["network_busbw_gbps"] = {
+        0.8 * spec->network_bw / 1e9,
+        absl::StrFormat("0.8 x network %.0f GB/s per GPU", spec->network_bw / 1e9)};
+    want["gemm_tflops"] = {0.6 * spec->peak_bf16_flops / 1e12,
+                           absl::StrFormat("0.6 x bf16 peak %.0f", spec->peak_bf16_flops / 1e12)};
+    want["memory_gbps"] = {0.75 * spec->hbm_bw / 1e9,
+                           absl::StrFormat("0.75 x HBM %.0f GB/s", spec->hbm_bw / 1e9)};
+  } else if (!a.hardware.empty()) {
+    return fail_input("--hardware needs --gpu TYPE (the table it overrides)");
+  }
+  for (const auto& [k, v] : a.expect) want[k] = {v, "--expect"};
+
+  // Groups: the ranks of each node (NVLink on a GPU node), and all ranks (the network when
+  // they span nodes).
+  const int leader = node_leader(*world, a.ranks_per_node);
+  std::unique_ptr<Comm> node =
+      mpi ? tr::split_mpi_comm(*world, leader, world->rank(), "node") : tr::make_self_comm("node");
+  double nodes = world->rank() == leader ? 1 : 0;
+  world->all_reduce(Tensor(&nodes, DType::f64, Device::cpu, {1}), tr::ReduceOp::sum);
+  std::unique_ptr<Comm> all =
+      mpi ? tr::split_mpi_comm(*world, 0, world->rank(), "world") : tr::make_self_comm("world");
+  if (d.kind == Device::cuda && world->size() > 1) {
+    if (a.comm == "nccl") {
+      node = tr::make_nccl_comm(std::move(node), d.ctx.stream, 300);
+      all = tr::make_nccl_comm(std::move(all), d.ctx.stream, 300);
+    } else {
+      node = tr::make_staging_comm(std::move(node));
+      all = tr::make_staging_comm(std::move(all));
+    }
+  }
+  if (root)
+    std::printf("preflight: %d ranks on %.0f node(s), backend %s%s, device %s\n", world->size(),
+                nodes, a.backend.c_str(),
+                d.kind == Device::cuda && world->size() > 1 ? (", comm " + a.comm).c_str() : "",
+                d.name.c_str());
+
+  std::vector<std::string> failures;
+  struct Scope {
+    Comm* comm;
+    std::string label, key;
+  };
+  std::vector<Scope> scopes;
+  if (node->size() > 1) scopes.push_back({node.get(), "node", "node_busbw_gbps"});
+  if (nodes > 1) scopes.push_back({all.get(), "network (all ranks)", "network_busbw_gbps"});
+  if (scopes.empty() && root)
+    std::printf("one rank: no collectives to measure (launch with srun or mpirun)\n");
+  for (const Scope& s : scopes) {
+    for (const std::string& op : a.ops) {
+      if (root)
+        std::printf("\n# %s, f32%s, group %s (%d ranks)\n%12s %12s %10s %11s %11s %7s\n",
+                    op.c_str(), op == "all_reduce" || op == "reduce_scatter" ? " sum" : "",
+                    s.label.c_str(), s.comm->size(), "bytes", "count", "time_us", "algbw_GB/s",
+                    "busbw_GB/s", "#wrong");
+      Row last;
+      for (double b = static_cast<double>(a.min_bytes); b <= static_cast<double>(a.max_bytes);
+           b *= a.factor) {
+        last = measure(op, *s.comm, *world, d, static_cast<int64_t>(b), a);
+        if (root)
+          std::printf("%12lld %12lld %10.1f %11.3f %11.3f %7lld\n",
+                      static_cast<long long>(last.bytes), static_cast<long long>(last.count),
+                      last.seconds * 1e6, last.algbw / 1e9, last.busbw / 1e9,
+                      static_cast<long long>(last.wrong));
+        if (last.wrong > 0)
+          failures.push_back(
+              absl::StrFormat("%s on group %s computed %d wrong elements at %d bytes", op, s.label,
+                              last.wrong, last.bytes));
+      }
+      if (op == "all_reduce" && want.count(s.key))
+        checks.push_back({s.label + " all_reduce busbw (GB/s, largest size)", last.busbw / 1e9,
+                          want[s.key].first, want[s.key].second});
+    }
+  }
+  if (a.gemm > 0) {
+    const double tf = gemm_tflops(d, *world, a.gemm, d.kind == Device::cuda ? 20 : 3);
+    if (root)
+      std::printf("\ngemm %s %lld^3: %.2f TFLOP/s per rank\n",
+                  d.kind == Device::cuda ? "bf16" : "f32", static_cast<long long>(a.gemm), tf);
+    if (want.count("gemm_tflops"))
+      checks.push_back({"gemm TFLOP/s", tf, want["gemm_tflops"].first, want["gemm_tflops"].second});
+  }
+  if (a.mem_bytes > 0) {
+    const double gbps = memory_gbps(d, *world, a.mem_bytes, d.kind == Device::cuda ? 20 : 5);
+    if (root)
+      std::printf("memory copy %lld MiB: %.1f GB/s per rank (read + write)\n",
+                  static_cast<long long>(a.mem_bytes >> 20), gbps);
+    if (want.count("memory_gbps"))
+      checks.push_back(
+          {"memory bandwidth (GB/s)", gbps, want["memory_gbps"].first, want["memory_gbps"].second});
+  }
+  if (root) {
+    if (!checks.empty()) std::printf("\nchecks:\n");
+    for (const Check& c : checks) {
+      const bool ok = c.got >= c.want;
+      std::printf("  %-4s %s %.3g %s %.3g (%s)\n", ok ? "ok" : "FAIL", c.what.c_str(), c.got,
+                  ok ? ">=" : "<", c.want, c.basis.c_str());
+      if (!ok)
+        failures.push_back(absl::StrFormat("%s %.3g < %.3g (%s)", c.what, c.got, c.want, c.basis));
+    }
+    if (checks.empty() && gpu.empty())
+      std::printf("\nno thresholds: name a GPU type (--gpu) or pass --expect KEY=VALUE\n");
+    if (failures.empty()) {
+      std::printf("preflight: passed\n");
+    } else {
+      for (const std::string& f : failures) std::fprintf(stderr, "preflight: FAIL %s\n", f.c_str());
+      std::printf("preflight: %zu problem(s); see the FAIL lines\n", failures.size());
+    }
+  }
+  double failed = failures.empty() ? 0 : 1;
+  world->all_reduce(Tensor(&failed, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);
+  return failed > 0 ? 1 : 0;
+}
