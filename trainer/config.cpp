@@ -399,10 +399,14 @@ Status validate(const Config& c) {
     return err("data.seq_len ", c.data.seq_len, " exceeds model.max_seq_len ", m.max_seq_len);
   const TrainConfig& t = c.train;
   if (t.global_batch == 0) return err("train.global_batch is not set");
-  int64_t per_step = t.micro_batch * std::max<int64_t>(p.dp, 1);
-  if (t.global_batch % per_step != 0)
+  // With dp auto the layout check (Topology::make) tests micro_batch x the resolved dp.
+  if (p.dp == 0 && t.global_batch % t.micro_batch != 0)
     return err("train.global_batch ", t.global_batch, " is not divisible by train.micro_batch ",
-               t.micro_batch, " x dp ", std::max<int64_t>(p.dp, 1), " = ", per_step);
+               t.micro_batch);
+  const int64_t per_step = t.micro_batch * std::max<int64_t>(p.dp, 1);
+  if (p.dp > 0 && t.global_batch % per_step != 0)
+    return err("train.global_batch ", t.global_batch, " is not divisible by train.micro_batch ",
+               t.micro_batch, " x dp ", p.dp, " = ", per_step);
   if (t.eval_interval > 0 && c.data.valid.empty())
     return err("train.eval_interval is ", t.eval_interval,
                " but data.valid is empty; add data.valid or set train.eval_interval=0");
