@@ -44,6 +44,16 @@ class Comm {
   // deadlock between a send and a recv with the same peer).
   virtual void exchange(std::span<const P2P> ops) = 0;
   virtual void barrier() = 0;
+
+  // Asynchronous all-reduce, for gradient buckets that overlap the backward pass: starts
+  // buf = op over ranks of buf; `buf` must be neither read nor written until wait_all().
+  // Every rank must start the same buffers in the same order. On GPUs it runs on the
+  // communicator's own stream, after the work already queued on the compute stream. The
+  // default completes at once.
+  virtual void all_reduce_start(Tensor buf, ReduceOp op) { all_reduce(buf, op); }
+  // Completes every started operation: the host and later work on the compute stream see
+  // their results.
+  virtual void wait_all() {}
 };
 
 // The group of just this process (size 1): every collective is the identity. Used by a lone

@@ -129,11 +129,30 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), name_);
   }
   void barrier() override { MPI_CHECK(MPI_Barrier(comm_), name_); }
+  void all_reduce_start(Tensor buf, ReduceOp op) override {
+    check_reducible(buf);
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype), mpi_op(op),
+                             comm_, &req),
+              name_);
+    pending_.push_back(req);
+    // Open MPI progresses non-blocking collectives inside MPI calls: give the earlier ones a turn.
+    int done = 0;
+    MPI_CHECK(
+        MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
+        name_);
+  }
+  void wait_all() override {
+    MPI_CHECK(MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE),
+              name_);
+    pending_.clear();
+  }
 
  private:
   static constexpr int kTag = 7;
   MPI_Comm comm_;
   std::string name_;
+  std::vector<MPI_Request> pending_;  // started by all_reduce_start
   int rank_ = 0, size_ = 1;
 };
 

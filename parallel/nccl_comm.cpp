@@ -78,6 +78,12 @@ class NcclComm final : public Comm {
     cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (const Pending& p : pending_) cudaEventDestroy(p.event);
+    if (side_ != nullptr) {
+      cudaStreamSynchronize(side_);
+      cudaEventDestroy(ready_);
+      cudaEventDestroy(side_done_);
+      cudaStreamDestroy(side_);
+    }
     if (comm_ != nullptr) ncclCommDestroy(comm_);
   }
   int rank() const override { return boot_->rank(); }
@@ -154,6 +160,29 @@ class NcclComm final : public Comm {
     CUDA_OK(cudaStreamSynchronize(stream_));
     boot_->barrier();
   }
+  // On the side stream, after everything queued on the compute stream so far.
+  void all_reduce_start(Tensor buf, ReduceOp op) override {
+    if (host(buf)) return boot_->all_reduce_start(buf, op);
+    if (side_ == nullptr) {
+      CUDA_OK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      CUDA_OK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
+    }
+    CUDA_OK(cudaEventRecord(ready_, stream_));
+    CUDA_OK(cudaStreamWaitEvent(side_, ready_, 0));
+    run("all_reduce (overlapped)", side_, [&] {
+      return ncclAllReduce(buf.data, buf.data, buf.numel(), nccl_type(buf.dtype), nccl_op(op),
+                           comm_, side_);
+    });
+    side_pending_ = true;
+  }
+  void wait_all() override {
+    boot_->wait_all();
+    if (!side_pending_) return;
+    CUDA_OK(cudaEventRecord(side_done_, side_));
+    CUDA_OK(cudaStreamWaitEvent(stream_, side_done_, 0));
+    side_pending_ = false;
+  }
 
  private:
   struct Pending {
@@ -168,6 +197,10 @@ class NcclComm final : public Comm {
   // completion event to the watchdog.
   template <class F>
   void run(const char* op, F&& call) {
+    run(op, stream_, std::forward<F>(call));
+  }
+  template <class F>
+  void run(const char* op, cudaStream_t stream, F&& call) {
     NCCL_CHECK(call(), what_ + " " + op);
     settle(op);
     if (timeout_s_ <= 0) return;
@@ -179,7 +212,7 @@ class NcclComm final : public Comm {
       e = free_events_.back();
       free_events_.pop_back();
     }
-    CUDA_OK(cudaEventRecord(e, stream_));
+    CUDA_OK(cudaEventRecord(e, stream));
     pending_.push_back({e, op, Clock::now()});
   }
 
@@ -242,6 +275,10 @@ class NcclComm final : public Comm {
   std::string what_;
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
+  // all_reduce_start's stream and events: made on first use.
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t ready_ = nullptr, side_done_ = nullptr;
+  bool side_pending_ = false;
   std::thread watchdog_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;

@@ -68,6 +68,11 @@ class StagingComm final : public Comm {
       if (ops[i].kind == P2P::recv && staged(ops[i].buf)) stage_out(ops[i].buf, host_ops[i].buf);
   }
   void barrier() override { host_->barrier(); }
+  void all_reduce_start(Tensor buf, ReduceOp op) override {
+    if (!staged(buf)) return host_->all_reduce_start(buf, op);
+    all_reduce(buf, op);  // staged: complete at once
+  }
+  void wait_all() override { host_->wait_all(); }
 
  private:
   bool staged(const Tensor& t) const { return all_ || t.device != Device::cpu; }

@@ -212,6 +212,39 @@ TEST_CASE("cli: SIGTERM finishes the step, saves a checkpoint and exits 0", "[cl
   CHECK(read_checkpoint(run.config, *latest).state.step == steps);
 }
 
+// With buckets small enough, the DP all-reduce of the layers' buckets starts during the last
+// micro-batch's backward (MPI_Iallreduce here, NCCL on a side stream on GPUs). With 2 DP ranks
+// every sum is a + b in either order, so the run is bit-identical to the one that reduces after
+// backward; the trace shows how many buckets started early.
+TEST_CASE("cli: data-parallel buckets overlap backward and change no bit", "[cli][mpi]") {
+  RunDir run(6);
+  const std::string args = " --set parallel.pp=2 --set parallel.dp_bucket_elems=4000";
+  CmdResult off = run.mpirun(4, args + " --set parallel.overlap_dp=false");
+  INFO(off.output);
+  REQUIRE(off.exit_code == 0);
+  const std::vector<nlohmann::json> want = run.metrics();
+  std::filesystem::remove_all(run.dir / "ckpt");
+  std::filesystem::remove_all(run.dir / "log");
+  CmdResult on = run_cmd(std::string(kOneThread) + " TR_TRACE_DP=1 " + TR_MPIRUN + " 4 " +
+                         TR_TRAINER_BIN + " --config " + run.config + args);
+  INFO(on.output);
+  REQUIRE(on.exit_code == 0);
+  const std::vector<nlohmann::json> got = run.metrics();
+  REQUIRE(got.size() == 6);
+  REQUIRE(want.size() == 6);
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i]["loss"].get<double>() == want[i]["loss"].get<double>());
+    CHECK(got[i]["grad_norm"].get<double>() == want[i]["grad_norm"].get<double>());
+  }
+  // Stage 0 of 2 (world rank 0) holds layer 0 (37120 gradients, first in the flat buffer) and
+  // the embedding (384 padded rows x 64): 61696 elements, 16 buckets of 4000, of which 0-8 lie
+  // wholly inside the layer and start early; the rest wait for the end of backward.
+  for (int step = 1; step <= 6; ++step)
+    CHECK(on.output.find("step " + std::to_string(step) +
+                         ": 9 of 16 dp buckets started during backward") != std::string::npos);
+  CHECK(off.output.find("dp buckets started") == std::string::npos);
+}
+
 // The layouts (tp, pp, dp) of the issue, at the same global batch: losses, validation loss,
 // final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
 TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match one rank",
@@ -239,7 +272,9 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
                         {1, 1, 4, true, false},
                         {1, 4, 1, false, false},
                         {1, 4, 1, false, false, " --set train.micro_batch=4"},  // 2 < 4 stages
-                        {1, 2, 1, false, false, " --set 'parallel.pipeline_layers=[1, 3]'"}};
+                        {1, 2, 1, false, false, " --set 'parallel.pipeline_layers=[1, 3]'"},
+                        // DP buckets small enough to start during backward (overlap).
+                        {2, 2, 2, false, false, " --set parallel.dp_bucket_elems=3000"}};
   std::printf("layout (tp,pp,dp)   loss at step 10     relative difference\n");
   std::printf("(1,1,1)             %.9f\n", one.metrics().back()["loss"].get<double>());
   for (const Case& c : cases) {

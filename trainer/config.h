@@ -32,6 +32,8 @@ struct ParallelConfig {
   std::vector<int64_t> pipeline_layers;  // layers per stage; empty = num_layers / pp each
   bool sequence_parallel = false;
   bool zero1 = false;
+  int64_t dp_bucket_elems = int64_t{1} << 25;  // gradient all-reduce bucket
+  bool overlap_dp = true;     // buckets start during the last micro-batch's backward
   std::string comm = "nccl";  // GPU ranks: nccl, or mpi (staged through host memory)
   double timeout_s = 600;     // NCCL watchdog; 0 = none
 };

@@ -182,7 +182,13 @@ double run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) 
         loss += s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
     } else {
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "B", a.micro_batch);
+      // The last micro-batch's backward finishes each layer's gradients: DP buckets start.
+      const bool last = a.micro_batch == m - 1 && s.opt->overlaps_dp();
+      if (last)
+        s.model->set_layer_grads_hook(
+            [&s](int64_t begin, int64_t end) { s.opt->grads_final(begin, end); });
       s.model->backward_stage(slot, mb.inputs.data());
+      if (last) s.model->set_layer_grads_hook({});
     }
   }
   if (trace && s.topo.tp_rank == 0 && s.topo.dp_rank == 0)
@@ -261,6 +267,11 @@ StepOutcome train_step(Session& s, StepMetrics& m) {
                                ReduceOp::sum);
   const auto t1 = Clock::now();
   m.grad_norm = s.opt->reduce_and_clip();
+  // TR_TRACE_DP=1: how many DP buckets had started during backward (world rank 0).
+  static const bool trace_dp = std::getenv("TR_TRACE_DP") != nullptr;
+  if (trace_dp && s.topo.rank == 0)
+    std::fprintf(stderr, "step %lld: %d of %d dp buckets started during backward\n",
+                 static_cast<long long>(step), s.opt->early_buckets(), s.opt->buckets());
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   s.opt->update(m.lr, step);
   if (s.topo.pp > 1 && s.cfg.model.tie_embeddings &&

@@ -208,6 +208,21 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   if (!plan_only) {
     w_ = views(compute_);
     g_ = views(grads_);
+    // Each layer's span of the flat gradient buffer (its tensors are contiguous there).
+    const auto at = [&](const Tensor& t) {
+      return (static_cast<const char*>(t.data) - static_cast<const char*>(grads_.data)) /
+             static_cast<int64_t>(dtype_size(mdtype_));
+    };
+    for (const LayerWeights& g : g_.layers) {
+      int64_t lo = layout_.total, hi = 0, n = 0;
+      for (const Tensor* t : {&g.ln1, &g.qkv_w, &g.qkv_b, &g.o_w, &g.ln2, &g.gateup_w, &g.down_w}) {
+        lo = std::min(lo, at(*t));
+        hi = std::max(hi, at(*t) + t->numel());
+        n += t->numel();
+      }
+      TR_ASSERT(hi - lo == n, "a layer's gradients are not contiguous in the flat buffer");
+      layer_ranges_.emplace_back(lo, hi);
+    }
   }
 
   const int64_t T = batch * seq_len;
@@ -559,6 +574,7 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
     rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true);
     // dres now holds d resid[l]
+    if (layer_grads_hook_) layer_grads_hook_(layer_ranges_[l].first, layer_ranges_[l].second);
   }
   if (d.first_stage) {
     Tensor tok = stage_tokens(tokens, T, a.tokens);

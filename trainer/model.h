@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -119,6 +120,12 @@ class Qwen2Model {
   Memory memory() const { return memory_; }
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
+  // Called by backward_stage after each layer's backward with that layer's range [begin, end)
+  // of the flat gradient buffer; the training loop sets it for the last micro-batch of a step,
+  // when those gradients are final (the data-parallel buckets start from it). Empty = none.
+  void set_layer_grads_hook(std::function<void(int64_t begin, int64_t end)> hook) {
+    layer_grads_hook_ = std::move(hook);
+  }
   ~Qwen2Model();
 
   const ModelDims& dims() const { return dims_; }
@@ -192,6 +199,8 @@ class Qwen2Model {
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
   int slots_ = 1;
   Comm* tp_ = nullptr;
+  std::function<void(int64_t, int64_t)> layer_grads_hook_;
+  std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
   Ctx ctx_;
   DType dtype_;   // compute: activations and the weights the ops read
   DType mdtype_;  // masters and gradients (f32 under bf16 compute)

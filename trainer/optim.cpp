@@ -28,12 +28,6 @@ double lr_at(const OptimConfig& o, int64_t total_steps, int64_t step) {
   return o.min_lr + (o.lr - o.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
-namespace {
-// Gradients are all-reduced in buckets of this many elements (bounded message size; the unit
-// of overlap with backward once the backend allows it).
-constexpr int64_t kBucketElems = int64_t{1} << 25;
-}  // namespace
-
 AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool zero1, Comm* tp,
              Comm* pp)
     : cfg_(cfg),
@@ -55,6 +49,30 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
   m_ = arena_->alloc(DType::f32, {shard_size_});
   v_ = arena_->alloc(DType::f32, {shard_size_});
   if (zero1_) grad_shard_ = arena_->alloc(DType::f32, {shard_size_});
+  configure_dp(bucket_elems_, false);
+}
+
+void AdamW::configure_dp(int64_t bucket_elems, bool overlap) {
+  TR_ASSERT(bucket_elems > 0, "bucket size must be positive");
+  bucket_elems_ = bucket_elems;
+  overlap_ = overlap && !zero1_ && dp_ != nullptr && dp_->size() > 1;
+  const int64_t n = (model_.layout().total + bucket_elems - 1) / bucket_elems;
+  bucket_final_.assign(static_cast<size_t>(n), 0);
+  bucket_started_.assign(static_cast<size_t>(n), false);
+}
+
+void AdamW::grads_final(int64_t begin, int64_t end) {
+  if (!overlap_) return;
+  const int64_t total = model_.layout().total;
+  Tensor g = model_.grads();
+  for (int64_t b = begin / bucket_elems_; b * bucket_elems_ < end; ++b) {
+    const int64_t lo = b * bucket_elems_, hi = std::min(lo + bucket_elems_, total);
+    bucket_final_[b] += std::min(hi, end) - std::max(lo, begin);
+    if (bucket_final_[b] == hi - lo && !bucket_started_[b]) {
+      dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);
+      bucket_started_[b] = true;
+    }
+  }
 }
 
 Tensor AdamW::grad_shard() const {
@@ -65,9 +83,20 @@ double AdamW::reduce_and_clip() {
   if (zero1_) {
     dp_->reduce_scatter(grad_shard_, model_.grads_padded(), ReduceOp::sum);
   } else if (dp_ != nullptr && dp_->size() > 1) {
+    // Buckets in the same order on every rank: those backward started, in its order, then the
+    // rest from the front.
     Tensor g = model_.grads();
-    for (int64_t begin = 0; begin < g.numel(); begin += kBucketElems)
-      dp_->all_reduce(g.slice(begin, std::min(kBucketElems, g.numel() - begin)), ReduceOp::sum);
+    early_buckets_ = 0;
+    for (size_t b = 0; b < bucket_started_.size(); ++b) {
+      const int64_t lo = static_cast<int64_t>(b) * bucket_elems_;
+      if (bucket_started_[b])
+        ++early_buckets_;
+      else
+        dp_->all_reduce_start(g.slice(lo, std::min(bucket_elems_, g.numel() - lo)), ReduceOp::sum);
+    }
+    dp_->wait_all();
+    std::fill(bucket_final_.begin(), bucket_final_.end(), 0);
+    std::fill(bucket_started_.begin(), bucket_started_.end(), false);
   }
   double sq = 0;
   if (!zero1_ && tp_ == nullptr && pp_ == nullptr) {

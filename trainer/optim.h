@@ -32,8 +32,19 @@ class AdamW {
   // multiple of dp->size() (Qwen2Model's flat_multiple).
   AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp = nullptr, bool zero1 = false,
         Comm* tp = nullptr, Comm* pp = nullptr);
-  // Sums gradients over dp, returns their global L2 norm (before clipping) and clips them
-  // when it exceeds grad_clip (> 0).
+  // Data-parallel all-reduce buckets of `bucket_elems` gradient elements; with `overlap`
+  // (not under ZeRO-1) buckets start as soon as grads_final() has covered them.
+  void configure_dp(int64_t bucket_elems, bool overlap);
+  bool overlaps_dp() const { return overlap_; }
+  // The gradients in [begin, end) of the flat buffer are final for this step: starts the
+  // all-reduce of every bucket they complete. Each range is reported at most once per step.
+  void grads_final(int64_t begin, int64_t end);
+  // Buckets of the last reduce_and_clip() that had started before it (during backward), and
+  // all of them.
+  int early_buckets() const { return early_buckets_; }
+  int buckets() const { return static_cast<int>(bucket_final_.size()); }
+  // Sums gradients over dp (starting the buckets not yet started, then waiting for all),
+  // returns their global L2 norm (before clipping) and clips them when it exceeds grad_clip.
   double reduce_and_clip();
   // One update with learning rate `lr`; `step` is the 1-based optimizer step (bias correction).
   // With zero1 it ends by all-gathering the weights.
@@ -60,6 +71,11 @@ class AdamW {
   std::unique_ptr<Arena> arena_;
   Tensor m_, v_;       // [shard_size] Adam first and second moments
   Tensor grad_shard_;  // [shard_size] reduce-scatter output (zero1 only)
+  int64_t bucket_elems_ = int64_t{1} << 25;
+  bool overlap_ = false;
+  std::vector<int64_t> bucket_final_;  // final elements of each bucket this step
+  std::vector<bool> bucket_started_;
+  int early_buckets_ = 0;
 };
 
 }  // namespace tr
