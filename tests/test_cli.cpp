@@ -633,6 +633,43 @@ TEST_CASE("cli: train.backend=cuda trains on a GPU, or is a clear error without 
 #endif
 }
 
+// GPU ranks: tp 2 x pp 2 x dp 2 as 8 ranks sharing this machine's GPU(s) through
+// parallel.comm=mpi (device tensors staged through host memory) match one GPU rank within bf16
+// tolerance; NCCL refuses more ranks than GPUs with a clear error. Without a GPU: the error.
+TEST_CASE("cli: 8 GPU ranks sharing one GPU (parallel.comm=mpi) match one GPU rank", "[cli][mpi]") {
+  RunDir one(10), eight(10);
+  const std::string layout =
+      " --set train.backend=cuda --set train.micro_batch=2 --set model.num_layers=4";
+  CmdResult r = one.trainer(layout);
+#ifdef TRAINER_HAVE_CUDA
+  if (!cuda::device_available()) {
+    expect_bad_input(r, "train.backend=cuda but no CUDA device is visible");
+    return;
+  }
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string par = layout + " --set parallel.tp=2 --set parallel.pp=2";
+  if (cuda::device_count() < 8) {
+    CmdResult nccl = eight.mpirun(8, par);
+    CHECK(nccl.exit_code == 2);
+    CHECK(nccl.output.find("parallel.comm=nccl needs one GPU per rank") != std::string::npos);
+  }
+  CmdResult m = eight.mpirun(8, par + " --set parallel.comm=mpi");
+  INFO(m.output);
+  REQUIRE(m.exit_code == 0);
+  CHECK(m.output.find("world 8 = tp 2 x dp 2 x pp 2") != std::string::npos);
+  const std::vector<nlohmann::json> a = one.metrics(), b = eight.metrics();
+  REQUIRE(a.size() == 10);
+  REQUIRE(b.size() == 10);
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i + 1 << ": one rank " << a[i]["loss"] << ", 8 ranks " << b[i]["loss"]);
+    CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-2);
+  }
+#else
+  expect_bad_input(r, "train.backend=cuda but this trainer was built without CUDA");
+#endif
+}
+
 }  // namespace
 }  // namespace tr
 

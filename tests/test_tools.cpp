@@ -1,6 +1,7 @@
 // The cluster tools on CPU ranks: preflight's collectives, checks and exit codes.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -125,6 +126,25 @@ TEST_CASE("preflight: one process names the GPU table's thresholds", "[tools]") 
   CHECK(r.output.find("FAIL gemm TFLOP/s") != std::string::npos);
   CHECK(r.output.find("(0.6 x bf16 peak 989)") != std::string::npos);
   CHECK(r.output.find("(0.75 x HBM 3350 GB/s)") != std::string::npos);
+}
+
+// The PyTorch baseline (tools/torch_baseline.py) counts MFU with our FLOPs: its --describe (no
+// torch needed) must give the planner's numbers for the same preset and sequence length.
+TEST_CASE("tools: the PyTorch baseline's FLOPs per token are the trainer's", "[tools]") {
+  for (const std::string preset : {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"}) {
+    INFO(preset);
+    CmdResult torch = run_cmd("python3 " + std::string(TR_SOURCE_DIR) +
+                              "/tools/torch_baseline.py --describe --preset " + preset +
+                              " --seq-len 4096 2>/dev/null");
+    CmdResult plan = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + TR_SOURCE_DIR +
+                             "/configs/" + preset + ".yaml --set data.seq_len=4096 --json");
+    REQUIRE(torch.exit_code == 0);
+    REQUIRE(plan.exit_code == 0);
+    const nlohmann::json t = nlohmann::json::parse(torch.output),
+                         p = nlohmann::json::parse(plan.output);
+    CHECK(t["flops_per_token_causal"].get<double>() == p["flops_per_token_causal"].get<double>());
+    CHECK(t["flops_per_token_full"].get<double>() == p["flops_per_token_full"].get<double>());
+  }
 }
 
 }  // namespace

@@ -1,35 +1,79 @@
 #!/usr/bin/env bash
 # On the GPU machine (see ../shared/gpu/README.md; carry .gpu and .deps, which
-# ../shared/gpu/prepare.sh and tools/install_deps.sh fill): builds for sm_90a, runs the
-# gpu-labelled tests (every CUDA op against the CPU reference), the end-to-end GPU training
-# test, the benchmarks of docs/PERFORMANCE.md, then the CPU suite; logs and a summary go to
-# $OUT (default ./gpu-out).
-#   bash .gpu/setup.sh && source /tmp/gpu-env.sh && bash tools/gpu_check.sh
+# ../shared/gpu/prepare.sh and tools/install_deps.sh fill): builds for sm_90a (if build-gpu is
+# not there yet), then runs the chosen stages and writes $OUT/summary.txt (the results) and
+# $OUT/logs.tar.gz (every log): two files, within what the device tool brings back.
+#
+#   bash .gpu/setup.sh && source /tmp/gpu-env.sh && bash tools/gpu_check.sh [STAGE ...]
+#
+# Stages (default: tests bench preflight; each fits one 10-minute call after the build):
+#   tests      the gpu-labelled op tests (every CUDA op against the CPU reference), the
+#              end-to-end GPU training tests (one GPU; 8 ranks sharing it through
+#              parallel.comm=mpi, against one rank), then the CPU suite
+#   bench      tools/bench.sh for 0.5B and 1.5B at seq 4096 (docs/PERFORMANCE.md)
+#   preflight  tools/preflight on this GPU: NCCL collectives of one rank, GEMM, HBM copy
+#   compare    tools/compare_torch.sh: our trainer against the PyTorch baseline (0.5B, 1.5B)
 set -uo pipefail
 out=${OUT:-gpu-out}
-mkdir -p "$out"
+work=/tmp/gpu-check
+mkdir -p "$out" "$work"
+stages=("$@")
+((${#stages[@]})) || stages=(tests bench preflight)
+summary=$work/summary.txt
 {
+  date -u +"%Y-%m-%d %H:%M UTC"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   nvcc --version | tail -1
-} >"$out/device.txt" 2>&1
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-  >"$out/configure.log" 2>&1 || { echo "configure failed"; tail -30 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j"$(nproc)" >"$out/build.log" 2>&1 || {
-  echo "build failed"; grep -E "error|FAILED" -A3 "$out/build.log" | head -60; exit 1; }
-( cd build-gpu && ctest -L gpu --output-on-failure ) >"$out/ctest-gpu.log" 2>&1
-gpu_rc=$?
-( cd build-gpu && ctest -R "backend=cuda" --output-on-failure ) >"$out/ctest-e2e.log" 2>&1
-e2e_rc=$?
-for preset in qwen2.5-0.5b qwen2.5-1.5b; do
-  bash tools/bench.sh --preset "$preset" --seq-len 4096 --micro-batch 1 --global-batch 8 \
-    --steps 20 --build build-gpu --out "$out/bench-$preset" >"$out/bench-$preset.md" 2>&1
+  git rev-parse --short HEAD 2>/dev/null
+} >>"$summary" 2>&1
+finish() {
+  tar -czf "$out/logs.tar.gz" -C "$work" --exclude='*.bin' --exclude='*.idx' --exclude='*.h5' . 2>/dev/null
+  cp "$summary" "$out/summary.txt"
+  cat "$summary"
+}
+trap finish EXIT
+
+if [ ! -f build-gpu/build.ninja ]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    >"$work/configure.log" 2>&1 || { echo "configure failed" >>"$summary"; tail -30 "$work/configure.log" >>"$summary"; exit 1; }
+fi
+start=$(date +%s)
+cmake --build build-gpu -j"$(nproc)" >"$work/build.log" 2>&1 || {
+  echo "build failed" >>"$summary"; grep -E "error|FAILED" -A3 "$work/build.log" | head -60 >>"$summary"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s" >>"$summary"
+
+for stage in "${stages[@]}"; do
+  case $stage in
+    tests)
+      ( cd build-gpu && ctest -L gpu --output-on-failure ) >"$work/ctest-gpu.log" 2>&1
+      echo "gpu op tests (rc $?):" >>"$summary"
+      grep -E "tests passed|Failed|Skipped|relative error" "$work/ctest-gpu.log" | head -40 >>"$summary"
+      ( cd build-gpu && ctest -R "backend=cuda|GPU ranks" --output-on-failure ) >"$work/ctest-e2e.log" 2>&1
+      echo "end-to-end GPU training (rc $?):" >>"$summary"
+      grep -E "tests passed|Failed|loss" "$work/ctest-e2e.log" | head -40 >>"$summary"
+      ( cd build-gpu && OMP_NUM_THREADS=1 ctest -j8 -LE "gpu|slurm" ) >"$work/ctest-cpu.log" 2>&1
+      echo "cpu suite (rc $?): $(grep -E "tests passed" "$work/ctest-cpu.log")" >>"$summary"
+      ;;
+    bench)
+      for preset in qwen2.5-0.5b qwen2.5-1.5b; do
+        bash tools/bench.sh --preset "$preset" --seq-len 4096 --micro-batch 1 --global-batch 8 \
+          --steps 20 --build build-gpu --out "$work/bench-$preset" >"$work/bench-$preset.md" 2>&1
+        echo "bench $preset (rc $?):" >>"$summary"
+        cat "$work/bench-$preset.md" >>"$summary"
+      done
+      ;;
+    preflight)
+      build-gpu/tools/preflight --backend cuda --max-bytes 256M >"$work/preflight.txt" 2>&1
+      echo "preflight (rc $?):" >>"$summary"
+      cat "$work/preflight.txt" >>"$summary"
+      ;;
+    compare)
+      bash tools/compare_torch.sh --presets "qwen2.5-0.5b qwen2.5-1.5b" --seq-len 4096 \
+        --micro-batch 1 --global-batch 8 --steps 20 --warmup 3 --build build-gpu \
+        --out "$work/compare" >"$work/compare.log" 2>&1
+      echo "compare with PyTorch (rc $?):" >>"$summary"
+      cat "$work/compare/compare.md" >>"$summary" 2>/dev/null || tail -30 "$work/compare.log" >>"$summary"
+      ;;
+    *) echo "gpu_check.sh: unknown stage '$stage' (tests, bench, preflight, compare)" >>"$summary"; exit 2 ;;
+  esac
 done
-( cd build-gpu && OMP_NUM_THREADS=1 ctest -j8 -LE "gpu|slurm" ) >"$out/ctest-cpu.log" 2>&1
-cpu_rc=$?
-{
-  echo "device: $(cat "$out/device.txt" | head -1)"
-  echo "gpu tests (rc $gpu_rc):"; grep -E "tests passed|Passed|Failed|Skipped|relative error" "$out/ctest-gpu.log" | head -40
-  echo "end-to-end GPU training (rc $e2e_rc):"; grep -E "tests passed|Failed" "$out/ctest-e2e.log"
-  cat "$out"/bench-*.md
-  echo "cpu suite (rc $cpu_rc):"; grep -E "tests passed" "$out/ctest-cpu.log"
-} | tee "$out/summary.txt"
