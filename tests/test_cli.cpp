@@ -520,6 +520,18 @@ void expect_bad_input(const CmdResult& r, const std::string& message) {
   CHECK(r.output.find('\n', at) == r.output.size() - 1);  // one line, and the last
 }
 
+// True when `r`, a train.backend=cuda run, had a GPU; otherwise checks that it is the one-line
+// error of a machine without a GPU (or of a build without CUDA).
+bool ran_on_gpu(const CmdResult& r) {
+#ifdef TRAINER_HAVE_CUDA
+  if (cuda::device_available()) return true;
+  expect_bad_input(r, "train.backend=cuda but no CUDA device is visible");
+#else
+  expect_bad_input(r, "train.backend=cuda but this trainer was built without CUDA");
+#endif
+  return false;
+}
+
 TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
   RunDir run;
   expect_bad_input(run.trainer("--set optim.lrr=0.1"),
@@ -590,11 +602,7 @@ TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
 TEST_CASE("cli: train.backend=cuda trains on a GPU, or is a clear error without one", "[cli]") {
   RunDir run(20), cpu(20);
   CmdResult r = run.trainer("--set train.backend=cuda");
-#ifdef TRAINER_HAVE_CUDA
-  if (!cuda::device_available()) {
-    expect_bad_input(r, "train.backend=cuda but no CUDA device is visible");
-    return;
-  }
+  if (!ran_on_gpu(r)) return;
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   REQUIRE(cpu.trainer().exit_code == 0);
@@ -628,9 +636,6 @@ TEST_CASE("cli: train.backend=cuda trains on a GPU, or is a clear error without 
   REQUIRE(g2.size() == g.size());
   for (size_t i = 0; i < g.size(); ++i)
     CHECK(g2[i]["loss"].get<double>() == g[i]["loss"].get<double>());
-#else
-  expect_bad_input(r, "train.backend=cuda but this trainer was built without CUDA");
-#endif
 }
 
 // GPU ranks: tp 2 x pp 2 x dp 2 as 8 ranks sharing this machine's GPU(s) through
@@ -641,19 +646,17 @@ TEST_CASE("cli: 8 GPU ranks sharing one GPU (parallel.comm=mpi) match one GPU ra
   const std::string layout =
       " --set train.backend=cuda --set train.micro_batch=2 --set model.num_layers=4";
   CmdResult r = one.trainer(layout);
-#ifdef TRAINER_HAVE_CUDA
-  if (!cuda::device_available()) {
-    expect_bad_input(r, "train.backend=cuda but no CUDA device is visible");
-    return;
-  }
+  if (!ran_on_gpu(r)) return;
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const std::string par = layout + " --set parallel.tp=2 --set parallel.pp=2";
+#ifdef TRAINER_HAVE_CUDA
   if (cuda::device_count() < 8) {
     CmdResult nccl = eight.mpirun(8, par);
     CHECK(nccl.exit_code == 2);
     CHECK(nccl.output.find("parallel.comm=nccl needs one GPU per rank") != std::string::npos);
   }
+#endif
   CmdResult m = eight.mpirun(8, par + " --set parallel.comm=mpi");
   INFO(m.output);
   REQUIRE(m.exit_code == 0);
@@ -665,9 +668,6 @@ TEST_CASE("cli: 8 GPU ranks sharing one GPU (parallel.comm=mpi) match one GPU ra
     INFO("step " << i + 1 << ": one rank " << a[i]["loss"] << ", 8 ranks " << b[i]["loss"]);
     CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-2);
   }
-#else
-  expect_bad_input(r, "train.backend=cuda but this trainer was built without CUDA");
-#endif
 }
 
 }  // namespace
