@@ -166,7 +166,9 @@ bool launched_by_mpi_launcher() {
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int provided = 0;
-  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), std::string("world"));
+  // MULTIPLE: the NCCL watchdog thread may have to MPI_Abort the job (every other MPI call is
+  // made by the main thread).
+  MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), std::string("world"));
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), std::string("world"));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), std::string("world"));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_), std::string("world"));

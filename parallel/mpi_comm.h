@@ -12,8 +12,9 @@ namespace tr {
 // A lone process needs no launcher and never touches MPI.
 bool launched_by_mpi_launcher();
 
-// Initialises MPI (thread level FUNNELED) on construction and finalises it on destruction;
-// installs MPI_Abort as the fatal-error hook so that one failing rank ends the whole job.
+// Initialises MPI (thread level MULTIPLE, for the NCCL watchdog's abort) on construction and
+// finalises it on destruction; installs MPI_Abort as the fatal-error hook so that one failing rank
+// ends the whole job.
 class MpiRuntime {
  public:
   MpiRuntime(int* argc, char*** argv);

@@ -71,11 +71,22 @@ class NcclComm final : public Comm {
                what_ + " init");
     settle("init");
     if (timeout_s_ > 0) watchdog_ = std::thread([this] { watch(); });
+    // One collective now, so that NCCL's connections and buffers are set up here, not inside
+    // the first step's backward (where the DP buckets' stream runs beside the TP/PP traffic).
+    void* one = nullptr;
+    CUDA_OK(cudaMalloc(&one, sizeof(float)));
+    CUDA_OK(cudaMemsetAsync(one, 0, sizeof(float), stream_));
+    all_reduce(Tensor(one, DType::f32, Device::cuda, {1}), ReduceOp::sum);
+    CUDA_OK(cudaStreamSynchronize(stream_));
+    CUDA_OK(cudaFree(one));
   }
   ~NcclComm() override {
+    // Drain the streams while the watchdog still watches (a collective stuck at shutdown ends
+    // the job instead of hanging it).
+    cudaStreamSynchronize(stream_);
+    if (side_ != nullptr) cudaStreamSynchronize(side_);
     stop_ = true;
     if (watchdog_.joinable()) watchdog_.join();
-    cudaStreamSynchronize(stream_);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (const Pending& p : pending_) cudaEventDestroy(p.event);
     if (side_ != nullptr) {
@@ -261,12 +272,18 @@ class NcclComm final : public Comm {
     }
   }
 
+  // Once per process (the main thread and the watchdog may both get here): the message first,
+  // then ncclCommAbort (non-blocking here, so it cannot hang on a dead peer), then the job ends
+  // through fatal_error's MPI_Abort.
   [[noreturn]] void fail(const char* op, const std::string& why) {
-    ncclCommAbort(comm_);  // releases peers blocked in this communicator's kernels
-    fatal_error("NCCL", op,
-                why + " (" + what_ + ", rank " + std::to_string(rank()) + " of " +
-                    std::to_string(size()) + "; a peer rank may have died or hung)",
-                __FILE__, __LINE__);
+    static std::atomic<bool> failing{false};
+    if (failing.exchange(true))
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the other thread ends it
+    const std::string detail = why + " (" + what_ + ", rank " + std::to_string(rank()) + " of " +
+                               std::to_string(size()) + "; a peer rank may have died or hung)";
+    std::fprintf(stderr, "NCCL %s failed: %s; aborting the communicator\n", op, detail.c_str());
+    ncclCommAbort(comm_);
+    fatal_error("NCCL", op, detail, __FILE__, __LINE__);
   }
 
   std::unique_ptr<Comm> boot_;

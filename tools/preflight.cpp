@@ -31,7 +31,10 @@
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
 #include "trainer/plan.h"
+#include "trainer/run.h"
 #ifdef TRAINER_HAVE_CUDA
+#include <cuda_runtime.h>
+
 #include "kernels/cuda/cuda_ops.h"
 #endif
 
@@ -330,16 +333,25 @@ double gemm_tflops(const Device_& d, Comm& world, int64_t n, int iters) {
   return 2.0 * n * n * n * iters / s / 1e12;
 }
 
+// Waits for everything on the device: the compute stream and the legacy stream that
+// copy_tensor's device-to-device cudaMemcpy uses (it returns before the copy is done).
+void sync_device(const Device_& d) {
+  tr::synchronize(d.ctx);
+#ifdef TRAINER_HAVE_CUDA
+  if (d.kind == Device::cuda) cudaDeviceSynchronize();
+#endif
+}
+
 // Device-to-device copies of `bytes`: read + write bytes per second of the slowest rank.
 double memory_gbps(const Device_& d, Comm& world, int64_t bytes, int iters) {
   const int64_t count = bytes / 4;
   tr::Buffer a = alloc(d, count * 4), b = alloc(d, count * 4);
   Tensor ta(a.data(), DType::f32, d.kind, {count}), tb(b.data(), DType::f32, d.kind, {count});
   tr::copy_tensor(tb, ta);
-  tr::synchronize(d.ctx);
+  sync_device(d);
   const Clock::time_point t0 = Clock::now();
   for (int i = 0; i < iters; ++i) tr::copy_tensor(tb, ta);
-  tr::synchronize(d.ctx);
+  sync_device(d);
   const double s = max_over(world, std::chrono::duration<double>(Clock::now() - t0).count());
   return 2.0 * count * 4 * iters / s / 1e9;
 }
@@ -390,17 +402,16 @@ int main(int argc, char** argv) {
 #ifdef TRAINER_HAVE_CUDA
     if (!tr::cuda::device_available())
       return fail_input("--backend cuda but no CUDA device is visible; use --backend cpu");
-    const int gpus = tr::cuda::device_count();
-    const int local = mpi ? mpi->local_rank() : 0;
-    if (a.comm == "nccl" && mpi && mpi->local_size() > gpus)
-      return fail_input(absl::StrCat("--comm nccl needs one GPU per rank: ", mpi->local_size(),
-                                     " ranks on a node with ", gpus,
-                                     " GPU(s); launch fewer ranks or use --comm mpi"));
-    auto dev = std::make_shared<tr::cuda::DeviceContext>(local % gpus, size_t{64} << 20);
+    const int gpu = (mpi ? mpi->local_rank() : 0) % tr::cuda::device_count();
+    auto dev = std::make_shared<tr::cuda::DeviceContext>(gpu, size_t{64} << 20);
     d.ctx = dev->ctx();
     d.owner = dev;
     d.kind = Device::cuda;
-    d.name = tr::cuda::device_name(local % gpus);
+    d.name = tr::cuda::device_name(gpu);
+    if (a.comm == "nccl") {  // the trainer's check: one GPU per rank
+      if (absl::Status st = tr::check_gpu_binding(*world, gpu); !st.ok())
+        return fail_input(std::string(st.message()));
+    }
 #else
     return fail_input("--backend cuda but this build has no CUDA; use --backend cpu");
 #endif
@@ -412,8 +423,17 @@ int main(int argc, char** argv) {
   std::map<std::string, std::pair<double, std::string>> want;
   std::string gpu = a.gpu;
   if (gpu.empty() && d.kind == Device::cuda) {
+    // The table holds the SXM parts: PCIe and NVL cards, and GH200, need --gpu or --hardware.
+    const bool other = d.name.find("PCIe") != std::string::npos ||
+                       d.name.find("NVL") != std::string::npos ||
+                       d.name.find("GH200") != std::string::npos;
     for (const char* g : {"H100", "H200", "B200", "B300"})
-      if (d.name.find(g) != std::string::npos) gpu = absl::AsciiStrToLower(g);
+      if (!other && d.name.find(g) != std::string::npos) gpu = absl::AsciiStrToLower(g);
+    if (gpu.empty() && root)
+      std::printf(
+          "device %s is not in the threshold table: name a type (--gpu, --hardware) or "
+          "pass --expect\n",
+          d.name.c_str());
   }
   if (!gpu.empty()) {
     absl::StatusOr<tr::GpuSpec> spec = tr::gpu_spec(gpu);
@@ -446,7 +466,7 @@ int main(int argc, char** argv) {
     // One rank too: a communicator of one GPU still runs NCCL's kernels and our checks.
     node = tr::make_nccl_comm(std::move(node), d.ctx.stream, 300);
     all = tr::make_nccl_comm(std::move(all), d.ctx.stream, 300);
-  } else if (d.kind == Device::cuda && world->size() > 1) {
+  } else if (d.kind == Device::cuda) {
     node = tr::make_staging_comm(std::move(node));
     all = tr::make_staging_comm(std::move(all));
   }
@@ -462,13 +482,17 @@ int main(int argc, char** argv) {
     std::string label, key;
   };
   std::vector<Scope> scopes;
-  if (node->size() > 1 || d.kind == Device::cuda)
+  // Every rank must take the same branches (the measurements are collectives over world).
+  double largest_node = node->size();
+  world->all_reduce(Tensor(&largest_node, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);
+  if (largest_node > 1 || d.kind == Device::cuda)
     scopes.push_back({node.get(), "node", "node_busbw_gbps"});
   if (nodes > 1) scopes.push_back({all.get(), "network (all ranks)", "network_busbw_gbps"});
   if (scopes.empty() && root)
     std::printf("one rank: no collectives to measure (launch with srun or mpirun)\n");
   for (const Scope& s : scopes) {
     for (const std::string& op : a.ops) {
+      if (op == "sendrecv" && s.comm->size() == 1) continue;  // no peer
       if (root)
         std::printf("\n# %s, f32%s, group %s (%d ranks)\n%12s %12s %10s %11s %11s %7s\n",
                     op.c_str(), op == "all_reduce" || op == "reduce_scatter" ? " sum" : "",

@@ -7,9 +7,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -51,15 +53,11 @@ absl::Status resolve_backend(Session& r) {
     return absl::InvalidArgumentError(
         "train.backend=cuda but no CUDA device is visible (no driver, or CUDA_VISIBLE_DEVICES "
         "hides them); set train.backend=cpu");
-  const int gpus = cuda::device_count();
+  // Node-local rank order over the GPUs this process sees (one each when Slurm binds one GPU
+  // per task); check_gpu_binding then refuses two NCCL ranks on one GPU.
   const int local_rank = r.mpi ? r.mpi->local_rank() : 0;
-  const int local_size = r.mpi ? r.mpi->local_size() : 1;
-  if (r.cfg.parallel.comm == "nccl" && local_size > gpus)
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel.comm=nccl needs one GPU per rank, but this node runs ", local_size,
-                     " ranks on ", gpus, " GPU(s); launch at most ", gpus,
-                     " ranks per node, or set parallel.comm=mpi (ranks share GPUs; for tests)"));
-  auto dev = std::make_shared<cuda::DeviceContext>(local_rank % gpus, kCudaWorkspaceBytes);
+  r.gpu = local_rank % cuda::device_count();
+  auto dev = std::make_shared<cuda::DeviceContext>(r.gpu, kCudaWorkspaceBytes);
   r.ctx = dev->ctx();
   r.device = dev;
   return absl::OkStatus();
@@ -278,6 +276,36 @@ absl::Status write_run_files(Session& r) {
 
 }  // namespace
 
+absl::Status check_gpu_binding(Comm& world, int gpu) {
+#ifdef TRAINER_HAVE_CUDA
+  if (world.size() == 1 || gpu < 0) return absl::OkStatus();
+  constexpr int kWords = 24;  // 64 bytes of host name, 32 of PCI bus id
+  int32_t mine[kWords] = {};
+  char* bytes = reinterpret_cast<char*>(mine);
+  gethostname(bytes, 63);
+  const std::string pci = cuda::device_pci_bus_id(gpu);
+  std::memcpy(bytes + 64, pci.data(), std::min<size_t>(pci.size(), 31));
+  std::vector<int32_t> all(static_cast<size_t>(kWords) * world.size());
+  world.all_gather(Tensor(all.data(), DType::i32, Device::cpu, {kWords * world.size()}),
+                   Tensor(mine, DType::i32, Device::cpu, {kWords}));
+  for (int a = 0; a < world.size(); ++a)
+    for (int b = a + 1; b < world.size(); ++b) {
+      const char* x = reinterpret_cast<const char*>(&all[static_cast<size_t>(a) * kWords]);
+      const char* y = reinterpret_cast<const char*>(&all[static_cast<size_t>(b) * kWords]);
+      if (std::memcmp(x, y, sizeof(mine)) == 0)
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parallel.comm=nccl needs one GPU per rank, but ranks ", a, " and ", b, " on ",
+            std::string(x), " share GPU ", std::string(x + 64),
+            "; launch at most one rank per GPU (srun --gpus-per-task=1, or fewer tasks per "
+            "node), or set parallel.comm=mpi (ranks share GPUs; for tests)"));
+    }
+#else
+  (void)world;
+  (void)gpu;
+#endif
+  return absl::OkStatus();
+}
+
 int run_plan(const CliOptions& opts) {
   absl::StatusOr<Config> cfg = load_config(opts.config, opts.sets);
   absl::StatusOr<GpuSpec> gpu = gpu_spec(opts.gpu);
@@ -311,6 +339,11 @@ int run(const CliOptions& opts) {
   absl::Status st = check_inputs(r);
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
+  if (r.ctx.device == Device::cuda && r.cfg.parallel.comm == "nccl") {
+    st = check_gpu_binding(*r.groups.world, r.gpu);
+    if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
+      return code;
+  }
   r.groups = make_groups(r.topo, std::move(r.groups.world));
   if (r.ctx.device == Device::cuda)
     use_device_comms(r.groups, r.cfg.parallel.comm == "nccl", r.ctx.stream,

@@ -1,9 +1,16 @@
 // run(): build everything from the config, resume, train, evaluate, checkpoint.
 #pragma once
 
+#include "absl/status/status.h"
+#include "parallel/comm.h"
 #include "trainer/cli.h"
 
 namespace tr {
+
+// NCCL needs one GPU per rank: fails, naming two ranks of one host on the same physical GPU
+// (PCI bus id), when `gpu` (this rank's CUDA device index) is shared. Collective over `world`
+// (host tensors); every rank returns the same status. OK without CUDA or for one rank.
+absl::Status check_gpu_binding(Comm& world, int gpu);
 
 // Returns the process exit code (kExitOk, kExitBadInput, kExitFailure).
 int run(const CliOptions& opts);

@@ -34,6 +34,7 @@ struct Session {
   // The CUDA DeviceContext behind ctx (train.backend=cuda); declared before the groups so that
   // NCCL communicators queued on its stream are destroyed first.
   std::shared_ptr<void> device;
+  int gpu = -1;  // its CUDA device index
   ProcessGroups groups;
   Ctx ctx;
   std::unique_ptr<Qwen2Model> model;

@@ -40,6 +40,9 @@ class DeviceContext {
 };
 // Name of device `index` ("NVIDIA H100 80GB HBM3"), or "" when there is none.
 std::string device_name(int index);
+// Its PCI bus id ("0000:3B:00.0"): the same physical GPU has the same id in every process,
+// whatever CUDA_VISIBLE_DEVICES renumbered.
+std::string device_pci_bus_id(int index);
 // The current device: name, dense bf16 peak from a table of known GPUs (0 if unknown), memory
 // in use.
 DeviceInfo device_info();

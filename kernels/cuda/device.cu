@@ -67,6 +67,12 @@ void synchronize(const Ctx& ctx) {
   CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
 }
 
+std::string device_pci_bus_id(int index) {
+  char id[32] = {};
+  CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), index));
+  return id;
+}
+
 std::string device_name(int index) {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
