@@ -25,10 +25,9 @@ class MpiRuntime {
   int world_size() const { return size_; }
   // Rank among the processes of this node (from the launcher), for cudaSetDevice.
   int local_rank() const { return local_rank_; }
-  int local_size() const { return local_size_; }  // processes on this node
 
  private:
-  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
+  int rank_ = 0, size_ = 1, local_rank_ = 0;
 };
 
 // All ranks of MPI_COMM_WORLD.
