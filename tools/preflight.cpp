@@ -66,7 +66,9 @@ constexpr const char* kUsage =
     "  --ranks-per-node N  group ranks into nodes by rank / N instead of by hostname\n"
     "  --corrupt 1       (for testing) world rank 1 perturbs one input element of every checked\n"
     "                    call, so the #wrong counts and the exit code must show it\n"
-    "  Exit 0: all checks passed; 1: a check fell short or a collective was wrong; 2: bad input.\n";
+    "  Exit 0: all checks passed; 1: a check fell short or a collective was wrong; 2: bad input.\n"
+    "  Scaling across node counts (a short training run at 2, 4, 8, 16 nodes, efficiency\n"
+    "  against the smallest): tools/sweep with grid {nodes: [2, 4, 8, 16]}, see docs/sweep.md.\n";
 
 struct Args {
   std::string backend = "cpu", comm = "nccl", gpu, hardware;
