@@ -142,6 +142,20 @@ class MpiComm final : public Comm {
         MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
         name_);
   }
+  void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
+    check_reducible(in);
+    TR_ASSERT(rank_ != root || (out.numel() == in.numel() && out.dtype == in.dtype),
+              "reduce: out " + out.shape_str() + " must match in " + in.shape_str());
+    MPI_Request req;
+    MPI_CHECK(MPI_Ireduce(in.data, rank_ == root ? out.data : nullptr, count_of(in),
+                          mpi_type(in.dtype), mpi_op(op), root, comm_, &req),
+              name_);
+    pending_.push_back(req);
+    int done = 0;
+    MPI_CHECK(
+        MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
+        name_);
+  }
   void wait_all() override {
     MPI_CHECK(MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE),
               name_);

@@ -174,16 +174,19 @@ class NcclComm final : public Comm {
   // On the side stream, after everything queued on the compute stream so far.
   void all_reduce_start(Tensor buf, ReduceOp op) override {
     if (host(buf)) return boot_->all_reduce_start(buf, op);
-    if (side_ == nullptr) {
-      CUDA_OK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-      CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-      CUDA_OK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
-    }
-    CUDA_OK(cudaEventRecord(ready_, stream_));
-    CUDA_OK(cudaStreamWaitEvent(side_, ready_, 0));
+    side_after_compute();
     run("all_reduce (overlapped)", side_, [&] {
       return ncclAllReduce(buf.data, buf.data, buf.numel(), nccl_type(buf.dtype), nccl_op(op),
                            comm_, side_);
+    });
+    side_pending_ = true;
+  }
+  void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
+    if (host(in)) return boot_->reduce_start(out, in, root, op);
+    side_after_compute();
+    run("reduce (overlapped)", side_, [&] {
+      return ncclReduce(in.data, rank() == root ? out.data : nullptr, in.numel(),
+                        nccl_type(in.dtype), nccl_op(op), root, comm_, side_);
     });
     side_pending_ = true;
   }
@@ -203,6 +206,17 @@ class NcclComm final : public Comm {
   };
 
   static bool host(const Tensor& t) { return t.device == Device::cpu; }
+
+  // The side stream (made on first use) waits for everything queued on the compute stream.
+  void side_after_compute() {
+    if (side_ == nullptr) {
+      CUDA_OK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      CUDA_OK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
+    }
+    CUDA_OK(cudaEventRecord(ready_, stream_));
+    CUDA_OK(cudaStreamWaitEvent(side_, ready_, 0));
+  }
 
   // Queues one NCCL call (or group), waits until NCCL has accepted it, and hands its
   // completion event to the watchdog.

@@ -70,8 +70,8 @@ const std::vector<Field>& fields() {
       TR_FIELD(parallel, dp_bucket_elems, Int, 1, kMaxI,
                "gradient elements per data-parallel all-reduce bucket"),
       TR_FIELD(parallel, overlap_dp, Bool, 0, 0,
-               "start each bucket's all-reduce as soon as backward has finished its gradients "
-               "(not with zero1, nor sequence_parallel, whose gradients settle later)"),
+               "start each bucket's reduction as soon as backward has finished its gradients "
+               "(not with sequence_parallel, whose norm gradients settle later)"),
       TR_FIELD(parallel, comm, String, 0, 0,
                "GPU communication: nccl (one rank per GPU), or mpi (device tensors staged through "
                "host memory; lets several ranks share one GPU, for tests)",

@@ -55,7 +55,7 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
 void AdamW::configure_dp(int64_t bucket_elems, bool overlap) {
   TR_ASSERT(bucket_elems > 0, "bucket size must be positive");
   bucket_elems_ = bucket_elems;
-  overlap_ = overlap && !zero1_ && dp_ != nullptr && dp_->size() > 1;
+  overlap_ = overlap && dp_ != nullptr && dp_->size() > 1;
   const int64_t n = (model_.layout().total + bucket_elems - 1) / bucket_elems;
   bucket_final_.assign(static_cast<size_t>(n), 0);
   bucket_started_.assign(static_cast<size_t>(n), false);
@@ -64,14 +64,23 @@ void AdamW::configure_dp(int64_t bucket_elems, bool overlap) {
 void AdamW::grads_final(int64_t begin, int64_t end) {
   if (!overlap_) return;
   const int64_t total = model_.layout().total;
-  Tensor g = model_.grads();
   for (int64_t b = begin / bucket_elems_; b * bucket_elems_ < end; ++b) {
     const int64_t lo = b * bucket_elems_, hi = std::min(lo + bucket_elems_, total);
     bucket_final_[b] += std::min(hi, end) - std::max(lo, begin);
-    if (bucket_final_[b] == hi - lo && !bucket_started_[b]) {
-      dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);
-      bucket_started_[b] = true;
-    }
+    if (bucket_final_[b] == hi - lo && !bucket_started_[b]) start_bucket(b);
+  }
+}
+
+void AdamW::start_bucket(int64_t b) {
+  const int64_t lo = b * bucket_elems_, hi = std::min(lo + bucket_elems_, model_.layout().total);
+  Tensor g = model_.grads();
+  bucket_started_[b] = true;
+  if (!zero1_) return dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);
+  // ZeRO-1: each piece of the bucket is summed into the rank whose shard holds it.
+  for (int64_t r = lo / shard_size_; r * shard_size_ < hi; ++r) {
+    const int64_t a = std::max(lo, r * shard_size_), c = std::min(hi, (r + 1) * shard_size_);
+    const Tensor out = r == dp_->rank() ? grad_shard_.slice(a - shard_begin_, c - a) : Tensor();
+    dp_->reduce_start(out, g.slice(a, c - a), static_cast<int>(r), ReduceOp::sum);
   }
 }
 
@@ -80,19 +89,16 @@ Tensor AdamW::grad_shard() const {
 }
 
 double AdamW::reduce_and_clip() {
-  if (zero1_) {
-    dp_->reduce_scatter(grad_shard_, model_.grads_padded(), ReduceOp::sum);
-  } else if (dp_ != nullptr && dp_->size() > 1) {
+  if (dp_ != nullptr && dp_->size() > 1) {
     // Buckets in the same order on every rank: those backward started, in its order, then the
-    // rest from the front.
-    Tensor g = model_.grads();
+    // rest from the front. Under ZeRO-1 each is reduced piecewise into its shards' owners (the
+    // padding tail of the last shard is never written and stays zero).
     early_buckets_ = 0;
     for (size_t b = 0; b < bucket_started_.size(); ++b) {
-      const int64_t lo = static_cast<int64_t>(b) * bucket_elems_;
       if (bucket_started_[b])
         ++early_buckets_;
       else
-        dp_->all_reduce_start(g.slice(lo, std::min(bucket_elems_, g.numel() - lo)), ReduceOp::sum);
+        start_bucket(static_cast<int64_t>(b));
     }
     dp_->wait_all();
     std::fill(bucket_final_.begin(), bucket_final_.end(), 0);

@@ -21,19 +21,21 @@ double lr_at(const OptimConfig& o, int64_t total_steps, int64_t step);
 //
 // Without ZeRO-1 every data-parallel rank holds all Adam states: gradients are all-reduced in
 // buckets and each rank applies the same update. With ZeRO-1 rank r of dp keeps the states of
-// its shard [r*S, (r+1)*S) of the (padded) flat buffer only: gradients are reduce-scattered,
-// each rank updates its shard, and the updated weights are all-gathered. The gradient norm
-// counts every element exactly once in both modes, and with tensor parallelism counts each
-// replicated tensor (the norms) once rather than once per TP rank, and the tied embedding
-// once although the first and last pipeline stages both hold it.
+// its shard [r*S, (r+1)*S) of the (padded) flat buffer only: each gradient bucket is reduced
+// piecewise into the ranks whose shards hold it (together, a reduce-scatter that can start
+// during backward), each rank updates its shard, and the updated weights are all-gathered. The
+// gradient norm counts every element exactly once in both modes, and with tensor parallelism counts
+// each replicated tensor (the norms) once rather than once per TP rank, and the tied embedding once
+// although the first and last pipeline stages both hold it.
 class AdamW {
  public:
   // `dp` may be null (one rank). With zero1 the model's flat buffers must be padded to a
   // multiple of dp->size() (Qwen2Model's flat_multiple).
   AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp = nullptr, bool zero1 = false,
         Comm* tp = nullptr, Comm* pp = nullptr);
-  // Data-parallel all-reduce buckets of `bucket_elems` gradient elements; with `overlap`
-  // (not under ZeRO-1) buckets start as soon as grads_final() has covered them.
+  // Data-parallel buckets of `bucket_elems` gradient elements (all-reduced, or under ZeRO-1
+  // reduced piecewise into the ranks whose shards hold them); with `overlap` buckets start as
+  // soon as grads_final() has covered them.
   void configure_dp(int64_t bucket_elems, bool overlap);
   bool overlaps_dp() const { return overlap_; }
   // The gradients in [begin, end) of the flat buffer are final for this step: starts the
@@ -59,6 +61,7 @@ class AdamW {
 
  private:
   Tensor grad_shard() const;  // the reduced gradients of this rank's shard
+  void start_bucket(int64_t b);
 
   OptimConfig cfg_;
   Qwen2Model& model_;
@@ -70,7 +73,7 @@ class AdamW {
   int64_t shard_begin_ = 0, shard_size_ = 0;  // this rank's range of the flat buffer
   std::unique_ptr<Arena> arena_;
   Tensor m_, v_;       // [shard_size] Adam first and second moments
-  Tensor grad_shard_;  // [shard_size] reduce-scatter output (zero1 only)
+  Tensor grad_shard_;  // [shard_size] this rank's summed gradient shard (zero1 only)
   int64_t bucket_elems_ = int64_t{1} << 25;
   bool overlap_ = false;
   std::vector<int64_t> bucket_final_;  // final elements of each bucket this step
