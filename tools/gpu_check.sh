@@ -51,7 +51,7 @@ for stage in "${stages[@]}"; do
       ( cd build-gpu && ctest -R "backend=cuda|GPU ranks" --output-on-failure ) >"$work/ctest-e2e.log" 2>&1
       echo "end-to-end GPU training (rc $?):" >>"$summary"
       grep -E "tests passed|Failed|loss" "$work/ctest-e2e.log" | head -40 >>"$summary"
-      ( cd build-gpu && OMP_NUM_THREADS=1 ctest -j8 -LE "gpu|slurm" ) >"$work/ctest-cpu.log" 2>&1
+      ( cd build-gpu && OMP_NUM_THREADS=1 ctest -j8 -LE "gpu|slurm|python" ) >"$work/ctest-cpu.log" 2>&1
       echo "cpu suite (rc $?): $(grep -E "tests passed" "$work/ctest-cpu.log")" >>"$summary"
       ;;
     bench)
