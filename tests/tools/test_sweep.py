@@ -19,6 +19,7 @@ import argparse
 import csv
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,24 @@ def bad_input(work, common, tiny_out, tiny_args, tiny_csv):
             check(f.read() == tiny_csv, "the earlier results.csv is untouched")
 
 
+def shipped_72b_layouts(work, trainer_args):
+    """5: configs/sweeps/qwen2.5-72b-layouts.yaml (docs/sweep.md): on 16 x 8 H100 the planner
+    keeps exactly tp 8 with pp 2 + zero1, pp 4, and pp 4 + zero1; the dry run launches nothing."""
+    out = os.path.join(work, "72b")
+    p = sweep([os.path.join(ROOT, "configs", "sweeps", "qwen2.5-72b-layouts.yaml"), "--dry-run",
+               "--out", out, *trainer_args])
+    names = re.findall(r"^(\d{3}-\S+)", p.stdout, re.M)
+    verdicts = re.findall(r"^    plan: (\w+)", p.stdout, re.M)
+    check(len(names) == 12 and len(verdicts) == 12, "72B sweep: 12 runs with a verdict each",
+          p.stdout)
+    fits = [n for n, v in zip(names, verdicts) if v == "fits"]
+    check(fits == ["010-tp8-pp2-zero1-true", "011-tp8-pp4-zero1-false",
+                   "012-tp8-pp4-zero1-true"], f"72B sweep: fitting layouts {fits}", p.stdout)
+    check(all(v == "skipped" for v, n in zip(verdicts, names) if n not in fits),
+          "72B sweep: every other layout skipped by the plan", p.stdout)
+    check(not os.path.exists(out), "72B sweep: --dry-run created its output directory")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trainer", required=True)
@@ -192,10 +211,12 @@ def main():
         failures_and_scaling(work, common[:2], data)
         pruned_by_plan(work, common[:2], data)
         bad_input(work, common, tiny_out, tiny_args, tiny_csv)
+        shipped_72b_layouts(work, common[:2])
     except Failed as e:
         print(f"FAIL: {e}")
         return 1
-    print("PASS: tools/sweep (tiny layouts, failures, scaling, plan pruning, bad input)")
+    print("PASS: tools/sweep (tiny layouts, failures, scaling, plan pruning, bad input, "
+          "the shipped 72B layout sweep)")
     return 0
 
 
