@@ -135,12 +135,7 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype), mpi_op(op),
                              comm_, &req),
               name_);
-    pending_.push_back(req);
-    // Open MPI progresses non-blocking collectives inside MPI calls: give the earlier ones a turn.
-    int done = 0;
-    MPI_CHECK(
-        MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
-        name_);
+    track(req);
   }
   void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
     check_reducible(in);
@@ -150,11 +145,7 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Ireduce(in.data, rank_ == root ? out.data : nullptr, count_of(in),
                           mpi_type(in.dtype), mpi_op(op), root, comm_, &req),
               name_);
-    pending_.push_back(req);
-    int done = 0;
-    MPI_CHECK(
-        MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
-        name_);
+    track(req);
   }
   void wait_all() override {
     MPI_CHECK(MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE),
@@ -163,10 +154,20 @@ class MpiComm final : public Comm {
   }
 
  private:
+  // A started operation, completed by wait_all(). Open MPI progresses non-blocking collectives
+  // inside MPI calls: this one gives the earlier ones a turn.
+  void track(MPI_Request req) {
+    pending_.push_back(req);
+    int done = 0;
+    MPI_CHECK(
+        MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
+        name_);
+  }
+
   static constexpr int kTag = 7;
   MPI_Comm comm_;
   std::string name_;
-  std::vector<MPI_Request> pending_;  // started by all_reduce_start
+  std::vector<MPI_Request> pending_;  // started by all_reduce_start / reduce_start
   int rank_ = 0, size_ = 1;
 };
 
