@@ -192,11 +192,41 @@ def shipped_72b_layouts(work, trainer_args):
     check(not os.path.exists(out), "72B sweep: --dry-run created its output directory")
 
 
+def srun_mode(work, common):
+    """--srun (SLURM_CONF names the suite's local Slurm, one node of 2 CPUs): tp {1, 2} as srun
+    job steps of 1 node x 2 tasks (launch.mode srun): both run, to the same loss."""
+    out = os.path.join(work, "srun")
+    yaml_path = os.path.join(work, "sweep_srun.yaml")
+    with open(os.path.join(ROOT, "tests", "tools", "sweep_tiny.yaml")) as f:
+        text = f.read()
+    text = text[:text.index("grid:")]  # the same fixed settings, a grid and launch of its own
+    text = text.replace("base: ../../configs/tiny.yaml",
+                        "base: " + os.path.join(ROOT, "configs", "tiny.yaml"))
+    text += ("grid: {parallel.tp: [1, 2]}\n"
+             "launch: {mode: srun, nodes: 1, gpus_per_node: 2, timeout_s: 120,"
+             " srun_args: [--overcommit]}\nwarmup: 2\n")
+    write(yaml_path, text)
+    p = sweep([yaml_path, "--out", out, *common])
+    rows = rows_of(out)
+    check(sorted(r["parallel.tp"] for r in rows) == ["1", "2"], "srun: one row per layout",
+          p.stdout)
+    check(all(r["status"] == "ok" and r["world"] == "2" for r in rows),
+          "srun: both layouts ran on 2 tasks", str(rows))
+    losses = [float(r["final_loss"]) for r in rows]
+    check(abs(losses[0] - losses[1]) <= 1e-4 * abs(losses[0]),
+          "srun: both layouts end at the same loss", str(losses))
+    with open(os.path.join(out, "runs", rows[0]["run"], "trainer.log")) as f:
+        first = f.readline()
+        check("srun" in first, "srun: the run was launched by srun", first)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trainer", required=True)
     ap.add_argument("--prepare-data", required=True)
     ap.add_argument("--work", required=True, help="scratch directory (emptied first)")
+    ap.add_argument("--srun", action="store_true",
+                    help="only the srun-mode sweep (needs SLURM_CONF of a running Slurm)")
     a = ap.parse_args()
     work = os.path.abspath(a.work)
     shutil.rmtree(work, ignore_errors=True)
@@ -207,6 +237,10 @@ def main():
     common = ["--trainer", os.path.abspath(a.trainer),
               "--set", f"data.train=[{{path: {data}, weight: 1.0}}]"]
     try:
+        if a.srun:
+            srun_mode(work, common)
+            print("PASS: tools/sweep through srun")
+            return 0
         tiny_out, tiny_args, tiny_csv = tiny_layouts(work, common)
         failures_and_scaling(work, common[:2], data)
         pruned_by_plan(work, common[:2], data)
