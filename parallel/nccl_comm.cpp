@@ -174,21 +174,17 @@ class NcclComm final : public Comm {
   // On the side stream, after everything queued on the compute stream so far.
   void all_reduce_start(Tensor buf, ReduceOp op) override {
     if (host(buf)) return boot_->all_reduce_start(buf, op);
-    side_after_compute();
-    run("all_reduce (overlapped)", side_, [&] {
+    run_side("all_reduce (overlapped)", [&] {
       return ncclAllReduce(buf.data, buf.data, buf.numel(), nccl_type(buf.dtype), nccl_op(op),
                            comm_, side_);
     });
-    side_pending_ = true;
   }
   void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
     if (host(in)) return boot_->reduce_start(out, in, root, op);
-    side_after_compute();
-    run("reduce (overlapped)", side_, [&] {
+    run_side("reduce (overlapped)", [&] {
       return ncclReduce(in.data, rank() == root ? out.data : nullptr, in.numel(),
                         nccl_type(in.dtype), nccl_op(op), root, comm_, side_);
     });
-    side_pending_ = true;
   }
   void wait_all() override {
     boot_->wait_all();
@@ -207,8 +203,10 @@ class NcclComm final : public Comm {
 
   static bool host(const Tensor& t) { return t.device == Device::cpu; }
 
-  // The side stream (made on first use) waits for everything queued on the compute stream.
-  void side_after_compute() {
+  // Queues `call` on the side stream (made on first use) after everything queued on the
+  // compute stream so far; wait_all() joins it back.
+  template <class F>
+  void run_side(const char* op, F&& call) {
     if (side_ == nullptr) {
       CUDA_OK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
       CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
@@ -216,6 +214,8 @@ class NcclComm final : public Comm {
     }
     CUDA_OK(cudaEventRecord(ready_, stream_));
     CUDA_OK(cudaStreamWaitEvent(side_, ready_, 0));
+    run(op, side_, std::forward<F>(call));
+    side_pending_ = true;
   }
 
   // Queues one NCCL call (or group), waits until NCCL has accepted it, and hands its

@@ -188,15 +188,14 @@ std::string parse_args(int argc, char** argv, Args* a) {
 }
 
 // Where the benchmark's tensors live and how the ops reach them.
-struct Device_ {
-  tr::Ctx ctx;
+struct Target {
+  tr::Ctx ctx;                  // ctx.device: cpu or cuda
   std::shared_ptr<void> owner;  // the CUDA DeviceContext
   std::string name = "cpu";
-  Device kind = Device::cpu;
 };
 
-tr::Buffer alloc(const Device_& d, int64_t bytes) {
-  return tr::Buffer(static_cast<size_t>(std::max<int64_t>(bytes, 4)), d.kind);
+tr::Buffer alloc(const Target& d, int64_t bytes) {
+  return tr::Buffer(static_cast<size_t>(std::max<int64_t>(bytes, 4)), d.ctx.device);
 }
 
 // Host values -> t (any device) and back.
@@ -228,7 +227,7 @@ double max_over(Comm& world, double x) {
 
 // One collective at one size: warm-up, `iters` timed calls (the slowest rank's time), then one
 // call on fresh inputs whose every element is checked against its closed form.
-Row measure(const std::string& op, Comm& c, Comm& world, const Device_& d, int64_t bytes,
+Row measure(const std::string& op, Comm& c, Comm& world, const Target& d, int64_t bytes,
             const Args& a) {
   const bool corrupt = a.corrupt > 0 && world.rank() == 1;
   const int n = c.size(), r = c.rank();
@@ -238,8 +237,8 @@ Row measure(const std::string& op, Comm& c, Comm& world, const Device_& d, int64
   if (op == "all_gather" || op == "reduce_scatter") count = std::max<int64_t>(count / n, 1);
   const int64_t total = op == "all_gather" || op == "reduce_scatter" ? count * n : count;
   tr::Buffer big = alloc(d, total * 4), small = alloc(d, count * 4);
-  Tensor tbig(big.data(), DType::f32, d.kind, {total});
-  Tensor tsmall(small.data(), DType::f32, d.kind, {count});
+  Tensor tbig(big.data(), DType::f32, d.ctx.device, {total});
+  Tensor tsmall(small.data(), DType::f32, d.ctx.device, {count});
   const int right = (r + 1) % n, left = (r + n - 1) % n;
   auto call = [&] {
     if (op == "all_reduce") {
@@ -304,13 +303,13 @@ Row measure(const std::string& op, Comm& c, Comm& world, const Device_& d, int64
 }
 
 // `iters` N x N x N GEMMs through the trainer's linear op: TFLOP/s of the slowest rank.
-double gemm_tflops(const Device_& d, Comm& world, int64_t n, int iters) {
-  const DType dt = d.kind == Device::cuda ? DType::bf16 : DType::f32;
+double gemm_tflops(const Target& d, Comm& world, int64_t n, int iters) {
+  const DType dt = d.ctx.device == Device::cuda ? DType::bf16 : DType::f32;
   std::vector<tr::Buffer> bufs;
   std::vector<Tensor> t;
   for (int i = 0; i < 3; ++i) {
     bufs.push_back(alloc(d, n * n * static_cast<int64_t>(tr::dtype_size(dt))));
-    t.emplace_back(bufs.back().data(), dt, d.kind, std::initializer_list<int64_t>{n, n});
+    t.emplace_back(bufs.back().data(), dt, d.ctx.device, std::initializer_list<int64_t>{n, n});
   }
   // Random-looking operands (all-zero operands draw less power and run faster than real ones).
   for (int i = 0; i < 2; ++i) {
@@ -337,18 +336,19 @@ double gemm_tflops(const Device_& d, Comm& world, int64_t n, int iters) {
 
 // Waits for everything on the device: the compute stream and the legacy stream that
 // copy_tensor's device-to-device cudaMemcpy uses (it returns before the copy is done).
-void sync_device(const Device_& d) {
+void sync_device(const Target& d) {
   tr::synchronize(d.ctx);
 #ifdef TRAINER_HAVE_CUDA
-  if (d.kind == Device::cuda) cudaDeviceSynchronize();
+  if (d.ctx.device == Device::cuda) cudaDeviceSynchronize();
 #endif
 }
 
 // Device-to-device copies of `bytes`: read + write bytes per second of the slowest rank.
-double memory_gbps(const Device_& d, Comm& world, int64_t bytes, int iters) {
+double memory_gbps(const Target& d, Comm& world, int64_t bytes, int iters) {
   const int64_t count = bytes / 4;
   tr::Buffer a = alloc(d, count * 4), b = alloc(d, count * 4);
-  Tensor ta(a.data(), DType::f32, d.kind, {count}), tb(b.data(), DType::f32, d.kind, {count});
+  Tensor ta(a.data(), DType::f32, d.ctx.device, {count}),
+      tb(b.data(), DType::f32, d.ctx.device, {count});
   tr::copy_tensor(tb, ta);
   sync_device(d);
   const Clock::time_point t0 = Clock::now();
@@ -399,7 +399,7 @@ int main(int argc, char** argv) {
     return 2;
   };
 
-  Device_ d;
+  Target d;
   if (a.backend == "cuda") {
 #ifdef TRAINER_HAVE_CUDA
     if (!tr::cuda::device_available())
@@ -408,7 +408,6 @@ int main(int argc, char** argv) {
     auto dev = std::make_shared<tr::cuda::DeviceContext>(gpu, size_t{64} << 20);
     d.ctx = dev->ctx();
     d.owner = dev;
-    d.kind = Device::cuda;
     d.name = tr::cuda::device_name(gpu);
     if (a.comm == "nccl") {  // the trainer's check: one GPU per rank
       if (absl::Status st = tr::check_gpu_binding(*world, gpu); !st.ok())
@@ -424,7 +423,7 @@ int main(int argc, char** argv) {
   std::vector<Check> checks;
   std::map<std::string, std::pair<double, std::string>> want;
   std::string gpu = a.gpu;
-  if (gpu.empty() && d.kind == Device::cuda) {
+  if (gpu.empty() && d.ctx.device == Device::cuda) {
     // The table holds the SXM parts: PCIe and NVL cards, and GH200, need --gpu or --hardware.
     const bool other = d.name.find("PCIe") != std::string::npos ||
                        d.name.find("NVL") != std::string::npos ||
@@ -464,19 +463,20 @@ int main(int argc, char** argv) {
   world->all_reduce(Tensor(&nodes, DType::f64, Device::cpu, {1}), tr::ReduceOp::sum);
   std::unique_ptr<Comm> all =
       mpi ? tr::split_mpi_comm(*world, 0, world->rank(), "world") : tr::make_self_comm("world");
-  if (d.kind == Device::cuda && a.comm == "nccl") {
+  if (d.ctx.device == Device::cuda && a.comm == "nccl") {
     // One rank too: a communicator of one GPU still runs NCCL's kernels and our checks.
     node = tr::make_nccl_comm(std::move(node), d.ctx.stream, 300);
     all = tr::make_nccl_comm(std::move(all), d.ctx.stream, 300);
-  } else if (d.kind == Device::cuda) {
+  } else if (d.ctx.device == Device::cuda) {
     node = tr::make_staging_comm(std::move(node));
     all = tr::make_staging_comm(std::move(all));
   }
   if (root)
-    std::printf("preflight: %d ranks on %.0f node(s), backend %s%s, device %s\n", world->size(),
-                nodes, a.backend.c_str(),
-                d.kind == Device::cuda && world->size() > 1 ? (", comm " + a.comm).c_str() : "",
-                d.name.c_str());
+    std::printf(
+        "preflight: %d ranks on %.0f node(s), backend %s%s, device %s\n", world->size(), nodes,
+        a.backend.c_str(),
+        d.ctx.device == Device::cuda && world->size() > 1 ? (", comm " + a.comm).c_str() : "",
+        d.name.c_str());
 
   std::vector<std::string> failures;
   struct Scope {
@@ -487,7 +487,7 @@ int main(int argc, char** argv) {
   // Every rank must take the same branches (the measurements are collectives over world).
   double largest_node = node->size();
   world->all_reduce(Tensor(&largest_node, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);
-  if (largest_node > 1 || d.kind == Device::cuda)
+  if (largest_node > 1 || d.ctx.device == Device::cuda)
     scopes.push_back({node.get(), "node", "node_busbw_gbps"});
   if (nodes > 1) scopes.push_back({all.get(), "network (all ranks)", "network_busbw_gbps"});
   if (scopes.empty() && root)
@@ -520,15 +520,16 @@ int main(int argc, char** argv) {
     }
   }
   if (a.gemm > 0) {
-    const double tf = gemm_tflops(d, *world, a.gemm, d.kind == Device::cuda ? 20 : 3);
+    const double tf = gemm_tflops(d, *world, a.gemm, d.ctx.device == Device::cuda ? 20 : 3);
     if (root)
       std::printf("\ngemm %s %lld^3: %.2f TFLOP/s per rank\n",
-                  d.kind == Device::cuda ? "bf16" : "f32", static_cast<long long>(a.gemm), tf);
+                  d.ctx.device == Device::cuda ? "bf16" : "f32", static_cast<long long>(a.gemm),
+                  tf);
     if (want.count("gemm_tflops"))
       checks.push_back({"gemm TFLOP/s", tf, want["gemm_tflops"].first, want["gemm_tflops"].second});
   }
   if (a.mem_bytes > 0) {
-    const double gbps = memory_gbps(d, *world, a.mem_bytes, d.kind == Device::cuda ? 20 : 5);
+    const double gbps = memory_gbps(d, *world, a.mem_bytes, d.ctx.device == Device::cuda ? 20 : 5);
     if (root)
       std::printf("memory copy %lld MiB: %.1f GB/s per rank (read + write)\n",
                   static_cast<long long>(a.mem_bytes >> 20), gbps);

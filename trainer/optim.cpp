@@ -63,16 +63,20 @@ void AdamW::configure_dp(int64_t bucket_elems, bool overlap) {
 
 void AdamW::grads_final(int64_t begin, int64_t end) {
   if (!overlap_) return;
-  const int64_t total = model_.layout().total;
   for (int64_t b = begin / bucket_elems_; b * bucket_elems_ < end; ++b) {
-    const int64_t lo = b * bucket_elems_, hi = std::min(lo + bucket_elems_, total);
+    const auto [lo, hi] = bucket_range(b);
     bucket_final_[b] += std::min(hi, end) - std::max(lo, begin);
     if (bucket_final_[b] == hi - lo && !bucket_started_[b]) start_bucket(b);
   }
 }
 
+std::pair<int64_t, int64_t> AdamW::bucket_range(int64_t b) const {
+  const int64_t lo = b * bucket_elems_;
+  return {lo, std::min(lo + bucket_elems_, model_.layout().total)};
+}
+
 void AdamW::start_bucket(int64_t b) {
-  const int64_t lo = b * bucket_elems_, hi = std::min(lo + bucket_elems_, model_.layout().total);
+  const auto [lo, hi] = bucket_range(b);
   Tensor g = model_.grads();
   bucket_started_[b] = true;
   if (!zero1_) return dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);

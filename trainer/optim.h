@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "kernels/core/ctx.h"
 #include "kernels/core/tensor.h"
@@ -61,6 +63,7 @@ class AdamW {
 
  private:
   Tensor grad_shard() const;  // the reduced gradients of this rank's shard
+  std::pair<int64_t, int64_t> bucket_range(int64_t b) const;  // [lo, hi) of the flat buffer
   void start_bucket(int64_t b);
 
   OptimConfig cfg_;
