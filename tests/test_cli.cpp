@@ -12,11 +12,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
-#include "data/writer.h"
+#include "tests/cli_util.h"
 #include "tests/test_util.h"
-#ifdef TRAINER_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
 #include "trainer/config.h"
 #include "trainer/model.h"
 
@@ -24,101 +21,14 @@ namespace tr {
 namespace {
 
 namespace fs = std::filesystem;
+using test::CkptTensors;
 using test::CmdResult;
+using test::expect_bad_input;
+using test::kOneThread;
+using test::read_checkpoint;
 using test::run_cmd;
+using test::RunDir;
 using test::TempDir;
-
-// Byte-level documents of a few repeated sentences: easy to learn, so the loss falls fast.
-void write_dataset(const std::string& prefix, int docs) {
-  const char* sentences[] = {"the quick brown fox jumps over the lazy dog. ",
-                             "pack my box with five dozen liquor jugs! ",
-                             "how vexingly quick daft zebras jump? "};
-  auto w = data::IndexedDatasetWriter::create(prefix, 257);
-  REQUIRE(w.ok());
-  for (int d = 0; d < docs; ++d) {
-    std::vector<int32_t> toks;
-    for (int r = 0; r < 6; ++r)
-      for (const char* c = sentences[(d + r) % 3]; *c; ++c)
-        toks.push_back(static_cast<unsigned char>(*c));
-    toks.push_back(256);
-    REQUIRE((*w)->add_document(toks).ok());
-  }
-  REQUIRE((*w)->finish().ok());
-}
-
-// Many ranks share 2 cores in CI: one BLAS/OpenMP thread each.
-constexpr const char* kOneThread =
-    "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1";
-
-// A run directory: data, config.yaml and the checkpoint/log dirs inside one temp dir.
-struct RunDir {
-  TempDir dir;
-  std::string config = dir / "config.yaml";
-  explicit RunDir(int steps = 20, const std::string& extra = "") {
-    write_dataset(dir / "train", 40);
-    write_dataset(dir / "valid", 4);
-    test::write_file(config, R"(
-model: {hidden_size: 64, intermediate_size: 128, num_layers: 2, num_heads: 4, num_kv_heads: 2,
-        head_dim: 16, vocab_size: 257, max_seq_len: 64, rope_theta: 10000, tie_embeddings: true}
-data: {train: [{path: )" + (dir / "train") +
-                                 R"(}], valid: [{path: )" + (dir / "valid") + R"(}], seq_len: 32}
-train: {steps: )" + std::to_string(steps) +
-                                 R"(, global_batch: 8, micro_batch: 4, eval_interval: 0}
-optim: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5}
-checkpoint: {dir: )" + (dir / "ckpt") +
-                                 R"(, interval: 10, keep_last: 2}
-log: {dir: )" + (dir / "log") + R"(, interval: 5}
-)" + extra);
-  }
-  CmdResult trainer(const std::string& args = "", const std::string& env = "") const {
-    return run_cmd(env + " " + TR_TRAINER_BIN + " --config " + config + " " + args);
-  }
-  // The trainer on `ranks` ranks of the test suite's own Slurm (tests/slurm/local_slurm.sh).
-  CmdResult srun(int ranks, const std::string& args = "") const {
-    return run_cmd(std::string(kOneThread) + " srun --overcommit --mpi=pmix -n " +
-                   std::to_string(ranks) + " " + TR_TRAINER_BIN + " --config " + config + " " +
-                   args);
-  }
-  // The trainer on `ranks` MPI ranks of this machine.
-  CmdResult mpirun(int ranks, const std::string& args = "") const {
-    return run_cmd(std::string(kOneThread) + " " + TR_MPIRUN + " " + std::to_string(ranks) + " " +
-                   TR_TRAINER_BIN + " --config " + config + " " + args);
-  }
-  // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations).
-  std::vector<nlohmann::json> metrics(const char* key = "loss") const {
-    std::vector<nlohmann::json> lines;
-    for (const std::string& l : test::read_lines(dir / "log/metrics.jsonl")) {
-      auto j = nlohmann::json::parse(l);
-      if (j.contains(key)) lines.push_back(j);
-    }
-    return lines;
-  }
-};
-
-// Every tensor of a checkpoint (params, Adam m and v) as one flat vector per kind.
-struct CkptTensors {
-  std::vector<float> p, m, v;
-  ckpt::TrainState state;
-};
-CkptTensors read_checkpoint(const std::string& config, const std::string& path,
-                            const std::vector<std::string>& sets = {}) {
-  absl::StatusOr<Config> cfg = load_config(config, sets);
-  REQUIRE(cfg.ok());
-  ParamLayout layout = ParamLayout::make(ModelDims::from(cfg->model, Topology{}));
-  CkptTensors t;
-  t.p.resize(layout.total), t.m.resize(layout.total), t.v.resize(layout.total);
-  auto refs = [&](std::vector<float>& buf) {
-    std::vector<ckpt::TensorRef> r;
-    for (const ParamInfo& p : layout.tensors)
-      r.push_back({p.name, p.global_shape, buf.data() + p.offset});
-    return r;
-  };
-  auto p = refs(t.p), m = refs(t.m), v = refs(t.v);
-  absl::Status st = ckpt::load(path, ckpt::LoadTarget{p, m, v}, &t.state, nullptr);
-  INFO(st.message());
-  REQUIRE(st.ok());
-  return t;
-}
 
 TEST_CASE("cli: the tiny model's loss falls below a bound", "[cli]") {
   RunDir run(150);
@@ -451,7 +361,8 @@ TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi
   RunDir run;
   CmdResult r = run.mpirun(2, "--set optim.lr=-1");
   CHECK(r.exit_code == 2);
-  CHECK(r.output.find("error: rank 0: optim.lr must be > 0 (got -1)") != std::string::npos);
+  CHECK(r.output.find("error: rank 0: optim.lr must be > 0 (got -1)") !=
+        std::string::npos);
   CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
   r = run.mpirun(
       2,
@@ -534,36 +445,14 @@ TEST_CASE("cli: the 72B layout, tp 8 x pp 2 on 16 srun ranks, matches one rank",
       wall, b[4]["loss"].get<double>(), a[4]["loss"].get<double>());
 }
 
-// Runs the trainer expecting exit code 2 and one error line containing `message`.
-void expect_bad_input(const CmdResult& r, const std::string& message) {
-  INFO(r.output);
-  CHECK(r.exit_code == 2);
-  const size_t at = r.output.find("error: ");
-  REQUIRE(at != std::string::npos);
-  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
-  CHECK(line.find(message) != std::string::npos);
-  CHECK(r.output.find('\n', at) == r.output.size() - 1);  // one line, and the last
-}
-
-// True when `r`, a train.backend=cuda run, had a GPU; otherwise checks that it is the one-line
-// error of a machine without a GPU (or of a build without CUDA).
-bool ran_on_gpu(const CmdResult& r) {
-#ifdef TRAINER_HAVE_CUDA
-  if (cuda::device_available()) return true;
-  expect_bad_input(r, "train.backend=cuda but no CUDA device is visible");
-#else
-  expect_bad_input(r, "train.backend=cuda but this trainer was built without CUDA");
-#endif
-  return false;
-}
-
 TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
   RunDir run;
   expect_bad_input(run.trainer("--set optim.lrr=0.1"),
                    "unknown key 'optim.lrr' in " + run.config + "; did you mean 'lr'?");
   expect_bad_input(run.trainer("--set train.steps=many"),
                    "train.steps: expected an integer, got 'many'");
-  expect_bad_input(run.trainer("--set optim.lr=-0.5"), "optim.lr must be > 0 (got -0.5)");
+  expect_bad_input(run.trainer("--set optim.lr=-0.5"),
+                   "optim.lr must be > 0 (got -0.5)");
   expect_bad_input(run_cmd(std::string(TR_TRAINER_BIN) + " --config " + (run.dir / "nope.yaml")),
                    "config file '" + (run.dir / "nope.yaml") + "' cannot be read; check --config");
   expect_bad_input(run.trainer("--bogus"), "unknown argument '--bogus'; see --help");
@@ -622,84 +511,24 @@ TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
   CHECK(*ckpt::find_latest(run.dir / "ckpt") == step);  // latest untouched by the refused run
 }
 
-// train.backend=cuda: a clear error without a usable GPU; with one, the tiny model trains in
-// bf16 and its loss follows the CPU run's within bf16 tolerance (the end-to-end GPU check).
-TEST_CASE("cli: train.backend=cuda trains on a GPU, or is a clear error without one", "[cli]") {
-  RunDir run(20), cpu(20);
-  CmdResult r = run.trainer("--set train.backend=cuda");
-  if (!ran_on_gpu(r)) return;
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  REQUIRE(cpu.trainer().exit_code == 0);
-  const std::vector<nlohmann::json> g = run.metrics(), c = cpu.metrics();
-  REQUIRE(g.size() == 20);
-  for (size_t i = 0; i < g.size(); ++i) {
-    INFO("step " << i + 1 << ": gpu " << g[i]["loss"] << ", cpu " << c[i]["loss"]);
-    CHECK(std::abs(g[i]["loss"].get<double>() / c[i]["loss"].get<double>() - 1) < 2e-2);
-  }
-  CHECK(g.back()["loss"].get<double>() < g.front()["loss"].get<double>() - 0.5);
-  // A GPU checkpoint resumes on the CPU: 5 more steps there follow the CPU run.
-  RunDir both(25);
-  REQUIRE(both.trainer("--set train.backend=cuda --set train.exit_interval=20").exit_code == 0);
-  REQUIRE(both.trainer("--set train.backend=cpu").exit_code == 0);
-  RunDir cpu25(25);
-  REQUIRE(cpu25.trainer().exit_code == 0);
-  const std::vector<nlohmann::json> b = both.metrics(), c25 = cpu25.metrics();
-  REQUIRE(b.size() == 25);
-  CHECK(std::abs(b[24]["loss"].get<double>() / c25[24]["loss"].get<double>() - 1) < 2e-2);
-  // And a CPU checkpoint resumes on the GPU.
-  RunDir back(25);
-  REQUIRE(back.trainer("--set train.backend=cpu --set train.exit_interval=20").exit_code == 0);
-  REQUIRE(back.trainer("--set train.backend=cuda").exit_code == 0);
-  const std::vector<nlohmann::json> k = back.metrics();
-  REQUIRE(k.size() == 25);
-  CHECK(std::abs(k[24]["loss"].get<double>() / c25[24]["loss"].get<double>() - 1) < 2e-2);
-  // Deterministic: a second GPU run of the same 20 steps gives the same losses, bit for bit.
-  RunDir again(20);
-  REQUIRE(again.trainer("--set train.backend=cuda").exit_code == 0);
-  const std::vector<nlohmann::json> g2 = again.metrics();
-  REQUIRE(g2.size() == g.size());
-  for (size_t i = 0; i < g.size(); ++i)
-    CHECK(g2[i]["loss"].get<double>() == g[i]["loss"].get<double>());
-}
-
-// GPU ranks: tp 2 x pp 2 x dp 2 as 8 ranks sharing this machine's GPU(s) through
-// parallel.comm=mpi (device tensors staged through host memory) match one GPU rank within bf16
-// tolerance; NCCL refuses more ranks than GPUs with a clear error. Without a GPU: the error.
-TEST_CASE("cli: 8 GPU ranks sharing one GPU (parallel.comm=mpi) match one GPU rank", "[cli][mpi]") {
-  RunDir one(10), eight(10);
-  const std::string layout =
-      " --set train.backend=cuda --set train.micro_batch=2 --set model.num_layers=4";
-  CmdResult r = one.trainer(layout);
-  if (!ran_on_gpu(r)) return;
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  const std::string par = layout + " --set parallel.tp=2 --set parallel.pp=2";
+// train.backend=cuda where no GPU can be used is one clear line and exit 2: in a build without
+// CUDA, and in a CUDA build with every device hidden (so this runs on GPU machines too). The
+// GPU runs themselves are in test_cli_gpu.cpp (label gpu).
+TEST_CASE("cli: train.backend=cuda without a usable GPU is one error line and exit 2", "[cli]") {
+  RunDir run(5);
 #ifdef TRAINER_HAVE_CUDA
-  if (cuda::device_count() < 8) {
-    CmdResult nccl = eight.mpirun(8, par);
-    CHECK(nccl.exit_code == 2);
-    CHECK(nccl.output.find("parallel.comm=nccl needs one GPU per rank") != std::string::npos);
-  }
+  const std::string message = "train.backend=cuda but no CUDA device is visible";
+#else
+  const std::string message = "train.backend=cuda but this trainer was built without CUDA";
 #endif
-  CmdResult m = eight.mpirun(8, par + " --set parallel.comm=mpi");
-  INFO(m.output);
-  REQUIRE(m.exit_code == 0);
-  CHECK(m.output.find("world 8 = tp 2 x dp 2 x pp 2") != std::string::npos);
-  const std::vector<nlohmann::json> a = one.metrics(), b = eight.metrics();
-  REQUIRE(a.size() == 10);
-  REQUIRE(b.size() == 10);
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1 << ": one rank " << a[i]["loss"] << ", 8 ranks " << b[i]["loss"]);
-    CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-2);
-  }
+  expect_bad_input(run.trainer("--set train.backend=cuda", "CUDA_VISIBLE_DEVICES="), message);
+  const CmdResult r = run.mpirun(2, "--set train.backend=cuda", "CUDA_VISIBLE_DEVICES=");
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("error: rank 0: " + message) != std::string::npos);
+  CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
+  CHECK_FALSE(fs::exists(run.dir / "ckpt"));
 }
-
-}  // namespace
-}  // namespace tr
-
-namespace tr {
-namespace {
 
 TEST_CASE("cli: trainer plan prints the 72B plan; a bad --gpu is one error line and exit 2",
           "[cli]") {

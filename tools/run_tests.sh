@@ -1,9 +1,38 @@
 #!/usr/bin/env bash
-# Set up, build and run the whole test suite (what CI runs). GPU tests (label gpu) skip
-# themselves cleanly when no device is present.
+# Set up, build and run the whole test suite (what CI runs), in every configuration this machine
+# can build:
+#   build/      the default configuration (-DTRAINER_CUDA=AUTO: the CUDA backend where nvcc is);
+#   build-cpu/  -DTRAINER_CUDA=OFF, built and tested too when build/ has CUDA, so that the
+#               configuration without CUDA (laptops, login nodes, CPU boxes) never rots.
+# GPU tests (label gpu) report "skipped" without a device. Arguments go to both ctest runs.
+#   tools/run_tests.sh [--only default|cpu] [ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+only=""
+if [ "${1:-}" = "--only" ]; then
+  only=${2:?"--only needs 'default' or 'cpu'"}
+  shift 2
+  case $only in default | cpu) ;; *) echo "run_tests.sh: --only $only: use 'default' or 'cpu'" >&2; exit 2 ;; esac
+fi
 bash tools/install_deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)"
-cd build && ctest --output-on-failure -j"$(nproc)" "$@"
+
+# build_and_test DIR CMAKE_ARGS...: configure, build and run ctest in DIR.
+build_and_test() {
+  local dir=$1 start
+  shift
+  start=$(date +%s)
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake --build "$dir" -j"$(nproc)"
+  local backend=cpu
+  grep -q '^TRAINER_HAVE_CUDA:INTERNAL=ON$' "$dir/CMakeCache.txt" && backend=cuda
+  echo "== $dir (backend: $backend) built in $(($(date +%s) - start)) s; its tests: =="
+  (cd "$dir" && ctest --output-on-failure -j"$(nproc)" "${ctest_args[@]}")
+}
+ctest_args=("$@")
+
+if [ "$only" != cpu ]; then
+  build_and_test build
+fi
+if [ "$only" = cpu ] || { [ -z "$only" ] && grep -q '^TRAINER_HAVE_CUDA:INTERNAL=ON$' build/CMakeCache.txt; }; then
+  build_and_test build-cpu -DTRAINER_CUDA=OFF
+fi

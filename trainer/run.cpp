@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/ops.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"

@@ -1,0 +1,123 @@
+// The end-to-end tests' run directory (data, config, checkpoint and log dirs) and the trainer's
+// one-line error check, shared by test_cli.cpp and test_cli_gpu.cpp.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "data/writer.h"
+#include "tests/test_util.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
+
+namespace tr::test {
+
+// Byte-level documents of a few repeated sentences: easy to learn, so the loss falls fast.
+inline void write_dataset(const std::string& prefix, int docs) {
+  const char* sentences[] = {"the quick brown fox jumps over the lazy dog. ",
+                             "pack my box with five dozen liquor jugs! ",
+                             "how vexingly quick daft zebras jump? "};
+  auto w = data::IndexedDatasetWriter::create(prefix, 257);
+  REQUIRE(w.ok());
+  for (int d = 0; d < docs; ++d) {
+    std::vector<int32_t> toks;
+    for (int r = 0; r < 6; ++r)
+      for (const char* c = sentences[(d + r) % 3]; *c; ++c)
+        toks.push_back(static_cast<unsigned char>(*c));
+    toks.push_back(256);
+    REQUIRE((*w)->add_document(toks).ok());
+  }
+  REQUIRE((*w)->finish().ok());
+}
+
+// Many ranks share 2 cores in CI: one BLAS/OpenMP thread each.
+inline constexpr const char* kOneThread =
+    "OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1";
+
+// A run directory: data, config.yaml and the checkpoint/log dirs inside one temp dir.
+struct RunDir {
+  TempDir dir;
+  std::string config = dir / "config.yaml";
+  explicit RunDir(int steps = 20, const std::string& extra = "") {
+    write_dataset(dir / "train", 40);
+    write_dataset(dir / "valid", 4);
+    test::write_file(config, R"(
+model: {hidden_size: 64, intermediate_size: 128, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        head_dim: 16, vocab_size: 257, max_seq_len: 64, rope_theta: 10000, tie_embeddings: true}
+data: {train: [{path: )" + (dir / "train") +
+                                 R"(}], valid: [{path: )" + (dir / "valid") + R"(}], seq_len: 32}
+train: {steps: )" + std::to_string(steps) +
+                                 R"(, global_batch: 8, micro_batch: 4, eval_interval: 0}
+optim: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5}
+checkpoint: {dir: )" + (dir / "ckpt") +
+                                 R"(, interval: 10, keep_last: 2}
+log: {dir: )" + (dir / "log") + R"(, interval: 5}
+)" + extra);
+  }
+  CmdResult trainer(const std::string& args = "", const std::string& env = "") const {
+    return run_cmd(env + " " + TR_TRAINER_BIN + " --config " + config + " " + args);
+  }
+  // The trainer on `ranks` ranks of the test suite's own Slurm (tests/slurm/local_slurm.sh).
+  CmdResult srun(int ranks, const std::string& args = "") const {
+    return run_cmd(std::string(kOneThread) + " srun --overcommit --mpi=pmix -n " +
+                   std::to_string(ranks) + " " + TR_TRAINER_BIN + " --config " + config + " " +
+                   args);
+  }
+  // The trainer on `ranks` MPI ranks of this machine.
+  CmdResult mpirun(int ranks, const std::string& args = "", const std::string& env = "") const {
+    return run_cmd(env + " " + kOneThread + " " + TR_MPIRUN + " " + std::to_string(ranks) + " " +
+                   TR_TRAINER_BIN + " --config " + config + " " + args);
+  }
+  // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations).
+  std::vector<nlohmann::json> metrics(const char* key = "loss") const {
+    std::vector<nlohmann::json> lines;
+    for (const std::string& l : test::read_lines(dir / "log/metrics.jsonl")) {
+      auto j = nlohmann::json::parse(l);
+      if (j.contains(key)) lines.push_back(j);
+    }
+    return lines;
+  }
+};
+
+// Runs the trainer expecting exit code 2 and one error line containing `message`.
+inline void expect_bad_input(const CmdResult& r, const std::string& message) {
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  const size_t at = r.output.find("error: ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+  CHECK(line.find(message) != std::string::npos);
+  CHECK(r.output.find('\n', at) == r.output.size() - 1);  // one line, and the last
+}
+
+// Every tensor of a checkpoint (params, Adam m and v) as one flat vector per kind.
+struct CkptTensors {
+  std::vector<float> p, m, v;
+  ckpt::TrainState state;
+};
+inline CkptTensors read_checkpoint(const std::string& config, const std::string& path,
+                                   const std::vector<std::string>& sets = {}) {
+  absl::StatusOr<Config> cfg = load_config(config, sets);
+  REQUIRE(cfg.ok());
+  ParamLayout layout = ParamLayout::make(ModelDims::from(cfg->model, Topology{}));
+  CkptTensors t;
+  t.p.resize(layout.total), t.m.resize(layout.total), t.v.resize(layout.total);
+  auto refs = [&](std::vector<float>& buf) {
+    std::vector<ckpt::TensorRef> r;
+    for (const ParamInfo& p : layout.tensors)
+      r.push_back({p.name, p.global_shape, buf.data() + p.offset});
+    return r;
+  };
+  auto p = refs(t.p), m = refs(t.m), v = refs(t.v);
+  absl::Status st = ckpt::load(path, ckpt::LoadTarget{p, m, v}, &t.state, nullptr);
+  INFO(st.message());
+  REQUIRE(st.ok());
+  return t;
+}
+
+}  // namespace tr::test
