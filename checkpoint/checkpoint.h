@@ -176,6 +176,36 @@ absl::Status commit_save(const CommitRequest& req);
 // missing directory or one without manifest.json (not committed).
 absl::StatusOr<std::string> find_latest(const std::string& root);
 
+// ---- Which checkpoint a run continues from ----
+
+// The committed step directories under `root` (named step_ + digits, holding a manifest) as
+// "<root>/step_XXXXXXXX", newest first; empty when root does not exist.
+std::vector<std::string> committed_step_dirs(const std::string& root);
+
+struct ResumePoint {
+  std::string dir;   // "" = nothing to resume: a fresh start
+  std::string note;  // set when `latest` was missing and `dir` was found by scanning root
+};
+// What --resume auto continues: the checkpoint `latest` names (errors as find_latest); when
+// there is no `latest` but committed step directories exist (copied without it, or `latest`
+// deleted), the newest whose manifest and file sizes check, with a note saying so. Never a
+// fresh start over committed checkpoints: when none checks, an error names the newest.
+absl::StatusOr<ResumePoint> find_resume_point(const std::string& root);
+
+// Before a run continues from committed checkpoint `dir` and saves into `root`: points
+// root's `latest` at `dir` when `dir` lies in root (first, atomically), then moves every
+// committed step directory of root with a higher step into root/abandoned-<stamp>/, where it
+// is kept for the user. A crash at any instant leaves `latest` naming `dir` or its previous
+// target; retention never counts steps above `latest`. Returns the moved directories' paths.
+absl::StatusOr<std::vector<std::string>> adopt_resume_point(const std::string& root,
+                                                            const std::string& dir,
+                                                            const std::string& stamp);
+
+// Starting over in a root that holds checkpoints (--resume none --force): moves every
+// committed step directory, then `latest`, into root/abandoned-<stamp>/. Returns the new paths.
+absl::StatusOr<std::vector<std::string>> abandon_checkpoints(const std::string& root,
+                                                             const std::string& stamp);
+
 // Destination buffers with the expected names and shapes (or blocks of them: TensorRef::start
 // and extent). An empty span is not loaded (e.g. params only, for evaluation).
 struct LoadTarget {

@@ -15,6 +15,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/model_file.h"
@@ -29,6 +30,7 @@ constexpr char kConfigFile[] = "config.yaml";
 constexpr char kLayoutFile[] = "layout.json";
 constexpr char kStepPrefix[] = "step_";
 constexpr char kTmpSuffix[] = ".tmp";
+constexpr char kAbandonedPrefix[] = "abandoned-";
 constexpr char kCrashEnv[] = "TR_TEST_CRASH_POINT";
 constexpr size_t kStepDigits = 8;  // step_%08lld
 
@@ -393,6 +395,108 @@ absl::StatusOr<std::string> find_latest(const std::string& root) {
                                             ": it is not a committed checkpoint"));
   }
   return dir;
+}
+
+std::vector<std::string> committed_step_dirs(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::optional<int64_t> step = parse_step_dir_impl(name);
+    if (step && entry.is_directory() && fs::exists(fs::join(entry.path().string(), kManifestFile)))
+      found.emplace_back(*step, fs::join(root, name));
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<std::string> dirs;
+  for (auto& [step, dir] : found) dirs.push_back(std::move(dir));
+  return dirs;
+}
+
+absl::StatusOr<ResumePoint> find_resume_point(const std::string& root) {
+  absl::StatusOr<std::string> name = read_latest_name(root);
+  if (!name.ok()) return name.status();
+  if (!name->empty()) {
+    absl::StatusOr<std::string> latest = find_latest(root);
+    if (!latest.ok()) return latest.status();
+    return ResumePoint{*latest, ""};
+  }
+  const std::vector<std::string> dirs = committed_step_dirs(root);
+  std::vector<std::string> failed;  // newer ones that do not check, and why
+  for (const std::string& dir : dirs) {
+    absl::StatusOr<Manifest> m = read_manifest(dir);  // manifest and sizes; crc32 comes after
+    absl::Status st = m.ok() ? check_manifest_files(dir, *m, 0, 0) : m.status();
+    if (st.ok()) {
+      return ResumePoint{
+          dir,
+          absl::StrCat("checkpoint.dir '", root, "' has no '", kLatestFile,
+                       "': resuming the newest committed checkpoint that checks, ", dir,
+                       failed.empty()
+                           ? ""
+                           : absl::StrCat(" (passed over: ", absl::StrJoin(failed, "; "), ")"))};
+    }
+    failed.push_back(std::string(st.message()));
+  }
+  if (!dirs.empty())
+    return absl::DataLossError(
+        absl::StrCat("checkpoint.dir '", root, "' has no '", kLatestFile, "' and none of its ",
+                     dirs.size(), " committed checkpoints checks (the newest: ", failed.front(),
+                     "); resume one with --resume PATH, or start over with --resume none --force"));
+  return ResumePoint{};
+}
+
+namespace {
+
+// Moves the directories or files `paths` (inside root) into root/abandoned-<stamp>/, creating
+// it (a suffix -2, -3, ... when it exists), and fsyncs both directories.
+absl::StatusOr<std::vector<std::string>> move_aside(const std::string& root,
+                                                    const std::vector<std::string>& paths,
+                                                    const std::string& stamp) {
+  if (paths.empty()) return std::vector<std::string>{};
+  std::string aside = fs::join(root, kAbandonedPrefix + stamp);
+  for (int n = 2; fs::exists(aside); ++n)
+    aside = fs::join(root, absl::StrCat(kAbandonedPrefix, stamp, "-", n));
+  if (absl::Status st = fs::make_dirs(aside); !st.ok()) return st;
+  std::vector<std::string> moved;
+  for (const std::string& p : paths) {
+    const std::string to = fs::join(aside, std::filesystem::path(p).filename().string());
+    if (absl::Status st = fs::rename_path(p, to); !st.ok()) return st;
+    moved.push_back(to);
+  }
+  if (absl::Status st = fs::fsync_path(aside); !st.ok()) return st;
+  if (absl::Status st = fs::fsync_path(root); !st.ok()) return st;
+  return moved;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> adopt_resume_point(const std::string& root,
+                                                            const std::string& dir,
+                                                            const std::string& stamp) {
+  const std::filesystem::path d = std::filesystem::path(dir).lexically_normal();
+  const std::string name = (d.has_filename() ? d : d.parent_path()).filename().string();
+  const std::optional<int64_t> step = parse_step_dir_impl(name);
+  if (!step) return absl::InvalidArgumentError(absl::StrCat(dir, " is not a step directory"));
+  std::error_code ec;
+  const bool in_root = std::filesystem::equivalent(fs::join(root, name), dir, ec);
+  if (in_root) {
+    absl::StatusOr<std::string> current = read_latest_name(root);
+    if (!current.ok() || *current != name) {
+      if (absl::Status st = write_latest(root, name); !st.ok()) return st;
+    }
+  }
+  std::vector<std::string> newer;
+  for (const std::string& c : committed_step_dirs(root))
+    if (parse_step_dir_impl(std::filesystem::path(c).filename().string()).value_or(0) > *step)
+      newer.push_back(c);
+  return move_aside(root, newer, stamp);
+}
+
+absl::StatusOr<std::vector<std::string>> abandon_checkpoints(const std::string& root,
+                                                             const std::string& stamp) {
+  std::vector<std::string> paths = committed_step_dirs(root);
+  std::reverse(paths.begin(), paths.end());  // oldest first; `latest` last
+  if (fs::exists(fs::join(root, kLatestFile))) paths.push_back(fs::join(root, kLatestFile));
+  return move_aside(root, paths, stamp);
 }
 
 }  // namespace tr::ckpt

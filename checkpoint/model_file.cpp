@@ -1,5 +1,6 @@
 #include "checkpoint/model_file.h"
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -83,6 +84,30 @@ absl::Status check_sources(hid_t file, const std::string& path, const std::strin
   return absl::OkStatus();
 }
 
+// "" when every value of `t`'s data (the whole tensor or its block) is finite; otherwise what is
+// wrong: how many values are NaN or infinite and the first one's element index in the data.
+std::string non_finite(const TensorRef& t) {
+  const int64_t n = t.block_numel();
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(t.data[i])) continue;
+    if (bad++ == 0) first = i;
+  }
+  if (bad == 0) return "";
+  return absl::StrCat("holds ", bad, " non-finite value", bad == 1 ? "" : "s",
+                      " (NaN or Inf; the first at element ", first,
+                      t.whole() ? "" : absl::StrCat(" of the block at ", h5::shape_str(t.start)),
+                      ")");
+}
+
+// A tensor about to be saved must be finite: a checkpoint is never committed poisoned.
+absl::Status check_finite_for_save(const std::string& ds, const TensorRef& t) {
+  const std::string bad = non_finite(t);
+  if (bad.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("tensor '", t.name, "' (", ds, ") ", bad,
+                                                    ": refusing to save a poisoned checkpoint"));
+}
+
 // Checks existence, dtype and shape of one expected tensor, then reads it (or its block).
 absl::Status read_tensor(hid_t file, const std::string& path, const TensorSet& set,
                          const TensorRef& t, hid_t dapl, const std::set<std::string>& known_files) {
@@ -112,6 +137,11 @@ absl::Status read_tensor(hid_t file, const std::string& path, const TensorSet& s
   absl::Status st = h5::read_f32(file, ds, t.data, dapl, t.start, t.extent);
   if (!st.ok())
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": ", st.message()));
+  if (const std::string bad = non_finite(t); !bad.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint file ", path, ": tensor '", t.name, "' (", ds, ") ", bad,
+        ": the checkpoint is poisoned; resume from an earlier one with --resume PATH"));
+  }
   return absl::OkStatus();
 }
 
@@ -229,7 +259,9 @@ absl::Status write_model_file(const std::string& path, const ModelFileContents& 
       auto virt = contents.virtual_tensors.find(ds);
       absl::Status st = virt != contents.virtual_tensors.end()
                             ? h5::write_virtual_f32(f, ds, t.shape, virt->second)
-                            : h5::write_f32(f, ds, t.shape, t.data);
+                            : check_finite_for_save(ds, t);
+      if (st.ok() && virt == contents.virtual_tensors.end())
+        st = h5::write_f32(f, ds, t.shape, t.data);
       if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
       if (progress) progress(++done, total);
     }
@@ -253,7 +285,8 @@ absl::Status write_shard_file(const std::string& path, std::span<const ShardPiec
   for (const ShardPiece& p : pieces) {
     const std::string tensor = dataset_path(groups[static_cast<int>(p.set)].group, p.ref.name);
     const std::string ds = absl::StrCat(tensor, "/", count[tensor]++);
-    absl::Status st = h5::write_f32(f, ds, p.ref.extent, p.ref.data);
+    absl::Status st = check_finite_for_save(tensor, p.ref);
+    if (st.ok()) st = h5::write_f32(f, ds, p.ref.extent, p.ref.data);
     if (st.ok()) {
       Handle dset(H5Dopen2(f, ds.c_str(), H5P_DEFAULT), H5Dclose);
       H5_CHECK(dset.get());

@@ -26,7 +26,7 @@ mirror=$(sed -n 's/^URIs: *\(http[^ ]*debian\)$/\1/p' /etc/apt/sources.list.d/de
 mirror=${mirror:-http://deb.debian.org/debian}
 
 if ! command -v debootstrap >/dev/null; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null 2>&1
 fi
 
 mounts=(proc sys dev dev/pts dev/shm run)
@@ -75,7 +75,7 @@ for cmd in "bash tools/demo.sh" "bash tools/run_tests.sh"; do
     tail -20 "$log"
     status=1
   fi
-  grep -E "^step +300 |tests passed|tests failed" "$log" | tail -3 | sed 's/^/     /'
+  { grep -E "^done: |^== |tests passed|tests failed" "$log" || true; } | sed 's/^/     /'
 done
 unmount_all
 if ((status == 0 && keep == 0)); then rm -rf "$root"; fi

@@ -15,6 +15,8 @@ if [ "${1:-}" = "--only" ]; then
   case $only in default | cpu) ;; *) echo "run_tests.sh: --only $only: use 'default' or 'cpu'" >&2; exit 2 ;; esac
 fi
 bash tools/install_deps.sh
+# ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) hits the cache.
+export CCACHE_BASEDIR="$PWD"
 
 # build_and_test DIR CMAKE_ARGS...: configure, build and run ctest in DIR.
 build_and_test() {

@@ -9,13 +9,19 @@ namespace tr {
 
 std::string usage() {
   return "usage: trainer --config FILE [--set section.key=value ...] [--resume auto|none|PATH]\n"
-         "               [--dry-run] [--help-config]\n"
+         "               [--force] [--dry-run] [--help-config]\n"
          "  --config FILE     YAML run config (see configs/ and docs/config.md)\n"
          "  --set K=V         override one config key, e.g. --set train.micro_batch=2 "
          "(repeatable)\n"
-         "  --resume auto     continue from checkpoint.dir/latest when it exists (default)\n"
+         "  --resume auto     continue from checkpoint.dir/latest (default); without `latest`,\n"
+         "                    from the newest committed checkpoint there; fresh when there is "
+         "none\n"
          "  --resume none     start fresh; refused when checkpoint.dir already holds checkpoints\n"
-         "  --resume PATH     continue from the committed checkpoint directory PATH\n"
+         "                    unless --force (they are moved to checkpoint.dir/abandoned-TIME/)\n"
+         "  --resume PATH     continue from the committed checkpoint directory PATH; later steps\n"
+         "                    in checkpoint.dir are moved to checkpoint.dir/abandoned-TIME/\n"
+         "  --force           also resume a checkpoint of another run (train.seed, data.seed or\n"
+         "                    data.train differ), and start over with --resume none\n"
          "  --dry-run         validate config and data, print the plan and memory, then exit\n"
          "  --help-config     print every config key with its type, default and meaning\n"
          "\n"
@@ -60,6 +66,8 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
       o.help_config = true;
     } else if (a == "--dry-run") {
       o.dry_run = true;
+    } else if (a == "--force") {
+      o.force = true;
     } else if (is("--config")) {
       absl::StatusOr<std::string> v = value("--config");
       if (!v.ok()) return v.status();

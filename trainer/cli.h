@@ -13,8 +13,11 @@ struct CliOptions {
   std::vector<std::string> sets;  // --set section.key=value, in order
   std::string resume = "auto";    // --resume auto | none | PATH
   bool dry_run = false;           // --dry-run: validate, print the plan, exit
-  bool help = false;              // --help
-  bool help_config = false;       // --help-config: the config reference (docs/config.md)
+  // --force: with --resume none, start over in a checkpoint.dir that holds checkpoints (moved
+  // aside); on resume, accept a checkpoint written by another run (seeds or data differ).
+  bool force = false;
+  bool help = false;         // --help
+  bool help_config = false;  // --help-config: the config reference (docs/config.md)
   // trainer plan ...: memory, FLOPs, communication and a predicted speed; no GPU needed.
   bool plan = false;
   std::string gpu = "h100";  // --gpu h100|h200|b200|b300
@@ -31,5 +34,6 @@ std::string usage();
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;   // a failure while running (I/O, library error)
 inline constexpr int kExitBadInput = 2;  // invalid config, flag, data file or checkpoint
+inline constexpr int kExitDiverged = 4;  // train.max_skipped_steps steps in a row were skipped
 
 }  // namespace tr

@@ -54,7 +54,7 @@ const std::vector<Field>& fields() {
                "vocabulary size (padded to a multiple of 128*tp internally)"),
       TR_FIELD(model, max_seq_len, Int, 1, 1 << 24, "longest sequence the model accepts (tokens)"),
       TR_FIELD(model, rope_theta, Float, 1e-300, kInf, "RoPE base theta"),
-      TR_FIELD(model, rms_norm_eps, Float, 1e-300, 1, "RMSNorm epsilon"),
+      TR_FIELD(model, rms_norm_eps, Float, 1e-30, 1, "RMSNorm epsilon (used in fp32)"),
       TR_FIELD(model, tie_embeddings, Bool, 0, 0, "LM head shares the input embedding"),
       TR_FIELD(model, init_std, Float, 0, 10,
                "std of the normal init of matrices and the embedding"),
@@ -99,7 +99,13 @@ const std::vector<Field>& fields() {
       TR_FIELD(
           train, exit_interval, Int, 0, kMaxI,
           "save a checkpoint and exit after a step divisible by this (time-sliced jobs); 0 = off"),
-      TR_FIELD(optim, lr, Float, 1e-300, 10, "peak learning rate"),
+      TR_FIELD(train, max_skipped_steps, Int, 1, kMaxI,
+               "steps skipped in a row (non-finite loss or gradient norm, loss spike) after which "
+               "the run stops with exit code 4; 1 = stop at the first"),
+      TR_FIELD(train, spike_factor, Float, 0, kInf,
+               "skip a step whose loss exceeds this times the mean loss of the previous 20 "
+               "accepted steps; 0 = off"),
+      TR_FIELD(optim, lr, Float, 1e-12, 10, "peak learning rate (used in fp32)"),
       TR_FIELD(optim, min_lr, Float, 0, 10, "learning rate at the end of the decay"),
       TR_FIELD(optim, warmup_steps, Int, 0, kMaxI, "linear warm-up steps from 0 to lr"),
       TR_FIELD(optim, schedule, String, 0, 0, "decay after warm-up",
@@ -110,7 +116,7 @@ const std::vector<Field>& fields() {
                "AdamW decoupled weight decay (not on norms and biases)"),
       TR_FIELD(optim, beta1, Float, 0, 0.999999, "AdamW beta1"),
       TR_FIELD(optim, beta2, Float, 0, 0.999999999, "AdamW beta2"),
-      TR_FIELD(optim, eps, Float, 1e-300, 1, "AdamW epsilon"),
+      TR_FIELD(optim, eps, Float, 1e-30, 1, "AdamW epsilon (used in fp32)"),
       TR_FIELD(optim, grad_clip, Float, 0, kInf, "clip the global gradient norm to this; 0 = off"),
       TR_FIELD(checkpoint, dir, String, 0, 0,
                "directory of step_NNNNNNNN/ checkpoints and `latest`"),

@@ -59,6 +59,12 @@ struct TrainConfig {
   int64_t eval_interval = 0;     // 0 = never
   int64_t eval_steps = 10;       // validation batches per evaluation
   int64_t exit_interval = 0;     // save and exit after a step divisible by this; 0 = off
+  // Steps skipped in a row (non-finite loss or gradient norm, or a loss spike) after which the
+  // run stops with kExitDiverged.
+  int64_t max_skipped_steps = 5;
+  // Skip a step whose loss exceeds this times the mean of the last kSpikeWindow accepted steps'
+  // losses; 0 = off.
+  double spike_factor = 10;
 };
 
 struct OptimConfig {

@@ -8,13 +8,20 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "kernels/ops.h"
 #include "parallel/schedule.h"
+#include "trainer/guard.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
 
@@ -245,9 +252,77 @@ StepOutcome evaluate(Session& s, double* val_loss) {
   return {};
 }
 
+// A test hook for the fault-injection tests: TR_TEST_FAULT=KIND:STEP[:COUNT[:ARG]] makes steps
+// STEP .. STEP+COUNT-1 go wrong, as a faulty GPU or a diverging run would:
+//   grad_nan    world rank ARG (default 0) writes NaN into its first gradient after backward,
+//               before the data-parallel reduction
+//   loss_nan    world rank ARG (default 0), if it is on the last stage, makes its loss NaN
+//   loss_spike  every rank multiplies the step's (reduced) loss by ARG
+struct Fault {
+  std::string kind;
+  int64_t step = 0, count = 1;
+  double arg = 0;
+  bool at(int64_t s, const char* k) const { return kind == k && s >= step && s < step + count; }
+};
+
+absl::StatusOr<Fault> fault_from_env() {
+  Fault f;
+  const char* env = std::getenv("TR_TEST_FAULT");
+  if (env == nullptr || *env == '\0') return f;
+  std::vector<std::string> parts = absl::StrSplit(env, ':');
+  bool ok = parts.size() >= 2 && parts.size() <= 4 && absl::SimpleAtoi(parts[1], &f.step) &&
+            (parts.size() < 3 || absl::SimpleAtoi(parts[2], &f.count)) &&
+            (parts.size() < 4 || absl::SimpleAtod(parts[3], &f.arg));
+  f.kind = parts[0];
+  if (!ok || (f.kind != "grad_nan" && f.kind != "loss_nan" && f.kind != "loss_spike"))
+    return absl::InvalidArgumentError(
+        absl::StrCat("TR_TEST_FAULT='", env,
+                     "': expected KIND:STEP[:COUNT[:ARG]] with KIND grad_nan, loss_nan or "
+                     "loss_spike"));
+  return f;
+}
+
+// The first of this rank's gradient tensors that holds a NaN or Inf; "" when all are finite.
+// Only on a skipped step (one reduction per tensor).
+std::string first_non_finite_grad(Session& s) {
+  for (const ParamInfo& p : s.model->layout().tensors)
+    if (!std::isfinite(sum_squares(s.ctx, s.model->grad(p)))) return p.name;
+  return "";
+}
+
+// Says why step `step` is skipped, once: the lowest rank that sees a non-finite gradient or
+// loss of its own names it and its coordinates; rank 0 speaks when none does (a spike).
+void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64_t step,
+                 const std::string& why, bool own_loss_bad) {
+  Comm& w = *s.groups.world;
+  std::string where;
+  if (v == StepGuard::Verdict::skip_non_finite) {
+    const std::string tensor = first_non_finite_grad(s);
+    if (!tensor.empty())
+      where = absl::StrCat("first non-finite gradient '", tensor, "'");
+    else if (own_loss_bad)
+      where = "its own loss is not finite";
+  }
+  int32_t speaker = where.empty() ? -w.size() : -w.rank();  // max of -rank = lowest rank
+  w.all_reduce(Tensor(&speaker, DType::i32, Device::cpu, {1}), ReduceOp::max);
+  if (speaker == -w.size()) speaker = 0;
+  if (-speaker != w.rank()) return;
+  const std::string seen =
+      where.empty() ? ""
+                    : absl::StrFormat("; rank %d (tp %d, pp %d, dp %d): %s", w.rank(),
+                                      s.topo.tp_rank, s.topo.pp_rank, s.topo.dp_rank, where);
+  std::fprintf(stderr,
+               "warning: step %lld skipped, no update: %s%s; %lld skipped in a row (the run stops "
+               "at train.max_skipped_steps=%lld)\n",
+               static_cast<long long>(step), why.c_str(), seen.c_str(),
+               static_cast<long long>(guard.skipped_in_a_row()),
+               static_cast<long long>(s.cfg.train.max_skipped_steps));
+  std::fflush(stderr);
+}
+
 // One optimizer step: micro-batches through the pipeline with gradient accumulation, the tied
 // embedding's gradient shared by the first and last stage, DP reduction, clip, AdamW.
-StepOutcome train_step(Session& s, StepMetrics& m) {
+StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault& fault) {
   const auto t0 = Clock::now();
   const int64_t step = s.state.step + 1;
   const int64_t tokens = s.cfg.train.global_batch * s.cfg.data.seq_len;
@@ -259,6 +334,15 @@ StepOutcome train_step(Session& s, StepMetrics& m) {
   if (out.code != kExitOk) return out;
   zero_(s.ctx, s.model->grads());
   double loss_sum = run_pipeline(s, *batch, grad_scale);
+  if (s.topo.rank == static_cast<int>(fault.arg)) {
+    if (fault.at(step, "grad_nan")) {
+      float nan = std::numeric_limits<float>::quiet_NaN();
+      copy_tensor(s.model->grads().at(0, {1}), Tensor(&nan, DType::f32, Device::cpu, {1}));
+    }
+    if (fault.at(step, "loss_nan") && s.topo.last_stage())
+      loss_sum = std::numeric_limits<double>::quiet_NaN();
+  }
+  const bool own_loss_bad = !std::isfinite(loss_sum);
   s.model->sync_replicated_grads();
   all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
   all_reduce_sum(*s.groups.dp, &loss_sum, 1);
@@ -273,17 +357,31 @@ StepOutcome train_step(Session& s, StepMetrics& m) {
     std::fprintf(stderr, "step %lld: %d of %d dp buckets started during backward\n",
                  static_cast<long long>(step), s.opt->early_buckets(), s.opt->buckets());
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
-  s.opt->update(m.lr, step);
-  if (s.topo.pp > 1 && s.cfg.model.tie_embeddings &&
-      (s.topo.first_stage() || s.topo.last_stage())) {
-    // The two copies took the same update up to summation order; make them bit-identical.
-    const ParamInfo& embed = s.model->layout().find("embed_tokens/weight");
-    s.groups.embed->broadcast(s.model->param(embed), 0);
-    s.model->refresh_compute_copy(&embed);
+  m.loss = loss_sum / static_cast<double>(tokens);
+  if (fault.at(step, "loss_spike")) m.loss *= fault.arg;
+  // Nothing non-finite (or, with train.spike_factor, spiking) is applied. The loss and the norm
+  // are the same on every rank; the ranks still agree on the verdict.
+  std::string why;
+  int32_t verdict = static_cast<int32_t>(guard.judge(m.loss, m.grad_norm, &why));
+  s.groups.world->all_reduce(Tensor(&verdict, DType::i32, Device::cpu, {1}), ReduceOp::max);
+  const auto v = static_cast<StepGuard::Verdict>(verdict);
+  guard.record(v, m.loss);
+  m.skipped = skip_name(v);
+  m.skipped_total = guard.skipped_total();
+  if (v != StepGuard::Verdict::apply) {
+    report_skip(s, guard, v, step, why, own_loss_bad);
+  } else {
+    s.opt->update(m.lr, step);
+    if (s.topo.pp > 1 && s.cfg.model.tie_embeddings &&
+        (s.topo.first_stage() || s.topo.last_stage())) {
+      // The two copies took the same update up to summation order; make them bit-identical.
+      const ParamInfo& embed = s.model->layout().find("embed_tokens/weight");
+      s.groups.embed->broadcast(s.model->param(embed), 0);
+      s.model->refresh_compute_copy(&embed);
+    }
   }
   synchronize(s.ctx);  // a GPU step's time includes its last kernel
   m.optimizer_s = seconds_since(t1);
-  m.loss = loss_sum / static_cast<double>(tokens);
   m.step = step;
   m.tokens = tokens;
   m.step_time_s = seconds_since(t0);
@@ -321,20 +419,29 @@ int train_loop(Session& s) {
   m.peak_flops = device_info(s.ctx).peak_bf16_flops;
   m.world = s.topo.world;
   const TrainConfig& t = s.cfg.train;
+  absl::StatusOr<Fault> fault = fault_from_env();
+  if (!fault.ok()) return agree_on_exit(s, kExitBadInput, fault.status());
+  StepGuard guard(t);
   while (s.state.step < t.steps) {
-    StepOutcome out = train_step(s, m);
+    StepOutcome out = train_step(s, m, guard, *fault);
     if (out.code != kExitOk) return agree_on_exit(s, out.own, out.status);
     ++m.steps_done_here;
+    if (s.lock) s.lock->heartbeat();
     m.elapsed_s = seconds_since(start);
     m.peak_mem_mib = peak_mem_mib();
     if (s.ctx.device != Device::cpu) m.device_mem_mib = device_info(s.ctx).memory_used_mib;
-    if (!std::isfinite(m.loss))  // the same on every rank: the loss is all-reduced
-      return agree_on_exit(s, kExitFailure,
-                           absl::InternalError(absl::StrFormat(
-                               "loss is %f at step %d; stopping (last checkpoint: step %d)", m.loss,
-                               m.step, s.last_saved_step)));
     if (s.logger())
-      s.log.step(m, m.step % s.cfg.log.interval == 0 || m.step == t.steps || m.step == 1);
+      s.log.step(m, m.step % s.cfg.log.interval == 0 || m.step == t.steps || m.step == 1 ||
+                        *m.skipped != '\0');
+    if (guard.diverged())  // the same on every rank: the verdicts were agreed
+      return agree_on_exit(
+          s, kExitDiverged,
+          absl::AbortedError(absl::StrFormat(
+              "training diverged: %d steps in a row skipped (train.max_skipped_steps) up to step "
+              "%d; last checkpoint: %s; resume from it with a lower optim.lr, or from an earlier "
+              "one with --resume PATH",
+              guard.skipped_in_a_row(), m.step,
+              s.last_saved_step >= 0 ? absl::StrCat("step ", s.last_saved_step) : "none")));
     if (t.eval_interval > 0 && (m.step % t.eval_interval == 0 || m.step == t.steps)) {
       const auto e0 = Clock::now();
       double val = 0;

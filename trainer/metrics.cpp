@@ -78,7 +78,9 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
                       {"optimizer_s", m.optimizer_s},
                       {"tflops_per_rank", flops / m.world / 1e12},
                       {"peak_mem_mib", m.peak_mem_mib},
-                      {"tokens", m.tokens}};
+                      {"tokens", m.tokens},
+                      {"skipped_steps", m.skipped_total}};
+  if (*m.skipped != '\0') j["skipped"] = m.skipped;
   if (m.peak_flops > 0) j["mfu"] = flops / m.world / m.peak_flops;
   if (m.device_mem_mib > 0) j["device_mem_mib"] = m.device_mem_mib;
   if (f_) {
@@ -89,12 +91,14 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
   std::string mfu = m.peak_flops > 0
                         ? absl::StrFormat(" | mfu %.1f%%", 100 * flops / m.world / m.peak_flops)
                         : absl::StrFormat(" | %.1f GFLOP/s", flops / 1e9);
+  const std::string skipped =
+      *m.skipped != '\0' ? absl::StrCat(" | skipped (", m.skipped, ")") : std::string();
   std::printf(
       "step %*lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f | tok/s %.0f%s | step %.3fs | eta "
-      "%s\n",
+      "%s%s\n",
       static_cast<int>(std::to_string(m.total_steps).size()), static_cast<long long>(m.step),
       static_cast<long long>(m.total_steps), m.loss, m.lr, m.grad_norm, tok_s, mfu.c_str(),
-      m.step_time_s, format_duration(eta).c_str());
+      m.step_time_s, format_duration(eta).c_str(), skipped.c_str());
   std::fflush(stdout);
 }
 

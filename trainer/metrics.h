@@ -22,6 +22,8 @@ struct StepMetrics {
   double device_mem_mib = 0;    // GPU memory in use (0 on the CPU)
   double elapsed_s = 0;         // since this process started training
   int64_t steps_done_here = 0;  // steps run by this process (for the ETA)
+  const char* skipped = "";   // why this step was not applied ("non_finite", "spike"); "" = it was
+  int64_t skipped_total = 0;  // steps skipped by this process
 };
 
 class MetricsLog {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -15,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kernels/ops.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
@@ -89,18 +91,29 @@ absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& r,
   return data::DataLoader::create(o);
 }
 
-// The checkpoint to resume from: "" = start fresh.
-absl::StatusOr<std::string> resume_path(const Session& r) {
+// The checkpoint to resume from: "" = start fresh. Never a fresh start over committed
+// checkpoints unless asked for with --resume none --force (then r.start_over is set).
+absl::StatusOr<std::string> resume_path(Session& r) {
   const std::string& how = r.opts.resume;
   const std::string& root = r.cfg.checkpoint.dir;
-  if (how == "auto") return ckpt::find_latest(root);
+  if (how == "auto") {
+    absl::StatusOr<ckpt::ResumePoint> p = ckpt::find_resume_point(root);
+    if (!p.ok()) return p.status();
+    if (!p->note.empty()) std::printf("note: %s\n", p->note.c_str());
+    return p->dir;
+  }
   if (how == "none") {
-    absl::StatusOr<std::string> latest = ckpt::find_latest(root);
-    if (latest.ok() && !latest->empty())
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--resume none but checkpoint.dir '", root, "' already holds checkpoints (latest ",
-          *latest, "); pass --resume auto to continue them or choose another checkpoint.dir"));
-    return std::string();
+    const std::vector<std::string> held = ckpt::committed_step_dirs(root);
+    if (held.empty() && !fs::exists(fs::path(root) / "latest")) return std::string();
+    if (r.opts.force) {
+      r.start_over = true;
+      return std::string();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--resume none but checkpoint.dir '", root, "' already holds checkpoints",
+        held.empty() ? "" : absl::StrCat(" (newest ", held.front(), ")"),
+        "; pass --resume auto to continue them, --force to start over (they are moved to ", root,
+        "/abandoned-TIME/), or choose another checkpoint.dir"));
   }
   if (!fs::is_directory(how))
     return absl::InvalidArgumentError(
@@ -112,6 +125,39 @@ absl::StatusOr<std::string> resume_path(const Session& r) {
         "--resume ", how,
         ": not a committed checkpoint directory (expected CHECKPOINT_DIR/step_NNNNNNNN)"));
   return how;
+}
+
+// Config keys that identify a run: a checkpoint whose values differ was written by another
+// run, and is resumed only with --force.
+constexpr const char* kRunIdentity[] = {"train.seed", "data.seed", "data.train"};
+
+// Rank 0, once every input checked out and before the first step: makes the directory say
+// what this run continues. Starting over moves the old checkpoints aside; resuming an earlier
+// step points `latest` at it and moves the later ones aside, so that a crash before the first
+// save resumes this run's point, not an abandoned branch. Nothing is deleted.
+absl::Status settle_checkpoint_dir(Session& r) {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &utc);
+  const std::string& root = r.cfg.checkpoint.dir;
+  absl::StatusOr<std::vector<std::string>> moved =
+      r.start_over            ? ckpt::abandon_checkpoints(root, stamp)
+      : r.resume_from.empty() ? std::vector<std::string>{}
+                              : ckpt::adopt_resume_point(root, r.resume_from, stamp);
+  if (!moved.ok())
+    return absl::Status(moved.status().code(),
+                        absl::StrCat("cannot set up checkpoint.dir '", root,
+                                     "' for this run: ", moved.status().message()));
+  if (!moved->empty())
+    std::printf("note: %s: moved %zu entr%s of checkpoint.dir aside (kept, not deleted): %s\n",
+                r.start_over ? "starting over (--resume none --force)"
+                             : "resuming an earlier step than checkpoint.dir's newest",
+                moved->size(), moved->size() == 1 ? "y" : "ies",
+                absl::StrJoin(*moved, ", ").c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
 }
 
 // Every rank reads only its part: its TP slice of its stage's weights and, of those, its
@@ -140,8 +186,17 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
                   Tensor(staged[i].data(), DType::f32, Device::cpu, {targets[i].numel()}));
   r.model->refresh_compute_copy();
   r.last_saved_step = r.state.step;
-  for (const std::string& d : config_differences(stored_yaml, to_yaml(r.cfg)))
+  const std::vector<std::string> diffs = config_differences(stored_yaml, to_yaml(r.cfg));
+  for (const std::string& d : diffs) {
+    const bool identity = std::any_of(std::begin(kRunIdentity), std::end(kRunIdentity),
+                                      [&](const char* k) { return d.starts_with(k); });
+    if (identity && !r.opts.force)
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint ", path, " was written by another run: ", d,
+          " (train.seed, data.seed and data.train identify a run); resume it anyway with "
+          "--force, or choose another checkpoint.dir"));
     std::printf("note: config differs from the checkpoint's: %s\n", d.c_str());
+  }
   const double lr_now = lr_at(r.cfg.optim, r.cfg.train.steps, r.state.step);
   if (r.state.step > 0 &&
       std::abs(lr_now - r.state.lr) > 1e-9 * std::max(1.0, std::abs(r.state.lr)))
@@ -235,6 +290,16 @@ absl::Status check_inputs(Session& r) {
         make_loader(r, r.cfg.data.valid, false);
     if (!valid.ok()) return valid.status();
     r.valid = std::move(*valid);
+  }
+  // Last, once everything else checked out: rank 0 takes checkpoint.dir (a dry run writes
+  // nothing). A directory in use by a live trainer is bad input.
+  if (world.rank() == 0 && !r.opts.dry_run) {
+    std::string note;
+    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> lock =
+        ckpt::DirLock::acquire(r.cfg.checkpoint.dir, kLockStaleAfterS, &note);
+    if (!lock.ok()) return lock.status();
+    r.lock = std::move(*lock);
+    if (!note.empty()) std::printf("note: %s\n", note.c_str());
   }
   return absl::OkStatus();
 }
@@ -359,6 +424,9 @@ int run(const CliOptions& opts) {
                 static_cast<long long>(r.state.step), static_cast<long long>(r.cfg.train.steps));
     return kExitOk;
   }
+  st = r.logger() ? settle_checkpoint_dir(r) : absl::OkStatus();
+  if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitFailure, st); code != kExitOk)
+    return code;
   st = r.logger() ? write_run_files(r) : absl::OkStatus();
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;

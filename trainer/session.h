@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/lock.h"
 #include "data/loader.h"
 #include "kernels/core/ctx.h"
 #include "parallel/groups.h"
@@ -25,6 +26,10 @@ namespace tr {
 // Bytes of the CUDA ops' workspace (cuBLASLt's 32 MiB plus the reductions' and sorts' scratch);
 // the planner counts the same.
 inline constexpr size_t kCudaWorkspaceBytes = size_t{256} << 20;
+
+// A checkpoint.dir lock whose heartbeat (touched every step) is this old is stale: its holder,
+// on another host, died. Longer than any step, save or evaluation we expect.
+inline constexpr double kLockStaleAfterS = 900;
 
 struct Session {
   std::unique_ptr<MpiRuntime> mpi;  // first member: finalised after every communicator is gone
@@ -43,6 +48,9 @@ struct Session {
   MetricsLog log;  // open on rank 0 only
   ckpt::TrainState state;
   std::string resume_from;  // checkpoint directory to load; "" = fresh start
+  bool start_over = false;
+  std::unique_ptr<ckpt::DirLock> lock;  // rank 0: this run owns checkpoint.dir  // --resume none
+                                        // --force over existing checkpoints: move them aside
   int64_t last_saved_step = -1;
 
   bool logger() const { return topo.rank == 0; }

@@ -1,0 +1,445 @@
+// Reliability of the trainer under faults (issue: nothing poisoned is ever committed, no run
+// overwrites another, no hang outlives its timeout, shutdown always saves): the step guard, and
+// end-to-end runs with faults injected through TR_TEST_FAULT (trainer/loop.cpp).
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/lock.h"
+#include "kernels/core/fs_io.h"
+#include "tests/cli_util.h"
+#include "trainer/cli.h"
+#include "trainer/guard.h"
+
+namespace tr {
+namespace {
+
+using test::CkptTensors;
+using test::CmdResult;
+using test::read_checkpoint;
+using test::run_cmd;
+using test::RunDir;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
+
+TEST_CASE("guard: non-finite steps are skipped, spikes past the window's mean too", "[guard]") {
+  TrainConfig t;
+  t.max_skipped_steps = 3;
+  t.spike_factor = 4;
+  StepGuard g(t);
+  std::string why;
+  CHECK(g.judge(kNaN, 1.0, &why) == StepGuard::Verdict::skip_non_finite);
+  CHECK(why == "the loss is nan");
+  CHECK(g.judge(2.0, kInfinity, &why) == StepGuard::Verdict::skip_non_finite);
+  CHECK(why == "the gradient norm is inf");
+  // No spike test before the window is full: 100 x the first loss is applied.
+  g.record(StepGuard::Verdict::apply, 1.0);
+  CHECK(g.judge(100.0, 1.0, &why) == StepGuard::Verdict::apply);
+  CHECK(why.empty());
+  for (int i = 1; i < kSpikeWindow; ++i) g.record(StepGuard::Verdict::apply, 1.0 + (i % 2));
+  CHECK(g.mean() == Approx(1.5).epsilon(1e-12));                // 1, then 2, 1, 2, ... (20 values)
+  CHECK(g.judge(6.0, 1.0, &why) == StepGuard::Verdict::apply);  // exactly 4 x the mean
+  CHECK(g.judge(6.01, 1.0, &why) == StepGuard::Verdict::skip_spike);
+  CHECK(why == "the loss 6.01 is over 4 x the mean 1.5 of the last 20 steps");
+  // Skips count in a row and in all; an applied step ends the row, not the total.
+  g.record(StepGuard::Verdict::skip_spike, 6.01);
+  g.record(StepGuard::Verdict::skip_non_finite, kNaN);
+  CHECK(g.skipped_in_a_row() == 2);
+  CHECK_FALSE(g.diverged());
+  CHECK(g.mean() == Approx(1.5).epsilon(1e-12));  // skipped losses never enter the window
+  g.record(StepGuard::Verdict::apply, 1.5);
+  CHECK(g.skipped_in_a_row() == 0);
+  CHECK(g.skipped_total() == 2);
+  for (int i = 0; i < 3; ++i) g.record(StepGuard::Verdict::skip_non_finite, kNaN);
+  CHECK(g.diverged());
+  // spike_factor 0: never a spike.
+  t.spike_factor = 0;
+  StepGuard off(t);
+  for (int i = 0; i < kSpikeWindow; ++i) off.record(StepGuard::Verdict::apply, 1.0);
+  CHECK(off.judge(1e6, 1.0, &why) == StepGuard::Verdict::apply);
+}
+
+// The step's metrics lines by step number (1-based index = step).
+std::vector<nlohmann::json> steps_of(const RunDir& run) {
+  return run.metrics("loss");
+}
+
+// "Seen: with a non-finite gradient norm and a finite loss, the update ran and step 5 was
+// committed with non-finite values." Now the step is skipped: no update (the state saved after
+// it equals the state after step 4 of a clean run, bit for bit), the warning names the rank and
+// the tensor, the metrics count it, and the run goes on.
+TEST_CASE("reliability: a NaN gradient is skipped before the update, never saved", "[cli]") {
+  RunDir clean(5), faulty(5);  // the same schedule; the clean run stops after step 4
+  REQUIRE(clean.trainer("--set train.exit_interval=4").exit_code == 0);
+  CmdResult r = faulty.trainer("", "TR_TEST_FAULT=grad_nan:5");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("warning: step 5 skipped, no update: the gradient norm is nan; rank 0 (tp "
+                      "0, pp 0, dp 0): first non-finite gradient 'embed_tokens/weight'; 1 skipped "
+                      "in a row (the run stops at train.max_skipped_steps=5)") !=
+        std::string::npos);
+  const std::vector<nlohmann::json> m = steps_of(faulty);
+  REQUIRE(m.size() == 5);
+  CHECK(m[4]["skipped"] == "non_finite");
+  CHECK(m[4]["skipped_steps"] == 1);
+  CHECK(m[3]["skipped_steps"] == 0);
+  CHECK_FALSE(m[3].contains("skipped"));
+  const CkptTensors a = read_checkpoint(clean.config, clean.dir / "ckpt/step_00000004");
+  const CkptTensors b = read_checkpoint(faulty.config, faulty.dir / "ckpt/step_00000005");
+  CHECK(a.p == b.p);
+  CHECK(a.m == b.m);
+  CHECK(a.v == b.v);
+  CHECK(b.state.step == 5);
+}
+
+// On 4 ranks (tp 2 x dp 2) a NaN written by rank 3 (tp 1, dp 1) reaches rank 1 (tp 1, dp 0)
+// through the data-parallel reduction; the lowest rank that sees it names it. Every rank skips.
+TEST_CASE("reliability: a NaN on one rank is skipped by every rank and named once", "[cli][mpi]") {
+  RunDir run(6);
+  CmdResult r = run.mpirun(4, "--set parallel.tp=2", "TR_TEST_FAULT=grad_nan:3:1:3");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string want =
+      "warning: step 3 skipped, no update: the gradient norm is nan; rank 1 (tp 1, pp 0, dp 0): "
+      "first non-finite gradient 'embed_tokens/weight'";
+  CHECK(r.output.find(want) != std::string::npos);
+  CHECK(r.output.find("warning:") == r.output.rfind("warning:"));  // said once
+  const std::vector<nlohmann::json> m = steps_of(run);
+  REQUIRE(m.size() == 6);
+  CHECK(m[2]["skipped"] == "non_finite");
+  CHECK(std::isfinite(m[5]["loss"].get<double>()));
+}
+
+// Steps that keep failing end the run with kExitDiverged and one line naming the last
+// checkpoint; nothing from the failing steps is saved.
+TEST_CASE("reliability: max_skipped_steps in a row stop the run with exit code 4", "[cli]") {
+  RunDir run(20);
+  CmdResult r = run.trainer("--set train.max_skipped_steps=3 --set checkpoint.interval=2",
+                            "TR_TEST_FAULT=loss_nan:5:100");
+  INFO(r.output);
+  CHECK(r.exit_code == kExitDiverged);
+  CHECK(r.output.find("warning: step 5 skipped, no update: the loss is nan; rank 0 (tp 0, pp 0, "
+                      "dp 0): its own loss is not finite") != std::string::npos);
+  CHECK(r.output.find("error: training diverged: 3 steps in a row skipped "
+                      "(train.max_skipped_steps) up to step 7; last checkpoint: step 6; resume "
+                      "from it with a lower optim.lr, or from an earlier one with --resume "
+                      "PATH\n") != std::string::npos);
+  // Step 6 was skipped (no update), so its checkpoint is the state after step 4, and finite.
+  absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
+  REQUIRE(latest.ok());
+  CHECK(*latest == run.dir / "ckpt/step_00000006");
+  CHECK(read_checkpoint(run.config, *latest).state.step == 6);
+  CHECK_FALSE(std::filesystem::exists(run.dir / "ckpt/step_00000008"));
+}
+
+// "Seen: a loss that explodes from 5.5 to 4,856 finishes with rc 0 and no warning." With
+// train.spike_factor (default 10) that step is skipped with a warning; with 0 it is applied.
+TEST_CASE("reliability: a loss spike is skipped unless train.spike_factor is 0", "[cli]") {
+  RunDir run(25), off(25);
+  CmdResult r = run.trainer("", "TR_TEST_FAULT=loss_spike:23:1:1000");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("warning: step 23 skipped, no update: the loss ") != std::string::npos);
+  CHECK(r.output.find(" is over 10 x the mean ") != std::string::npos);
+  std::vector<nlohmann::json> m = steps_of(run);
+  REQUIRE(m.size() == 25);
+  CHECK(m[22]["skipped"] == "spike");
+  CHECK(m[24]["skipped_steps"] == 1);
+  r = off.trainer("--set train.spike_factor=0", "TR_TEST_FAULT=loss_spike:23:1:1000");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("warning:") == std::string::npos);
+  CHECK_FALSE(steps_of(off)[22].contains("skipped"));
+}
+
+// The checkpoint library refuses to write a NaN or Inf, whole-tensor (save) or as a rank's
+// block (write_shard), naming the tensor and the first bad element; nothing is committed.
+TEST_CASE("reliability: a save with a non-finite value is refused, nothing committed",
+          "[checkpoint]") {
+  test::TempDir root;
+  std::vector<float> w = {1, 2, 3, 4}, m = {0, 0, 0, 0}, v = {0, 0, 0, std::nanf("")};
+  const ckpt::TensorRef pw("w", {4}, w.data()), pm("w", {4}, m.data()), pv("w", {4}, v.data());
+  ckpt::SaveRequest req;
+  req.root = root.path();
+  req.step = 3;
+  req.params = {&pw, 1};
+  req.exp_avg = {&pm, 1};
+  req.exp_avg_sq = {&pv, 1};
+  req.state.step = 3;
+  absl::Status st = ckpt::save(req);
+  CHECK(st.message() == root /
+                            "step_00000003.tmp/model.h5: tensor 'w' (/optim/exp_avg_sq/w) "
+                            "holds 1 non-finite value (NaN or Inf; the first at element 3): "
+                            "refusing to save a poisoned checkpoint");
+  CHECK_FALSE(std::filesystem::exists(root / "latest"));
+  CHECK_FALSE(std::filesystem::exists(root / "step_00000003"));
+  // A rank's block: two infinities in rows 1..2 of a [4, 2] tensor.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> block = {1, inf, -inf, 0};
+  ckpt::ShardPiece piece{ckpt::TensorSetId::params, ckpt::TensorRef("x", {4, 2}, block.data())};
+  piece.ref.start = {1, 0};
+  piece.ref.extent = {2, 2};
+  absl::StatusOr<std::string> tmp = ckpt::begin_save(root.path(), 4, 2);
+  REQUIRE(tmp.ok());
+  absl::StatusOr<fs::FileDigest> d = ckpt::write_shard(*tmp, 0, 4, {&piece, 1});
+  CHECK(d.status().message() ==
+        *tmp +
+            "/shard_00000.h5: tensor 'x' (/model/x) holds 2 non-finite values (NaN or Inf; "
+            "the first at element 1 of the block at [1,0]): refusing to save a poisoned "
+            "checkpoint");
+}
+
+// A checkpoint that holds a NaN (written before this check existed, or corrupted in a way its
+// checksums cannot see) is refused on resume with one line, exit 2, and left as it is.
+TEST_CASE("reliability: resuming a checkpoint with non-finite weights is refused", "[cli]") {
+  RunDir run(10);
+  REQUIRE(run.trainer().exit_code == 0);
+  const std::string step = run.dir / "ckpt/step_00000010";
+  // Overwrite the first weight (embed_tokens/weight[0,0]) in the shard file with a NaN, then
+  // re-digest the file in the manifest, as a writer without the check would have.
+  const float first = read_checkpoint(run.config, step).p[0];
+  std::string bytes = test::read_file(step + "/shard_00000.h5");
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(&first), 4));
+  REQUIRE(at != std::string::npos);
+  const float nan = std::nanf("");
+  bytes.replace(at, 4, std::string(reinterpret_cast<const char*>(&nan), 4));
+  test::write_file(step + "/shard_00000.h5", bytes);
+  auto manifest = nlohmann::json::parse(test::read_file(step + "/manifest.json"));
+  absl::StatusOr<fs::FileDigest> d = fs::digest_file(step + "/shard_00000.h5");
+  REQUIRE(d.ok());
+  manifest["files"]["shard_00000.h5"]["crc32"] = d->crc32;
+  test::write_file(step + "/manifest.json", manifest.dump());
+  test::expect_bad_input(
+      run.trainer("--set train.steps=20"),
+      "checkpoint file " + step +
+          "/model.h5: tensor 'embed_tokens/weight' "
+          "(/model/embed_tokens/weight) holds 1 non-finite value (NaN or Inf; the "
+          "first at element 0 of the block at [0,0]): the checkpoint is poisoned; "
+          "resume from an earlier "
+          "one with --resume PATH");
+  CHECK(test::read_file(step + "/shard_00000.h5") == bytes);  // left as it was
+}
+
+// The entries of `dir` whose names start with `prefix`, sorted.
+std::vector<std::string> entries(const std::string& dir, const std::string& prefix = "") {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().starts_with(prefix))
+      names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// "Seen: with `latest` missing, --resume auto trains from step 0 and its retention deletes the
+// old checkpoints." Now it resumes the newest committed checkpoint that checks, and says so.
+TEST_CASE("reliability: --resume auto without latest resumes the newest committed step", "[cli]") {
+  RunDir run(20);
+  REQUIRE(run.trainer().exit_code == 0);  // step_10, step_20
+  const std::string ckpt = run.dir / "ckpt";
+  std::filesystem::remove(ckpt + "/latest");
+  SECTION("the newest checks") {
+    CmdResult r = run.trainer("--set train.steps=25");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("note: checkpoint.dir '" + ckpt +
+                        "' has no 'latest': resuming the newest committed checkpoint that "
+                        "checks, " +
+                        ckpt + "/step_00000020\n") != std::string::npos);
+    CHECK(r.output.find("resumed from " + ckpt + "/step_00000020: step 20") != std::string::npos);
+    CHECK(entries(ckpt, "step_") == std::vector<std::string>{"step_00000020", "step_00000025"});
+  }
+  SECTION("the newest is truncated: the one before") {
+    std::filesystem::resize_file(ckpt + "/step_00000020/model.h5", 100);
+    CmdResult r = run.trainer("--set train.steps=25");
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("resuming the newest committed checkpoint that checks, " + ckpt +
+                        "/step_00000010 (passed over: checkpoint file " + ckpt +
+                        "/step_00000020/model.h5") != std::string::npos);
+    CHECK(r.output.find("resumed from " + ckpt + "/step_00000010: step 10") != std::string::npos);
+  }
+  SECTION("none checks: an error, nothing changed") {
+    std::filesystem::resize_file(ckpt + "/step_00000020/model.h5", 100);
+    std::filesystem::resize_file(ckpt + "/step_00000010/model.h5", 100);
+    CmdResult r = run.trainer("--set train.steps=25");
+    test::expect_bad_input(r, "checkpoint.dir '" + ckpt +
+                                  "' has no 'latest' and none of its 2 committed checkpoints "
+                                  "checks (the newest: checkpoint file " +
+                                  ckpt + "/step_00000020/model.h5");
+    CHECK(entries(ckpt) == std::vector<std::string>{"step_00000010", "step_00000020"});
+  }
+}
+
+// "Seen: --resume none accepts a directory full of checkpoints." It refuses, also without
+// `latest`; with --force it starts over and moves the old checkpoints aside, deleting nothing.
+TEST_CASE("reliability: --resume none refuses checkpoints unless --force moves them aside",
+          "[cli]") {
+  RunDir run(20);
+  REQUIRE(run.trainer().exit_code == 0);
+  const std::string ckpt = run.dir / "ckpt";
+  std::filesystem::remove(ckpt + "/latest");
+  test::expect_bad_input(run.trainer("--resume none"),
+                         "--resume none but checkpoint.dir '" + ckpt +
+                             "' already holds checkpoints (newest " + ckpt +
+                             "/step_00000020); pass --resume auto to continue them, --force to "
+                             "start over");
+  CmdResult r = run.trainer("--resume none --force --set train.steps=10");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("note: starting over (--resume none --force): moved 2 entries of "
+                      "checkpoint.dir aside (kept, not deleted)") != std::string::npos);
+  const std::vector<std::string> aside = entries(ckpt, "abandoned-");
+  REQUIRE(aside.size() == 1);
+  CHECK(entries(ckpt + "/" + aside[0]) ==
+        std::vector<std::string>{"step_00000010", "step_00000020"});
+  CHECK(*ckpt::find_latest(ckpt) == ckpt + "/step_00000010");
+  CHECK(steps_of(run).front()["step"] == 1);  // trained from scratch
+}
+
+// "Seen: after --resume step_20 with 22 and 24 on disk, latest keeps naming 24 until the first
+// new save, so a crash in that window resumes the abandoned branch." Now `latest` names step 20
+// before the first step, and 22 and 24 are moved aside.
+TEST_CASE("reliability: --resume of an earlier step makes it latest at once", "[cli]") {
+  RunDir run(24);
+  REQUIRE(run.trainer("--set checkpoint.interval=2 --set checkpoint.keep_last=3").exit_code == 0);
+  const std::string ckpt = run.dir / "ckpt";
+  REQUIRE(entries(ckpt, "step_") ==
+          std::vector<std::string>{"step_00000020", "step_00000022", "step_00000024"});
+  // Killed while saving its first checkpoint (step 22 of the new branch).
+  CmdResult r = run.trainer("--resume " + ckpt + "/step_00000020 --set checkpoint.interval=2",
+                            "TR_TEST_CRASH_POINT=mid_tensors@22");
+  INFO(r.output);
+  CHECK(r.exit_code == 128 + 9);
+  CHECK(r.output.find("note: resuming an earlier step than checkpoint.dir's newest: moved 2 "
+                      "entries of checkpoint.dir aside") != std::string::npos);
+  CHECK(*ckpt::find_latest(ckpt) == ckpt + "/step_00000020");
+  const std::vector<std::string> aside = entries(ckpt, "abandoned-");
+  REQUIRE(aside.size() == 1);
+  CHECK(entries(ckpt + "/" + aside[0]) ==
+        std::vector<std::string>{"step_00000022", "step_00000024"});
+  CmdResult again = run.trainer("--set checkpoint.interval=2");
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(again.output.find("resumed from " + ckpt + "/step_00000020: step 20") != std::string::npos);
+}
+
+// "Seen: a restarted job adopts the other run's weights with a one-line note." A checkpoint
+// whose seeds or data differ from the config is refused unless --force.
+TEST_CASE("reliability: a checkpoint of another run is refused unless --force", "[cli]") {
+  RunDir run(10);
+  REQUIRE(run.trainer().exit_code == 0);
+  const std::string step = run.dir / "ckpt/step_00000010";
+  test::expect_bad_input(run.trainer("--set train.steps=12 --set data.seed=99"),
+                         "checkpoint " + step +
+                             " was written by another run: data.seed: 1234 -> 99 (train.seed, "
+                             "data.seed and data.train identify a run); resume it anyway with "
+                             "--force, or choose another checkpoint.dir");
+  CHECK(*ckpt::find_latest(run.dir / "ckpt") == step);
+  CmdResult r = run.trainer("--set train.steps=12 --set data.seed=99 --force");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("note: config differs from the checkpoint's: data.seed: 1234 -> 99") !=
+        std::string::npos);
+}
+
+// Writes a lock file for a holder of our choosing, `age_s` seconds old.
+void fake_lock(const std::string& dir, const std::string& host, long long pid,
+               const std::string& job, double age_s) {
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/" + ckpt::kLockFile;
+  test::write_file(
+      path,
+      nlohmann::json(
+          {{"host", host}, {"pid", pid}, {"slurm_job", job}, {"started", "2026-01-01T00:00:00Z"}})
+          .dump());
+  const auto t = std::filesystem::file_time_type::clock::now() -
+                 std::chrono::seconds(static_cast<int64_t>(age_s));
+  std::filesystem::last_write_time(path, t);
+}
+
+std::string this_host() {
+  char h[256] = {};
+  gethostname(h, sizeof(h) - 1);
+  return h;
+}
+
+TEST_CASE("reliability: the checkpoint.dir lock: live holders refuse, stale ones are taken",
+          "[checkpoint]") {
+  test::TempDir root;
+  const std::string dir = root / "ckpt";
+  std::string note;
+  {
+    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> a = ckpt::DirLock::acquire(dir, 900, &note);
+    REQUIRE(a.ok());
+    CHECK(note.empty());
+    absl::StatusOr<ckpt::LockHolder> h = ckpt::read_lock(dir);
+    REQUIRE(h.ok());
+    CHECK(h->pid == getpid());
+    // A second taker in this process sees a live holder: this very pid on this host.
+    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> b = ckpt::DirLock::acquire(dir, 900, &note);
+    REQUIRE_FALSE(b.ok());
+    CHECK_THAT(std::string(b.status().message()),
+               Catch::StartsWith("checkpoint.dir '" + dir + "' is in use by another trainer: pid " +
+                                 std::to_string(getpid()) + " on host " + this_host()) &&
+                   Catch::EndsWith("; wait for it, use another checkpoint.dir, or remove " + dir +
+                                   "/trainer.lock if that run is gone"));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir + "/trainer.lock"));  // released
+  // Stale: a pid of this host that is gone.
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, nullptr, 0);
+  fake_lock(dir, this_host(), gone, "", 1);
+  REQUIRE(ckpt::DirLock::acquire(dir, 900, &note).ok());
+  CHECK_THAT(note, Catch::Contains("(its process is gone)"));
+  // Live on another host with a fresh heartbeat: refused; with an old one: stale.
+  fake_lock(dir, "elsewhere", 1, "77", 10);
+  CHECK_FALSE(ckpt::DirLock::acquire(dir, 900, &note).ok());
+  fake_lock(dir, "elsewhere", 1, "77", 1000);
+  REQUIRE(ckpt::DirLock::acquire(dir, 900, &note).ok());
+  CHECK_THAT(note, Catch::Contains("its heartbeat stopped 1000 s ago"));
+  // An earlier run of this Slurm job (requeued): stale, wherever it ran.
+  setenv("SLURM_JOB_ID", "4242", 1);
+  fake_lock(dir, "elsewhere", 1, "4242", 10);
+  REQUIRE(ckpt::DirLock::acquire(dir, 900, &note).ok());
+  CHECK_THAT(note, Catch::Contains("it was an earlier run of this Slurm job"));
+  unsetenv("SLURM_JOB_ID");
+}
+
+// "Seen: two trainers on one checkpoint.dir: no lock." The second exits 2 naming the first.
+TEST_CASE("reliability: a second trainer on the same checkpoint.dir exits 2", "[cli]") {
+  RunDir run(100000);
+  const std::string log = run.dir / "log/metrics.jsonl";
+  CmdResult r = run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + run.config +
+                        " >/dev/null 2>&1 & pid=$!; while [ ! -s " + log +
+                        " ]; do sleep 0.05; done; " + TR_TRAINER_BIN + " --config " + run.config +
+                        "; echo second=$?; kill -TERM $pid; wait $pid'");
+  INFO(r.output);
+  CHECK(r.output.find("error: checkpoint.dir '" + (run.dir / "ckpt") +
+                      "' is in use by another trainer: pid ") != std::string::npos);
+  CHECK(r.output.find("second=2") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(run.dir / "ckpt/trainer.lock"));  // released at exit
+}
+
+TEST_CASE("reliability: a malformed TR_TEST_FAULT is one error line", "[cli]") {
+  RunDir run(10);
+  test::expect_bad_input(run.trainer("", "TR_TEST_FAULT=grad_nan"),
+                         "TR_TEST_FAULT='grad_nan': expected KIND:STEP[:COUNT[:ARG]] with KIND "
+                         "grad_nan, loss_nan or loss_spike");
+}
+
+}  // namespace
+}  // namespace tr
