@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <ctime>
-#include <filesystem>
 
 #include <nlohmann/json.hpp>
 
@@ -32,15 +31,10 @@ std::string slurm_job() {
 
 // This process as a holder, as the lock file's JSON.
 std::string my_record() {
-  char started[32];
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  std::strftime(started, sizeof(started), "%Y-%m-%dT%H:%M:%SZ", &utc);
   nlohmann::json j = {{"host", host_name()},
                       {"pid", static_cast<long long>(getpid())},
                       {"slurm_job", slurm_job()},
-                      {"started", started}};
+                      {"started", fs::utc_now("%Y-%m-%dT%H:%M:%SZ")}};
   return j.dump() + "\n";
 }
 

@@ -18,6 +18,9 @@ bash tools/install_deps.sh
 # ccache keys on paths relative to the checkout, so a fresh clone elsewhere (CI) hits the cache.
 export CCACHE_BASEDIR="$PWD"
 
+# has_cuda DIR: whether the build in DIR has the CUDA backend (CMake records it in the cache).
+has_cuda() { grep -q '^TRAINER_HAVE_CUDA:INTERNAL=ON$' "$1/CMakeCache.txt"; }
+
 # build_and_test DIR CMAKE_ARGS...: configure, build and run ctest in DIR.
 build_and_test() {
   local dir=$1 start
@@ -26,7 +29,7 @@ build_and_test() {
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
   cmake --build "$dir" -j"$(nproc)"
   local backend=cpu
-  grep -q '^TRAINER_HAVE_CUDA:INTERNAL=ON$' "$dir/CMakeCache.txt" && backend=cuda
+  has_cuda "$dir" && backend=cuda
   echo "== $dir (backend: $backend) built in $(($(date +%s) - start)) s; its tests: =="
   (cd "$dir" && ctest --output-on-failure -j"$(nproc)" "${ctest_args[@]}")
 }
@@ -35,6 +38,6 @@ ctest_args=("$@")
 if [ "$only" != cpu ]; then
   build_and_test build
 fi
-if [ "$only" = cpu ] || { [ -z "$only" ] && grep -q '^TRAINER_HAVE_CUDA:INTERNAL=ON$' build/CMakeCache.txt; }; then
+if [ "$only" = cpu ] || { [ -z "$only" ] && has_cuda build; }; then
   build_and_test build-cpu -DTRAINER_CUDA=OFF
 fi

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kernels/core/fs_io.h"
 #include "kernels/ops.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
@@ -104,7 +104,8 @@ absl::StatusOr<std::string> resume_path(Session& r) {
   }
   if (how == "none") {
     const std::vector<std::string> held = ckpt::committed_step_dirs(root);
-    if (held.empty() && !fs::exists(fs::path(root) / "latest")) return std::string();
+    const absl::StatusOr<std::string> latest = ckpt::find_latest(root);  // also a dangling one
+    if (held.empty() && latest.ok() && latest->empty()) return std::string();
     if (r.opts.force) {
       r.start_over = true;
       return std::string();
@@ -136,11 +137,7 @@ constexpr const char* kRunIdentity[] = {"train.seed", "data.seed", "data.train"}
 // step points `latest` at it and moves the later ones aside, so that a crash before the first
 // save resumes this run's point, not an abandoned branch. Nothing is deleted.
 absl::Status settle_checkpoint_dir(Session& r) {
-  char stamp[32];
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", &utc);
+  const std::string stamp = tr::fs::utc_now("%Y%m%dT%H%M%SZ");
   const std::string& root = r.cfg.checkpoint.dir;
   absl::StatusOr<std::vector<std::string>> moved =
       r.start_over            ? ckpt::abandon_checkpoints(root, stamp)

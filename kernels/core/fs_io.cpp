@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <utility>
 #include <vector>
@@ -196,6 +197,14 @@ absl::StatusOr<uint64_t> file_size(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return errno_status(errno, "cannot stat", path);
   return static_cast<uint64_t>(st.st_size);
+}
+
+std::string utc_now(const char* format) {
+  char text[64];
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  return std::string(text, std::strftime(text, sizeof(text), format, &utc));
 }
 
 }  // namespace tr::fs

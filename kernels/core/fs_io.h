@@ -76,4 +76,8 @@ absl::StatusOr<FileDigest> digest_file(const std::string& path);
 // Size only (stat).
 absl::StatusOr<uint64_t> file_size(const std::string& path);
 
+// The current UTC time formatted by strftime's `format` (for names and records of files that
+// say when they were made, e.g. "%Y%m%dT%H%M%SZ").
+std::string utc_now(const char* format);
+
 }  // namespace tr::fs
