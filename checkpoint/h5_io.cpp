@@ -24,8 +24,22 @@ std::string h5_error_detail() {
   return detail;
 }
 
+// HDF5's description of a failed system call spans lines ("file write failed: time = ...\n,
+// filename = ..., errno = 28, error message = 'No space left on device', ..."): keep the
+// system's message, so that an error stays one line.
+std::string one_line(const std::string& detail) {
+  const std::string key = "error message = '";
+  if (size_t at = detail.find(key); at != std::string::npos) {
+    const size_t from = at + key.size(), to = detail.find('\'', from);
+    if (to != std::string::npos) return detail.substr(from, to - from);
+  }
+  std::string out = detail;
+  std::replace(out.begin(), out.end(), '\n', ' ');
+  return out;
+}
+
 std::string with_detail(std::string msg) {
-  std::string detail = h5_error_detail();
+  std::string detail = one_line(h5_error_detail());
   if (!detail.empty()) absl::StrAppend(&msg, " (HDF5: ", detail, ")");
   return msg;
 }
@@ -112,6 +126,15 @@ herr_t Handle::reset() {
   id_ = -1;
   return rc;
 }
+
+// HDF5's own clean-up at exit closes the files still open: one whose close failed (a full
+// disk) is left half-open, and HDF5 1.10 then crashes in that clean-up (rc 139) after the error
+// was reported. Every file we write is closed (and its close checked) by its Handle, so the
+// library's exit hook has nothing to do: switch it off before HDF5 initialises.
+const bool g_no_hdf5_atexit = [] {
+  H5dont_atexit();
+  return true;
+}();
 
 void quiet_errors() {
   static std::once_flag once;

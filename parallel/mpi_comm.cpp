@@ -2,11 +2,19 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "kernels/core/check.h"
+#include "kernels/core/exit_codes.h"
 
 // MPI calls return error codes (MPI_ERRORS_RETURN on every communicator); a failure aborts
 // every rank through fatal_error -> MPI_Abort, naming the rank, the call and the group.
@@ -23,7 +31,92 @@ std::string mpi_error_text(int code) {
   return std::string(text, static_cast<size_t>(len));
 }
 
+// One thread per process that watches the blocking MPI call in progress (only the main thread
+// makes them). Also sums the time spent blocked, for the straggler report.
+class MpiWatchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  explicit MpiWatchdog(double timeout_s) : timeout_s_(timeout_s) {
+    if (timeout_s_ > 0) thread_ = std::thread([this] { watch(); });
+  }
+  ~MpiWatchdog() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void begin(const char* op, const std::string* group, int rank, int size) {
+    std::lock_guard<std::mutex> lock(mu_);
+    call_ = {op, group, rank, size, Clock::now()};
+    busy_ = true;
+  }
+  void end() {
+    std::lock_guard<std::mutex> lock(mu_);
+    blocked_s_ += std::chrono::duration<double>(Clock::now() - call_.start).count();
+    busy_ = false;
+  }
+  double blocked_s() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return blocked_s_;
+  }
+  std::atomic<double> patience_s{0};
+
+ private:
+  struct Call {
+    const char* op = "";
+    const std::string* group = nullptr;  // the communicator's name; it outlives its calls
+    int rank = 0, size = 1;
+    Clock::time_point start;
+  };
+
+  void watch() {
+    const auto period = std::chrono::duration<double>(std::clamp(timeout_s_ / 20, 0.05, 1.0));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!cv_.wait_for(lock, period, [this] { return stop_; })) {
+      if (!busy_) continue;
+      const double limit = std::max(timeout_s_, patience_s.load());
+      const double waited = std::chrono::duration<double>(Clock::now() - call_.start).count();
+      if (waited <= limit) continue;
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "MPI %s in group %s (this rank is %d of %d) unfinished after %.0f s "
+                    "(parallel.timeout_s=%g%s): a rank of the group is hung, stopped, dead or far "
+                    "behind; ending the job with exit code %d",
+                    call_.op, call_.group->c_str(), call_.rank, call_.size, waited, timeout_s_,
+                    limit > timeout_s_ ? ", extended for a checkpoint" : "", kExitCommTimeout);
+      end_job(kExitCommTimeout, line);
+    }
+  }
+
+  const double timeout_s_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false, busy_ = false;
+  Call call_;
+  double blocked_s_ = 0;
+};
+
 namespace {
+
+MpiWatchdog* g_watchdog = nullptr;  // the MpiRuntime's, once watch() was called
+
+// Marks one blocking MPI call for the watchdog, for its whole duration.
+class Watched {
+ public:
+  Watched(const char* op, const std::string& group, int rank, int size) {
+    if (g_watchdog) g_watchdog->begin(op, &group, rank, size);
+  }
+  ~Watched() {
+    if (g_watchdog) g_watchdog->end();
+  }
+  Watched(const Watched&) = delete;
+  Watched& operator=(const Watched&) = delete;
+};
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
@@ -79,6 +172,7 @@ class MpiComm final : public Comm {
 
   void all_reduce(Tensor buf, ReduceOp op) override {
     check_reducible(buf);
+    Watched w("all_reduce", name_, rank_, size_);
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype), mpi_op(op),
                             comm_),
               name_);
@@ -89,6 +183,7 @@ class MpiComm final : public Comm {
                   " x in " + in.shape_str());
     // In place when `in` is this rank's block of `out` (e.g. ZeRO-1's weight all-gather).
     const bool in_place = in.data == static_cast<char*>(out.data) + rank_ * in.nbytes();
+    Watched w("all_gather", name_, rank_, size_);
     MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, count_of(in), mpi_type(in.dtype),
                             out.data, count_of(in), mpi_type(in.dtype), comm_),
               name_);
@@ -98,17 +193,21 @@ class MpiComm final : public Comm {
     TR_ASSERT(in.numel() == out.numel() * size_ && out.dtype == in.dtype,
               "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size_) +
                   " x out " + out.shape_str());
+    Watched w("reduce_scatter", name_, rank_, size_);
     MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
                                        mpi_op(op), comm_),
               name_);
   }
   void broadcast(Tensor buf, int root) override {
+    Watched w("broadcast", name_, rank_, size_);
     MPI_CHECK(MPI_Bcast(buf.data, count_of(buf), mpi_type(buf.dtype), root, comm_), name_);
   }
   void send(Tensor buf, int peer) override {
+    Watched w("send", name_, rank_, size_);
     MPI_CHECK(MPI_Send(buf.data, count_of(buf), mpi_type(buf.dtype), peer, kTag, comm_), name_);
   }
   void recv(Tensor buf, int peer) override {
+    Watched w("recv", name_, rank_, size_);
     MPI_CHECK(MPI_Recv(buf.data, count_of(buf), mpi_type(buf.dtype), peer, kTag, comm_,
                        MPI_STATUS_IGNORE),
               name_);
@@ -126,9 +225,13 @@ class MpiComm final : public Comm {
                             &reqs[i]),
                   name_);
     }
+    Watched w("exchange", name_, rank_, size_);
     MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), name_);
   }
-  void barrier() override { MPI_CHECK(MPI_Barrier(comm_), name_); }
+  void barrier() override {
+    Watched w("barrier", name_, rank_, size_);
+    MPI_CHECK(MPI_Barrier(comm_), name_);
+  }
   void all_reduce_start(Tensor buf, ReduceOp op) override {
     check_reducible(buf);
     MPI_Request req;
@@ -148,6 +251,7 @@ class MpiComm final : public Comm {
     track(req);
   }
   void wait_all() override {
+    Watched w("wait_all", name_, rank_, size_);
     MPI_CHECK(MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE),
               name_);
     pending_.clear();
@@ -196,9 +300,28 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_Comm_free(&node);
 }
 
+void MpiRuntime::watch(double timeout_s) {
+  g_watchdog = nullptr;
+  watchdog_ = std::make_unique<MpiWatchdog>(timeout_s);
+  g_watchdog = watchdog_.get();
+}
+
 MpiRuntime::~MpiRuntime() {
+  g_watchdog = nullptr;
+  watchdog_.reset();
   set_abort_hook(nullptr);
   MPI_Finalize();
+}
+
+MpiPatience::MpiPatience(double seconds) {
+  previous_ = g_watchdog ? g_watchdog->patience_s.exchange(seconds) : 0;
+}
+MpiPatience::~MpiPatience() {
+  if (g_watchdog) g_watchdog->patience_s = previous_;
+}
+
+double mpi_blocked_seconds() {
+  return g_watchdog ? g_watchdog->blocked_s() : 0;
 }
 
 std::unique_ptr<Comm> make_mpi_world(const std::string& name) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/core/check.h"
+#include "kernels/core/exit_codes.h"
 
 #define NCCL_CHECK(expr, what)                                              \
   TR_CHECK_GEN("NCCL", expr, _v == ncclSuccess || _v == ncclInProgress,     \
@@ -286,18 +287,20 @@ class NcclComm final : public Comm {
     }
   }
 
-  // Once per process (the main thread and the watchdog may both get here): the message first,
-  // then ncclCommAbort (non-blocking here, so it cannot hang on a dead peer), then the job ends
-  // through fatal_error's MPI_Abort.
+  // Once per process (the main thread and the watchdog may both get here): ncclCommAbort
+  // (non-blocking here, so it cannot hang on a dead peer), then one line and the job ends with
+  // kExitCommTimeout through end_job's MPI_Abort.
   [[noreturn]] void fail(const char* op, const std::string& why) {
     static std::atomic<bool> failing{false};
     if (failing.exchange(true))
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the other thread ends it
-    const std::string detail = why + " (" + what_ + ", rank " + std::to_string(rank()) + " of " +
-                               std::to_string(size()) + "; a peer rank may have died or hung)";
-    std::fprintf(stderr, "NCCL %s failed: %s; aborting the communicator\n", op, detail.c_str());
     ncclCommAbort(comm_);
-    fatal_error("NCCL", op, detail, __FILE__, __LINE__);
+    end_job(kExitCommTimeout,
+            std::string("NCCL ") + op + " failed: " + why + " (" + what_ + ", this rank is " +
+                std::to_string(rank()) + " of " + std::to_string(size()) +
+                "): a rank of the group is hung, stopped, dead or far behind; ending the job with "
+                "exit code " +
+                std::to_string(kExitCommTimeout));
   }
 
   std::unique_ptr<Comm> boot_;

@@ -63,8 +63,8 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
     return run_cmd(env + " " + TR_TRAINER_BIN + " --config " + config + " " + args);
   }
   // The trainer on `ranks` ranks of the test suite's own Slurm (tests/slurm/local_slurm.sh).
-  CmdResult srun(int ranks, const std::string& args = "") const {
-    return run_cmd(std::string(kOneThread) + " srun --overcommit --mpi=pmix -n " +
+  CmdResult srun(int ranks, const std::string& args = "", const std::string& env = "") const {
+    return run_cmd(env + " " + kOneThread + " srun --overcommit --mpi=pmix -n " +
                    std::to_string(ranks) + " " + TR_TRAINER_BIN + " --config " + config + " " +
                    args);
   }

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "kernels/core/exit_codes.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"
@@ -55,7 +56,7 @@ TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps", "[cl
   REQUIRE(straight.trainer(eval).exit_code == 0);
   CmdResult first = split.trainer(eval + "--set train.exit_interval=10");
   INFO(first.output);
-  REQUIRE(first.exit_code == 0);
+  REQUIRE(first.exit_code == kExitStopped);
   REQUIRE(split.metrics().size() == 10);
   CmdResult second = split.trainer(eval + "--resume auto");
   INFO(second.output);
@@ -105,7 +106,7 @@ TEST_CASE("cli: SIGKILL during a save leaves the previous checkpoint as latest",
   CHECK(*ckpt::find_latest(run.dir / "ckpt") == run.dir / "ckpt/step_00000020");
 }
 
-TEST_CASE("cli: SIGTERM finishes the step, saves a checkpoint and exits 0", "[cli]") {
+TEST_CASE("cli: SIGTERM saves the last applied step and exits 3", "[cli]") {
   RunDir run(100000);
   const std::string log = run.dir / "log/metrics.jsonl";
   // Start, wait until steps are being logged, then signal as Slurm does before a time limit.
@@ -113,8 +114,8 @@ TEST_CASE("cli: SIGTERM finishes the step, saves a checkpoint and exits 0", "[cl
                         " & pid=$!; while [ ! -s " + log +
                         " ]; do sleep 0.05; done; kill -TERM $pid; wait $pid'");
   INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("stopped by signal 15 after step") != std::string::npos);
+  REQUIRE(r.exit_code == kExitStopped);
+  CHECK(r.output.find("stopped by signal 15 (Terminated) ") != std::string::npos);
   const int64_t steps = static_cast<int64_t>(run.metrics().size());
   REQUIRE(steps >= 1);
   absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
@@ -279,7 +280,7 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
                         Case{8, " --set parallel.tp=1 --set parallel.pp=2"}, Case{1, ""}}) {
     RunDir run(10);
     const std::string saved = " --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero1=true";
-    REQUIRE(run.mpirun(8, args + saved + " --set train.exit_interval=5").exit_code == 0);
+    REQUIRE(run.mpirun(8, args + saved + " --set train.exit_interval=5").exit_code == kExitStopped);
     CmdResult r = c.ranks == 1 ? run.trainer(args) : run.mpirun(c.ranks, args + c.layout);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/core/exit_codes.h"
 #include "tests/cli_util.h"
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -48,7 +49,8 @@ TEST_CASE("cli gpu: train.backend=cuda trains on a GPU like the CPU", "[gpu]") {
   CHECK(g.back()["loss"].get<double>() < g.front()["loss"].get<double>() - 0.5);
   // A GPU checkpoint resumes on the CPU: 5 more steps there follow the CPU run.
   RunDir both(25);
-  REQUIRE(both.trainer("--set train.backend=cuda --set train.exit_interval=20").exit_code == 0);
+  REQUIRE(both.trainer("--set train.backend=cuda --set train.exit_interval=20").exit_code ==
+          kExitStopped);
   REQUIRE(both.trainer("--set train.backend=cpu").exit_code == 0);
   RunDir cpu25(25);
   REQUIRE(cpu25.trainer().exit_code == 0);
@@ -57,7 +59,8 @@ TEST_CASE("cli gpu: train.backend=cuda trains on a GPU like the CPU", "[gpu]") {
   CHECK(std::abs(b[24]["loss"].get<double>() / c25[24]["loss"].get<double>() - 1) < 2e-2);
   // And a CPU checkpoint resumes on the GPU.
   RunDir back(25);
-  REQUIRE(back.trainer("--set train.backend=cpu --set train.exit_interval=20").exit_code == 0);
+  REQUIRE(back.trainer("--set train.backend=cpu --set train.exit_interval=20").exit_code ==
+          kExitStopped);
   REQUIRE(back.trainer("--set train.backend=cuda").exit_code == 0);
   const std::vector<nlohmann::json> k = back.metrics();
   REQUIRE(k.size() == 25);

@@ -84,7 +84,7 @@ std::vector<nlohmann::json> steps_of(const RunDir& run) {
 // the tensor, the metrics count it, and the run goes on.
 TEST_CASE("reliability: a NaN gradient is skipped before the update, never saved", "[cli]") {
   RunDir clean(5), faulty(5);  // the same schedule; the clean run stops after step 4
-  REQUIRE(clean.trainer("--set train.exit_interval=4").exit_code == 0);
+  REQUIRE(clean.trainer("--set train.exit_interval=4").exit_code == kExitStopped);
   CmdResult r = faulty.trainer("", "TR_TEST_FAULT=grad_nan:5");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -438,7 +438,7 @@ TEST_CASE("reliability: a malformed TR_TEST_FAULT is one error line", "[cli]") {
   RunDir run(10);
   test::expect_bad_input(run.trainer("", "TR_TEST_FAULT=grad_nan"),
                          "TR_TEST_FAULT='grad_nan': expected KIND:STEP[:COUNT[:ARG]] with KIND "
-                         "grad_nan, loss_nan or loss_spike");
+                         "grad_nan, loss_nan, loss_spike, hang, slow or sigterm");
 }
 
 }  // namespace

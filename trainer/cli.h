@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/core/exit_codes.h"
 
 namespace tr {
 
@@ -29,11 +30,5 @@ struct CliOptions {
 
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv);
 std::string usage();
-
-// Exit codes.
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFailure = 1;   // a failure while running (I/O, library error)
-inline constexpr int kExitBadInput = 2;  // invalid config, flag, data file or checkpoint
-inline constexpr int kExitDiverged = 4;  // train.max_skipped_steps steps in a row were skipped
 
 }  // namespace tr

@@ -77,7 +77,8 @@ const std::vector<Field>& fields() {
                "host memory; lets several ranks share one GPU, for tests)",
                {"nccl", "mpi"}),
       TR_FIELD(parallel, timeout_s, Float, 0, kInf,
-               "a collective unfinished after this many seconds ends the run (NCCL); 0 = wait "
+               "a collective or pipeline exchange unfinished after this many seconds (a rank "
+               "hung, stopped or died) ends the job with exit code 5, on NCCL and MPI; 0 = wait "
                "forever"),
       TR_FIELD(data, train, Sources, 0, 0, "training datasets: list of {path: PREFIX, weight: W}"),
       TR_FIELD(data, valid, Sources, 0, 0,
@@ -98,7 +99,8 @@ const std::vector<Field>& fields() {
       TR_FIELD(train, eval_steps, Int, 1, kMaxI, "validation batches per evaluation"),
       TR_FIELD(
           train, exit_interval, Int, 0, kMaxI,
-          "save a checkpoint and exit after a step divisible by this (time-sliced jobs); 0 = off"),
+          "save a checkpoint and exit (code 3) after a step divisible by this (time-sliced jobs); "
+          "0 = off"),
       TR_FIELD(train, max_skipped_steps, Int, 1, kMaxI,
                "steps skipped in a row (non-finite loss or gradient norm, loss spike) after which "
                "the run stops with exit code 4; 1 = stop at the first"),
@@ -123,8 +125,16 @@ const std::vector<Field>& fields() {
       TR_FIELD(checkpoint, interval, Int, 0, kMaxI,
                "steps between checkpoints; 0 = only at the end"),
       TR_FIELD(checkpoint, keep_last, Int, 2, 1 << 20, "committed checkpoints kept (>= 2)"),
+      TR_FIELD(checkpoint, save_timeout_s, Float, 1, kInf,
+               "seconds a save or the start-up load may take (ranks waiting for the slowest disk "
+               "get this long before parallel.timeout_s ends the job); a slower save is warned "
+               "about, as it may not fit a stop signal's grace period"),
       TR_FIELD(log, dir, String, 0, 0, "run directory: metrics.jsonl and the resolved config"),
-      TR_FIELD(log, interval, Int, 1, kMaxI, "steps between console log lines"),
+      TR_FIELD(log, interval, Int, 1, kMaxI,
+               "steps between console log lines (and straggler reports)"),
+      TR_FIELD(log, straggler_percent, Float, 0, kInf,
+               "name a rank whose own work per step (step time minus time waiting for other "
+               "ranks) is more than this % over the median rank's; 0 = never"),
   };
   return f;
 }

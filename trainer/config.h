@@ -35,7 +35,7 @@ struct ParallelConfig {
   int64_t dp_bucket_elems = int64_t{1} << 25;  // gradient all-reduce bucket
   bool overlap_dp = true;     // buckets start during the last micro-batch's backward
   std::string comm = "nccl";  // GPU ranks: nccl, or mpi (staged through host memory)
-  double timeout_s = 600;     // NCCL watchdog; 0 = none
+  double timeout_s = 600;     // comm watchdog (NCCL and MPI), exit 5; 0 = none
 };
 
 struct DataSource {
@@ -81,11 +81,18 @@ struct CheckpointConfig {
   std::string dir = "checkpoints";
   int64_t interval = 0;  // steps between saves; 0 = only at the end
   int64_t keep_last = 2;
+  // Seconds a save (or the load at start-up) may take: ranks waiting for the slowest disk get
+  // this long before parallel.timeout_s ends the job, and a slower save is warned about (it
+  // may not fit a stop signal's grace period).
+  double save_timeout_s = 300;
 };
 
 struct LogConfig {
   std::string dir = "runs";
   int64_t interval = 1;  // steps between console lines (metrics.jsonl gets every step)
+  // A rank whose own work per step is more than this % over the median rank's is named (every
+  // log.interval steps); 0 = never named (the metrics still record the slowest rank).
+  double straggler_percent = 20;
 };
 
 struct Config {

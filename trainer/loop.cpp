@@ -6,10 +6,13 @@
 #include <chrono>
 #include <climits>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -84,6 +87,7 @@ bool all_ok(Comm& world, bool ok) {
 // prints the failing rank's message.
 absl::Status save_checkpoint(Session& s) {
   const auto t0 = Clock::now();
+  MpiPatience saving(s.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest writer
   Comm& world = *s.groups.world;
   const std::string& root = s.cfg.checkpoint.dir;
   const int64_t step = s.state.step;
@@ -101,7 +105,13 @@ absl::Status save_checkpoint(Session& s) {
   if (!pieces.empty()) {
     absl::StatusOr<fs::FileDigest> d =
         ckpt::write_shard(ckpt::save_tmp_dir(root, step), s.topo.rank, step, pieces);
-    st = d.status();
+    if (!d.ok())
+      st = absl::Status(
+          d.status().code(),
+          absl::StrCat("checkpoint save of step ", step, " failed (",
+                       s.last_saved_step >= 0 ? absl::StrCat("step ", s.last_saved_step)
+                                              : std::string("no checkpoint"),
+                       " stays the last committed one): ", d.status().message()));
     if (d.ok()) digest = *d;
   }
   // (ok, bytes, crc32) of every rank, for the manifest. Doubles hold both exactly.
@@ -137,6 +147,13 @@ absl::Status save_checkpoint(Session& s) {
   const double dt = seconds_since(t0);
   std::printf("checkpoint %s/%s saved in %.2fs (%zu shard files)\n", root.c_str(),
               ckpt::step_dir_name(step).c_str(), dt, req.shards.size());
+  if (dt > s.cfg.checkpoint.save_timeout_s)
+    std::printf(
+        "warning: the save took %.0f s, over checkpoint.save_timeout_s=%g: a stop signal's grace "
+        "period may end the job before its save is committed; give the save more time (Slurm "
+        "--signal=B:USR1@SECONDS, and checkpoint.save_timeout_s) or faster storage\n",
+        dt, s.cfg.checkpoint.save_timeout_s);
+  std::fflush(stdout);
   s.log.note(
       absl::StrFormat("\"step\": %d, \"event\": \"checkpoint\", \"seconds\": %.3f", step, dt));
   return absl::OkStatus();
@@ -160,33 +177,64 @@ P2P p2p_of(Session& s, const PipeAction& a, int slot) {
   TR_ASSERT(false, "not a communication action");
 }
 
-// Runs this stage's 1F1B action list over the step's micro-batches; gradients accumulate.
-// Returns the loss sum of the micro-batches (non-zero on the last stage only).
-double run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) {
+// How a step's pipeline ended: run to the end, or cut at a micro-batch boundary by a stop poll.
+struct PipelineRun {
+  double loss = 0;    // loss sum of the micro-batches run (non-zero on the last stage only)
+  bool cut = false;   // a stop poll cut the step: its gradients are partial, nothing is applied
+  bool stop = false;  // a rank asked to stop (the step may still have run to the end)
+};
+
+// Runs this stage's 1F1B action list over the step's micro-batches; gradients accumulate. Stop
+// polls (parallel/schedule.h) let a signal cut the step at a micro-batch boundary that every
+// rank agrees on.
+PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) {
   const std::vector<data::MicroBatch>& mbs = batch.micro_batches;
   const int m = static_cast<int>(mbs.size());
-  const std::vector<PipeAction> actions = one_f_one_b(s.topo.pp, m)[s.topo.pp_rank];
+  const int lag = stop_poll_lag(s.topo.pp);
+  const std::vector<PipeAction> actions =
+      with_stop_polls(one_f_one_b(s.topo.pp, m), lag)[s.topo.pp_rank];
   const int slots = std::min(s.topo.pp - s.topo.pp_rank, m);  // micro-batches in flight
-  double loss = 0;
+  PipelineRun run;
+  int cut_at = m;          // actions on micro-batches >= cut_at are dropped
+  int32_t poll_flag = 0;   // the poll in flight: this rank's stop signal, then every rank's max
   std::vector<P2P> group;  // communication between two compute actions, posted together
   // TR_TRACE_PIPELINE=1: each stage's first TP/DP rank prints the compute order it executed.
   static const bool trace = std::getenv("TR_TRACE_PIPELINE") != nullptr;
   std::string executed;
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
+    if (a.micro_batch >= cut_at) {  // polls too: a poll from here on was never started
+      if (a.is_comm() && !group.empty() && (i + 1 == actions.size() || !actions[i + 1].is_comm())) {
+        s.groups.pp->exchange(group);  // the rest of a group cut in the middle
+        group.clear();
+      }
+      continue;
+    }
     const int slot = a.micro_batch % slots;
-    const data::MicroBatch& mb = mbs[a.micro_batch];
-    if (a.is_comm()) {
+    if (a.kind == PipeAction::poll_start) {
+      poll_flag = static_cast<int32_t>(g_stop_signal);
+      s.groups.world->all_reduce_start(Tensor(&poll_flag, DType::i32, Device::cpu, {1}),
+                                       ReduceOp::max);
+    } else if (a.kind == PipeAction::poll_wait) {
+      s.groups.world->wait_all();
+      if (poll_flag != 0) {
+        if (g_stop_signal == 0) g_stop_signal = poll_flag;
+        run.stop = true;
+        cut_at = std::min(m, a.micro_batch + lag);
+        run.cut = cut_at < m;
+      }
+    } else if (a.is_comm()) {
       group.push_back(p2p_of(s, a, slot));
       if (i + 1 == actions.size() || !actions[i + 1].is_comm()) {
         s.groups.pp->exchange(group);
         group.clear();
       }
     } else if (a.kind == PipeAction::fwd) {
+      const data::MicroBatch& mb = mbs[a.micro_batch];
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "F", a.micro_batch);
       s.model->forward_stage(slot, mb.inputs.data());
       if (s.topo.last_stage())
-        loss += s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
+        run.loss += s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
     } else {
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "B", a.micro_batch);
       // The last micro-batch's backward finishes each layer's gradients: DP buckets start.
@@ -194,13 +242,13 @@ double run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) 
       if (last)
         s.model->set_layer_grads_hook(
             [&s](int64_t begin, int64_t end) { s.opt->grads_final(begin, end); });
-      s.model->backward_stage(slot, mb.inputs.data());
+      s.model->backward_stage(slot, mbs[a.micro_batch].inputs.data());
       if (last) s.model->set_layer_grads_hook({});
     }
   }
   if (trace && s.topo.tp_rank == 0 && s.topo.dp_rank == 0)
     std::fprintf(stderr, "pipeline stage %d executed: %s\n", s.topo.pp_rank, executed.c_str());
-  return loss;
+  return run;
 }
 
 // Forward only, micro-batch after micro-batch down the pipeline; the loss sum (last stage).
@@ -222,7 +270,8 @@ struct StepOutcome {
   int code = kExitOk;   // agreed by all ranks
   int own = kExitOk;    // this rank's own exit code (for agree_on_exit: who reports)
   absl::Status status;  // this rank's own error, if any
-  bool stop = false;    // a rank received SIGTERM/SIGINT
+  bool stop = false;    // a rank received a stop signal: save and exit
+  bool ran = true;      // the step was applied (false: stopped before or within it)
 };
 
 // Exchanges this rank's error code and stop signal with every rank (max of each).
@@ -258,6 +307,10 @@ StepOutcome evaluate(Session& s, double* val_loss) {
 //               before the data-parallel reduction
 //   loss_nan    world rank ARG (default 0), if it is on the last stage, makes its loss NaN
 //   loss_spike  every rank multiplies the step's (reduced) loss by ARG
+//   hang        world rank ARG stops itself (SIGSTOP, as `kill -STOP` does) at the step's start
+//   slow        world rank ARG sleeps 0.1 s in each step (a straggler)
+//   sigterm     world rank ARG raises SIGTERM once the step has begun (after the step-start
+//               agreement), so that a stop poll inside the step sees it first
 struct Fault {
   std::string kind;
   int64_t step = 0, count = 1;
@@ -274,11 +327,12 @@ absl::StatusOr<Fault> fault_from_env() {
             (parts.size() < 3 || absl::SimpleAtoi(parts[2], &f.count)) &&
             (parts.size() < 4 || absl::SimpleAtod(parts[3], &f.arg));
   f.kind = parts[0];
-  if (!ok || (f.kind != "grad_nan" && f.kind != "loss_nan" && f.kind != "loss_spike"))
+  const char* kinds[] = {"grad_nan", "loss_nan", "loss_spike", "hang", "slow", "sigterm"};
+  if (!ok || std::find(std::begin(kinds), std::end(kinds), f.kind) == std::end(kinds))
     return absl::InvalidArgumentError(
         absl::StrCat("TR_TEST_FAULT='", env,
-                     "': expected KIND:STEP[:COUNT[:ARG]] with KIND grad_nan, loss_nan or "
-                     "loss_spike"));
+                     "': expected KIND:STEP[:COUNT[:ARG]] with KIND grad_nan, loss_nan, "
+                     "loss_spike, hang, slow or sigterm"));
   return f;
 }
 
@@ -332,9 +386,24 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   // A bad token found by one rank's loader must end every rank, not leave them in a collective.
   StepOutcome out = agree_on_step(s, batch.ok() ? kExitOk : kExitBadInput, batch.status());
   if (out.code != kExitOk) return out;
+  if (out.stop) {  // asked before any work: the last step stays the last
+    out.ran = false;
+    return out;
+  }
+  const bool faulty_rank = s.topo.rank == static_cast<int>(fault.arg);
+  if (faulty_rank && fault.at(step, "hang")) std::raise(SIGSTOP);
+  if (faulty_rank && fault.at(step, "slow"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (faulty_rank && fault.at(step, "sigterm")) std::raise(SIGTERM);
   zero_(s.ctx, s.model->grads());
-  double loss_sum = run_pipeline(s, *batch, grad_scale);
-  if (s.topo.rank == static_cast<int>(fault.arg)) {
+  const PipelineRun pipe = run_pipeline(s, *batch, grad_scale);
+  if (pipe.cut) {  // partial gradients: nothing of this step is applied
+    out.stop = true;
+    out.ran = false;
+    return out;
+  }
+  double loss_sum = pipe.loss;
+  if (faulty_rank) {
     if (fault.at(step, "grad_nan")) {
       float nan = std::numeric_limits<float>::quiet_NaN();
       copy_tensor(s.model->grads().at(0, {1}), Tensor(&nan, DType::f32, Device::cpu, {1}));
@@ -361,10 +430,14 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   if (fault.at(step, "loss_spike")) m.loss *= fault.arg;
   // Nothing non-finite (or, with train.spike_factor, spiking) is applied. The loss and the norm
   // are the same on every rank; the ranks still agree on the verdict.
+  // A stop signal rides along: one that came during the step is acted on right after it.
   std::string why;
-  int32_t verdict = static_cast<int32_t>(guard.judge(m.loss, m.grad_norm, &why));
-  s.groups.world->all_reduce(Tensor(&verdict, DType::i32, Device::cpu, {1}), ReduceOp::max);
-  const auto v = static_cast<StepGuard::Verdict>(verdict);
+  int32_t agreed[2] = {static_cast<int32_t>(guard.judge(m.loss, m.grad_norm, &why)),
+                       static_cast<int32_t>(g_stop_signal)};
+  s.groups.world->all_reduce(Tensor(agreed, DType::i32, Device::cpu, {2}), ReduceOp::max);
+  if (agreed[1] != 0 && g_stop_signal == 0) g_stop_signal = agreed[1];
+  out.stop = pipe.stop || agreed[1] != 0;
+  const auto v = static_cast<StepGuard::Verdict>(agreed[0]);
   guard.record(v, m.loss);
   m.skipped = skip_name(v);
   m.skipped_total = guard.skipped_total();
@@ -411,6 +484,54 @@ int agree_on_exit(Session& s, int code, const absl::Status& status) {
   return v[0];
 }
 
+// A stop signal: the last applied step is saved (unless it is already) and the run ends with
+// kExitStopped, so that a requeue script can tell it from a finished run.
+int stop_and_save(Session& s, bool step_applied) {
+  const int sig = static_cast<int>(g_stop_signal);
+  const std::string when = step_applied ? absl::StrCat("after step ", s.state.step)
+                                        : absl::StrCat("within step ", s.state.step + 1,
+                                                       " at a micro-batch boundary (not applied)");
+  if (s.state.step > 0 && s.last_saved_step != s.state.step) {
+    absl::Status saved = save_checkpoint(s);
+    if (int code = agree_on_exit(s, saved.ok() ? kExitOk : kExitFailure, saved); code != kExitOk)
+      return code;
+    s.last_saved_step = s.state.step;
+  }
+  std::printf("stopped by signal %d (%s) %s; last checkpoint: %s; resume with --resume auto\n", sig,
+              strsignal(sig), when.c_str(),
+              s.last_saved_step > 0 ? absl::StrCat("step ", s.last_saved_step).c_str() : "none");
+  std::fflush(stdout);
+  return kExitStopped;
+}
+
+// The straggler report, every log.interval steps: each rank's own work per step (its step time
+// minus its time blocked in MPI calls; on NCCL ranks the whole step) is gathered, and the
+// slowest rank goes into the metrics, with a console line when it is more than
+// log.straggler_percent over the median. Collective over world.
+void report_stragglers(Session& s, StepMetrics& m, double busy_per_step) {
+  Comm& w = *s.groups.world;
+  std::vector<double> all(static_cast<size_t>(w.size()));
+  w.all_gather(Tensor(all.data(), DType::f64, Device::cpu, {w.size()}),
+               Tensor(&busy_per_step, DType::f64, Device::cpu, {1}));
+  const auto slowest = std::max_element(all.begin(), all.end());
+  std::vector<double> sorted = all;
+  const size_t mid = static_cast<size_t>(w.size() - 1) / 2;  // the lower median
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(mid), sorted.end());
+  m.slowest_rank = static_cast<int>(slowest - all.begin());
+  m.slowest_busy_s = *slowest;
+  m.median_busy_s = sorted[mid];
+  const double pct = s.cfg.log.straggler_percent;
+  if (pct > 0 && s.logger() && m.slowest_busy_s > m.median_busy_s * (1 + pct / 100)) {
+    const Topology t = s.topo.of_rank(m.slowest_rank);
+    std::printf(
+        "straggler: rank %d (tp %d, pp %d, dp %d) worked %.3f s per step over the last %lld "
+        "steps, %.0f%% over the median rank's %.3f s (log.straggler_percent=%g)\n",
+        m.slowest_rank, t.tp_rank, t.pp_rank, t.dp_rank, m.slowest_busy_s,
+        static_cast<long long>(s.cfg.log.interval), 100 * (m.slowest_busy_s / m.median_busy_s - 1),
+        m.median_busy_s, pct);
+  }
+}
+
 int train_loop(Session& s) {
   const auto start = Clock::now();
   StepMetrics m;
@@ -422,10 +543,19 @@ int train_loop(Session& s) {
   absl::StatusOr<Fault> fault = fault_from_env();
   if (!fault.ok()) return agree_on_exit(s, kExitBadInput, fault.status());
   StepGuard guard(t);
+  double busy_s = 0;  // this rank's own work since the last straggler report
   while (s.state.step < t.steps) {
+    const double blocked_before = mpi_blocked_seconds();
     StepOutcome out = train_step(s, m, guard, *fault);
     if (out.code != kExitOk) return agree_on_exit(s, out.own, out.status);
+    if (!out.ran) return stop_and_save(s, false);
+    busy_s += m.step_time_s - (mpi_blocked_seconds() - blocked_before);
     ++m.steps_done_here;
+    m.slowest_rank = -1;
+    if (s.topo.world > 1 && m.step % s.cfg.log.interval == 0) {
+      report_stragglers(s, m, busy_s / static_cast<double>(s.cfg.log.interval));
+      busy_s = 0;
+    }
     if (s.lock) s.lock->heartbeat();
     m.elapsed_s = seconds_since(start);
     m.peak_mem_mib = peak_mem_mib();
@@ -451,21 +581,18 @@ int train_loop(Session& s) {
     }
     const bool interval = s.cfg.checkpoint.interval > 0 && m.step % s.cfg.checkpoint.interval == 0;
     const bool exit_now = t.exit_interval > 0 && m.step % t.exit_interval == 0 && m.step < t.steps;
-    if (interval || exit_now || m.step == t.steps || out.stop) {
+    if (out.stop) return stop_and_save(s, true);
+    if (interval || exit_now || m.step == t.steps) {
       absl::Status saved = save_checkpoint(s);
       if (int code = agree_on_exit(s, saved.ok() ? kExitOk : kExitFailure, saved); code != kExitOk)
         return code;
       s.last_saved_step = s.state.step;
     }
-    if (out.stop) {
-      std::printf("stopped by signal %d after step %lld; resume with --resume auto\n",
-                  static_cast<int>(g_stop_signal), static_cast<long long>(m.step));
-      return kExitOk;
-    }
     if (exit_now) {
-      std::printf("exit_interval: stopping after step %lld; resume with --resume auto\n",
-                  static_cast<long long>(m.step));
-      return kExitOk;
+      std::printf(
+          "exit_interval: stopping after step %lld (exit code %d); resume with --resume auto\n",
+          static_cast<long long>(m.step), kExitStopped);
+      return kExitStopped;
     }
   }
   std::printf("done: %lld steps, last loss %.4f, %s\n", static_cast<long long>(s.state.step),

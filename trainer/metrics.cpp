@@ -81,6 +81,11 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
                       {"tokens", m.tokens},
                       {"skipped_steps", m.skipped_total}};
   if (*m.skipped != '\0') j["skipped"] = m.skipped;
+  if (m.slowest_rank >= 0) {
+    j["slowest_rank"] = m.slowest_rank;
+    j["slowest_busy_s"] = m.slowest_busy_s;
+    j["median_busy_s"] = m.median_busy_s;
+  }
   if (m.peak_flops > 0) j["mfu"] = flops / m.world / m.peak_flops;
   if (m.device_mem_mib > 0) j["device_mem_mib"] = m.device_mem_mib;
   if (f_) {

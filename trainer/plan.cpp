@@ -165,6 +165,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     for (int64_t d : tensor.shape) n *= static_cast<double>(d);
     plan.params_total += n;
   }
+  plan.checkpoint_bytes = checkpoint_bytes(cfg, *topo);
   const int pp = topo->pp, tp = topo->tp, dp = topo->dp;
   plan.bubble = static_cast<double>(pp - 1) / (plan.micro_batches + pp - 1);
 
@@ -208,6 +209,11 @@ std::string format_plan(const Config& cfg, const Plan& p) {
                         par.sequence_parallel && par.tp > 1 ? ", sequence parallel" : "",
                         p.params_total / 1e9, p.micro_batches, cfg.train.micro_batch,
                         cfg.data.seq_len);
+  absl::StrAppendFormat(&out,
+                        "checkpoint: %.1f GiB per save (fp32 weights, Adam m and v); "
+                        "checkpoint.keep_last=%d keeps %d on disk, one more during a save\n",
+                        p.checkpoint_bytes / kGiB, cfg.checkpoint.keep_last,
+                        cfg.checkpoint.keep_last);
   absl::StrAppend(&out, "memory per GPU (GiB)     ");
   for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  stage %-3d", m.stage);
   absl::StrAppend(&out, "\n");
@@ -286,6 +292,7 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"dp", p.world / static_cast<int>(par.tp * par.pp)},
                             {"micro_batches", p.micro_batches},
                             {"params", p.params_total},
+                            {"checkpoint_gib", p.checkpoint_bytes / kGiB},
                             {"fits", p.fits},
                             {"memory_gib", worst / kGiB},
                             {"gpu_memory_gib", p.gpu.memory_bytes / kGiB},

@@ -47,6 +47,7 @@ struct Plan {
   GpuSpec gpu;
   std::vector<StageMemory> stages;
   double params_total = 0;            // parameters of the model (real vocabulary)
+  double checkpoint_bytes = 0;        // one checkpoint on disk (trainer/shard.h)
   double flops_per_token_causal = 0;  // 6 N_matmul + 6 L s (nh hd): what our MFU counts
   double flops_per_token_full = 0;    // 6 N_matmul + 12 L s (nh hd): non-causal counting
   double bubble = 0;                  // (pp - 1) / (m + pp - 1) of each step idle

@@ -1,8 +1,11 @@
 #include "trainer/run.h"
 
+#include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -255,6 +258,51 @@ void print_plan(const Session& r) {
   std::fflush(stdout);
 }
 
+// checkpoint.dir is writable by this rank and, seen from rank 0, has room for a checkpoint:
+// found at start-up, not at the first save hours into the run.
+absl::Status check_checkpoint_dir(const Session& r) {
+  const std::string& dir = r.cfg.checkpoint.dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir '", dir,
+                                                   "' cannot be created: ", ec.message(),
+                                                   "; choose another checkpoint.dir"));
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  const std::string probe =
+      absl::StrCat(dir, "/.write-test-", r.topo.rank, "-", static_cast<long>(getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  bool ok = fd >= 0 && ::write(fd, "x", 1) == 1 && ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ok = (::close(fd) == 0) && ok;
+  ::unlink(probe.c_str());
+  if (!ok)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint.dir '", dir, "' is not writable (rank ", r.topo.rank, " on ", host,
+        "): ", std::strerror(err), "; fix its permissions or choose another checkpoint.dir"));
+  if (r.topo.rank != 0) return absl::OkStatus();
+  struct statvfs fsinfo {};
+  if (statvfs(dir.c_str(), &fsinfo) != 0) return absl::OkStatus();  // unknown: not an error
+  const double free_bytes =
+      static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
+  const double need = checkpoint_bytes(r.cfg, r.topo);
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  if (free_bytes < need)
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "checkpoint.dir '%s' has %.3g GiB free, less than one checkpoint (%.3g GiB); free some "
+        "space or choose another checkpoint.dir",
+        dir, free_bytes / gib, need / gib));
+  const double keep = static_cast<double>(r.cfg.checkpoint.keep_last + 1);
+  if (free_bytes < keep * need)
+    std::printf(
+        "warning: checkpoint.dir '%s' has %.3g GiB free, room for %d checkpoints of %.3g GiB; "
+        "checkpoint.keep_last=%lld needs %.0f during a save\n",
+        dir.c_str(), free_bytes / gib, static_cast<int>(free_bytes / need), need / gib,
+        static_cast<long long>(r.cfg.checkpoint.keep_last), keep);
+  return absl::OkStatus();
+}
+
 // Everything before the model, cheapest checks first: config, layout, backend, the checkpoint
 // to resume and every data file are validated before any memory is committed. No
 // communication happens here; any error is bad input (exit 2).
@@ -290,6 +338,9 @@ absl::Status check_inputs(Session& r) {
   }
   // Last, once everything else checked out: rank 0 takes checkpoint.dir (a dry run writes
   // nothing). A directory in use by a live trainer is bad input.
+  if (!r.opts.dry_run) {
+    if (absl::Status st = check_checkpoint_dir(r); !st.ok()) return st;
+  }
   if (world.rank() == 0 && !r.opts.dry_run) {
     std::string note;
     absl::StatusOr<std::unique_ptr<ckpt::DirLock>> lock =
@@ -402,6 +453,7 @@ int run(const CliOptions& opts) {
   absl::Status st = check_inputs(r);
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
+  if (r.mpi) r.mpi->watch(r.cfg.parallel.timeout_s);
   if (r.ctx.device == Device::cuda && r.cfg.parallel.comm == "nccl") {
     st = check_gpu_binding(*r.groups.world, r.gpu);
     if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
@@ -411,7 +463,10 @@ int run(const CliOptions& opts) {
   if (r.ctx.device == Device::cuda)
     use_device_comms(r.groups, r.cfg.parallel.comm == "nccl", r.ctx.stream,
                      r.cfg.parallel.timeout_s);
-  st = build_model(r);
+  {
+    MpiPatience loading(r.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest reader
+    st = build_model(r);
+  }
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
   print_plan(r);
@@ -427,8 +482,8 @@ int run(const CliOptions& opts) {
   st = r.logger() ? write_run_files(r) : absl::OkStatus();
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
-  std::signal(SIGTERM, on_stop_signal);
-  std::signal(SIGINT, on_stop_signal);
+  // SIGUSR1/SIGUSR2: what Slurm's --signal sends, and what mpirun passes on to every rank.
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
   return train_loop(r);
 }
 

@@ -47,17 +47,17 @@ struct Session {
   std::unique_ptr<data::DataLoader> train, valid;
   MetricsLog log;  // open on rank 0 only
   ckpt::TrainState state;
-  std::string resume_from;  // checkpoint directory to load; "" = fresh start
-  bool start_over = false;
-  std::unique_ptr<ckpt::DirLock> lock;  // rank 0: this run owns checkpoint.dir  // --resume none
-                                        // --force over existing checkpoints: move them aside
+  std::string resume_from;              // checkpoint directory to load; "" = fresh start
+  bool start_over = false;              // --resume none --force over checkpoints: move them aside
+  std::unique_ptr<ckpt::DirLock> lock;  // rank 0: this run owns checkpoint.dir
   int64_t last_saved_step = -1;
 
   bool logger() const { return topo.rank == 0; }
 };
 
-// Set by SIGTERM/SIGINT (Slurm sends SIGTERM before a time limit or preemption); the ranks
-// agree on it at the end of each step, save a checkpoint and exit.
+// Set by SIGTERM, SIGINT, SIGUSR1 or SIGUSR2 (Slurm sends SIGTERM before a time limit or
+// preemption, or the --signal of the job); the ranks agree on it at the next micro-batch
+// boundary (stop polls) or step boundary, save the last applied step and exit kExitStopped.
 extern volatile std::sig_atomic_t g_stop_signal;
 extern "C" void on_stop_signal(int sig);
 

@@ -129,6 +129,16 @@ std::vector<TensorRef> model_tensors(const Config& cfg, const Topology& topo) {
   return out;
 }
 
+double checkpoint_bytes(const Config& cfg, const Topology& topo) {
+  double elems = 0;
+  for (const TensorRef& t : model_tensors(cfg, topo)) {
+    double n = 1;
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    elems += n;
+  }
+  return elems * 3 * sizeof(float);  // weights, Adam m, Adam v
+}
+
 absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Topology& topo,
                             float* params, float* exp_avg, float* exp_avg_sq,
                             ckpt::TrainState* state, std::string* config_yaml) {

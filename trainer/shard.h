@@ -39,6 +39,10 @@ std::vector<ckpt::ShardPiece> owned_pieces(const Config& cfg, const Topology& to
 // Names and global shapes of every tensor of the model (all pipeline stages), for the commit.
 std::vector<ckpt::TensorRef> model_tensors(const Config& cfg, const Topology& topo);
 
+// Bytes of one checkpoint on disk: the fp32 weights and both Adam moments of every tensor (the
+// small metadata files aside). The planner shows it; start-up checks checkpoint.dir against it.
+double checkpoint_bytes(const Config& cfg, const Topology& topo);
+
 // Reads this rank's part of checkpoint `dir` into its buffers: its TP slice of each tensor of
 // its stage (vocabulary padding rows zeroed), and its ZeRO-1 range of the Adam states. The
 // checkpoint's files must be verified already (sizes are checked again, not checksums).

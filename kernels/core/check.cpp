@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace tr {
 namespace {
@@ -18,12 +19,25 @@ void set_abort_hook(AbortHook hook) {
   g_abort_hook = hook;
 }
 
-void fatal_error(const char* kind, const char* expr, const std::string& detail, const char* file,
-                 int line) {
+namespace {
+std::string where() {
   char host[256] = "?";
   gethostname(host, sizeof(host) - 1);
-  std::fprintf(stderr, "[rank %d host %s] FATAL %s: `%s` failed: %s (%s:%d)\n", g_rank, host, kind,
-               expr, detail.c_str(), file, line);
+  return "[rank " + std::to_string(g_rank) + " host " + host + "]";
+}
+}  // namespace
+
+void end_job(int exit_code, const std::string& line) {
+  std::fprintf(stderr, "%s error: %s\n", where().c_str(), line.c_str());
+  std::fflush(stderr);
+  if (g_abort_hook) g_abort_hook(exit_code);
+  std::_Exit(exit_code);
+}
+
+void fatal_error(const char* kind, const char* expr, const std::string& detail, const char* file,
+                 int line) {
+  std::fprintf(stderr, "%s FATAL %s: `%s` failed: %s (%s:%d)\n", where().c_str(), kind, expr,
+               detail.c_str(), file, line);
   std::fflush(stderr);
   if (g_abort_hook) g_abort_hook(1);
   std::abort();
