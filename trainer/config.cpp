@@ -129,6 +129,10 @@ const std::vector<Field>& fields() {
                "seconds a save or the start-up load may take (ranks waiting for the slowest disk "
                "get this long before parallel.timeout_s ends the job); a slower save is warned "
                "about, as it may not fit a stop signal's grace period"),
+      TR_FIELD(checkpoint, async, Bool, 0, 0,
+               "copy each save to host memory and write it in a background thread while training "
+               "goes on; committed (made latest) at the first step boundary after every rank has "
+               "written its part"),
       TR_FIELD(log, dir, String, 0, 0, "run directory: metrics.jsonl and the resolved config"),
       TR_FIELD(log, interval, Int, 1, kMaxI,
                "steps between console log lines (and straggler reports)"),

@@ -85,6 +85,9 @@ struct CheckpointConfig {
   // this long before parallel.timeout_s ends the job, and a slower save is warned about (it
   // may not fit a stop signal's grace period).
   double save_timeout_s = 300;
+  // Copy the state to host memory and write it in a background thread while training goes on;
+  // committed at the first step boundary after every rank has written its part.
+  bool async = false;
 };
 
 struct LogConfig {

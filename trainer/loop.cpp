@@ -15,8 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -25,6 +23,7 @@
 #include "kernels/ops.h"
 #include "parallel/schedule.h"
 #include "trainer/guard.h"
+#include "trainer/saver.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
 
@@ -45,118 +44,6 @@ double seconds_since(Clock::time_point t) {
 
 void all_reduce_sum(Comm& c, double* values, int64_t n) {
   c.all_reduce(Tensor(values, DType::f64, Device::cpu, {n}), ReduceOp::sum);
-}
-
-std::string layout_json(const Session& s) {
-  nlohmann::json j = {{"world", s.topo.world},
-                      {"tp", s.topo.tp},
-                      {"pp", s.topo.pp},
-                      {"dp", s.topo.dp},
-                      {"backend", s.cfg.train.backend},
-                      {"zero1", s.cfg.parallel.zero1},
-                      {"sequence_parallel", s.cfg.parallel.sequence_parallel},
-                      {"vocab_padded", s.model->dims().vocab_padded}};
-  return j.dump();
-}
-
-// An f32 tensor's values readable on the host: its own memory on the CPU, a copy otherwise.
-struct HostCopy {
-  std::vector<float> copy;
-  const float* ptr = nullptr;
-  explicit HostCopy(Tensor t) {
-    if (t.device == Device::cpu) {
-      ptr = t.ptr<float>();
-      return;
-    }
-    copy.resize(static_cast<size_t>(t.numel()));
-    copy_tensor(Tensor(copy.data(), DType::f32, Device::cpu, {t.numel()}), t);
-    ptr = copy.data();
-  }
-};
-
-// True on every rank when `ok` is true on every rank.
-bool all_ok(Comm& world, bool ok) {
-  int32_t failed = ok ? 0 : 1;
-  world.all_reduce(Tensor(&failed, DType::i32, Device::cpu, {1}), ReduceOp::max);
-  return failed == 0;
-}
-
-// Every rank writes the blocks it owns (trainer/shard.h) into its own shard file; rank 0
-// prepares the directory before and commits after. A rank's own failure is its return value;
-// when another rank failed, the others return OK and skip the commit, so that agree_on_exit
-// prints the failing rank's message.
-absl::Status save_checkpoint(Session& s) {
-  const auto t0 = Clock::now();
-  MpiPatience saving(s.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest writer
-  Comm& world = *s.groups.world;
-  const std::string& root = s.cfg.checkpoint.dir;
-  const int64_t step = s.state.step;
-  const int keep_last = static_cast<int>(s.cfg.checkpoint.keep_last);
-  absl::Status st;
-  if (s.logger()) st = ckpt::begin_save(root, step, keep_last).status();
-  if (!all_ok(world, st.ok())) return st;
-
-  TR_ASSERT(rank_layout(s.cfg, s.topo).capacity == s.model->layout().capacity,
-            "checkpoint ownership must see the model's layout");
-  const HostCopy params(s.model->params()), m(s.opt->exp_avg()), v(s.opt->exp_avg_sq());
-  const RankBuffers mine{params.ptr, m.ptr, v.ptr};
-  const std::vector<ckpt::ShardPiece> pieces = owned_pieces(s.cfg, s.topo, mine);
-  fs::FileDigest digest;
-  if (!pieces.empty()) {
-    absl::StatusOr<fs::FileDigest> d =
-        ckpt::write_shard(ckpt::save_tmp_dir(root, step), s.topo.rank, step, pieces);
-    if (!d.ok())
-      st = absl::Status(
-          d.status().code(),
-          absl::StrCat("checkpoint save of step ", step, " failed (",
-                       s.last_saved_step >= 0 ? absl::StrCat("step ", s.last_saved_step)
-                                              : std::string("no checkpoint"),
-                       " stays the last committed one): ", d.status().message()));
-    if (d.ok()) digest = *d;
-  }
-  // (ok, bytes, crc32) of every rank, for the manifest. Doubles hold both exactly.
-  double own[3] = {st.ok() ? 1.0 : 0.0, static_cast<double>(digest.bytes),
-                   static_cast<double>(digest.crc32)};
-  std::vector<double> all(3 * static_cast<size_t>(world.size()));
-  world.all_gather(Tensor(all.data(), DType::f64, Device::cpu, {3 * world.size()}),
-                   Tensor(own, DType::f64, Device::cpu, {3}));
-  if (!st.ok()) return st;
-  for (int r = 0; r < world.size(); ++r)
-    if (all[3 * r] != 1.0) return absl::OkStatus();  // rank r reports its own error
-  if (!s.logger()) return absl::OkStatus();
-
-  const std::vector<ckpt::TensorRef> tensors = model_tensors(s.cfg, s.topo);
-  ckpt::CommitRequest req;
-  req.root = root;
-  req.step = step;
-  req.keep_last = keep_last;
-  req.tensors = tensors;
-  for (int r = 0; r < world.size(); ++r) {
-    std::vector<ckpt::ShardPiece> theirs = owned_pieces(s.cfg, s.topo.of_rank(r), {});
-    if (theirs.empty()) continue;
-    req.shards.push_back(
-        {r,
-         std::move(theirs),
-         {static_cast<uint64_t>(all[3 * r + 1]), static_cast<uint32_t>(all[3 * r + 2])}});
-  }
-  req.state = s.state;
-  req.config_yaml = to_yaml(s.cfg);
-  req.layout_json = layout_json(s);
-  if (absl::Status c = ckpt::commit_save(req); !c.ok())
-    return absl::InternalError(absl::StrCat("checkpoint save failed: ", c.message()));
-  const double dt = seconds_since(t0);
-  std::printf("checkpoint %s/%s saved in %.2fs (%zu shard files)\n", root.c_str(),
-              ckpt::step_dir_name(step).c_str(), dt, req.shards.size());
-  if (dt > s.cfg.checkpoint.save_timeout_s)
-    std::printf(
-        "warning: the save took %.0f s, over checkpoint.save_timeout_s=%g: a stop signal's grace "
-        "period may end the job before its save is committed; give the save more time (Slurm "
-        "--signal=B:USR1@SECONDS, and checkpoint.save_timeout_s) or faster storage\n",
-        dt, s.cfg.checkpoint.save_timeout_s);
-  std::fflush(stdout);
-  s.log.note(
-      absl::StrFormat("\"step\": %d, \"event\": \"checkpoint\", \"seconds\": %.3f", step, dt));
-  return absl::OkStatus();
 }
 
 // The point-to-point operation of a pipeline communication action.
@@ -484,22 +371,28 @@ int agree_on_exit(Session& s, int code, const absl::Status& status) {
   return v[0];
 }
 
+// Saves the state at s.state.step unless that is already saved or in flight; with `wait`, the
+// save (and one in flight) is committed before it returns. Returns the agreed exit code.
+int save_step(Session& s, Saver& saver, bool wait) {
+  absl::Status st = wait ? saver.settle(true) : absl::OkStatus();  // it may be this very step
+  if (st.ok() && s.last_saved_step != s.state.step) st = saver.save();
+  if (st.ok() && wait) st = saver.settle(true);
+  return agree_on_exit(s, st.ok() ? kExitOk : kExitFailure, st);
+}
+
 // A stop signal: the last applied step is saved (unless it is already) and the run ends with
 // kExitStopped, so that a requeue script can tell it from a finished run.
-int stop_and_save(Session& s, bool step_applied) {
+int stop_and_save(Session& s, Saver& saver, bool step_applied) {
   const int sig = static_cast<int>(g_stop_signal);
   const std::string when = step_applied ? absl::StrCat("after step ", s.state.step)
                                         : absl::StrCat("within step ", s.state.step + 1,
                                                        " at a micro-batch boundary (not applied)");
-  if (s.state.step > 0 && s.last_saved_step != s.state.step) {
-    absl::Status saved = save_checkpoint(s);
-    if (int code = agree_on_exit(s, saved.ok() ? kExitOk : kExitFailure, saved); code != kExitOk)
-      return code;
-    s.last_saved_step = s.state.step;
-  }
+  if (s.state.step > 0)
+    if (int code = save_step(s, saver, true); code != kExitOk) return code;
+  const std::string last =
+      s.last_saved_step > 0 ? absl::StrCat("step ", s.last_saved_step) : "none";
   std::printf("stopped by signal %d (%s) %s; last checkpoint: %s; resume with --resume auto\n", sig,
-              strsignal(sig), when.c_str(),
-              s.last_saved_step > 0 ? absl::StrCat("step ", s.last_saved_step).c_str() : "none");
+              strsignal(sig), when.c_str(), last.c_str());
   std::fflush(stdout);
   return kExitStopped;
 }
@@ -543,12 +436,18 @@ int train_loop(Session& s) {
   absl::StatusOr<Fault> fault = fault_from_env();
   if (!fault.ok()) return agree_on_exit(s, kExitBadInput, fault.status());
   StepGuard guard(t);
+  Saver saver(s);
   double busy_s = 0;  // this rank's own work since the last straggler report
   while (s.state.step < t.steps) {
     const double blocked_before = mpi_blocked_seconds();
     StepOutcome out = train_step(s, m, guard, *fault);
     if (out.code != kExitOk) return agree_on_exit(s, out.own, out.status);
-    if (!out.ran) return stop_and_save(s, false);
+    if (!out.ran) return stop_and_save(s, saver, false);
+    if (saver.in_flight()) {  // an asynchronous save commits once every rank has written it
+      absl::Status st = saver.settle(false);
+      if (int code = agree_on_exit(s, st.ok() ? kExitOk : kExitFailure, st); code != kExitOk)
+        return code;
+    }
     busy_s += m.step_time_s - (mpi_blocked_seconds() - blocked_before);
     ++m.steps_done_here;
     m.slowest_rank = -1;
@@ -581,12 +480,10 @@ int train_loop(Session& s) {
     }
     const bool interval = s.cfg.checkpoint.interval > 0 && m.step % s.cfg.checkpoint.interval == 0;
     const bool exit_now = t.exit_interval > 0 && m.step % t.exit_interval == 0 && m.step < t.steps;
-    if (out.stop) return stop_and_save(s, true);
+    if (out.stop) return stop_and_save(s, saver, true);
     if (interval || exit_now || m.step == t.steps) {
-      absl::Status saved = save_checkpoint(s);
-      if (int code = agree_on_exit(s, saved.ok() ? kExitOk : kExitFailure, saved); code != kExitOk)
+      if (int code = save_step(s, saver, exit_now || m.step == t.steps); code != kExitOk)
         return code;
-      s.last_saved_step = s.state.step;
     }
     if (exit_now) {
       std::printf(

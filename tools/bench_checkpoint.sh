@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Checkpoint stall benchmark: trains a wide tiny-shaped model on the CPU twice, saving every
+# --interval steps, once with synchronous saves and once with checkpoint.async, and prints a
+# Markdown table: checkpoint size, save time (first step to commit) and how long the training
+# loop stalled for it: the median over the saves followed by a full interval of training (the
+# final save, and the one just before it, are waited for by the end of the run). Training uses
+# OMP_NUM_THREADS threads (default 1), leaving the other cores to the background writer, as a
+# GPU job leaves the host's cores. Numbers go to docs/checkpoints.md.
+#
+#   tools/bench_checkpoint.sh [--hidden 1024] [--layers 8] [--steps 37] [--interval 12]
+#                             [--build build] [--out DIR]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+hidden=1024 layers=8 steps=37 interval=12 build=$root/build out=""
+while (($#)); do
+  case $1 in
+    --hidden) hidden=$2; shift 2 ;;
+    --layers) layers=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --interval) interval=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) echo "bench_checkpoint.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+out=${out:-$(mktemp -d /tmp/trainer-ckpt-bench.XXXXXX)}
+mkdir -p "$out/data"
+"$build/tools/prepare_data" --synthetic 200000 --vocab 257 --output "$out/data/synth" >/dev/null
+heads=$((hidden / 128))
+echo "| mode | parameters | checkpoint GiB | save s (median) | loop stall s (median) | stall / save |"
+echo "|---|---|---|---|---|---|"
+for mode in sync async; do
+  rm -rf "$out/ckpt-$mode" "$out/log-$mode"
+  async=false
+  [ "$mode" = async ] && async=true
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$build/trainer/trainer" --config "$root/configs/tiny.yaml" \
+    --set model.hidden_size="$hidden" --set model.intermediate_size=$((4 * hidden)) \
+    --set model.num_layers="$layers" --set model.num_heads="$heads" \
+    --set model.num_kv_heads="$heads" --set model.head_dim=128 \
+    --set "data.train=[{path: $out/data/synth}]" --set "data.valid=[{path: $out/data/synth}]" \
+    --set data.seq_len=32 --set train.global_batch=2 --set train.micro_batch=1 \
+    --set train.steps="$steps" --set train.eval_interval=0 --set optim.warmup_steps=1 \
+    --set checkpoint.dir="$out/ckpt-$mode" --set checkpoint.interval="$interval" \
+    --set checkpoint.keep_last=2 --set checkpoint.async=$async \
+    --set log.dir="$out/log-$mode" >"$out/$mode.log" 2>&1 ||
+    { echo "bench_checkpoint.sh: the $mode run failed; see $out/$mode.log" >&2; exit 1; }
+  python3 - "$out/log-$mode/metrics.jsonl" "$out/ckpt-$mode" "$mode" "$steps" "$interval" <<'PY'
+import json, os, statistics, sys
+path, ckpt, mode = sys.argv[1:4]
+steps, interval = int(sys.argv[4]), int(sys.argv[5])
+saves = [j for j in map(json.loads, open(path))
+         if j.get("event") == "checkpoint" and j["step"] + interval <= steps]
+if not saves:
+    sys.exit("bench_checkpoint.sh: no save followed by a full interval; raise --steps")
+latest = open(os.path.join(ckpt, "latest")).read().strip()
+d = os.path.join(ckpt, latest)
+size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+params = size / 12
+save = statistics.median(j["seconds"] for j in saves)
+stall = statistics.median(j["stall_s"] for j in saves)
+ratio = stall / save if save > 0 else 1.0
+print(f"| {mode} | {params / 1e6:.0f}M | {size / 2**30:.2f} | {save:.2f} | {stall:.3f} | {ratio:.2f} |")
+PY
+done
