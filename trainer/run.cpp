@@ -436,6 +436,10 @@ int run_plan(const CliOptions& opts) {
 }
 
 int run(const CliOptions& opts) {
+  // From the start, so that a stop during set-up is acted on before the first step instead of
+  // killing the rank. SIGUSR1/SIGUSR2: what Slurm's --signal sends, and what mpirun and srun
+  // pass on to every rank without ending the job.
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
   Session r;
   r.opts = opts;
   // Under srun or mpirun every rank runs this; a lone process needs no launcher.
@@ -482,8 +486,6 @@ int run(const CliOptions& opts) {
   st = r.logger() ? write_run_files(r) : absl::OkStatus();
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
-  // SIGUSR1/SIGUSR2: what Slurm's --signal sends, and what mpirun passes on to every rank.
-  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
   return train_loop(r);
 }
 
