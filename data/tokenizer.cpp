@@ -1,6 +1,9 @@
 #include "data/tokenizer.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
+#include "data/hf_tokenizer.h"
 
 namespace tr::data {
 
@@ -24,10 +27,20 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
   return text;
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(std::string_view name) {
-  if (name == "byte") return std::make_unique<ByteTokenizer>();
+absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(std::string_view name,
+                                                          const std::string& eod_token) {
+  if (name == "byte") {
+    if (!eod_token.empty())
+      return absl::InvalidArgumentError("the byte tokenizer's end of document is always 256");
+    return std::make_unique<ByteTokenizer>();
+  }
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(std::string(name), ec))
+    return load_hf_tokenizer(std::string(name), eod_token);
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown tokenizer '", std::string(name), "'; known tokenizers: byte"));
+      absl::StrCat("unknown tokenizer '", std::string(name),
+                   "': not 'byte' and not a file; give byte or the path to a Hugging Face "
+                   "tokenizer.json"));
 }
 
 }  // namespace tr::data

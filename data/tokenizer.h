@@ -1,4 +1,4 @@
-// Tokenizer interface (a Hugging Face byte-level BPE will implement it) and ByteTokenizer.
+// Tokenizer interface and ByteTokenizer (the Hugging Face byte-level BPE: data/hf_tokenizer.h).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +36,10 @@ class ByteTokenizer final : public Tokenizer {
   std::string name() const override { return "byte"; }
 };
 
-// "byte" -> ByteTokenizer; unknown names are an error listing the known ones.
-absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(std::string_view name);
+// "byte" -> ByteTokenizer; a path to a Hugging Face tokenizer.json -> its byte-level BPE
+// (data/hf_tokenizer.h), with `eod_token` (default <|endoftext|>) as the end of a document.
+// Anything else is an error listing the choices.
+absl::StatusOr<std::unique_ptr<Tokenizer>> make_tokenizer(std::string_view name,
+                                                          const std::string& eod_token = "");
 
 }  // namespace tr::data

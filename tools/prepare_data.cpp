@@ -1,6 +1,7 @@
 // prepare_data: tokenizes text into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx).
 //
-//   prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte] INPUT...
+//   prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte|FILE] [--eod-token T]
+//                INPUT...
 //   prepare_data --output PREFIX --synthetic TOKENS --vocab V [--seed S]
 //
 // INPUT is a file or a directory (all regular files below it, recursively, in sorted order).
@@ -33,13 +34,17 @@ using tr::data::IndexedDatasetWriter;
 using tr::data::Tokenizer;
 
 constexpr const char* kUsage =
-    "usage: prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte] INPUT...\n"
+    "usage: prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte|FILE]\n"
+    "                    [--eod-token TOKEN] INPUT...\n"
     "  Tokenizes INPUT files (or every regular file below an INPUT directory, sorted) into\n"
     "  the Megatron indexed dataset PREFIX.bin + PREFIX.idx.\n"
     "  --output PREFIX     output prefix; parent directories are created\n"
     "  --format jsonl      one document per line, from the \"text\" field (default)\n"
     "  --format text       one document per file\n"
-    "  --tokenizer byte    bytes 0..255, end of document 256 (default; the only one so far)\n"
+    "  --tokenizer byte    bytes 0..255, end of document 256 (default)\n"
+    "  --tokenizer FILE    a Hugging Face tokenizer.json of the byte-level BPE kind (GPT-2,\n"
+    "                      Qwen2/2.5, Llama 3); special tokens in the text are recognised\n"
+    "  --eod-token TOKEN   the end-of-document token of FILE (default <|endoftext|>)\n"
     "  --synthetic TOKENS  instead of INPUTs: TOKENS uniform random ids in [0, V) in documents\n"
     "                      of 1..8192 tokens, for benchmarks (--vocab V, --seed S, default 1)\n"
     "  The end-of-document token is appended to every document; empty documents are skipped.\n";
@@ -48,6 +53,7 @@ struct Args {
   std::string output;
   std::string format = "jsonl";
   std::string tokenizer = "byte";
+  std::string eod_token;
   std::vector<std::string> inputs;
   int64_t synthetic = 0, vocab = 0, seed = 1;
   bool help = false;
@@ -86,11 +92,14 @@ absl::StatusOr<Args> parse_args(int argc, char** argv) {
       args.format = value;
     } else if (arg == "--tokenizer") {
       args.tokenizer = value;
+    } else if (arg == "--eod-token") {
+      args.eod_token = value;
     } else if (arg == "--synthetic" || arg == "--vocab" || arg == "--seed") {
       int64_t n = 0;
       if (!absl::SimpleAtoi(value, &n) || n < (arg == "--seed" ? 0 : 1))
         return absl::InvalidArgumentError(
-            absl::StrCat(arg, " '", value, "' is not a ", arg == "--seed" ? "non-negative" : "positive", " integer"));
+            absl::StrCat(arg, " '", value, "' is not a ",
+                         arg == "--seed" ? "non-negative" : "positive", " integer"));
       (arg == "--synthetic" ? args.synthetic : arg == "--vocab" ? args.vocab : args.seed) = n;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg, "; see --help"));
@@ -102,8 +111,7 @@ absl::StatusOr<Args> parse_args(int argc, char** argv) {
         absl::StrCat("--format '", args.format, "' is unknown; use jsonl or text"));
   if (args.synthetic > 0) {
     if (args.vocab <= 0) return absl::InvalidArgumentError("--synthetic needs --vocab V");
-    if (!args.inputs.empty())
-      return absl::InvalidArgumentError("--synthetic takes no INPUT files");
+    if (!args.inputs.empty()) return absl::InvalidArgumentError("--synthetic takes no INPUT files");
     return args;
   }
   if (args.inputs.empty())
@@ -207,7 +215,7 @@ absl::Status run_synthetic(const Args& args) {
 
 absl::Status run(const Args& args) {
   if (args.synthetic > 0) return run_synthetic(args);
-  auto tok = tr::data::make_tokenizer(args.tokenizer);
+  auto tok = tr::data::make_tokenizer(args.tokenizer, args.eod_token);
   if (!tok.ok()) return tok.status();
   auto files = collect_files(args.inputs);
   if (!files.ok()) return files.status();

@@ -1,0 +1,385 @@
+#include "data/hf_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+
+namespace tr::data {
+namespace {
+
+using nlohmann::json;
+
+// GPT-2's byte-level alphabet: byte b is written as the code point byte_char[b] in vocab and
+// merges (printable Latin-1 bytes as themselves, the rest moved to U+0100 and up).
+std::array<int32_t, 256> byte_chars() {
+  std::array<int32_t, 256> cp{};
+  int32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    cp[b] = printable ? b : next++;
+  }
+  return cp;
+}
+
+// A vocabulary entry in the byte-level alphabet back to the raw bytes it stands for.
+absl::StatusOr<std::string> to_bytes(const std::string& token,
+                                     const std::unordered_map<int32_t, uint8_t>& byte_of) {
+  std::string out;
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(token.data());
+  utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(token.size());
+  while (left > 0) {
+    utf8proc_int32_t cp = 0;
+    const utf8proc_ssize_t n = utf8proc_iterate(p, left, &cp);
+    auto it = n > 0 ? byte_of.find(cp) : byte_of.end();
+    if (it == byte_of.end())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token '", token, "' is not in the byte-level alphabet: not a byte-level BPE"));
+    out.push_back(static_cast<char>(it->second));
+    p += n;
+    left -= n;
+  }
+  return out;
+}
+
+// Valid UTF-8 with every malformed byte replaced by U+FFFD (as Python's errors="replace").
+std::string valid_utf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
+  utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(text.size());
+  while (left > 0) {
+    utf8proc_int32_t cp = 0;
+    const utf8proc_ssize_t n = utf8proc_iterate(p, left, &cp);
+    if (n > 0) {
+      out.append(reinterpret_cast<const char*>(p), static_cast<size_t>(n));
+      p += n;
+      left -= n;
+    } else {
+      out += "\xEF\xBF\xBD";
+      ++p;
+      --left;
+    }
+  }
+  return out;
+}
+
+std::string nfc(const std::string& text) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &out,
+                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) return text;  // valid UTF-8 by construction; keep it as is
+  std::string s(reinterpret_cast<char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return s;
+}
+
+// GPT-2's pre-tokenizer regex (ByteLevel with use_regex: true).
+constexpr char kGpt2Pattern[] =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+struct AddedToken {
+  std::string content;
+  int32_t id;
+  bool special;
+};
+
+class HfBpeTokenizer final : public Tokenizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> load(const std::string& path,
+                                                         const std::string& eod_token);
+  ~HfBpeTokenizer() override {
+    if (regex_) pcre2_code_free(regex_);
+  }
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
+  int32_t eod_id() const override { return eod_; }
+  int64_t vocab_size() const override { return vocab_size_; }
+  std::string name() const override { return name_; }
+
+ private:
+  void encode_segment(const std::string& text, std::vector<int32_t>& out) const;
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+
+  std::string name_;
+  bool nfc_ = false, ignore_merges_ = false;
+  pcre2_code* regex_ = nullptr;
+  std::unordered_map<std::string, int32_t> id_of_;  // raw bytes -> id
+  std::vector<std::string> bytes_of_;               // id -> raw bytes (BPE vocabulary)
+  std::array<int32_t, 256> byte_id_{};              // the id of each single byte
+  // (left id, right id) -> (rank, merged id)
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
+  std::vector<AddedToken> added_;        // longest first
+  std::array<bool, 256> added_first_{};  // bytes an added token starts with
+  std::unordered_map<int32_t, size_t> added_index_;
+  int32_t eod_ = -1;
+  int64_t vocab_size_ = 0;
+};
+
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
+
+absl::Status unsupported(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "tokenizer '", path, "': ", what,
+      "; supported: byte-level BPE tokenizer.json files (GPT-2, Qwen2/2.5, Llama 3 style)"));
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::string& path,
+                                                                const std::string& eod_token) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read tokenizer file '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const json j = json::parse(text.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer file '", path, "' is not valid JSON"));
+  auto t = std::make_unique<HfBpeTokenizer>();
+  const json& model = j.value("model", json::object());
+  if (model.value("type", "") != "BPE")
+    return unsupported(path, absl::StrCat("model type '", model.value("type", ""), "'"));
+  if (model.value("byte_fallback", false)) return unsupported(path, "byte_fallback: true");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (model.contains(key) && model[key].is_string() && !model[key].get<std::string>().empty())
+      return unsupported(path, absl::StrCat(key, " '", model[key].get<std::string>(), "'"));
+  if (model.contains("dropout") && !model["dropout"].is_null())
+    return unsupported(path, "BPE dropout");
+  t->ignore_merges_ = model.value("ignore_merges", false);
+
+  // Normalizer: none or NFC.
+  const json& norm = j.contains("normalizer") ? j["normalizer"] : json();
+  if (!norm.is_null()) {
+    if (norm.value("type", "") != "NFC")
+      return unsupported(path, absl::StrCat("normalizer ", norm.dump()));
+    t->nfc_ = true;
+  }
+  // Pre-tokenizer: Sequence[Split(regex, Isolated), ByteLevel(use_regex false)], or
+  // ByteLevel(use_regex true) alone (GPT-2's regex).
+  const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
+  std::string pattern;
+  auto byte_level_ok = [&](const json& b, bool want_regex) {
+    return b.value("type", "") == "ByteLevel" && !b.value("add_prefix_space", false) &&
+           b.value("use_regex", true) == want_regex;
+  };
+  if (!pre.is_null() && pre.value("type", "") == "Sequence" &&
+      pre.value("pretokenizers", json::array()).size() == 2) {
+    const json& split = pre["pretokenizers"][0];
+    if (split.value("type", "") != "Split" || split.value("behavior", "") != "Isolated" ||
+        split.value("invert", false) || !split.contains("pattern") ||
+        !split["pattern"].contains("Regex") || !byte_level_ok(pre["pretokenizers"][1], false))
+      return unsupported(path, absl::StrCat("pre_tokenizer ", pre.dump()));
+    pattern = split["pattern"]["Regex"].get<std::string>();
+  } else if (!pre.is_null() && byte_level_ok(pre, true)) {
+    pattern = kGpt2Pattern;
+  } else {
+    return unsupported(path, absl::StrCat("pre_tokenizer ", pre.dump()));
+  }
+  int err = 0;
+  PCRE2_SIZE at = 0;
+  t->regex_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                            PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &at, nullptr);
+  if (t->regex_ == nullptr) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof msg);
+    return unsupported(path, absl::StrCat("pre-tokenizer regex does not compile at offset ", at,
+                                          ": ", reinterpret_cast<const char*>(msg)));
+  }
+  pcre2_jit_compile(t->regex_, PCRE2_JIT_COMPLETE);  // faster when available; optional
+
+  // Vocabulary and merges, in raw bytes.
+  const std::array<int32_t, 256> cp = byte_chars();
+  std::unordered_map<int32_t, uint8_t> byte_of;
+  for (int b = 0; b < 256; ++b) byte_of[cp[b]] = static_cast<uint8_t>(b);
+  if (!model.contains("vocab") || !model["vocab"].is_object())
+    return unsupported(path, "no model.vocab");
+  int32_t max_id = -1;
+  for (const auto& [token, id_json] : model["vocab"].items()) {
+    absl::StatusOr<std::string> bytes = to_bytes(token, byte_of);
+    if (!bytes.ok()) return unsupported(path, std::string(bytes.status().message()));
+    const int32_t id = id_json.get<int32_t>();
+    if (id < 0) return unsupported(path, absl::StrCat("negative id for '", token, "'"));
+    max_id = std::max(max_id, id);
+    if (static_cast<size_t>(id) >= t->bytes_of_.size()) t->bytes_of_.resize(id + 1);
+    t->bytes_of_[id] = *bytes;
+    t->id_of_[*bytes] = id;
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = t->id_of_.find(std::string(1, static_cast<char>(b)));
+    if (it == t->id_of_.end())
+      return unsupported(path, absl::StrCat("byte ", b, " has no token of its own"));
+    t->byte_id_[b] = it->second;
+  }
+  const json& merges = model.value("merges", json::array());
+  int32_t rank = 0;
+  for (const json& m : merges) {
+    std::string a, b;
+    if (m.is_array() && m.size() == 2) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else if (m.is_string()) {  // older files: "a b"
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos) return unsupported(path, absl::StrCat("merge '", s, "'"));
+      a = s.substr(0, space);
+      b = s.substr(space + 1);
+    } else {
+      return unsupported(path, absl::StrCat("merge ", m.dump()));
+    }
+    absl::StatusOr<std::string> ab = to_bytes(a, byte_of), bb = to_bytes(b, byte_of);
+    if (!ab.ok() || !bb.ok()) return unsupported(path, absl::StrCat("merge '", a, " ", b, "'"));
+    auto ia = t->id_of_.find(*ab), ib = t->id_of_.find(*bb), im = t->id_of_.find(*ab + *bb);
+    if (ia == t->id_of_.end() || ib == t->id_of_.end() || im == t->id_of_.end())
+      return unsupported(path, absl::StrCat("merge '", a, " ", b, "' of tokens not in the vocab"));
+    t->merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank++, im->second));
+  }
+  // Added tokens: matched in the raw text before anything else.
+  for (const json& a : j.value("added_tokens", json::array())) {
+    for (const char* flag : {"lstrip", "rstrip", "single_word"})
+      if (a.value(flag, false))
+        return unsupported(
+            path, absl::StrCat("added token '", a.value("content", ""), "' with ", flag, ": true"));
+    if (a.value("normalized", false) && a.value("content", "") != nfc(a.value("content", "")))
+      return unsupported(path, absl::StrCat("normalized added token '", a.value("content", ""),
+                                            "' that NFC changes"));
+    AddedToken tok{a.value("content", ""), a.value("id", -1), a.value("special", false)};
+    if (tok.content.empty() || tok.id < 0) return unsupported(path, "an empty added token");
+    max_id = std::max(max_id, tok.id);
+    t->added_.push_back(std::move(tok));
+  }
+  std::stable_sort(
+      t->added_.begin(), t->added_.end(),
+      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
+  for (size_t i = 0; i < t->added_.size(); ++i) {
+    t->added_index_[t->added_[i].id] = i;
+    t->added_first_[static_cast<unsigned char>(t->added_[i].content[0])] = true;
+  }
+  t->vocab_size_ = max_id + 1;
+  const std::string eod = eod_token.empty() ? "<|endoftext|>" : eod_token;
+  for (const AddedToken& a : t->added_)
+    if (a.content == eod) t->eod_ = a.id;
+  if (t->eod_ < 0)
+    if (auto it = t->id_of_.find(eod); it != t->id_of_.end()) t->eod_ = it->second;
+  if (t->eod_ < 0)
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer '", path,
+                                                   "' has no end-of-document token '", eod,
+                                                   "'; name one of its tokens with --eod-token"));
+  t->name_ = absl::StrCat(path, " (byte-level BPE, ", t->vocab_size_, " ids, end of document ",
+                          t->eod_, ")");
+  return std::unique_ptr<Tokenizer>(std::move(t));
+}
+
+// Merges the adjacent pair of lowest rank (the leftmost of equals) until none is left, as
+// Hugging Face's BPE does. Pieces are short (words), so a scan per merge is enough.
+void HfBpeTokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  if (ignore_merges_)
+    if (auto it = id_of_.find(std::string(piece)); it != id_of_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  std::vector<int32_t> sym(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) sym[i] = byte_id_[static_cast<unsigned char>(piece[i])];
+  for (;;) {
+    int32_t best_rank = INT32_MAX, merged = -1;
+    size_t best = 0;
+    for (size_t i = 0; i + 1 < sym.size(); ++i) {
+      auto it = merges_.find(pair_key(sym[i], sym[i + 1]));
+      if (it != merges_.end() && it->second.first < best_rank) {
+        best_rank = it->second.first;
+        merged = it->second.second;
+        best = i;
+      }
+    }
+    if (merged < 0) break;
+    sym[best] = merged;
+    sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
+  out.insert(out.end(), sym.begin(), sym.end());
+}
+
+// Normalizes, splits with the regex (matches and the text between them are pieces) and runs
+// BPE on each piece.
+void HfBpeTokenizer::encode_segment(const std::string& raw, std::vector<int32_t>& out) const {
+  const std::string text = nfc_ ? nfc(raw) : raw;
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(regex_, nullptr);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t last = 0, from = 0;
+  while (from < text.size()) {
+    const int rc = pcre2_match(regex_, subject, text.size(), from, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0) break;
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    const size_t s = ov[0], e = ov[1];
+    if (s > last) bpe(std::string_view(text).substr(last, s - last), out);
+    if (e > s) bpe(std::string_view(text).substr(s, e - s), out);
+    last = std::max(last, e);
+    from = e > s ? e : e + 1;  // an empty match: step past one byte (continuation bytes too)
+    while (from < text.size() && (static_cast<unsigned char>(text[from]) & 0xC0) == 0x80) ++from;
+  }
+  if (last < text.size()) bpe(std::string_view(text).substr(last), out);
+  pcre2_match_data_free(md);
+}
+
+std::vector<int32_t> HfBpeTokenizer::encode(std::string_view input) const {
+  const std::string text = valid_utf8(input);
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3);
+  size_t start = 0;  // of the text not yet encoded
+  for (size_t pos = 0; pos < text.size();) {
+    const AddedToken* hit = nullptr;
+    if (added_first_[static_cast<unsigned char>(text[pos])])
+      for (const AddedToken& a : added_)  // longest first
+        if (text.compare(pos, a.content.size(), a.content) == 0) {
+          hit = &a;
+          break;
+        }
+    if (hit == nullptr) {
+      ++pos;
+      continue;
+    }
+    if (pos > start) encode_segment(text.substr(start, pos - start), ids);
+    ids.push_back(hit->id);
+    pos += hit->content.size();
+    start = pos;
+  }
+  if (start < text.size()) encode_segment(text.substr(start), ids);
+  return ids;
+}
+
+std::string HfBpeTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string text;
+  for (int32_t id : ids) {
+    if (auto it = added_index_.find(id); it != added_index_.end()) {
+      if (!added_[it->second].special) text += added_[it->second].content;
+    } else if (id >= 0 && static_cast<size_t>(id) < bytes_of_.size()) {
+      text += bytes_of_[id];
+    } else {
+      text += "\xEF\xBF\xBD";
+    }
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> load_hf_tokenizer(const std::string& path,
+                                                             const std::string& eod_token) {
+  return HfBpeTokenizer::load(path, eod_token);
+}
+
+}  // namespace tr::data

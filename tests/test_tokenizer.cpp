@@ -1,0 +1,140 @@
+// The Hugging Face byte-level BPE reader (data/hf_tokenizer.h) on small tokenizer.json files
+// written here: the merge order, the regex split, NFC, added tokens, decode, and one-line
+// errors for what it does not implement. tests/tools/test_tokenizer.py checks it against the
+// `tokenizers` package on Qwen2.5's real tokenizer.
+#include <catch2/catch.hpp>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "data/hf_tokenizer.h"
+#include "tests/test_util.h"
+
+namespace tr::data {
+namespace {
+
+// GPT-2's byte-level alphabet, derived here independently of the reader: byte b as UTF-8.
+std::string byte_char(int b) {
+  static std::vector<int> cp = [] {
+    std::vector<int> out(256);
+    int next = 256;
+    for (int i = 0; i < 256; ++i) {
+      const bool keep = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174);
+      out[i] = keep ? i : next++;
+    }
+    return out;
+  }();
+  const int c = cp[b];
+  std::string s;
+  if (c < 0x80) {
+    s += static_cast<char>(c);
+  } else {
+    s += static_cast<char>(0xC0 | (c >> 6));
+    s += static_cast<char>(0x80 | (c & 0x3F));
+  }
+  return s;
+}
+
+// Bytes are ids 0..255; merges h+e, l+l, he+ll, " "+w; <|endoftext|> (special) and <x>.
+nlohmann::json small_tokenizer() {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  const std::string sp = byte_char(' ');
+  vocab["he"] = 256;
+  vocab["ll"] = 257;
+  vocab["hell"] = 258;
+  vocab[sp + "w"] = 259;
+  nlohmann::json j;
+  j["normalizer"] = {{"type", "NFC"}};
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       {{{"type", "Split"},
+         {"pattern", {{"Regex", R"('s|'t| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)"}}},
+         {"behavior", "Isolated"},
+         {"invert", false}},
+        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  j["model"] = {
+      {"type", "BPE"},
+      {"vocab", vocab},
+      {"merges", nlohmann::json::array(
+                     {nlohmann::json::array({"h", "e"}), nlohmann::json::array({"l", "l"}),
+                      nlohmann::json::array({"he", "ll"}), nlohmann::json::array({sp, "w"})})}};
+  j["added_tokens"] = {{{"id", 260}, {"content", "<|endoftext|>"}, {"special", true}},
+                       {{"id", 261}, {"content", "<x>"}, {"special", false}}};
+  return j;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> load(const nlohmann::json& j,
+                                                const std::string& eod = "") {
+  static test::TempDir dir;
+  const std::string path = dir / "tokenizer.json";
+  test::write_file(path, j.dump());
+  return load_hf_tokenizer(path, eod);
+}
+
+TEST_CASE("tokenizer: byte-level BPE merges by rank, splits by the regex, keeps added tokens",
+          "[data]") {
+  absl::StatusOr<std::unique_ptr<Tokenizer>> t = load(small_tokenizer());
+  INFO(t.status().message());
+  REQUIRE(t.ok());
+  const Tokenizer& tok = **t;
+  CHECK(tok.vocab_size() == 262);
+  CHECK(tok.eod_id() == 260);
+  // "hello" -> he l l o -> he ll o -> hell o; " world" -> " w" o r l d; "hell" after the added
+  // token is a piece of its own.
+  const std::vector<int32_t> want = {258, 'o', 259, 'o', 'r', 'l', 'd', 260, 258, 261, 'x', 'y'};
+  CHECK(tok.encode("hello world<|endoftext|>hell<x>xy") == want);
+  // Special tokens decode to nothing, other added tokens to their text.
+  CHECK(tok.decode(want) == "hello worldhell<x>xy");
+  // NFC: e + combining acute is é (C3 A9); malformed UTF-8 becomes U+FFFD.
+  CHECK(tok.encode("e\xCC\x81") == std::vector<int32_t>{0xC3, 0xA9});
+  CHECK(tok.encode("a\xFF") == std::vector<int32_t>{'a', 0xEF, 0xBF, 0xBD});
+  CHECK(tok.encode("").empty());
+  // Merges never cross pieces: "he" + "llo" stays apart when a space splits them.
+  CHECK(tok.encode("he llo") == std::vector<int32_t>{256, ' ', 257, 'o'});
+  // --eod-token picks another token.
+  absl::StatusOr<std::unique_ptr<Tokenizer>> x = load(small_tokenizer(), "<x>");
+  REQUIRE(x.ok());
+  CHECK((*x)->eod_id() == 261);
+  // The older "a b" form of merges reads the same.
+  nlohmann::json old = small_tokenizer();
+  old["model"]["merges"] = nlohmann::json::array({"h e", "l l", "he ll"});
+  absl::StatusOr<std::unique_ptr<Tokenizer>> o = load(old);
+  REQUIRE(o.ok());
+  CHECK((*o)->encode("hello") == std::vector<int32_t>{258, 'o'});
+}
+
+TEST_CASE("tokenizer: what the reader does not implement is one error naming it", "[data]") {
+  auto error_of = [](const nlohmann::json& j, const std::string& eod = "") {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = load(j, eod);
+    return t.ok() ? std::string("ok") : std::string(t.status().message());
+  };
+  nlohmann::json j = small_tokenizer();
+  j["model"]["type"] = "WordPiece";
+  CHECK_THAT(error_of(j), Catch::Contains("model type 'WordPiece'; supported: byte-level BPE"));
+  j = small_tokenizer();
+  j["normalizer"] = {{"type", "Lowercase"}};
+  CHECK_THAT(error_of(j), Catch::Contains("normalizer {\"type\":\"Lowercase\"}"));
+  j = small_tokenizer();
+  j["model"]["vocab"].erase(byte_char('q'));
+  CHECK_THAT(error_of(j), Catch::Contains("byte 113 has no token of its own"));
+  j = small_tokenizer();
+  j["model"]["merges"].push_back(nlohmann::json::array({"x", "y"}));
+  CHECK_THAT(error_of(j), Catch::Contains("merge 'x y' of tokens not in the vocab"));
+  j = small_tokenizer();
+  j["added_tokens"][1]["lstrip"] = true;
+  CHECK_THAT(error_of(j), Catch::Contains("added token '<x>' with lstrip: true"));
+  CHECK_THAT(error_of(small_tokenizer(), "<|end|>"),
+             Catch::Contains("has no end-of-document token '<|end|>'; name one of its tokens "
+                             "with --eod-token"));
+  j = small_tokenizer();
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed";
+  CHECK_THAT(error_of(j), Catch::Contains("pre-tokenizer regex does not compile"));
+  CHECK_THAT(std::string(load_hf_tokenizer("/nonexistent/tokenizer.json").status().message()),
+             Catch::Contains("cannot read tokenizer file '/nonexistent/tokenizer.json'"));
+}
+
+}  // namespace
+}  // namespace tr::data
