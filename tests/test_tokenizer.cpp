@@ -3,12 +3,15 @@
 // errors for what it does not implement. tests/tools/test_tokenizer.py checks it against the
 // `tokenizers` package on Qwen2.5's real tokenizer.
 #include <catch2/catch.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "data/hf_tokenizer.h"
+#include "data/shard_meta.h"
+#include "tests/cli_util.h"
 #include "tests/test_util.h"
 
 namespace tr::data {
@@ -134,6 +137,60 @@ TEST_CASE("tokenizer: what the reader does not implement is one error naming it"
   CHECK_THAT(error_of(j), Catch::Contains("pre-tokenizer regex does not compile"));
   CHECK_THAT(std::string(load_hf_tokenizer("/nonexistent/tokenizer.json").status().message()),
              Catch::Contains("cannot read tokenizer file '/nonexistent/tokenizer.json'"));
+}
+
+// prepare_data records the tokenizer beside the dataset (PREFIX.meta.json); the trainer
+// refuses, with exit 2 and one line, ids that do not fit model.vocab_size, byte data under a
+// preset (unless data.allow_byte_tokenizer), and datasets of two tokenizers.
+TEST_CASE("tokenizer: the trainer refuses data whose tokenizer does not fit the model", "[cli]") {
+  test::RunDir run(10);
+  const std::string jsonl = run.dir / "docs.jsonl", hf = run.dir / "tok.json";
+  std::string lines;
+  for (int i = 0; i < 40; ++i)
+    lines += R"({"text": "hello world, the quick brown fox jumps over the lazy dog )" +
+             std::to_string(i) + "\"}\n";
+  test::write_file(jsonl, lines);
+  test::write_file(hf, small_tokenizer().dump());
+  auto prepare = [&](const std::string& prefix, const std::string& tok) {
+    test::CmdResult r = test::run_cmd(std::string(TR_PREPARE_DATA_BIN) + " --output " + prefix +
+                                      " --tokenizer " + tok + " " + jsonl);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  };
+  prepare(run.dir / "train", "byte");
+  prepare(run.dir / "valid", "byte");
+  absl::StatusOr<std::optional<ShardMeta>> meta = read_shard_meta(run.dir / "train");
+  REQUIRE(meta.ok());
+  REQUIRE(meta->has_value());
+  CHECK((*meta)->tokenizer == "byte");
+  CHECK((*meta)->vocab_size == 257);
+  CHECK((*meta)->eod_id == 256);
+  // Byte data under a preset (every model field still given explicitly: the small model).
+  const std::string preset = "--set model.preset=qwen2.5-0.5b --set model.rms_norm_eps=1e-6 ";
+  test::expect_bad_input(run.trainer(preset + "--dry-run"),
+                         "data " + run.dir / "train" +
+                             " was made by the byte tokenizer, but model.preset is qwen2.5-0.5b; "
+                             "tokenize with prepare_data --tokenizer path/to/tokenizer.json, or "
+                             "set data.allow_byte_tokenizer: true");
+  CHECK(run.trainer(preset + "--dry-run --set data.allow_byte_tokenizer=true").exit_code == 0);
+  // 262 ids into a model of 257.
+  prepare(run.dir / "train", hf);
+  meta = read_shard_meta(run.dir / "train");
+  REQUIRE(meta.ok());
+  CHECK((*meta)->tokenizer == "hf-bpe");
+  CHECK((*meta)->vocab_size == 262);
+  CHECK((*meta)->eod_id == 260);
+  test::expect_bad_input(run.trainer("--dry-run"),
+                         "data " + run.dir / "train" +
+                             " was made by tok.json (byte-level BPE, 262 ids, end of document "
+                             "260): its ids do not fit model.vocab_size 257");
+  // Two tokenizers in one run.
+  test::expect_bad_input(run.trainer("--dry-run --set model.vocab_size=262"),
+                         "data " + run.dir / "valid" +
+                             " was made by byte (tokenizer, 257 ids, end of document 256) but " +
+                             run.dir / "train" + " by tok.json");
+  prepare(run.dir / "valid", hf);
+  CHECK(run.trainer("--dry-run --set model.vocab_size=262").exit_code == 0);
 }
 
 }  // namespace

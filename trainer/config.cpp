@@ -87,6 +87,9 @@ const std::vector<Field>& fields() {
                "tokens per sample fed to the model (each sample reads seq_len+1)"),
       TR_FIELD(data, seed, Int, 0, kMaxI, "seed of the sample shuffle"),
       TR_FIELD(data, format, String, 0, 0, "token file format", {"auto", "megatron", "llmc"}),
+      TR_FIELD(data, allow_byte_tokenizer, Bool, 0, 0,
+               "accept data made by prepare_data's byte tokenizer under a model.preset (refused "
+               "by default: a Qwen model wants its own tokenizer's ids)"),
       TR_FIELD(train, steps, Int, 1, kMaxI, "optimizer steps to run in total"),
       TR_FIELD(train, global_batch, Int, 1, kMaxI, "samples per optimizer step over all DP ranks"),
       TR_FIELD(train, micro_batch, Int, 1, kMaxI, "samples per forward/backward on one rank"),

@@ -48,6 +48,8 @@ struct DataConfig {
   int64_t seq_len = 0;
   int64_t seed = 1234;
   std::string format = "auto";  // auto | megatron | llmc
+  // Byte-tokenized data (prepare_data's default) under a model.preset is refused unless true.
+  bool allow_byte_tokenizer = false;
 };
 
 struct TrainConfig {

@@ -14,11 +14,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "data/shard_meta.h"
 #include "kernels/core/fs_io.h"
 #include "kernels/ops.h"
 #include "trainer/plan.h"
@@ -92,6 +94,45 @@ absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& r,
   o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume
   o.vocab_size = r.cfg.model.vocab_size;
   return data::DataLoader::create(o);
+}
+
+// The datasets' tokenizer (PREFIX.meta.json, written by prepare_data) against the model: ids
+// that do not fit model.vocab_size, byte data under a preset, or datasets from two tokenizers
+// are bad input. Datasets made elsewhere carry no metadata and are not checked.
+absl::Status check_data_tokenizer(const Config& c) {
+  std::optional<data::ShardMeta> first;
+  std::string first_path;
+  for (const std::vector<DataSource>* list : {&c.data.train, &c.data.valid})
+    for (const DataSource& src : *list) {
+      absl::StatusOr<std::optional<data::ShardMeta>> meta = data::read_shard_meta(src.path);
+      if (!meta.ok()) return meta.status();
+      if (!meta->has_value()) continue;
+      const data::ShardMeta& m = **meta;
+      if (m.vocab_size > c.model.vocab_size)
+        return absl::InvalidArgumentError(
+            absl::StrCat("data ", src.path, " was made by ", m.describe(),
+                         ": its ids do not fit model.", "vocab_size ", c.model.vocab_size,
+                         "; tokenize with the model's tokenizer, or use a "
+                         "model whose vocab_size is at least ",
+                         m.vocab_size));
+      if (m.tokenizer == "byte" && !c.model.preset.empty() && !c.data.allow_byte_tokenizer)
+        return absl::InvalidArgumentError(
+            absl::StrCat("data ", src.path, " was made by the byte tokenizer, but model.preset is ",
+                         c.model.preset,
+                         "; tokenize with prepare_data --tokenizer path/to/tokenizer.json, or "
+                         "set data.allow_byte_tokenizer: true if byte tokens are intended"));
+      if (first && !first->same_tokenizer(m))
+        return absl::InvalidArgumentError(absl::StrCat("data ", src.path, " was made by ",
+                                                       m.describe(), " but ", first_path, " by ",
+                                                       first->describe(),
+                                                       "; every dataset of a run must come from "
+                                                       "one tokenizer"));
+      if (!first) {
+        first = m;
+        first_path = src.path;
+      }
+    }
+  return absl::OkStatus();
 }
 
 // The checkpoint to resume from: "" = start fresh. Never a fresh start over committed
@@ -327,6 +368,7 @@ absl::Status check_inputs(Session& r) {
     if (absl::Status st = ckpt::verify(r.resume_from, world.rank(), world.size()); !st.ok())
       return st;
   }
+  if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
   absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(r, r.cfg.data.train, true);
   if (!train.ok()) return train.status();
   r.train = std::move(*train);
