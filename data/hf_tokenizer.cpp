@@ -114,7 +114,9 @@ class HfBpeTokenizer final : public Tokenizer {
 
  private:
   void encode_segment(const std::string& text, std::vector<int32_t>& out) const;
-  void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  void bpe(std::string_view piece, std::vector<int32_t>& out) const;    // cached
+  void merge(std::string_view piece, std::vector<int32_t>& out) const;  // the BPE loop
+  static constexpr size_t kCacheEntries = 1 << 18;
 
   std::string name_;
   bool nfc_ = false, ignore_merges_ = false;
@@ -288,6 +290,32 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::strin
 // Merges the adjacent pair of lowest rank (the leftmost of equals) until none is left, as
 // Hugging Face's BPE does. Pieces are short (words), so a scan per merge is enough.
 void HfBpeTokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  // Words repeat: each thread keeps the ids of the pieces it has seen (bounded).
+  struct Hash {  // lookups by string_view, without building a key string
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
+  };
+  struct Cache {
+    const HfBpeTokenizer* owner = nullptr;
+    std::unordered_map<std::string, std::vector<int32_t>, Hash, std::equal_to<>> ids;
+  };
+  thread_local Cache cache;
+  if (cache.owner != this || cache.ids.size() > kCacheEntries) {
+    cache.ids.clear();
+    cache.owner = this;
+  }
+  if (auto it = cache.ids.find(piece); it != cache.ids.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  const size_t before = out.size();
+  merge(piece, out);
+  cache.ids.emplace(
+      std::string(piece),
+      std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(before), out.end()));
+}
+
+void HfBpeTokenizer::merge(std::string_view piece, std::vector<int32_t>& out) const {
   if (ignore_merges_)
     if (auto it = id_of_.find(std::string(piece)); it != id_of_.end()) {
       out.push_back(it->second);

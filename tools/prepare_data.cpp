@@ -1,7 +1,7 @@
 // prepare_data: tokenizes text into a Megatron indexed dataset (PREFIX.bin + PREFIX.idx).
 //
 //   prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte|FILE] [--eod-token T]
-//                INPUT...
+//                [--threads N] INPUT...
 //   prepare_data --output PREFIX --synthetic TOKENS --vocab V [--seed S]
 //
 // INPUT is a file or a directory (all regular files below it, recursively, in sorted order).
@@ -16,6 +16,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -37,7 +38,7 @@ using tr::data::Tokenizer;
 
 constexpr const char* kUsage =
     "usage: prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte|FILE]\n"
-    "                    [--eod-token TOKEN] INPUT...\n"
+    "                    [--eod-token TOKEN] [--threads N] INPUT...\n"
     "  Tokenizes INPUT files (or every regular file below an INPUT directory, sorted) into\n"
     "  the Megatron indexed dataset PREFIX.bin + PREFIX.idx.\n"
     "  --output PREFIX     output prefix; parent directories are created\n"
@@ -47,6 +48,7 @@ constexpr const char* kUsage =
     "  --tokenizer FILE    a Hugging Face tokenizer.json of the byte-level BPE kind (GPT-2,\n"
     "                      Qwen2/2.5, Llama 3); special tokens in the text are recognised\n"
     "  --eod-token TOKEN   the end-of-document token of FILE (default <|endoftext|>)\n"
+    "  --threads N         tokenize on N threads (default 1); the output is the same\n"
     "  --synthetic TOKENS  instead of INPUTs: TOKENS uniform random ids in [0, V) in documents\n"
     "                      of 1..8192 tokens, for benchmarks (--vocab V, --seed S, default 1)\n"
     "  The end-of-document token is appended to every document; empty documents are skipped.\n";
@@ -58,6 +60,7 @@ struct Args {
   std::string eod_token;
   std::vector<std::string> inputs;
   int64_t synthetic = 0, vocab = 0, seed = 1;
+  int threads = 1;
   bool help = false;
 };
 
@@ -96,6 +99,10 @@ absl::StatusOr<Args> parse_args(int argc, char** argv) {
       args.tokenizer = value;
     } else if (arg == "--eod-token") {
       args.eod_token = value;
+    } else if (arg == "--threads") {
+      if (!absl::SimpleAtoi(value, &args.threads) || args.threads < 1 || args.threads > 1024)
+        return absl::InvalidArgumentError(
+            absl::StrCat("--threads '", value, "' is not a thread count (1..1024)"));
     } else if (arg == "--synthetic" || arg == "--vocab" || arg == "--seed") {
       int64_t n = 0;
       if (!absl::SimpleAtoi(value, &n) || n < (arg == "--seed" ? 0 : 1))
@@ -144,29 +151,66 @@ absl::StatusOr<std::vector<std::string>> collect_files(const std::vector<std::st
   return files;
 }
 
-absl::Status add_document(std::string_view text, const Tokenizer& tok, IndexedDatasetWriter& writer,
-                          Stats& stats) {
-  if (text.empty()) {
-    ++stats.skipped_empty;
+// Documents tokenized in batches on `threads` threads and written in input order, so that the
+// output does not depend on the thread count.
+class Batcher {
+ public:
+  Batcher(const Tokenizer& tok, IndexedDatasetWriter& writer, Stats& stats, int threads)
+      : tok_(tok), writer_(writer), stats_(stats), threads_(threads) {}
+
+  // `where` names the document in an error ("file:line").
+  absl::Status add(std::string text, std::string where) {
+    if (text.empty()) {
+      ++stats_.skipped_empty;
+      return absl::OkStatus();
+    }
+    bytes_ += text.size();
+    texts_.push_back(std::move(text));
+    where_.push_back(std::move(where));
+    return bytes_ >= kBatchBytes ? flush() : absl::OkStatus();
+  }
+
+  absl::Status flush() {
+    std::vector<std::vector<int32_t>> ids(texts_.size());
+    auto work = [&](size_t first) {
+      for (size_t i = first; i < texts_.size(); i += static_cast<size_t>(threads_))
+        ids[i] = tok_.encode(texts_[i]);
+    };
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads_; ++t) pool.emplace_back(work, static_cast<size_t>(t));
+    work(0);
+    for (std::thread& t : pool) t.join();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ids[i].push_back(tok_.eod_id());
+      ++stats_.documents;
+      if (absl::Status st = writer_.add_document(ids[i]); !st.ok())
+        return absl::InvalidArgumentError(absl::StrCat(where_[i], ": ", st.message()));
+    }
+    texts_.clear();
+    where_.clear();
+    bytes_ = 0;
     return absl::OkStatus();
   }
-  std::vector<int32_t> ids = tok.encode(text);
-  ids.push_back(tok.eod_id());
-  ++stats.documents;
-  return writer.add_document(ids);
-}
 
-absl::Status process_text(const std::string& path, const Tokenizer& tok,
-                          IndexedDatasetWriter& writer, Stats& stats) {
+ private:
+  static constexpr size_t kBatchBytes = size_t{16} << 20;
+  const Tokenizer& tok_;
+  IndexedDatasetWriter& writer_;
+  Stats& stats_;
+  const int threads_;
+  std::vector<std::string> texts_, where_;
+  size_t bytes_ = 0;
+};
+
+absl::Status process_text(const std::string& path, Batcher& batch) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read '", path, "'"));
   std::ostringstream text;
   text << in.rdbuf();
-  return add_document(text.str(), tok, writer, stats);
+  return batch.add(text.str(), path);
 }
 
-absl::Status process_jsonl(const std::string& path, const Tokenizer& tok,
-                           IndexedDatasetWriter& writer, Stats& stats) {
+absl::Status process_jsonl(const std::string& path, Batcher& batch) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read '", path, "'"));
   std::string line;
@@ -182,9 +226,9 @@ absl::Status process_jsonl(const std::string& path, const Tokenizer& tok,
     if (!doc.is_object() || !doc.contains("text") || !doc["text"].is_string())
       return absl::InvalidArgumentError(
           absl::StrCat(path, ":", number, ": expected a JSON object with a string field \"text\""));
-    if (auto st = add_document(doc["text"].get_ref<const std::string&>(), tok, writer, stats);
+    if (auto st = batch.add(doc["text"].get<std::string>(), absl::StrCat(path, ":", number));
         !st.ok())
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": ", st.message()));
+      return st;
   }
   return absl::OkStatus();
 }
@@ -250,11 +294,13 @@ absl::Status run(const Args& args) {
   auto writer = IndexedDatasetWriter::create(args.output, (*tok)->vocab_size());
   if (!writer.ok()) return writer.status();
   Stats stats;
+  Batcher batch(**tok, **writer, stats, args.threads);
   for (const std::string& file : *files) {
-    absl::Status st = args.format == "text" ? process_text(file, **tok, **writer, stats)
-                                            : process_jsonl(file, **tok, **writer, stats);
+    absl::Status st =
+        args.format == "text" ? process_text(file, batch) : process_jsonl(file, batch);
     if (!st.ok()) return st;
   }
+  if (absl::Status st = batch.flush(); !st.ok()) return st;
   if (stats.documents == 0)
     return absl::InvalidArgumentError(absl::StrCat(
         "no non-empty documents found in ", files->size(), " input file(s); nothing written"));
