@@ -151,54 +151,83 @@ absl::StatusOr<std::vector<std::string>> collect_files(const std::vector<std::st
   return files;
 }
 
-// Documents tokenized in batches on `threads` threads and written in input order, so that the
-// output does not depend on the thread count.
+// Documents parsed (jsonl) and tokenized in batches on `threads` threads, and written in input
+// order, so that the output (and the first error reported) does not depend on the thread count.
 class Batcher {
  public:
   Batcher(const Tokenizer& tok, IndexedDatasetWriter& writer, Stats& stats, int threads)
       : tok_(tok), writer_(writer), stats_(stats), threads_(threads) {}
 
-  // `where` names the document in an error ("file:line").
-  absl::Status add(std::string text, std::string where) {
-    if (text.empty()) {
-      ++stats_.skipped_empty;
-      return absl::OkStatus();
-    }
-    bytes_ += text.size();
-    texts_.push_back(std::move(text));
-    where_.push_back(std::move(where));
+  // One document: a jsonl line (`json`) or a whole text file. `where` names it in an error
+  // ("file:line").
+  absl::Status add(std::string raw, std::string where, bool json) {
+    bytes_ += raw.size();
+    items_.push_back({std::move(raw), std::move(where), json});
     return bytes_ >= kBatchBytes ? flush() : absl::OkStatus();
   }
 
   absl::Status flush() {
-    std::vector<std::vector<int32_t>> ids(texts_.size());
+    const size_t n = items_.size();
+    std::vector<std::vector<int32_t>> ids(n);
+    std::vector<std::string> errors(n);
+    std::vector<char> empty(n, 0);
     auto work = [&](size_t first) {
-      for (size_t i = first; i < texts_.size(); i += static_cast<size_t>(threads_))
-        ids[i] = tok_.encode(texts_[i]);
+      for (size_t i = first; i < n; i += static_cast<size_t>(threads_)) {
+        const Item& item = items_[i];
+        std::string text;
+        if (item.json) {
+          nlohmann::json doc;
+          try {
+            doc = nlohmann::json::parse(item.raw);
+          } catch (const nlohmann::json::parse_error& e) {
+            errors[i] = absl::StrCat("invalid JSON (", e.what(), ")");
+            continue;
+          }
+          if (!doc.is_object() || !doc.contains("text") || !doc["text"].is_string()) {
+            errors[i] = "expected a JSON object with a string field \"text\"";
+            continue;
+          }
+          text = doc["text"].get<std::string>();
+        }
+        const std::string& t = item.json ? text : item.raw;
+        if (t.empty())
+          empty[i] = 1;
+        else
+          ids[i] = tok_.encode(t);
+      }
     };
     std::vector<std::thread> pool;
     for (int t = 1; t < threads_; ++t) pool.emplace_back(work, static_cast<size_t>(t));
     work(0);
     for (std::thread& t : pool) t.join();
-    for (size_t i = 0; i < ids.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
+      if (!errors[i].empty())
+        return absl::InvalidArgumentError(absl::StrCat(items_[i].where, ": ", errors[i]));
+      if (empty[i]) {
+        ++stats_.skipped_empty;
+        continue;
+      }
       ids[i].push_back(tok_.eod_id());
       ++stats_.documents;
       if (absl::Status st = writer_.add_document(ids[i]); !st.ok())
-        return absl::InvalidArgumentError(absl::StrCat(where_[i], ": ", st.message()));
+        return absl::InvalidArgumentError(absl::StrCat(items_[i].where, ": ", st.message()));
     }
-    texts_.clear();
-    where_.clear();
+    items_.clear();
     bytes_ = 0;
     return absl::OkStatus();
   }
 
  private:
+  struct Item {
+    std::string raw, where;
+    bool json;
+  };
   static constexpr size_t kBatchBytes = size_t{16} << 20;
   const Tokenizer& tok_;
   IndexedDatasetWriter& writer_;
   Stats& stats_;
   const int threads_;
-  std::vector<std::string> texts_, where_;
+  std::vector<Item> items_;
   size_t bytes_ = 0;
 };
 
@@ -207,7 +236,7 @@ absl::Status process_text(const std::string& path, Batcher& batch) {
   if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read '", path, "'"));
   std::ostringstream text;
   text << in.rdbuf();
-  return batch.add(text.str(), path);
+  return batch.add(text.str(), path, false);
 }
 
 absl::Status process_jsonl(const std::string& path, Batcher& batch) {
@@ -216,18 +245,7 @@ absl::Status process_jsonl(const std::string& path, Batcher& batch) {
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json doc;
-    try {
-      doc = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", number, ": invalid JSON (", e.what(), ")"));
-    }
-    if (!doc.is_object() || !doc.contains("text") || !doc["text"].is_string())
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", number, ": expected a JSON object with a string field \"text\""));
-    if (auto st = batch.add(doc["text"].get<std::string>(), absl::StrCat(path, ":", number));
-        !st.ok())
+    if (auto st = batch.add(std::move(line), absl::StrCat(path, ":", number), true); !st.ok())
       return st;
   }
   return absl::OkStatus();
