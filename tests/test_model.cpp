@@ -424,6 +424,30 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   CHECK(p->fits);
 }
 
+// Loss chunks from the 2 GiB logits budget: the whole micro-batch where it fits, never fewer
+// than 4096 tokens (the LM head's weight gradient is then read a few times per micro-batch, not
+// the 38 of 16M-logit chunks at Qwen2.5-1.5B, seq 4096).
+TEST_CASE("model: loss chunks hold the whole micro-batch where 2 GiB of logits allow", "[model]") {
+  const int64_t qwen = 151936;
+  CHECK(loss_chunk_tokens(4096, qwen, DType::bf16) == 4096);  // 1.16 GiB: whole
+  // 16384 tokens: 2 GiB / (151936 x 2 bytes) = 7067 rows per chunk.
+  CHECK(loss_chunk_tokens(16384, qwen, DType::bf16) == 7067);
+  // fp32 would fit 3533 rows; the floor of 4096 rows wins.
+  CHECK(loss_chunk_tokens(16384, qwen, DType::f32) == 4096);
+  CHECK(loss_chunk_tokens(100, qwen, DType::f32) == 100);           // a short micro-batch: whole
+  CHECK(loss_chunk_tokens(65536, qwen / 8, DType::bf16) == 56536);  // tp 8: 18992 rows
+  // The model and the planner take it: 1.5B at seq 4096, one micro-batch of 1 sample.
+  const Config cfg = plan_config({"parallel.tp=1", "parallel.pp=1", "parallel.dp=1",
+                                  "parallel.zero1=false", "parallel.sequence_parallel=false",
+                                  "model.preset=qwen2.5-1.5b", "train.global_batch=8"});
+  absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 1, 1);
+  INFO(p.status().message());
+  REQUIRE(p.ok());
+  CHECK(p->stages.back().loss_chunk_tokens == 4096);
+  CHECK(format_plan(cfg, *p).find("loss: chunks of 4096 tokens of the 4096 in a micro-batch") !=
+        std::string::npos);
+}
+
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {
   const Config cfg = plan_config({});
   absl::StatusOr<Plan> big = make_plan(cfg, *gpu_spec("b300"), 16, 8);

@@ -152,10 +152,14 @@ struct Qwen2Model::Acts {
   Tensor dlnf_local;  // [Tl, H]
 };
 
+int64_t loss_chunk_tokens(int64_t tokens, int64_t vocab_local, DType logits_dtype) {
+  const double row =
+      static_cast<double>(vocab_local) * static_cast<double>(dtype_size(logits_dtype));
+  const auto fit = static_cast<int64_t>(kLossChunkBudgetBytes / row);
+  return std::max<int64_t>(1, std::min(tokens, std::max(fit, kMinLossChunkTokens)));
+}
+
 namespace {
-// Loss chunk: at most ~16M logits at a time, so full-vocabulary logits never exist for
-// long sequences (64 MB in fp32).
-constexpr int64_t kLogitsPerChunk = int64_t{1} << 24;
 
 // Sum of a host tensor's values in double (the per-token losses of one chunk).
 double sum_host(Tensor t) {
@@ -226,8 +230,8 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   }
 
   const int64_t T = batch * seq_len;
-  chunk_ = std::max<int64_t>(
-      1, std::min<int64_t>(T, loss_chunk > 0 ? loss_chunk : kLogitsPerChunk / dims.vocab_local));
+  chunk_ = loss_chunk > 0 ? std::max<int64_t>(1, std::min<int64_t>(T, loss_chunk))
+                          : loss_chunk_tokens(T, dims.vocab_local, dtype_);
   // Measure the activation buffers, then allocate exactly that once.
   Arena plan = Arena::planner(ctx.device);
   alloc_acts(plan);

@@ -93,11 +93,20 @@ struct Weights {
   Tensor lm_head;  // [Vl, H] (last stage); the embedding's memory when tied
 };
 
+// Loss chunks: the LM head and the cross-entropy run over chunks of this many tokens: the whole
+// micro-batch when its logits fit kLossChunkBudgetBytes, else as many tokens as fit, but never
+// fewer than kMinLossChunkTokens (so that the LM head's GEMMs stay compute-bound and its fp32
+// weight gradient is read and written a few times per micro-batch, not dozens). The model and,
+// through it, the planner ask here.
+inline constexpr double kLossChunkBudgetBytes = 2.0 * (1 << 30);
+inline constexpr int64_t kMinLossChunkTokens = 4096;
+int64_t loss_chunk_tokens(int64_t tokens, int64_t vocab_local, DType logits_dtype);
+
 class Qwen2Model {
  public:
   // Buffers for micro-batches of `batch` samples of `seq_len` tokens, computing in `dtype`
   // (activations and the weights the ops read). The loss runs over chunks of `loss_chunk`
-  // tokens (0 = as many as fit in ~16M logits). The flat buffers hold a multiple of
+  // tokens (0 = loss_chunk_tokens()). The flat buffers hold a multiple of
   // `flat_multiple` elements (the data-parallel size under ZeRO-1). `slots` micro-batches can
   // be in flight at once (pipeline stages keep their activations).
   //
@@ -118,6 +127,7 @@ class Qwen2Model {
     size_t weights = 0, compute_copy = 0, grads = 0, activations = 0;
   };
   Memory memory() const { return memory_; }
+  int64_t loss_chunk() const { return chunk_; }  // tokens per loss chunk
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   // Called by backward_stage after each layer's backward with that layer's range [begin, end)

@@ -142,6 +142,9 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     m.compute_copy = static_cast<double>(mm.compute_copy);
     m.grads = static_cast<double>(mm.grads);
     m.activations = static_cast<double>(mm.activations);
+    m.loss_chunk_tokens = model.loss_chunk();
+    m.loss_chunk_logits = static_cast<double>(model.loss_chunk()) *
+                          static_cast<double>(dims.vocab_local) * dtype_size(DType::bf16);
     const int64_t capacity = model.layout().capacity, total = model.layout().total;
     // AdamW: m and v (and, under ZeRO-1, the reduced gradient shard) of this rank's range.
     m.optimizer_without_zero1 = 2.0 * static_cast<double>(arena_bytes(DType::f32, total));
@@ -214,6 +217,12 @@ std::string format_plan(const Config& cfg, const Plan& p) {
                         "checkpoint.keep_last=%d keeps %d on disk, one more during a save\n",
                         p.checkpoint_bytes / kGiB, cfg.checkpoint.keep_last,
                         cfg.checkpoint.keep_last);
+  const StageMemory& last = p.stages.back();
+  absl::StrAppendFormat(&out,
+                        "loss: chunks of %d tokens of the %d in a micro-batch (at most %.2g GiB "
+                        "of bf16 logits per chunk on the last stage)\n",
+                        last.loss_chunk_tokens, cfg.train.micro_batch * cfg.data.seq_len,
+                        last.loss_chunk_logits / kGiB);
   absl::StrAppend(&out, "memory per GPU (GiB)     ");
   for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  stage %-3d", m.stage);
   absl::StrAppend(&out, "\n");
@@ -293,6 +302,7 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"micro_batches", p.micro_batches},
                             {"params", p.params_total},
                             {"checkpoint_gib", p.checkpoint_bytes / kGiB},
+                            {"loss_chunk_tokens", p.stages.back().loss_chunk_tokens},
                             {"fits", p.fits},
                             {"memory_gib", worst / kGiB},
                             {"gpu_memory_gib", p.gpu.memory_bytes / kGiB},

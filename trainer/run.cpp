@@ -279,10 +279,12 @@ void print_plan(const Session& r) {
   const Tensor copy = r.model->compute_copy();
   std::printf(
       "memory on %s: weights %.1f MiB, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f MiB, "
-      "activations %.1f MiB, workspace %.1f MiB + attention %.1f MiB\n",
+      "activations %.1f MiB (loss chunks of %lld tokens), workspace %.1f MiB + attention %.1f "
+      "MiB\n",
       device_name(r.ctx.device), P * 4 / mib, copy.empty() ? 0.0 : copy.nbytes() / mib, P * 4 / mib,
       2.0 * r.opt->state_elems() * 4 / mib, r.model->activation_bytes() / mib,
-      r.ctx.workspace_bytes / mib, r.model->attention_workspace_bytes() / mib);
+      static_cast<long long>(r.model->loss_chunk()), r.ctx.workspace_bytes / mib,
+      r.model->attention_workspace_bytes() / mib);
   if (r.ctx.device != Device::cpu) {
     const DeviceInfo info = device_info(r.ctx);
     std::printf("device: %s, %.0f MiB in use after set-up\n", info.name.c_str(),
@@ -400,11 +402,16 @@ absl::Status build_model(Session& r) {
   const bool zero1 = r.cfg.parallel.zero1 && r.topo.dp > 1;
   const int64_t micro_batches = r.cfg.train.global_batch / (r.cfg.train.micro_batch * r.topo.dp);
   const int slots = static_cast<int>(std::min<int64_t>(r.topo.pp - r.topo.pp_rank, micro_batches));
+  // TR_LOSS_CHUNK_TOKENS=N overrides loss_chunk_tokens() (trainer/model.h), to bisect a GPU
+  // regression against the old 16M-logit chunks (docs/PERFORMANCE.md).
+  const char* chunk_env = std::getenv("TR_LOSS_CHUNK_TOKENS");
+  const int64_t loss_chunk = chunk_env != nullptr ? std::max<int64_t>(0, std::atoll(chunk_env)) : 0;
   r.model = std::make_unique<Qwen2Model>(
       ModelDims::from(r.cfg.model, r.topo, r.cfg.parallel.sequence_parallel,
                       r.cfg.parallel.pipeline_layers),
       r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx,
-      r.ctx.device == Device::cuda ? DType::bf16 : DType::f32, 0, zero1 ? r.topo.dp : 1, slots);
+      r.ctx.device == Device::cuda ? DType::bf16 : DType::f32, loss_chunk, zero1 ? r.topo.dp : 1,
+      slots);
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());
