@@ -7,7 +7,7 @@ pkgs=(
   libyaml-cpp-dev libhdf5-dev hdf5-tools libabsl-dev catch2
   libopenmpi-dev openmpi-bin libopenblas-dev nlohmann-json3-dev zlib1g-dev
   slurm-wlm munge
-  python3 python3-yaml python3-matplotlib python3-venv
+  python3 python3-yaml python3-matplotlib python3-venv procps
   libpcre2-dev libutf8proc-dev
 )
 missing=()
