@@ -531,7 +531,7 @@ TEST_CASE("cli: train.backend=cuda without a usable GPU is one error line and ex
   CHECK_FALSE(fs::exists(run.dir / "ckpt"));
 }
 
-TEST_CASE("cli: trainer plan prints the 72B plan; a bad --gpu is one error line and exit 2",
+TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error line and exit 2",
           "[cli]") {
   const std::string cfg = std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml";
   CmdResult r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg +

@@ -146,7 +146,7 @@ TEST_CASE("jobs: a read-only or too small checkpoint.dir is found at start-up", 
 // A disk that fills up during the second save: one error line naming the file, the disk's
 // message and the checkpoint that stays; exit 1, no crash in HDF5's clean-up; that checkpoint
 // still loads.
-TEST_CASE("jobs: a full disk during a save is one line and exit 1; the last checkpoint stays",
+TEST_CASE("jobs: a full disk during a save is one line and exit 1, and the last checkpoint stays",
           "[cli]") {
   RunDir run(20, "");
   absl::StatusOr<Config> cfg = load_config(run.config, {});

@@ -155,7 +155,8 @@ TEST_CASE("two micro-batches of one sample give the gradients of one batch of tw
   CHECK(rel_diff(halves.grads(), one.grads()) < 1e-6);
 }
 
-TEST_CASE("AdamW decays matrices but never norms or biases; clipping bounds the norm", "[model]") {
+TEST_CASE("AdamW decays matrices but never norms or biases, and clipping bounds the norm",
+          "[model]") {
   Topology topo;
   Qwen2Model model(ModelDims::from(small_config(false), topo), 1, 8, Ctx{});
   model.init_weights(9, 0.1);
@@ -290,7 +291,7 @@ tr::Config config_with(const std::vector<std::string>& sets) {
 // of every weight and Adam moment exactly once, vocabulary padding never. For the 72B job
 // (tp 8, pp 2, dp 8 = 128 ranks) the ranks write equal shares, so a save takes 1/128 of the
 // time one writer would.
-TEST_CASE("checkpoint ownership tiles every tensor once; the 72B job's ranks write equal parts",
+TEST_CASE("checkpoint ownership tiles every tensor once, and the 72B job's ranks write equal parts",
           "[model]") {
   for (bool zero1 : {true, false}) {
     const tr::Config cfg =
