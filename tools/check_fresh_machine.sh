@@ -59,8 +59,17 @@ git ls-files -z --cached --others --exclude-standard |
   tar --null --ignore-failed-read -T - -cf - 2>/dev/null | tar -xf - -C "$root/root/trainer"
 if command -v nvcc >/dev/null; then echo "host has nvcc; the chroot does not (no CUDA toolkit there)"; fi
 
+# A network whose HTTPS goes through an inspecting proxy has its own CA in the host's bundle: a
+# machine on that network would trust it too, so pip inside the chroot gets the host's bundle
+# (the only thing taken from the host besides the mirror and DNS).
+tls_env=()
+if [ -s /etc/ssl/certs/ca-certificates.crt ]; then
+  mkdir -p "$root/etc/ssl"
+  cp /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/host-ca-bundle.crt"
+  tls_env=(PIP_CERT=/etc/ssl/host-ca-bundle.crt SSL_CERT_FILE=/etc/ssl/host-ca-bundle.crt)
+fi
 in_chroot() {
-  chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+  chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb "${tls_env[@]}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     bash -c "cd /root/trainer && $1"
 }

