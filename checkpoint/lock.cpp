@@ -18,12 +18,6 @@
 namespace tr::ckpt {
 namespace {
 
-std::string host_name() {
-  char h[256] = {};
-  gethostname(h, sizeof(h) - 1);
-  return h;
-}
-
 std::string slurm_job() {
   const char* j = std::getenv("SLURM_JOB_ID");
   return j != nullptr ? j : "";
@@ -31,7 +25,7 @@ std::string slurm_job() {
 
 // This process as a holder, as the lock file's JSON.
 std::string my_record() {
-  nlohmann::json j = {{"host", host_name()},
+  nlohmann::json j = {{"host", fs::host_name()},
                       {"pid", static_cast<long long>(getpid())},
                       {"slurm_job", slurm_job()},
                       {"started", fs::utc_now("%Y-%m-%dT%H:%M:%SZ")}};
@@ -40,7 +34,7 @@ std::string my_record() {
 
 // Why `h` no longer holds the lock; "" when it may still.
 std::string stale_reason(const LockHolder& h, double stale_after_s) {
-  if (h.host == host_name() && h.pid > 0 && kill(static_cast<pid_t>(h.pid), 0) != 0 &&
+  if (h.host == fs::host_name() && h.pid > 0 && kill(static_cast<pid_t>(h.pid), 0) != 0 &&
       errno == ESRCH)
     return "its process is gone";
   if (!h.slurm_job.empty() && h.slurm_job == slurm_job())

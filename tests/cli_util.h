@@ -73,6 +73,14 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
     return run_cmd(env + " " + kOneThread + " " + TR_MPIRUN + " " + std::to_string(ranks) + " " +
                    TR_TRAINER_BIN + " --config " + config + " " + args);
   }
+  // `launch` (e.g. mpirun and its arguments; "" for one process) and the trainer started in the
+  // background; once it logs a step it gets SIGsig (`sig` as kill names it: TERM, USR1) and is
+  // waited for, as a job that Slurm or a user stops.
+  CmdResult signal_when_training(const std::string& launch, const std::string& sig) const {
+    return run_cmd("sh -c '" + launch + " " + TR_TRAINER_BIN + " --config " + config +
+                   " & pid=$!; while [ ! -s " + (dir / "log/metrics.jsonl") +
+                   " ]; do sleep 0.05; done; kill -" + sig + " $pid; wait $pid'");
+  }
   // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations).
   std::vector<nlohmann::json> metrics(const char* key = "loss") const {
     std::vector<nlohmann::json> lines;
@@ -129,6 +137,15 @@ inline void check_same_checkpoint(const std::string& config_a, const std::string
   CHECK(a.p == b.p);
   CHECK(a.m == b.m);
   CHECK(a.v == b.v);
+}
+
+// After a stop: every logged step was applied and the newest of them is `latest`.
+inline void check_latest_is_last_logged_step(const RunDir& run) {
+  const int64_t steps = static_cast<int64_t>(run.metrics().size());
+  REQUIRE(steps >= 1);
+  absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
+  REQUIRE(latest.ok());
+  CHECK(read_checkpoint(run.config, *latest).state.step == steps);
 }
 
 }  // namespace tr::test

@@ -108,19 +108,12 @@ TEST_CASE("cli: SIGKILL during a save leaves the previous checkpoint as latest",
 
 TEST_CASE("cli: SIGTERM saves the last applied step and exits 3", "[cli]") {
   RunDir run(100000);
-  const std::string log = run.dir / "log/metrics.jsonl";
-  // Start, wait until steps are being logged, then signal as Slurm does before a time limit.
-  CmdResult r = run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + run.config +
-                        " & pid=$!; while [ ! -s " + log +
-                        " ]; do sleep 0.05; done; kill -TERM $pid; wait $pid'");
+  // Signalled as Slurm does before a time limit, once steps are being logged.
+  CmdResult r = run.signal_when_training("", "TERM");
   INFO(r.output);
   REQUIRE(r.exit_code == kExitStopped);
   CHECK(r.output.find("stopped by signal 15 (Terminated) ") != std::string::npos);
-  const int64_t steps = static_cast<int64_t>(run.metrics().size());
-  REQUIRE(steps >= 1);
-  absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
-  REQUIRE(latest.ok());
-  CHECK(read_checkpoint(run.config, *latest).state.step == steps);
+  test::check_latest_is_last_logged_step(run);
 }
 
 // With buckets small enough, the DP all-reduce of the layers' buckets starts during the last

@@ -111,18 +111,12 @@ TEST_CASE("jobs: a signal within a step stops at a micro-batch boundary, saves, 
 // ranks a second later: README). The ranks save the step they are in and exit 3; so does mpirun.
 TEST_CASE("jobs: SIGUSR1 to mpirun saves the last step on every rank and exits 3", "[cli][mpi]") {
   RunDir run(100000);
-  const std::string log = run.dir / "log/metrics.jsonl";
-  CmdResult r = run_cmd("sh -c '" + std::string(test::kOneThread) + " " + TR_MPIRUN + " 2 " +
-                        TR_TRAINER_BIN + " --config " + run.config + " & pid=$!; while [ ! -s " +
-                        log + " ]; do sleep 0.05; done; kill -USR1 $pid; wait $pid'");
+  CmdResult r =
+      run.signal_when_training(std::string(test::kOneThread) + " " + TR_MPIRUN + " 2", "USR1");
   INFO(r.output);
   REQUIRE(r.exit_code == kExitStopped);
   CHECK(r.output.find("stopped by signal 10 (User defined signal 1) ") != std::string::npos);
-  const int64_t steps = static_cast<int64_t>(run.metrics().size());
-  REQUIRE(steps >= 1);
-  absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
-  REQUIRE(latest.ok());
-  CHECK(read_checkpoint(run.config, *latest).state.step == steps);
+  test::check_latest_is_last_logged_step(run);
 }
 
 // checkpoint.dir is checked at start-up: a read-only one and one without room for a checkpoint

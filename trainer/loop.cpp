@@ -38,6 +38,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A stop signal agreed by the ranks (the max of theirs; 0 = none) becomes this rank's too, so
+// that every rank reports and acts on the same one. Returns whether one was agreed.
+bool adopt_stop_signal(int32_t agreed) {
+  if (agreed != 0 && g_stop_signal == 0) g_stop_signal = agreed;
+  return agreed != 0;
+}
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -90,31 +97,26 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
   std::string executed;
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
-    if (a.micro_batch >= cut_at) {  // polls too: a poll from here on was never started
-      if (a.is_comm() && !group.empty() && (i + 1 == actions.size() || !actions[i + 1].is_comm())) {
-        s.groups.pp->exchange(group);  // the rest of a group cut in the middle
+    const bool dropped = a.micro_batch >= cut_at;  // polls too: none from here on was started
+    const int slot = a.micro_batch % slots;
+    if (a.is_comm()) {  // what is left of a group is posted at its end
+      if (!dropped) group.push_back(p2p_of(s, a, slot));
+      if (!group.empty() && (i + 1 == actions.size() || !actions[i + 1].is_comm())) {
+        s.groups.pp->exchange(group);
         group.clear();
       }
+    } else if (dropped) {
       continue;
-    }
-    const int slot = a.micro_batch % slots;
-    if (a.kind == PipeAction::poll_start) {
+    } else if (a.kind == PipeAction::poll_start) {
       poll_flag = static_cast<int32_t>(g_stop_signal);
       s.groups.world->all_reduce_start(Tensor(&poll_flag, DType::i32, Device::cpu, {1}),
                                        ReduceOp::max);
     } else if (a.kind == PipeAction::poll_wait) {
       s.groups.world->wait_all();
-      if (poll_flag != 0) {
-        if (g_stop_signal == 0) g_stop_signal = poll_flag;
+      if (adopt_stop_signal(poll_flag)) {
         run.stop = true;
         cut_at = std::min(m, a.micro_batch + lag);
         run.cut = cut_at < m;
-      }
-    } else if (a.is_comm()) {
-      group.push_back(p2p_of(s, a, slot));
-      if (i + 1 == actions.size() || !actions[i + 1].is_comm()) {
-        s.groups.pp->exchange(group);
-        group.clear();
       }
     } else if (a.kind == PipeAction::fwd) {
       const data::MicroBatch& mb = mbs[a.micro_batch];
@@ -165,8 +167,7 @@ struct StepOutcome {
 StepOutcome agree_on_step(Session& s, int code, absl::Status status) {
   int32_t ctl[2] = {code, static_cast<int32_t>(g_stop_signal)};
   s.groups.world->all_reduce(Tensor(ctl, DType::i32, Device::cpu, {2}), ReduceOp::max);
-  if (ctl[1] != 0 && g_stop_signal == 0) g_stop_signal = ctl[1];
-  return {ctl[0], code, std::move(status), ctl[1] != 0};
+  return {ctl[0], code, std::move(status), adopt_stop_signal(ctl[1])};
 }
 
 // Mean validation loss per token over eval_steps batches read in order from the start, over
@@ -322,8 +323,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   int32_t agreed[2] = {static_cast<int32_t>(guard.judge(m.loss, m.grad_norm, &why)),
                        static_cast<int32_t>(g_stop_signal)};
   s.groups.world->all_reduce(Tensor(agreed, DType::i32, Device::cpu, {2}), ReduceOp::max);
-  if (agreed[1] != 0 && g_stop_signal == 0) g_stop_signal = agreed[1];
-  out.stop = pipe.stop || agreed[1] != 0;
+  out.stop = adopt_stop_signal(agreed[1]) || pipe.stop;
   const auto v = static_cast<StepGuard::Verdict>(agreed[0]);
   guard.record(v, m.loss);
   m.skipped = skip_name(v);
@@ -389,10 +389,8 @@ int stop_and_save(Session& s, Saver& saver, bool step_applied) {
                                                        " at a micro-batch boundary (not applied)");
   if (s.state.step > 0)
     if (int code = save_step(s, saver, true); code != kExitOk) return code;
-  const std::string last =
-      s.last_saved_step > 0 ? absl::StrCat("step ", s.last_saved_step) : "none";
   std::printf("stopped by signal %d (%s) %s; last checkpoint: %s; resume with --resume auto\n", sig,
-              strsignal(sig), when.c_str(), last.c_str());
+              strsignal(sig), when.c_str(), s.last_checkpoint().c_str());
   std::fflush(stdout);
   return kExitStopped;
 }
@@ -469,8 +467,7 @@ int train_loop(Session& s) {
               "training diverged: %d steps in a row skipped (train.max_skipped_steps) up to step "
               "%d; last checkpoint: %s; resume from it with a lower optim.lr, or from an earlier "
               "one with --resume PATH",
-              guard.skipped_in_a_row(), m.step,
-              s.last_saved_step >= 0 ? absl::StrCat("step ", s.last_saved_step) : "none")));
+              guard.skipped_in_a_row(), m.step, s.last_checkpoint())));
     if (t.eval_interval > 0 && (m.step % t.eval_interval == 0 || m.step == t.steps)) {
       const auto e0 = Clock::now();
       double val = 0;

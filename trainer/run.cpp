@@ -311,8 +311,6 @@ absl::Status check_checkpoint_dir(const Session& r) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir '", dir,
                                                    "' cannot be created: ", ec.message(),
                                                    "; choose another checkpoint.dir"));
-  char host[256] = "?";
-  gethostname(host, sizeof host - 1);
   const std::string probe =
       absl::StrCat(dir, "/.write-test-", r.topo.rank, "-", static_cast<long>(getpid()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -321,9 +319,10 @@ absl::Status check_checkpoint_dir(const Session& r) {
   if (fd >= 0) ok = (::close(fd) == 0) && ok;
   ::unlink(probe.c_str());
   if (!ok)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint.dir '", dir, "' is not writable (rank ", r.topo.rank, " on ", host,
-        "): ", std::strerror(err), "; fix its permissions or choose another checkpoint.dir"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint.dir '", dir, "' is not writable (rank ", r.topo.rank, " on ",
+                     tr::fs::host_name(), "): ", std::strerror(err),
+                     "; fix its permissions or choose another checkpoint.dir"));
   if (r.topo.rank != 0) return absl::OkStatus();
   struct statvfs fsinfo {};
   if (statvfs(dir.c_str(), &fsinfo) != 0) return absl::OkStatus();  // unknown: not an error

@@ -58,15 +58,19 @@ int64_t block_elems(const ckpt::TensorRef& t) {
   return n;
 }
 
+int64_t total_elems(const std::vector<ckpt::ShardPiece>& pieces) {
+  int64_t n = 0;
+  for (const ckpt::ShardPiece& p : pieces) n += block_elems(p.ref);
+  return n;
+}
+
 }  // namespace
 
 Saver::Saver(Session& s) : s_(s) {
   if (!s_.cfg.checkpoint.async) return;
   // The staging buffer, allocated (and its pages touched) once at start-up rather than in the
   // first save: a fault per page of a many-GiB buffer would stall that save by seconds.
-  int64_t total = 0;
-  for (const ckpt::ShardPiece& p : owned_pieces(s_.cfg, s_.topo, {})) total += block_elems(p.ref);
-  arena_.resize(static_cast<size_t>(total));
+  arena_.resize(static_cast<size_t>(total_elems(owned_pieces(s_.cfg, s_.topo, {}))));
 }
 
 Saver::~Saver() {
@@ -99,16 +103,10 @@ absl::Status Saver::save() {
             "checkpoint ownership must see the model's layout");
   const HostCopy params(s_.model->params()), m(s_.opt->exp_avg()), v(s_.opt->exp_avg_sq());
   pieces_ = owned_pieces(s_.cfg, s_.topo, RankBuffers{params.ptr, m.ptr, v.ptr});
-  const std::string tmp = ckpt::save_tmp_dir(root, step_);
-  if (!s_.cfg.checkpoint.async) {
-    absl::StatusOr<fs::FileDigest> d = fs::FileDigest{};
-    if (!pieces_.empty()) d = ckpt::write_shard(tmp, s_.topo.rank, step_, pieces_);
-    return commit(d.ok() ? absl::OkStatus() : failed(d.status()), d.ok() ? *d : fs::FileDigest{});
-  }
+  if (!s_.cfg.checkpoint.async) return commit(write());
   // Asynchronous: stage a copy of this rank's blocks, then write it in the background.
-  int64_t total = 0;
-  for (const ckpt::ShardPiece& p : pieces_) total += block_elems(p.ref);
-  arena_.resize(static_cast<size_t>(total));
+  TR_ASSERT(static_cast<int64_t>(arena_.size()) == total_elems(pieces_),
+            "the staging buffer must hold this rank's blocks");
   float* at = arena_.data();
   for (ckpt::ShardPiece& p : pieces_) {
     const int64_t n = block_elems(p.ref);
@@ -118,9 +116,8 @@ absl::Status Saver::save() {
   }
   written_ = false;
   in_flight_ = true;
-  writer_ = std::thread([this, tmp] {
-    result_ = pieces_.empty() ? absl::StatusOr<fs::FileDigest>(fs::FileDigest{})
-                              : ckpt::write_shard(tmp, s_.topo.rank, step_, pieces_);
+  writer_ = std::thread([this] {
+    result_ = write();
     written_ = true;
   });
   stall_s_ += seconds_since(t0);
@@ -142,13 +139,20 @@ absl::Status Saver::settle(bool wait) {
   }
   in_flight_ = false;
   stall_s_ += seconds_since(t0);
-  return commit(result_.ok() ? absl::OkStatus() : failed(result_.status()),
-                result_.ok() ? *result_ : fs::FileDigest{});
+  return commit(result_);
+}
+
+absl::StatusOr<fs::FileDigest> Saver::write() const {
+  if (pieces_.empty()) return fs::FileDigest{};
+  return ckpt::write_shard(ckpt::save_tmp_dir(s_.cfg.checkpoint.dir, step_), s_.topo.rank, step_,
+                           pieces_);
 }
 
 // Every rank's (ok, bytes, crc32) to rank 0, which commits: model.h5, manifest, rename, latest.
-absl::Status Saver::commit(absl::Status own, const fs::FileDigest& digest) {
+absl::Status Saver::commit(const absl::StatusOr<fs::FileDigest>& written) {
   const auto t0 = Clock::now();
+  const absl::Status own = written.ok() ? absl::OkStatus() : failed(written.status());
+  const fs::FileDigest digest = written.ok() ? *written : fs::FileDigest{};
   Comm& world = *s_.groups.world;
   double mine[3] = {own.ok() ? 1.0 : 0.0, static_cast<double>(digest.bytes),
                     static_cast<double>(digest.crc32)};  // doubles hold both exactly

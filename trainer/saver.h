@@ -37,7 +37,10 @@ class Saver {
 
  private:
   using Clock = std::chrono::steady_clock;
-  absl::Status commit(absl::Status own, const fs::FileDigest& digest);
+  // Writes this rank's shard of the save (nothing when it owns no block).
+  absl::StatusOr<fs::FileDigest> write() const;
+  // Every rank's result to rank 0, which commits.
+  absl::Status commit(const absl::StatusOr<fs::FileDigest>& written);
   absl::Status failed(const absl::Status& st) const;  // names the step and what stays
 
   Session& s_;

@@ -50,9 +50,13 @@ struct Session {
   std::string resume_from;              // checkpoint directory to load; "" = fresh start
   bool start_over = false;              // --resume none --force over checkpoints: move them aside
   std::unique_ptr<ckpt::DirLock> lock;  // rank 0: this run owns checkpoint.dir
-  int64_t last_saved_step = -1;
+  int64_t last_saved_step = -1;         // the newest committed checkpoint of this run; -1 = none
 
   bool logger() const { return topo.rank == 0; }
+  // "step N" or "none", for messages that say what a resume would continue from.
+  std::string last_checkpoint() const {
+    return last_saved_step >= 0 ? "step " + std::to_string(last_saved_step) : "none";
+  }
 };
 
 // Set by SIGTERM, SIGINT, SIGUSR1 or SIGUSR2 (Slurm sends SIGTERM before a time limit or

@@ -1,10 +1,10 @@
 #include "kernels/core/check.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include "kernels/core/fs_io.h"
 
 namespace tr {
 namespace {
@@ -21,9 +21,7 @@ void set_abort_hook(AbortHook hook) {
 
 namespace {
 std::string where() {
-  char host[256] = "?";
-  gethostname(host, sizeof(host) - 1);
-  return "[rank " + std::to_string(g_rank) + " host " + host + "]";
+  return "[rank " + std::to_string(g_rank) + " host " + fs::host_name() + "]";
 }
 }  // namespace
 

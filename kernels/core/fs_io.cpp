@@ -207,4 +207,10 @@ std::string utc_now(const char* format) {
   return std::string(text, std::strftime(text, sizeof(text), format, &utc));
 }
 
+std::string host_name() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) return "?";
+  return host;
+}
+
 }  // namespace tr::fs

@@ -80,4 +80,7 @@ absl::StatusOr<uint64_t> file_size(const std::string& path);
 // say when they were made, e.g. "%Y%m%dT%H%M%SZ").
 std::string utc_now(const char* format);
 
+// This machine's host name ("?" when it cannot be read), for messages and lock records.
+std::string host_name();
+
 }  // namespace tr::fs
