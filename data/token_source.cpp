@@ -100,7 +100,7 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 
 // Reads the llm.c magic of a file; 0 when it is shorter than 4 bytes or unreadable.
 int32_t peek_magic(const std::string& path) {
-  auto file = MappedFile::open(path);
+  auto file = fs::MappedFile::open(path);
   if (!file.ok() || file->size() < sizeof(int32_t)) return 0;
   return load<int32_t>(file->data());
 }
@@ -117,7 +117,7 @@ struct IdxHeader {
   uint64_t num_doc_idx;  // D
 };
 
-absl::StatusOr<IdxHeader> parse_idx_header(const MappedFile& idx) {
+absl::StatusOr<IdxHeader> parse_idx_header(const fs::MappedFile& idx) {
   const std::string& name = idx.path();
   const size_t size = idx.size();
   if (size < kMegatronHeaderBytes)
@@ -154,7 +154,7 @@ absl::StatusOr<IdxHeader> parse_idx_header(const MappedFile& idx) {
 
 // Checks lengths >= 0 and offsets[i+1] == offsets[i] + lengths[i] * elem; returns the total
 // token count and the first byte offset.
-absl::StatusOr<std::pair<int64_t, int64_t>> check_sequences(const MappedFile& idx,
+absl::StatusOr<std::pair<int64_t, int64_t>> check_sequences(const fs::MappedFile& idx,
                                                             const IdxHeader& h) {
   const uint8_t* lengths = idx.data() + kMegatronHeaderBytes;
   const uint8_t* offsets = lengths + 4 * h.num_seqs;
@@ -185,7 +185,7 @@ absl::StatusOr<std::pair<int64_t, int64_t>> check_sequences(const MappedFile& id
 }
 
 // Document index: D >= 1 entries, starting at 0, non-decreasing, ending at S.
-absl::Status check_doc_index(const MappedFile& idx, const IdxHeader& h) {
+absl::Status check_doc_index(const fs::MappedFile& idx, const IdxHeader& h) {
   const uint8_t* doc = idx.data() + kMegatronHeaderBytes + 12 * h.num_seqs;
   if (h.num_doc_idx == 0)
     return absl::InvalidArgumentError(
@@ -215,7 +215,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::open_megatron(const st
   if (!path_exists(bin_path))
     return absl::NotFoundError(absl::StrCat("data path '", prefix, "': found ", idx_path, " but ",
                                             bin_path, " is missing"));
-  auto idx = MappedFile::open(idx_path);
+  auto idx = fs::MappedFile::open(idx_path);
   if (!idx.ok()) return idx.status();
   auto header = parse_idx_header(*idx);
   if (!header.ok()) return header.status();
@@ -223,7 +223,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::open_megatron(const st
   if (!seqs.ok()) return seqs.status();
   if (auto st = check_doc_index(*idx, *header); !st.ok()) return st;
 
-  auto bin = MappedFile::open(bin_path);
+  auto bin = fs::MappedFile::open(bin_path);
   if (!bin.ok()) return bin.status();
   const auto [tokens, first] = *seqs;
   const uint64_t needed = static_cast<uint64_t>(first) +
@@ -245,7 +245,7 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::open_megatron(const st
 }
 
 absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::open_llmc(const std::string& path) {
-  auto file = MappedFile::open(path);
+  auto file = fs::MappedFile::open(path);
   if (!file.ok()) {
     if (absl::IsNotFound(file.status())) return absl::NotFoundError(not_found_message(path));
     return file.status();

@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "data/formats.h"
-#include "data/mapped_file.h"
+#include "kernels/core/mapped_file.h"
 
 namespace tr::data {
 
@@ -57,7 +57,7 @@ class TokenSource {
   std::string path_;
   SourceFormat format_ = SourceFormat::megatron;
   TokenDType dtype_ = TokenDType::u16;
-  MappedFile tokens_;       // the file holding the tokens
+  fs::MappedFile tokens_;   // the file holding the tokens
   size_t first_byte_ = 0;   // byte offset of token 0 in tokens_
   int64_t num_tokens_ = 0;  // tokens in the stream
   int64_t num_documents_ = -1;

@@ -355,7 +355,7 @@ TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi
   RunDir run;
   CmdResult r = run.mpirun(2, "--set optim.lr=-1");
   CHECK(r.exit_code == 2);
-  CHECK(r.output.find("error: rank 0: optim.lr must be in [1e-12, 10] (got -1)") !=
+  CHECK(r.output.find("error: rank 0: optim.lr must be in [0, 10] (got -1)") !=
         std::string::npos);
   CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
   r = run.mpirun(
@@ -446,7 +446,7 @@ TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
   expect_bad_input(run.trainer("--set train.steps=many"),
                    "train.steps: expected an integer, got 'many'");
   expect_bad_input(run.trainer("--set optim.lr=-0.5"),
-                   "optim.lr must be in [1e-12, 10] (got -0.5)");
+                   "optim.lr must be in [0, 10] (got -0.5)");
   expect_bad_input(run_cmd(std::string(TR_TRAINER_BIN) + " --config " + (run.dir / "nope.yaml")),
                    "config file '" + (run.dir / "nope.yaml") + "' cannot be read; check --config");
   expect_bad_input(run.trainer("--bogus"), "unknown argument '--bogus'; see --help");

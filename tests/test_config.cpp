@@ -46,7 +46,7 @@ TEST_CASE("config: unknown key suggests the nearest one", "[config]") {
 TEST_CASE("config: wrong types and ranges name the key", "[config]") {
   CHECK(error_of(kBase, {"train.steps=ten"}) == "train.steps: expected an integer, got 'ten'");
   CHECK(error_of(kBase, {"train.steps=2.5"}) == "train.steps: expected an integer, got '2.5'");
-  CHECK(error_of(kBase, {"optim.lr=-0.1"}) == "optim.lr must be in [1e-12, 10] (got -0.1)");
+  CHECK(error_of(kBase, {"optim.lr=-0.1"}) == "optim.lr must be in [0, 10] (got -0.1)");
   // Values used in fp32 are bounded by what fp32 holds: 1e-300 would be 0 there.
   CHECK(error_of(kBase, {"optim.eps=1e-300"}) == "optim.eps must be in [1e-30, 1] (got 1e-300)");
   CHECK(error_of(kBase, {"train.max_skipped_steps=0"}) ==

@@ -30,7 +30,15 @@ std::string usage() {
          "  per-GPU memory, FLOPs per token, pipeline bubble, communication per step and a\n"
          "  predicted step time, tokens/s/GPU and MFU, without a GPU (defaults: h100, 1 node,\n"
          "  8 GPUs per node; FILE overrides the GPU's numbers: peak_bf16_tflops, memory_gib,\n"
-         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_efficiency; --json prints one JSON object)\n";
+         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_efficiency; --json prints one JSON object)\n"
+         "\n"
+         "       trainer export-hf --checkpoint STEP_DIR --out DIR [--dtype bf16|fp32]\n"
+         "               [--tokenizer tokenizer.json] [--max-shard-gib G]\n"
+         "  writes a committed checkpoint as a Hugging Face model directory (config.json,\n"
+         "  generation_config.json, model.safetensors, or shards of at most G GiB (default 5)\n"
+         "  with model.safetensors.index.json, and the tokenizer files) that transformers loads\n"
+         "  with from_pretrained; DIR must not exist or be empty. Start a run from such a\n"
+         "  directory with model.init_from: DIR.\n";
 }
 
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
@@ -38,6 +46,9 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
   int first = 1;
   if (argc > 1 && std::string_view(argv[1]) == "plan") {
     o.plan = true;
+    first = 2;
+  } else if (argc > 1 && std::string_view(argv[1]) == "export-hf") {
+    o.export_hf = true;
     first = 2;
   }
   auto count = [](std::string_view flag, const std::string& v) -> absl::StatusOr<int> {
@@ -102,6 +113,26 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
         if (!n.ok()) return n.status();
         (flag == "--nodes" ? o.nodes : o.gpus_per_node) = *n;
       }
+    } else if (o.export_hf && (is("--checkpoint") || is("--out") || is("--dtype") ||
+                               is("--tokenizer") || is("--max-shard-gib"))) {
+      const std::string_view flag = a.substr(0, a.find('='));
+      absl::StatusOr<std::string> v = value(flag);
+      if (!v.ok()) return v.status();
+      if (flag == "--checkpoint") {
+        o.checkpoint = *v;
+      } else if (flag == "--out") {
+        o.out = *v;
+      } else if (flag == "--tokenizer") {
+        o.tokenizer = *v;
+      } else if (flag == "--dtype") {
+        if (*v != "bf16" && *v != "fp32")
+          return absl::InvalidArgumentError(
+              absl::StrCat("--dtype '", *v, "' is not one of bf16, fp32"));
+        o.dtype = *v;
+      } else if (!absl::SimpleAtod(*v, &o.max_shard_gib) || !(o.max_shard_gib > 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--max-shard-gib '", *v, "' is not a positive number"));
+      }
     } else if (is("--resume")) {
       absl::StatusOr<std::string> v = value("--resume");
       if (!v.ok()) return v.status();
@@ -112,6 +143,12 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown argument '", std::string(a), "'; see --help"));
     }
+  }
+  if (o.export_hf && !o.help) {
+    if (o.checkpoint.empty() || o.out.empty())
+      return absl::InvalidArgumentError(
+          "export-hf needs --checkpoint STEP_DIR and --out DIR; see --help");
+    return o;
   }
   if (!o.help && !o.help_config && o.config.empty())
     return absl::InvalidArgumentError("--config FILE is required; see --help");

@@ -26,6 +26,11 @@ struct CliOptions {
   int gpus_per_node = 8;     // --gpus-per-node G
   std::string hardware;      // --hardware FILE: YAML overrides of the GPU's numbers
   bool json = false;         // --json: the plan as one JSON object
+  // trainer export-hf --checkpoint DIR --out DIR [--dtype bf16|fp32] [--tokenizer FILE]
+  //                   [--max-shard-gib G]: a checkpoint as a Hugging Face model directory.
+  bool export_hf = false;
+  std::string checkpoint, out, dtype = "bf16", tokenizer;
+  double max_shard_gib = 5;
 };
 
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv);

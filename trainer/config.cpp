@@ -58,6 +58,10 @@ const std::vector<Field>& fields() {
       TR_FIELD(model, tie_embeddings, Bool, 0, 0, "LM head shares the input embedding"),
       TR_FIELD(model, init_std, Float, 0, 10,
                "std of the normal init of matrices and the embedding"),
+      TR_FIELD(model, init_from, String, 0, 0,
+               "Hugging Face model directory (config.json + model.safetensors or its shards) "
+               "whose weights start a fresh run, under any layout; must match model.*; a resumed "
+               "run ignores it; '' = random init"),
       TR_FIELD(parallel, tp, Int, 1, 1024, "tensor-parallel ranks"),
       TR_FIELD(parallel, pp, Int, 1, 1024, "pipeline-parallel stages"),
       TR_FIELD(parallel, dp, IntOrAuto, 0, 1 << 20,
@@ -110,7 +114,8 @@ const std::vector<Field>& fields() {
       TR_FIELD(train, spike_factor, Float, 0, kInf,
                "skip a step whose loss exceeds this times the mean loss of the previous 20 "
                "accepted steps; 0 = off"),
-      TR_FIELD(optim, lr, Float, 1e-12, 10, "peak learning rate (used in fp32)"),
+      TR_FIELD(optim, lr, Float, 0, 10,
+               "peak learning rate (used in fp32); 0 leaves the weights as they are"),
       TR_FIELD(optim, min_lr, Float, 0, 10, "learning rate at the end of the decay"),
       TR_FIELD(optim, warmup_steps, Int, 0, kMaxI, "linear warm-up steps from 0 to lr"),
       TR_FIELD(optim, schedule, String, 0, 0, "decay after warm-up",

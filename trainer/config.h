@@ -24,6 +24,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   bool tie_embeddings = false;
   double init_std = 0.02;  // std of the normal init of matrices and the embedding
+  // A Hugging Face model directory (config.json + safetensors) whose weights start a fresh run
+  // instead of the random init; a resumed run ignores it. See trainer/hf.h.
+  std::string init_from;
 };
 
 struct ParallelConfig {

@@ -20,5 +20,6 @@ int main(int argc, char** argv) {
     return tr::kExitOk;
   }
   if (opts->plan) return tr::run_plan(*opts);
+  if (opts->export_hf) return tr::run_export_hf(*opts);
   return tr::run(*opts);
 }

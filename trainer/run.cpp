@@ -23,6 +23,7 @@
 #include "data/shard_meta.h"
 #include "kernels/core/fs_io.h"
 #include "kernels/ops.h"
+#include "trainer/hf.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
@@ -251,6 +252,27 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
   return absl::OkStatus();
 }
 
+// model.init_from on a fresh start: this rank's slices of the Hugging Face weights (read on
+// the host, then copied to the device), a fresh optimizer, step 0.
+absl::Status load_init_from(Session& r) {
+  Tensor params = r.model->params();
+  std::vector<float> staged;
+  float* into = params.ptr<float>();
+  if (params.device != Device::cpu) {
+    staged.resize(static_cast<size_t>(params.numel()));
+    into = staged.data();
+  }
+  if (absl::Status st = load_hf_rank_part(*r.init_from, r.cfg, r.topo, into); !st.ok()) return st;
+  if (!staged.empty())
+    copy_tensor(params, Tensor(staged.data(), DType::f32, Device::cpu, {params.numel()}));
+  r.model->refresh_compute_copy();
+  const size_t files = r.init_from->file_count();
+  std::printf("initialised from %s (Hugging Face weights, %zu file%s); optimizer fresh, step 0\n",
+              r.cfg.model.init_from.c_str(), files, files == 1 ? "" : "s");
+  r.init_from.reset();  // unmaps the files
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 double flops_per_token(const Config& c) {
@@ -369,6 +391,17 @@ absl::Status check_inputs(Session& r) {
     if (absl::Status st = ckpt::verify(r.resume_from, world.rank(), world.size()); !st.ok())
       return st;
   }
+  if (!r.cfg.model.init_from.empty()) {
+    if (!r.resume_from.empty()) {
+      if (world.rank() == 0)
+        std::printf("note: model.init_from %s is ignored: resuming from %s\n",
+                    r.cfg.model.init_from.c_str(), r.resume_from.c_str());
+    } else {
+      absl::StatusOr<st::Reader> hf = open_hf_model(r.cfg.model.init_from, r.cfg, r.topo);
+      if (!hf.ok()) return hf.status();
+      r.init_from = std::make_unique<st::Reader>(std::move(*hf));
+    }
+  }
   if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
   absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(r, r.cfg.data.train, true);
   if (!train.ok()) return train.status();
@@ -423,6 +456,8 @@ absl::Status build_model(Session& r) {
   if (!r.resume_from.empty()) {
     if (absl::Status st = load_checkpoint(r, r.resume_from); !st.ok()) return st;
     r.train->reset(r.state.consumed_samples);  // continue the sample order exactly
+  } else if (r.init_from) {
+    if (absl::Status st = load_init_from(r); !st.ok()) return st;
   }
   return absl::OkStatus();
 }
@@ -481,6 +516,19 @@ int run_plan(const CliOptions& opts) {
   }
   std::fputs((opts.json ? plan_json(*cfg, *plan) : format_plan(*cfg, *plan)).c_str(), stdout);
   return kExitOk;
+}
+
+int run_export_hf(const CliOptions& opts) {
+  ExportOptions o;
+  o.checkpoint = opts.checkpoint;
+  o.out = opts.out;
+  o.dtype = opts.dtype == "fp32" ? st::ElemType::f32 : st::ElemType::bf16;
+  o.tokenizer = opts.tokenizer;
+  o.max_shard_gib = opts.max_shard_gib;
+  const absl::Status st = export_hf(o);
+  if (st.ok()) return kExitOk;
+  std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
+  return st.code() == absl::StatusCode::kInternal ? kExitFailure : kExitBadInput;
 }
 
 int run(const CliOptions& opts) {

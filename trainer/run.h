@@ -16,5 +16,8 @@ absl::Status check_gpu_binding(Comm& world, int gpu);
 int run(const CliOptions& opts);
 // `trainer plan`: prints the plan of the config (trainer/plan.h); exit 2 on bad input.
 int run_plan(const CliOptions& opts);
+// `trainer export-hf`: a checkpoint as a Hugging Face model directory (trainer/hf.h); exit 2
+// on bad input (a missing or damaged checkpoint, an --out that holds files), 1 on a failed write.
+int run_export_hf(const CliOptions& opts);
 
 }  // namespace tr

@@ -10,6 +10,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/lock.h"
+#include "checkpoint/safetensors.h"
 #include "data/loader.h"
 #include "kernels/core/ctx.h"
 #include "parallel/groups.h"
@@ -47,10 +48,11 @@ struct Session {
   std::unique_ptr<data::DataLoader> train, valid;
   MetricsLog log;  // open on rank 0 only
   ckpt::TrainState state;
-  std::string resume_from;              // checkpoint directory to load; "" = fresh start
-  bool start_over = false;              // --resume none --force over checkpoints: move them aside
-  std::unique_ptr<ckpt::DirLock> lock;  // rank 0: this run owns checkpoint.dir
-  int64_t last_saved_step = -1;         // the newest committed checkpoint of this run; -1 = none
+  std::string resume_from;                // checkpoint directory to load; "" = fresh start
+  std::unique_ptr<st::Reader> init_from;  // model.init_from, opened and checked (fresh starts)
+  bool start_over = false;                // --resume none --force over checkpoints: move them aside
+  std::unique_ptr<ckpt::DirLock> lock;    // rank 0: this run owns checkpoint.dir
+  int64_t last_saved_step = -1;           // the newest committed checkpoint of this run; -1 = none
 
   bool logger() const { return topo.rank == 0; }
   // "step N" or "none", for messages that say what a resume would continue from.

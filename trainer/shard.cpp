@@ -121,6 +121,13 @@ std::vector<ShardPiece> owned_pieces(const Config& cfg, const Topology& topo,
   return out;
 }
 
+std::vector<TensorRef> rank_param_blocks(const Config& cfg, const Topology& topo, float* params) {
+  std::vector<TensorRef> out;
+  for (const ParamInfo& p : rank_layout(cfg, topo).tensors)
+    out.push_back(local_block(p, TensorSetId::params, params + p.offset));
+  return out;
+}
+
 std::vector<TensorRef> model_tensors(const Config& cfg, const Topology& topo) {
   std::vector<TensorRef> out;
   for (int stage = 0; stage < topo.pp; ++stage)
@@ -149,9 +156,8 @@ absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Top
   std::fill(params, params + layout.total, 0.0f);  // vocabulary padding rows stay zero
   std::vector<float> whole_m, whole_v;             // ZeRO-1: the local slices overlapping the range
   std::vector<int64_t> at;                         // where each one starts in whole_m / whole_v
-  std::vector<TensorRef> refs[3];
+  std::vector<TensorRef> refs[3] = {rank_param_blocks(cfg, topo, params), {}, {}};
   for (const ParamInfo& p : layout.tensors) {
-    refs[0].push_back(local_block(p, TensorSetId::params, params + p.offset));
     if (!zero1) {
       refs[1].push_back(local_block(p, TensorSetId::exp_avg, exp_avg + p.offset));
       refs[2].push_back(local_block(p, TensorSetId::exp_avg_sq, exp_avg_sq + p.offset));

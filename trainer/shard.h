@@ -36,6 +36,12 @@ struct RankBuffers {
 std::vector<ckpt::ShardPiece> owned_pieces(const Config& cfg, const Topology& topo,
                                            const RankBuffers& bufs);
 
+// This rank's part of every tensor of its stage as blocks of the global tensors, pointing into
+// `params` (its flat buffer): one per tensor, the whole local slice less the vocabulary padding
+// rows (an empty block when the slice is all padding). What a load of the weights fills.
+std::vector<ckpt::TensorRef> rank_param_blocks(const Config& cfg, const Topology& topo,
+                                               float* params);
+
 // Names and global shapes of every tensor of the model (all pipeline stages), for the commit.
 std::vector<ckpt::TensorRef> model_tensors(const Config& cfg, const Topology& topo);
 

@@ -1,4 +1,4 @@
-#include "data/mapped_file.h"
+#include "kernels/core/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace tr::data {
+namespace tr::fs {
 
 absl::StatusOr<MappedFile> MappedFile::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -66,4 +66,4 @@ void MappedFile::release() {
   size_ = 0;
 }
 
-}  // namespace tr::data
+}  // namespace tr::fs

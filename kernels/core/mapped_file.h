@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace tr::data {
+namespace tr::fs {
 
 class MappedFile {
  public:
@@ -32,4 +32,4 @@ class MappedFile {
   std::string path_;
 };
 
-}  // namespace tr::data
+}  // namespace tr::fs

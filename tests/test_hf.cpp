@@ -1,0 +1,358 @@
+// Hugging Face interop without Python: safetensors read and written by checkpoint/safetensors.h,
+// and the trainer's model.init_from and `trainer export-hf` end to end. The transformers oracle
+// (its loss on imported and exported models) is tests/tools/test_hf.py.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/safetensors.h"
+#include "kernels/core/bf16.h"
+#include "kernels/core/exit_codes.h"
+#include "tests/cli_util.h"
+#include "tests/test_util.h"
+
+namespace tr {
+namespace {
+
+namespace sfs = std::filesystem;
+using st::ElemType;
+using test::CmdResult;
+using test::expect_bad_input;
+using test::read_checkpoint;
+using test::run_cmd;
+using test::RunDir;
+using test::TempDir;
+
+std::vector<float> iota(int64_t n, float scale) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = scale * static_cast<float>(i) - 1.0f;
+  return v;
+}
+
+void write(const std::string& path, std::vector<st::WriteEntry> entries,
+           const std::map<std::string, std::vector<float>>& values) {
+  absl::StatusOr<st::Writer> w = st::Writer::create(path, std::move(entries), {{"format", "pt"}});
+  REQUIRE(w.ok());
+  for (const st::WriteEntry& e : w->order()) REQUIRE(w->append(values.at(e.name)).ok());
+  REQUIRE(w->finish().ok());
+}
+
+std::vector<float> read_all(const st::Reader& r, const std::string& name) {
+  const st::Entry* e = r.find(name);
+  REQUIRE(e != nullptr);
+  int64_t n = 1;
+  for (int64_t d : e->shape) n *= d;
+  std::vector<float> out(static_cast<size_t>(n));
+  REQUIRE(r.read_f32(*e, {}, {}, out.data()).ok());
+  return out;
+}
+
+// A file from a raw header and `data_bytes` zero bytes of data.
+void write_raw(const std::string& path, const std::string& header, size_t data_bytes) {
+  std::ofstream f(path, std::ios::binary);
+  const uint64_t n = header.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << header << std::string(data_bytes, '\0');
+}
+
+std::string open_error(const std::string& path) {
+  absl::StatusOr<st::Reader> r = st::Reader::open(path);
+  REQUIRE_FALSE(r.ok());
+  return std::string(r.status().message());
+}
+
+TEST_CASE("safetensors: files read back, laid out as the safetensors library lays them out",
+          "[safetensors]") {
+  TempDir dir;
+  const std::string path = dir / "m.safetensors";
+  const std::map<std::string, std::vector<float>> values = {
+      {"b", iota(6, 0.37f)}, {"a", iota(3, 1.0f / 3)}, {"c", {3.25f}}, {"z", iota(4, 0.1f)}};
+  write(path,
+        {{"b", ElemType::f32, {2, 3}},
+         {"a", ElemType::f16, {3}},
+         {"c", ElemType::f32, {1}},
+         {"z", ElemType::bf16, {2, 2}}},
+        values);
+  // The header as safetensors 0.8 writes it for these tensors: metadata first, then F32, BF16,
+  // F16, each by name; compact JSON padded with spaces to a multiple of 8.
+  const std::string bytes = test::read_file(path);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  CHECK(n % 8 == 0);
+  std::string header = bytes.substr(8, n);
+  while (!header.empty() && header.back() == ' ') header.pop_back();
+  CHECK(
+      header ==
+      R"({"__metadata__":{"format":"pt"},"b":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},)"
+      R"("c":{"dtype":"F32","shape":[1],"data_offsets":[24,28]},)"
+      R"("z":{"dtype":"BF16","shape":[2,2],"data_offsets":[28,36]},)"
+      R"("a":{"dtype":"F16","shape":[3],"data_offsets":[36,42]}})");
+  CHECK(bytes.size() == 8 + n + 42);
+
+  absl::StatusOr<st::Reader> r = st::Reader::open(path);
+  REQUIRE(r.ok());
+  REQUIRE(r->tensors().size() == 4);
+  CHECK(r->find("z")->dtype == "BF16");
+  CHECK(r->find("nope") == nullptr);
+  CHECK(read_all(*r, "b") == values.at("b"));
+  CHECK(read_all(*r, "c") == values.at("c"));
+  std::vector<float> z = read_all(*r, "z"), a = read_all(*r, "a");
+  for (size_t i = 0; i < 4; ++i) CHECK(z[i] == round_to_bf16(values.at("z")[i]));
+  for (size_t i = 0; i < 3; ++i)
+    CHECK(a[i] == static_cast<float>(static_cast<_Float16>(values.at("a")[i])));
+  CHECK(a[1] != values.at("a")[1]);  // 1/3 - 1 is not a half: the values really were rounded
+}
+
+TEST_CASE("safetensors: blocks of a tensor", "[safetensors]") {
+  TempDir dir;
+  const std::string path = dir / "m.safetensors";
+  const std::vector<float> cube = iota(3 * 4 * 5, 1.0f), mat = iota(6 * 7, 0.5f);
+  write(path, {{"cube", ElemType::f32, {3, 4, 5}}, {"mat", ElemType::bf16, {6, 7}}},
+        {{"cube", cube}, {"mat", mat}});
+  absl::StatusOr<st::Reader> r = st::Reader::open(path);
+  REQUIRE(r.ok());
+  std::vector<float> out(12);
+  const std::vector<int64_t> start = {1, 1, 2}, extent = {2, 3, 2};
+  REQUIRE(r->read_f32(*r->find("cube"), start, extent, out.data()).ok());
+  for (int64_t i = 0; i < 2; ++i)
+    for (int64_t j = 0; j < 3; ++j)
+      for (int64_t k = 0; k < 2; ++k)
+        CHECK(out[static_cast<size_t>((i * 3 + j) * 2 + k)] ==
+              cube[static_cast<size_t>(((1 + i) * 4 + 1 + j) * 5 + 2 + k)]);
+  const std::vector<int64_t> ms = {4, 0}, me = {2, 7};
+  REQUIRE(r->read_f32(*r->find("mat"), ms, me, out.data()).ok());
+  for (size_t i = 0; i < 14 && i < out.size(); ++i) CHECK(out[i] == round_to_bf16(mat[28 + i]));
+  const std::vector<int64_t> past = {5, 0}, two = {2, 7};
+  CHECK_FALSE(r->read_f32(*r->find("mat"), past, two, out.data()).ok());
+}
+
+TEST_CASE("safetensors: a damaged file is one error naming it", "[safetensors]") {
+  TempDir dir;
+  const std::string good = dir / "good.safetensors";
+  write(good, {{"t", ElemType::f32, {4}}}, {{"t", iota(4, 1)}});
+  const std::string cut = dir / "cut.safetensors";
+  sfs::copy_file(good, cut);
+  sfs::resize_file(cut, sfs::file_size(good) - 4);
+  std::string e = open_error(cut);
+  CHECK(e.find(cut) != std::string::npos);
+  CHECK(e.find("truncated") != std::string::npos);
+
+  const std::string tiny = dir / "tiny.safetensors";
+  test::write_file(tiny, "abc");
+  CHECK(open_error(tiny).find("too short for a header") != std::string::npos);
+
+  const std::string huge = dir / "huge.safetensors";
+  write_raw(huge, "{}", 0);
+  {
+    std::fstream f(huge, std::ios::in | std::ios::out | std::ios::binary);
+    const uint64_t n = uint64_t{1} << 40;
+    f.write(reinterpret_cast<const char*>(&n), 8);
+  }
+  CHECK(open_error(huge).find("-byte header in a") != std::string::npos);
+
+  const std::string notjson = dir / "notjson.safetensors";
+  write_raw(notjson, "{not json", 0);
+  CHECK(open_error(notjson).find("not a JSON object") != std::string::npos);
+
+  const std::string size = dir / "size.safetensors";
+  write_raw(size, R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", 8);
+  CHECK(open_error(size).find("needs 8 bytes but data_offsets span 4") != std::string::npos);
+
+  const std::string overlap = dir / "overlap.safetensors";
+  write_raw(overlap,
+            R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+            R"("u":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+            12);
+  CHECK(open_error(overlap).find("overlap") != std::string::npos);
+
+  const std::string ints = dir / "ints.safetensors";
+  write_raw(ints, R"({"t":{"dtype":"I64","shape":[1],"data_offsets":[0,8]}})", 8);
+  absl::StatusOr<st::Reader> r = st::Reader::open(ints);
+  REQUIRE(r.ok());  // listed...
+  float x = 0;
+  absl::Status s = r->read_f32(*r->find("t"), {}, {}, &x);  // ...but not read as floats
+  CHECK(std::string(s.message()).find("'I64' is not one of F32, BF16, F16") != std::string::npos);
+
+  CHECK(open_error(dir / "missing.safetensors").find("no such file") != std::string::npos);
+  const std::string empty_dir = dir / "empty";
+  sfs::create_directories(empty_dir);
+  CHECK(open_error(empty_dir).find("holds neither model.safetensors nor") != std::string::npos);
+}
+
+TEST_CASE("safetensors: a sharded model directory through its index", "[safetensors]") {
+  TempDir dir;
+  write(dir / "model-00001-of-00002.safetensors", {{"a", ElemType::f32, {2}}},
+        {{"a", {1.0f, 2.0f}}});
+  write(dir / "model-00002-of-00002.safetensors", {{"b", ElemType::bf16, {1}}}, {{"b", {3.0f}}});
+  test::write_file(dir / "model.safetensors.index.json",
+                   R"({"metadata": {"total_size": 10}, "weight_map": {)"
+                   R"("a": "model-00001-of-00002.safetensors", )"
+                   R"("b": "model-00002-of-00002.safetensors"}})");
+  absl::StatusOr<st::Reader> r = st::Reader::open(dir.path());
+  REQUIRE(r.ok());
+  CHECK(r->file_count() == 2);
+  CHECK(read_all(*r, "a") == std::vector<float>{1.0f, 2.0f});
+  CHECK(read_all(*r, "b") == std::vector<float>{3.0f});
+  test::write_file(dir / "model.safetensors.index.json",
+                   R"({"weight_map": {"a": "model-00002-of-00002.safetensors", )"
+                   R"("b": "model-00002-of-00002.safetensors"}})");
+  CHECK(open_error(dir.path()).find("the index and the shards disagree") != std::string::npos);
+}
+
+// ---- the trainer ----
+
+// The trained weights of `run`'s checkpoint `step` exported to `out`.
+CmdResult export_hf(const RunDir& run, const std::string& step, const std::string& out,
+                    const std::string& args = "") {
+  return run_cmd(std::string(TR_TRAINER_BIN) + " export-hf --checkpoint " +
+                 (run.dir / ("ckpt/" + step)) + " --out " + out + " " + args);
+}
+
+// A run that only loads: lr 0 keeps the imported weights through its one step.
+const std::string kFrozen = " --set optim.lr=0 --set optim.min_lr=0";
+// RunDir's warm-up is longer than these runs.
+const std::string kNoWarmup = " --set optim.warmup_steps=0";
+
+TEST_CASE("cli: export-hf, then model.init_from starts those weights under any layout",
+          "[cli][mpi]") {
+  const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
+                                          "model.head_dim=8", "model.num_layers=4",
+                                          "optim.warmup_steps=0"};
+  std::string args = "--set train.micro_batch=1";
+  for (const std::string& kv : shape) args += " --set " + kv;
+  RunDir trained(3);
+  {
+    CmdResult r = trained.trainer(args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  const std::string hf = trained.dir / "hf";
+  CmdResult e = export_hf(trained, "step_00000003", hf, "--dtype fp32");
+  INFO(e.output);
+  REQUIRE(e.exit_code == 0);
+  CHECK(e.output.find("exported ") != std::string::npos);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"})
+    CHECK(sfs::exists(hf + "/" + f));
+  const nlohmann::json config = nlohmann::json::parse(test::read_file(hf + "/config.json"));
+  CHECK(config["num_hidden_layers"] == 4);
+  CHECK(config["num_key_value_heads"] == 4);
+  CHECK(config["tie_word_embeddings"] == true);
+  CHECK(config["vocab_size"] == 257);
+  const std::vector<float> want =
+      read_checkpoint(trained.config, trained.dir / "ckpt/step_00000003", shape).p;
+
+  // Imported under 1 rank and three multi-rank layouts: each saves exactly the exported weights,
+  // and every layout's first loss is the same.
+  struct Case {
+    int ranks;
+    std::string layout;
+  };
+  double first_loss = 0;
+  for (const Case& c : {Case{1, ""}, Case{4, " --set parallel.tp=2 --set parallel.pp=2"},
+                        Case{4, " --set parallel.pp=2 --set parallel.zero1=true"},
+                        Case{4, " --set parallel.tp=4 --set parallel.sequence_parallel=true"}}) {
+    RunDir run(1);
+    const std::string a = args + kFrozen + " --set model.init_from=" + hf + c.layout;
+    CmdResult r = c.ranks == 1 ? run.trainer(a) : run.mpirun(c.ranks, a);
+    INFO(c.layout << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("initialised from " + hf) != std::string::npos);
+    CHECK(read_checkpoint(run.config, run.dir / "ckpt/step_00000001", shape).p == want);
+    const double loss = run.metrics()[0]["loss"].get<double>();
+    if (c.ranks == 1) first_loss = loss;
+    CHECK(std::abs(loss - first_loss) < 1e-5);
+  }
+  // ...and that first loss is the trained model's, not a fresh one's.
+  CHECK(first_loss < trained.metrics()[0]["loss"].get<double>() - 0.1);
+
+  // bf16 (the default) and shards with an index hold the same tensors, rounded.
+  const std::string bf16 = trained.dir / "hf-bf16";
+  REQUIRE(export_hf(trained, "step_00000003", bf16, "--max-shard-gib 0.00005").exit_code == 0);
+  CHECK(sfs::exists(bf16 + "/model.safetensors.index.json"));
+  CHECK_FALSE(sfs::exists(bf16 + "/model.safetensors"));
+  absl::StatusOr<st::Reader> a = st::Reader::open(hf), b = st::Reader::open(bf16);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(b->file_count() > 1);
+  REQUIRE(a->tensors().size() == b->tensors().size());
+  for (const st::Entry& t : a->tensors()) {
+    INFO(t.name);
+    REQUIRE(b->find(t.name) != nullptr);
+    CHECK(b->find(t.name)->dtype == "BF16");
+    std::vector<float> x = read_all(*a, t.name), y = read_all(*b, t.name);
+    for (float& v : x) v = round_to_bf16(v);
+    CHECK(x == y);
+  }
+}
+
+TEST_CASE("cli: bad model.init_from and export-hf input is one error line and exit 2", "[cli]") {
+  RunDir trained(1);
+  {
+    CmdResult r = trained.trainer(kNoWarmup);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  const std::string hf = trained.dir / "hf";
+  REQUIRE(export_hf(trained, "step_00000001", hf).exit_code == 0);
+  RunDir run(1);
+  auto init = [&](const std::string& dir, const std::string& more = "") {
+    return run.trainer("--set model.init_from=" + dir + kNoWarmup + more);
+  };
+  expect_bad_input(init(run.dir / "nowhere"), "config.json cannot be read");
+  expect_bad_input(init(hf, " --set model.intermediate_size=64"),
+                   "config.json has intermediate_size 128 but model.intermediate_size is 64");
+  expect_bad_input(init(hf, " --set model.tie_embeddings=false"),
+                   "config.json has tie_word_embeddings true but model.tie_embeddings is false");
+  // A model directory short of a tensor, and one whose file is cut short.
+  const std::string part = run.dir / "part";
+  sfs::create_directories(part);
+  sfs::copy_file(hf + "/config.json", part + "/config.json");
+  {
+    absl::StatusOr<st::Reader> full = st::Reader::open(hf);
+    REQUIRE(full.ok());
+    std::vector<st::WriteEntry> keep;
+    std::map<std::string, std::vector<float>> values;
+    for (const st::Entry& t : full->tensors())
+      if (t.name != "model.norm.weight") {
+        keep.push_back({t.name, ElemType::bf16, t.shape});
+        values[t.name] = read_all(*full, t.name);
+      }
+    write(part + "/model.safetensors", keep, values);
+  }
+  expect_bad_input(init(part), "tensor model.norm.weight is missing; the model needs it");
+  const std::string cut = run.dir / "cut";
+  sfs::copy(hf, cut);
+  sfs::resize_file(cut + "/model.safetensors", sfs::file_size(cut + "/model.safetensors") / 2);
+  expect_bad_input(init(cut), "truncated");
+  CHECK_FALSE(sfs::exists(run.dir / "ckpt/latest"));
+
+  // A resumed run ignores model.init_from, even one that would not load.
+  CmdResult r =
+      trained.trainer("--set train.steps=2 --set model.init_from=" + (run.dir / "x") + kNoWarmup);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("is ignored: resuming from") != std::string::npos);
+
+  // export-hf: no such checkpoint, an --out that holds files, a bad --dtype.
+  auto exp = [&](const std::string& args) {
+    return run_cmd(std::string(TR_TRAINER_BIN) + " export-hf " + args);
+  };
+  expect_bad_input(exp("--checkpoint " + (run.dir / "none") + " --out " + (run.dir / "o")),
+                   run.dir / "none");
+  const std::string before = test::read_file(hf + "/config.json");
+  expect_bad_input(exp("--checkpoint " + (trained.dir / "ckpt/step_00000001") + " --out " + hf),
+                   "exists and is not an empty directory");
+  CHECK(test::read_file(hf + "/config.json") == before);
+  expect_bad_input(exp("--checkpoint x --out y --dtype fp8"), "--dtype 'fp8' is not one of");
+  expect_bad_input(exp("--out y"), "export-hf needs --checkpoint STEP_DIR and --out DIR");
+}
+
+}  // namespace
+}  // namespace tr
