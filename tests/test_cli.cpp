@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -172,6 +173,43 @@ TEST_CASE("cli: data-parallel buckets overlap backward and change no bit", "[cli
   }
   CHECK(z_off.output.find("step 6: 0 of 16 dp buckets") != std::string::npos);
   CHECK(z.output.find("step 6: 9 of 16 dp buckets started during backward") != std::string::npos);
+}
+
+// Sequence parallelism: each layer's norm gradients are summed over TP as the last backward
+// finishes the layer (one all-reduce per tensor, as after backward), so DP buckets start early
+// here too; the run is the non-overlapped one bit for bit. A bucket started before its norms
+// were summed would carry one TP rank's share of them and change the weights.
+TEST_CASE("cli: under sequence parallelism DP buckets start during backward and change no bit",
+          "[cli][mpi]") {
+  RunDir run(6);
+  const std::string args =
+      " --set parallel.tp=2 --set parallel.sequence_parallel=true --set "
+      "parallel.dp_bucket_elems=3000";
+  CmdResult off = run.mpirun(4, args + " --set parallel.overlap_dp=false");
+  INFO(off.output);
+  REQUIRE(off.exit_code == 0);
+  const std::vector<nlohmann::json> want = run.metrics();
+  RunDir again(6);
+  CmdResult on = run_cmd(std::string(kOneThread) + " TR_TRACE_DP=1 " + TR_MPIRUN + " 4 " +
+                         TR_TRAINER_BIN + " --config " + again.config + args);
+  INFO(on.output);
+  REQUIRE(on.exit_code == 0);
+  const std::vector<nlohmann::json> got = again.metrics();
+  REQUIRE(got.size() == 6);
+  REQUIRE(want.size() == 6);
+  for (size_t i = 0; i < got.size(); ++i) {
+    CHECK(got[i]["loss"].get<double>() == want[i]["loss"].get<double>());
+    CHECK(got[i]["grad_norm"].get<double>() == want[i]["grad_norm"].get<double>());
+  }
+  test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000006", again.config,
+                              again.dir / "ckpt/step_00000006");
+  // Each TP rank's flat buffer: 2 layers of 18560 gradients, then the embedding and the final
+  // norm; the buckets wholly inside the layers start early.
+  const std::regex early("step 6: ([0-9]+) of ([0-9]+) dp buckets started during backward");
+  std::smatch m;
+  REQUIRE(std::regex_search(on.output, m, early));
+  CHECK(std::stoi(m[1]) >= 10);
+  CHECK(std::stoi(m[1]) < std::stoi(m[2]));
 }
 
 // The layouts (tp, pp, dp) of the issue, at the same global batch: losses, validation loss,
@@ -355,8 +393,7 @@ TEST_CASE("cli: bad input on MPI ranks is one error line and exit 2", "[cli][mpi
   RunDir run;
   CmdResult r = run.mpirun(2, "--set optim.lr=-1");
   CHECK(r.exit_code == 2);
-  CHECK(r.output.find("error: rank 0: optim.lr must be in [0, 10] (got -1)") !=
-        std::string::npos);
+  CHECK(r.output.find("error: rank 0: optim.lr must be in [0, 10] (got -1)") != std::string::npos);
   CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
   r = run.mpirun(
       2,
@@ -445,8 +482,7 @@ TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
                    "unknown key 'optim.lrr' in " + run.config + "; did you mean 'lr'?");
   expect_bad_input(run.trainer("--set train.steps=many"),
                    "train.steps: expected an integer, got 'many'");
-  expect_bad_input(run.trainer("--set optim.lr=-0.5"),
-                   "optim.lr must be in [0, 10] (got -0.5)");
+  expect_bad_input(run.trainer("--set optim.lr=-0.5"), "optim.lr must be in [0, 10] (got -0.5)");
   expect_bad_input(run_cmd(std::string(TR_TRAINER_BIN) + " --config " + (run.dir / "nope.yaml")),
                    "config file '" + (run.dir / "nope.yaml") + "' cannot be read; check --config");
   expect_bad_input(run.trainer("--bogus"), "unknown argument '--bogus'; see --help");

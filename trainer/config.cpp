@@ -75,7 +75,8 @@ const std::vector<Field>& fields() {
                "gradient elements per data-parallel all-reduce bucket"),
       TR_FIELD(parallel, overlap_dp, Bool, 0, 0,
                "start each bucket's reduction as soon as backward has finished its gradients "
-               "(not with sequence_parallel, whose norm gradients settle later)"),
+               "(with sequence_parallel, each layer's norm gradients are summed over TP as "
+               "backward finishes the layer)"),
       TR_FIELD(parallel, comm, String, 0, 0,
                "GPU communication: nccl (one rank per GPU), or mpi (device tensors staged through "
                "host memory; lets several ranks share one GPU, for tests)",

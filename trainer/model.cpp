@@ -430,8 +430,12 @@ Tensor Qwen2Model::gather_tokens(Tensor local, Tensor full) {
 
 void Qwen2Model::sync_replicated_grads() {
   if (!dims_.sequence_parallel) return;
-  for (const ParamInfo& p : layout_.tensors)  // the norms saw only this rank's tokens
-    if (p.split_dim < 0) tp_sum(grad(p));
+  // The norms saw only this rank's tokens. Those of the layers were summed already when the
+  // last backward reported each layer final (one all-reduce per tensor either way, so the sums
+  // are the same bits); the final norm's is summed here.
+  for (const ParamInfo& p : layout_.tensors)
+    if (p.split_dim < 0 && !(layer_norms_summed_ && p.name.starts_with("layers/"))) tp_sum(grad(p));
+  layer_norms_summed_ = false;
 }
 
 Tensor Qwen2Model::stage_input(int slot) const {
@@ -578,8 +582,17 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
     rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true);
     // dres now holds d resid[l]
-    if (layer_grads_hook_) layer_grads_hook_(layer_ranges_[l].first, layer_ranges_[l].second);
+    if (layer_grads_hook_) {
+      // The layer's gradients are final; under sequence parallelism its norms' are once summed
+      // over TP, here rather than after backward, so that the DP buckets can start now.
+      if (d.sequence_parallel) {
+        tp_sum(g.ln2);
+        tp_sum(g.ln1);
+      }
+      layer_grads_hook_(layer_ranges_[l].first, layer_ranges_[l].second);
+    }
   }
+  if (layer_grads_hook_ && d.sequence_parallel) layer_norms_summed_ = true;
   if (d.first_stage) {
     Tensor tok = stage_tokens(tokens, T, a.tokens);
     embedding_bwd(ctx_, g_.embed, gather_tokens(a.dres, a.full), tok, d.vocab_offset);

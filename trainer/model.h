@@ -179,7 +179,8 @@ class Qwen2Model {
   Tensor recv_grad_buffer() const;      // [T, H]
   Tensor send_grad_buffer() const;      // [T, H]
   // After the last backward of a step: with sequence parallelism, sums the gradients of the
-  // replicated tensors (the norms, which each saw only this rank's tokens) over TP.
+  // replicated tensors (the norms, which each saw only this rank's tokens) over TP, those the
+  // layer hook's backward has not summed already (it sums each layer's before reporting it).
   void sync_replicated_grads();
 
   // Logits of the last forward's final hidden states for tokens [begin, begin + n): [n, vocab]
@@ -211,6 +212,7 @@ class Qwen2Model {
   Comm* tp_ = nullptr;
   std::function<void(int64_t, int64_t)> layer_grads_hook_;
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
+  bool layer_norms_summed_ = false;  // this step's layer norm gradients are summed over TP
   Ctx ctx_;
   DType dtype_;   // compute: activations and the weights the ops read
   DType mdtype_;  // masters and gradients (f32 under bf16 compute)
