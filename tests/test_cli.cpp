@@ -212,6 +212,44 @@ TEST_CASE("cli: under sequence parallelism DP buckets start during backward and 
   CHECK(std::stoi(m[1]) < std::stoi(m[2]));
 }
 
+// Activation recomputation at tp 2 x pp 2 with sequence parallelism (so that the recomputed norm
+// outputs are all-gathered again, and two micro-batches are in flight on stage 0): selective,
+// full, and full on the first layer of each stage only train the run without recomputation bit
+// for bit.
+TEST_CASE(
+    "cli: activation recomputation is bit-identical to none under tp, pp and sequence parallel",
+    "[cli][mpi]") {
+  const std::string args =
+      " --set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8"
+      " --set model.num_layers=4 --set train.micro_batch=1 --set train.steps=3 --set "
+      "optim.warmup_steps=1"
+      " --set parallel.tp=2 --set parallel.pp=2 --set parallel.sequence_parallel=true";
+  RunDir none(6);  // 6 in the file (the warm-up's 5 fit), 3 run
+  CmdResult r = none.mpirun(4, args);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const std::string rc : {" --set train.recompute=selective", " --set train.recompute=full",
+                               " --set train.recompute=full --set train.recompute_layers=[1]"}) {
+    RunDir run(6);
+    CmdResult o = run.mpirun(4, args + rc);
+    INFO(rc << "\n" << o.output);
+    REQUIRE(o.exit_code == 0);
+    const std::vector<nlohmann::json> a = none.metrics(), b = run.metrics();
+    REQUIRE(b.size() == 3);
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK(b[i]["loss"].get<double>() == a[i]["loss"].get<double>());
+      CHECK(b[i]["grad_norm"].get<double>() == a[i]["grad_norm"].get<double>());
+    }
+    const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
+                                            "model.head_dim=8", "model.num_layers=4"};
+    const CkptTensors x = read_checkpoint(none.config, none.dir / "ckpt/step_00000003", shape);
+    const CkptTensors y = read_checkpoint(run.config, run.dir / "ckpt/step_00000003", shape);
+    CHECK(x.p == y.p);
+    CHECK(x.m == y.m);
+    CHECK(x.v == y.v);
+  }
+}
+
 // The layouts (tp, pp, dp) of the issue, at the same global batch: losses, validation loss,
 // final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
 TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match one rank",
@@ -242,7 +280,11 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
                         {1, 2, 1, false, false, " --set 'parallel.pipeline_layers=[1, 3]'"},
                         // DP buckets small enough to start during backward (overlap).
                         {2, 2, 2, false, false, " --set parallel.dp_bucket_elems=3000"},
-                        {1, 1, 4, true, false, " --set parallel.dp_bucket_elems=3000"}};
+                        {1, 1, 4, true, false, " --set parallel.dp_bucket_elems=3000"},
+                        // Recomputation (bit-identical to none at the same layout, tested
+                        // above; here against one rank).
+                        {2, 2, 2, false, true, " --set train.recompute=selective"},
+                        {2, 2, 2, true, false, " --set train.recompute=full"}};
   std::printf("layout (tp,pp,dp)       loss at step 10     relative difference\n");
   std::printf("(1,1,1)                 %.9f\n", one.metrics().back()["loss"].get<double>());
   for (const Case& c : cases) {
@@ -281,6 +323,8 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     if (c.more.find("micro_batch") != std::string::npos) label += "+mb4";
     if (c.more.find("pipeline_layers") != std::string::npos) label += "+[1,3]";
     if (c.more.find("bucket") != std::string::npos) label += "+overlap";
+    if (c.more.find("selective") != std::string::npos) label += "+rc-sel";
+    if (c.more.find("recompute=full") != std::string::npos) label += "+rc-full";
     std::printf("(%d,%d,%d)%-17s%.9f  %.2e\n", c.tp, c.pp, c.dp, label.c_str(), lb,
                 std::abs(lb / la - 1));
   }

@@ -57,6 +57,16 @@ TEST_CASE("config: wrong types and ranges name the key", "[config]") {
         "checkpoint.keep_last must be in [2, 1048576] (got 1)");
   CHECK(error_of(kBase, {"model.tie_embeddings=maybe"}) ==
         "model.tie_embeddings: expected true or false, got 'maybe'");
+  CHECK(error_of(kBase, {"train.recompute=some"}) ==
+        "train.recompute must be one of none|selective|full (got 'some'); did you mean 'none'?");
+  CHECK(error_of(kBase, {"train.recompute_layers=[1]"}) ==
+        "train.recompute_layers is set but train.recompute is none; it counts the layers of "
+        "train.recompute: full");
+  CHECK(error_of(kBase, {"train.recompute=full", "train.recompute_layers=[3]"}) ==
+        "train.recompute_layers asks for 3 layers on pipeline stage 0, which has 2");
+  CHECK(error_of(kBase, {"train.recompute=full", "train.recompute_layers=[1, 1, 1]"}) ==
+        "train.recompute_layers has 3 counts; give one (every stage) or parallel.pp 1 (one per "
+        "stage)");
   CHECK(error_of(kBase, {"optim.schedule=cosin"}) ==
         "optim.schedule must be one of cosine|linear|constant|wsd (got 'cosin'); did you mean "
         "'cosine'?");

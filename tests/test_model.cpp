@@ -207,6 +207,52 @@ TEST_CASE("gradients accumulate over micro-batches", "[model]") {
   CHECK(std::sqrt(num / den) < 1e-6);
 }
 
+// Recomputation changes what backward keeps, not what it computes: two micro-batches in flight
+// (as on a pipeline stage), every mode gives the gradients and losses of `none` bit for bit,
+// and holds less.
+TEST_CASE("model: activation recomputation gives the same gradients bit for bit and holds less",
+          "[model]") {
+  ModelConfig mc;
+  mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 3, mc.num_heads = 4,
+  mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = false;
+  Topology topo;
+  struct Mode {
+    const char* name;
+    bool selective;
+    int64_t full;
+  };
+  std::vector<float> want;
+  double want_loss = 0;
+  size_t last_bytes = 0;
+  for (const Mode& m : {Mode{"none", false, 0}, Mode{"selective", true, 0},
+                        Mode{"full, 2 of 3 layers", false, 2}, Mode{"full", false, 3}}) {
+    INFO(m.name);
+    ModelDims d = ModelDims::from(mc, topo);
+    d.recompute_selective = m.selective;
+    d.recompute_full = m.full;
+    Qwen2Model model(d, 2, 8, Ctx{}, DType::f32, 0, 1, /*slots=*/2);
+    model.init_weights(5, 0.2);
+    std::vector<int32_t> tok(16), tgt(16);
+    for (int i = 0; i < 16; ++i) tok[i] = (7 * i + 3) % 50, tgt[i] = (11 * i + 1) % 50;
+    model.forward_stage(0, tok.data());
+    double loss = model.stage_loss(0, tgt.data(), 0.03f, true);
+    model.forward_stage(1, tgt.data());  // a second micro-batch in flight
+    loss += model.stage_loss(1, tok.data(), 0.03f, true);
+    model.backward_stage(0, tok.data());
+    model.backward_stage(1, tgt.data());
+    const float* g = model.grads().ptr<float>();
+    std::vector<float> got(g, g + model.layout().total);
+    if (want.empty()) {
+      want = got, want_loss = loss, last_bytes = model.activation_bytes();
+      continue;
+    }
+    CHECK(loss == want_loss);
+    CHECK(got == want);
+    CHECK(model.activation_bytes() < last_bytes);
+    last_bytes = model.activation_bytes();
+  }
+}
+
 TEST_CASE("initialisation is deterministic and layout-independent of buffers", "[model]") {
   ModelConfig mc;
   mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 2, mc.num_heads = 4,
@@ -447,6 +493,62 @@ TEST_CASE("model: loss chunks hold the whole micro-batch where 2 GiB of logits a
   CHECK(p->stages.back().loss_chunk_tokens == 4096);
   CHECK(format_plan(cfg, *p).find("loss: chunks of 4096 tokens of the 4096 in a micro-batch") !=
         std::string::npos);
+}
+
+// Recomputation in the planner: the activations a real model of each mode allocates, the
+// FLOPs run again (closed form) and its line in the report.
+TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand", "[model]") {
+  const std::vector<std::string> small = {"model.preset=",
+                                          "model.hidden_size=64",
+                                          "model.intermediate_size=128",
+                                          "model.num_layers=4",
+                                          "model.num_heads=4",
+                                          "model.num_kv_heads=2",
+                                          "model.head_dim=16",
+                                          "model.vocab_size=1000",
+                                          "parallel.tp=2",
+                                          "parallel.pp=2",
+                                          "parallel.dp=2",
+                                          "parallel.zero1=true",
+                                          "parallel.sequence_parallel=true",
+                                          "data.seq_len=32",
+                                          "train.global_batch=16",
+                                          "train.micro_batch=2"};
+  double none_acts = 0;
+  for (const std::vector<std::string>& rc : {std::vector<std::string>{"train.recompute=none"},
+                                             {"train.recompute=selective"},
+                                             {"train.recompute=full", "train.recompute_layers=[1]"},
+                                             {"train.recompute=full"}}) {
+    std::vector<std::string> sets = small;
+    sets.insert(sets.end(), rc.begin(), rc.end());
+    const Config cfg = plan_config(sets);
+    INFO(rc.back());
+    absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 1, 8);
+    INFO(p.status().message());
+    REQUIRE(p.ok());
+    for (int stage = 0; stage < 2; ++stage) {
+      const Topology topo = Topology::make(8, 0, 2, 2, 2)->of_rank(stage * 4);
+      Qwen2Model real(ModelDims::from(cfg, topo), 2, 32, Ctx{}, DType::bf16, 0, 2, 2 - stage);
+      CHECK(p->stages[stage].activations ==
+            static_cast<double>(real.activation_bytes() + 2 * arena_bytes(DType::i32, 64)));
+    }
+    const double acts = p->stages[0].activations;
+    if (cfg.train.recompute == "none")
+      none_acts = acts;
+    else
+      CHECK(acts < none_acts);
+    // Per recomputed layer and token: 2 x (qkv 64x128 + bias 128 + o 64x64 + gate/up 2x64x128)
+    // + causal attention 2 x 32 x 64.
+    const double layer = 2.0 * (64 * 128 + 128 + 64 * 64 + 2 * 64 * 128) + 2.0 * 32 * 64;
+    const int64_t full = cfg.train.recompute != "full"        ? 0
+                         : cfg.train.recompute_layers.empty() ? 4
+                                                              : 2;
+    CHECK(p->recompute_full_layers == full);
+    CHECK(p->recompute_flops_per_token == Approx(full * layer));
+    if (full > 0)
+      CHECK(format_plan(cfg, *p).find("recompute: full; " + std::to_string(full) +
+                                      " of 4 layers") != std::string::npos);
+  }
 }
 
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {

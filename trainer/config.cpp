@@ -102,6 +102,14 @@ const std::vector<Field>& fields() {
                "compute backend: cpu, or cuda (bf16, one GPU per rank; see parallel.comm); "
                "auto = cpu",
                {"auto", "cpu", "cuda"}),
+      TR_FIELD(train, recompute, String, 0, 0,
+               "activation recomputation: none; selective (norm and SwiGLU outputs are "
+               "recomputed in backward, the GEMM and attention results kept); full (a layer keeps "
+               "only its input and runs its forward again in backward)",
+               {"none", "selective", "full"}),
+      TR_FIELD(train, recompute_layers, IntList, 0, 4096,
+               "full: layers recomputed per pipeline stage, the first of each stage's layers; "
+               "[] = all; [n] = n on every stage; or one count per stage"),
       TR_FIELD(train, seed, Int, 0, kMaxI, "seed of the weight initialisation"),
       TR_FIELD(train, eval_interval, Int, 0, kMaxI, "steps between validation runs; 0 = never"),
       TR_FIELD(train, eval_steps, Int, 1, kMaxI, "validation batches per evaluation"),
@@ -441,6 +449,22 @@ Status validate(const Config& c) {
   if (p.dp > 0 && t.global_batch % per_step != 0)
     return err("train.global_batch ", t.global_batch, " is not divisible by train.micro_batch ",
                t.micro_batch, " x dp ", p.dp, " = ", per_step);
+  if (!t.recompute_layers.empty()) {
+    if (t.recompute != "full")
+      return err("train.recompute_layers is set but train.recompute is ", t.recompute,
+                 "; it counts the layers of train.recompute: full");
+    const auto n = static_cast<int64_t>(t.recompute_layers.size());
+    if (n != 1 && n != p.pp)
+      return err("train.recompute_layers has ", n,
+                 " counts; give one (every stage) or parallel.pp ", p.pp, " (one per stage)");
+    for (int64_t s = 0; s < p.pp; ++s) {
+      const int64_t have = p.pipeline_layers.empty() ? m.num_layers / p.pp : p.pipeline_layers[s];
+      const int64_t want = t.recompute_layers[n == 1 ? 0 : s];
+      if (want > have)
+        return err("train.recompute_layers asks for ", want, " layers on pipeline stage ", s,
+                   ", which has ", have);
+    }
+  }
   if (t.eval_interval > 0 && c.data.valid.empty())
     return err("train.eval_interval is ", t.eval_interval,
                " but data.valid is empty; add data.valid or set train.eval_interval=0");

@@ -60,10 +60,16 @@ struct TrainConfig {
   int64_t global_batch = 0;      // samples per optimizer step, all DP ranks together
   int64_t micro_batch = 1;       // samples per forward/backward on one rank
   std::string backend = "auto";  // auto | cpu | cuda
-  int64_t seed = 1234;           // weight init
-  int64_t eval_interval = 0;     // 0 = never
-  int64_t eval_steps = 10;       // validation batches per evaluation
-  int64_t exit_interval = 0;     // save and exit after a step divisible by this; 0 = off
+  // Activation recomputation: none | selective (norm and SwiGLU outputs recomputed in
+  // backward) | full (layers keep only their input and run their forward again in backward).
+  std::string recompute = "none";
+  // full: layers recomputed on each pipeline stage, the first of its layers: [] = all of them;
+  // [n] = n on every stage; or one count per stage.
+  std::vector<int64_t> recompute_layers;
+  int64_t seed = 1234;        // weight init
+  int64_t eval_interval = 0;  // 0 = never
+  int64_t eval_steps = 10;    // validation batches per evaluation
+  int64_t exit_interval = 0;  // save and exit after a step divisible by this; 0 = off
   // Steps skipped in a row (non-finite loss or gradient norm, or a loss spike) after which the
   // run stops with kExitDiverged.
   int64_t max_skipped_steps = 5;

@@ -46,6 +46,17 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
   return d;
 }
 
+ModelDims ModelDims::from(const Config& c, const Topology& topo) {
+  ModelDims d = from(c.model, topo, c.parallel.sequence_parallel, c.parallel.pipeline_layers);
+  const TrainConfig& t = c.train;
+  d.recompute_selective = t.recompute == "selective";
+  if (t.recompute == "full") {
+    const std::vector<int64_t>& n = t.recompute_layers;
+    d.recompute_full = n.empty() ? d.layers : n[n.size() == 1 ? 0 : topo.pp_rank];
+  }
+  return d;
+}
+
 ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
   ParamLayout l;
   // split: -1 replicated, 0 rows, 1 columns; the global shape multiplies the split dim by tp.
@@ -131,6 +142,10 @@ struct Qwen2Model::Acts {
     Tensor lnf, rstdf;          // [T, H], [Tl] (last stage)
   };
   std::vector<Slot> slots;
+  // Activation recomputation: the buffers of the layers' recomputed activations, shared by all
+  // layers and slots (every buffer for fully recomputed layers; ln1, ln2 and act for selective
+  // recomputation). A slot's Layer views them instead of owning them.
+  Layer rc;
   Tensor tmp;  // [T, H] projection outputs
   // backward scratch
   Tensor dres;       // [T, H] running gradient of the residual stream; after backward_stage, the
@@ -252,21 +267,50 @@ void Qwen2Model::alloc_acts(Arena& ar) {
                 I = d.inter, C = chunk_;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
   a_ = std::make_unique<Acts>();
+  // A layer's buffers; with `some`, only ln1, ln2 and act (what selective recomputation
+  // recomputes), the others left empty.
+  auto layer = [&](bool some) {
+    Acts::Layer L;
+    L.ln1 = ar.alloc(dtype_, {T, H});
+    L.ln2 = ar.alloc(dtype_, {T, H});
+    L.act = ar.alloc(dtype_, {T, I});
+    if (some) return L;
+    L.rstd1 = ar.alloc(sdtype_, {Tl});
+    L.qkv = ar.alloc(dtype_, {T, Q});
+    L.att = ar.alloc(dtype_, {T, A});
+    L.lse = ar.alloc(sdtype_, {batch_, d.heads, seq_len_});
+    L.x_mid = ar.alloc(dtype_, {Tl, H});
+    L.rstd2 = ar.alloc(sdtype_, {Tl});
+    L.gateup = ar.alloc(dtype_, {T, 2 * I});
+    return L;
+  };
+  const int64_t full = std::min(d.recompute_full, d.layers);
+  if (full > 0 || d.recompute_selective) a_->rc = layer(/*some=*/full == 0);
   for (int k = 0; k < slots_; ++k) {
     Acts::Slot& slot = a_->slots.emplace_back();
     for (int64_t l = 0; l <= d.layers; ++l) slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
     for (int64_t l = 0; l < d.layers; ++l) {
+      if (l < full) {  // only resid[l] is kept
+        slot.layers.push_back(a_->rc);
+        continue;
+      }
       Acts::Layer L;
-      L.ln1 = ar.alloc(dtype_, {T, H});
+      if (d.recompute_selective) {
+        L.ln1 = a_->rc.ln1;
+        L.ln2 = a_->rc.ln2;
+        L.act = a_->rc.act;
+      } else {
+        L.ln1 = ar.alloc(dtype_, {T, H});
+        L.ln2 = ar.alloc(dtype_, {T, H});
+        L.act = ar.alloc(dtype_, {T, I});
+      }
       L.rstd1 = ar.alloc(sdtype_, {Tl});
       L.qkv = ar.alloc(dtype_, {T, Q});
       L.att = ar.alloc(dtype_, {T, A});
       L.lse = ar.alloc(sdtype_, {batch_, d.heads, seq_len_});
       L.x_mid = ar.alloc(dtype_, {Tl, H});
-      L.ln2 = ar.alloc(dtype_, {T, H});
       L.rstd2 = ar.alloc(sdtype_, {Tl});
       L.gateup = ar.alloc(dtype_, {T, 2 * I});
-      L.act = ar.alloc(dtype_, {T, I});
       slot.layers.push_back(L);
     }
     if (d.last_stage) {
@@ -474,20 +518,7 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
     const LayerWeights& w = w_.layers[l];
     Acts::Layer& L = S.layers[l];
     gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
-    linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
-    Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
-    rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_),
-             d.theta);
-    attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
-                  static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
-                  static_cast<int>(d.head_dim));
-    linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
-    reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
-    add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, S.resid[l], a.tmp, w.ln2,
-                    d.eps);
-    gather_tokens(a.ln_local, L.ln2);
-    linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
-    swiglu_fwd(ctx_, L.act, L.gateup);
+    layer_fwd(slot, l);
     linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
     reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel
     if (l + 1 < d.layers)
@@ -500,6 +531,48 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
       add(ctx_, S.resid[l + 1], L.x_mid, a.tmp);
   }
   if (d.last_stage) gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
+}
+
+void Qwen2Model::layer_fwd(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  Acts::Slot& S = a_->slots[slot];
+  const int64_t T = batch_ * seq_len_;
+  const bool sp = d.sequence_parallel;
+  Acts& a = *a_;
+  const LayerWeights& w = w_.layers[l];
+  Acts::Layer& L = S.layers[l];
+  linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
+  Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
+  rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_),
+           d.theta);
+  attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
+                static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
+                static_cast<int>(d.head_dim));
+  linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
+  reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
+  add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, S.resid[l], a.tmp, w.ln2, d.eps);
+  gather_tokens(a.ln_local, L.ln2);
+  linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
+  swiglu_fwd(ctx_, L.act, L.gateup);
+}
+
+void Qwen2Model::recompute_layer(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  Acts::Slot& S = a_->slots[slot];
+  const bool full = l < d.recompute_full;
+  if (!full && !d.recompute_selective) return;
+  const bool sp = d.sequence_parallel;
+  Acts& a = *a_;
+  const LayerWeights& w = w_.layers[l];
+  Acts::Layer& L = S.layers[l];
+  // The forward fused this norm into the previous layer's residual add, which normalises the
+  // stored sum: the same values as normalising the layer's input here.
+  rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln1, L.rstd1, S.resid[l], w.ln1, d.eps);
+  gather_tokens(a.ln_local, L.ln1);
+  if (full) return layer_fwd(slot, l);
+  rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
+  gather_tokens(a.ln_local, L.ln2);
+  swiglu_fwd(ctx_, L.act, L.gateup);
 }
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
@@ -564,6 +637,7 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
     const LayerWeights& w = w_.layers[l];
     const LayerWeights& g = g_.layers[l];
     Acts::Layer& L = S.layers[l];
+    recompute_layer(slot, l);
     // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
     linear_bwd(ctx_, a.dact, g.down_w, Tensor(), gather_tokens(a.dres, a.full), L.act, w.down_w);
     swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);

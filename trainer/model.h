@@ -40,6 +40,12 @@ struct ModelDims {
   bool first_stage = true, last_stage = true;
   float eps, theta;
   bool tied;
+  // Activation recomputation (train.recompute): the first `recompute_full` layers of this stage
+  // keep only their input and run their forward again in backward; with `recompute_selective`
+  // every layer drops its norm outputs and SwiGLU output and recomputes them in backward.
+  // Gradients are the same bits either way.
+  int64_t recompute_full = 0;
+  bool recompute_selective = false;
   int64_t qkv_out() const { return (heads + 2 * kv_heads) * head_dim; }
   // Real (unpadded) vocabulary rows among this rank's vocab_local.
   int64_t vocab_valid_local() const {
@@ -49,6 +55,8 @@ struct ModelDims {
   // `stage_layers`: layers of each pipeline stage (empty = num_layers / pp each).
   static ModelDims from(const ModelConfig& m, const Topology& topo, bool sequence_parallel = false,
                         const std::vector<int64_t>& stage_layers = {});
+  // Everything the run's config says about this rank's model: the above, and recomputation.
+  static ModelDims from(const Config& c, const Topology& topo);
 };
 
 // One parameter tensor: where it lives in the flat buffers and how it is checkpointed.
@@ -199,6 +207,11 @@ class Qwen2Model {
   Tensor full_or(Tensor local) const;  // the [T, H] buffer for a [Tl, H] one
   void reduce_to_local(Tensor partial, Tensor local);  // end of a TP region
   Tensor gather_tokens(Tensor local, Tensor full);     // start of a TP region
+  // Layer l of micro-batch slot `slot` from its normed input (ln1, all-gathered) to its SwiGLU
+  // output (act).
+  void layer_fwd(int slot, int64_t l);
+  // Before layer l's backward: its activations that recomputation dropped, again.
+  void recompute_layer(int slot, int64_t l);
   void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
 
   // The tokens of a micro-batch where the ops can read them: the host array itself on the CPU,

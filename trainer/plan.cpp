@@ -130,8 +130,8 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   // Memory: each stage's rank (0, 0, stage) as the trainer would build it, measuring only.
   for (int stage = 0; stage < topo->pp; ++stage) {
     const Topology st = topo->of_rank(topo->rank_at(0, 0, stage));
-    const ModelDims dims =
-        ModelDims::from(cfg.model, st, par.sequence_parallel, par.pipeline_layers);
+    const ModelDims dims = ModelDims::from(cfg, st);
+    plan.recompute_full_layers += std::min(dims.recompute_full, dims.layers);
     StageMemory m;
     m.stage = stage;
     m.in_flight = static_cast<int>(std::min<int64_t>(topo->pp - stage, plan.micro_batches));
@@ -163,6 +163,15 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
       L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
   plan.flops_per_token_causal = flops_per_token(cfg);
   plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
+  // A fully recomputed layer runs its forward again up to the SwiGLU: the QKV, O and gate/up
+  // GEMMs (2 flops per weight per token) and causal attention (2 s nh hd per token). Selective
+  // recomputation runs only norms and SwiGLU (elementwise; not counted).
+  const double Q = static_cast<double>((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim),
+               A = static_cast<double>(mc.num_heads * mc.head_dim),
+               I = static_cast<double>(mc.intermediate_size);
+  const double layer_fwd =
+      2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * static_cast<double>(seq) * A;
+  plan.recompute_flops_per_token = static_cast<double>(plan.recompute_full_layers) * layer_fwd;
   for (const ckpt::TensorRef& tensor : model_tensors(cfg, *topo)) {
     double n = 1;
     for (int64_t d : tensor.shape) n *= static_cast<double>(d);
@@ -178,6 +187,15 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   // Per layer and micro-batch: 2 TP reductions forward (attention, MLP) and 2 backward; with
   // sequence parallelism each is a reduce-scatter + all-gather pair of the same volume.
   plan.tp_bytes = plan.micro_batches * layers_here * 4.0 * ring_all_reduce(act, tp);
+  // Recomputation's TP traffic per layer and micro-batch, in all-reduce equivalents (an
+  // all-gather or a reduce-scatter is half of one): full runs the attention's reduction again,
+  // and with sequence parallelism the all-gathers of both norm outputs (selective: only those).
+  const bool sp = par.sequence_parallel && tp > 1;
+  const double rc_full = sp ? 1.5 : 1.0, rc_selective = sp ? 1.0 : 0.0;
+  const double rc_layers_per_stage = static_cast<double>(plan.recompute_full_layers) / pp;
+  plan.tp_bytes += plan.micro_batches * ring_all_reduce(act, tp) *
+                   (rc_full * rc_layers_per_stage +
+                    (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
   plan.pp_bytes = pp > 1 ? plan.micro_batches * 2.0 * act / (par.sequence_parallel ? tp : 1) : 0;
   const double grads = static_cast<double>(plan.stages[0].grads);
   plan.dp_bytes = zero1 ? 2.0 * ring_half(grads, dp) : ring_all_reduce(grads, dp);
@@ -187,8 +205,8 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   const double tokens_step = static_cast<double>(t.global_batch * seq);
   // 1F1B runs m + pp - 1 micro-batch slots for m micro-batches of work.
   const double stretch = static_cast<double>(plan.micro_batches + pp - 1) / plan.micro_batches;
-  plan.compute_s = plan.flops_per_token_causal * tokens_step / plan.world /
-                   (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
+  plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /
+                   plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
   const bool tp_in_node = tp <= gpus_per_node;
   plan.tp_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
   const bool multi_node = plan.world > gpus_per_node;
@@ -264,6 +282,18 @@ std::string format_plan(const Config& cfg, const Plan& p) {
                         "FLOPs per token: %.4g (causal: 6 N_matmul + 6 L s nh hd, what MFU "
                         "counts); %.4g counting full attention\n",
                         p.flops_per_token_causal, p.flops_per_token_full);
+  if (cfg.train.recompute == "selective")
+    absl::StrAppend(&out,
+                    "recompute: selective: norm and SwiGLU outputs recomputed in backward "
+                    "(elementwise work; under sequence parallelism also their all-gathers)\n");
+  if (cfg.train.recompute == "full")
+    absl::StrAppendFormat(
+        &out,
+        "recompute: %s; %d of %d layers in full; %.4g FLOPs per token run again (%.1f%% more "
+        "compute; MFU counts model FLOPs only)\n",
+        cfg.train.recompute, static_cast<int>(p.recompute_full_layers),
+        static_cast<int>(cfg.model.num_layers), p.recompute_flops_per_token,
+        100 * p.recompute_flops_per_token / p.flops_per_token_causal);
   absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (1F1B, %d micro-batches)\n",
                         100 * p.bubble, p.micro_batches);
   absl::StrAppendFormat(&out,
@@ -309,6 +339,8 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"stages", stages},
                             {"flops_per_token_causal", p.flops_per_token_causal},
                             {"flops_per_token_full", p.flops_per_token_full},
+                            {"recompute", cfg.train.recompute},
+                            {"recompute_flops_per_token", p.recompute_flops_per_token},
                             {"bubble", p.bubble},
                             {"tp_bytes", p.tp_bytes},
                             {"pp_bytes", p.pp_bytes},

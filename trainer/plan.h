@@ -52,7 +52,11 @@ struct Plan {
   double checkpoint_bytes = 0;        // one checkpoint on disk (trainer/shard.h)
   double flops_per_token_causal = 0;  // 6 N_matmul + 6 L s (nh hd): what our MFU counts
   double flops_per_token_full = 0;    // 6 N_matmul + 12 L s (nh hd): non-causal counting
-  double bubble = 0;                  // (pp - 1) / (m + pp - 1) of each step idle
+  // train.recompute: FLOPs per token run again in backward (not model FLOPs: MFU leaves them
+  // out, so recomputation lowers MFU by the time it takes), and the layers recomputed in full.
+  double recompute_flops_per_token = 0;
+  int64_t recompute_full_layers = 0;
+  double bubble = 0;                                // (pp - 1) / (m + pp - 1) of each step idle
   double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per GPU per step, sent
   double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
   double tokens_per_s_per_gpu = 0, mfu = 0;

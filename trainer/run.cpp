@@ -438,12 +438,10 @@ absl::Status build_model(Session& r) {
   // regression against the old 16M-logit chunks (docs/PERFORMANCE.md).
   const char* chunk_env = std::getenv("TR_LOSS_CHUNK_TOKENS");
   const int64_t loss_chunk = chunk_env != nullptr ? std::max<int64_t>(0, std::atoll(chunk_env)) : 0;
-  r.model = std::make_unique<Qwen2Model>(
-      ModelDims::from(r.cfg.model, r.topo, r.cfg.parallel.sequence_parallel,
-                      r.cfg.parallel.pipeline_layers),
-      r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx,
-      r.ctx.device == Device::cuda ? DType::bf16 : DType::f32, loss_chunk, zero1 ? r.topo.dp : 1,
-      slots);
+  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg, r.topo), r.cfg.train.micro_batch,
+                                         r.cfg.data.seq_len, r.ctx,
+                                         r.ctx.device == Device::cuda ? DType::bf16 : DType::f32,
+                                         loss_chunk, zero1 ? r.topo.dp : 1, slots);
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());
