@@ -250,6 +250,45 @@ TEST_CASE(
   }
 }
 
+// Megatron's distributed optimizer: with a separate compute copy (bf16 on GPUs; fp32 on CPU ranks
+// with TR_TEST_COMPUTE_COPY=1) ZeRO-1 keeps the fp32 masters of the rank's shard only, updates
+// them, and all-gathers the updated compute copy. On the CPU the compute copy is exact, so the
+// run is the one with whole masters bit for bit, at (2,2,2) (tied embedding over two stages:
+// its compute copies are broadcast) and at (1,1,4); each rank says it holds a shard.
+TEST_CASE("cli: ZeRO-1 with sharded fp32 masters trains the whole-master run bit for bit",
+          "[cli][mpi]") {
+  const std::string shape =
+      " --set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8"
+      " --set model.num_layers=4 --set train.micro_batch=1 --set parallel.zero1=true";
+  for (const std::string layout :
+       {" --set parallel.tp=2 --set parallel.pp=2", " --set parallel.tp=1 --set parallel.pp=1"}) {
+    RunDir whole(6), sharded(6);
+    CmdResult a = whole.mpirun(layout.find("tp=2") != std::string::npos ? 8 : 4, shape + layout);
+    INFO(a.output);
+    REQUIRE(a.exit_code == 0);
+    CHECK(a.output.find("this rank's zero1 shard") == std::string::npos);
+    CmdResult b = sharded.mpirun(layout.find("tp=2") != std::string::npos ? 8 : 4, shape + layout,
+                                 "TR_TEST_COMPUTE_COPY=1");
+    INFO(b.output);
+    REQUIRE(b.exit_code == 0);
+    CHECK(b.output.find("(this rank's zero1 shard), compute copy") != std::string::npos);
+    const std::vector<nlohmann::json> x = whole.metrics(), y = sharded.metrics();
+    REQUIRE(x.size() == 6);
+    REQUIRE(y.size() == 6);
+    for (size_t i = 0; i < x.size(); ++i) {
+      CHECK(y[i]["loss"].get<double>() == x[i]["loss"].get<double>());
+      CHECK(y[i]["grad_norm"].get<double>() == x[i]["grad_norm"].get<double>());
+    }
+    const std::vector<std::string> sets = {"model.num_heads=8", "model.num_kv_heads=4",
+                                           "model.head_dim=8", "model.num_layers=4"};
+    const CkptTensors p = read_checkpoint(whole.config, whole.dir / "ckpt/step_00000006", sets);
+    const CkptTensors q = read_checkpoint(sharded.config, sharded.dir / "ckpt/step_00000006", sets);
+    CHECK(p.p == q.p);
+    CHECK(p.m == q.m);
+    CHECK(p.v == q.v);
+  }
+}
+
 // The layouts (tp, pp, dp) of the issue, at the same global batch: losses, validation loss,
 // final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
 TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match one rank",
@@ -266,6 +305,7 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     int tp, pp, dp;
     bool zero1, sp;
     std::string more = "";
+    std::string env = "";  // TR_TEST_COMPUTE_COPY=1: ZeRO-1 with sharded masters, as on GPUs
   };
   const Case cases[] = {{2, 1, 1, false, false},
                         {1, 2, 1, false, false},
@@ -284,9 +324,13 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
                         // Recomputation (bit-identical to none at the same layout, tested
                         // above; here against one rank).
                         {2, 2, 2, false, true, " --set train.recompute=selective"},
-                        {2, 2, 2, true, false, " --set train.recompute=full"}};
-  std::printf("layout (tp,pp,dp)       loss at step 10     relative difference\n");
-  std::printf("(1,1,1)                 %.9f\n", one.metrics().back()["loss"].get<double>());
+                        {2, 2, 2, true, false, " --set train.recompute=full"},
+                        // ZeRO-1 as Megatron's distributed optimizer: sharded fp32 masters.
+                        {2, 2, 2, true, false, "", "TR_TEST_COMPUTE_COPY=1"},
+                        {1, 1, 4, true, false, "", "TR_TEST_COMPUTE_COPY=1"}};
+  std::printf("layout (tp,pp,dp)                    loss at step 10     relative difference\n");
+  std::printf("(1,1,1)                              %.9f\n",
+              one.metrics().back()["loss"].get<double>());
   for (const Case& c : cases) {
     RunDir owned(10);
     RunDir* run = &owned;
@@ -297,7 +341,7 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
                               (c.sp ? " --set parallel.sequence_parallel=true" : "") + c.more;
     const std::string layout = "tp " + std::to_string(c.tp) + " x dp " + std::to_string(c.dp) +
                                " x pp " + std::to_string(c.pp);
-    CmdResult r = run->mpirun(ranks, args + extra);
+    CmdResult r = run->mpirun(ranks, args + extra, c.env);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(r.output.find("world " + std::to_string(ranks) + " = " + layout) != std::string::npos);
@@ -325,7 +369,8 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     if (c.more.find("bucket") != std::string::npos) label += "+overlap";
     if (c.more.find("selective") != std::string::npos) label += "+rc-sel";
     if (c.more.find("recompute=full") != std::string::npos) label += "+rc-full";
-    std::printf("(%d,%d,%d)%-17s%.9f  %.2e\n", c.tp, c.pp, c.dp, label.c_str(), lb,
+    if (!c.env.empty()) label += "+sharded-masters";
+    std::printf("(%d,%d,%d)%-30s%.9f  %.2e\n", c.tp, c.pp, c.dp, label.c_str(), lb,
                 std::abs(lb / la - 1));
   }
 }
@@ -350,13 +395,25 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
   struct Case {
     int ranks;
     std::string layout;
+    // ZeRO-1 with sharded fp32 masters (TR_TEST_COMPUTE_COPY=1) when saving and when resuming;
+    // the save's layout (default (2,2,2) with ZeRO-1).
+    std::string save_env = "", resume_env = "";
+    std::string saved = " --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero1=true";
   };
-  for (const Case& c : {Case{8, " --set parallel.tp=4 --set parallel.pp=1"},
-                        Case{8, " --set parallel.tp=1 --set parallel.pp=2"}, Case{1, ""}}) {
+  const std::string copy = "TR_TEST_COMPUTE_COPY=1";
+  for (const Case& c :
+       {Case{8, " --set parallel.tp=4 --set parallel.pp=1"},
+        Case{8, " --set parallel.tp=1 --set parallel.pp=2"}, Case{1, ""},
+        // Saved with sharded masters, resumed without ZeRO-1; saved without, resumed with.
+        Case{8, " --set parallel.tp=4 --set parallel.pp=1", copy, ""},
+        Case{4, " --set parallel.zero1=true", "", copy, " --set parallel.pp=2"}}) {
     RunDir run(10);
-    const std::string saved = " --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero1=true";
-    REQUIRE(run.mpirun(8, args + saved + " --set train.exit_interval=5").exit_code == kExitStopped);
-    CmdResult r = c.ranks == 1 ? run.trainer(args) : run.mpirun(c.ranks, args + c.layout);
+    INFO("saved with" << c.saved << " " << c.save_env << ", resumed with" << c.layout << " "
+                      << c.resume_env);
+    REQUIRE(run.mpirun(8, args + c.saved + " --set train.exit_interval=5", c.save_env).exit_code ==
+            kExitStopped);
+    CmdResult r =
+        c.ranks == 1 ? run.trainer(args) : run.mpirun(c.ranks, args + c.layout, c.resume_env);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(r.output.find("resumed from") != std::string::npos);

@@ -451,9 +451,10 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   CHECK(p->tp_bytes == Approx(4 * 2 * 4 * 1.0 * (64 * 64 * 2)));
   CHECK(p->pp_bytes == Approx(4 * 2 * (64 * 64 * 2)));  // activations out, gradients back
   // Memory: stage 0 as the trainer builds it on a rank (tp 0, dp 0, pp 0), measured by a real
-  // (CPU) model with the same arguments.
+  // (CPU) model with the same arguments: ZeRO-1 over dp 2, so it keeps half of the masters.
   const Topology topo = Topology::make(8, 0, 2, 2, 2)->of_rank(0);
-  Qwen2Model real(ModelDims::from(cfg.model, topo, false, {}), 2, 32, Ctx{}, DType::bf16, 0, 2, 2);
+  Qwen2Model real(ModelDims::from(cfg.model, topo, false, {}), 2, 32, Ctx{}, DType::bf16, 0, 2, 2,
+                  false, false, /*master_shards=*/2, /*master_shard=*/0);
   CHECK(p->stages[0].weights == static_cast<double>(real.memory().weights));
   CHECK(p->stages[0].compute_copy == static_cast<double>(real.memory().compute_copy));
   // The GPU also keeps the micro-batch's token ids and targets (i32 [T]) on the device.
@@ -466,8 +467,15 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   // down 64x64.
   const int64_t layer = 64 + 2048 + 1024 + 1024 + 64 + 2048 + 64 + 3 * 4096;
   const int64_t stage0 = 512 * 64 + 2 * layer;
-  CHECK(p->stages[0].weights == static_cast<double>(arena_bytes(DType::f32, stage0)));
+  CHECK(p->stages[0].weights == static_cast<double>(arena_bytes(DType::f32, stage0 / 2)));
+  CHECK(p->stages[0].grads == static_cast<double>(arena_bytes(DType::f32, stage0)));
+  CHECK(p->stages[0].compute_copy == static_cast<double>(arena_bytes(DType::bf16, stage0)));
   CHECK(real.layout().total == stage0);
+  CHECK(real.masters().numel() == stage0 / 2);
+  // DP per step under ZeRO-1 over 2 ranks: half of the fp32 gradients reduce-scattered out, half
+  // of the bf16 compute copy all-gathered in.
+  CHECK(p->dp_bytes == Approx(0.5 * static_cast<double>(arena_bytes(DType::f32, stage0)) +
+                              0.5 * static_cast<double>(arena_bytes(DType::bf16, stage0))));
   CHECK(p->fits);
 }
 

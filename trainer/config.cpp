@@ -70,7 +70,10 @@ const std::vector<Field>& fields() {
                "layers of each pipeline stage, e.g. [18, 22, 22, 18]; [] = num_layers / pp each"),
       TR_FIELD(parallel, sequence_parallel, Bool, 0, 0,
                "shard norms and residuals along the sequence within TP"),
-      TR_FIELD(parallel, zero1, Bool, 0, 0, "shard fp32 master weights and Adam states across DP"),
+      TR_FIELD(parallel, zero1, Bool, 0, 0,
+               "distributed optimizer: each DP rank keeps the Adam states and (on GPUs) the fp32 "
+               "master weights of its 1/dp of the parameters; gradients are reduce-scattered, "
+               "the updated bf16 weights all-gathered"),
       TR_FIELD(parallel, dp_bucket_elems, Int, 1, kMaxI,
                "gradient elements per data-parallel all-reduce bucket"),
       TR_FIELD(parallel, overlap_dp, Bool, 0, 0,

@@ -334,10 +334,15 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     s.opt->update(m.lr, step);
     if (s.topo.pp > 1 && s.cfg.model.tie_embeddings &&
         (s.topo.first_stage() || s.topo.last_stage())) {
-      // The two copies took the same update up to summation order; make them bit-identical.
+      // The two copies took the same update up to summation order; make them bit-identical
+      // (with sharded masters, the weights the two stages compute with).
       const ParamInfo& embed = s.model->layout().find("embed_tokens/weight");
-      s.groups.embed->broadcast(s.model->param(embed), 0);
-      s.model->refresh_compute_copy(&embed);
+      if (s.model->masters_sharded()) {
+        s.groups.embed->broadcast(s.model->compute_param(embed), 0);
+      } else {
+        s.groups.embed->broadcast(s.model->param(embed), 0);
+        s.model->refresh_compute_copy(&embed);
+      }
     }
   }
   synchronize(s.ctx);  // a GPU step's time includes its last kernel

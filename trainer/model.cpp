@@ -204,7 +204,8 @@ std::vector<float> to_host_floats(Tensor t) {
 
 Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype,
                        int64_t loss_chunk, int64_t flat_multiple, int slots,
-                       bool separate_compute_copy, bool plan_only)
+                       bool separate_compute_copy, bool plan_only, int master_shards,
+                       int master_shard)
     : dims_(dims),
       batch_(batch),
       seq_len_(seq_len),
@@ -216,12 +217,21 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   TR_ASSERT(slots >= 1, "at least one activation slot");
   layout_ = ParamLayout::make(dims_, flat_multiple);
   const bool separate = separate_compute_copy || dtype_ != mdtype_;
-  memory_.weights = memory_.grads = arena_bytes(mdtype_, layout_.capacity);
+  int64_t masters = layout_.capacity;
+  if (separate && master_shards > 1) {
+    TR_ASSERT(
+        layout_.capacity % master_shards == 0 && master_shard >= 0 && master_shard < master_shards,
+        "sharded masters need the flat buffer padded to a multiple of the shards");
+    masters = layout_.capacity / master_shards;
+    masters_begin_ = masters * master_shard;
+  }
+  memory_.weights = arena_bytes(mdtype_, masters);
+  memory_.grads = arena_bytes(mdtype_, layout_.capacity);
   memory_.compute_copy = separate ? arena_bytes(dtype_, layout_.capacity) : 0;
   param_arena_ = std::make_unique<Arena>(
       plan_only ? Arena::planner(ctx.device)
                 : Arena(memory_.weights + memory_.grads + memory_.compute_copy, ctx.device));
-  params_ = param_arena_->alloc(mdtype_, {layout_.capacity});
+  params_ = param_arena_->alloc(mdtype_, {masters});
   grads_ = param_arena_->alloc(mdtype_, {layout_.capacity});
   compute_ = separate ? param_arena_->alloc(dtype_, {layout_.capacity}) : params_;
   if (!plan_only) {
@@ -350,8 +360,20 @@ Tensor Qwen2Model::stage_tokens(const int32_t* host, int64_t n, Tensor device_bu
   return d;
 }
 
+Tensor Qwen2Model::params() const {
+  TR_ASSERT(!masters_sharded(), "params(): this rank keeps only its ZeRO-1 shard of the masters");
+  return params_.slice(0, layout_.total);
+}
+
+Tensor Qwen2Model::params_padded() const {
+  TR_ASSERT(!masters_sharded(),
+            "params_padded(): this rank keeps only its ZeRO-1 shard of the masters");
+  return params_;
+}
+
 void Qwen2Model::refresh_compute_copy(const ParamInfo* p) {
   if (compute_is_master()) return;
+  TR_ASSERT(!masters_sharded(), "refresh_compute_copy needs whole masters");
   if (p == nullptr)
     cast(ctx_, compute_, params_);
   else
@@ -370,9 +392,21 @@ void Qwen2Model::params_from_host(const std::vector<float>& host) {
   TR_ASSERT(static_cast<int64_t>(host.size()) == layout_.total && mdtype_ == DType::f32,
             "params_from_host: " + std::to_string(host.size()) + " floats for " +
                 std::to_string(layout_.total) + " f32 masters");
-  copy_tensor(params(),
-              Tensor(const_cast<float*>(host.data()), DType::f32, Device::cpu, {layout_.total}));
-  refresh_compute_copy();
+  float* values = const_cast<float*>(host.data());
+  if (!masters_sharded()) {
+    copy_tensor(params(), Tensor(values, DType::f32, Device::cpu, {layout_.total}));
+    return refresh_compute_copy();
+  }
+  // The masters of this rank's shard (the padding tail stays zero), and the whole compute copy
+  // converted on the host (a device has no room for whole fp32 masters beside it).
+  const int64_t n = std::clamp<int64_t>(layout_.total - masters_begin_, 0, params_.numel());
+  if (n > 0)
+    copy_tensor(params_.slice(0, n), Tensor(values + masters_begin_, DType::f32, Device::cpu, {n}));
+  std::vector<char> converted(static_cast<size_t>(layout_.total) * dtype_size(dtype_));
+  Tensor host_copy(converted.data(), dtype_, Device::cpu, {layout_.total});
+  Ctx cpu;
+  cast(cpu, host_copy, Tensor(values, DType::f32, Device::cpu, {layout_.total}));
+  copy_tensor(compute_.slice(0, layout_.total), host_copy);
 }
 
 Qwen2Model::~Qwen2Model() = default;
@@ -382,7 +416,11 @@ size_t Qwen2Model::activation_bytes() const {
 }
 
 Tensor Qwen2Model::param(const ParamInfo& p) const {
+  TR_ASSERT(!masters_sharded(), "param(): this rank keeps only its ZeRO-1 shard of the masters");
   return params_.at(p.offset, {p.numel});
+}
+Tensor Qwen2Model::compute_param(const ParamInfo& p) const {
+  return compute_.at(p.offset, {p.numel});
 }
 Tensor Qwen2Model::grad(const ParamInfo& p) const {
   return grads_.at(p.offset, {p.numel});
@@ -418,8 +456,8 @@ Weights Qwen2Model::views(Tensor flat) const {
 
 void Qwen2Model::init_weights(uint64_t seed, double std) {
   const double out_std = std / std::sqrt(2.0 * static_cast<double>(dims_.total_layers));
-  // On a device the values are made on the host and copied over once.
-  const bool on_host = ctx_.device == Device::cpu;
+  // On a device (or into sharded masters) the values are made on the host and copied over once.
+  const bool on_host = ctx_.device == Device::cpu && !masters_sharded();
   std::vector<float> staging(on_host ? 0 : static_cast<size_t>(layout_.total));
   for (const ParamInfo& p : layout_.tensors) {
     Tensor t =

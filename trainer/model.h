@@ -126,9 +126,16 @@ class Qwen2Model {
   //
   // `plan_only` allocates nothing: the arenas only measure (for the planner, which sizes a
   // 72B rank on a laptop); such a model answers memory() and nothing else.
+  //
+  // ZeRO-1 (Megatron's distributed optimizer): with a separate compute copy and
+  // `master_shards` > 1, this rank keeps the fp32 masters of shard `master_shard` of the
+  // flat buffer only (capacity / master_shards elements; flat_multiple must be a multiple of
+  // master_shards); the compute copy stays whole. Where the masters are the compute copy they
+  // are whole regardless.
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
              DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1,
-             int slots = 1, bool separate_compute_copy = false, bool plan_only = false);
+             int slots = 1, bool separate_compute_copy = false, bool plan_only = false,
+             int master_shards = 1, int master_shard = 0);
 
   // Bytes of this rank's model buffers, by the arenas' own accounting (alignment included).
   struct Memory {
@@ -148,21 +155,30 @@ class Qwen2Model {
 
   const ModelDims& dims() const { return dims_; }
   const ParamLayout& layout() const { return layout_; }
-  Tensor params() const { return params_.slice(0, layout_.total); }  // [P] flat masters
-  Tensor grads() const { return grads_.slice(0, layout_.total); }    // [P] flat
-  Tensor params_padded() const { return params_; }  // [capacity]: params() and a zero tail
-  Tensor grads_padded() const { return grads_; }    // [capacity]
-  Tensor param(const ParamInfo& p) const;           // view of p in params()
-  Tensor grad(const ParamInfo& p) const;            // view of p in grads()
+  // The fp32 masters this rank keeps: [capacity], or its ZeRO-1 shard of it, whose first
+  // element is element masters_begin() of the flat buffer.
+  Tensor masters() const { return params_; }
+  int64_t masters_begin() const { return masters_begin_; }
+  bool masters_sharded() const { return masters_begin_ > 0 || params_.numel() < layout_.capacity; }
+  // The whole masters (not sharded): [P] flat.
+  Tensor params() const;
+  Tensor grads() const { return grads_.slice(0, layout_.total); }  // [P] flat
+  Tensor params_padded() const;                    // [capacity]: params() and a zero tail
+  Tensor grads_padded() const { return grads_; }   // [capacity]
+  Tensor param(const ParamInfo& p) const;          // view of p in params() (whole masters)
+  Tensor compute_param(const ParamInfo& p) const;  // view of p in the compute copy
+  Tensor grad(const ParamInfo& p) const;           // view of p in grads()
   // The weights the ops read: [capacity] in the compute dtype; empty when the masters are
   // their own compute copy.
   Tensor compute_copy() const { return compute_is_master() ? Tensor() : compute_; }
   bool compute_is_master() const { return compute_.data == params_.data; }
-  // Rewrites the compute copy from the masters (after they change other than through AdamW:
-  // initialisation, a checkpoint load, a broadcast). All of it, or only tensor `p`.
+  // Rewrites the compute copy from whole masters (after they change other than through AdamW:
+  // a broadcast). All of it, or only tensor `p`.
   void refresh_compute_copy(const ParamInfo* p = nullptr);
-  // The masters on the host (a copy when they live on a device), and back.
+  // The whole masters on the host (a copy when they live on a device).
   std::vector<float> params_to_host() const;
+  // Sets the weights from all of this rank's values on the host ([P] f32: initialisation, a
+  // checkpoint or Hugging Face load): the masters it keeps and the whole compute copy.
   void params_from_host(const std::vector<float>& host);
 
   // Normal(0, std) matrices and embedding (output projections std / sqrt(2 L)), zero biases,
@@ -233,6 +249,7 @@ class Qwen2Model {
   ParamLayout layout_;
   std::unique_ptr<Arena> param_arena_, act_arena_;
   Tensor params_, grads_, compute_;
+  int64_t masters_begin_ = 0;       // flat index of params_[0] (its ZeRO-1 shard's first element)
   std::vector<float> host_losses_;  // one loss chunk, read back from the device
   size_t attention_workspace_ = 0;
   Memory memory_;

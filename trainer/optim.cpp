@@ -44,6 +44,9 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
     shard_size_ = capacity / dp_->size();
     shard_begin_ = shard_size_ * dp_->rank();
   }
+  TR_ASSERT(!model.masters_sharded() || (zero1_ && model.masters_begin() == shard_begin_ &&
+                                         model.masters().numel() == shard_size_),
+            "the model's master shard must be this rank's ZeRO-1 shard");
   arena_ =
       std::make_unique<Arena>((zero1_ ? 3 : 2) * arena_bytes(DType::f32, shard_size_), ctx.device);
   m_ = arena_->alloc(DType::f32, {shard_size_});
@@ -131,7 +134,9 @@ double AdamW::reduce_and_clip() {
 
 void AdamW::update(double lr, int64_t step) {
   const int64_t end = std::min(shard_begin_ + shard_size_, model_.layout().total);
-  Tensor params = model_.params(), grads = grad_shard(), compute = model_.compute_copy();
+  // The masters of [lo, hi) are at lo - origin: whole, or this rank's shard of them.
+  Tensor params = model_.masters(), grads = grad_shard(), compute = model_.compute_copy();
+  const int64_t origin = model_.masters_begin();
   for (const ParamInfo& p : model_.layout().tensors) {
     const int64_t lo = std::max(p.offset, shard_begin_), hi = std::min(p.offset + p.numel, end);
     if (lo >= hi) continue;  // tensor outside this rank's shard
@@ -142,11 +147,17 @@ void AdamW::update(double lr, int64_t step) {
                         p.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f,
                         step};
     const int64_t at = lo - shard_begin_;  // offset within the shard
-    adamw_update(ctx_, params.at(lo, {hi - lo}), grads.at(zero1_ ? at : lo, {hi - lo}),
+    adamw_update(ctx_, params.at(lo - origin, {hi - lo}), grads.at(zero1_ ? at : lo, {hi - lo}),
                  m_.at(at, {hi - lo}), v_.at(at, {hi - lo}), a,
                  compute.empty() ? Tensor() : compute.at(lo, {hi - lo}));
   }
-  if (zero1_) {
+  if (!zero1_) return;
+  if (model_.masters_sharded()) {
+    // Megatron's distributed optimizer: the updated shard's compute copy (written with the
+    // update) goes to every rank; the masters stay sharded.
+    Tensor all = model_.compute_copy();
+    dp_->all_gather(all, all.slice(shard_begin_, shard_size_));
+  } else {
     Tensor all = model_.params_padded();
     dp_->all_gather(all, all.slice(shard_begin_, shard_size_));
     model_.refresh_compute_copy();  // the other ranks' shards arrived as masters

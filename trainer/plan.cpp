@@ -124,7 +124,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
                                                    " is not divisible by train.micro_batch ",
                                                    t.micro_batch, " x dp ", topo->dp));
   plan.micro_batches = static_cast<int>(t.global_batch / (t.micro_batch * topo->dp));
-  const bool zero1 = par.zero1 && topo->dp > 1;
+  const bool zero1 = zero1_on(cfg, *topo);
   const int64_t seq = cfg.data.seq_len, T = t.micro_batch * seq;
 
   // Memory: each stage's rank (0, 0, stage) as the trainer would build it, measuring only.
@@ -136,7 +136,8 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     m.stage = stage;
     m.in_flight = static_cast<int>(std::min<int64_t>(topo->pp - stage, plan.micro_batches));
     const Qwen2Model model(dims, t.micro_batch, seq, Ctx{Device::cuda}, DType::bf16, 0,
-                           zero1 ? topo->dp : 1, m.in_flight, false, /*plan_only=*/true);
+                           zero1 ? topo->dp : 1, m.in_flight, false, /*plan_only=*/true,
+                           zero1 ? topo->dp : 1, 0);
     const Qwen2Model::Memory mm = model.memory();
     m.weights = static_cast<double>(mm.weights);
     m.compute_copy = static_cast<double>(mm.compute_copy);
@@ -198,7 +199,10 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
                     (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
   plan.pp_bytes = pp > 1 ? plan.micro_batches * 2.0 * act / (par.sequence_parallel ? tp : 1) : 0;
   const double grads = static_cast<double>(plan.stages[0].grads);
-  plan.dp_bytes = zero1 ? 2.0 * ring_half(grads, dp) : ring_all_reduce(grads, dp);
+  // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
+  // compute copy all-gathered.
+  plan.dp_bytes = zero1 ? ring_half(grads, dp) + ring_half(plan.stages[0].compute_copy, dp)
+                        : ring_all_reduce(grads, dp);
 
   // Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication
   // (TP over NVLink inside a node, PP and DP over the network when they cross nodes).
@@ -249,7 +253,8 @@ std::string format_plan(const Config& cfg, const Plan& p) {
     for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  %9.2f", get(m) / kGiB);
     absl::StrAppend(&out, "\n");
   };
-  row("weights (fp32 master)", [](const StageMemory& m) { return m.weights; });
+  row(par.zero1 && dp > 1 ? "weights (fp32, zero1)" : "weights (fp32 master)",
+      [](const StageMemory& m) { return m.weights; });
   row("compute copy (bf16)", [](const StageMemory& m) { return m.compute_copy; });
   row("gradients (fp32)", [](const StageMemory& m) { return m.grads; });
   row(par.zero1 && dp > 1 ? "adam m, v (zero1)" : "adam m, v",

@@ -206,11 +206,17 @@ absl::Status settle_checkpoint_dir(Session& r) {
 // ZeRO-1 range of the Adam states (the files were verified in check_inputs).
 absl::Status load_checkpoint(Session& r, const std::string& path) {
   std::string stored_yaml;
-  // Read on the host; copied to the device after (the masters, then their compute copy).
-  Tensor targets[3] = {r.model->params(), r.opt->exp_avg(), r.opt->exp_avg_sq()};
+  // Read on the host: whole masters on the host in place; on a device, or sharded, staged and
+  // then set (the masters this rank keeps, and the compute copy).
+  const bool whole = !r.model->masters_sharded();
+  Tensor targets[3] = {whole ? r.model->params() : Tensor(), r.opt->exp_avg(), r.opt->exp_avg_sq()};
   std::vector<float> staged[3];
   float* into[3];
-  for (int i = 0; i < 3; ++i) {
+  if (!whole) {
+    staged[0].resize(static_cast<size_t>(r.model->layout().total));
+    into[0] = staged[0].data();
+  }
+  for (int i = whole ? 0 : 1; i < 3; ++i) {
     if (targets[i].device == Device::cpu) {
       into[i] = targets[i].ptr<float>();
     } else {
@@ -222,11 +228,14 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
           load_rank_part(path, r.cfg, r.topo, into[0], into[1], into[2], &r.state, &stored_yaml);
       !st.ok())
     return st;
-  for (int i = 0; i < 3; ++i)
+  if (!staged[0].empty())
+    r.model->params_from_host(staged[0]);  // the masters it keeps, and the compute copy
+  else
+    r.model->refresh_compute_copy();
+  for (int i = 1; i < 3; ++i)
     if (!staged[i].empty())
       copy_tensor(targets[i],
                   Tensor(staged[i].data(), DType::f32, Device::cpu, {targets[i].numel()}));
-  r.model->refresh_compute_copy();
   r.last_saved_step = r.state.step;
   const std::vector<std::string> diffs = config_differences(stored_yaml, to_yaml(r.cfg));
   for (const std::string& d : diffs) {
@@ -255,17 +264,10 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
 // model.init_from on a fresh start: this rank's slices of the Hugging Face weights (read on
 // the host, then copied to the device), a fresh optimizer, step 0.
 absl::Status load_init_from(Session& r) {
-  Tensor params = r.model->params();
-  std::vector<float> staged;
-  float* into = params.ptr<float>();
-  if (params.device != Device::cpu) {
-    staged.resize(static_cast<size_t>(params.numel()));
-    into = staged.data();
-  }
-  if (absl::Status st = load_hf_rank_part(*r.init_from, r.cfg, r.topo, into); !st.ok()) return st;
-  if (!staged.empty())
-    copy_tensor(params, Tensor(staged.data(), DType::f32, Device::cpu, {params.numel()}));
-  r.model->refresh_compute_copy();
+  std::vector<float> staged(static_cast<size_t>(r.model->layout().total));
+  if (absl::Status st = load_hf_rank_part(*r.init_from, r.cfg, r.topo, staged.data()); !st.ok())
+    return st;
+  r.model->params_from_host(staged);
   const size_t files = r.init_from->file_count();
   std::printf("initialised from %s (Hugging Face weights, %zu file%s); optimizer fresh, step 0\n",
               r.cfg.model.init_from.c_str(), files, files == 1 ? "" : "s");
@@ -298,13 +300,14 @@ void print_plan(const Session& r) {
   std::printf("model: %lld parameters on this rank (vocab padded to %lld); %.3g GFLOP per token\n",
               static_cast<long long>(P), static_cast<long long>(r.model->dims().vocab_padded),
               flops_per_token(r.cfg) / 1e9);
-  const Tensor copy = r.model->compute_copy();
+  const Qwen2Model::Memory mem = r.model->memory();
   std::printf(
-      "memory on %s: weights %.1f MiB, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f MiB, "
-      "activations %.1f MiB (loss chunks of %lld tokens), workspace %.1f MiB + attention %.1f "
-      "MiB\n",
-      device_name(r.ctx.device), P * 4 / mib, copy.empty() ? 0.0 : copy.nbytes() / mib, P * 4 / mib,
-      2.0 * r.opt->state_elems() * 4 / mib, r.model->activation_bytes() / mib,
+      "memory on %s: weights %.1f MiB%s, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f "
+      "MiB, activations %.1f MiB (loss chunks of %lld tokens), workspace %.1f MiB + attention "
+      "%.1f MiB\n",
+      device_name(r.ctx.device), mem.weights / mib,
+      r.model->masters_sharded() ? " (this rank's zero1 shard)" : "", mem.compute_copy / mib,
+      mem.grads / mib, 2.0 * r.opt->state_elems() * 4 / mib, r.model->activation_bytes() / mib,
       static_cast<long long>(r.model->loss_chunk()), r.ctx.workspace_bytes / mib,
       r.model->attention_workspace_bytes() / mib);
   if (r.ctx.device != Device::cpu) {
@@ -431,17 +434,21 @@ absl::Status check_inputs(Session& r) {
 // Model, optimizer, initial weights, and the checkpoint when resuming (its shapes are checked
 // here: a mismatch is bad input).
 absl::Status build_model(Session& r) {
-  const bool zero1 = r.cfg.parallel.zero1 && r.topo.dp > 1;
+  const bool zero1 = zero1_on(r.cfg, r.topo);
   const int64_t micro_batches = r.cfg.train.global_batch / (r.cfg.train.micro_batch * r.topo.dp);
   const int slots = static_cast<int>(std::min<int64_t>(r.topo.pp - r.topo.pp_rank, micro_batches));
   // TR_LOSS_CHUNK_TOKENS=N overrides loss_chunk_tokens() (trainer/model.h), to bisect a GPU
   // regression against the old 16M-logit chunks (docs/PERFORMANCE.md).
   const char* chunk_env = std::getenv("TR_LOSS_CHUNK_TOKENS");
   const int64_t loss_chunk = chunk_env != nullptr ? std::max<int64_t>(0, std::atoll(chunk_env)) : 0;
-  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg, r.topo), r.cfg.train.micro_batch,
-                                         r.cfg.data.seq_len, r.ctx,
-                                         r.ctx.device == Device::cuda ? DType::bf16 : DType::f32,
-                                         loss_chunk, zero1 ? r.topo.dp : 1, slots);
+  // A separate compute copy: bf16 on GPUs; on the CPU an fp32 one when TR_TEST_COMPUTE_COPY=1,
+  // so that the GPU's layout (and ZeRO-1's sharded masters) runs and is tested on CPU ranks.
+  const char* copy_env = std::getenv("TR_TEST_COMPUTE_COPY");
+  const bool test_copy = copy_env != nullptr && std::string(copy_env) == "1";
+  r.model = std::make_unique<Qwen2Model>(
+      ModelDims::from(r.cfg, r.topo), r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx,
+      r.ctx.device == Device::cuda ? DType::bf16 : DType::f32, loss_chunk, zero1 ? r.topo.dp : 1,
+      slots, test_copy, /*plan_only=*/false, zero1 ? r.topo.dp : 1, r.topo.dp_rank);
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());

@@ -10,10 +10,6 @@ using ckpt::ShardPiece;
 using ckpt::TensorRef;
 using ckpt::TensorSetId;
 
-bool zero1_on(const Config& cfg, const Topology& t) {
-  return cfg.parallel.zero1 && t.dp > 1;
-}
-
 // A tensor's columns as a matrix (a vector is one row).
 int64_t cols_of(const ParamInfo& p) {
   return p.shape.size() == 2 ? p.shape[1] : p.numel;
@@ -87,6 +83,10 @@ std::pair<int64_t, int64_t> dp_range(const ParamLayout& l, const Topology& t) {
 
 }  // namespace
 
+bool zero1_on(const Config& cfg, const Topology& t) {
+  return cfg.parallel.zero1 && t.dp > 1;
+}
+
 ParamLayout rank_layout(const Config& cfg, const Topology& topo) {
   return ParamLayout::make(ModelDims::from(cfg.model, topo, cfg.parallel.sequence_parallel,
                                            cfg.parallel.pipeline_layers),
@@ -110,8 +110,8 @@ std::vector<ShardPiece> owned_pieces(const Config& cfg, const Topology& topo,
                                                        {TensorSetId::exp_avg_sq, bufs.exp_avg_sq}};
   for (auto [set, base] : sets) {
     // Where the buffer starts in the flat layout: the Adam states of a ZeRO-1 shard start at
-    // its range; everything else is whole.
-    const int64_t origin = set != TensorSetId::params && zero1 ? begin : 0;
+    // its range, the masters where the caller says; everything else is whole.
+    const int64_t origin = set == TensorSetId::params ? bufs.params_origin : zero1 ? begin : 0;
     for (const ParamInfo& p : layout.tensors) {
       const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
       if (!owns(p) || lo >= hi) continue;

@@ -22,12 +22,18 @@
 
 namespace tr {
 
+// ZeRO-1 is on: parallel.zero1 with more than one data-parallel rank. Then each dp rank keeps
+// the Adam states (and, with a separate compute copy, the fp32 masters) of its 1/dp of the
+// flat buffer, whose capacity is a multiple of dp.
+bool zero1_on(const Config& cfg, const Topology& topo);
+
 // The parameter layout of the rank at `topo` under `cfg` (as build_model makes it).
 ParamLayout rank_layout(const Config& cfg, const Topology& topo);
 
 // This rank's flat buffers as the checkpoint sees them; null when describing another rank.
 struct RankBuffers {
-  const float* params = nullptr;   // [layout.total]
+  const float* params = nullptr;   // the fp32 masters from flat element params_origin on:
+  int64_t params_origin = 0;       // [layout.total] (0), or this rank's ZeRO-1 shard
   const float* exp_avg = nullptr;  // Adam m: [layout.total], or this rank's ZeRO-1 shard
   const float* exp_avg_sq = nullptr;
 };
