@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "kernels/core/bf16.h"
 #include "kernels/core/check.h"
 #include "kernels/core/exit_codes.h"
 
@@ -127,12 +128,39 @@ MPI_Datatype mpi_type(DType dtype) {
     case DType::i32:
       return MPI_INT32_T;
     case DType::bf16:
-      return MPI_UINT16_T;  // moved, never reduced (no MPI bf16 arithmetic)
+      return MPI_UINT16_T;  // reduced by the user-defined ops below (MPI has no bf16)
   }
   return MPI_DATATYPE_NULL;
 }
 
-MPI_Op mpi_op(ReduceOp op) {
+// bf16 reductions as MPI user-defined operations over uint16 words: each pair is widened to
+// fp32, combined and rounded back to nearest even, as NCCL's bf16 sum does per step.
+template <bool kSum>
+void bf16_combine(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) {
+    const float x = bf16_to_f32(a[i]), y = bf16_to_f32(b[i]);
+    b[i] = f32_to_bf16(kSum ? x + y : std::max(x, y));
+  }
+}
+
+MPI_Op bf16_op(ReduceOp op) {
+  static const MPI_Op sum = [] {
+    MPI_Op o;
+    MPI_Op_create(&bf16_combine<true>, /*commute=*/1, &o);
+    return o;
+  }();
+  static const MPI_Op max = [] {
+    MPI_Op o;
+    MPI_Op_create(&bf16_combine<false>, /*commute=*/1, &o);
+    return o;
+  }();
+  return op == ReduceOp::sum ? sum : max;
+}
+
+MPI_Op mpi_op(ReduceOp op, DType dtype) {
+  if (dtype == DType::bf16) return bf16_op(op);
   return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
 }
 
@@ -141,10 +169,6 @@ int count_of(const Tensor& t) {
   TR_ASSERT(t.numel() <= INT_MAX,
             "MPI message of " + std::to_string(t.numel()) + " elements; split it");
   return static_cast<int>(t.numel());
-}
-
-void check_reducible(const Tensor& t) {
-  TR_ASSERT(t.dtype != DType::bf16, "MPI cannot reduce bf16 tensors");
 }
 
 void abort_all_ranks(int code) {
@@ -171,10 +195,9 @@ class MpiComm final : public Comm {
   MPI_Comm handle() const { return comm_; }
 
   void all_reduce(Tensor buf, ReduceOp op) override {
-    check_reducible(buf);
     Watched w("all_reduce", name_, rank_, size_);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype), mpi_op(op),
-                            comm_),
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype),
+                            mpi_op(op, buf.dtype), comm_),
               name_);
   }
   void all_gather(Tensor out, Tensor in) override {
@@ -189,13 +212,12 @@ class MpiComm final : public Comm {
               name_);
   }
   void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    check_reducible(in);
     TR_ASSERT(in.numel() == out.numel() * size_ && out.dtype == in.dtype,
               "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size_) +
                   " x out " + out.shape_str());
     Watched w("reduce_scatter", name_, rank_, size_);
     MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
-                                       mpi_op(op), comm_),
+                                       mpi_op(op, in.dtype), comm_),
               name_);
   }
   void broadcast(Tensor buf, int root) override {
@@ -233,20 +255,18 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Barrier(comm_), name_);
   }
   void all_reduce_start(Tensor buf, ReduceOp op) override {
-    check_reducible(buf);
     MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype), mpi_op(op),
-                             comm_, &req),
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype),
+                             mpi_op(op, buf.dtype), comm_, &req),
               name_);
     track(req);
   }
   void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
-    check_reducible(in);
     TR_ASSERT(rank_ != root || (out.numel() == in.numel() && out.dtype == in.dtype),
               "reduce: out " + out.shape_str() + " must match in " + in.shape_str());
     MPI_Request req;
     MPI_CHECK(MPI_Ireduce(in.data, rank_ == root ? out.data : nullptr, count_of(in),
-                          mpi_type(in.dtype), mpi_op(op), root, comm_, &req),
+                          mpi_type(in.dtype), mpi_op(op, in.dtype), root, comm_, &req),
               name_);
     track(req);
   }

@@ -3,6 +3,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -38,6 +39,49 @@ TEST_CASE("comm: all-reduce sum and max of rank-valued vectors", "[comm]") {
   std::vector<int32_t> k = {r * 10};
   w->all_reduce(Tensor(k.data(), DType::i32, Device::cpu, {1}), ReduceOp::sum);
   CHECK(k[0] == 5 * n * (n - 1));
+}
+
+// bf16 (gradient reduction in bf16, parallel.grad_reduce_dtype): MPI has no bf16 type, so sums
+// and maxima go through our own operations. Small integers are exact in bf16; 1 + 2^-8 per rank
+// is not, and each partial sum rounds to bf16, so the result is one of the roundings the
+// ranks' order allows, equal on every rank and in every repetition.
+TEST_CASE("comm: bf16 all-reduce, reduce and reduce-scatter", "[comm]") {
+  auto w = world_comm();
+  const int r = w->rank(), n = w->size();
+  auto bf16 = [](std::vector<uint16_t>& v) {
+    return Tensor(v.data(), DType::bf16, Device::cpu, {static_cast<int64_t>(v.size())});
+  };
+  std::vector<uint16_t> v = {f32_to_bf16(1.0f * (r + 1)), f32_to_bf16(-2.0f * r)};
+  w->all_reduce(bf16(v), ReduceOp::sum);
+  CHECK(bf16_to_f32(v[0]) == n * (n + 1) / 2.0f);
+  CHECK(bf16_to_f32(v[1]) == -1.0f * n * (n - 1));
+  std::vector<uint16_t> m = {f32_to_bf16(static_cast<float>(r))};
+  w->all_reduce(bf16(m), ReduceOp::max);
+  CHECK(bf16_to_f32(m[0]) == n - 1);
+  // Started and completed like a gradient bucket; the same bits as the blocking one.
+  std::vector<uint16_t> a = {f32_to_bf16(1.00390625f)}, b = a;
+  w->all_reduce(bf16(a), ReduceOp::sum);
+  w->all_reduce_start(bf16(b), ReduceOp::sum);
+  w->wait_all();
+  CHECK(a == b);
+  CHECK(std::abs(bf16_to_f32(a[0]) - 1.00390625f * n) <= 0.01f * n);
+  std::vector<uint16_t> all = {a[0]};
+  std::vector<uint16_t> gathered(n);
+  w->all_gather(bf16(gathered), bf16(all));
+  for (int q = 0; q < n; ++q) CHECK(gathered[q] == a[0]);  // every rank agrees
+  // Reduce into the last rank (ZeRO-1 buckets).
+  std::vector<uint16_t> in = {f32_to_bf16(3.0f), f32_to_bf16(0.5f * r)}, out(2, 0);
+  w->reduce_start(r == n - 1 ? bf16(out) : Tensor(), bf16(in), n - 1, ReduceOp::sum);
+  w->wait_all();
+  if (r == n - 1) {
+    CHECK(bf16_to_f32(out[0]) == 3.0f * n);
+    CHECK(bf16_to_f32(out[1]) == 0.25f * n * (n - 1));
+  }
+  std::vector<uint16_t> big(2 * n), mine(2);
+  for (int j = 0; j < 2 * n; ++j) big[j] = f32_to_bf16(static_cast<float>(j + r));
+  w->reduce_scatter(bf16(mine), bf16(big), ReduceOp::sum);
+  for (int k = 0; k < 2; ++k)
+    CHECK(bf16_to_f32(mine[k]) == n * (2.0f * r + k) + n * (n - 1) / 2.0f);
 }
 
 TEST_CASE("comm: all-gather, reduce-scatter and broadcast", "[comm]") {

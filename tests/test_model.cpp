@@ -476,6 +476,17 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   // of the bf16 compute copy all-gathered in.
   CHECK(p->dp_bytes == Approx(0.5 * static_cast<double>(arena_bytes(DType::f32, stage0)) +
                               0.5 * static_cast<double>(arena_bytes(DType::bf16, stage0))));
+  // Reduced in bf16: the gradients' half of that traffic halves; the optimizer holds a bf16
+  // copy of the flat buffer and of its shard (2 + 1 bytes per parameter here) to reduce from.
+  Config bf = cfg;
+  bf.parallel.grad_reduce_dtype = "bf16";
+  absl::StatusOr<Plan> q = make_plan(bf, gpu, 1, 8);
+  REQUIRE(q.ok());
+  CHECK(q->dp_bytes == Approx(0.25 * static_cast<double>(arena_bytes(DType::f32, stage0)) +
+                              0.5 * static_cast<double>(arena_bytes(DType::bf16, stage0))));
+  CHECK(q->stages[0].optimizer - p->stages[0].optimizer ==
+        static_cast<double>(arena_bytes(DType::bf16, stage0) +
+                            arena_bytes(DType::bf16, stage0 / 2)));
   CHECK(p->fits);
 }
 

@@ -80,6 +80,11 @@ const std::vector<Field>& fields() {
                "start each bucket's reduction as soon as backward has finished its gradients "
                "(with sequence_parallel, each layer's norm gradients are summed over TP as "
                "backward finishes the layer)"),
+      TR_FIELD(parallel, grad_reduce_dtype, String, 0, 0,
+               "type of the data-parallel gradient reduction: fp32 (exact sums of the fp32 "
+               "gradients), or bf16 (each bucket rounded to bf16 and summed in bf16: half the "
+               "traffic; the accumulation over micro-batches stays fp32)",
+               {"fp32", "bf16"}),
       TR_FIELD(parallel, comm, String, 0, 0,
                "GPU communication: nccl (one rank per GPU), or mpi (device tensors staged through "
                "host memory; lets several ranks share one GPU, for tests)",

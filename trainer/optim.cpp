@@ -55,8 +55,25 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
   configure_dp(bucket_elems_, false);
 }
 
-void AdamW::configure_dp(int64_t bucket_elems, bool overlap) {
+size_t AdamW::reduce_staging_bytes(int64_t capacity, int dp, bool zero1, DType reduce_dtype) {
+  if (reduce_dtype == DType::f32 || dp <= 1) return 0;
+  return arena_bytes(reduce_dtype, capacity) +
+         (zero1 ? arena_bytes(reduce_dtype, capacity / dp) : 0);
+}
+
+void AdamW::configure_dp(int64_t bucket_elems, bool overlap, DType reduce_dtype) {
   TR_ASSERT(bucket_elems > 0, "bucket size must be positive");
+  TR_ASSERT(reduce_dtype == DType::f32 || reduce_dtype == DType::bf16,
+            "gradients are reduced in fp32 or bf16");
+  const int dp = dp_ != nullptr ? dp_->size() : 1;
+  lp_arena_.reset();
+  lp_grads_ = lp_shard_ = Tensor();
+  if (const size_t bytes = reduce_staging_bytes(model_.layout().capacity, dp, zero1_, reduce_dtype);
+      bytes > 0) {
+    lp_arena_ = std::make_unique<Arena>(bytes, ctx_.device);
+    lp_grads_ = lp_arena_->alloc(reduce_dtype, {model_.layout().capacity});
+    if (zero1_) lp_shard_ = lp_arena_->alloc(reduce_dtype, {shard_size_});
+  }
   bucket_elems_ = bucket_elems;
   overlap_ = overlap && dp_ != nullptr && dp_->size() > 1;
   const int64_t n = (model_.layout().total + bucket_elems - 1) / bucket_elems;
@@ -82,11 +99,17 @@ void AdamW::start_bucket(int64_t b) {
   const auto [lo, hi] = bucket_range(b);
   Tensor g = model_.grads();
   bucket_started_[b] = true;
+  Tensor shard = grad_shard_;
+  if (!lp_grads_.empty()) {  // reduced in bf16: round the bucket, reduce the copy
+    cast(ctx_, lp_grads_.slice(lo, hi - lo), g.slice(lo, hi - lo));
+    g = lp_grads_;
+    shard = lp_shard_;
+  }
   if (!zero1_) return dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);
   // ZeRO-1: each piece of the bucket is summed into the rank whose shard holds it.
   for (int64_t r = lo / shard_size_; r * shard_size_ < hi; ++r) {
     const int64_t a = std::max(lo, r * shard_size_), c = std::min(hi, (r + 1) * shard_size_);
-    const Tensor out = r == dp_->rank() ? grad_shard_.slice(a - shard_begin_, c - a) : Tensor();
+    const Tensor out = r == dp_->rank() ? shard.slice(a - shard_begin_, c - a) : Tensor();
     dp_->reduce_start(out, g.slice(a, c - a), static_cast<int>(r), ReduceOp::sum);
   }
 }
@@ -108,6 +131,12 @@ double AdamW::reduce_and_clip() {
         start_bucket(static_cast<int64_t>(b));
     }
     dp_->wait_all();
+    if (!lp_grads_.empty()) {  // the bf16 sums back into the fp32 buffer the update reads
+      if (zero1_)
+        cast(ctx_, grad_shard_, lp_shard_);
+      else
+        cast(ctx_, model_.grads(), lp_grads_.slice(0, model_.layout().total));
+    }
     std::fill(bucket_final_.begin(), bucket_final_.end(), 0);
     std::fill(bucket_started_.begin(), bucket_started_.end(), false);
   }

@@ -37,8 +37,13 @@ class AdamW {
         Comm* tp = nullptr, Comm* pp = nullptr);
   // Data-parallel buckets of `bucket_elems` gradient elements (all-reduced, or under ZeRO-1
   // reduced piecewise into the ranks whose shards hold them); with `overlap` buckets start as
-  // soon as grads_final() has covered them.
-  void configure_dp(int64_t bucket_elems, bool overlap);
+  // soon as grads_final() has covered them. With `reduce_dtype` bf16 each bucket is rounded to
+  // bf16 and reduced in bf16 (half the traffic; the accumulation over micro-batches stays fp32
+  // in the gradient buffer), then widened back: into a bf16 staging copy of the flat buffer.
+  void configure_dp(int64_t bucket_elems, bool overlap, DType reduce_dtype = DType::f32);
+  // Bytes of the staging a bf16 reduction needs beside the gradients (0 for fp32): the flat
+  // buffer's `capacity` in bf16, and under ZeRO-1 the shard's reduced bf16 values.
+  static size_t reduce_staging_bytes(int64_t capacity, int dp, bool zero1, DType reduce_dtype);
   bool overlaps_dp() const { return overlap_; }
   // The gradients in [begin, end) of the flat buffer are final for this step: starts the
   // all-reduce of every bucket they complete. Each range is reported at most once per step.
@@ -77,6 +82,9 @@ class AdamW {
   std::unique_ptr<Arena> arena_;
   Tensor m_, v_;       // [shard_size] Adam first and second moments
   Tensor grad_shard_;  // [shard_size] this rank's summed gradient shard (zero1 only)
+  // bf16 reduction (configure_dp): the buckets rounded to bf16, and the reduced shard (zero1).
+  std::unique_ptr<Arena> lp_arena_;
+  Tensor lp_grads_, lp_shard_;
   int64_t bucket_elems_ = int64_t{1} << 25;
   bool overlap_ = false;
   std::vector<int64_t> bucket_final_;  // final elements of each bucket this step

@@ -11,6 +11,7 @@
 #include "kernels/core/tensor.h"
 #include "parallel/topology.h"
 #include "trainer/model.h"
+#include "trainer/optim.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
 #include "yaml-cpp/yaml.h"
@@ -151,6 +152,9 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     m.optimizer_without_zero1 = 2.0 * static_cast<double>(arena_bytes(DType::f32, total));
     m.optimizer = zero1 ? 3.0 * static_cast<double>(arena_bytes(DType::f32, capacity / topo->dp))
                         : m.optimizer_without_zero1;
+    // bf16 gradient reduction's staging (AdamW's own count).
+    m.optimizer += static_cast<double>(AdamW::reduce_staging_bytes(
+        capacity, topo->dp, zero1, par.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32));
     m.workspace = static_cast<double>(kCudaWorkspaceBytes);
     m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
     plan.fits = plan.fits && m.total() <= gpu.memory_bytes;
@@ -201,8 +205,9 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   const double grads = static_cast<double>(plan.stages[0].grads);
   // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
   // compute copy all-gathered.
-  plan.dp_bytes = zero1 ? ring_half(grads, dp) + ring_half(plan.stages[0].compute_copy, dp)
-                        : ring_all_reduce(grads, dp);
+  const double reduced = par.grad_reduce_dtype == "bf16" ? grads / 2 : grads;  // bytes on the wire
+  plan.dp_bytes = zero1 ? ring_half(reduced, dp) + ring_half(plan.stages[0].compute_copy, dp)
+                        : ring_all_reduce(reduced, dp);
 
   // Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication
   // (TP over NVLink inside a node, PP and DP over the network when they cross nodes).
