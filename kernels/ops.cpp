@@ -2,6 +2,8 @@
 // non-empty tensors), then run the backend of ctx.device.
 #include "kernels/ops.h"
 
+#include <cstring>
+
 #include <array>
 #include <initializer_list>
 #include <string>
@@ -307,7 +309,41 @@ void cast(Ctx& ctx, Tensor out, Tensor in) {
 double sum_squares(Ctx& ctx, Tensor x) {
   const OpCheck c(ctx, "sum_squares", {{"x", x}});
   c.same_float_dtype({x});
+  count_host_sync();
   TR_DISPATCH(sum_squares, x);
+}
+
+void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x) {
+  const OpCheck c(ctx, "accumulate_sum", {{"acc", acc}, {"x", x}});
+  c.same_float_dtype({x});
+  OP_CHECK(c, acc.dtype == DType::f64 && acc.numel() == 1);
+  TR_DISPATCH(accumulate_sum, acc, x, /*squares=*/false);
+}
+
+void accumulate_sum_squares(Ctx& ctx, Tensor acc, Tensor x) {
+  const OpCheck c(ctx, "accumulate_sum_squares", {{"acc", acc}, {"x", x}});
+  c.same_float_dtype({x});
+  OP_CHECK(c, acc.dtype == DType::f64 && acc.numel() == 1);
+  TR_DISPATCH(accumulate_sum, acc, x, /*squares=*/true);
+}
+
+void read_f64(Ctx& ctx, Tensor src, double* out) {
+  TR_ASSERT(src.dtype == DType::f64 && src.device == ctx.device, "read_f64: f64 on ctx's device");
+  count_host_sync();
+#ifdef TRAINER_HAVE_CUDA
+  if (ctx.device == Device::cuda) return cuda::read_f64(ctx, src, out);
+#endif
+  std::memcpy(out, src.data, src.nbytes());
+}
+
+void upload_async(Ctx& ctx, Tensor dst, Tensor src) {
+  TR_ASSERT(dst.dtype == src.dtype && dst.numel() == src.numel() && src.device == Device::cpu &&
+                dst.device == ctx.device,
+            "upload_async: " + src.shape_str() + " from the host into " + dst.shape_str());
+#ifdef TRAINER_HAVE_CUDA
+  if (ctx.device == Device::cuda) return cuda::upload_async(ctx, dst, src);
+#endif
+  std::memcpy(dst.data, src.data, src.nbytes());
 }
 
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
@@ -406,6 +442,7 @@ DeviceInfo device_info(const Ctx& ctx) {
 }
 
 void synchronize(const Ctx& ctx) {
+  count_host_sync();
 #ifdef TRAINER_HAVE_CUDA
   if (ctx.device == Device::cuda) cuda::synchronize(ctx);
 #endif

@@ -83,7 +83,18 @@ void scale_(Ctx& ctx, Tensor x, float s);
 // x = 0.
 void zero_(Ctx& ctx, Tensor x);
 // Sum of squares of x, accumulated in double (for the global gradient norm). Deterministic.
+// Reads the value back: a host sync.
 double sum_squares(Ctx& ctx, Tensor x);
+// acc [1] f64 += sum of x, or of its squares, on the device (no host sync). Deterministic: the
+// same partial sums in the same order on every call (the step's loss and gradient norm,
+// summed on the device and read once per step).
+void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x);
+void accumulate_sum_squares(Ctx& ctx, Tensor acc, Tensor x);
+// The f64 values of `src` (a few, on ctx's device) on the host: one host sync.
+void read_f64(Ctx& ctx, Tensor src, double* out);
+// dst (on ctx's device) = src (host memory, pinned on CUDA), queued on ctx's stream: no host
+// sync; src must not change until the stream has passed the copy.
+void upload_async(Ctx& ctx, Tensor dst, Tensor src);
 // out = in converted to out's dtype (f32, f64, bf16; round to nearest even), same numel.
 void cast(Ctx& ctx, Tensor out, Tensor in);
 
@@ -136,7 +147,7 @@ struct DeviceInfo {
   double memory_used_mib;  // device memory in use (total - free), 0 on the CPU
 };
 DeviceInfo device_info(const Ctx& ctx);
-// Waits until everything queued on ctx's stream has run (no-op on the CPU).
+// Waits until everything queued on ctx's stream has run (no-op on the CPU): a host sync.
 void synchronize(const Ctx& ctx);
 
 }  // namespace tr

@@ -326,6 +326,33 @@ TEST_CASE("cli: bf16 gradient reduction is within 1e-2 of fp32 and repeats bit f
   }
 }
 
+// A step waits for the device once: the step's loss sum and squared gradient norm are summed on
+// the device and read together, the micro-batches' tokens uploaded ahead of them. The CPU backend
+// counts the operations that would wait on a GPU (metrics host_syncs), so this holds the GPU's
+// step to it under every layout and option; evaluations and saves (between steps) do not count.
+TEST_CASE("cli: every step waits for the device once, under every layout", "[cli][mpi]") {
+  const std::string shape =
+      " --set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8"
+      " --set model.num_layers=4 --set train.micro_batch=1 --set train.eval_interval=2"
+      " --set checkpoint.interval=3";
+  for (const std::string layout :
+       {std::string(""),
+        std::string(" --set parallel.tp=2 --set parallel.pp=2"
+                    " --set parallel.sequence_parallel=true"
+                    " --set train.recompute=selective"),
+        std::string(
+            " --set parallel.pp=2 --set parallel.zero1=true"
+            " --set parallel.dp_bucket_elems=3000 --set parallel.grad_reduce_dtype=bf16")}) {
+    RunDir run(6);
+    CmdResult r = layout.empty() ? run.trainer(shape) : run.mpirun(4, shape + layout);
+    INFO(layout << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    const std::vector<nlohmann::json> steps = run.metrics();
+    REQUIRE(steps.size() == 6);
+    for (const nlohmann::json& j : steps) CHECK(j["host_syncs"].get<int64_t>() == 1);
+  }
+}
+
 // The layouts (tp, pp, dp) of the issue, at the same global batch: losses, validation loss,
 // final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
 TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match one rank",

@@ -397,6 +397,47 @@ TEST_CASE("cuda: add, scale, cast and the deterministic sum of squares match the
   }
 }
 
+// The step's scalars on the device (one read per step): sums and sums of squares added into an
+// f64 accumulator match the CPU's, repeat bit for bit, and a pinned upload lands.
+TEST_CASE("cuda: device-side loss and norm accumulators, and the pinned token upload", "[gpu]") {
+  GpuCtx g;
+  std::mt19937 rng(8);
+  for (DType dt : kTypes) {
+    const int64_t n = (int64_t{1} << 20) + 7;
+    std::vector<float> a = random_values(n, rng, dt);
+    double want_sum = 0, want_sq = 0;
+    for (float v : a) want_sum += v, want_sq += static_cast<double>(v) * v;
+    Dev d_a(dt, {n}, a);
+    Buffer acc_buf(2 * sizeof(double), Device::cuda);
+    Tensor acc(acc_buf.data(), DType::f64, Device::cuda, {2});
+    zero_(g.ctx, acc);
+    accumulate_sum(g.ctx, acc.slice(0, 1), d_a.t);
+    accumulate_sum_squares(g.ctx, acc.slice(1, 1), d_a.t);
+    accumulate_sum_squares(g.ctx, acc.slice(1, 1), d_a.t);  // accumulates
+    double got[2];
+    const int64_t syncs = host_sync_count();
+    read_f64(g.ctx, acc, got);
+    CHECK(host_sync_count() == syncs + 1);
+    INFO(dtype_name(dt));
+    CHECK(std::abs(got[0] - want_sum) <= 1e-9 * want_sq);
+    CHECK(std::abs(got[1] / (2 * want_sq) - 1) < 1e-12);
+    CHECK(got[1] == 2 * sum_squares(g.ctx, d_a.t));  // the same partials as sum_squares
+  }
+  std::vector<int32_t> ids(4096);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 37 % 151936);
+  Buffer pinned = Buffer::pinned(ids.size() * 4);
+  std::memcpy(pinned.data(), ids.data(), ids.size() * 4);
+  Buffer dev(ids.size() * 4, Device::cuda);
+  const int64_t m = static_cast<int64_t>(ids.size());
+  upload_async(g.ctx, Tensor(dev.data(), DType::i32, Device::cuda, {m}),
+               Tensor(pinned.data(), DType::i32, Device::cpu, {m}));
+  std::vector<int32_t> back(ids.size());
+  synchronize(g.ctx);
+  copy_tensor(Tensor(back.data(), DType::i32, Device::cpu, {m}),
+              Tensor(dev.data(), DType::i32, Device::cuda, {m}));
+  CHECK(back == ids);
+}
+
 TEST_CASE("cuda: adamw matches the CPU and writes the bf16 compute copy", "[gpu]") {
   GpuCtx g;
   std::mt19937 rng(6);

@@ -73,7 +73,6 @@ P2P p2p_of(Session& s, const PipeAction& a, int slot) {
 
 // How a step's pipeline ended: run to the end, or cut at a micro-batch boundary by a stop poll.
 struct PipelineRun {
-  double loss = 0;    // loss sum of the micro-batches run (non-zero on the last stage only)
   bool cut = false;   // a stop poll cut the step: its gradients are partial, nothing is applied
   bool stop = false;  // a rank asked to stop (the step may still have run to the end)
 };
@@ -122,8 +121,7 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
       const data::MicroBatch& mb = mbs[a.micro_batch];
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "F", a.micro_batch);
       s.model->forward_stage(slot, mb.inputs.data());
-      if (s.topo.last_stage())
-        run.loss += s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
+      if (s.topo.last_stage()) s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
     } else {
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "B", a.micro_batch);
       // The last micro-batch's backward finishes each layer's gradients: DP buckets start.
@@ -140,19 +138,40 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
   return run;
 }
 
+// The batch's token ids and targets on the device for the time of one step (or evaluation
+// batch): uploaded ahead of its micro-batches, forgotten at the end (the arrays are freed).
+class UploadedTokens {
+ public:
+  UploadedTokens(Session& s, const data::StepBatch& batch) : s_(s) {
+    std::vector<const int32_t*> inputs, targets;
+    for (const data::MicroBatch& mb : batch.micro_batches) {
+      inputs.push_back(mb.inputs.data());
+      targets.push_back(mb.targets.data());
+    }
+    s_.model->upload_tokens(inputs, targets);
+  }
+  ~UploadedTokens() { s_.model->forget_tokens(); }
+  UploadedTokens(const UploadedTokens&) = delete;
+  UploadedTokens& operator=(const UploadedTokens&) = delete;
+
+ private:
+  Session& s_;
+};
+
 // Forward only, micro-batch after micro-batch down the pipeline; the loss sum (last stage).
 double forward_pipeline(Session& s, const data::StepBatch& batch) {
   const int stage = s.topo.pp_rank;
-  double loss = 0;
+  const UploadedTokens uploaded(s, batch);
+  s.model->reset_step_scalars();
   for (const data::MicroBatch& mb : batch.micro_batches) {
     if (!s.topo.first_stage()) s.groups.pp->recv(s.model->stage_input(0), stage - 1);
     s.model->forward_stage(0, mb.inputs.data());
     if (s.topo.last_stage())
-      loss += s.model->stage_loss(0, mb.targets.data(), 0.0f, false);
+      s.model->stage_loss(0, mb.targets.data(), 0.0f, false);
     else
       s.groups.pp->send(s.model->stage_output(0), stage + 1);
   }
-  return loss;
+  return s.model->take_step_scalars().first;
 }
 
 struct StepOutcome {
@@ -266,6 +285,7 @@ void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64
 // embedding's gradient shared by the first and last stage, DP reduction, clip, AdamW.
 StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault& fault) {
   const auto t0 = Clock::now();
+  const int64_t syncs_before = host_sync_count();
   const int64_t step = s.state.step + 1;
   const int64_t tokens = s.cfg.train.global_batch * s.cfg.data.seq_len;
   const float grad_scale = 1.0f / static_cast<float>(tokens);  // mean over the global batch
@@ -283,6 +303,10 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   if (faulty_rank && fault.at(step, "slow"))
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (faulty_rank && fault.at(step, "sigterm")) std::raise(SIGTERM);
+  // From here to the end of the step the host waits for the device once: the loss sum and the
+  // squared gradient norm, read together (metrics: host_syncs).
+  const UploadedTokens uploaded(s, *batch);
+  s.model->reset_step_scalars();
   zero_(s.ctx, s.model->grads());
   const PipelineRun pipe = run_pipeline(s, *batch, grad_scale);
   if (pipe.cut) {  // partial gradients: nothing of this step is applied
@@ -290,24 +314,24 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     out.ran = false;
     return out;
   }
-  double loss_sum = pipe.loss;
-  if (faulty_rank) {
-    if (fault.at(step, "grad_nan")) {
-      float nan = std::numeric_limits<float>::quiet_NaN();
-      copy_tensor(s.model->grads().at(0, {1}), Tensor(&nan, DType::f32, Device::cpu, {1}));
-    }
-    if (fault.at(step, "loss_nan") && s.topo.last_stage())
-      loss_sum = std::numeric_limits<double>::quiet_NaN();
+  if (faulty_rank && fault.at(step, "grad_nan")) {
+    float nan = std::numeric_limits<float>::quiet_NaN();
+    copy_tensor(s.model->grads().at(0, {1}), Tensor(&nan, DType::f32, Device::cpu, {1}));
   }
-  const bool own_loss_bad = !std::isfinite(loss_sum);
   s.model->sync_replicated_grads();
-  all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
-  all_reduce_sum(*s.groups.dp, &loss_sum, 1);
   if (s.topo.pp > 1 && s.cfg.model.tie_embeddings && (s.topo.first_stage() || s.topo.last_stage()))
     s.groups.embed->all_reduce(s.model->grad(s.model->layout().find("embed_tokens/weight")),
                                ReduceOp::sum);
   const auto t1 = Clock::now();
-  m.grad_norm = s.opt->reduce_and_clip();
+  s.opt->reduce_grads();
+  s.opt->accumulate_norm(s.model->step_scalars().slice(1, 1));
+  auto [loss_sum, own_squares] = s.model->take_step_scalars();  // the step's host sync
+  if (faulty_rank && fault.at(step, "loss_nan") && s.topo.last_stage())
+    loss_sum = std::numeric_limits<double>::quiet_NaN();
+  const bool own_loss_bad = !std::isfinite(loss_sum);
+  all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
+  all_reduce_sum(*s.groups.dp, &loss_sum, 1);
+  m.grad_norm = s.opt->global_norm(own_squares);
   // TR_TRACE_DP=1: how many DP buckets had started during backward (world rank 0).
   static const bool trace_dp = std::getenv("TR_TRACE_DP") != nullptr;
   if (trace_dp && s.topo.rank == 0)
@@ -331,6 +355,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   if (v != StepGuard::Verdict::apply) {
     report_skip(s, guard, v, step, why, own_loss_bad);
   } else {
+    s.opt->clip(m.grad_norm);
     s.opt->update(m.lr, step);
     if (s.topo.pp > 1 && s.cfg.model.tie_embeddings &&
         (s.topo.first_stage() || s.topo.last_stage())) {
@@ -345,8 +370,11 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
       }
     }
   }
-  synchronize(s.ctx);  // a GPU step's time includes its last kernel
+  // No synchronize here: the update runs on while the next step's data is fetched, and the next
+  // step's read waits for it (so in steady state each step's time is its own). The grad_nan
+  // fault's copy is a sync of the fault, not the step's.
   m.optimizer_s = seconds_since(t1);
+  m.host_syncs = host_sync_count() - syncs_before - (faulty_rank && fault.at(step, "grad_nan"));
   m.step = step;
   m.tokens = tokens;
   m.step_time_s = seconds_since(t0);

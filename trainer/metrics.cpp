@@ -76,6 +76,7 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
                       {"step_time_s", m.step_time_s},
                       {"data_wait_s", m.data_wait_s},
                       {"optimizer_s", m.optimizer_s},
+                      {"host_syncs", m.host_syncs},
                       {"tflops_per_rank", flops / m.world / 1e12},
                       {"peak_mem_mib", m.peak_mem_mib},
                       {"tokens", m.tokens},

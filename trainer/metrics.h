@@ -14,7 +14,8 @@ struct StepMetrics {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, grad_norm = 0;
   double step_time_s = 0, data_wait_s = 0, optimizer_s = 0;
-  int64_t tokens = 0;          // tokens in this step (all ranks)
+  int64_t host_syncs = 0;  // times this rank's host waited for its device in the step (1 on a GPU)
+  int64_t tokens = 0;      // tokens in this step (all ranks)
   double flops_per_token = 0;  // training FLOPs per token (causal counting)
   double peak_flops = 0;       // dense peak of the device, 0 when unknown (CPU)
   int world = 1;

@@ -176,15 +176,6 @@ int64_t loss_chunk_tokens(int64_t tokens, int64_t vocab_local, DType logits_dtyp
 
 namespace {
 
-// Sum of a host tensor's values in double (the per-token losses of one chunk).
-double sum_host(Tensor t) {
-  TR_ASSERT(t.device == Device::cpu, "sum_host on a device tensor");
-  double s = 0;
-  for (int64_t i = 0; i < t.numel(); ++i)
-    s += t.dtype == DType::f64 ? t.ptr<double>()[i] : t.ptr<float>()[i];
-  return s;
-}
-
 // Any floating tensor's values as host floats (copied back from a device first).
 std::vector<float> to_host_floats(Tensor t) {
   const int64_t n = t.numel();
@@ -346,6 +337,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   a_->row_max = ar.alloc(sdtype_, {C});
   a_->sums = ar.alloc(sdtype_, {C, 2});
   a_->losses = ar.alloc(sdtype_, {C});
+  step_scalars_ = ar.alloc(DType::f64, {2});
   if (ctx_.device != Device::cpu) {
     a_->tokens = ar.alloc(DType::i32, {T});
     a_->targets = ar.alloc(DType::i32, {T});
@@ -353,11 +345,58 @@ void Qwen2Model::alloc_acts(Arena& ar) {
 }
 
 Tensor Qwen2Model::stage_tokens(const int32_t* host, int64_t n, Tensor device_buf) {
+  const int64_t T = batch_ * seq_len_;
+  const auto at = reinterpret_cast<uintptr_t>(host);
+  for (const auto& [array, offset] : uploaded_) {
+    const auto begin = reinterpret_cast<uintptr_t>(array);
+    if (at >= begin && at + n * sizeof(int32_t) <= begin + T * sizeof(int32_t))
+      return Tensor(static_cast<int32_t*>(staged_dev_.data()) + offset +
+                        static_cast<int64_t>((at - begin) / sizeof(int32_t)),
+                    DType::i32, ctx_.device, {n});
+  }
+  // Not uploaded ahead: copied now, which waits for the device (counted on the CPU too).
   Tensor h(const_cast<int32_t*>(host), DType::i32, Device::cpu, {n});
-  if (ctx_.device == Device::cpu) return h;
+  if (ctx_.device == Device::cpu) {
+    count_host_sync();
+    return h;
+  }
   Tensor d = device_buf.slice(0, n);
   copy_tensor(d, h);
   return d;
+}
+
+void Qwen2Model::upload_tokens(const std::vector<const int32_t*>& inputs,
+                               const std::vector<const int32_t*>& targets) {
+  const int64_t T = batch_ * seq_len_;
+  std::vector<const int32_t*> arrays = inputs;
+  arrays.insert(arrays.end(), targets.begin(), targets.end());
+  const size_t bytes = arrays.size() * static_cast<size_t>(T) * sizeof(int32_t);
+  if (staged_dev_.bytes() < bytes) {  // grown at the first step (nothing is in flight then)
+    staged_host_ = ctx_.device == Device::cpu ? Buffer(bytes, Device::cpu) : Buffer::pinned(bytes);
+    staged_dev_ = Buffer(bytes, ctx_.device);
+  }
+  // The previous upload from this pinned memory has run: the last step's end read the
+  // scalars, which waited for every earlier copy on the stream.
+  uploaded_.clear();
+  auto* host = static_cast<int32_t*>(staged_host_.data());
+  for (size_t i = 0; i < arrays.size(); ++i) {
+    std::memcpy(host + i * T, arrays[i], static_cast<size_t>(T) * sizeof(int32_t));
+    uploaded_.emplace_back(arrays[i], static_cast<int64_t>(i) * T);
+  }
+  const auto n = static_cast<int64_t>(arrays.size()) * T;
+  upload_async(ctx_, Tensor(staged_dev_.data(), DType::i32, ctx_.device, {n}),
+               Tensor(host, DType::i32, Device::cpu, {n}));
+}
+
+void Qwen2Model::reset_step_scalars() {
+  zero_(ctx_, step_scalars_);
+}
+
+std::pair<double, double> Qwen2Model::take_step_scalars() {
+  double v[2];
+  read_f64(ctx_, step_scalars_, v);
+  reset_step_scalars();
+  return {v[0], v[1]};
 }
 
 Tensor Qwen2Model::params() const {
@@ -615,12 +654,11 @@ void Qwen2Model::recompute_layer(int slot, int64_t l) {
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
 // assigned, the LM head gradient accumulated.
-double Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale, bool grad) {
+void Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale, bool grad) {
   TR_ASSERT(dims_.last_stage, "the loss is computed on the last pipeline stage");
   Acts& a = *a_;
   const Tensor lnf = a.slots[slot].lnf;
   const int64_t T = batch_ * seq_len_;
-  double total = 0;
   for (int64_t begin = 0; begin < T; begin += chunk_) {
     const int64_t n = std::min(chunk_, T - begin);
     Tensor logits = a.logits.slice(0, n), losses = a.losses.slice(0, n);
@@ -628,18 +666,11 @@ double Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale
     Tensor tgt = stage_tokens(targets + begin, n, a.targets);
     linear_fwd(ctx_, logits, x, w_.lm_head, Tensor());
     chunk_loss(losses, logits, tgt, grad_scale, grad);
-    if (losses.device == Device::cpu) {
-      total += sum_host(losses);
-    } else {
-      host_losses_.resize(static_cast<size_t>(n));
-      copy_tensor(Tensor(host_losses_.data(), DType::f32, Device::cpu, {n}), losses);
-      total += sum_host(Tensor(host_losses_.data(), DType::f32, Device::cpu, {n}));
-    }
+    accumulate_sum(ctx_, step_scalars_.slice(0, 1), losses);  // on the device: no host sync
     if (grad) linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head);
   }
   // Vocab-parallel LM head: each rank holds its share of d lnf.
   if (grad) reduce_to_local(a.dlnf, dims_.sequence_parallel ? a.dlnf_local : a.dlnf);
-  return total;
 }
 
 // One chunk's cross-entropy: in one step on a single rank; with the vocabulary split over TP,
@@ -714,10 +745,11 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
 double Qwen2Model::forward_backward(const int32_t* tokens, const int32_t* targets,
                                     float grad_scale) {
   TR_ASSERT(dims_.first_stage && dims_.last_stage, "forward_backward runs the whole model");
+  reset_step_scalars();
   forward_stage(0, tokens);
-  const double loss = stage_loss(0, targets, grad_scale, true);
+  stage_loss(0, targets, grad_scale, true);
   backward_stage(0, tokens);
-  return loss;
+  return take_step_scalars().first;
 }
 
 std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {

@@ -187,16 +187,32 @@ class Qwen2Model {
 
   // Forward, loss and backward of one micro-batch: tokens, targets i32 [batch * seq_len].
   // Gradients ACCUMULATE into grads() scaled by grad_scale (e.g. 1 / tokens in the global
-  // batch). Returns the sum of the per-token losses.
+  // batch). Returns the sum of the per-token losses (read back: a host sync).
   double forward_backward(const int32_t* tokens, const int32_t* targets, float grad_scale);
+
+  // A step without host syncs but one (trainer/loop.cpp): the step's scalars stay on the device,
+  // f64 [2]: [0] the sum of the per-token losses stage_loss has computed since the last reset,
+  // [1] the optimizer's squared gradient norm (AdamW::accumulate_norm). Both are read at once.
+  Tensor step_scalars() const { return step_scalars_; }
+  void reset_step_scalars();                      // both 0 (queued on the stream)
+  std::pair<double, double> take_step_scalars();  // read (one host sync), then reset
+  // The step's token ids and targets (one array of batch * seq_len each per micro-batch) to the
+  // device ahead of its micro-batches: copied into pinned host memory and uploaded with one
+  // asynchronous copy. forward_stage, stage_loss and backward_stage then read them there;
+  // arrays not uploaded are copied when used (a host sync each). forget_tokens() ends it (the
+  // host arrays may be freed then).
+  void upload_tokens(const std::vector<const int32_t*>& inputs,
+                     const std::vector<const int32_t*>& targets);
+  void forget_tokens() { uploaded_.clear(); }
   // Pipeline stages, one micro-batch at a time in activation slot `slot`:
   // forward_stage embeds `tokens` on the first stage, else starts from stage_input(slot) (the
-  // previous stage's output); stage_loss (last stage) adds the LM head and the loss, and with
-  // `grad` the head's backward; backward_stage starts from the loss on the last stage, else
-  // from recv_grad_buffer() (the next stage's input gradient), and leaves this stage's input
-  // gradient in send_grad_buffer() (or in the embedding's gradient on the first stage).
+  // previous stage's output); stage_loss (last stage) adds the LM head and the loss (its sum to
+  // step_scalars()[0]), and with `grad` the head's backward; backward_stage starts from the loss on
+  // the last stage, else from recv_grad_buffer() (the next stage's input gradient), and leaves this
+  // stage's input gradient in send_grad_buffer() (or in the embedding's gradient on the first
+  // stage).
   void forward_stage(int slot, const int32_t* tokens);
-  double stage_loss(int slot, const int32_t* targets, float grad_scale, bool grad);
+  void stage_loss(int slot, const int32_t* targets, float grad_scale, bool grad);
   void backward_stage(int slot, const int32_t* tokens);
   Tensor stage_input(int slot) const;   // [T, H]
   Tensor stage_output(int slot) const;  // [T, H]
@@ -249,8 +265,12 @@ class Qwen2Model {
   ParamLayout layout_;
   std::unique_ptr<Arena> param_arena_, act_arena_;
   Tensor params_, grads_, compute_;
-  int64_t masters_begin_ = 0;       // flat index of params_[0] (its ZeRO-1 shard's first element)
-  std::vector<float> host_losses_;  // one loss chunk, read back from the device
+  int64_t masters_begin_ = 0;  // flat index of params_[0] (its ZeRO-1 shard's first element)
+  Tensor step_scalars_;        // f64 [2] on the device (see step_scalars())
+  // upload_tokens: the staged arrays (pinned on the host, and on the device), and where each
+  // uploaded host array's copy starts in them (elements).
+  Buffer staged_host_, staged_dev_;
+  std::vector<std::pair<const int32_t*, int64_t>> uploaded_;
   size_t attention_workspace_ = 0;
   Memory memory_;
   Weights w_, g_;

@@ -118,46 +118,66 @@ Tensor AdamW::grad_shard() const {
   return zero1_ ? grad_shard_ : model_.grads();
 }
 
-double AdamW::reduce_and_clip() {
-  if (dp_ != nullptr && dp_->size() > 1) {
-    // Buckets in the same order on every rank: those backward started, in its order, then the
-    // rest from the front. Under ZeRO-1 each is reduced piecewise into its shards' owners (the
-    // padding tail of the last shard is never written and stays zero).
-    early_buckets_ = 0;
-    for (size_t b = 0; b < bucket_started_.size(); ++b) {
-      if (bucket_started_[b])
-        ++early_buckets_;
-      else
-        start_bucket(static_cast<int64_t>(b));
-    }
-    dp_->wait_all();
-    if (!lp_grads_.empty()) {  // the bf16 sums back into the fp32 buffer the update reads
-      if (zero1_)
-        cast(ctx_, grad_shard_, lp_shard_);
-      else
-        cast(ctx_, model_.grads(), lp_grads_.slice(0, model_.layout().total));
-    }
-    std::fill(bucket_final_.begin(), bucket_final_.end(), 0);
-    std::fill(bucket_started_.begin(), bucket_started_.end(), false);
+void AdamW::reduce_grads() {
+  if (dp_ == nullptr || dp_->size() <= 1) return;
+  // Buckets in the same order on every rank: those backward started, in its order, then the
+  // rest from the front. Under ZeRO-1 each is reduced piecewise into its shards' owners (the
+  // padding tail of the last shard is never written and stays zero).
+  early_buckets_ = 0;
+  for (size_t b = 0; b < bucket_started_.size(); ++b) {
+    if (bucket_started_[b])
+      ++early_buckets_;
+    else
+      start_bucket(static_cast<int64_t>(b));
   }
-  double sq = 0;
-  if (!zero1_ && tp_ == nullptr && pp_ == nullptr) {
-    sq = sum_squares(ctx_, grad_shard());
-  } else {  // tensor by tensor: replicated tensors count on TP rank 0 only
-    const int64_t end = std::min(shard_begin_ + shard_size_, model_.layout().total);
-    Tensor grads = grad_shard();
-    for (const ParamInfo& p : model_.layout().tensors) {
-      const int64_t lo = std::max(p.offset, shard_begin_), hi = std::min(p.offset + p.numel, end);
-      if (lo >= hi || p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0))
-        continue;
-      sq += sum_squares(ctx_, grads.at(zero1_ ? lo - shard_begin_ : lo, {hi - lo}));
-    }
-    for (Comm* c : {zero1_ ? dp_ : nullptr, tp_, pp_})  // the groups this rank's squares miss
-      if (c != nullptr) c->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
+  dp_->wait_all();
+  if (!lp_grads_.empty()) {  // the bf16 sums back into the fp32 buffer the update reads
+    if (zero1_)
+      cast(ctx_, grad_shard_, lp_shard_);
+    else
+      cast(ctx_, model_.grads(), lp_grads_.slice(0, model_.layout().total));
   }
-  const double norm = std::sqrt(sq);
+  std::fill(bucket_final_.begin(), bucket_final_.end(), 0);
+  std::fill(bucket_started_.begin(), bucket_started_.end(), false);
+}
+
+void AdamW::accumulate_norm(Tensor acc) const {
+  Ctx ctx = ctx_;
+  if (!zero1_ && tp_ == nullptr && pp_ == nullptr)
+    return accumulate_sum_squares(ctx, acc, grad_shard());
+  // Tensor by tensor: replicated tensors count on TP rank 0 only, the tied copy not at all.
+  const int64_t end = std::min(shard_begin_ + shard_size_, model_.layout().total);
+  Tensor grads = grad_shard();
+  for (const ParamInfo& p : model_.layout().tensors) {
+    const int64_t lo = std::max(p.offset, shard_begin_), hi = std::min(p.offset + p.numel, end);
+    if (lo >= hi || p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0))
+      continue;
+    accumulate_sum_squares(ctx, acc, grads.at(zero1_ ? lo - shard_begin_ : lo, {hi - lo}));
+  }
+}
+
+double AdamW::global_norm(double own_squares) const {
+  double sq = own_squares;
+  for (Comm* c : {zero1_ ? dp_ : nullptr, tp_, pp_})  // the groups this rank's squares miss
+    if (c != nullptr) c->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
+  return std::sqrt(sq);
+}
+
+void AdamW::clip(double norm) {
   if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip)
     scale_(ctx_, grad_shard(), static_cast<float>(cfg_.grad_clip / norm));
+}
+
+double AdamW::reduce_and_clip() {
+  reduce_grads();
+  if (own_norm_buf_.data() == nullptr) own_norm_buf_ = Buffer(sizeof(double), ctx_.device);
+  Tensor acc(own_norm_buf_.data(), DType::f64, ctx_.device, {1});
+  zero_(ctx_, acc);
+  accumulate_norm(acc);
+  double sq = 0;
+  read_f64(ctx_, acc, &sq);
+  const double norm = global_norm(sq);
+  clip(norm);
   return norm;
 }
 

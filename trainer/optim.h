@@ -52,8 +52,18 @@ class AdamW {
   // all of them.
   int early_buckets() const { return early_buckets_; }
   int buckets() const { return static_cast<int>(bucket_final_.size()); }
-  // Sums gradients over dp (starting the buckets not yet started, then waiting for all),
-  // returns their global L2 norm (before clipping) and clips them when it exceeds grad_clip.
+  // The end of a step's backward, in four parts so that the training loop reads the squared
+  // norm together with the loss, in its one host sync per step:
+  // 1. Sums gradients over dp (starting the buckets not yet started, then waiting for all).
+  void reduce_grads();
+  // 2. Adds this rank's share of the squared global norm to acc (f64 [1] on ctx's device), on
+  //    the device: every element counted once over the ranks (see above).
+  void accumulate_norm(Tensor acc) const;
+  // 3. The global L2 norm from this rank's share: summed over the groups it misses (host).
+  double global_norm(double own_squares) const;
+  // 4. Scales the gradients by grad_clip / norm when the norm exceeds grad_clip.
+  void clip(double norm);
+  // All four, reading the share itself (one host sync); returns the norm before clipping.
   double reduce_and_clip();
   // One update with learning rate `lr`; `step` is the 1-based optimizer step (bias correction).
   // With zero1 it ends by all-gathering the weights.
@@ -85,6 +95,7 @@ class AdamW {
   // bf16 reduction (configure_dp): the buckets rounded to bf16, and the reduced shard (zero1).
   std::unique_ptr<Arena> lp_arena_;
   Tensor lp_grads_, lp_shard_;
+  Buffer own_norm_buf_;  // reduce_and_clip's f64 accumulator
   int64_t bucket_elems_ = int64_t{1} << 25;
   bool overlap_ = false;
   std::vector<int64_t> bucket_final_;  // final elements of each bucket this step

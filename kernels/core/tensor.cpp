@@ -1,5 +1,7 @@
 #include "kernels/core/tensor.h"
 
+#include <atomic>
+
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/cuda_check.h"
 #endif
@@ -130,10 +132,24 @@ Buffer::~Buffer() {
   release();
 }
 
+Buffer Buffer::pinned(size_t bytes) {
+#ifdef TRAINER_HAVE_CUDA
+  Buffer b;
+  b.bytes_ = bytes;
+  if (bytes == 0) return b;
+  CUDA_CHECK(cudaHostAlloc(&b.data_, round_up(bytes), cudaHostAllocDefault));
+  b.pinned_ = true;
+  return b;
+#else
+  return Buffer(bytes, Device::cpu);
+#endif
+}
+
 Buffer::Buffer(Buffer&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       bytes_(std::exchange(other.bytes_, 0)),
-      device_(other.device_) {}
+      device_(other.device_),
+      pinned_(std::exchange(other.pinned_, false)) {}
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
@@ -141,6 +157,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
     device_ = other.device_;
+    pinned_ = std::exchange(other.pinned_, false);
   }
   return *this;
 }
@@ -151,9 +168,24 @@ void Buffer::release() {
     CUDA_CHECK(cudaFree(data_));
     data_ = nullptr;
   }
+  if (data_ && pinned_) {
+    CUDA_CHECK(cudaFreeHost(data_));
+    data_ = nullptr;
+  }
 #endif
   if (data_) std::free(data_);
   data_ = nullptr;
+}
+
+namespace {
+std::atomic<int64_t> g_host_syncs{0};
+}  // namespace
+
+void count_host_sync() {
+  g_host_syncs.fetch_add(1, std::memory_order_relaxed);
+}
+int64_t host_sync_count() {
+  return g_host_syncs.load(std::memory_order_relaxed);
 }
 
 void copy_tensor(Tensor dst, Tensor src) {
@@ -164,6 +196,7 @@ void copy_tensor(Tensor dst, Tensor src) {
     std::memmove(dst.data, src.data, src.nbytes());
     return;
   }
+  count_host_sync();
 #ifdef TRAINER_HAVE_CUDA
   CUDA_CHECK(cudaMemcpy(dst.data, src.data, src.nbytes(), cudaMemcpyDefault));
 #else

@@ -79,6 +79,9 @@ class Buffer {
  public:
   Buffer() = default;
   Buffer(size_t bytes, Device device);
+  // Page-locked host memory (cudaHostAlloc), which asynchronous copies to a device need; plain
+  // host memory without the CUDA backend. Call only when a GPU is in use.
+  static Buffer pinned(size_t bytes);
   ~Buffer();
   Buffer(Buffer&& other) noexcept;
   Buffer& operator=(Buffer&& other) noexcept;
@@ -94,6 +97,7 @@ class Buffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_ = Device::cpu;
+  bool pinned_ = false;
 };
 
 // Bump allocator over one Buffer: everything the step loop touches is carved out at start-up.
@@ -120,7 +124,13 @@ class Arena {
 size_t arena_bytes(DType dtype, int64_t numel);
 
 // Copies src into dst (same dtype and element count; any devices). Synchronous: for set-up,
-// tests and checkpoints, never the step loop.
+// tests and checkpoints, never the step loop (a copy to or from a device is a host sync).
 void copy_tensor(Tensor dst, Tensor src);
+
+// Host synchronisations: each time the host waits for the device (a copy between host and
+// device memory, a value read back, synchronize()). The operations that wait on a GPU count on
+// the CPU backend too, so that a CPU run shows the GPU step's count (metrics: host_syncs).
+void count_host_sync();
+int64_t host_sync_count();
 
 }  // namespace tr

@@ -40,6 +40,7 @@ void add(Ctx& ctx, Tensor out, Tensor a, Tensor b);
 void scale_(Ctx& ctx, Tensor x, float s);
 void zero_(Ctx& ctx, Tensor x);
 double sum_squares(Ctx& ctx, Tensor x);
+void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares);
 
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
                            int64_t vocab_valid, float grad_scale, bool compute_grad);

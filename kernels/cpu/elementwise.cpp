@@ -69,4 +69,16 @@ void cast(Ctx&, Tensor out, Tensor in) {
   for (int64_t i = 0, n = in.numel(); i < n; ++i) store_any(out, i, load_any(in, i));
 }
 
+// The sum of x (or of its squares) in double, then added to acc: the same value as
+// sum_squares() added on the host.
+void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares) {
+  double sum = 0.0;
+  if (squares) {
+    sum = cpu::sum_squares(ctx, x);
+  } else {
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) sum += load_any(x, i);
+  }
+  acc.ptr<double>()[0] += sum;
+}
+
 }  // namespace tr::cpu

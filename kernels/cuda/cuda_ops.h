@@ -88,6 +88,9 @@ void add(Ctx& ctx, Tensor out, Tensor a, Tensor b);
 void scale_(Ctx& ctx, Tensor x, float s);
 void zero_(Ctx& ctx, Tensor x);
 double sum_squares(Ctx& ctx, Tensor x);
+void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares);
+void upload_async(Ctx& ctx, Tensor dst, Tensor src);
+void read_f64(Ctx& ctx, Tensor src, double* out);
 void cast(Ctx& ctx, Tensor out, Tensor in);
 
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,

@@ -67,6 +67,17 @@ void synchronize(const Ctx& ctx) {
   CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
 }
 
+// After everything queued on ctx's stream: the copy is queued there and waited for.
+void read_f64(Ctx& ctx, Tensor src, double* out) {
+  CUDA_CHECK(cudaMemcpyAsync(out, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_of(ctx)));
+  CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
+}
+
+void upload_async(Ctx& ctx, Tensor dst, Tensor src) {
+  CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyHostToDevice,
+                             stream_of(ctx)));
+}
+
 std::string device_pci_bus_id(int index) {
   char id[32] = {};
   CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), index));

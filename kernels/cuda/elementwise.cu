@@ -32,25 +32,28 @@ __global__ void cast_kernel(To* out, const From* in, int64_t n) {
     out[i] = from_f<To>(to_f(in[i]));
 }
 
-// Pass 1: block b sums the squares of a grid-strided subset into partial[b] (double).
-template <class T>
+// Pass 1: block b sums the squares (or the values) of a grid-strided subset into partial[b]
+// (double).
+template <class T, bool kSquares = true>
 __global__ void sum_squares_partial(double* partial, const T* x, int64_t n) {
   double acc = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const double v = to_f(x[i]);
-    acc += v * v;
+    acc += kSquares ? v * v : v;
   }
   acc = block_sum(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
-// Pass 2: one block adds the kSumBlocks partials.
+// Pass 2: one block adds the kSumBlocks partials into *out (assigned, or with kAccumulate
+// added to it).
+template <bool kAccumulate = false>
 __global__ void sum_partials(double* out, const double* partial) {
   double acc = 0;
   for (int i = threadIdx.x; i < kSumBlocks; i += blockDim.x) acc += partial[i];
   acc = block_sum(acc);
-  if (threadIdx.x == 0) *out = acc;
+  if (threadIdx.x == 0) *out = kAccumulate ? *out + acc : acc;
 }
 
 }  // namespace
@@ -105,12 +108,31 @@ double sum_squares(Ctx& ctx, Tensor x) {
         <<<kSumBlocks, kThreads, 0, stream_of(ctx)>>>(partial, x.ptr<T>(), x.numel());
   });
   CUDA_CHECK_LAUNCH();
-  sum_partials<<<1, kThreads, 0, stream_of(ctx)>>>(total, partial);
+  sum_partials<false><<<1, kThreads, 0, stream_of(ctx)>>>(total, partial);
   CUDA_CHECK_LAUNCH();
   double host = 0;
   CUDA_CHECK(cudaMemcpyAsync(&host, total, sizeof(double), cudaMemcpyDeviceToHost, stream_of(ctx)));
   CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));
   return host;
+}
+
+// The same two passes as sum_squares, the total added to acc on the device: nothing is read back.
+// The workspace's partials are reused by the next op on the stream, after these kernels ran.
+void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares) {
+  Workspace ws(ctx, "accumulate_sum");
+  double* partial = ws.take<double>(kSumBlocks);
+  dispatch_float(x.dtype, "accumulate_sum", [&](auto tag) {
+    using T = decltype(tag);
+    if (squares)
+      sum_squares_partial<T, true>
+          <<<kSumBlocks, kThreads, 0, stream_of(ctx)>>>(partial, x.ptr<T>(), x.numel());
+    else
+      sum_squares_partial<T, false>
+          <<<kSumBlocks, kThreads, 0, stream_of(ctx)>>>(partial, x.ptr<T>(), x.numel());
+  });
+  CUDA_CHECK_LAUNCH();
+  sum_partials<true><<<1, kThreads, 0, stream_of(ctx)>>>(acc.ptr<double>(), partial);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tr::cuda
