@@ -335,7 +335,7 @@ TEST_CASE("cli: every step waits for the device once, under every layout", "[cli
       " --set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8"
       " --set model.num_layers=4 --set train.micro_batch=1 --set train.eval_interval=2"
       " --set checkpoint.interval=3";
-  for (const std::string layout :
+  for (const std::string& layout :
        {std::string(""),
         std::string(" --set parallel.tp=2 --set parallel.pp=2"
                     " --set parallel.sequence_parallel=true"
