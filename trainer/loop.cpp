@@ -125,10 +125,11 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
     } else {
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "B", a.micro_batch);
       // The last micro-batch's backward finishes each layer's gradients: DP buckets start.
-      const bool last = a.micro_batch == m - 1 && s.opt->overlaps_dp();
+      const bool last = a.micro_batch == m - 1 && s.opt->reducer().overlaps();
       if (last)
-        s.model->set_layer_grads_hook(
-            [&s](int64_t begin, int64_t end) { s.opt->grads_final(begin, end); });
+        s.model->set_layer_grads_hook([&s](int64_t begin, int64_t end) {
+          s.opt->reducer().grads_final(s.model->grads(), begin, end);
+        });
       s.model->backward_stage(slot, mbs[a.micro_batch].inputs.data());
       if (last) s.model->set_layer_grads_hook({});
     }
@@ -336,7 +337,8 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   static const bool trace_dp = std::getenv("TR_TRACE_DP") != nullptr;
   if (trace_dp && s.topo.rank == 0)
     std::fprintf(stderr, "step %lld: %d of %d dp buckets started during backward\n",
-                 static_cast<long long>(step), s.opt->early_buckets(), s.opt->buckets());
+                 static_cast<long long>(step), s.opt->reducer().early_buckets(),
+                 s.opt->reducer().buckets());
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   m.loss = loss_sum / static_cast<double>(tokens);
   if (fault.at(step, "loss_spike")) m.loss *= fault.arg;

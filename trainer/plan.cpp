@@ -148,13 +148,16 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     m.loss_chunk_logits = static_cast<double>(model.loss_chunk()) *
                           static_cast<double>(dims.vocab_local) * dtype_size(DType::bf16);
     const int64_t capacity = model.layout().capacity, total = model.layout().total;
-    // AdamW: m and v (and, under ZeRO-1, the reduced gradient shard) of this rank's range.
-    m.optimizer_without_zero1 = 2.0 * static_cast<double>(arena_bytes(DType::f32, total));
-    m.optimizer = zero1 ? 3.0 * static_cast<double>(arena_bytes(DType::f32, capacity / topo->dp))
-                        : m.optimizer_without_zero1;
-    // bf16 gradient reduction's staging (AdamW's own count).
-    m.optimizer += static_cast<double>(AdamW::reduce_staging_bytes(
-        capacity, topo->dp, zero1, par.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32));
+    // AdamW's m and v of this rank's range; the GradReducer's reduced gradient shard (ZeRO-1)
+    // and bf16 staging: their own counts.
+    const DType reduce = par.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+    m.optimizer_without_zero1 =
+        static_cast<double>(AdamW::state_bytes(capacity, total, topo->dp, false) +
+                            GradReducer::staging_bytes(capacity, topo->dp, false, reduce));
+    m.optimizer =
+        static_cast<double>(AdamW::state_bytes(capacity, total, topo->dp, zero1) +
+                            GradReducer::shard_bytes(capacity, topo->dp, zero1) +
+                            GradReducer::staging_bytes(capacity, topo->dp, zero1, reduce));
     m.workspace = static_cast<double>(kCudaWorkspaceBytes);
     m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
     plan.fits = plan.fits && m.total() <= gpu.memory_bytes;

@@ -452,8 +452,8 @@ absl::Status build_model(Session& r) {
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());
-  r.opt->configure_dp(r.cfg.parallel.dp_bucket_elems, r.cfg.parallel.overlap_dp,
-                      r.cfg.parallel.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
+  r.opt->reducer().configure(r.cfg.parallel.dp_bucket_elems, r.cfg.parallel.overlap_dp,
+                             r.cfg.parallel.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
   r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
   if (!r.resume_from.empty()) {
