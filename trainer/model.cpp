@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/ops.h"
+#include "parallel/tp_region.h"
 #include "trainer/init.h"
 
 namespace tr {
@@ -526,27 +527,25 @@ void Qwen2Model::init_weights(uint64_t seed, double std) {
 }
 
 void Qwen2Model::tp_sum(Tensor t) {
-  if (dims_.tp == 1) return;
-  TR_ASSERT(tp_ != nullptr && tp_->size() == dims_.tp, "tensor parallelism needs set_tp_comm()");
-  tp_->all_reduce(t, ReduceOp::sum);
+  TR_ASSERT(dims_.tp == 1 || (tp_ != nullptr && tp_->size() == dims_.tp),
+            "tensor parallelism needs set_tp_comm()");
+  tp::sum(tp_, t);
 }
 
-// The two ends of a TP region (Megatron's paired primitives). Without sequence parallelism the
-// full-sequence buffer is the local one: a partial sum is all-reduced in place and a gather is
-// nothing. With it, partial sums are reduce-scattered over the tokens and inputs all-gathered.
+// The two ends of a TP region (parallel/tp_region.h). Without sequence parallelism the
+// full-sequence buffer is the local one.
 Tensor Qwen2Model::full_or(Tensor local) const {
   return dims_.sequence_parallel ? a_->full : local;
 }
 
 void Qwen2Model::reduce_to_local(Tensor partial, Tensor local) {
-  if (!dims_.sequence_parallel) return tp_sum(partial);  // partial is local
-  tp_->reduce_scatter(local, partial, ReduceOp::sum);
+  TR_ASSERT(dims_.tp == 1 || (tp_ != nullptr && tp_->size() == dims_.tp),
+            "tensor parallelism needs set_tp_comm()");
+  tp::reduce_out(tp_, dims_.sequence_parallel, partial, local);
 }
 
 Tensor Qwen2Model::gather_tokens(Tensor local, Tensor full) {
-  if (!dims_.sequence_parallel) return local;
-  tp_->all_gather(full, local);
-  return full;
+  return tp::gather_in(tp_, dims_.sequence_parallel, local, full);
 }
 
 void Qwen2Model::sync_replicated_grads() {

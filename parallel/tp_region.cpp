@@ -1,0 +1,25 @@
+#include "parallel/tp_region.h"
+
+#include "kernels/core/check.h"
+
+namespace tr::tp {
+
+void sum(Comm* group, Tensor t) {
+  if (group == nullptr || group->size() == 1) return;
+  group->all_reduce(t, ReduceOp::sum);
+}
+
+void reduce_out(Comm* group, bool sequence_parallel, Tensor partial, Tensor local) {
+  if (!sequence_parallel) return sum(group, partial);  // partial is local
+  TR_ASSERT(group != nullptr, "sequence parallelism needs the TP group");
+  group->reduce_scatter(local, partial, ReduceOp::sum);
+}
+
+Tensor gather_in(Comm* group, bool sequence_parallel, Tensor local, Tensor full) {
+  if (!sequence_parallel) return local;
+  TR_ASSERT(group != nullptr, "sequence parallelism needs the TP group");
+  group->all_gather(full, local);
+  return full;
+}
+
+}  // namespace tr::tp
