@@ -36,7 +36,7 @@ int gpu_count() {
 // tolerance; checkpoints move between the GPU and the CPU; two GPU runs are bit-identical.
 TEST_CASE("cli gpu: train.backend=cuda trains on a GPU like the CPU", "[gpu]") {
   RunDir run(20), cpu(20);
-  CmdResult r = run.trainer("--set train.backend=cuda");
+  CmdResult r = run.trainer("--set train.backend=cuda --set train.deterministic=true");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   REQUIRE(cpu.trainer().exit_code == 0);
@@ -65,9 +65,10 @@ TEST_CASE("cli gpu: train.backend=cuda trains on a GPU like the CPU", "[gpu]") {
   const std::vector<nlohmann::json> k = back.metrics();
   REQUIRE(k.size() == 25);
   CHECK(std::abs(k[24]["loss"].get<double>() / c25[24]["loss"].get<double>() - 1) < 2e-2);
-  // Deterministic: a second GPU run of the same 20 steps gives the same losses, bit for bit.
+  // train.deterministic: a second GPU run of the same 20 steps gives the same losses, bit for
+  // bit.
   RunDir again(20);
-  REQUIRE(again.trainer("--set train.backend=cuda").exit_code == 0);
+  REQUIRE(again.trainer("--set train.backend=cuda --set train.deterministic=true").exit_code == 0);
   const std::vector<nlohmann::json> g2 = again.metrics();
   REQUIRE(g2.size() == g.size());
   for (size_t i = 0; i < g.size(); ++i)

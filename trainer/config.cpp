@@ -110,6 +110,9 @@ const std::vector<Field>& fields() {
                "compute backend: cpu, or cuda (bf16, one GPU per rank; see parallel.comm); "
                "auto = cpu",
                {"auto", "cpu", "cuda"}),
+      TR_FIELD(train, deterministic, Bool, 0, 0,
+               "GPU: bit-identical runs (cuDNN's deterministic attention backward, slower); "
+               "false uses the fast non-deterministic one (the CPU is always deterministic)"),
       TR_FIELD(train, recompute, String, 0, 0,
                "activation recomputation: none; selective (norm and SwiGLU outputs are "
                "recomputed in backward, the GEMM and attention results kept); full (a layer keeps "

@@ -61,6 +61,9 @@ struct TrainConfig {
   int64_t global_batch = 0;      // samples per optimizer step, all DP ranks together
   int64_t micro_batch = 1;       // samples per forward/backward on one rank
   std::string backend = "auto";  // auto | cpu | cuda
+  // GPU: the same bits run after run (cuDNN's deterministic attention backward), or the faster
+  // non-deterministic algorithms (false, the default, as Megatron's).
+  bool deterministic = false;
   // Activation recomputation: none | selective (norm and SwiGLU outputs recomputed in
   // backward) | full (layers keep only their input and run their forward again in backward).
   std::string recompute = "none";

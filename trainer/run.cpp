@@ -68,6 +68,7 @@ absl::Status resolve_backend(Session& r) {
   r.gpu = local_rank % cuda::device_count();
   auto dev = std::make_shared<cuda::DeviceContext>(r.gpu, kCudaWorkspaceBytes);
   r.ctx = dev->ctx();
+  r.ctx.deterministic = r.cfg.train.deterministic;
   r.device = dev;
   return absl::OkStatus();
 #else

@@ -13,6 +13,9 @@ struct Ctx {
   // call. Ops that need more than workspace_bytes stop with a message naming the size.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Ops with a faster non-deterministic algorithm (cuDNN's attention backward) use it when
+  // false; true gives the same bits run after run. CPU ops are always deterministic.
+  bool deterministic = true;
 };
 
 }  // namespace tr

@@ -7,18 +7,25 @@
 //   out [T, nh hd]; lse [batch, nh, seq] f32 (cuDNN's softmax statistics, log-sum-exp of the
 //       scaled scores) saved for the backward;
 //   dqkv ASSIGNED through the same strided views.
-// bf16 only (cuDNN's fused attention has no fp32 path); the backward uses cuDNN's
-// deterministic algorithm so that two runs give the same bits. Its workspace grows with
-// seq^2 on cuDNN < 9.25, so cuDNN gets a workspace of its own, sized by the graphs built.
+// bf16 only (cuDNN's fused attention has no fp32 path). The backward uses cuDNN's
+// deterministic algorithm when ctx.deterministic (train.deterministic: two runs give the same
+// bits; its workspace grows with seq^2 on cuDNN < 9.25), else the faster one. cuDNN gets a
+// workspace of its own, sized by the graphs built. A graph cuDNN cannot build is one line naming
+// the cuDNN version, the mode and the shape; a fast backward that cannot be built falls back to
+// the deterministic one with a warning.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <unordered_map>
 
+#include "kernels/core/exit_codes.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -38,8 +45,14 @@ using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 struct AttnKey {
   int64_t batch, seq, nh, nkv, hd;
   bool backward;
-  auto tie() const { return std::tie(batch, seq, nh, nkv, hd, backward); }
+  bool deterministic = true;  // backward only
+  auto tie() const { return std::tie(batch, seq, nh, nkv, hd, backward, deterministic); }
   bool operator<(const AttnKey& o) const { return tie() < o.tie(); }
+  std::string describe() const {
+    return "batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " +
+           std::to_string(nh) + " heads, " + std::to_string(nkv) + " KV heads of " +
+           std::to_string(hd);
+  }
 };
 
 struct AttnGraph {
@@ -55,6 +68,9 @@ class Cudnn {
     return c;
   }
   cudnnHandle_t handle() const { return handle_; }
+  // The graph of `key`, built on first use. The fast backward falls back to the deterministic
+  // one (a warning, once) when cuDNN cannot build it; a graph that cannot be built at all ends
+  // the run with one line.
   const AttnGraph& graph(const AttnKey& key);
   // cuDNN's workspace, grown to the largest graph built so far (the deterministic backward
   // needs O(batch * heads * seq^2) bytes: ~450 MiB for 0.5B at seq 4096). Grows only when a new
@@ -71,6 +87,10 @@ class Cudnn {
   Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
   cudnnHandle_t handle_ = nullptr;
   Buffer workspace_;
+  // Builds the graph of `key` with the heuristics' first choice, else their fallback list; on
+  // failure `error` says which step failed and why.
+  std::optional<AttnGraph> build(const AttnKey& key, std::string* error);
+  std::optional<AttnGraph> build(const AttnKey& key, fe::HeurMode_t mode, std::string* error);
   std::mutex mu_;
   std::map<AttnKey, AttnGraph> graphs_;
 };
@@ -79,6 +99,42 @@ const AttnGraph& Cudnn::graph(const AttnKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return it->second;
+  std::string error;
+  std::optional<AttnGraph> built = build(key, &error);
+  const auto version = static_cast<long long>(cudnnGetVersion());
+  if (!built && key.backward && !key.deterministic) {
+    std::fprintf(stderr,
+                 "warning: cuDNN %lld cannot build the fast (non-deterministic) attention "
+                 "backward for %s (%s); using the deterministic one\n",
+                 version, key.describe().c_str(), error.c_str());
+    AttnKey det = key;
+    det.deterministic = true;
+    built = build(det, &error);
+  }
+  if (!built) {
+    const char* mode = !key.backward       ? "forward"
+                       : key.deterministic ? "deterministic backward"
+                                           : "backward";
+    end_job(kExitFailure, "cuDNN " + std::to_string(version) +
+                              " cannot build the causal GQA attention " + mode + " for " +
+                              key.describe() + " (" + error +
+                              "); another cuDNN version, or another head count or sequence "
+                              "length, may be supported");
+  }
+  return graphs_.emplace(key, std::move(*built)).first->second;
+}
+
+std::optional<AttnGraph> Cudnn::build(const AttnKey& key, std::string* error) {
+  std::optional<AttnGraph> a = build(key, fe::HeurMode_t::A, error);
+  if (!a) {
+    std::string second;
+    a = build(key, fe::HeurMode_t::FALLBACK, &second);
+    if (!a) *error += "; with the fallback heuristics: " + second;
+  }
+  return a;
+}
+
+std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, std::string* error) {
   const int64_t B = key.batch, S = key.seq, nh = key.nh, nkv = key.nkv, hd = key.hd;
   const int64_t W = (nh + 2 * nkv) * hd;  // qkv row width
   const std::vector<int64_t> q_dim{B, nh, S, hd}, kv_dim{B, nkv, S, hd};
@@ -126,7 +182,7 @@ const AttnGraph& Cudnn::graph(const AttnKey& key) {
                     .set_name("sdpa_bwd")
                     .set_causal_mask(true)
                     .set_attn_scale(scale)
-                    .set_deterministic_algorithm(true);
+                    .set_deterministic_algorithm(key.deterministic);
     auto [dq, dk, dv] = g.sdpa_backward(a.q, a.k, a.v, a.o, a.dout, a.stats, opts);
     dq->set_output(true).set_dim(q_dim).set_stride(qkv_stride);
     dk->set_output(true).set_dim(kv_dim).set_stride(qkv_stride);
@@ -135,13 +191,19 @@ const AttnGraph& Cudnn::graph(const AttnKey& key) {
     a.dk = dk;
     a.dv = dv;
   }
-  CUDNN_FE_CHECK(g.validate());
-  CUDNN_FE_CHECK(g.build_operation_graph(handle_));
-  CUDNN_FE_CHECK(g.create_execution_plans({fe::HeurMode_t::A}));
-  CUDNN_FE_CHECK(g.check_support(handle_));
-  CUDNN_FE_CHECK(g.build_plans(handle_));
-  CUDNN_FE_CHECK(g.get_workspace_size(a.workspace));
-  return graphs_.emplace(key, std::move(a)).first->second;
+  // Each step's error is returned, not fatal: the caller falls back or names the failure.
+  auto failed = [&](const char* step, fe::error_t e) -> std::optional<AttnGraph> {
+    *error = std::string(step) + ": " + e.get_message();
+    return std::nullopt;
+  };
+  if (auto e = g.validate(); e.is_bad()) return failed("validate", e);
+  if (auto e = g.build_operation_graph(handle_); e.is_bad()) return failed("operation graph", e);
+  if (auto e = g.create_execution_plans({mode}); e.is_bad()) return failed("execution plans", e);
+  if (auto e = g.check_support(handle_); e.is_bad()) return failed("support", e);
+  if (auto e = g.build_plans(handle_, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE); e.is_bad())
+    return failed("plans", e);
+  if (auto e = g.get_workspace_size(a.workspace); e.is_bad()) return failed("workspace", e);
+  return a;
 }
 
 void check_bf16(const Tensor& qkv, const char* op) {
@@ -159,12 +221,14 @@ void run(Ctx& ctx, const AttnGraph& a, std::unordered_map<TensorPtr, void*>& pac
 
 }  // namespace
 
-size_t attention_prepare(Ctx&, int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim) {
+size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                         int head_dim) {
   Cudnn& c = Cudnn::get();
   int64_t bytes = 0;
   for (bool backward : {false, true})
-    bytes = std::max(bytes,
-                     c.graph({batch, seq_len, n_heads, n_kv_heads, head_dim, backward}).workspace);
+    bytes = std::max(bytes, c.graph({batch, seq_len, n_heads, n_kv_heads, head_dim, backward,
+                                     backward ? ctx.deterministic : true})
+                                .workspace);
   c.workspace(bytes);
   return static_cast<size_t>(bytes);
 }
@@ -187,8 +251,8 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim) {
   check_bf16(qkv, "attention_bwd");
-  const AttnGraph& a =
-      Cudnn::get().graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true});
+  const AttnGraph& a = Cudnn::get().graph(
+      {batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic});
   char* base = static_cast<char*>(qkv.data);
   char* dbase = static_cast<char*>(dqkv.data);
   const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
