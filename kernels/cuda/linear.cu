@@ -8,13 +8,16 @@
 //   forward   out^T[O,T] = (W as col-major [K,O])^T · (in as col-major [K,T])
 //   din       din^T[K,T] = (W as col-major [K,O]) · (dout as col-major [O,T])
 //   dweight   dW^T[K,O] += (in as col-major [K,T]) · (dout as col-major [O,T])^T
-// One handle per process; each GEMM shape's plan (descriptors, layouts and the heuristic's
-// algorithm) is chosen once and cached.
+// One handle per process; each GEMM shape's plan (descriptors, layouts and up to 8 of the
+// heuristics' algorithms, fastest first) is made once and cached; an algorithm that refuses to
+// run is dropped for the next, and a shape none can run ends the job with one line.
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
+#include "kernels/core/exit_codes.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -48,12 +51,25 @@ struct GemmKey {
     return std::tie(m, n, k, ta, tb, ab, cd, bias, accumulate, align_a, align_b, align_c);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+  // "GEMM m=.. n=.. k=.. (A^T x B, bf16 -> f32, bias, accumulate)" for error lines.
+  std::string describe() const {
+    return "GEMM m=" + std::to_string(m) + " n=" + std::to_string(n) + " k=" + std::to_string(k) +
+           " (" + (ta ? "A^T" : "A") + " x " + (tb ? "B^T" : "B") + ", " + dtype_name(ab) + " -> " +
+           dtype_name(cd) + (bias ? ", bias" : "") + (accumulate ? ", accumulate" : "") +
+           ", alignment " + std::to_string(align_a) + "/" + std::to_string(align_b) + "/" +
+           std::to_string(align_c) + " bytes)";
+  }
 };
 
+// The heuristics' algorithms for one GEMM, fastest first; `chosen` is the first that ran (an
+// algorithm that fails is skipped from then on).
+constexpr int kGemmAlgos = 8;
 struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulAlgo_t algo{};
+  cublasLtMatmulAlgo_t algos[kGemmAlgos] = {};
+  int n_algos = 0;
+  int chosen = 0;
 };
 
 class Lt {
@@ -63,7 +79,7 @@ class Lt {
     return lt;
   }
   cublasLtHandle_t handle() const { return handle_; }
-  const GemmPlan& plan(const GemmKey& key);
+  GemmPlan& plan(const GemmKey& key);
 
  private:
   Lt() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
@@ -72,7 +88,7 @@ class Lt {
   std::map<GemmKey, GemmPlan> plans_;
 };
 
-const GemmPlan& Lt::plan(const GemmKey& key) {
+GemmPlan& Lt::plan(const GemmKey& key) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
@@ -112,14 +128,17 @@ const GemmPlan& Lt::plan(const GemmKey& key) {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
   for (auto [attr, bytes] : aligns)
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof(bytes)));
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kGemmAlgos] = {};
   int found = 0;
-  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result,
-                                              &found));
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c,
+                                                           pref, kGemmAlgos, results, &found);
   CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  TR_ASSERT(found > 0, "cuBLASLt has no algorithm for GEMM m=" + std::to_string(key.m) +
-                           " n=" + std::to_string(key.n) + " k=" + std::to_string(key.k));
-  p.algo = result.algo;
+  for (int i = 0; i < found && st == CUBLAS_STATUS_SUCCESS; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) p.algos[p.n_algos++] = results[i].algo;
+  if (p.n_algos == 0)
+    end_job(kExitFailure, "cuBLASLt " + std::to_string(cublasLtGetVersion()) +
+                              " has no algorithm for " + key.describe() + " (heuristic status " +
+                              std::to_string(static_cast<int>(st)) + ")");
   return plans_.emplace(key, p).first->second;
 }
 
@@ -135,15 +154,23 @@ void gemm(Ctx& ctx, GemmKey key, const void* A, const void* B, void* C, const vo
   key.align_b = alignment(B);
   key.align_c = alignment(C);
   Lt& lt = Lt::get();
-  const GemmPlan& p = lt.plan(key);
+  GemmPlan& p = lt.plan(key);
   if (key.bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
   Workspace ws(ctx, "linear (cuBLASLt)");
   void* scratch = ws.take<char>(static_cast<int64_t>(kGemmWorkspace));
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(lt.handle(), p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
-                              &p.algo, scratch, kGemmWorkspace, stream_of(ctx)));
+  // The chosen algorithm; one that refuses is dropped for the next, once and for good.
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  for (; p.chosen < p.n_algos; ++p.chosen) {
+    st = cublasLtMatmul(lt.handle(), p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
+                        &p.algos[p.chosen], scratch, kGemmWorkspace, stream_of(ctx));
+    if (st == CUBLAS_STATUS_SUCCESS) return;
+  }
+  end_job(kExitFailure, "cuBLASLt " + std::to_string(cublasLtGetVersion()) + ": none of the " +
+                            std::to_string(p.n_algos) + " algorithms its heuristics gave ran " +
+                            key.describe() + " (last " + cublas_error_detail(st) + ")");
 }
 
 // out[t][o] += bias[o]: the bias when its pointer is too unaligned for the GEMM epilogue.
