@@ -294,29 +294,35 @@ TEST_CASE("cuda: cuDNN causal GQA attention, forward and both backwards, matches
   }
 }
 
+// Both kernels: the fp32 table one (the default) and the first, fp64 one (TR_ROPE_FP64=1).
 TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
   GpuCtx g;
-  std::mt19937 rng(2);
-  struct Shape {
-    int64_t tokens;
-    int heads, rope_heads, hd, seq_len;
-  };
-  // 0.5B: 14 q + 2 k heads rotated of 18 (v not), hd 64; 72B tp 8: 8 + 1 of 10, hd 128.
-  for (DType dt : kTypes) {
-    for (Shape s :
-         {Shape{8, 3, 2, 8, 4}, Shape{64, 18, 16, 64, 32}, Shape{4096, 10, 9, 128, 4096}}) {
-      std::vector<float> x = random_values(s.tokens * s.heads * s.hd, rng, dt);
-      std::vector<float> fwd = x, bwd = x;
-      rope_fwd(cpu_ctx, host(fwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, 1e6f);
-      rope_bwd(cpu_ctx, host(bwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, 1e6f);
-      Dev a(dt, {s.tokens, s.heads, s.hd}, x), b(dt, {s.tokens, s.heads, s.hd}, x);
-      rope_fwd(g.ctx, a.t, s.rope_heads, s.seq_len, 1e6f);
-      rope_bwd(g.ctx, b.t, s.rope_heads, s.seq_len, 1e6f);
-      const std::string what = std::string(dtype_name(dt)) + " hd=" + std::to_string(s.hd);
-      check_close(a.download(), fwd, dt, "rope_fwd " + what);
-      check_close(b.download(), bwd, dt, "rope_bwd " + what);
+  for (const char* fp64 : {"0", "1"}) {
+    setenv("TR_ROPE_FP64", fp64, 1);
+    std::mt19937 rng(2);
+    struct Shape {
+      int64_t tokens;
+      int heads, rope_heads, hd, seq_len;
+    };
+    // 0.5B: 14 q + 2 k heads rotated of 18 (v not), hd 64; 72B tp 8: 8 + 1 of 10, hd 128.
+    for (DType dt : kTypes) {
+      for (Shape s :
+           {Shape{8, 3, 2, 8, 4}, Shape{64, 18, 16, 64, 32}, Shape{4096, 10, 9, 128, 4096}}) {
+        std::vector<float> x = random_values(s.tokens * s.heads * s.hd, rng, dt);
+        std::vector<float> fwd = x, bwd = x;
+        rope_fwd(cpu_ctx, host(fwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, 1e6f);
+        rope_bwd(cpu_ctx, host(bwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, 1e6f);
+        Dev a(dt, {s.tokens, s.heads, s.hd}, x), b(dt, {s.tokens, s.heads, s.hd}, x);
+        rope_fwd(g.ctx, a.t, s.rope_heads, s.seq_len, 1e6f);
+        rope_bwd(g.ctx, b.t, s.rope_heads, s.seq_len, 1e6f);
+        const std::string what =
+            std::string(dtype_name(dt)) + " hd=" + std::to_string(s.hd) + " TR_ROPE_FP64=" + fp64;
+        check_close(a.download(), fwd, dt, "rope_fwd " + what);
+        check_close(b.download(), bwd, dt, "rope_bwd " + what);
+      }
     }
   }
+  unsetenv("TR_ROPE_FP64");
 }
 
 TEST_CASE("cuda: swiglu forward and backward match the CPU", "[gpu]") {

@@ -1,6 +1,17 @@
-// Rotary embedding in place (HF rotate_half: element i pairs with i + hd/2). One thread per
-// rotated pair; the angle pos * theta^(-2i/hd) in double, as the CPU reference computes it
-// (in float it would be off by ~1e-4 rad at position 4096).
+// Rotary embedding in place (HF rotate_half: element i pairs with i + hd/2).
+//
+// The step's kernel reads cos and sin of pos * theta^(-2i/hd) from an fp32 table [seq_len, hd/2]
+// made once per (seq_len, hd, theta) in double and rounded (the CPU reference's angles), and
+// rotates in fp32 with 16-byte loads where the head's halves allow them: no fp64 in the step.
+// TR_ROPE_FP64=1 selects the first kernel (angle and rotation in double per pair, one element
+// per thread), to bisect a GPU failure until the table kernel has run on one.
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -10,10 +21,10 @@ namespace {
 constexpr int kThreads = 256;
 
 // x: [T, n_heads_total, hd]; heads [0, n_rope) of each token turn by +angle (sign 1) or
-// -angle (sign -1, the backward).
+// -angle (sign -1, the backward). The first kernel: fp64 per pair.
 template <class T>
-__global__ void rope_kernel(T* x, int64_t tokens, int n_total, int n_rope, int hd, int seq_len,
-                            double log_theta, double sign) {
+__global__ void rope_kernel_fp64(T* x, int64_t tokens, int n_total, int n_rope, int hd, int seq_len,
+                                 double log_theta, double sign) {
   const int half = hd / 2;
   const int64_t pairs = tokens * n_rope * half;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < pairs;
@@ -32,18 +43,100 @@ __global__ void rope_kernel(T* x, int64_t tokens, int n_total, int n_rope, int h
   }
 }
 
+// table [seq_len, half, 2]: cos and sin of pos * theta^(-2i/hd), in double, rounded once.
+__global__ void rope_table_kernel(float2* table, int seq_len, int half, int hd, double log_theta) {
+  const int64_t n = int64_t{seq_len} * half;
+  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int i = static_cast<int>(idx % half);
+    const int64_t pos = idx / half;
+    double s, c;
+    sincos(static_cast<double>(pos) * exp(-2.0 * i / hd * log_theta), &s, &c);
+    table[idx] = make_float2(static_cast<float>(c), static_cast<float>(s));
+  }
+}
+
+// One thread per N consecutive pairs (i .. i+N-1 with their partners i+half ..): N-element
+// loads of each half of the head, the rotation in fp32 from the table.
+template <class T, int N>
+__global__ void rope_kernel(T* x, const float2* table, int64_t tokens, int n_total, int n_rope,
+                            int hd, int seq_len, float sign) {
+  const int half = hd / 2, groups = half / N;
+  const int64_t work = tokens * n_rope * groups;
+  for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < work;
+       idx += int64_t{gridDim.x} * blockDim.x) {
+    const int i = static_cast<int>(idx % groups) * N;
+    const int h = static_cast<int>(idx / groups % n_rope);
+    const int64_t t = idx / (int64_t{groups} * n_rope);
+    T* head = x + (t * n_total + h) * hd;
+    const float2* cs = table + (t % seq_len) * half + i;
+    const Pack<T, N> pa = load_pack<T, N>(head + i), pb = load_pack<T, N>(head + i + half);
+    Pack<T, N> oa, ob;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const float c = cs[k].x, s = sign * cs[k].y;
+      const float a = to_f(pa.v[k]), b = to_f(pb.v[k]);
+      oa.v[k] = from_f<T>(a * c - b * s);
+      ob.v[k] = from_f<T>(b * c + a * s);
+    }
+    store_pack<T, N>(head + i, oa);
+    store_pack<T, N>(head + i + half, ob);
+  }
+}
+
+// The table of (seq_len, hd, theta), made on first use and kept (a few MiB at most).
+const float2* rope_table(Ctx& ctx, int seq_len, int hd, float theta) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, float>, Buffer> tables;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(seq_len, hd, theta);
+  auto it = tables.find(key);
+  if (it == tables.end()) {
+    const int half = hd / 2;
+    Buffer b(static_cast<size_t>(seq_len) * half * sizeof(float2), Device::cuda);
+    const int64_t n = int64_t{seq_len} * half;
+    rope_table_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
+        static_cast<float2*>(b.data()), seq_len, half, hd, std::log(static_cast<double>(theta)));
+    CUDA_CHECK_LAUNCH();
+    it = tables.emplace(key, std::move(b)).first;
+  }
+  return static_cast<const float2*>(it->second.data());
+}
+
+bool use_fp64_kernel() {
+  const char* env = std::getenv("TR_ROPE_FP64");
+  return env != nullptr && std::string(env) == "1";
+}
+
 void rope(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta, double sign,
           const char* op) {
   const int64_t tokens = x.shape[0];
   const int n_total = static_cast<int>(x.shape[1]), hd = static_cast<int>(x.shape[2]);
   const int64_t pairs = tokens * n_rope_heads * (hd / 2);
   if (pairs == 0) return;  // no rotated heads: nothing to launch
-  const int grid = grid_stride_blocks(pairs, kThreads);
+  if (use_fp64_kernel()) {
+    dispatch_float(x.dtype, op, [&](auto tag) {
+      using T = decltype(tag);
+      rope_kernel_fp64<T><<<grid_stride_blocks(pairs, kThreads), kThreads, 0, stream_of(ctx)>>>(
+          x.ptr<T>(), tokens, n_total, n_rope_heads, hd, seq_len,
+          std::log(static_cast<double>(theta)), sign);
+    });
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const float2* table = rope_table(ctx, seq_len, hd, theta);
   dispatch_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
-    rope_kernel<T><<<grid, kThreads, 0, stream_of(ctx)>>>(
-        x.ptr<T>(), tokens, n_total, n_rope_heads, hd, seq_len,
-        std::log(static_cast<double>(theta)), sign);
+    constexpr int N = kPack<T>;
+    // 16-byte packs when each half of a head is whole packs (hd 64 and 128 are), else one.
+    if ((hd / 2) % N == 0 && packable(hd, sizeof(T), {x.data})) {
+      const int64_t work = pairs / N;
+      rope_kernel<T, N><<<grid_stride_blocks(work, kThreads), kThreads, 0, stream_of(ctx)>>>(
+          x.ptr<T>(), table, tokens, n_total, n_rope_heads, hd, seq_len, static_cast<float>(sign));
+    } else {
+      rope_kernel<T, 1><<<grid_stride_blocks(pairs, kThreads), kThreads, 0, stream_of(ctx)>>>(
+          x.ptr<T>(), table, tokens, n_total, n_rope_heads, hd, seq_len, static_cast<float>(sign));
+    }
   });
   CUDA_CHECK_LAUNCH();
 }
