@@ -199,6 +199,7 @@ TEST_CASE("cuda: cuBLASLt linear forward and backward match the CPU", "[gpu]") {
   }
 }
 
+// The whole-vocabulary op's fused kernel (online softmax, 16-byte loads) and the first one.
 TEST_CASE("cuda: cross-entropy in place, whole and vocab-parallel, matches the CPU", "[gpu]") {
   GpuCtx g;
   std::mt19937 rng(8);
@@ -222,6 +223,13 @@ TEST_CASE("cuda: cross-entropy in place, whole and vocab-parallel, matches the C
       const std::string what = std::string(dtype_name(dt)) + " V=" + std::to_string(Vl);
       check_close(d_losses.download(), losses, DType::f32, "losses " + what);
       check_close(d_logits.download(), grad, dt, "gradient " + what);
+      // The first, three-pass kernel (TR_XENT_3PASS=1): the same results.
+      setenv("TR_XENT_3PASS", "1", 1);
+      d_logits.upload(logits);
+      cross_entropy_fwd_bwd(g.ctx, d_losses.t, d_logits.t, d_tgt.t, valid, scale, true);
+      unsetenv("TR_XENT_3PASS");
+      check_close(d_losses.download(), losses, DType::f32, "three-pass losses " + what);
+      check_close(d_logits.download(), grad, dt, "three-pass gradient " + what);
       // The vocab-parallel steps on the same shard (offset 0, one rank): the same results.
       std::vector<float> rmax(C), sums(2 * C), losses2(C), grad2 = logits;
       xent_row_max(cpu_ctx, host(rmax, {C}), host(grad2, {C, Vl}), valid);

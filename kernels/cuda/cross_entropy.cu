@@ -6,6 +6,15 @@
 // Every thread reads what it needs of a row (the target's logit) before the block's first
 // barrier and writes only its own columns after the last, so the in-place gradient never races
 // with a read.
+//
+// The whole-vocabulary loss (tp 1) is fused: one pass keeps each thread's running max and sum
+// of exponentials (online softmax) over 16-byte loads, the block combines them, and a second
+// pass writes the gradient with 16-byte stores: two reads and one write of the logits instead
+// of three reads and one write. TR_XENT_3PASS=1 selects the first kernel (max, sum, gradient in
+// three scalar passes) to bisect a GPU failure until the fused one has run on one.
+#include <cstdlib>
+#include <string>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -52,6 +61,65 @@ __global__ void cross_entropy_kernel(float* losses, T* logits, const int32_t* ta
   if (grad) write_grad(x, cols, valid, lse, target, grad_scale);
 }
 
+// Online softmax statistics of x[0, valid): this thread's running max m and sum of exp(x - m)
+// over its packs (and, past the last whole pack, its single columns), combined over the block:
+// {max, sum of exp(x - max)} on every thread.
+template <class T, int N>
+__device__ float2 row_stats(const T* x, int64_t valid) {
+  float m = -INFINITY, s = 0;
+  auto add = [&](float v) {
+    if (v > m) {
+      s *= expf(m - v);  // 0 while m is -inf: s is 0 then
+      m = v;
+    }
+    s += expf(v - m);
+  };
+  const int64_t packed = valid / N * N;
+  for (int64_t j = int64_t{threadIdx.x} * N; j < packed; j += int64_t{blockDim.x} * N) {
+    const Pack<T, N> p = load_pack<T, N>(x + j);
+#pragma unroll
+    for (int k = 0; k < N; ++k) add(to_f(p.v[k]));
+  }
+  for (int64_t j = packed + threadIdx.x; j < valid; j += blockDim.x) add(to_f(x[j]));
+  const float row_m = block_max(m);
+  const float row_s = block_sum(m == -INFINITY ? 0.0f : s * expf(m - row_m));
+  return make_float2(row_m, row_s);
+}
+
+// The fused kernel: statistics in one pass, then the gradient written pack by pack.
+template <class T, int N>
+__global__ void cross_entropy_fused_kernel(float* losses, T* logits, const int32_t* targets,
+                                           int64_t cols, int64_t valid, float grad_scale,
+                                           bool grad) {
+  T* x = logits + blockIdx.x * cols;
+  const int64_t target = targets[blockIdx.x];
+  const float xt = to_f(x[target]);
+  const float2 st = row_stats<T, N>(x, valid);
+  const float lse = st.x + logf(st.y);
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - xt;
+  if (!grad) return;
+  const int64_t packed = cols / N * N;
+  for (int64_t j = int64_t{threadIdx.x} * N; j < packed; j += int64_t{blockDim.x} * N) {
+    const Pack<T, N> p = load_pack<T, N>(x + j);
+    Pack<T, N> g;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const int64_t c = j + k;
+      g.v[k] = from_f<T>(
+          c < valid ? grad_scale * (expf(to_f(p.v[k]) - lse) - (c == target ? 1.0f : 0.0f)) : 0.0f);
+    }
+    store_pack<T, N>(x + j, g);
+  }
+  for (int64_t j = packed + threadIdx.x; j < cols; j += blockDim.x)
+    x[j] = from_f<T>(j < valid ? grad_scale * (expf(to_f(x[j]) - lse) - (j == target ? 1.0f : 0.0f))
+                               : 0.0f);
+}
+
+bool use_three_pass() {
+  const char* env = std::getenv("TR_XENT_3PASS");
+  return env != nullptr && std::string(env) == "1";
+}
+
 template <class T>
 __global__ void row_max_kernel(float* row_max, const T* logits, int64_t cols, int64_t valid) {
   const float m = local_max(logits + blockIdx.x * cols, valid);
@@ -83,12 +151,24 @@ __global__ void loss_grad_kernel(float* losses, T* logits, const int32_t* target
 
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
                            int64_t vocab_valid, float grad_scale, bool compute_grad) {
+  const auto rows = static_cast<unsigned>(logits.shape[0]);
+  const int64_t cols = logits.shape[1];
   dispatch_float(logits.dtype, "cross_entropy_fwd_bwd", [&](auto tag) {
     using T = decltype(tag);
-    cross_entropy_kernel<T>
-        <<<static_cast<unsigned>(logits.shape[0]), kThreads, 0, stream_of(ctx)>>>(
-            losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), logits.shape[1],
-            vocab_valid, grad_scale, compute_grad);
+    constexpr int N = kPack<T>;
+    if (use_three_pass()) {
+      cross_entropy_kernel<T><<<rows, kThreads, 0, stream_of(ctx)>>>(
+          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
+          grad_scale, compute_grad);
+    } else if (packable(cols, sizeof(T), {logits.data})) {  // every row starts 16-byte aligned
+      cross_entropy_fused_kernel<T, N><<<rows, kThreads, 0, stream_of(ctx)>>>(
+          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
+          grad_scale, compute_grad);
+    } else {
+      cross_entropy_fused_kernel<T, 1><<<rows, kThreads, 0, stream_of(ctx)>>>(
+          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
+          grad_scale, compute_grad);
+    }
   });
   CUDA_CHECK_LAUNCH();
 }
