@@ -423,6 +423,24 @@ void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const
   TR_DISPATCH(adamw_update, param, grad, m, v, p, compute_copy);
 }
 
+void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
+                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         float grad_scale) {
+  const OpCheck c(ctx, "adamw_update_pieces",
+                  {{"param", param},
+                   {"grad", grad},
+                   {"m", m},
+                   {"v", v},
+                   optional("compute_copy", compute_copy),
+                   {"pieces", pieces}});
+  c.same_float_dtype({param, grad, m, v});
+  OP_CHECK(c, pieces.dtype == DType::i64 && pieces.ndim == 2 && pieces.shape[1] == 3);
+  TR_ASSERT(p.step >= 1 && p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f &&
+                p.eps > 0.0f,
+            c.describe("step=" + std::to_string(p.step)));
+  TR_DISPATCH(adamw_update_pieces, param, grad, m, v, compute_copy, pieces, bases, p, grad_scale);
+}
+
 size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
                          int head_dim) {
 #ifdef TRAINER_HAVE_CUDA

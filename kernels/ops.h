@@ -139,6 +139,20 @@ struct AdamWParams {
 // pass (the weights the next forward computes with).
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy = {});
+// The same update over a rank's whole range in one launch (multi-tensor AdamW). `pieces` (i64
+// [n, 3] on ctx's device, made once) cut the flat index space into runs {first index, count,
+// decay 0|1} that never cross a change of weight decay; element i of the flat space is
+// param[i - param_base], grad[i - grad_base], m and v [i - state_base] and compute_copy[i]
+// (optional). Each gradient is first multiplied by grad_scale in its own dtype, as scale_ would
+// (global-norm clipping folded in; 1 = none). p.weight_decay applies to the pieces with decay.
+struct AdamWBases {
+  int64_t param = 0, grad = 0, state = 0;
+};
+void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
+                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         float grad_scale);
+// Most elements in one piece (a CUDA block's work).
+inline constexpr int64_t kAdamWPieceElems = int64_t{1} << 16;
 
 // ---- the device behind a context ----
 struct DeviceInfo {

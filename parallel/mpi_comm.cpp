@@ -127,6 +127,8 @@ MPI_Datatype mpi_type(DType dtype) {
       return MPI_DOUBLE;
     case DType::i32:
       return MPI_INT32_T;
+    case DType::i64:
+      return MPI_INT64_T;
     case DType::bf16:
       return MPI_UINT16_T;  // reduced by the user-defined ops below (MPI has no bf16)
   }

@@ -44,6 +44,8 @@ ncclDataType_t nccl_type(DType d) {
       return ncclBfloat16;
     case DType::i32:
       return ncclInt32;
+    case DType::i64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }

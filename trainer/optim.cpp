@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numbers>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -45,6 +49,18 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
   arena_ = std::make_unique<Arena>(2 * arena_bytes(DType::f32, n), ctx.device);
   m_ = arena_->alloc(DType::f32, {n});
   v_ = arena_->alloc(DType::f32, {n});
+  // Pieces of at most kAdamWPieceElems elements, each inside one tensor (so one decay).
+  std::vector<int64_t> pieces;
+  const int64_t begin = reducer_.shard_begin(), end = std::min(begin + n, model.layout().total);
+  for (const ParamInfo& p : model.layout().tensors) {
+    const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
+    for (int64_t at = lo; at < hi; at += kAdamWPieceElems)
+      pieces.insert(pieces.end(), {at, std::min(kAdamWPieceElems, hi - at), p.decay ? 1 : 0});
+  }
+  const auto count = static_cast<int64_t>(pieces.size() / 3);
+  pieces_buf_ = Buffer(std::max<size_t>(pieces.size(), 1) * sizeof(int64_t), ctx.device);
+  pieces_ = Tensor(pieces_buf_.data(), DType::i64, ctx.device, {count, 3});
+  copy_tensor(pieces_, Tensor(pieces.data(), DType::i64, Device::cpu, {count, 3}));
 }
 
 size_t AdamW::state_bytes(int64_t capacity, int64_t total, int dp, bool zero1) {
@@ -81,8 +97,9 @@ double AdamW::global_norm(double own_squares) const {
 }
 
 void AdamW::clip(double norm) {
-  if (cfg_.grad_clip > 0 && norm > cfg_.grad_clip)
-    scale_(ctx_, grad_shard(), static_cast<float>(cfg_.grad_clip / norm));
+  clip_scale_ = cfg_.grad_clip > 0 && norm > cfg_.grad_clip
+                    ? static_cast<float>(cfg_.grad_clip / norm)
+                    : 1.0f;
 }
 
 double AdamW::reduce_and_clip() {
@@ -95,6 +112,8 @@ double AdamW::reduce_and_clip() {
   read_f64(ctx_, acc, &sq);
   const double norm = global_norm(sq);
   clip(norm);
+  if (clip_scale_ != 1.0f) scale_(ctx_, grad_shard(), clip_scale_);
+  clip_scale_ = 1.0f;
   return norm;
 }
 
@@ -105,7 +124,25 @@ void AdamW::update(double lr, int64_t step) {
   // The masters of [lo, hi) are at lo - origin: whole, or this rank's shard of them.
   Tensor params = model_.masters(), grads = grad_shard(), compute = model_.compute_copy();
   const int64_t origin = model_.masters_begin();
+  const float clip_scale = std::exchange(clip_scale_, 1.0f);
+  static const bool per_tensor = [] {
+    const char* env = std::getenv("TR_ADAMW_PER_TENSOR");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  if (!per_tensor) {
+    const AdamWParams a{static_cast<float>(lr),
+                        static_cast<float>(cfg_.beta1),
+                        static_cast<float>(cfg_.beta2),
+                        static_cast<float>(cfg_.eps),
+                        static_cast<float>(cfg_.weight_decay),
+                        step};
+    adamw_update_pieces(ctx_, params, grads, m_, v_, compute, pieces_,
+                        AdamWBases{origin, zero1 ? shard_begin : 0, shard_begin}, a, clip_scale);
+  } else if (clip_scale != 1.0f) {
+    scale_(ctx_, grads, clip_scale);
+  }
   for (const ParamInfo& p : model_.layout().tensors) {
+    if (!per_tensor) break;
     const int64_t lo = std::max(p.offset, shard_begin), hi = std::min(p.offset + p.numel, end);
     if (lo >= hi) continue;  // tensor outside this rank's shard
     const AdamWParams a{static_cast<float>(lr),

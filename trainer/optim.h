@@ -52,12 +52,16 @@ class AdamW {
   void accumulate_norm(Tensor acc) const;
   // 3. The global L2 norm from this rank's share: summed over the groups it misses (host).
   double global_norm(double own_squares) const;
-  // 4. Scales the gradients by grad_clip / norm when the norm exceeds grad_clip.
+  // 4. The next update() scales the gradients by grad_clip / norm when the norm exceeds
+  //    grad_clip (folded into the update: no pass of its own).
   void clip(double norm);
-  // All four, reading the share itself (one host sync); returns the norm before clipping.
+  // All four, reading the share itself (one host sync), and the clipping applied to the
+  // gradients in place now (for tests); returns the norm before clipping.
   double reduce_and_clip();
-  // One update with learning rate `lr`; `step` is the 1-based optimizer step (bias correction).
-  // With zero1 it ends by all-gathering the weights.
+  // One update with learning rate `lr`; `step` is the 1-based optimizer step (bias correction):
+  // one multi-tensor launch over this rank's range (TR_ADAMW_PER_TENSOR=1: one per tensor, the
+  // first kernel, with clipping as a pass of its own). With zero1 it ends by all-gathering the
+  // weights.
   void update(double lr, int64_t step);
   // This rank's Adam states: [state_elems()] floats each, covering the flat buffer's range
   // [shard_begin(), shard_begin() + state_elems()) (all of it without ZeRO-1). Checkpoints
@@ -78,7 +82,12 @@ class AdamW {
   Comm* pp_;  // pipeline group: each stage's squares are summed over it
   GradReducer reducer_;
   std::unique_ptr<Arena> arena_;
-  Tensor m_, v_;         // [state_elems()] Adam first and second moments
+  Tensor m_, v_;  // [state_elems()] Adam first and second moments
+  // The multi-tensor update's pieces of this rank's range (i64 [n, 3] on the device, made once:
+  // kernels/ops.h adamw_update_pieces), and the clipping factor the next update applies.
+  Buffer pieces_buf_;
+  Tensor pieces_;
+  float clip_scale_ = 1.0f;
   Buffer own_norm_buf_;  // reduce_and_clip's f64 accumulator
 };
 

@@ -30,6 +30,8 @@ size_t dtype_size(DType dtype) {
       return 2;
     case DType::i32:
       return 4;
+    case DType::i64:
+      return 8;
   }
   return 0;
 }
@@ -44,6 +46,8 @@ const char* dtype_name(DType dtype) {
       return "bf16";
     case DType::i32:
       return "i32";
+    case DType::i64:
+      return "i64";
   }
   return "?";
 }

@@ -12,7 +12,7 @@
 
 namespace tr {
 
-enum class DType : uint8_t { f32, f64, bf16, i32 };
+enum class DType : uint8_t { f32, f64, bf16, i32, i64 };
 enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType dtype);
@@ -32,6 +32,10 @@ constexpr DType dtype_of<double>() {
 template <>
 constexpr DType dtype_of<int32_t>() {
   return DType::i32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::i64;
 }
 // bf16 on the host is its bit pattern (kernels/core/bf16.h converts); device code uses
 // __nv_bfloat16 (kernels/cuda/common.cuh).

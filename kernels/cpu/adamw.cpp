@@ -10,19 +10,17 @@
 namespace tr::cpu {
 namespace {
 
-// param, grad, m, v: [n]; param, m and v updated in place.
+// n elements from p, g, m, v: p, m and v updated in place; each gradient first scaled by
+// grad_scale in T (as scale_ does; 1 leaves it as it is).
 template <class T>
-void adamw_impl(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& hp) {
+void adamw_range(T* p, const T* g, T* pm, T* pv, int64_t n, const AdamWParams& hp, bool decays,
+                 float grad_scale) {
   const double lr = hp.lr, b1 = hp.beta1, b2 = hp.beta2, eps = hp.eps;
-  const double decay = 1.0 - lr * hp.weight_decay;
+  const double decay = 1.0 - lr * (decays ? hp.weight_decay : 0.0f);
   const double step_size = lr / (1.0 - std::pow(b1, static_cast<double>(hp.step)));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(b2, static_cast<double>(hp.step)));
-  T* p = param.ptr<T>();
-  const T* g = grad.ptr<T>();
-  T* pm = m.ptr<T>();
-  T* pv = v.ptr<T>();
-  for (int64_t i = 0, n = param.numel(); i < n; ++i) {
-    const double gi = g[i];
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = grad_scale == 1.0f ? g[i] : static_cast<T>(g[i] * grad_scale);
     const double mi = b1 * pm[i] + (1.0 - b1) * gi;
     const double vi = b2 * pv[i] + (1.0 - b2) * gi * gi;
     pm[i] = static_cast<T>(mi);
@@ -31,7 +29,31 @@ void adamw_impl(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams
   }
 }
 
+// param, grad, m, v: [n]; param, m and v updated in place.
+template <class T>
+void adamw_impl(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& hp) {
+  adamw_range(param.ptr<T>(), grad.ptr<T>(), m.ptr<T>(), v.ptr<T>(), param.numel(), hp,
+              /*decays=*/true, 1.0f);
+}
+
 }  // namespace
+
+void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
+                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         float grad_scale) {
+  const int64_t* piece = pieces.ptr<int64_t>();
+  dispatch_float(param.dtype, "adamw_update_pieces", [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t k = 0; k < pieces.dim(0); ++k) {
+      const int64_t at = piece[3 * k], n = piece[3 * k + 1];
+      T* pp = param.ptr<T>() + (at - bases.param);
+      adamw_range(pp, grad.ptr<T>() + (at - bases.grad), m.ptr<T>() + (at - bases.state),
+                  v.ptr<T>() + (at - bases.state), n, p, piece[3 * k + 2] != 0, grad_scale);
+      if (!compute_copy.empty())
+        cpu::cast(ctx, compute_copy.at(at, {n}), Tensor(pp, param.dtype, Device::cpu, {n}));
+    }
+  });
+}
 
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy) {

@@ -52,6 +52,9 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
                     Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
                     bool compute_grad);
 
+void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
+                         Tensor compute_copy, Tensor pieces, AdamWBases bases,
+                         const AdamWParams& p, float grad_scale);
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy);
 void cast(Ctx& ctx, Tensor out, Tensor in);

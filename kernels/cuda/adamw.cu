@@ -32,7 +32,68 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, C* co
   }
 }
 
+// Multi-tensor AdamW: block b updates piece b ({first flat index, count, decay}) of the
+// pieces table; the arithmetic of adamw_kernel, the gradient first scaled in fp32 as scale_
+// does.
+template <class C>
+__global__ void adamw_pieces_kernel(float* p, const float* g, float* m, float* v, C* copy,
+                                    const int64_t* pieces, AdamWBases bases, AdamWConsts k,
+                                    double decay_on, float grad_scale) {
+  const int64_t at = pieces[3 * blockIdx.x], n = pieces[3 * blockIdx.x + 1];
+  const double decay = pieces[3 * blockIdx.x + 2] != 0 ? decay_on : 1.0;
+  float* pp = p + (at - bases.param);
+  const float* gp = g + (at - bases.grad);
+  float* mp = m + (at - bases.state);
+  float* vp = v + (at - bases.state);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double gi = grad_scale == 1.0f ? gp[i] : gp[i] * grad_scale;
+    const double mi = k.b1 * mp[i] + (1.0 - k.b1) * gi;
+    const double vi = k.b2 * vp[i] + (1.0 - k.b2) * gi * gi;
+    mp[i] = static_cast<float>(mi);
+    vp[i] = static_cast<float>(vi);
+    const float pi =
+        static_cast<float>(pp[i] * decay - k.step_size * mi / (sqrt(vi) / k.bc2_sqrt + k.eps));
+    pp[i] = pi;
+    if (copy != nullptr) copy[at + i] = from_f<C>(pi);
+  }
+}
+
+AdamWConsts consts_of(const AdamWParams& hp) {
+  const double lr = hp.lr;
+  return AdamWConsts{
+      hp.beta1,
+      hp.beta2,
+      hp.eps,
+      1.0 - lr * hp.weight_decay,
+      lr / (1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
+      std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
+}
+
 }  // namespace
+
+void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
+                         Tensor compute_copy, Tensor pieces, AdamWBases bases,
+                         const AdamWParams& hp, float grad_scale) {
+  TR_ASSERT(param.dtype == DType::f32,
+            "adamw_update_pieces on CUDA: master weights and states are f32, got " +
+                std::string(dtype_name(param.dtype)));
+  const AdamWConsts k = consts_of(hp);
+  const auto blocks = static_cast<unsigned>(pieces.dim(0));
+  if (blocks == 0) return;
+  if (compute_copy.empty()) {
+    adamw_pieces_kernel<float><<<blocks, kThreads, 0, stream_of(ctx)>>>(
+        param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), nullptr,
+        pieces.ptr<int64_t>(), bases, k, k.decay, grad_scale);
+  } else {
+    dispatch_float(compute_copy.dtype, "adamw_update_pieces", [&](auto tag) {
+      using C = decltype(tag);
+      adamw_pieces_kernel<C><<<blocks, kThreads, 0, stream_of(ctx)>>>(
+          param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(),
+          compute_copy.ptr<C>(), pieces.ptr<int64_t>(), bases, k, k.decay, grad_scale);
+    });
+  }
+  CUDA_CHECK_LAUNCH();
+}
 
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& hp,
                   Tensor compute_copy) {
