@@ -327,6 +327,15 @@ void accumulate_sum_squares(Ctx& ctx, Tensor acc, Tensor x) {
   TR_DISPATCH(accumulate_sum, acc, x, /*squares=*/true);
 }
 
+void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base) {
+  const OpCheck c(ctx, "accumulate_sum_squares_pieces",
+                  {{"acc", acc}, {"x", x}, {"pieces", pieces}});
+  c.same_float_dtype({x});
+  OP_CHECK(c, acc.dtype == DType::f64 && acc.numel() == 1 && pieces.dtype == DType::i64 &&
+                  pieces.ndim == 2 && pieces.shape[1] == 2);
+  TR_DISPATCH(accumulate_sum_squares_pieces, acc, x, pieces, base);
+}
+
 void read_f64(Ctx& ctx, Tensor src, double* out) {
   TR_ASSERT(src.dtype == DType::f64 && src.device == ctx.device, "read_f64: f64 on ctx's device");
   count_host_sync();

@@ -90,6 +90,10 @@ double sum_squares(Ctx& ctx, Tensor x);
 // summed on the device and read once per step).
 void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x);
 void accumulate_sum_squares(Ctx& ctx, Tensor acc, Tensor x);
+// acc [1] f64 += the sum of squares of many ranges of x at once (one pass on CUDA: a partial
+// per piece, then the pieces' partials in order): `pieces` i64 [n, 2] on ctx's device, made
+// once, each {first index, count} with element i at x[i - base]. Deterministic.
+void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base);
 // The f64 values of `src` (a few, on ctx's device) on the host: one host sync.
 void read_f64(Ctx& ctx, Tensor src, double* out);
 // dst (on ctx's device) = src (host memory, pinned on CUDA), queued on ctx's stream: no host

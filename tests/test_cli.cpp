@@ -391,6 +391,19 @@ TEST_CASE("cli: the multi-tensor AdamW updates as the per-tensor one, bit for bi
     CHECK(p.p == q.p);
     CHECK(p.m == q.m);
     CHECK(p.v == q.v);
+    // The squared norm in one pass over pieces against one reduction per tensor
+    // (TR_NORM_PER_TENSOR=1): the same norm but for the summation order.
+    RunDir norm(6);
+    CmdResult c =
+        one ? norm.trainer(shape, "TR_NORM_PER_TENSOR=1")
+            : norm.mpirun(8, shape + layout, "TR_TEST_COMPUTE_COPY=1 TR_NORM_PER_TENSOR=1");
+    INFO(c.output);
+    REQUIRE(c.exit_code == 0);
+    const std::vector<nlohmann::json> z = norm.metrics();
+    REQUIRE(z.size() == 6);
+    CHECK(z[0]["loss"].get<double>() == x[0]["loss"].get<double>());
+    for (size_t i = 0; i < z.size(); ++i)
+      CHECK(std::abs(z[i]["grad_norm"].get<double>() / x[i]["grad_norm"].get<double>() - 1) < 1e-9);
   }
 }
 

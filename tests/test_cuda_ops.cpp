@@ -444,6 +444,18 @@ TEST_CASE("cuda: device-side loss and norm accumulators, and the pinned token up
     CHECK(std::abs(got[0] - want_sum) <= 1e-9 * want_sq);
     CHECK(std::abs(got[1] / (2 * want_sq) - 1) < 1e-12);
     CHECK(got[1] == 2 * sum_squares(g.ctx, d_a.t));  // the same partials as sum_squares
+    // The norm's pieces: two ranges of the flat space [100, 100 + n), one left out.
+    std::vector<int64_t> pieces = {100, 65536, 100 + 70000, n - 70000};
+    double want_pieces = 0;
+    for (int64_t i = 0; i < n; ++i)
+      if (i < 65536 || i >= 70000) want_pieces += static_cast<double>(a[i]) * a[i];
+    Buffer pb(pieces.size() * sizeof(int64_t), Device::cuda);
+    Tensor tp(pb.data(), DType::i64, Device::cuda, {2, 2});
+    copy_tensor(tp, Tensor(pieces.data(), DType::i64, Device::cpu, {2, 2}));
+    zero_(g.ctx, acc);
+    accumulate_sum_squares_pieces(g.ctx, acc.slice(0, 1), d_a.t, tp, 100);
+    read_f64(g.ctx, acc, got);
+    CHECK(std::abs(got[0] / want_pieces - 1) < 1e-12);
   }
   std::vector<int32_t> ids(4096);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 37 % 151936);

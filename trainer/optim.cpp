@@ -61,6 +61,19 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
   pieces_buf_ = Buffer(std::max<size_t>(pieces.size(), 1) * sizeof(int64_t), ctx.device);
   pieces_ = Tensor(pieces_buf_.data(), DType::i64, ctx.device, {count, 3});
   copy_tensor(pieces_, Tensor(pieces.data(), DType::i64, Device::cpu, {count, 3}));
+  // The norm's pieces: what this rank counts (replicated tensors on TP rank 0 only, the tied
+  // copy nowhere), at most kAdamWPieceElems each.
+  std::vector<int64_t> norm;
+  for (const ParamInfo& p : model.layout().tensors) {
+    if (p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0)) continue;
+    const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
+    for (int64_t at = lo; at < hi; at += kAdamWPieceElems)
+      norm.insert(norm.end(), {at, std::min(kAdamWPieceElems, hi - at)});
+  }
+  const auto norm_count = static_cast<int64_t>(norm.size() / 2);
+  norm_pieces_buf_ = Buffer(std::max<size_t>(norm.size(), 1) * sizeof(int64_t), ctx.device);
+  norm_pieces_ = Tensor(norm_pieces_buf_.data(), DType::i64, ctx.device, {norm_count, 2});
+  copy_tensor(norm_pieces_, Tensor(norm.data(), DType::i64, Device::cpu, {norm_count, 2}));
 }
 
 size_t AdamW::state_bytes(int64_t capacity, int64_t total, int dp, bool zero1) {
@@ -75,6 +88,14 @@ void AdamW::accumulate_norm(Tensor acc) const {
   Ctx ctx = ctx_;
   const bool zero1 = reducer_.zero1();
   const int64_t shard_begin = reducer_.shard_begin(), shard_size = reducer_.shard_size();
+  // One pass over the pieces table; TR_NORM_PER_TENSOR=1: a reduction per tensor, the first way.
+  static const bool per_tensor = [] {
+    const char* env = std::getenv("TR_NORM_PER_TENSOR");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  if (!per_tensor)
+    return accumulate_sum_squares_pieces(ctx, acc, grad_shard(), norm_pieces_,
+                                         zero1 ? shard_begin : 0);
   if (!zero1 && tp_ == nullptr && pp_ == nullptr)
     return accumulate_sum_squares(ctx, acc, grad_shard());
   // Tensor by tensor: replicated tensors count on TP rank 0 only, the tied copy not at all.

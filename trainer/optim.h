@@ -87,6 +87,9 @@ class AdamW {
   // kernels/ops.h adamw_update_pieces), and the clipping factor the next update applies.
   Buffer pieces_buf_;
   Tensor pieces_;
+  // The squared norm's pieces (i64 [n, 2]: the ranges this rank counts), made once.
+  Buffer norm_pieces_buf_;
+  Tensor norm_pieces_;
   float clip_scale_ = 1.0f;
   Buffer own_norm_buf_;  // reduce_and_clip's f64 accumulator
 };

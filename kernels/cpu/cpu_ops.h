@@ -41,6 +41,7 @@ void scale_(Ctx& ctx, Tensor x, float s);
 void zero_(Ctx& ctx, Tensor x);
 double sum_squares(Ctx& ctx, Tensor x);
 void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares);
+void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base);
 
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
                            int64_t vocab_valid, float grad_scale, bool compute_grad);
@@ -53,8 +54,8 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
                     bool compute_grad);
 
 void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWBases bases,
-                         const AdamWParams& p, float grad_scale);
+                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         float grad_scale);
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy);
 void cast(Ctx& ctx, Tensor out, Tensor in);

@@ -81,4 +81,11 @@ void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares) {
   acc.ptr<double>()[0] += sum;
 }
 
+// Each piece's sum of squares in double, then added to acc piece by piece.
+void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base) {
+  const int64_t* piece = pieces.ptr<int64_t>();
+  for (int64_t k = 0; k < pieces.dim(0); ++k)
+    acc.ptr<double>()[0] += cpu::sum_squares(ctx, x.at(piece[2 * k] - base, {piece[2 * k + 1]}));
+}
+
 }  // namespace tr::cpu

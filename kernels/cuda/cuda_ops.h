@@ -89,13 +89,14 @@ void scale_(Ctx& ctx, Tensor x, float s);
 void zero_(Ctx& ctx, Tensor x);
 double sum_squares(Ctx& ctx, Tensor x);
 void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares);
+void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base);
 void upload_async(Ctx& ctx, Tensor dst, Tensor src);
 void read_f64(Ctx& ctx, Tensor src, double* out);
 void cast(Ctx& ctx, Tensor out, Tensor in);
 
 void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWBases bases,
-                         const AdamWParams& p, float grad_scale);
+                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         float grad_scale);
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy);
 

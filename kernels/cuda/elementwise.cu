@@ -116,6 +116,28 @@ double sum_squares(Ctx& ctx, Tensor x) {
   return host;
 }
 
+// Block b: the sum of squares of piece b ({first index, count}) into partial[b].
+template <class T>
+__global__ void piece_squares(double* partial, const T* x, const int64_t* pieces, int64_t base) {
+  const T* p = x + (pieces[2 * blockIdx.x] - base);
+  const int64_t n = pieces[2 * blockIdx.x + 1];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double v = to_f(p[i]);
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// One block adds the n partials (thread-strided, then the block's sum: a fixed order) to *out.
+__global__ void add_partials(double* out, const double* partial, int64_t n) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out += acc;
+}
+
 // The same two passes as sum_squares, the total added to acc on the device: nothing is read back.
 // The workspace's partials are reused by the next op on the stream, after these kernels ran.
 void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares) {
@@ -132,6 +154,21 @@ void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares) {
   });
   CUDA_CHECK_LAUNCH();
   sum_partials<true><<<1, kThreads, 0, stream_of(ctx)>>>(acc.ptr<double>(), partial);
+  CUDA_CHECK_LAUNCH();
+}
+
+void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base) {
+  const int64_t n = pieces.dim(0);
+  if (n == 0) return;
+  Workspace ws(ctx, "accumulate_sum_squares_pieces");
+  double* partial = ws.take<double>(n);
+  dispatch_float(x.dtype, "accumulate_sum_squares_pieces", [&](auto tag) {
+    using T = decltype(tag);
+    piece_squares<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(ctx)>>>(
+        partial, x.ptr<T>(), pieces.ptr<int64_t>(), base);
+  });
+  CUDA_CHECK_LAUNCH();
+  add_partials<<<1, kThreads, 0, stream_of(ctx)>>>(acc.ptr<double>(), partial, n);
   CUDA_CHECK_LAUNCH();
 }
 
