@@ -278,8 +278,10 @@ absl::Status export_hf(const ExportOptions& o) {
   std::vector<std::vector<st::WriteEntry>> shards(1);
   int64_t in_shard = 0, total = 0;
   const int64_t limit = static_cast<int64_t>(o.max_shard_gib * double(int64_t{1} << 30));
+  std::map<std::string, std::string> ours_of;  // Hugging Face name -> checkpoint name
   for (const ckpt::TensorRef& t : whole_model_tensors(*cfg)) {
     st::WriteEntry e{hf_name(t.name), o.dtype, t.shape};
+    ours_of[e.name] = t.name;
     if (in_shard > 0 && in_shard + e.bytes() > limit) {
       shards.emplace_back();
       in_shard = 0;
@@ -303,13 +305,10 @@ absl::Status export_hf(const ExportOptions& o) {
     if (!w.ok()) return w.status();
     std::vector<float> buf;
     for (const st::WriteEntry& e : w->order()) {
-      // The tensor's checkpoint name back from the Hugging Face one.
-      std::string ours = e.name.starts_with("model.") ? e.name.substr(6) : e.name;
-      ours = absl::StrReplaceAll(ours, {{".", "/"}});
       int64_t numel = 1;
       for (int64_t d : e.shape) numel *= d;
       buf.resize(static_cast<size_t>(numel));
-      ckpt::TensorRef ref(ours, e.shape, buf.data());
+      ckpt::TensorRef ref(ours_of.at(e.name), e.shape, buf.data());
       ckpt::LoadTarget one{{&ref, 1}, {}, {}, /*subset=*/true, /*check_crc=*/false};
       if (absl::Status st = ckpt::load(o.checkpoint, one, nullptr, nullptr); !st.ok()) return st;
       if (absl::Status st = w->append(buf); !st.ok()) return st;

@@ -315,9 +315,12 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     out.ran = false;
     return out;
   }
+  int64_t fault_syncs = 0;  // the fault's own copy is not the step's
   if (faulty_rank && fault.at(step, "grad_nan")) {
+    const int64_t before = host_sync_count();
     float nan = std::numeric_limits<float>::quiet_NaN();
     copy_tensor(s.model->grads().at(0, {1}), Tensor(&nan, DType::f32, Device::cpu, {1}));
+    fault_syncs = host_sync_count() - before;
   }
   s.model->sync_replicated_grads();
   if (s.topo.pp > 1 && s.cfg.model.tie_embeddings && (s.topo.first_stage() || s.topo.last_stage()))
@@ -373,10 +376,9 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     }
   }
   // No synchronize here: the update runs on while the next step's data is fetched, and the next
-  // step's read waits for it (so in steady state each step's time is its own). The grad_nan
-  // fault's copy is a sync of the fault, not the step's.
+  // step's read waits for it (so in steady state each step's time is its own).
   m.optimizer_s = seconds_since(t1);
-  m.host_syncs = host_sync_count() - syncs_before - (faulty_rank && fault.at(step, "grad_nan"));
+  m.host_syncs = host_sync_count() - syncs_before - fault_syncs;
   m.step = step;
   m.tokens = tokens;
   m.step_time_s = seconds_since(t0);

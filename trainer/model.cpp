@@ -518,10 +518,14 @@ void Qwen2Model::init_weights(uint64_t seed, double std) {
     params_from_host(staging);
 }
 
-void Qwen2Model::tp_sum(Tensor t) {
+Comm* Qwen2Model::tp_group() const {
   TR_ASSERT(dims_.tp == 1 || (tp_ != nullptr && tp_->size() == dims_.tp),
             "tensor parallelism needs set_tp_comm()");
-  tp::sum(tp_, t);
+  return tp_;
+}
+
+void Qwen2Model::tp_sum(Tensor t) {
+  tp::sum(tp_group(), t);
 }
 
 // The two ends of a TP region (parallel/tp_region.h). Without sequence parallelism the
@@ -531,13 +535,11 @@ Tensor Qwen2Model::full_or(Tensor local) const {
 }
 
 void Qwen2Model::reduce_to_local(Tensor partial, Tensor local) {
-  TR_ASSERT(dims_.tp == 1 || (tp_ != nullptr && tp_->size() == dims_.tp),
-            "tensor parallelism needs set_tp_comm()");
-  tp::reduce_out(tp_, dims_.sequence_parallel, partial, local);
+  tp::reduce_out(tp_group(), dims_.sequence_parallel, partial, local);
 }
 
 Tensor Qwen2Model::gather_tokens(Tensor local, Tensor full) {
-  return tp::gather_in(tp_, dims_.sequence_parallel, local, full);
+  return tp::gather_in(tp_group(), dims_.sequence_parallel, local, full);
 }
 
 void Qwen2Model::sync_replicated_grads() {

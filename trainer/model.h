@@ -159,7 +159,7 @@ class Qwen2Model {
   // element is element masters_begin() of the flat buffer.
   Tensor masters() const { return params_; }
   int64_t masters_begin() const { return masters_begin_; }
-  bool masters_sharded() const { return masters_begin_ > 0 || params_.numel() < layout_.capacity; }
+  bool masters_sharded() const { return params_.numel() < layout_.capacity; }
   // The whole masters (not sharded): [P] flat.
   Tensor params() const;
   Tensor grads() const { return grads_.slice(0, layout_.total); }  // [P] flat
@@ -235,6 +235,7 @@ class Qwen2Model {
   struct Acts;
   Weights views(Tensor flat) const;
   void alloc_acts(Arena& arena);       // every activation and scratch buffer, in one fixed order
+  Comm* tp_group() const;              // the TP group (asserted set when tp > 1)
   void tp_sum(Tensor t);               // all-reduce over the TP group (no-op when tp == 1)
   Tensor full_or(Tensor local) const;  // the [T, H] buffer for a [Tl, H] one
   void reduce_to_local(Tensor partial, Tensor local);  // end of a TP region

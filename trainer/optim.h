@@ -19,6 +19,11 @@ namespace tr {
 // lr/warmup to lr over warmup_steps, then cosine | linear | constant | wsd towards min_lr.
 double lr_at(const OptimConfig& o, int64_t total_steps, int64_t step);
 
+// The data-parallel gradient reduction's type: parallel.grad_reduce_dtype as a DType.
+inline DType grad_reduce_dtype(const ParallelConfig& p) {
+  return p.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+}
+
 // Global-norm clipping and AdamW over the model's flat buffers, on this rank's range of them:
 // the data-parallel reduction (buckets, overlap, the reduction's type, ZeRO-1's shards) is the
 // GradReducer's (parallel/grad_reducer.h).

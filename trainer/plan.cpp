@@ -150,7 +150,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     const int64_t capacity = model.layout().capacity, total = model.layout().total;
     // AdamW's m and v of this rank's range; the GradReducer's reduced gradient shard (ZeRO-1)
     // and bf16 staging: their own counts.
-    const DType reduce = par.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
+    const DType reduce = grad_reduce_dtype(par);
     m.optimizer_without_zero1 =
         static_cast<double>(AdamW::state_bytes(capacity, total, topo->dp, false) +
                             GradReducer::staging_bytes(capacity, topo->dp, false, reduce));
@@ -208,7 +208,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   const double grads = static_cast<double>(plan.stages[0].grads);
   // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
   // compute copy all-gathered.
-  const double reduced = par.grad_reduce_dtype == "bf16" ? grads / 2 : grads;  // bytes on the wire
+  const double reduced = grads / 4 * dtype_size(grad_reduce_dtype(par));  // bytes on the wire
   plan.dp_bytes = zero1 ? ring_half(reduced, dp) + ring_half(plan.stages[0].compute_copy, dp)
                         : ring_all_reduce(reduced, dp);
 

@@ -207,36 +207,29 @@ absl::Status settle_checkpoint_dir(Session& r) {
 // ZeRO-1 range of the Adam states (the files were verified in check_inputs).
 absl::Status load_checkpoint(Session& r, const std::string& path) {
   std::string stored_yaml;
-  // Read on the host: whole masters on the host in place; on a device, or sharded, staged and
-  // then set (the masters this rank keeps, and the compute copy).
-  const bool whole = !r.model->masters_sharded();
-  Tensor targets[3] = {whole ? r.model->params() : Tensor(), r.opt->exp_avg(), r.opt->exp_avg_sq()};
-  std::vector<float> staged[3];
-  float* into[3];
-  if (!whole) {
-    staged[0].resize(static_cast<size_t>(r.model->layout().total));
-    into[0] = staged[0].data();
-  }
-  for (int i = whole ? 0 : 1; i < 3; ++i) {
-    if (targets[i].device == Device::cpu) {
-      into[i] = targets[i].ptr<float>();
+  // Read on the host: the weights staged and then set (the masters this rank keeps, and the
+  // compute copy); the Adam states in place on the host, staged for a device.
+  std::vector<float> weights(static_cast<size_t>(r.model->layout().total));
+  Tensor states[2] = {r.opt->exp_avg(), r.opt->exp_avg_sq()};
+  std::vector<float> staged[2];
+  float* into[2];
+  for (int i = 0; i < 2; ++i) {
+    if (states[i].device == Device::cpu) {
+      into[i] = states[i].ptr<float>();
     } else {
-      staged[i].resize(static_cast<size_t>(targets[i].numel()));
+      staged[i].resize(static_cast<size_t>(states[i].numel()));
       into[i] = staged[i].data();
     }
   }
-  if (absl::Status st =
-          load_rank_part(path, r.cfg, r.topo, into[0], into[1], into[2], &r.state, &stored_yaml);
+  if (absl::Status st = load_rank_part(path, r.cfg, r.topo, weights.data(), into[0], into[1],
+                                       &r.state, &stored_yaml);
       !st.ok())
     return st;
-  if (!staged[0].empty())
-    r.model->params_from_host(staged[0]);  // the masters it keeps, and the compute copy
-  else
-    r.model->refresh_compute_copy();
-  for (int i = 1; i < 3; ++i)
+  r.model->params_from_host(weights);
+  for (int i = 0; i < 2; ++i)
     if (!staged[i].empty())
-      copy_tensor(targets[i],
-                  Tensor(staged[i].data(), DType::f32, Device::cpu, {targets[i].numel()}));
+      copy_tensor(states[i],
+                  Tensor(staged[i].data(), DType::f32, Device::cpu, {states[i].numel()}));
   r.last_saved_step = r.state.step;
   const std::vector<std::string> diffs = config_differences(stored_yaml, to_yaml(r.cfg));
   for (const std::string& d : diffs) {
@@ -454,7 +447,7 @@ absl::Status build_model(Session& r) {
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());
   r.opt->reducer().configure(r.cfg.parallel.dp_bucket_elems, r.cfg.parallel.overlap_dp,
-                             r.cfg.parallel.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32);
+                             grad_reduce_dtype(r.cfg.parallel));
   r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
   if (!r.resume_from.empty()) {
