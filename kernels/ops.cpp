@@ -2,6 +2,7 @@
 // non-empty tensors), then run the backend of ctx.device.
 #include "kernels/ops.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include <array>
@@ -150,7 +151,7 @@ void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, fl
 }
 
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd, bool accumulate_din) {
+                 Tensor rstd, bool accumulate_din, GradWrite dw) {
   const OpCheck c(ctx, "rmsnorm_bwd",
                   {{"din", din},
                    {"dweight", dweight},
@@ -164,7 +165,8 @@ void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, T
   OP_CHECK(c, in.ndim == 2 && din.same_shape(in) && dout.same_shape(in));
   OP_CHECK(c, is_vector(rstd, in.shape[0]) && is_vector(weight, in.shape[1]));
   OP_CHECK(c, dweight.same_shape(weight));
-  TR_DISPATCH(rmsnorm_bwd, din, dweight, dout, in, weight, rstd, accumulate_din);
+  TR_DISPATCH(rmsnorm_bwd, din, dweight, dout, in, weight, rstd, accumulate_din,
+              dw == GradWrite::assign);
 }
 
 void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Tensor b,
@@ -191,7 +193,7 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
 }
 
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
-                Tensor weight) {
+                Tensor weight, GradWrite dw) {
   const OpCheck c(ctx, "linear_bwd",
                   {optional("din", din),
                    {"dweight", dweight},
@@ -206,7 +208,7 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
   OP_CHECK(c, is_matrix(dout, in.shape[0], weight.shape[0]) && dweight.same_shape(weight));
   OP_CHECK(c, din.empty() || din.same_shape(in));
   OP_CHECK(c, dbias.empty() || is_vector(dbias, weight.shape[0]));
-  TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight);
+  TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight, dw == GradWrite::assign);
 }
 
 namespace {
@@ -412,6 +414,37 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
   TR_DISPATCH(xent_loss_grad, losses, logits, targets, row_max, sums, vocab_offset, vocab_valid,
               grad_scale, compute_grad);
+}
+
+bool xent_three_pass() {
+  static const bool three = [] {
+    const char* env = std::getenv("TR_XENT_3PASS");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  return three;
+}
+
+void xent_shard_stats(Ctx& ctx, Tensor stats, Tensor logits, Tensor targets, int64_t vocab_offset,
+                      int64_t vocab_valid) {
+  const OpCheck c(ctx, "xent_shard_stats",
+                  {{"stats", stats}, {"logits", logits}, {"targets", targets}});
+  c.same_float_dtype({logits});
+  OP_CHECK(c, stats.dtype == stat_dtype(logits.dtype) && targets.dtype == DType::i32);
+  OP_CHECK(c, logits.ndim == 2 && is_matrix(stats, logits.shape[0], 3) &&
+                  is_vector(targets, logits.shape[0]));
+  TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
+            c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  TR_DISPATCH(xent_shard_stats, stats, logits, targets, vocab_offset, vocab_valid);
+}
+
+void xent_combine(Ctx& ctx, Tensor row_max, Tensor sums, Tensor all_stats) {
+  const OpCheck c(ctx, "xent_combine",
+                  {{"row_max", row_max}, {"sums", sums}, {"all_stats", all_stats}});
+  OP_CHECK(c, (row_max.dtype == DType::f32 || row_max.dtype == DType::f64) &&
+                  sums.dtype == row_max.dtype && all_stats.dtype == row_max.dtype);
+  OP_CHECK(c, all_stats.ndim == 3 && all_stats.shape[2] == 3 &&
+                  is_vector(row_max, all_stats.shape[1]) && is_matrix(sums, all_stats.shape[1], 2));
+  TR_DISPATCH(xent_combine, row_max, sums, all_stats);
 }
 
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,

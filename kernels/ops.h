@@ -2,14 +2,15 @@
 // (fp32 and fp64 reference) and kernels/cuda. Each call dispatches on ctx.device and checks
 // shapes, dtypes and devices before running.
 //
-// Gradient rule: backward of a parameter ACCUMULATES (+=), backward of an activation ASSIGNS (=).
-// Each declaration below says which. Notation: T = tokens in a micro-batch (batch * seq_len,
-// batch-major), H = hidden size, I = intermediate size, nh/nkv = query/KV heads on this rank,
-// hd = head dim. All floating tensors of one call share one dtype (f32 or f64 on the CPU, f32
-// or bf16 on CUDA), except saved statistics and per-row losses (rstd, lse, losses): those are
-// f64 when the op's tensors are f64 and f32 otherwise, so fp64 finite-difference tests stay
-// clean; and parameter gradients (dweight, dtable), which may be f32 under bf16 compute (the
-// fp32 gradient buffers accumulate directly).
+// Gradient rule: backward of a parameter ACCUMULATES (+=) by default, or ASSIGNS (=) when given
+// GradWrite::assign (the first micro-batch of a step, so the buffer need not be zeroed first);
+// backward of an activation ASSIGNS (=). Each declaration below says which. Notation: T = tokens in
+// a micro-batch (batch * seq_len, batch-major), H = hidden size, I = intermediate size, nh/nkv =
+// query/KV heads on this rank, hd = head dim. All floating tensors of one call share one dtype (f32
+// or f64 on the CPU, f32 or bf16 on CUDA), except saved statistics and per-row losses (rstd, lse,
+// losses): those are f64 when the op's tensors are f64 and f32 otherwise, so fp64 finite-difference
+// tests stay clean; and parameter gradients (dweight, dtable), which may be f32 under bf16 compute
+// (the fp32 gradient buffers accumulate directly).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +20,10 @@
 #include "kernels/core/tensor.h"
 
 namespace tr {
+
+// How a backward op writes a parameter gradient: added to what the buffer holds, or assigned.
+// Assigning gives the same bits as adding to zeros.
+enum class GradWrite : uint8_t { add, assign };
 
 // ---- embedding (vocab-parallel ready) ----
 // out[T,H] = table[tok - vocab_offset] for tokens inside [vocab_offset, vocab_offset + Vl),
@@ -31,9 +36,10 @@ void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t 
 // out [T,H], rstd [T] (saved for backward; f32, or f64 for f64 ops), in [T,H], weight [H].
 void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, float eps);
 // din [T,H] ASSIGNED, or ACCUMULATED with accumulate_din (the residual stream's gradient: the
-// fused form of rmsnorm_bwd into a temporary and an add); dweight [H] ACCUMULATES.
+// fused form of rmsnorm_bwd into a temporary and an add); dweight [H] ACCUMULATES (or is
+// assigned with GradWrite::assign).
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd, bool accumulate_din = false);
+                 Tensor rstd, bool accumulate_din = false, GradWrite dw = GradWrite::add);
 // Residual add fused with the next RMSNorm: sum = a + b (ASSIGNED; may alias a), then
 // rmsnorm_fwd(out, rstd, sum, weight, eps) on the sum as stored (rounded to its dtype).
 void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Tensor b,
@@ -42,10 +48,10 @@ void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Te
 // ---- linear: out[T,O] = in[T,K] · weight[O,K]^T + bias[O] (bias may be empty) ----
 void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
 // din [T,K] = dout · weight, ASSIGNED (skipped when din is empty);
-// dweight [O,K] += dout^T · in and dbias [O] += column sums of dout, ACCUMULATE (dbias may be
-// empty).
+// dweight [O,K] += dout^T · in and dbias [O] += column sums of dout, ACCUMULATE (or are
+// assigned with GradWrite::assign; dbias may be empty).
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
-                Tensor weight);
+                Tensor weight, GradWrite dw = GradWrite::add);
 
 // ---- rotary embedding (Qwen2 / HF "rotate_half": element i pairs with i + hd/2) ----
 // In place on x [T, n_heads_total, hd]: heads [0, n_rope_heads) of token t are rotated by
@@ -129,6 +135,22 @@ void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_
 void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
                     Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
                     bool compute_grad);
+
+// The same loss in two passes over the logits instead of three (the default; TR_XENT_3PASS=1
+// selects the three steps above, and the whole-vocabulary loss's first kernel, to bisect a GPU
+// failure): each rank's statistics in one pass, gathered over the TP group, combined, then step 3.
+bool xent_three_pass();
+// 1. stats [C, 3] ASSIGNED, in one pass (online softmax): {m = max over this shard's valid
+//    columns (-inf when it has none), the sum of exp(logit - m) over them (0 when none), the
+//    target's logit when the target is in this shard else 0}.
+void xent_shard_stats(Ctx& ctx, Tensor stats, Tensor logits, Tensor targets, int64_t vocab_offset,
+                      int64_t vocab_valid);
+// 2. all_stats [tp, C, 3]: every TP rank's stats (the caller all-gathers them). row_max [C] and
+//    sums [C, 2] ASSIGNED as xent_row_max with its max all-reduce and xent_sums with its sum
+//    all-reduce give them (up to rounding): M = max of the m, {the sum over ranks of
+//    sum * exp(m - M), the sum of the target logits}, over the ranks in order (the same bits on
+//    every rank). Then step 3, xent_loss_grad.
+void xent_combine(Ctx& ctx, Tensor row_max, Tensor sums, Tensor all_stats);
 
 // ---- AdamW (decoupled weight decay), one contiguous range ----
 // param, grad, m, v: [n] f32 (f64 also on the CPU). step >= 1 (bias correction). In the order of

@@ -407,6 +407,79 @@ TEST_CASE("cli: the multi-tensor AdamW updates as the per-tensor one, bit for bi
   }
 }
 
+// Each gradient's first write of a step assigns (no zeroing pass over the gradient buffer): with
+// every gradient NaN before each step (TR_TEST_POISON_GRADS=1), runs match the old zero-then-add
+// path (TR_GRAD_ZERO=1) bit for bit: losses, norms, weights and Adam states. One rank (tied: the
+// LM head assigns the embedding's gradient before the embedding adds to it; four micro-batches
+// per step), and tp 2 · pp 2 · dp 2 with sequence parallelism and the DP overlap (two
+// micro-batches per rank), tied (the first stage zeroes its embedding gradient, the last stage's
+// head assigns its copy) and untied with ZeRO-1.
+TEST_CASE("cli: the first micro-batch assigns the gradients, as zeroing them first did",
+          "[cli][mpi]") {
+  const std::string shape =
+      " --set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8"
+      " --set model.num_layers=4 --set train.micro_batch=2";
+  const std::string split =
+      " --set parallel.tp=2 --set parallel.pp=2"
+      " --set parallel.sequence_parallel=true";
+  for (const std::string& layout :
+       {std::string(""), split,
+        split + " --set model.tie_embeddings=false --set parallel.zero1=true"}) {
+    RunDir assigned(6), zeroed(6);
+    const bool one = layout.empty();
+    CmdResult a = one ? assigned.trainer(shape, "TR_TEST_POISON_GRADS=1")
+                      : assigned.mpirun(8, shape + layout, "TR_TEST_POISON_GRADS=1");
+    INFO(layout << "\n" << a.output);
+    REQUIRE(a.exit_code == 0);
+    CHECK(a.output.find("warning: step") == std::string::npos);
+    CmdResult b = one ? zeroed.trainer(shape, "TR_GRAD_ZERO=1")
+                      : zeroed.mpirun(8, shape + layout, "TR_GRAD_ZERO=1");
+    INFO(b.output);
+    REQUIRE(b.exit_code == 0);
+    const std::vector<nlohmann::json> x = assigned.metrics(), y = zeroed.metrics();
+    REQUIRE(x.size() == 6);
+    REQUIRE(y.size() == 6);
+    for (size_t i = 0; i < x.size(); ++i) {
+      CHECK(std::isfinite(x[i]["loss"].get<double>()));
+      CHECK(x[i]["loss"].get<double>() == y[i]["loss"].get<double>());
+      CHECK(x[i]["grad_norm"].get<double>() == y[i]["grad_norm"].get<double>());
+    }
+    std::vector<std::string> sets = {"model.num_heads=8", "model.num_kv_heads=4",
+                                     "model.head_dim=8", "model.num_layers=4"};
+    if (layout.find("tie_embeddings=false") != std::string::npos)
+      sets.push_back("model.tie_embeddings=false");
+    const CkptTensors p =
+        read_checkpoint(assigned.config, assigned.dir / "ckpt/step_00000006", sets);
+    const CkptTensors q = read_checkpoint(zeroed.config, zeroed.dir / "ckpt/step_00000006", sets);
+    CHECK(p.p == q.p);
+    CHECK(p.m == q.m);
+    CHECK(p.v == q.v);
+  }
+}
+
+// The vocab-parallel loss from gathered shard statistics (two passes over the logits) against
+// the three steps with their two all-reduces (TR_XENT_3PASS=1): the same losses but for rounding,
+// at tp 2 and tp 4 (the vocabulary of 257 padded: the last rank's shard is partly padding).
+TEST_CASE("cli: the two-pass vocab-parallel loss matches the three-pass one", "[cli][mpi]") {
+  const std::string shape =
+      " --set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8";
+  for (int tp : {2, 4}) {
+    const std::string layout = " --set parallel.tp=" + std::to_string(tp);
+    RunDir two(6), three(6);
+    CmdResult a = two.mpirun(tp, shape + layout);
+    INFO(a.output);
+    REQUIRE(a.exit_code == 0);
+    CmdResult b = three.mpirun(tp, shape + layout, "TR_XENT_3PASS=1");
+    INFO(b.output);
+    REQUIRE(b.exit_code == 0);
+    const std::vector<nlohmann::json> x = two.metrics(), y = three.metrics();
+    REQUIRE(x.size() == 6);
+    REQUIRE(y.size() == 6);
+    for (size_t i = 0; i < x.size(); ++i)
+      CHECK(std::abs(x[i]["loss"].get<double>() / y[i]["loss"].get<double>() - 1) < 1e-6);
+  }
+}
+
 // The layouts (tp, pp, dp) of the issue, at the same global batch: losses, validation loss,
 // final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
 TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match one rank",

@@ -144,6 +144,12 @@ TEST_CASE("cuda: rmsnorm forward and backward match the CPU", "[gpu]") {
       check_close(d_rstd.download(), rstd, DType::f32, "rstd " + what);
       check_close(d_din.download(), din, dt, "din " + what);
       check_close(d_dw.download(), dw, dt, "dweight (accumulated) " + what);
+      // A step's first micro-batch assigns dweight over what the buffer held.
+      rmsnorm_bwd(cpu_ctx, host(din, {T, H}), host(dw, {H}), host(dout, {T, H}), host(in, {T, H}),
+                  host(w, {H}), host(rstd, {T}), false, GradWrite::assign);
+      rmsnorm_bwd(g.ctx, d_din.t, d_dw.t, d_dout.t, d_in.t, d_w.t, d_rstd.t, false,
+                  GradWrite::assign);
+      check_close(d_dw.download(), dw, dt, "dweight (assigned) " + what);
       // The fused residual add + norm, and the backward accumulating into the residual's
       // gradient.
       std::vector<float> b = random_values(T * H, rng, dt), sum(T * H), out2(T * H), rstd2(T);
@@ -195,6 +201,13 @@ TEST_CASE("cuda: cuBLASLt linear forward and backward match the CPU", "[gpu]") {
       check_close(d_din.download(), din, dt, "din " + what);
       check_close(d_dw.download(), dw, dt, "dweight (accumulated) " + what);
       if (s.bias) check_close(d_db.download(), db, dt, "dbias (accumulated) " + what);
+      // A step's first micro-batch assigns (beta 0) over what the buffers held.
+      linear_bwd(cpu_ctx, Tensor(), host(dw, {O, K}), s.bias ? host(db, {O}) : Tensor(),
+                 host(dout, {T, O}), host(in, {T, K}), host(w, {O, K}), GradWrite::assign);
+      linear_bwd(g.ctx, Tensor(), d_dw.t, s.bias ? d_db.t : Tensor(), d_dout.t, d_in.t, d_w.t,
+                 GradWrite::assign);
+      check_close(d_dw.download(), dw, dt, "dweight (assigned) " + what);
+      if (s.bias) check_close(d_db.download(), db, dt, "dbias (assigned) " + what);
     }
   }
 }
@@ -247,6 +260,39 @@ TEST_CASE("cuda: cross-entropy in place, whole and vocab-parallel, matches the C
       check_close(e_sums.download(), sums, DType::f32, "sums " + what);
       check_close(e_losses.download(), losses2, DType::f32, "vocab-parallel losses " + what);
       check_close(e_logits.download(), grad2, dt, "vocab-parallel gradient " + what);
+      // The two-pass form: this shard's statistics in one pass, combined with a second rank's
+      // (the second half of the shard's columns as if it were another rank's, vocab offset
+      // Vl / 2), then the packed gradient pass.
+      const int64_t half = Vl / 2,
+                    half_valid[2] = {std::min(valid, half), std::max<int64_t>(0, valid - half)};
+      std::vector<float> stats(2 * C * 3);
+      for (int r = 0; r < 2; ++r) {
+        std::vector<float> part(C * half);
+        for (int64_t i = 0; i < C; ++i)
+          for (int64_t j = 0; j < half; ++j) part[i * half + j] = logits[i * Vl + r * half + j];
+        xent_shard_stats(cpu_ctx, Tensor(stats.data() + r * C * 3, DType::f32, Device::cpu, {C, 3}),
+                         host(part, {C, half}), targets, r * half, half_valid[r]);
+        Dev d_part(dt, {C, half}, part), d_stats(DType::f32, {C, 3});
+        xent_shard_stats(g.ctx, d_stats.t, d_part.t, d_tgt.t, r * half, half_valid[r]);
+        check_close(d_stats.download(),
+                    std::vector<float>(stats.begin() + r * C * 3, stats.begin() + (r + 1) * C * 3),
+                    DType::f32, "shard statistics " + std::to_string(r) + " " + what);
+      }
+      std::vector<float> cmax(C), csums(2 * C), losses3(C), grad3 = logits;
+      xent_combine(cpu_ctx, host(cmax, {C}), host(csums, {C, 2}), host(stats, {2, C, 3}));
+      Dev d_all(DType::f32, {2, C, 3}, stats), f_max(DType::f32, {C}), f_sums(DType::f32, {C, 2}),
+          f_logits(dt, {C, Vl}, logits), f_losses(DType::f32, {C});
+      xent_combine(g.ctx, f_max.t, f_sums.t, d_all.t);
+      check_close(f_max.download(), cmax, DType::f32, "combined row max " + what);
+      check_close(f_sums.download(), csums, DType::f32, "combined sums " + what);
+      check_close(f_max.download(), rmax, DType::f32, "combined row max = three steps' " + what);
+      check_close(f_sums.download(), sums, DType::f32, "combined sums = three steps' " + what);
+      xent_loss_grad(cpu_ctx, host(losses3, {C}), host(grad3, {C, Vl}), targets, host(cmax, {C}),
+                     host(csums, {C, 2}), 0, valid, scale, true);
+      xent_loss_grad(g.ctx, f_losses.t, f_logits.t, d_tgt.t, f_max.t, f_sums.t, 0, valid, scale,
+                     true);
+      check_close(f_losses.download(), losses3, DType::f32, "two-pass losses " + what);
+      check_close(f_logits.download(), grad3, dt, "two-pass gradient " + what);
     }
   }
 }

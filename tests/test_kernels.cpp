@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -110,8 +111,10 @@ std::vector<double> numeric_grad(HostTensor& x, const std::function<double()>& l
 
 // Runs bwd twice. Parameter grads (zeroed first) must double: they ACCUMULATE. Activation
 // grads, refilled with garbage before each call, must come out the same: they are ASSIGNED.
+// With `bwd_assign` (the same op with GradWrite::assign): it overwrites what the parameter
+// gradients held (NaN here) with the values that adding to zeros gives, bit for bit.
 void check_grad_rule(const std::function<void()>& bwd, std::vector<HostTensor*> params,
-                     std::vector<HostTensor*> acts) {
+                     std::vector<HostTensor*> acts, const std::function<void()>& bwd_assign = {}) {
   for (HostTensor* p : params) p->fill(0.0);
   for (HostTensor* a : acts) a->fill(123.0);
   bwd();
@@ -126,6 +129,10 @@ void check_grad_rule(const std::function<void()>& bwd, std::vector<HostTensor*> 
     CHECK(rel_err(params[i]->values(), twice) < kF64Tol);
   }
   for (size_t i = 0; i < acts.size(); ++i) CHECK(rel_err(acts[i]->values(), a1[i]) < kF64Tol);
+  if (!bwd_assign) return;
+  for (HostTensor* p : params) p->fill(std::numeric_limits<double>::quiet_NaN());
+  bwd_assign();
+  for (size_t i = 0; i < params.size(); ++i) CHECK(params[i]->values() == p1[i]);
 }
 
 const DType kFloatTypes[] = {DType::f32, DType::f64};
@@ -181,7 +188,8 @@ TEST_CASE("kernels: rmsnorm_fwd on rows with known rms", "[kernels]") {
   }
 }
 
-TEST_CASE("kernels: rmsnorm_bwd matches finite differences and dweight accumulates", "[kernels]") {
+TEST_CASE("kernels: rmsnorm_bwd matches finite differences and dweight accumulates or is assigned",
+          "[kernels]") {
   std::mt19937 rng(2);
   const float eps = 1e-5f;
   HostTensor in(DType::f64, {4, 6}), w(DType::f64, {6}), out(DType::f64, {4, 6}),
@@ -196,7 +204,9 @@ TEST_CASE("kernels: rmsnorm_bwd matches finite differences and dweight accumulat
   };
   loss();
   auto bwd = [&] { rmsnorm_bwd(ctx, din.t, dw.t, dout.t, in.t, w.t, rstd.t); };
-  check_grad_rule(bwd, {&dw}, {&din});
+  check_grad_rule(bwd, {&dw}, {&din}, [&] {
+    rmsnorm_bwd(ctx, din.t, dw.t, dout.t, in.t, w.t, rstd.t, false, GradWrite::assign);
+  });
   const std::vector<double> din_a = din.values();
   dw.fill(0.0);
   bwd();
@@ -219,8 +229,10 @@ TEST_CASE("kernels: linear_fwd with and without bias on integers", "[kernels]") 
   }
 }
 
-TEST_CASE("kernels: linear_bwd matches finite differences and dweight and dbias accumulate",
-          "[kernels]") {
+TEST_CASE(
+    "kernels: linear_bwd matches finite differences and dweight and dbias accumulate or are "
+    "assigned",
+    "[kernels]") {
   std::mt19937 rng(3);
   HostTensor in(DType::f64, {5, 4}), w(DType::f64, {3, 4}), b(DType::f64, {3}),
       out(DType::f64, {5, 3}), dout(DType::f64, {5, 3});
@@ -235,7 +247,9 @@ TEST_CASE("kernels: linear_bwd matches finite differences and dweight and dbias 
     return weighted_sum(out, g);
   };
   auto bwd = [&] { linear_bwd(ctx, din.t, dw.t, db.t, dout.t, in.t, w.t); };
-  check_grad_rule(bwd, {&dw, &db}, {&din});
+  check_grad_rule(bwd, {&dw, &db}, {&din}, [&] {
+    linear_bwd(ctx, din.t, dw.t, db.t, dout.t, in.t, w.t, GradWrite::assign);
+  });
   dw.fill(0.0);
   db.fill(0.0);
   bwd();
@@ -571,6 +585,53 @@ TEST_CASE("kernels: vocab-parallel cross-entropy equals the one-shard op", "[ker
       for (int64_t j = 0; j < half; ++j) joined[i * V + r * half + j] = shard[r][i * half + j];
   CHECK(rel_err(joined, ref) < 1e-14);
   CHECK(joined[0 * V + 14] == 0.0);  // padding column: zero gradient
+}
+
+// The two-pass form: vocabulary 11 padded to 18 over three "ranks" of 6 columns (valid 6, 5 and
+// 0: the last shard is all padding), targets in the first two shards. Each shard's statistics in
+// one pass, gathered as the TP all-gather would and combined, give the three steps' row max and
+// sums, and then the one-shard op's loss and gradient.
+TEST_CASE("kernels: vocab-parallel cross-entropy from gathered shard statistics", "[kernels]") {
+  const int64_t C = 4, V = 18, w = 6, valid = 11, ranks = 3;
+  std::vector<double> full(C * V);
+  for (int64_t i = 0; i < C * V; ++i) full[i] = std::cos(0.37 * i) * 4.0 + (i % 5 == 0 ? 9 : 0);
+  std::vector<int32_t> tgt = {0, 7, 10, 5};
+  std::vector<double> ref = full, ref_loss(C);
+  Tensor targets(tgt.data(), DType::i32, Device::cpu, {C});
+  cross_entropy_fwd_bwd(ctx, Tensor(ref_loss.data(), DType::f64, Device::cpu, {C}),
+                        Tensor(ref.data(), DType::f64, Device::cpu, {C, V}), targets, valid, 0.25f,
+                        true);
+  auto t = [](std::vector<double>& v, std::initializer_list<int64_t> shape) {
+    return Tensor(v.data(), DType::f64, Device::cpu, shape);
+  };
+  // The three steps over the whole (padded) vocabulary as one shard: the statistics to match.
+  std::vector<double> one = full, want_max(C), want_sums(2 * C);
+  xent_row_max(ctx, t(want_max, {C}), t(one, {C, V}), valid);
+  xent_sums(ctx, t(want_sums, {C, 2}), t(one, {C, V}), targets, t(want_max, {C}), 0, valid);
+  std::vector<double> shard[ranks], gathered(ranks * C * 3);
+  const int64_t shard_valid[ranks] = {6, 5, 0};
+  for (int64_t r = 0; r < ranks; ++r) {
+    shard[r].resize(C * w);
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t j = 0; j < w; ++j) shard[r][i * w + j] = full[i * V + r * w + j];
+    xent_shard_stats(ctx, Tensor(gathered.data() + r * C * 3, DType::f64, Device::cpu, {C, 3}),
+                     t(shard[r], {C, w}), targets, r * w, shard_valid[r]);
+  }
+  CHECK(gathered[2 * C * 3] == -std::numeric_limits<double>::infinity());  // no valid column
+  CHECK(gathered[2 * C * 3 + 1] == 0.0);
+  std::vector<double> joined(C * V);
+  for (int64_t r = 0; r < ranks; ++r) {
+    std::vector<double> row_max(C), sums(2 * C), losses(C);
+    xent_combine(ctx, t(row_max, {C}), t(sums, {C, 2}), t(gathered, {ranks, C, 3}));
+    CHECK(row_max == want_max);
+    CHECK(rel_err(sums, want_sums) < 1e-14);
+    xent_loss_grad(ctx, t(losses, {C}), t(shard[r], {C, w}), targets, t(row_max, {C}),
+                   t(sums, {C, 2}), r * w, shard_valid[r], 0.25f, true);
+    CHECK(rel_err(losses, ref_loss) < 1e-14);
+    for (int64_t i = 0; i < C; ++i)
+      for (int64_t j = 0; j < w; ++j) joined[i * V + r * w + j] = shard[r][i * w + j];
+  }
+  CHECK(rel_err(joined, ref) < 1e-14);
 }
 
 TEST_CASE("kernels: adamw_update against a hand computation", "[kernels]") {

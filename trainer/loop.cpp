@@ -282,6 +282,17 @@ void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64
   std::fflush(stderr);
 }
 
+// TR_TEST_POISON_GRADS=1 (tests): every gradient is NaN before the step begins, so a gradient that
+// the step's first write does not assign (or that begin_step_grads does not zero) poisons the
+// loss or the weights.
+const bool poison_grads = std::getenv("TR_TEST_POISON_GRADS") != nullptr;
+void poison(Session& s) {
+  std::vector<float> nan(static_cast<size_t>(s.model->grads().numel()),
+                         std::numeric_limits<float>::quiet_NaN());
+  copy_tensor(s.model->grads(),
+              Tensor(nan.data(), DType::f32, Device::cpu, {s.model->grads().numel()}));
+}
+
 // One optimizer step: micro-batches through the pipeline with gradient accumulation, the tied
 // embedding's gradient shared by the first and last stage, DP reduction, clip, AdamW.
 StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault& fault) {
@@ -308,7 +319,8 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   // squared gradient norm, read together (metrics: host_syncs).
   const UploadedTokens uploaded(s, *batch);
   s.model->reset_step_scalars();
-  zero_(s.ctx, s.model->grads());
+  if (poison_grads) poison(s);
+  s.model->begin_step_grads();  // each gradient's first write assigns: no zeroing pass
   const PipelineRun pipe = run_pipeline(s, *batch, grad_scale);
   if (pipe.cut) {  // partial gradients: nothing of this step is applied
     out.stop = true;

@@ -159,8 +159,9 @@ struct Qwen2Model::Acts {
   Tensor dact;       // [T, I]
   Tensor logits;     // [C, Vl] one loss chunk; overwritten by its gradient
   Tensor losses;     // [C]
-  Tensor row_max, sums;    // [C], [C, 2] vocab-parallel cross-entropy statistics
-  Tensor tokens, targets;  // i32 [T] the micro-batch on the device (unused on the CPU)
+  Tensor row_max, sums;     // [C], [C, 2] vocab-parallel cross-entropy statistics
+  Tensor stats, all_stats;  // [C, 3], [tp * C * 3]: this rank's and every TP rank's
+  Tensor tokens, targets;   // i32 [T] the micro-batch on the device (unused on the CPU)
   // Sequence parallelism: the residual stream, norms and their gradients hold Tl = T / tp
   // tokens per rank; these are the full-sequence buffers around the TP regions.
   Tensor full;        // [T, H] all-gathered or not yet reduce-scattered
@@ -329,6 +330,10 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
   a_->row_max = ar.alloc(sdtype_, {C});
   a_->sums = ar.alloc(sdtype_, {C, 2});
+  if (d.tp > 1) {
+    a_->stats = ar.alloc(sdtype_, {C, 3});
+    a_->all_stats = ar.alloc(sdtype_, {d.tp * C * 3});
+  }
   a_->losses = ar.alloc(sdtype_, {C});
   step_scalars_ = ar.alloc(DType::f64, {2});
   if (ctx_.device != Device::cpu) {
@@ -379,6 +384,17 @@ void Qwen2Model::upload_tokens(const std::vector<const int32_t*>& inputs,
   const auto n = static_cast<int64_t>(arrays.size()) * T;
   upload_async(ctx_, Tensor(staged_dev_.data(), DType::i32, ctx_.device, {n}),
                Tensor(host, DType::i32, Device::cpu, {n}));
+}
+
+void Qwen2Model::begin_step_grads() {
+  static const bool zero_all = std::getenv("TR_GRAD_ZERO") != nullptr;
+  if (zero_all) {
+    zero_(ctx_, grads());
+    head_write_ = body_write_ = GradWrite::add;
+    return;
+  }
+  head_write_ = body_write_ = GradWrite::assign;
+  if (dims_.first_stage && !(dims_.tied && dims_.last_stage)) zero_(ctx_, g_.embed);
 }
 
 void Qwen2Model::reset_step_scalars() {
@@ -660,14 +676,20 @@ void Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale, 
     linear_fwd(ctx_, logits, x, w_.lm_head, Tensor());
     chunk_loss(losses, logits, tgt, grad_scale, grad);
     accumulate_sum(ctx_, step_scalars_.slice(0, 1), losses);  // on the device: no host sync
-    if (grad) linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head);
+    if (grad) {
+      linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head,
+                 head_write_);
+      head_write_ = GradWrite::add;
+    }
   }
   // Vocab-parallel LM head: each rank holds its share of d lnf.
   if (grad) reduce_to_local(a.dlnf, dims_.sequence_parallel ? a.dlnf_local : a.dlnf);
 }
 
 // One chunk's cross-entropy: in one step on a single rank; with the vocabulary split over TP,
-// in three steps with the row max and the sums all-reduced in between.
+// each rank's statistics of its shard in one pass, all-gathered over TP and combined, then the
+// loss and gradient (TR_XENT_3PASS=1: three passes with the row max and the sums all-reduced in
+// between, as first written).
 void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale,
                             bool grad) {
   const ModelDims& d = dims_;
@@ -677,10 +699,18 @@ void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float 
   }
   const int64_t n = logits.dim(0);
   Tensor row_max = a_->row_max.slice(0, n), sums = a_->sums.slice(0, n);
-  xent_row_max(ctx_, row_max, logits, d.vocab_valid_local());
-  tp_->all_reduce(row_max, ReduceOp::max);
-  xent_sums(ctx_, sums, logits, targets, row_max, d.vocab_offset, d.vocab_valid_local());
-  tp_sum(sums);
+  if (xent_three_pass()) {
+    xent_row_max(ctx_, row_max, logits, d.vocab_valid_local());
+    tp_group()->all_reduce(row_max, ReduceOp::max);
+    xent_sums(ctx_, sums, logits, targets, row_max, d.vocab_offset, d.vocab_valid_local());
+    tp_sum(sums);
+  } else {
+    const Tensor stats = a_->stats.slice(0, n);
+    xent_shard_stats(ctx_, stats, logits, targets, d.vocab_offset, d.vocab_valid_local());
+    const Tensor all = a_->all_stats.at(0, {d.tp * n * 3});
+    tp_group()->all_gather(all, stats.view({n * 3}));
+    xent_combine(ctx_, row_max, sums, all.view({d.tp, n, 3}));
+  }
   xent_loss_grad(ctx_, losses, logits, targets, row_max, sums, d.vocab_offset,
                  d.vocab_valid_local(), grad_scale, grad);
 }
@@ -692,7 +722,7 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
   Acts::Slot& S = a.slots[slot];
   if (d.last_stage)
     rmsnorm_bwd(ctx_, a.dres, g_.norm, d.sequence_parallel ? a.dlnf_local : a.dlnf,
-                S.resid[d.layers], w_.norm, S.rstdf);
+                S.resid[d.layers], w_.norm, S.rstdf, /*accumulate_din=*/false, body_write_);
   else
     std::swap(a.dres, a.grad_in);  // the received gradient becomes the running one
   for (int64_t l = d.layers - 1; l >= 0; --l) {
@@ -701,22 +731,25 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
     Acts::Layer& L = S.layers[l];
     recompute_layer(slot, l);
     // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
-    linear_bwd(ctx_, a.dact, g.down_w, Tensor(), gather_tokens(a.dres, a.full), L.act, w.down_w);
+    const GradWrite gw = body_write_;
+    linear_bwd(ctx_, a.dact, g.down_w, Tensor(), gather_tokens(a.dres, a.full), L.act, w.down_w,
+               gw);
     swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
-    linear_bwd(ctx_, full_or(a.dln), g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w);
+    linear_bwd(ctx_, full_or(a.dln), g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w, gw);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input: every rank's share of d ln2
-    rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true);
+    rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true, gw);
     // dres now holds d x_mid
     // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
-    linear_bwd(ctx_, a.datt, g.o_w, Tensor(), gather_tokens(a.dres, a.full), L.att, w.o_w);
+    linear_bwd(ctx_, a.datt, g.o_w, Tensor(), gather_tokens(a.dres, a.full), L.att, w.o_w, gw);
     attention_bwd(ctx_, a.dqkv, a.datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
                   static_cast<int>(seq_len_), static_cast<int>(d.heads),
                   static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim));
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.theta);
-    linear_bwd(ctx_, full_or(a.dln), g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w);
+    linear_bwd(ctx_, full_or(a.dln), g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w, gw);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
-    rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true);
+    rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true,
+                gw);
     // dres now holds d resid[l]
     if (layer_grads_hook_) {
       // The layer's gradients are final; under sequence parallelism its norms' are once summed
@@ -728,6 +761,7 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
       layer_grads_hook_(layer_ranges_[l].first, layer_ranges_[l].second);
     }
   }
+  body_write_ = GradWrite::add;
   if (layer_grads_hook_ && d.sequence_parallel) layer_norms_summed_ = true;
   if (d.first_stage) {
     Tensor tok = stage_tokens(tokens, T, a.tokens);

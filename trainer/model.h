@@ -13,6 +13,7 @@
 
 #include "kernels/core/ctx.h"
 #include "kernels/core/tensor.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
@@ -185,6 +186,13 @@ class Qwen2Model {
   // unit norms; each value a pure function of (seed, tensor name, element index).
   void init_weights(uint64_t seed, double std);
 
+  // Starts a step's gradients without a zeroing pass over them: each parameter gradient's first
+  // write of the step (the LM head's first loss chunk, the first backward_stage) assigns, later
+  // ones add; only what no op assigns (the embedding's scatter, unless the tied LM head on this
+  // stage wrote it first) is zeroed. Without it, backward adds to what grads() holds.
+  // TR_GRAD_ZERO=1 zeroes the whole buffer and adds, as before (to bisect on a GPU).
+  void begin_step_grads();
+
   // Forward, loss and backward of one micro-batch: tokens, targets i32 [batch * seq_len].
   // Gradients ACCUMULATE into grads() scaled by grad_scale (e.g. 1 / tokens in the global
   // batch). Returns the sum of the per-token losses (read back: a host sync).
@@ -259,6 +267,8 @@ class Qwen2Model {
   std::function<void(int64_t, int64_t)> layer_grads_hook_;
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
   bool layer_norms_summed_ = false;  // this step's layer norm gradients are summed over TP
+  // How the next writes of the LM head's and of the other gradients go (begin_step_grads).
+  GradWrite head_write_ = GradWrite::add, body_write_ = GradWrite::add;
   Ctx ctx_;
   DType dtype_;   // compute: activations and the weights the ops read
   DType mdtype_;  // masters and gradients (f32 under bf16 compute)

@@ -17,13 +17,13 @@ void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t 
 
 void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, float eps);
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd, bool accumulate_din);
+                 Tensor rstd, bool accumulate_din, bool assign_dweight);
 void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Tensor b,
                      Tensor weight, float eps);
 
 void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
-                Tensor weight);
+                Tensor weight, bool assign_dweight);
 
 void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta);
 void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta);
@@ -49,6 +49,9 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
 void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid);
 void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
                int64_t vocab_offset, int64_t vocab_valid);
+void xent_shard_stats(Ctx& ctx, Tensor stats, Tensor logits, Tensor targets, int64_t vocab_offset,
+                      int64_t vocab_valid);
+void xent_combine(Ctx& ctx, Tensor row_max, Tensor sums, Tensor all_stats);
 void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
                     Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
                     bool compute_grad);

@@ -63,6 +63,49 @@ void sums_impl(Tensor sums, Tensor logits, Tensor targets, Tensor row_max, int64
   }
 }
 
+// One pass per row: the running max and the sum of exponentials relative to it (online softmax).
+template <class T>
+void shard_stats_impl(Tensor stats, Tensor logits, Tensor targets, int64_t offset, int64_t valid) {
+  const int64_t rows = logits.dim(0), cols = logits.dim(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* x = logits.ptr<T>() + r * cols;
+    double m = -std::numeric_limits<double>::infinity(), s = 0.0;
+    for (int64_t j = 0; j < valid; ++j) {
+      const double v = x[j];
+      if (v > m) {
+        s *= std::exp(m - v);  // 0 while m is -inf: s is 0 then
+        m = v;
+      }
+      s += std::exp(v - m);
+    }
+    const int64_t local = targets.ptr<int32_t>()[r] - offset;
+    T* out = stats.ptr<T>() + 3 * r;
+    out[0] = static_cast<T>(m);
+    out[1] = static_cast<T>(s);
+    out[2] = local >= 0 && local < valid ? x[local] : T(0);
+  }
+}
+
+template <class T>
+void combine_impl(Tensor row_max, Tensor sums, Tensor all_stats) {
+  const int64_t ranks = all_stats.dim(0), rows = all_stats.dim(1);
+  const T* st = all_stats.ptr<T>();
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t k = 0; k < ranks; ++k)
+      m = std::max(m, static_cast<double>(st[(k * rows + r) * 3]));
+    double s = 0.0, target = 0.0;
+    for (int64_t k = 0; k < ranks; ++k) {
+      const T* one = st + (k * rows + r) * 3;
+      if (one[1] > 0) s += one[1] * std::exp(one[0] - m);
+      target += one[2];
+    }
+    row_max.ptr<T>()[r] = static_cast<T>(m);
+    sums.ptr<T>()[2 * r] = static_cast<T>(s);
+    sums.ptr<T>()[2 * r + 1] = static_cast<T>(target);
+  }
+}
+
 template <class T>
 void loss_grad_impl(Tensor losses, Tensor logits, Tensor targets, Tensor row_max, Tensor sums,
                     int64_t offset, int64_t valid, float grad_scale, bool compute_grad) {
@@ -92,6 +135,18 @@ void xent_sums(Ctx&, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
   dispatch_float(logits.dtype, "xent_sums", [&](auto tag) {
     sums_impl<decltype(tag)>(sums, logits, targets, row_max, vocab_offset, vocab_valid);
   });
+}
+
+void xent_shard_stats(Ctx&, Tensor stats, Tensor logits, Tensor targets, int64_t vocab_offset,
+                      int64_t vocab_valid) {
+  dispatch_float(logits.dtype, "xent_shard_stats", [&](auto tag) {
+    shard_stats_impl<decltype(tag)>(stats, logits, targets, vocab_offset, vocab_valid);
+  });
+}
+
+void xent_combine(Ctx&, Tensor row_max, Tensor sums, Tensor all_stats) {
+  dispatch_float(row_max.dtype, "xent_combine",
+                 [&](auto tag) { combine_impl<decltype(tag)>(row_max, sums, all_stats); });
 }
 
 void xent_loss_grad(Ctx&, Tensor losses, Tensor logits, Tensor targets, Tensor row_max, Tensor sums,

@@ -23,21 +23,23 @@ void linear_fwd_impl(Tensor out, Tensor in, Tensor weight, Tensor bias) {
 }
 
 // din [T,K] = dout · weight ASSIGNED (skipped when empty); dweight [O,K] += dout^T · in and
-// dbias [O] += column sums of dout ACCUMULATE (dbias may be empty).
+// dbias [O] += column sums of dout ACCUMULATE, or are assigned (dbias may be empty).
 template <class T>
 void linear_bwd_impl(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
-                     Tensor weight) {
+                     Tensor weight, bool assign) {
   const int64_t n_tok = in.dim(0), k = in.dim(1), n_out = weight.dim(0);
   const T* g = dout.ptr<T>();
   if (!din.empty())
     gemm(false, false, n_tok, k, n_out, T(1), g, n_out, weight.ptr<T>(), k, T(0), din.ptr<T>(), k);
-  gemm(true, false, n_out, k, n_tok, T(1), g, n_out, in.ptr<T>(), k, T(1), dweight.ptr<T>(), k);
+  gemm(true, false, n_out, k, n_tok, T(1), g, n_out, in.ptr<T>(), k, T(assign ? 0 : 1),
+       dweight.ptr<T>(), k);
   if (!dbias.empty()) {
     std::vector<double> sums(n_out, 0.0);  // [O]
     for (int64_t t = 0; t < n_tok; ++t)
       for (int64_t j = 0; j < n_out; ++j) sums[j] += g[t * n_out + j];
     T* db = dbias.ptr<T>();
-    for (int64_t j = 0; j < n_out; ++j) db[j] += static_cast<T>(sums[j]);
+    for (int64_t j = 0; j < n_out; ++j)
+      db[j] = assign ? static_cast<T>(sums[j]) : static_cast<T>(db[j] + static_cast<T>(sums[j]));
   }
 }
 
@@ -49,9 +51,9 @@ void linear_fwd(Ctx&, Tensor out, Tensor in, Tensor weight, Tensor bias) {
 }
 
 void linear_bwd(Ctx&, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
-                Tensor weight) {
+                Tensor weight, bool assign_dweight) {
   dispatch_float(in.dtype, "linear_bwd", [&](auto tag) {
-    linear_bwd_impl<decltype(tag)>(din, dweight, dbias, dout, in, weight);
+    linear_bwd_impl<decltype(tag)>(din, dweight, dbias, dout, in, weight, assign_dweight);
   });
 }
 

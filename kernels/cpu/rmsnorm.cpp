@@ -28,10 +28,10 @@ void rmsnorm_fwd_impl(Tensor out, Tensor rstd, Tensor in, Tensor weight, float e
 
 // With g = dout * weight: din = rstd * (g - in * rstd^2 * mean(g * in)) ASSIGNED (or added,
 // rounded to T first, as rmsnorm_bwd into a temporary plus add would); dweight += sum over rows
-// of dout * in * rstd ACCUMULATES.
+// of dout * in * rstd ACCUMULATES (or is assigned).
 template <class T>
 void rmsnorm_bwd_impl(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                      Tensor rstd, bool accumulate) {
+                      Tensor rstd, bool accumulate, bool assign_dweight) {
   const int64_t n_tok = in.dim(0), hidden = in.dim(1);
   const T* x = in.ptr<T>();
   const T* w = weight.ptr<T>();
@@ -56,7 +56,9 @@ void rmsnorm_bwd_impl(Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor
     }
   }
   T* dwp = dweight.ptr<T>();
-  for (int64_t h = 0; h < hidden; ++h) dwp[h] += static_cast<T>(dw[h]);
+  for (int64_t h = 0; h < hidden; ++h)
+    dwp[h] =
+        assign_dweight ? static_cast<T>(dw[h]) : static_cast<T>(dwp[h] + static_cast<T>(dw[h]));
 }
 
 }  // namespace
@@ -67,9 +69,10 @@ void rmsnorm_fwd(Ctx&, Tensor out, Tensor rstd, Tensor in, Tensor weight, float 
 }
 
 void rmsnorm_bwd(Ctx&, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd, bool accumulate_din) {
+                 Tensor rstd, bool accumulate_din, bool assign_dweight) {
   dispatch_float(in.dtype, "rmsnorm_bwd", [&](auto tag) {
-    rmsnorm_bwd_impl<decltype(tag)>(din, dweight, dout, in, weight, rstd, accumulate_din);
+    rmsnorm_bwd_impl<decltype(tag)>(din, dweight, dout, in, weight, rstd, accumulate_din,
+                                    assign_dweight);
   });
 }
 

@@ -169,21 +169,23 @@ __device__ inline void chunk_rows(int64_t rows, int64_t* begin, int64_t* end) {
 }
 // Pass 2: out[j] += sum over chunks of partial[c][j], in chunk order. ACCUMULATES.
 template <class G>
-__global__ void add_column_partials_kernel(G* out, const float* partial, int chunks, int64_t cols) {
+__global__ void add_column_partials_kernel(G* out, const float* partial, int chunks, int64_t cols,
+                                           bool assign) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= cols) return;
   float acc = 0;
   for (int c = 0; c < chunks; ++c) acc += partial[c * cols + j];
-  out[j] = from_f<G>(to_f(out[j]) + acc);
+  out[j] = from_f<G>(assign ? acc : to_f(out[j]) + acc);
 }
+// out += (or, with assign, =) the column sums of the partials.
 inline void add_column_partials(const Ctx& ctx, Tensor out, const float* partial, int chunks,
-                                const char* op) {
+                                const char* op, bool assign) {
   constexpr int kThreads = 256;
   dispatch_float(out.dtype, op, [&](auto tag) {
     using G = decltype(tag);
     add_column_partials_kernel<G>
-        <<<blocks_for(out.numel(), kThreads), kThreads, 0, stream_of(ctx)>>>(out.ptr<G>(), partial,
-                                                                             chunks, out.numel());
+        <<<blocks_for(out.numel(), kThreads), kThreads, 0, stream_of(ctx)>>>(
+            out.ptr<G>(), partial, chunks, out.numel(), assign);
   });
   CUDA_CHECK_LAUNCH();
 }

@@ -10,9 +10,10 @@
 // The whole-vocabulary loss (tp 1) is fused: one pass keeps each thread's running max and sum
 // of exponentials (online softmax) over 16-byte loads, the block combines them, and a second
 // pass writes the gradient with 16-byte stores: two reads and one write of the logits instead
-// of three reads and one write. TR_XENT_3PASS=1 selects the first kernel (max, sum, gradient in
-// three scalar passes) to bisect a GPU failure until the fused one has run on one.
-#include <cstdlib>
+// of three reads and one write. The vocab-parallel loss (tp > 1) reads its shard once for the
+// same statistics (xent_shard_stats), the caller gathers them over TP (xent_combine), and the
+// gradient pass writes 16-byte packs too. TR_XENT_3PASS=1 selects the first kernels (max, sum,
+// gradient in three scalar passes) to bisect a GPU failure until the new ones have run on one.
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -86,18 +87,11 @@ __device__ float2 row_stats(const T* x, int64_t valid) {
   return make_float2(row_m, row_s);
 }
 
-// The fused kernel: statistics in one pass, then the gradient written pack by pack.
+// x := grad_scale * (exp(x - lse) - onehot(target)) on valid columns, 0 on padding, pack by
+// pack (a target outside [0, valid) is in another rank's shard).
 template <class T, int N>
-__global__ void cross_entropy_fused_kernel(float* losses, T* logits, const int32_t* targets,
-                                           int64_t cols, int64_t valid, float grad_scale,
-                                           bool grad) {
-  T* x = logits + blockIdx.x * cols;
-  const int64_t target = targets[blockIdx.x];
-  const float xt = to_f(x[target]);
-  const float2 st = row_stats<T, N>(x, valid);
-  const float lse = st.x + logf(st.y);
-  if (threadIdx.x == 0) losses[blockIdx.x] = lse - xt;
-  if (!grad) return;
+__device__ void write_grad_packed(T* x, int64_t cols, int64_t valid, float lse, int64_t target,
+                                  float grad_scale) {
   const int64_t packed = cols / N * N;
   for (int64_t j = int64_t{threadIdx.x} * N; j < packed; j += int64_t{blockDim.x} * N) {
     const Pack<T, N> p = load_pack<T, N>(x + j);
@@ -115,9 +109,51 @@ __global__ void cross_entropy_fused_kernel(float* losses, T* logits, const int32
                                : 0.0f);
 }
 
-bool use_three_pass() {
-  const char* env = std::getenv("TR_XENT_3PASS");
-  return env != nullptr && std::string(env) == "1";
+// The fused kernel: statistics in one pass, then the gradient written pack by pack.
+template <class T, int N>
+__global__ void cross_entropy_fused_kernel(float* losses, T* logits, const int32_t* targets,
+                                           int64_t cols, int64_t valid, float grad_scale,
+                                           bool grad) {
+  T* x = logits + blockIdx.x * cols;
+  const int64_t target = targets[blockIdx.x];
+  const float xt = to_f(x[target]);
+  const float2 st = row_stats<T, N>(x, valid);
+  const float lse = st.x + logf(st.y);
+  if (threadIdx.x == 0) losses[blockIdx.x] = lse - xt;
+  if (grad) write_grad_packed<T, N>(x, cols, valid, lse, target, grad_scale);
+}
+
+// A vocabulary shard's statistics in one pass: stats[r] = {max, sum of exp(x - max), the
+// target's logit or 0}.
+template <class T, int N>
+__global__ void shard_stats_kernel(float* stats, const T* logits, const int32_t* targets,
+                                   int64_t cols, int64_t offset, int64_t valid) {
+  const T* x = logits + blockIdx.x * cols;
+  const float2 st = row_stats<T, N>(x, valid);
+  if (threadIdx.x != 0) return;
+  const int64_t local = targets[blockIdx.x] - offset;
+  float* out = stats + 3 * blockIdx.x;
+  out[0] = st.x;
+  out[1] = st.y;
+  out[2] = local >= 0 && local < valid ? to_f(x[local]) : 0.0f;
+}
+
+// Row r of every rank's statistics combined, ranks in order.
+__global__ void combine_kernel(float* row_max, float* sums, const float* all_stats, int ranks,
+                               int64_t rows) {
+  const int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (r >= rows) return;
+  float m = -INFINITY;
+  for (int k = 0; k < ranks; ++k) m = fmaxf(m, all_stats[(k * rows + r) * 3]);
+  float s = 0, target = 0;
+  for (int k = 0; k < ranks; ++k) {
+    const float* one = all_stats + (k * rows + r) * 3;
+    if (one[1] > 0) s += one[1] * expf(one[0] - m);
+    target += one[2];
+  }
+  row_max[r] = m;
+  sums[2 * r] = s;
+  sums[2 * r + 1] = target;
 }
 
 template <class T>
@@ -137,14 +173,15 @@ __global__ void sums_kernel(float* sums, const T* logits, const int32_t* targets
   sums[2 * blockIdx.x + 1] = local >= 0 && local < valid ? to_f(x[local]) : 0.0f;
 }
 
-template <class T>
+template <class T, int N>
 __global__ void loss_grad_kernel(float* losses, T* logits, const int32_t* targets,
                                  const float* row_max, const float* sums, int64_t cols,
                                  int64_t offset, int64_t valid, float grad_scale, bool grad) {
   const int64_t r = blockIdx.x;
   const float lse = row_max[r] + logf(sums[2 * r]);
   if (threadIdx.x == 0) losses[r] = lse - sums[2 * r + 1];
-  if (grad) write_grad(logits + r * cols, cols, valid, lse, targets[r] - offset, grad_scale);
+  if (grad)
+    write_grad_packed<T, N>(logits + r * cols, cols, valid, lse, targets[r] - offset, grad_scale);
 }
 
 }  // namespace
@@ -156,7 +193,7 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
   dispatch_float(logits.dtype, "cross_entropy_fwd_bwd", [&](auto tag) {
     using T = decltype(tag);
     constexpr int N = kPack<T>;
-    if (use_three_pass()) {
+    if (xent_three_pass()) {
       cross_entropy_kernel<T><<<rows, kThreads, 0, stream_of(ctx)>>>(
           losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
           grad_scale, compute_grad);
@@ -193,14 +230,51 @@ void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_
   CUDA_CHECK_LAUNCH();
 }
 
+void xent_shard_stats(Ctx& ctx, Tensor stats, Tensor logits, Tensor targets, int64_t vocab_offset,
+                      int64_t vocab_valid) {
+  const auto rows = static_cast<unsigned>(logits.shape[0]);
+  const int64_t cols = logits.shape[1];
+  dispatch_float(logits.dtype, "xent_shard_stats", [&](auto tag) {
+    using T = decltype(tag);
+    constexpr int N = kPack<T>;
+    if (packable(cols, sizeof(T), {logits.data}))
+      shard_stats_kernel<T, N><<<rows, kThreads, 0, stream_of(ctx)>>>(
+          stats.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_offset,
+          vocab_valid);
+    else
+      shard_stats_kernel<T, 1><<<rows, kThreads, 0, stream_of(ctx)>>>(
+          stats.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_offset,
+          vocab_valid);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void xent_combine(Ctx& ctx, Tensor row_max, Tensor sums, Tensor all_stats) {
+  TR_ASSERT(row_max.dtype == DType::f32, "xent_combine on CUDA: f32 statistics");
+  const int64_t rows = all_stats.shape[1];
+  combine_kernel<<<blocks_for(rows, 256), 256, 0, stream_of(ctx)>>>(
+      row_max.ptr<float>(), sums.ptr<float>(), all_stats.ptr<float>(),
+      static_cast<int>(all_stats.shape[0]), rows);
+  CUDA_CHECK_LAUNCH();
+}
+
 void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
                     Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
                     bool compute_grad) {
+  const auto rows = static_cast<unsigned>(logits.shape[0]);
+  const int64_t cols = logits.shape[1];
   dispatch_float(logits.dtype, "xent_loss_grad", [&](auto tag) {
     using T = decltype(tag);
-    loss_grad_kernel<T><<<static_cast<unsigned>(logits.shape[0]), kThreads, 0, stream_of(ctx)>>>(
-        losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
-        sums.ptr<float>(), logits.shape[1], vocab_offset, vocab_valid, grad_scale, compute_grad);
+    constexpr int N = kPack<T>;
+    // The first kernel's scalar stores under TR_XENT_3PASS=1.
+    if (!xent_three_pass() && packable(cols, sizeof(T), {logits.data}))
+      loss_grad_kernel<T, N><<<rows, kThreads, 0, stream_of(ctx)>>>(
+          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
+          sums.ptr<float>(), cols, vocab_offset, vocab_valid, grad_scale, compute_grad);
+    else
+      loss_grad_kernel<T, 1><<<rows, kThreads, 0, stream_of(ctx)>>>(
+          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
+          sums.ptr<float>(), cols, vocab_offset, vocab_valid, grad_scale, compute_grad);
   });
   CUDA_CHECK_LAUNCH();
 }

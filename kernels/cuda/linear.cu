@@ -1,8 +1,8 @@
 // Linear layers through cuBLASLt: out[T,O] = in[T,K] · weight[O,K]^T (+ bias in the epilogue),
-// din = dout · weight, dweight += dout^T · in straight into the (f32) gradient buffer (beta 1),
-// dbias += column sums of dout (common.cuh's deterministic two-pass column sums). bf16 operands
-// accumulate in fp32; f32 operands run in exact fp32 (no TF32), so the f32 path matches the CPU to
-// 1e-5.
+// din = dout · weight, dweight += dout^T · in straight into the (f32) gradient buffer (beta 1;
+// beta 0 assigns), dbias += column sums of dout (common.cuh's deterministic two-pass column sums).
+// bf16 operands accumulate in fp32; f32 operands run in exact fp32 (no TF32), so the f32 path
+// matches the CPU to 1e-5.
 //
 // Row-major X[r,c] is column-major X^T, so each product is set up on the transposes:
 //   forward   out^T[O,T] = (W as col-major [K,O])^T · (in as col-major [K,T])
@@ -211,14 +211,14 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
 }
 
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
-                Tensor weight) {
+                Tensor weight, bool assign_dweight) {
   const int64_t T = in.shape[0], K = in.shape[1], O = weight.shape[0];
   if (!din.empty()) {
     const GemmKey key{K, T, O, false, false, dout.dtype, din.dtype, false, false};
     gemm(ctx, key, weight.data, dout.data, din.data, nullptr, 0.0f);
   }
-  const GemmKey wkey{K, O, T, false, true, in.dtype, dweight.dtype, false, true};
-  gemm(ctx, wkey, in.data, dout.data, dweight.data, nullptr, 1.0f);
+  const GemmKey wkey{K, O, T, false, true, in.dtype, dweight.dtype, false, !assign_dweight};
+  gemm(ctx, wkey, in.data, dout.data, dweight.data, nullptr, assign_dweight ? 0.0f : 1.0f);
   if (dbias.empty()) return;
   const int chunks = column_chunks(T);
   Workspace ws(ctx, "linear_bwd (dbias)");
@@ -229,7 +229,7 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
     column_sum_partial<T_><<<grid, kThreads, 0, stream_of(ctx)>>>(partial, dout.ptr<T_>(), T, O);
   });
   CUDA_CHECK_LAUNCH();
-  add_column_partials(ctx, dbias, partial, chunks, "linear_bwd");
+  add_column_partials(ctx, dbias, partial, chunks, "linear_bwd", assign_dweight);
 }
 
 }  // namespace tr::cuda

@@ -144,7 +144,7 @@ void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Te
 }
 
 void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd, bool accumulate_din) {
+                 Tensor rstd, bool accumulate_din, bool assign_dweight) {
   const int64_t rows = in.shape[0];
   const int H = static_cast<int>(in.shape[1]);
   const int chunks = column_chunks(rows);
@@ -172,7 +172,7 @@ void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, T
         partial, dout.ptr<T>(), in.ptr<T>(), rstd.ptr<float>(), rows, H);
     CUDA_CHECK_LAUNCH();
   });
-  add_column_partials(ctx, dweight, partial, chunks, "rmsnorm_bwd");
+  add_column_partials(ctx, dweight, partial, chunks, "rmsnorm_bwd", assign_dweight);
 }
 
 }  // namespace tr::cuda
