@@ -466,7 +466,7 @@ void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const
 }
 
 void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         Tensor compute_copy, Tensor pieces, AdamWIndex index, const AdamWParams& p,
                          float grad_scale) {
   const OpCheck c(ctx, "adamw_update_pieces",
                   {{"param", param},
@@ -476,11 +476,11 @@ void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v
                    optional("compute_copy", compute_copy),
                    {"pieces", pieces}});
   c.same_float_dtype({param, grad, m, v});
-  OP_CHECK(c, pieces.dtype == DType::i64 && pieces.ndim == 2 && pieces.shape[1] == 3);
+  OP_CHECK(c, pieces.dtype == DType::i64 && pieces.ndim == 2 && pieces.shape[1] == 4);
   TR_ASSERT(p.step >= 1 && p.beta1 >= 0.0f && p.beta1 < 1.0f && p.beta2 >= 0.0f && p.beta2 < 1.0f &&
                 p.eps > 0.0f,
             c.describe("step=" + std::to_string(p.step)));
-  TR_DISPATCH(adamw_update_pieces, param, grad, m, v, compute_copy, pieces, bases, p, grad_scale);
+  TR_DISPATCH(adamw_update_pieces, param, grad, m, v, compute_copy, pieces, index, p, grad_scale);
 }
 
 size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,

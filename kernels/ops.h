@@ -166,16 +166,18 @@ struct AdamWParams {
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy = {});
 // The same update over a rank's whole range in one launch (multi-tensor AdamW). `pieces` (i64
-// [n, 3] on ctx's device, made once) cut the flat index space into runs {first index, count,
-// decay 0|1} that never cross a change of weight decay; element i of the flat space is
-// param[i - param_base], grad[i - grad_base], m and v [i - state_base] and compute_copy[i]
-// (optional). Each gradient is first multiplied by grad_scale in its own dtype, as scale_ would
-// (global-norm clipping folded in; 1 = none). p.weight_decay applies to the pieces with decay.
-struct AdamWBases {
-  int64_t param = 0, grad = 0, state = 0;
+// [n, 4] on ctx's device, made once) cut the range into runs {first flat index, count, decay
+// 0|1, first shard index} that never cross a change of weight decay: element k of a run is
+// element flat + k of the flat buffer and element shard + k of the rank's ZeRO-1 shard (the
+// same index without ZeRO-1). m and v are indexed in the shard, compute_copy (optional) in the
+// flat buffer, param and grad in one or the other as `index` says. Each gradient is first
+// multiplied by grad_scale in its own dtype, as scale_ would (global-norm clipping folded in;
+// 1 = none). p.weight_decay applies to the pieces with decay.
+struct AdamWIndex {
+  bool param_in_shard = false, grad_in_shard = false;
 };
 void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         Tensor compute_copy, Tensor pieces, AdamWIndex index, const AdamWParams& p,
                          float grad_scale);
 // Most elements in one piece (a CUDA block's work).
 inline constexpr int64_t kAdamWPieceElems = int64_t{1} << 16;

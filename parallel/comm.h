@@ -4,6 +4,7 @@
 // must call a collective with the same shapes, dtype and order.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -55,6 +56,17 @@ class Comm {
   // `root` only (`out` is ignored elsewhere and may be empty). Neither may be touched until
   // wait_all(). Same ordering rules as all_reduce_start.
   virtual void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) = 0;
+  // Asynchronous all-gather (ZeRO-1's weight buckets, overlapping the next forward): starts
+  // all_gather(out, in) and returns its ticket. Neither buffer may be touched until wait(ticket)
+  // or wait_all(). Same ordering rules as all_reduce_start; on GPUs it runs on the side stream
+  // too. The default completes at once.
+  virtual int64_t all_gather_start(Tensor out, Tensor in) {
+    all_gather(out, in);
+    return 0;
+  }
+  // Completes the all_gather_start() of `ticket`: the host and later work on the compute stream
+  // see its result (on GPUs the compute stream waits; the host does not).
+  virtual void wait(int64_t /*ticket*/) {}
   // Completes every started operation: the host and later work on the compute stream see
   // their results.
   virtual void wait_all() {}

@@ -1,27 +1,27 @@
 #include "parallel/grad_reducer.h"
 
 #include <algorithm>
+#include <string>
 
 #include "kernels/core/check.h"
 #include "kernels/ops.h"
 
 namespace tr {
 
-GradReducer::GradReducer(Comm* dp, Ctx ctx, int64_t total, int64_t capacity, bool zero1)
-    : dp_(dp),
-      ctx_(ctx),
-      total_(total),
-      capacity_(capacity),
-      zero1_(zero1 && dp != nullptr && dp->size() > 1) {
-  shard_size_ = total;
+GradReducer::GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, bool zero1)
+    : dp_(dp), ctx_(ctx), total_(total), zero1_(zero1 && dp != nullptr && dp->size() > 1) {
   if (zero1_) {
-    TR_ASSERT(capacity % dp_->size() == 0, "ZeRO-1 needs flat buffers padded to a multiple of dp");
-    shard_size_ = capacity / dp_->size();
-    shard_begin_ = shard_size_ * dp_->rank();
-    arena_ = std::make_unique<Arena>(shard_bytes(capacity, dp_->size(), true), ctx.device);
-    grad_shard_ = arena_->alloc(DType::f32, {shard_size_});
+    TR_ASSERT(
+        shards.dp() == dp_->size() && shards.rank() == dp_->rank() && shards.capacity() >= total,
+        "ZeRO-1's shards must be this rank's of the dp group over the flat buffer");
+    shards_ = shards;
+    arena_ =
+        std::make_unique<Arena>(shard_bytes(shards_.capacity(), dp_->size(), true), ctx.device);
+    grad_shard_ = arena_->alloc(DType::f32, {shards_.shard_size()});
+  } else {
+    shards_ = DpShards(total, std::max<int64_t>(total, 1), 1, 0);  // the whole buffer
   }
-  configure(bucket_elems_, false);
+  configure(zero1_ ? shards_.bucket_elems() : bucket_elems_, false);
 }
 
 size_t GradReducer::shard_bytes(int64_t capacity, int dp, bool zero1) {
@@ -34,19 +34,28 @@ size_t GradReducer::staging_bytes(int64_t capacity, int dp, bool zero1, DType re
          (zero1 ? arena_bytes(reduce_dtype, capacity / dp) : 0);
 }
 
-void GradReducer::configure(int64_t bucket_elems, bool overlap, DType reduce_dtype) {
+void GradReducer::configure(int64_t bucket_elems, bool overlap, DType reduce_dtype,
+                            bool overlap_gather) {
   TR_ASSERT(bucket_elems > 0, "bucket size must be positive");
   TR_ASSERT(reduce_dtype == DType::f32 || reduce_dtype == DType::bf16,
             "gradients are reduced in fp32 or bf16");
   const int dp = dp_ != nullptr ? dp_->size() : 1;
+  if (zero1_) {
+    TR_ASSERT((bucket_elems + dp - 1) / dp * dp == shards_.bucket_elems(),
+              "ZeRO-1's buckets are its shards' (" + std::to_string(shards_.bucket_elems()) +
+                  " elements), not " + std::to_string(bucket_elems));
+    bucket_elems = shards_.bucket_elems();
+  }
   bucket_elems_ = bucket_elems;
   overlap_ = overlap && dp > 1;
+  overlap_gather_ = overlap_gather;
   lp_arena_.reset();
   lp_grads_ = lp_shard_ = Tensor();
-  if (const size_t bytes = staging_bytes(capacity_, dp, zero1_, reduce_dtype); bytes > 0) {
+  const int64_t capacity = zero1_ ? shards_.capacity() : total_;
+  if (const size_t bytes = staging_bytes(capacity, dp, zero1_, reduce_dtype); bytes > 0) {
     lp_arena_ = std::make_unique<Arena>(bytes, ctx_.device);
-    lp_grads_ = lp_arena_->alloc(reduce_dtype, {capacity_});
-    if (zero1_) lp_shard_ = lp_arena_->alloc(reduce_dtype, {shard_size_});
+    lp_grads_ = lp_arena_->alloc(reduce_dtype, {capacity});
+    if (zero1_) lp_shard_ = lp_arena_->alloc(reduce_dtype, {shards_.shard_size()});
   }
   const int64_t n = (total_ + bucket_elems - 1) / bucket_elems;
   bucket_final_.assign(static_cast<size_t>(n), 0);
@@ -77,19 +86,20 @@ void GradReducer::start_bucket(Tensor grads, int64_t b) {
     shard = lp_shard_;
   }
   if (!zero1_) return dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);
-  // ZeRO-1: each piece of the bucket is summed into the rank whose shard holds it.
-  for (int64_t r = lo / shard_size_; r * shard_size_ < hi; ++r) {
-    const int64_t a = std::max(lo, r * shard_size_), c = std::min(hi, (r + 1) * shard_size_);
-    const Tensor out = r == dp_->rank() ? shard.slice(a - shard_begin_, c - a) : Tensor();
-    dp_->reduce_start(out, g.slice(a, c - a), static_cast<int>(r), ReduceOp::sum);
+  // ZeRO-1: piece r of the bucket is summed into rank r's shard (the padding past `total` is
+  // never sent: it stays zero there).
+  for (int r = 0; r < dp_->size(); ++r) {
+    const int64_t a = shards_.piece_begin(b, r), c = std::min(a + shards_.piece(b), hi);
+    if (a >= c) continue;
+    const Tensor out = r == dp_->rank() ? shard.slice(shards_.shard_offset(b), c - a) : Tensor();
+    dp_->reduce_start(out, g.slice(a, c - a), r, ReduceOp::sum);
   }
 }
 
 void GradReducer::finish(Tensor grads) {
   if (dp_ == nullptr || dp_->size() <= 1) return;
   // Buckets in the same order on every rank: those backward started, in its order, then the
-  // rest from the front. Under ZeRO-1 the padding tail of the last shard is never written and
-  // stays zero.
+  // rest from the front.
   early_buckets_ = 0;
   for (size_t b = 0; b < bucket_started_.size(); ++b) {
     if (bucket_started_[b])
@@ -98,6 +108,7 @@ void GradReducer::finish(Tensor grads) {
       start_bucket(grads, static_cast<int64_t>(b));
   }
   dp_->wait_all();
+  gathering_ = 0;            // wait_all completed any weight bucket still gathering too
   if (!lp_grads_.empty()) {  // the bf16 sums back into fp32
     if (zero1_)
       cast(ctx_, grad_shard_, lp_shard_);
@@ -106,6 +117,45 @@ void GradReducer::finish(Tensor grads) {
   }
   std::fill(bucket_final_.begin(), bucket_final_.end(), 0);
   std::fill(bucket_started_.begin(), bucket_started_.end(), false);
+}
+
+void GradReducer::gather_weights(Tensor weights) {
+  if (!zero1_) return;  // every rank's weights are whole already
+  TR_ASSERT(weights.numel() == shards_.capacity(), "gather_weights: ZeRO-1's [capacity] weights");
+  finish_weights();
+  const int64_t n = shards_.buckets();
+  gather_ticket_.assign(static_cast<size_t>(n), -1);
+  for (int64_t b = 0; b < n; ++b) {
+    const auto [lo, hi] = shards_.bucket(b);
+    gather_ticket_[b] =
+        dp_->all_gather_start(weights.slice(lo, hi - lo),
+                              weights.slice(shards_.piece_begin(b, dp_->rank()), shards_.piece(b)));
+  }
+  gathering_ = n;
+  waited_in_forward_ = 0;
+  if (!overlap_gather_) finish_weights();
+}
+
+void GradReducer::wait_weights(int64_t begin, int64_t end) {
+  if (gathering_ == 0 || begin >= end) return;
+  const int64_t last = std::min((end - 1) / bucket_elems_, shards_.buckets() - 1);
+  for (int64_t b = begin / bucket_elems_; b <= last; ++b) {
+    if (gather_ticket_[b] < 0) continue;
+    dp_->wait(gather_ticket_[b]);
+    gather_ticket_[b] = -1;
+    --gathering_;
+    ++waited_in_forward_;
+  }
+}
+
+void GradReducer::finish_weights() {
+  if (gathering_ == 0) return;
+  for (int64_t& t : gather_ticket_) {
+    if (t < 0) continue;
+    dp_->wait(t);
+    t = -1;
+  }
+  gathering_ = 0;
 }
 
 }  // namespace tr

@@ -1,13 +1,16 @@
-// Data-parallel gradient reduction over a flat gradient buffer: buckets, their overlap with
-// backward, the reduction's type, and ZeRO-1's shard ranges (Megatron's distributed optimizer:
-// rank r of dp owns the r-th 1/dp of the flat buffer). The optimizer updates what this hands it:
-// the whole reduced buffer, or the rank's reduced shard.
+// Data-parallel gradient reduction and, under ZeRO-1, the weight all-gather, over the model's
+// flat buffers: buckets, their overlap with backward (reductions) and with the next forward
+// (all-gathers), the reduction's type, and ZeRO-1's shards (parallel/dp_shards.h: Megatron's
+// distributed-optimizer layout, each bucket split over the dp ranks). The optimizer updates what
+// this hands it: the whole reduced buffer, or the rank's reduced shard.
 //
-// Without ZeRO-1 each bucket is all-reduced in place. With it each bucket is reduced piecewise
-// into the ranks whose shards hold it (together a reduce-scatter that can start during
-// backward) and the owner's piece lands in shard_grads(). With a bf16 reduction each bucket is
-// rounded into a bf16 staging copy, reduced there, and widened back when finish() completes it
-// (the accumulation over micro-batches stays fp32 in the caller's buffer).
+// Without ZeRO-1 each bucket is all-reduced in place. With it each bucket's dp pieces are
+// reduced into their owners (together the bucket's reduce-scatter, which can start during
+// backward) and land in shard_grads(); after the update each bucket of the weights is
+// all-gathered in place, and with overlap the next forward waits for each bucket only when it
+// first reads weights in it. With a bf16 reduction each bucket is rounded into a bf16 staging
+// copy, reduced there, and widened back when finish() completes it (the accumulation over
+// micro-batches stays fp32 in the caller's buffer).
 #pragma once
 
 #include <cstdint>
@@ -18,24 +21,28 @@
 #include "kernels/core/ctx.h"
 #include "kernels/core/tensor.h"
 #include "parallel/comm.h"
+#include "parallel/dp_shards.h"
 
 namespace tr {
 
 class GradReducer {
  public:
-  // `total` gradient elements in a flat buffer of `capacity` (a multiple of dp under ZeRO-1;
-  // the tail past `total` stays zero). `dp` may be null (one rank).
-  GradReducer(Comm* dp, Ctx ctx, int64_t total, int64_t capacity, bool zero1);
+  // `total` gradient elements in a flat buffer of shards.capacity() elements (a multiple of dp
+  // under ZeRO-1; the tail past `total` stays zero). `dp` may be null (one rank). With zero1 (and
+  // more than one rank) `shards` is this rank's ZeRO-1 layout; otherwise it is ignored.
+  GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, bool zero1);
 
   bool zero1() const { return zero1_; }
-  // This rank's range of the flat buffer: its ZeRO-1 shard [shard_begin, shard_begin + size),
-  // or the whole buffer [0, total) without ZeRO-1.
-  int64_t shard_begin() const { return shard_begin_; }
-  int64_t shard_size() const { return shard_size_; }
+  // This rank's shard: ZeRO-1's pieces of every bucket, or the whole buffer (one run) without.
+  const DpShards& shards() const { return shards_; }
+  int64_t shard_size() const { return zero1_ ? shards_.shard_size() : total_; }
 
-  // Buckets of `bucket_elems` elements; with `overlap` (and more than one rank) a bucket starts
-  // as soon as grads_final() has covered it; reduced in `reduce_dtype` (f32 or bf16).
-  void configure(int64_t bucket_elems, bool overlap, DType reduce_dtype = DType::f32);
+  // Buckets of `bucket_elems` elements (under ZeRO-1 the shards' buckets: bucket_elems rounded up
+  // to a multiple of dp must be their size); with `overlap` (and more than one rank) a bucket
+  // starts as soon as grads_final() has covered it; reduced in `reduce_dtype` (f32 or bf16).
+  // With `overlap_gather`, gather_weights() leaves each bucket to the next forward.
+  void configure(int64_t bucket_elems, bool overlap, DType reduce_dtype = DType::f32,
+                 bool overlap_gather = true);
   bool overlaps() const { return overlap_; }
   // Bytes configure() allocates for a bf16 reduction (0 for fp32): the flat buffer in bf16 and,
   // under ZeRO-1, the shard's reduced bf16 values.
@@ -52,28 +59,45 @@ class GradReducer {
   // The summed gradients of this rank's range after finish(): `grads` itself without ZeRO-1.
   Tensor shard_grads(Tensor grads) const { return zero1_ ? grad_shard_ : grads; }
 
+  // ZeRO-1, after the update: each rank's updated pieces of `weights` ([capacity], the weights
+  // the forward reads) to every rank, bucket by bucket in place. With overlap_gather the buckets
+  // are only started here and complete in wait_weights(); without, all complete here. Nothing
+  // to do without ZeRO-1 (or with one rank).
+  void gather_weights(Tensor weights);
+  // The weights in [begin, end) of the flat buffer are about to be read: completes the
+  // gathering buckets that hold them (the forward asks before each layer).
+  void wait_weights(int64_t begin, int64_t end);
+  // Completes every bucket still gathering (before the weights are read as a whole).
+  void finish_weights();
+  // Buckets of the last gather_weights() completed by wait_weights(), and all of them.
+  int buckets_waited_in_forward() const { return waited_in_forward_; }
+  int weight_buckets() const { return static_cast<int>(gather_ticket_.size()); }
+
   // Buckets of the last finish() that had started before it (during backward), and all of them.
   int early_buckets() const { return early_buckets_; }
   int buckets() const { return static_cast<int>(bucket_final_.size()); }
 
  private:
-  std::pair<int64_t, int64_t> bucket_range(int64_t b) const;  // [lo, hi) of the flat buffer
+  std::pair<int64_t, int64_t> bucket_range(int64_t b) const;  // [lo, hi) of [0, total)
   void start_bucket(Tensor grads, int64_t b);
 
   Comm* dp_;
   Ctx ctx_;
-  int64_t total_, capacity_;
+  int64_t total_;
   bool zero1_;
-  int64_t shard_begin_ = 0, shard_size_ = 0;
+  DpShards shards_;
   std::unique_ptr<Arena> arena_;  // the reduced fp32 shard (ZeRO-1)
   Tensor grad_shard_;
   std::unique_ptr<Arena> lp_arena_;  // bf16 reduction: the staging copy and the reduced shard
   Tensor lp_grads_, lp_shard_;
   int64_t bucket_elems_ = int64_t{1} << 25;
-  bool overlap_ = false;
+  bool overlap_ = false, overlap_gather_ = true;
   std::vector<int64_t> bucket_final_;  // final elements of each bucket this step
   std::vector<bool> bucket_started_;
   int early_buckets_ = 0;
+  std::vector<int64_t> gather_ticket_;  // per weight bucket: its all-gather's ticket, or -1
+  int64_t gathering_ = 0;               // weight buckets not yet completed
+  int waited_in_forward_ = 0;
 };
 
 }  // namespace tr

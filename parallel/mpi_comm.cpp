@@ -261,7 +261,8 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype),
                              mpi_op(op, buf.dtype), comm_, &req),
               name_);
-    track(req);
+    progress();
+    pending_.push_back(req);
   }
   void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
     TR_ASSERT(rank_ != root || (out.numel() == in.numel() && out.dtype == in.dtype),
@@ -270,30 +271,61 @@ class MpiComm final : public Comm {
     MPI_CHECK(MPI_Ireduce(in.data, rank_ == root ? out.data : nullptr, count_of(in),
                           mpi_type(in.dtype), mpi_op(op, in.dtype), root, comm_, &req),
               name_);
-    track(req);
+    progress();
+    pending_.push_back(req);
+  }
+  int64_t all_gather_start(Tensor out, Tensor in) override {
+    TR_ASSERT(out.numel() == in.numel() * size_ && out.dtype == in.dtype,
+              "all_gather: out " + out.shape_str() + " must be " + std::to_string(size_) +
+                  " x in " + in.shape_str());
+    const bool in_place = in.data == static_cast<char*>(out.data) + rank_ * in.nbytes();
+    MPI_Request req;
+    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, count_of(in), mpi_type(in.dtype),
+                             out.data, count_of(in), mpi_type(in.dtype), comm_, &req),
+              name_);
+    progress();
+    gathers_.push_back(req);
+    return gather_base_ + static_cast<int64_t>(gathers_.size()) - 1;
+  }
+  void wait(int64_t ticket) override {
+    const int64_t k = ticket - gather_base_;
+    if (k < 0 || k >= static_cast<int64_t>(gathers_.size())) return;  // completed by wait_all
+    Watched w("wait", name_, rank_, size_);
+    MPI_CHECK(MPI_Wait(&gathers_[static_cast<size_t>(k)], MPI_STATUS_IGNORE), name_);
   }
   void wait_all() override {
     Watched w("wait_all", name_, rank_, size_);
     MPI_CHECK(MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE),
               name_);
+    MPI_CHECK(MPI_Waitall(static_cast<int>(gathers_.size()), gathers_.data(), MPI_STATUSES_IGNORE),
+              name_);
     pending_.clear();
+    gather_base_ += static_cast<int64_t>(gathers_.size());
+    gathers_.clear();
   }
 
  private:
-  // A started operation, completed by wait_all(). Open MPI progresses non-blocking collectives
-  // inside MPI calls: this one gives the earlier ones a turn.
-  void track(MPI_Request req) {
-    pending_.push_back(req);
+  // Open MPI progresses non-blocking collectives inside MPI calls: a started operation gives
+  // the earlier ones a turn. Reductions are completed by wait_all() (kept in pending_),
+  // all-gathers by wait(ticket) or wait_all() (kept in gathers_).
+  void progress() {
     int done = 0;
-    MPI_CHECK(
-        MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done, MPI_STATUSES_IGNORE),
-        name_);
+    if (!pending_.empty())
+      MPI_CHECK(MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done,
+                            MPI_STATUSES_IGNORE),
+                name_);
+    if (!gathers_.empty())
+      MPI_CHECK(MPI_Testall(static_cast<int>(gathers_.size()), gathers_.data(), &done,
+                            MPI_STATUSES_IGNORE),
+                name_);
   }
 
   static constexpr int kTag = 7;
   MPI_Comm comm_;
   std::string name_;
   std::vector<MPI_Request> pending_;  // started by all_reduce_start / reduce_start
+  std::vector<MPI_Request> gathers_;  // started by all_gather_start, ticket gather_base_ + index
+  int64_t gather_base_ = 0;
   int rank_ = 0, size_ = 1;
 };
 

@@ -91,6 +91,7 @@ class NcclComm final : public Comm {
     stop_ = true;
     if (watchdog_.joinable()) watchdog_.join();
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : ticket_events_) cudaEventDestroy(e);
     for (const Pending& p : pending_) cudaEventDestroy(p.event);
     if (side_ != nullptr) {
       cudaStreamSynchronize(side_);
@@ -189,8 +190,33 @@ class NcclComm final : public Comm {
                         nccl_type(in.dtype), nccl_op(op), root, comm_, side_);
     });
   }
+  // On the side stream too; each ticket's completion is an event recorded after it there.
+  int64_t all_gather_start(Tensor out, Tensor in) override {
+    if (host(out) && host(in)) return boot_->all_gather_start(out, in);
+    TR_ASSERT(
+        out.numel() == in.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),
+        "all_gather: out " + out.shape_str() + " must be " + std::to_string(size()) + " x in " +
+            in.shape_str() + ", both on the device");
+    run_side("all_gather (overlapped)", [&] {
+      return ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, side_);
+    });
+    if (ticket_events_.size() == gathers_started_) {
+      cudaEvent_t e;
+      CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      ticket_events_.push_back(e);
+    }
+    CUDA_OK(cudaEventRecord(ticket_events_[gathers_started_], side_));
+    return gather_base_ + static_cast<int64_t>(gathers_started_++);
+  }
+  void wait(int64_t ticket) override {
+    const int64_t k = ticket - gather_base_;
+    if (k < 0 || k >= static_cast<int64_t>(gathers_started_)) return;  // joined by wait_all
+    CUDA_OK(cudaStreamWaitEvent(stream_, ticket_events_[static_cast<size_t>(k)], 0));
+  }
   void wait_all() override {
     boot_->wait_all();
+    gather_base_ += static_cast<int64_t>(gathers_started_);
+    gathers_started_ = 0;  // the events are recorded afresh by the next tickets
     if (!side_pending_) return;
     CUDA_OK(cudaEventRecord(side_done_, side_));
     CUDA_OK(cudaStreamWaitEvent(stream_, side_done_, 0));
@@ -315,6 +341,10 @@ class NcclComm final : public Comm {
   cudaStream_t side_ = nullptr;
   cudaEvent_t ready_ = nullptr, side_done_ = nullptr;
   bool side_pending_ = false;
+  // all_gather_start's tickets: ticket gather_base_ + k completes with ticket_events_[k].
+  std::vector<cudaEvent_t> ticket_events_;
+  size_t gathers_started_ = 0;
+  int64_t gather_base_ = 0;
   std::thread watchdog_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;

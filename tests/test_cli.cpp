@@ -175,6 +175,47 @@ TEST_CASE("cli: data-parallel buckets overlap backward and change no bit", "[cli
   CHECK(z.output.find("step 6: 9 of 16 dp buckets started during backward") != std::string::npos);
 }
 
+// ZeRO-1's weight all-gather, bucket by bucket in the shards' layout: with overlap_param_gather
+// the next forward completes each bucket as it reaches the layer that reads it, instead of the
+// update waiting for all of them; the run is the same bit for bit (losses, norms, checkpoints),
+// with the fp32 weights as the compute copy (CPU ranks) and with a separate compute copy and
+// sharded masters (TR_TEST_COMPUTE_COPY=1, the GPU's layout).
+TEST_CASE("cli: ZeRO-1's weight all-gather overlaps the next forward and changes no bit",
+          "[cli][mpi]") {
+  const std::string args =
+      " --set parallel.pp=2 --set parallel.zero1=true --set parallel.dp_bucket_elems=4000";
+  for (const std::string env : {"", "TR_TEST_COMPUTE_COPY=1"}) {
+    RunDir off(6), on(6);
+    CmdResult a =
+        off.mpirun(4, args + " --set parallel.overlap_param_gather=false", env + " TR_TRACE_DP=1");
+    INFO(env << "\n" << a.output);
+    REQUIRE(a.exit_code == 0);
+    CmdResult b = on.mpirun(4, args, env + " TR_TRACE_DP=1");
+    INFO(b.output);
+    REQUIRE(b.exit_code == 0);
+    const std::vector<nlohmann::json> x = off.metrics(), y = on.metrics();
+    REQUIRE(x.size() == 6);
+    REQUIRE(y.size() == 6);
+    for (size_t i = 0; i < x.size(); ++i) {
+      CHECK(x[i]["loss"].get<double>() == y[i]["loss"].get<double>());
+      CHECK(x[i]["grad_norm"].get<double>() == y[i]["grad_norm"].get<double>());
+    }
+    test::check_same_checkpoint(off.config, off.dir / "ckpt/step_00000006", on.config,
+                                on.dir / "ckpt/step_00000006");
+    // Stage 0 (world rank 0): the embedding and layer 0, 61696 elements in 16 buckets of 4000,
+    // all read by the forward. Step 1's forward follows no update.
+    CHECK(b.output.find("step 1: 9 of 16 dp buckets started during backward; 0 of 0 weight") !=
+          std::string::npos);
+    for (int step = 2; step <= 6; ++step) {
+      const std::string s = "step " + std::to_string(step) + ": ";
+      CHECK(b.output.find(s + "9 of 16 dp buckets started during backward; 16 of 16 weight "
+                              "buckets completed by the forward") != std::string::npos);
+      CHECK(a.output.find(s + "9 of 16 dp buckets started during backward; 0 of 16 weight") !=
+            std::string::npos);
+    }
+  }
+}
+
 // Sequence parallelism: each layer's norm gradients are summed over TP as the last backward
 // finishes the layer (one all-reduce per tensor, as after backward), so DP buckets start early
 // here too; the run is the non-overlapped one bit for bit. A bucket started before its norms
@@ -498,27 +539,31 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     std::string more = "";
     std::string env = "";  // TR_TEST_COMPUTE_COPY=1: ZeRO-1 with sharded masters, as on GPUs
   };
-  const Case cases[] = {{2, 1, 1, false, false},
-                        {1, 2, 1, false, false},
-                        {1, 1, 2, false, false},
-                        {2, 2, 2, false, false},
-                        {4, 1, 2, false, false},
-                        {2, 2, 2, true, false},
-                        {2, 2, 2, false, true},
-                        {1, 1, 4, true, false},
-                        {1, 4, 1, false, false},
-                        {1, 4, 1, false, false, " --set train.micro_batch=4"},  // 2 < 4 stages
-                        {1, 2, 1, false, false, " --set 'parallel.pipeline_layers=[1, 3]'"},
-                        // DP buckets small enough to start during backward (overlap).
-                        {2, 2, 2, false, false, " --set parallel.dp_bucket_elems=3000"},
-                        {1, 1, 4, true, false, " --set parallel.dp_bucket_elems=3000"},
-                        // Recomputation (bit-identical to none at the same layout, tested
-                        // above; here against one rank).
-                        {2, 2, 2, false, true, " --set train.recompute=selective"},
-                        {2, 2, 2, true, false, " --set train.recompute=full"},
-                        // ZeRO-1 as Megatron's distributed optimizer: sharded fp32 masters.
-                        {2, 2, 2, true, false, "", "TR_TEST_COMPUTE_COPY=1"},
-                        {1, 1, 4, true, false, "", "TR_TEST_COMPUTE_COPY=1"}};
+  const Case cases[] = {
+      {2, 1, 1, false, false},
+      {1, 2, 1, false, false},
+      {1, 1, 2, false, false},
+      {2, 2, 2, false, false},
+      {4, 1, 2, false, false},
+      {2, 2, 2, true, false},
+      {2, 2, 2, false, true},
+      {1, 1, 4, true, false},
+      {1, 4, 1, false, false},
+      {1, 4, 1, false, false, " --set train.micro_batch=4"},  // 2 < 4 stages
+      {1, 2, 1, false, false, " --set 'parallel.pipeline_layers=[1, 3]'"},
+      // DP buckets small enough to start during backward (overlap).
+      {2, 2, 2, false, false, " --set parallel.dp_bucket_elems=3000"},
+      {1, 1, 4, true, false, " --set parallel.dp_bucket_elems=3000"},
+      // Recomputation (bit-identical to none at the same layout, tested
+      // above; here against one rank).
+      {2, 2, 2, false, true, " --set train.recompute=selective"},
+      {2, 2, 2, true, false, " --set train.recompute=full"},
+      // ZeRO-1 as Megatron's distributed optimizer: sharded fp32 masters.
+      {2, 2, 2, true, false, "", "TR_TEST_COMPUTE_COPY=1"},
+      {1, 1, 4, true, false, "", "TR_TEST_COMPUTE_COPY=1"},
+      // ... with many buckets per shard (each rank a piece of every bucket),
+      // the weight all-gather overlapping the next forward.
+      {1, 1, 4, true, false, " --set parallel.dp_bucket_elems=3000", "TR_TEST_COMPUTE_COPY=1"}};
   std::printf("layout (tp,pp,dp)                    loss at step 10     relative difference\n");
   std::printf("(1,1,1)                              %.9f\n",
               one.metrics().back()["loss"].get<double>());
@@ -597,7 +642,11 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
         Case{8, " --set parallel.tp=1 --set parallel.pp=2"}, Case{1, ""},
         // Saved with sharded masters, resumed without ZeRO-1; saved without, resumed with.
         Case{8, " --set parallel.tp=4 --set parallel.pp=1", copy, ""},
-        Case{4, " --set parallel.zero1=true", "", copy, " --set parallel.pp=2"}}) {
+        Case{4, " --set parallel.zero1=true", "", copy, " --set parallel.pp=2"},
+        // Sharded masters in pieces of many buckets, resumed at another dp and bucket size.
+        Case{4, " --set parallel.zero1=true --set parallel.dp_bucket_elems=5000", copy, copy,
+             " --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero1=true"
+             " --set parallel.dp_bucket_elems=3000"}}) {
     RunDir run(10);
     INFO("saved with" << c.saved << " " << c.save_env << ", resumed with" << c.layout << " "
                       << c.resume_env);

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "kernels/core/bf16.h"
+#include "parallel/dp_shards.h"
+#include "parallel/grad_reducer.h"
 #include "parallel/groups.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
@@ -101,6 +103,131 @@ TEST_CASE("comm: all-gather, reduce-scatter and broadcast", "[comm]") {
   std::vector<float> b = {static_cast<float>(r == n - 1 ? 42 + n : r)};
   w->broadcast(host(b), n - 1);
   CHECK(b[0] == 42 + n);
+  w->barrier();
+}
+
+// Asynchronous all-gathers complete by ticket in any order (and the rest by wait_all, beside a
+// started reduction), in place and not.
+TEST_CASE("comm: all-gathers started together complete by ticket", "[comm]") {
+  auto w = world_comm();
+  const int r = w->rank(), n = w->size();
+  constexpr int kBuckets = 5, kPiece = 3;
+  std::vector<float> all(kBuckets * n * kPiece, -1.0f);
+  auto block = [&](int b) {
+    return Tensor(all.data() + b * n * kPiece, DType::f32, Device::cpu, {n * kPiece});
+  };
+  auto mine = [&](int b) {
+    return Tensor(all.data() + (b * n + r) * kPiece, DType::f32, Device::cpu, {kPiece});
+  };
+  for (int b = 0; b < kBuckets; ++b)
+    for (int k = 0; k < kPiece; ++k) all[(b * n + r) * kPiece + k] = 100.0f * b + 10.0f * r + k;
+  std::vector<float> sep = {static_cast<float>(r)}, sep_out(n, -1.0f);
+  std::vector<int64_t> tickets;
+  for (int b = 0; b < kBuckets; ++b) tickets.push_back(w->all_gather_start(block(b), mine(b)));
+  tickets.push_back(w->all_gather_start(host(sep_out), host(sep)));  // not in place
+  std::vector<float> red = {1.0f}, red_out(1, 0.0f);
+  w->reduce_start(host(red_out), host(red), 0, ReduceOp::sum);
+  auto bucket_ok = [&](int b) {
+    for (int q = 0; q < n; ++q)
+      for (int k = 0; k < kPiece; ++k)
+        if (all[(b * n + q) * kPiece + k] != 100.0f * b + 10.0f * q + k) return false;
+    return true;
+  };
+  w->wait(tickets[3]);
+  CHECK(bucket_ok(3));
+  w->wait(tickets[0]);
+  CHECK(bucket_ok(0));
+  w->wait(tickets[0]);  // again: nothing to do
+  w->wait_all();        // buckets 1, 2, 4, the separate one and the reduction
+  for (int b = 0; b < kBuckets; ++b) CHECK(bucket_ok(b));
+  for (int q = 0; q < n; ++q) CHECK(sep_out[q] == q);
+  if (r == 0) CHECK(red_out[0] == n);
+  w->wait(tickets[1]);  // after wait_all: nothing to do
+  w->barrier();
+}
+
+// ZeRO-1's layout: every bucket cut into dp equal pieces, each element owned by exactly one
+// rank, each rank's runs a bijection onto its shard with bucket b's piece at lo_b / dp, and the
+// runs of a sub-range the restriction of the whole.
+TEST_CASE("comm: DpShards give every rank one piece of each bucket", "[comm]") {
+  for (int dp : {1, 2, 3, 4, 8}) {
+    for (int64_t capacity : {int64_t{0}, int64_t{dp}, int64_t{24} * dp, int64_t{1000} * dp}) {
+      for (int64_t bucket : {int64_t{1}, int64_t{7}, int64_t{64}, int64_t{1} << 20}) {
+        INFO("dp " << dp << " capacity " << capacity << " bucket " << bucket);
+        std::vector<int> owner(static_cast<size_t>(capacity), -1);
+        for (int r = 0; r < dp; ++r) {
+          const DpShards s(capacity, bucket, dp, r);
+          CHECK(s.bucket_elems() % dp == 0);
+          CHECK(s.bucket_elems() >= bucket);
+          CHECK(s.shard_size() * dp == capacity);
+          std::vector<int> hit(static_cast<size_t>(s.shard_size()), 0);
+          for (const ShardRun& run : s.runs(0, capacity)) {
+            for (int64_t k = 0; k < run.count; ++k) {
+              CHECK(owner[run.flat + k] == -1);
+              owner[run.flat + k] = r;
+              ++hit[run.shard + k];
+            }
+          }
+          CHECK(std::all_of(hit.begin(), hit.end(), [](int h) { return h == 1; }));
+          for (int64_t b = 0; b < s.buckets(); ++b) {
+            const auto [lo, hi] = s.bucket(b);
+            CHECK(s.piece(b) * dp == hi - lo);
+            CHECK(s.shard_offset(b) == lo / dp);
+            const std::vector<ShardRun> one = s.runs(lo, hi);
+            REQUIRE(one.size() == 1);
+            CHECK(one[0].flat == s.piece_begin(b, r));
+            CHECK(one[0].shard == s.shard_offset(b));
+          }
+          // A sub-range: the same elements, each at the same shard index.
+          const int64_t a = capacity / 3, c = capacity - capacity / 5;
+          int64_t in_range = 0;
+          for (const ShardRun& run : s.runs(a, c)) {
+            CHECK(run.flat >= a);
+            CHECK(run.flat + run.count <= c);
+            for (int64_t k = 0; k < run.count; ++k) CHECK(owner[run.flat + k] == r);
+            in_range += run.count;
+          }
+          int64_t want = 0;
+          for (int64_t i = a; i < c; ++i) want += owner[i] == r;
+          CHECK(in_range == want);
+        }
+        CHECK(std::all_of(owner.begin(), owner.end(), [](int o) { return o >= 0; }));
+      }
+    }
+  }
+}
+
+// The weight all-gather of ZeRO-1 through GradReducer: each rank's pieces of every bucket to
+// every rank, bucket by bucket; wait_weights completes the buckets of a range (the forward's
+// wait), finish_weights the rest; without overlap all complete at once.
+TEST_CASE("comm: ZeRO-1's weight all-gather completes bucket by bucket", "[comm]") {
+  auto w = world_comm();
+  const int r = w->rank(), n = w->size();
+  const int64_t capacity = 40 * n, total = capacity - 1;
+  for (bool overlap : {true, false}) {
+    const DpShards shards(capacity, 6, n, r);
+    GradReducer red(w.get(), Ctx{}, total, shards, true);
+    red.configure(6, true, DType::f32, overlap);
+    std::vector<float> weights(static_cast<size_t>(capacity), -1.0f);
+    for (const ShardRun& run : shards.runs(0, capacity))
+      for (int64_t k = 0; k < run.count; ++k)
+        weights[run.flat + k] = static_cast<float>(run.flat + k);
+    red.gather_weights(Tensor(weights.data(), DType::f32, Device::cpu, {capacity}));
+    CHECK(red.weight_buckets() == (n > 1 ? shards.buckets() : 0));  // one rank: whole already
+    auto done = [&](int64_t a, int64_t c) {
+      for (int64_t i = a; i < c; ++i)
+        if (weights[i] != static_cast<float>(i)) return false;
+      return true;
+    };
+    const int64_t a = 2 * shards.bucket_elems() + 1, c = 4 * shards.bucket_elems() - 1;
+    red.wait_weights(a, c);
+    CHECK(done(shards.bucket(2).first, shards.bucket(3).second));
+    if (n > 1) CHECK(red.buckets_waited_in_forward() == (overlap ? 2 : 0));
+    red.wait_weights(a, c);  // again: nothing left to wait for there
+    if (n > 1) CHECK(red.buckets_waited_in_forward() == (overlap ? 2 : 0));
+    red.finish_weights();
+    CHECK(done(0, capacity));
+  }
   w->barrier();
 }
 

@@ -518,7 +518,8 @@ TEST_CASE("cuda: device-side loss and norm accumulators, and the pinned token up
   CHECK(back == ids);
 }
 
-// The multi-tensor AdamW: pieces with and without decay at offsets (a shard's bases), the
+// The multi-tensor AdamW: pieces with and without decay, at flat offsets that a ZeRO-1 shard
+// holds in another order (param, grad, m and v in the shard, the compute copy flat), the
 // clipping scale folded in, against the CPU's pieces.
 TEST_CASE("cuda: multi-tensor adamw over pieces matches the CPU", "[gpu]") {
   GpuCtx g;
@@ -527,25 +528,29 @@ TEST_CASE("cuda: multi-tensor adamw over pieces matches the CPU", "[gpu]") {
   std::vector<float> p = random_values(n, rng, DType::f32), gr = random_values(n, rng, DType::f32),
                      m = random_values(n, rng, DType::f32, -0.1f, 0.1f),
                      v = random_values(n, rng, DType::f32, 0.0f, 0.01f);
-  std::vector<int64_t> pieces = {base, 65536, 1, base + 65536, 7, 0, base + 65543, n - 65543, 1};
+  // {flat, count, decay, shard}: flat [base, base + 65536) is the shard's last 65536 elements.
+  std::vector<int64_t> pieces = {base,         65536,     1, n - 65536, base + 65536, 7, 0, 0,
+                                 base + 65543, n - 65543, 1, 7};
   const int64_t k = 3;
   const AdamWParams hp{3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7};
-  const AdamWBases bases{base, base, base};
+  const AdamWIndex index{true, true};
   std::vector<float> cp = p, cg = gr, cm = m, cv = v;
   adamw_update_pieces(cpu_ctx, host(cp, {n}), host(cg, {n}), host(cm, {n}), host(cv, {n}), Tensor(),
-                      Tensor(pieces.data(), DType::i64, Device::cpu, {k, 3}), bases, hp, 0.37f);
+                      Tensor(pieces.data(), DType::i64, Device::cpu, {k, 4}), index, hp, 0.37f);
   Dev d_p(DType::f32, {n}, p), d_g(DType::f32, {n}, gr), d_m(DType::f32, {n}, m),
       d_v(DType::f32, {n}, v), d_copy(DType::bf16, {base + n});
   Buffer d_pieces(pieces.size() * sizeof(int64_t), Device::cuda);
-  Tensor tp(d_pieces.data(), DType::i64, Device::cuda, {k, 3});
-  copy_tensor(tp, Tensor(pieces.data(), DType::i64, Device::cpu, {k, 3}));
-  adamw_update_pieces(g.ctx, d_p.t, d_g.t, d_m.t, d_v.t, d_copy.t, tp, bases, hp, 0.37f);
+  Tensor tp(d_pieces.data(), DType::i64, Device::cuda, {k, 4});
+  copy_tensor(tp, Tensor(pieces.data(), DType::i64, Device::cpu, {k, 4}));
+  adamw_update_pieces(g.ctx, d_p.t, d_g.t, d_m.t, d_v.t, d_copy.t, tp, index, hp, 0.37f);
   check_close(d_p.download(), cp, DType::f32, "param");
   check_close(d_m.download(), cm, DType::f32, "m");
   check_close(d_v.download(), cv, DType::f32, "v");
   const std::vector<float> copy = d_copy.download(), master = d_p.download();
   int64_t wrong = 0;
-  for (int64_t i = 0; i < n; ++i) wrong += copy[base + i] != round_to_bf16(master[i]);
+  for (int64_t j = 0; j < k; ++j)
+    for (int64_t i = 0; i < pieces[4 * j + 1]; ++i)
+      wrong += copy[pieces[4 * j] + i] != round_to_bf16(master[pieces[4 * j + 3] + i]);
   CHECK(wrong == 0);
 }
 

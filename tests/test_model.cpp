@@ -456,7 +456,7 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   // (CPU) model with the same arguments: ZeRO-1 over dp 2, so it keeps half of the masters.
   const Topology topo = Topology::make(8, 0, 2, 2, 2)->of_rank(0);
   Qwen2Model real(ModelDims::from(cfg.model, topo, false, {}), 2, 32, Ctx{}, DType::bf16, 0, 2, 2,
-                  false, false, /*master_shards=*/2, /*master_shard=*/0);
+                  false, false, dp_shards(cfg, topo));
   CHECK(p->stages[0].weights == static_cast<double>(real.memory().weights));
   CHECK(p->stages[0].compute_copy == static_cast<double>(real.memory().compute_copy));
   // The GPU also keeps the micro-batch's token ids and targets (i32 [T]) on the device.

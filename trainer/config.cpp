@@ -72,14 +72,19 @@ const std::vector<Field>& fields() {
                "shard norms and residuals along the sequence within TP"),
       TR_FIELD(parallel, zero1, Bool, 0, 0,
                "distributed optimizer: each DP rank keeps the Adam states and (on GPUs) the fp32 "
-               "master weights of its 1/dp of the parameters; gradients are reduce-scattered, "
-               "the updated bf16 weights all-gathered"),
+               "master weights of its 1/dp of every bucket of the parameters; gradients are "
+               "reduce-scattered, the updated bf16 weights all-gathered, bucket by bucket"),
       TR_FIELD(parallel, dp_bucket_elems, Int, 1, kMaxI,
-               "gradient elements per data-parallel all-reduce bucket"),
+               "parameter elements per data-parallel bucket (gradient reduction; with zero1 also "
+               "the weight all-gather, rounded up to a multiple of dp)"),
       TR_FIELD(parallel, overlap_dp, Bool, 0, 0,
                "start each bucket's reduction as soon as backward has finished its gradients "
                "(with sequence_parallel, each layer's norm gradients are summed over TP as "
                "backward finishes the layer)"),
+      TR_FIELD(parallel, overlap_param_gather, Bool, 0, 0,
+               "with zero1: all-gather the updated weights bucket by bucket during the next "
+               "forward, each layer waiting only for the buckets that hold its weights (false: "
+               "all of them at the end of the update)"),
       TR_FIELD(parallel, grad_reduce_dtype, String, 0, 0,
                "type of the data-parallel gradient reduction: fp32 (exact sums of the fp32 "
                "gradients), or bf16 (each bucket rounded to bf16 and summed in bf16: half the "

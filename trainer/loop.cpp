@@ -348,12 +348,18 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
   all_reduce_sum(*s.groups.dp, &loss_sum, 1);
   m.grad_norm = s.opt->global_norm(own_squares);
-  // TR_TRACE_DP=1: how many DP buckets had started during backward (world rank 0).
+  // TR_TRACE_DP=1 (world rank 0): how many DP buckets had started during backward, and how
+  // many buckets of the last step's ZeRO-1 weight all-gather this step's forward completed
+  // itself, layer by layer.
   static const bool trace_dp = std::getenv("TR_TRACE_DP") != nullptr;
-  if (trace_dp && s.topo.rank == 0)
-    std::fprintf(stderr, "step %lld: %d of %d dp buckets started during backward\n",
-                 static_cast<long long>(step), s.opt->reducer().early_buckets(),
-                 s.opt->reducer().buckets());
+  if (trace_dp && s.topo.rank == 0) {
+    const GradReducer& red = s.opt->reducer();
+    std::fprintf(stderr,
+                 "step %lld: %d of %d dp buckets started during backward; %d of %d weight buckets "
+                 "completed by the forward\n",
+                 static_cast<long long>(step), red.early_buckets(), red.buckets(),
+                 red.buckets_waited_in_forward(), red.weight_buckets());
+  }
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   m.loss = loss_sum / static_cast<double>(tokens);
   if (fault.at(step, "loss_spike")) m.loss *= fault.arg;
@@ -379,6 +385,9 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
       // The two copies took the same update up to summation order; make them bit-identical
       // (with sharded masters, the weights the two stages compute with).
       const ParamInfo& embed = s.model->layout().find("embed_tokens/weight");
+      // Its all-gather first (ZeRO-1: on the last stage the tied copy's buckets come last, so
+      // the overlap with the next forward is lost there).
+      s.opt->reducer().wait_weights(embed.offset, embed.offset + embed.numel);
       if (s.model->masters_sharded()) {
         s.groups.embed->broadcast(s.model->compute_param(embed), 0);
       } else {
@@ -472,7 +481,7 @@ void report_stragglers(Session& s, StepMetrics& m, double busy_per_step) {
   }
 }
 
-int train_loop(Session& s) {
+static int train_loop_steps(Session& s) {
   const auto start = Clock::now();
   StepMetrics m;
   m.total_steps = s.cfg.train.steps;
@@ -541,6 +550,12 @@ int train_loop(Session& s) {
   std::printf("done: %lld steps, last loss %.4f, %s\n", static_cast<long long>(s.state.step),
               m.loss, format_duration(seconds_since(start)).c_str());
   return kExitOk;
+}
+
+int train_loop(Session& s) {
+  const int code = train_loop_steps(s);
+  s.opt->reducer().finish_weights();  // ZeRO-1: no weight all-gather outlives the run
+  return code;
 }
 
 }  // namespace tr

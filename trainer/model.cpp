@@ -197,8 +197,7 @@ std::vector<float> to_host_floats(Tensor t) {
 
 Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype,
                        int64_t loss_chunk, int64_t flat_multiple, int slots,
-                       bool separate_compute_copy, bool plan_only, int master_shards,
-                       int master_shard)
+                       bool separate_compute_copy, bool plan_only, const DpShards& shards)
     : dims_(dims),
       batch_(batch),
       seq_len_(seq_len),
@@ -210,14 +209,11 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   TR_ASSERT(slots >= 1, "at least one activation slot");
   layout_ = ParamLayout::make(dims_, flat_multiple);
   const bool separate = separate_compute_copy || dtype_ != mdtype_;
-  int64_t masters = layout_.capacity;
-  if (separate && master_shards > 1) {
-    TR_ASSERT(
-        layout_.capacity % master_shards == 0 && master_shard >= 0 && master_shard < master_shards,
-        "sharded masters need the flat buffer padded to a multiple of the shards");
-    masters = layout_.capacity / master_shards;
-    masters_begin_ = masters * master_shard;
-  }
+  shards_ = shards.dp() > 1 ? shards : DpShards(layout_.capacity, layout_.capacity + 1, 1, 0);
+  TR_ASSERT(shards_.capacity() == layout_.capacity,
+            "ZeRO-1's shards must cover the flat buffer (" + std::to_string(layout_.capacity) +
+                " elements), not " + std::to_string(shards_.capacity()));
+  const int64_t masters = separate ? shards_.shard_size() : layout_.capacity;
   memory_.weights = arena_bytes(mdtype_, masters);
   memory_.grads = arena_bytes(mdtype_, layout_.capacity);
   memory_.compute_copy = separate ? arena_bytes(dtype_, layout_.capacity) : 0;
@@ -447,9 +443,10 @@ void Qwen2Model::params_from_host(const std::vector<float>& host) {
   }
   // The masters of this rank's shard (the padding tail stays zero), and the whole compute copy
   // converted on the host (a device has no room for whole fp32 masters beside it).
-  const int64_t n = std::clamp<int64_t>(layout_.total - masters_begin_, 0, params_.numel());
-  if (n > 0)
-    copy_tensor(params_.slice(0, n), Tensor(values + masters_begin_, DType::f32, Device::cpu, {n}));
+  std::vector<float> shard(static_cast<size_t>(params_.numel()), 0.0f);
+  for (const ShardRun& r : shards_.runs(0, layout_.total))
+    std::copy(values + r.flat, values + r.flat + r.count, shard.begin() + r.shard);
+  copy_tensor(params_, Tensor(shard.data(), DType::f32, Device::cpu, {params_.numel()}));
   std::vector<char> converted(static_cast<size_t>(layout_.total) * dtype_size(dtype_));
   Tensor host_copy(converted.data(), dtype_, Device::cpu, {layout_.total});
   Ctx cpu;
@@ -590,33 +587,48 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
   if (d.first_stage) {
     Tensor tok = stage_tokens(tokens, T, a.tokens);
     Tensor emb = full_or(S.resid[0]);
+    need(w_.embed);
     embedding_fwd(ctx_, emb, tok, w_.embed, d.vocab_offset);
     reduce_to_local(emb, S.resid[0]);  // vocab-parallel: each rank contributed its own rows
   }
   // Each residual add is fused with the RMSNorm after it: the layer's second norm, and the next
   // layer's first norm (or the final norm) at the end of a layer.
-  if (d.layers > 0)
+  if (d.layers > 0) {
+    need(w_.layers[0].ln1);
     rmsnorm_fwd(ctx_, sp ? a.ln_local : S.layers[0].ln1, S.layers[0].rstd1, S.resid[0],
                 w_.layers[0].ln1, d.eps);
-  else if (d.last_stage)
+  } else if (d.last_stage) {
+    need(w_.norm);
     rmsnorm_fwd(ctx_, sp ? a.ln_local : S.lnf, S.rstdf, S.resid[0], w_.norm, d.eps);
+  }
   for (int64_t l = 0; l < d.layers; ++l) {
     const LayerWeights& w = w_.layers[l];
     Acts::Layer& L = S.layers[l];
     gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
+    if (weights_hook_) weights_hook_(layer_ranges_[l].first, layer_ranges_[l].second);
     layer_fwd(slot, l);
     linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
     reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel
-    if (l + 1 < d.layers)
+    if (l + 1 < d.layers) {
+      need(w_.layers[l + 1].ln1);
       add_rmsnorm_fwd(ctx_, S.resid[l + 1], sp ? a.ln_local : S.layers[l + 1].ln1,
                       S.layers[l + 1].rstd1, L.x_mid, a.tmp, w_.layers[l + 1].ln1, d.eps);
-    else if (d.last_stage)
+    } else if (d.last_stage) {
+      need(w_.norm);
       add_rmsnorm_fwd(ctx_, S.resid[l + 1], sp ? a.ln_local : S.lnf, S.rstdf, L.x_mid, a.tmp,
                       w_.norm, d.eps);
-    else
+    } else {
       add(ctx_, S.resid[l + 1], L.x_mid, a.tmp);
+    }
   }
   if (d.last_stage) gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
+}
+
+void Qwen2Model::need(const Tensor& w) {
+  if (!weights_hook_) return;
+  const int64_t at = (static_cast<const char*>(w.data) - static_cast<const char*>(compute_.data)) /
+                     static_cast<int64_t>(dtype_size(dtype_));
+  weights_hook_(at, at + w.numel());
 }
 
 void Qwen2Model::layer_fwd(int slot, int64_t l) {
@@ -668,6 +680,7 @@ void Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale, 
   Acts& a = *a_;
   const Tensor lnf = a.slots[slot].lnf;
   const int64_t T = batch_ * seq_len_;
+  need(w_.lm_head);
   for (int64_t begin = 0; begin < T; begin += chunk_) {
     const int64_t n = std::min(chunk_, T - begin);
     Tensor logits = a.logits.slice(0, n), losses = a.losses.slice(0, n);

@@ -15,6 +15,7 @@
 #include "kernels/core/tensor.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
+#include "parallel/dp_shards.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
 
@@ -128,15 +129,15 @@ class Qwen2Model {
   // `plan_only` allocates nothing: the arenas only measure (for the planner, which sizes a
   // 72B rank on a laptop); such a model answers memory() and nothing else.
   //
-  // ZeRO-1 (Megatron's distributed optimizer): with a separate compute copy and
-  // `master_shards` > 1, this rank keeps the fp32 masters of shard `master_shard` of the
-  // flat buffer only (capacity / master_shards elements; flat_multiple must be a multiple of
-  // master_shards); the compute copy stays whole. Where the masters are the compute copy they
-  // are whole regardless.
+  // ZeRO-1 (Megatron's distributed optimizer): `shards` is this rank's share of the flat buffer
+  // (parallel/dp_shards.h; its capacity must be the layout's, so flat_multiple a multiple of its
+  // dp). With a separate compute copy and more than one shard, this rank keeps the fp32 masters
+  // of its shard only (capacity / dp elements, in the shard's order); the compute copy stays
+  // whole. Where the masters are the compute copy they are whole regardless.
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
              DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1,
              int slots = 1, bool separate_compute_copy = false, bool plan_only = false,
-             int master_shards = 1, int master_shard = 0);
+             const DpShards& shards = DpShards());
 
   // Bytes of this rank's model buffers, by the arenas' own accounting (alignment included).
   struct Memory {
@@ -152,14 +153,20 @@ class Qwen2Model {
   void set_layer_grads_hook(std::function<void(int64_t begin, int64_t end)> hook) {
     layer_grads_hook_ = std::move(hook);
   }
+  // Called by the forward before it first reads the weights in [begin, end) of the flat buffer
+  // (the embedding, each layer, the final norm and the LM head): ZeRO-1's weight all-gather
+  // completes each bucket there (GradReducer::wait_weights). Empty = none.
+  void set_weights_hook(std::function<void(int64_t begin, int64_t end)> hook) {
+    weights_hook_ = std::move(hook);
+  }
   ~Qwen2Model();
 
   const ModelDims& dims() const { return dims_; }
   const ParamLayout& layout() const { return layout_; }
-  // The fp32 masters this rank keeps: [capacity], or its ZeRO-1 shard of it, whose first
-  // element is element masters_begin() of the flat buffer.
+  // The fp32 masters this rank keeps: [capacity], or its ZeRO-1 shard of it (shards()' order).
   Tensor masters() const { return params_; }
-  int64_t masters_begin() const { return masters_begin_; }
+  // ZeRO-1's shards of the flat buffer (one rank's whole buffer without ZeRO-1).
+  const DpShards& shards() const { return shards_; }
   bool masters_sharded() const { return params_.numel() < layout_.capacity; }
   // The whole masters (not sharded): [P] flat.
   Tensor params() const;
@@ -264,7 +271,8 @@ class Qwen2Model {
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
   int slots_ = 1;
   Comm* tp_ = nullptr;
-  std::function<void(int64_t, int64_t)> layer_grads_hook_;
+  std::function<void(int64_t, int64_t)> layer_grads_hook_, weights_hook_;
+  void need(const Tensor& w);  // weights_hook_ over the flat range of w (a view of w_)
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
   bool layer_norms_summed_ = false;  // this step's layer norm gradients are summed over TP
   // How the next writes of the LM head's and of the other gradients go (begin_step_grads).
@@ -276,8 +284,8 @@ class Qwen2Model {
   ParamLayout layout_;
   std::unique_ptr<Arena> param_arena_, act_arena_;
   Tensor params_, grads_, compute_;
-  int64_t masters_begin_ = 0;  // flat index of params_[0] (its ZeRO-1 shard's first element)
-  Tensor step_scalars_;        // f64 [2] on the device (see step_scalars())
+  DpShards shards_;
+  Tensor step_scalars_;  // f64 [2] on the device (see step_scalars())
   // upload_tokens: the staged arrays (pinned on the host, and on the device), and where each
   // uploaded host array's copy starts in them (elements).
   Buffer staged_host_, staged_dev_;

@@ -40,40 +40,44 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
       dp_(dp),
       tp_(tp != nullptr && tp->size() > 1 ? tp : nullptr),
       pp_(pp != nullptr && pp->size() > 1 ? pp : nullptr),
-      reducer_(dp, ctx, model.layout().total, model.layout().capacity, zero1) {
+      reducer_(dp, ctx, model.layout().total, model.shards(), zero1) {
   TR_ASSERT(!model.masters_sharded() ||
-                (reducer_.zero1() && model.masters_begin() == reducer_.shard_begin() &&
-                 model.masters().numel() == reducer_.shard_size()),
+                (reducer_.zero1() && model.masters().numel() == reducer_.shard_size()),
             "the model's master shard must be this rank's ZeRO-1 shard");
   const int64_t n = reducer_.shard_size();
   arena_ = std::make_unique<Arena>(2 * arena_bytes(DType::f32, n), ctx.device);
   m_ = arena_->alloc(DType::f32, {n});
   v_ = arena_->alloc(DType::f32, {n});
-  // Pieces of at most kAdamWPieceElems elements, each inside one tensor (so one decay).
+  // Pieces of at most kAdamWPieceElems elements, each inside one tensor (so one decay) and one
+  // run of this rank's shard.
   std::vector<int64_t> pieces;
-  const int64_t begin = reducer_.shard_begin(), end = std::min(begin + n, model.layout().total);
-  for (const ParamInfo& p : model.layout().tensors) {
-    const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
-    for (int64_t at = lo; at < hi; at += kAdamWPieceElems)
-      pieces.insert(pieces.end(), {at, std::min(kAdamWPieceElems, hi - at), p.decay ? 1 : 0});
-  }
-  const auto count = static_cast<int64_t>(pieces.size() / 3);
+  for (const ParamInfo& p : model.layout().tensors)
+    for (const ShardRun& r : own_runs(p))
+      for (int64_t k = 0; k < r.count; k += kAdamWPieceElems)
+        pieces.insert(pieces.end(), {r.flat + k, std::min(kAdamWPieceElems, r.count - k),
+                                     p.decay ? 1 : 0, r.shard + k});
+  const auto count = static_cast<int64_t>(pieces.size() / 4);
   pieces_buf_ = Buffer(std::max<size_t>(pieces.size(), 1) * sizeof(int64_t), ctx.device);
-  pieces_ = Tensor(pieces_buf_.data(), DType::i64, ctx.device, {count, 3});
-  copy_tensor(pieces_, Tensor(pieces.data(), DType::i64, Device::cpu, {count, 3}));
-  // The norm's pieces: what this rank counts (replicated tensors on TP rank 0 only, the tied
-  // copy nowhere), at most kAdamWPieceElems each.
+  pieces_ = Tensor(pieces_buf_.data(), DType::i64, ctx.device, {count, 4});
+  copy_tensor(pieces_, Tensor(pieces.data(), DType::i64, Device::cpu, {count, 4}));
+  // The norm's pieces, in the reduced gradients' index space (the shard under ZeRO-1): what
+  // this rank counts (replicated tensors on TP rank 0 only, the tied copy nowhere), at most
+  // kAdamWPieceElems each.
   std::vector<int64_t> norm;
   for (const ParamInfo& p : model.layout().tensors) {
     if (p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0)) continue;
-    const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
-    for (int64_t at = lo; at < hi; at += kAdamWPieceElems)
-      norm.insert(norm.end(), {at, std::min(kAdamWPieceElems, hi - at)});
+    for (const ShardRun& r : own_runs(p))
+      for (int64_t k = 0; k < r.count; k += kAdamWPieceElems)
+        norm.insert(norm.end(), {r.shard + k, std::min(kAdamWPieceElems, r.count - k)});
   }
   const auto norm_count = static_cast<int64_t>(norm.size() / 2);
   norm_pieces_buf_ = Buffer(std::max<size_t>(norm.size(), 1) * sizeof(int64_t), ctx.device);
   norm_pieces_ = Tensor(norm_pieces_buf_.data(), DType::i64, ctx.device, {norm_count, 2});
   copy_tensor(norm_pieces_, Tensor(norm.data(), DType::i64, Device::cpu, {norm_count, 2}));
+}
+
+std::vector<ShardRun> AdamW::own_runs(const ParamInfo& p) const {
+  return reducer_.shards().runs(p.offset, p.offset + p.numel);
 }
 
 size_t AdamW::state_bytes(int64_t capacity, int64_t total, int dp, bool zero1) {
@@ -86,26 +90,21 @@ void AdamW::reduce_grads() {
 
 void AdamW::accumulate_norm(Tensor acc) const {
   Ctx ctx = ctx_;
-  const bool zero1 = reducer_.zero1();
-  const int64_t shard_begin = reducer_.shard_begin(), shard_size = reducer_.shard_size();
   // One pass over the pieces table; TR_NORM_PER_TENSOR=1: a reduction per tensor, the first way.
   static const bool per_tensor = [] {
     const char* env = std::getenv("TR_NORM_PER_TENSOR");
     return env != nullptr && std::string(env) == "1";
   }();
-  if (!per_tensor)
-    return accumulate_sum_squares_pieces(ctx, acc, grad_shard(), norm_pieces_,
-                                         zero1 ? shard_begin : 0);
-  if (!zero1 && tp_ == nullptr && pp_ == nullptr)
+  if (!per_tensor) return accumulate_sum_squares_pieces(ctx, acc, grad_shard(), norm_pieces_, 0);
+  if (!reducer_.zero1() && tp_ == nullptr && pp_ == nullptr)
     return accumulate_sum_squares(ctx, acc, grad_shard());
-  // Tensor by tensor: replicated tensors count on TP rank 0 only, the tied copy not at all.
-  const int64_t end = std::min(shard_begin + shard_size, model_.layout().total);
+  // Tensor by tensor (run by run of the shard): replicated tensors count on TP rank 0 only, the
+  // tied copy not at all.
   Tensor grads = grad_shard();
   for (const ParamInfo& p : model_.layout().tensors) {
-    const int64_t lo = std::max(p.offset, shard_begin), hi = std::min(p.offset + p.numel, end);
-    if (lo >= hi || p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0))
-      continue;
-    accumulate_sum_squares(ctx, acc, grads.at(zero1 ? lo - shard_begin : lo, {hi - lo}));
+    if (p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0)) continue;
+    for (const ShardRun& r : own_runs(p))
+      accumulate_sum_squares(ctx, acc, grads.at(r.shard, {r.count}));
   }
 }
 
@@ -140,12 +139,11 @@ double AdamW::reduce_and_clip() {
 
 void AdamW::update(double lr, int64_t step) {
   const bool zero1 = reducer_.zero1();
-  const int64_t shard_begin = reducer_.shard_begin(), shard_size = reducer_.shard_size();
-  const int64_t end = std::min(shard_begin + shard_size, model_.layout().total);
-  // The masters of [lo, hi) are at lo - origin: whole, or this rank's shard of them.
+  // The masters and the reduced gradients: whole (flat indices) or this rank's shard of them.
   Tensor params = model_.masters(), grads = grad_shard(), compute = model_.compute_copy();
-  const int64_t origin = model_.masters_begin();
+  const AdamWIndex index{model_.masters_sharded(), zero1};
   const float clip_scale = std::exchange(clip_scale_, 1.0f);
+  reducer_.finish_weights();  // the last gather must not land on this update
   static const bool per_tensor = [] {
     const char* env = std::getenv("TR_ADAMW_PER_TENSOR");
     return env != nullptr && std::string(env) == "1";
@@ -157,37 +155,33 @@ void AdamW::update(double lr, int64_t step) {
                         static_cast<float>(cfg_.eps),
                         static_cast<float>(cfg_.weight_decay),
                         step};
-    adamw_update_pieces(ctx_, params, grads, m_, v_, compute, pieces_,
-                        AdamWBases{origin, zero1 ? shard_begin : 0, shard_begin}, a, clip_scale);
+    adamw_update_pieces(ctx_, params, grads, m_, v_, compute, pieces_, index, a, clip_scale);
   } else if (clip_scale != 1.0f) {
     scale_(ctx_, grads, clip_scale);
   }
   for (const ParamInfo& p : model_.layout().tensors) {
     if (!per_tensor) break;
-    const int64_t lo = std::max(p.offset, shard_begin), hi = std::min(p.offset + p.numel, end);
-    if (lo >= hi) continue;  // tensor outside this rank's shard
     const AdamWParams a{static_cast<float>(lr),
                         static_cast<float>(cfg_.beta1),
                         static_cast<float>(cfg_.beta2),
                         static_cast<float>(cfg_.eps),
                         p.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f,
                         step};
-    const int64_t at = lo - shard_begin;  // offset within the shard
-    adamw_update(ctx_, params.at(lo - origin, {hi - lo}), grads.at(zero1 ? at : lo, {hi - lo}),
-                 m_.at(at, {hi - lo}), v_.at(at, {hi - lo}), a,
-                 compute.empty() ? Tensor() : compute.at(lo, {hi - lo}));
+    for (const ShardRun& r : own_runs(p)) {  // none when the tensor is outside this shard
+      const int64_t n = r.count;
+      adamw_update(ctx_, params.at(index.param_in_shard ? r.shard : r.flat, {n}),
+                   grads.at(index.grad_in_shard ? r.shard : r.flat, {n}), m_.at(r.shard, {n}),
+                   v_.at(r.shard, {n}), a, compute.empty() ? Tensor() : compute.at(r.flat, {n}));
+    }
   }
   if (!zero1) return;
-  if (model_.masters_sharded()) {
-    // Megatron's distributed optimizer: the updated shard's compute copy (written with the
-    // update) goes to every rank; the masters stay sharded.
-    Tensor all = model_.compute_copy();
-    dp_->all_gather(all, all.slice(shard_begin, shard_size));
-  } else {
-    Tensor all = model_.params_padded();
-    dp_->all_gather(all, all.slice(shard_begin, shard_size));
-    model_.refresh_compute_copy();  // the other ranks' shards arrived as masters
-  }
+  // Megatron's distributed optimizer: the updated pieces of the weights the forward reads (the
+  // compute copy, written with the update; or the masters where they are the compute copy) go
+  // to every rank, bucket by bucket; the next forward waits for each bucket as it reaches it.
+  TR_ASSERT(model_.masters_sharded() || model_.compute_is_master(),
+            "ZeRO-1 with whole masters beside a separate compute copy");
+  reducer_.gather_weights(model_.masters_sharded() ? model_.compute_copy()
+                                                   : model_.params_padded());
 }
 
 }  // namespace tr

@@ -30,8 +30,9 @@ inline DType grad_reduce_dtype(const ParallelConfig& p) {
 //
 // Without ZeRO-1 every data-parallel rank holds all Adam states and applies the same update to
 // the all-reduced gradients. With ZeRO-1 rank r of dp keeps the states (and, with a separate
-// compute copy, the fp32 masters) of its shard [r*S, (r+1)*S) of the (padded) flat buffer only,
-// updates it from its reduced gradient shard, and the updated weights are all-gathered. The
+// compute copy, the fp32 masters) of its shard only (piece r of every bucket of the padded flat
+// buffer: parallel/dp_shards.h), updates it from its reduced gradient shard, and the updated
+// weights are all-gathered bucket by bucket, overlapping the next forward. The
 // gradient norm counts every element exactly once in both modes, and with tensor parallelism
 // counts each replicated tensor (the norms) once rather than once per TP rank, and the tied
 // embedding once although the first and last pipeline stages both hold it.
@@ -68,16 +69,17 @@ class AdamW {
   // first kernel, with clipping as a pass of its own). With zero1 it ends by all-gathering the
   // weights.
   void update(double lr, int64_t step);
-  // This rank's Adam states: [state_elems()] floats each, covering the flat buffer's range
-  // [shard_begin(), shard_begin() + state_elems()) (all of it without ZeRO-1). Checkpoints
-  // read and write them in place.
+  // This rank's Adam states: [state_elems()] floats each, in its shard's order
+  // (reducer().shards(); the whole flat buffer without ZeRO-1). Checkpoints read and write them
+  // in place.
   Tensor exp_avg() const { return m_; }
   Tensor exp_avg_sq() const { return v_; }
-  int64_t shard_begin() const { return reducer_.shard_begin(); }
   int64_t state_elems() const { return reducer_.shard_size(); }  // per Adam moment, on this rank
 
  private:
   Tensor grad_shard() const { return reducer_.shard_grads(model_.grads()); }
+  // Tensor p's elements in this rank's shard (all of it, one run, without ZeRO-1).
+  std::vector<ShardRun> own_runs(const ParamInfo& p) const;
 
   OptimConfig cfg_;
   Qwen2Model& model_;

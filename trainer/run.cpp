@@ -442,12 +442,18 @@ absl::Status build_model(Session& r) {
   r.model = std::make_unique<Qwen2Model>(
       ModelDims::from(r.cfg, r.topo), r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx,
       r.ctx.device == Device::cuda ? DType::bf16 : DType::f32, loss_chunk, zero1 ? r.topo.dp : 1,
-      slots, test_copy, /*plan_only=*/false, zero1 ? r.topo.dp : 1, r.topo.dp_rank);
+      slots, test_copy, /*plan_only=*/false, dp_shards(r.cfg, r.topo));
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());
   r.opt->reducer().configure(r.cfg.parallel.dp_bucket_elems, r.cfg.parallel.overlap_dp,
-                             grad_reduce_dtype(r.cfg.parallel));
+                             grad_reduce_dtype(r.cfg.parallel),
+                             r.cfg.parallel.overlap_param_gather);
+  if (zero1) {  // the forward completes each bucket of the weight all-gather as it reaches it
+    GradReducer* reducer = &r.opt->reducer();
+    r.model->set_weights_hook(
+        [reducer](int64_t begin, int64_t end) { reducer->wait_weights(begin, end); });
+  }
   r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
   if (!r.resume_from.empty()) {

@@ -74,14 +74,34 @@ TensorRef local_block(const ParamInfo& p, TensorSetId set, float* data) {
   return one.empty() ? empty_block(p) : std::move(one.front().ref);
 }
 
-// This dp rank's 1/dp of the flat buffer: under ZeRO-1 the range whose Adam states it keeps
-// (as AdamW: capacity is a multiple of dp), and the range of every set it writes.
+// Without ZeRO-1: this dp rank's contiguous 1/dp of the flat buffer, the range of every set it
+// writes (the buffers are whole on every dp rank).
 std::pair<int64_t, int64_t> dp_range(const ParamLayout& l, const Topology& t) {
   const int64_t size = (l.capacity + t.dp - 1) / t.dp, begin = std::min(size * t.dp_rank, l.total);
   return {begin, std::min(begin + size, l.total)};
 }
 
+// The runs of the flat buffer [0, total) this rank writes: its ZeRO-1 shard (`shard` indices
+// into it), or its 1/dp of the buffer (`shard` = flat: the buffers are whole).
+std::vector<ShardRun> written_runs(const Config& cfg, const Topology& t, const ParamLayout& l) {
+  if (zero1_on(cfg, t)) return dp_shards(cfg, t).runs(0, l.total);
+  const auto [begin, end] = dp_range(l, t);
+  if (begin >= end) return {};
+  return {ShardRun{begin, begin, end - begin}};
+}
+
+// The part of run r inside tensor p: [lo, hi) of the flat buffer (empty when lo >= hi).
+std::pair<int64_t, int64_t> overlap(const ParamInfo& p, const ShardRun& r) {
+  return {std::max(p.offset, r.flat), std::min(p.offset + p.numel, r.flat + r.count)};
+}
+
 }  // namespace
+
+DpShards dp_shards(const Config& cfg, const Topology& topo) {
+  const int64_t capacity = rank_layout(cfg, topo).capacity;
+  if (!zero1_on(cfg, topo)) return DpShards(capacity, capacity + 1, 1, 0);
+  return DpShards(capacity, cfg.parallel.dp_bucket_elems, topo.dp, topo.dp_rank);
+}
 
 bool zero1_on(const Config& cfg, const Topology& t) {
   return cfg.parallel.zero1 && t.dp > 1;
@@ -102,20 +122,24 @@ std::vector<ShardPiece> owned_pieces(const Config& cfg, const Topology& topo,
   auto at = [](const float* base, int64_t offset) {
     return base != nullptr ? base + offset : nullptr;
   };
-  const auto [begin, end] = dp_range(layout, topo);
+  const std::vector<ShardRun> runs = written_runs(cfg, topo, layout);
   const bool zero1 = zero1_on(cfg, topo);
   std::vector<ShardPiece> out;
   const std::pair<TensorSetId, const float*> sets[] = {{TensorSetId::params, bufs.params},
                                                        {TensorSetId::exp_avg, bufs.exp_avg},
                                                        {TensorSetId::exp_avg_sq, bufs.exp_avg_sq}};
   for (auto [set, base] : sets) {
-    // Where the buffer starts in the flat layout: the Adam states of a ZeRO-1 shard start at
-    // its range, the masters where the caller says; everything else is whole.
-    const int64_t origin = set == TensorSetId::params ? bufs.params_origin : zero1 ? begin : 0;
+    // The Adam states of a ZeRO-1 shard are in its order, the masters where the caller says;
+    // everything else is whole (flat indices).
+    const bool in_shard = set == TensorSetId::params ? bufs.params_sharded : zero1;
     for (const ParamInfo& p : layout.tensors) {
-      const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
-      if (!owns(p) || lo >= hi) continue;
-      add_range(p, set, lo - p.offset, hi - p.offset, at(base, lo - origin), out);
+      if (!owns(p)) continue;
+      for (const ShardRun& r : runs) {
+        const auto [lo, hi] = overlap(p, r);
+        if (lo >= hi) continue;
+        add_range(p, set, lo - p.offset, hi - p.offset,
+                  at(base, in_shard ? r.shard + (lo - r.flat) : lo), out);
+      }
     }
   }
   return out;
@@ -151,17 +175,22 @@ absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Top
                             ckpt::TrainState* state, std::string* config_yaml) {
   const ParamLayout layout = rank_layout(cfg, topo);
   const bool zero1 = zero1_on(cfg, topo);
-  const auto [begin, end] =
-      zero1 ? dp_range(layout, topo) : std::pair<int64_t, int64_t>{0, layout.total};
+  const std::vector<ShardRun> runs =
+      zero1 ? written_runs(cfg, topo, layout) : std::vector<ShardRun>();
+  auto in_shard = [&](const ParamInfo& p) {
+    for (const ShardRun& r : runs)
+      if (const auto [lo, hi] = overlap(p, r); lo < hi) return true;
+    return false;
+  };
   std::fill(params, params + layout.total, 0.0f);  // vocabulary padding rows stay zero
-  std::vector<float> whole_m, whole_v;             // ZeRO-1: the local slices overlapping the range
+  std::vector<float> whole_m, whole_v;             // ZeRO-1: the local slices overlapping the shard
   std::vector<int64_t> at;                         // where each one starts in whole_m / whole_v
   std::vector<TensorRef> refs[3] = {rank_param_blocks(cfg, topo, params), {}, {}};
   for (const ParamInfo& p : layout.tensors) {
     if (!zero1) {
       refs[1].push_back(local_block(p, TensorSetId::exp_avg, exp_avg + p.offset));
       refs[2].push_back(local_block(p, TensorSetId::exp_avg_sq, exp_avg_sq + p.offset));
-    } else if (std::max(p.offset, begin) < std::min(p.offset + p.numel, end)) {
+    } else if (in_shard(p)) {
       at.push_back(static_cast<int64_t>(whole_m.size()));
       whole_m.resize(whole_m.size() + static_cast<size_t>(p.numel), 0.0f);
     } else {
@@ -199,11 +228,13 @@ absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Top
   for (size_t k = 0; k < layout.tensors.size(); ++k) {
     if (at[k] < 0) continue;
     const ParamInfo& p = layout.tensors[k];
-    const int64_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.numel, end);
-    const int64_t from = at[k] + (lo - p.offset);
-    std::copy(whole_m.begin() + from, whole_m.begin() + from + (hi - lo), exp_avg + (lo - begin));
-    std::copy(whole_v.begin() + from, whole_v.begin() + from + (hi - lo),
-              exp_avg_sq + (lo - begin));
+    for (const ShardRun& r : runs) {
+      const auto [lo, hi] = overlap(p, r);
+      if (lo >= hi) continue;
+      const int64_t from = at[k] + (lo - p.offset), to = r.shard + (lo - r.flat);
+      std::copy(whole_m.begin() + from, whole_m.begin() + from + (hi - lo), exp_avg + to);
+      std::copy(whole_v.begin() + from, whole_v.begin() + from + (hi - lo), exp_avg_sq + to);
+    }
   }
   return absl::OkStatus();
 }

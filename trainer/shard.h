@@ -6,11 +6,12 @@
 // without being told. Loading reads only the blocks a rank needs, under any layout.
 //
 // Ownership: the (tp, pp) position's slice of each tensor is replicated over dp, so each dp
-// rank writes its 1/dp of the flat buffer (under ZeRO-1 exactly the range whose Adam states
-// it keeps), for the weights and both Adam moments: a 72B checkpoint is written by every rank
-// in equal parts. A range cuts a tensor into at most three rectangles (partial row, full rows,
-// partial row). Replicated tensors (the norms) are written by TP rank 0 only, the last stage's
-// copy of a tied embedding by nobody (the first stage has it), vocabulary padding rows never.
+// rank writes its 1/dp of the flat buffer (under ZeRO-1 exactly the shard whose Adam states it
+// keeps: its piece of every bucket), for the weights and both Adam moments: a 72B checkpoint is
+// written by every rank in equal parts. A run cuts a tensor into at most three rectangles
+// (partial row, full rows, partial row). Replicated tensors (the norms) are written by TP rank 0
+// only, the last stage's copy of a tied embedding by nobody (the first stage has it), vocabulary
+// padding rows never.
 #pragma once
 
 #include <vector>
@@ -23,17 +24,23 @@
 namespace tr {
 
 // ZeRO-1 is on: parallel.zero1 with more than one data-parallel rank. Then each dp rank keeps
-// the Adam states (and, with a separate compute copy, the fp32 masters) of its 1/dp of the
+// the Adam states (and, with a separate compute copy, the fp32 masters) of its shard of the
 // flat buffer, whose capacity is a multiple of dp.
 bool zero1_on(const Config& cfg, const Topology& topo);
 
 // The parameter layout of the rank at `topo` under `cfg` (as build_model makes it).
 ParamLayout rank_layout(const Config& cfg, const Topology& topo);
 
+// ZeRO-1's shards for the rank at `topo` (parallel/dp_shards.h: piece dp_rank of every bucket of
+// parallel.dp_bucket_elems, rounded up to a multiple of dp), or one rank's whole buffer without
+// ZeRO-1. The model's masters, AdamW's states, the gradient reduction and the checkpoint's
+// ownership all follow them.
+DpShards dp_shards(const Config& cfg, const Topology& topo);
+
 // This rank's flat buffers as the checkpoint sees them; null when describing another rank.
 struct RankBuffers {
-  const float* params = nullptr;   // the fp32 masters from flat element params_origin on:
-  int64_t params_origin = 0;       // [layout.total] (0), or this rank's ZeRO-1 shard
+  const float* params = nullptr;   // the fp32 masters: [layout.total], or (params_sharded)
+  bool params_sharded = false;     // this rank's ZeRO-1 shard of them
   const float* exp_avg = nullptr;  // Adam m: [layout.total], or this rank's ZeRO-1 shard
   const float* exp_avg_sq = nullptr;
 };

@@ -39,16 +39,16 @@ void adamw_impl(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams
 }  // namespace
 
 void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         Tensor compute_copy, Tensor pieces, AdamWIndex index, const AdamWParams& p,
                          float grad_scale) {
   const int64_t* piece = pieces.ptr<int64_t>();
   dispatch_float(param.dtype, "adamw_update_pieces", [&](auto tag) {
     using T = decltype(tag);
     for (int64_t k = 0; k < pieces.dim(0); ++k) {
-      const int64_t at = piece[3 * k], n = piece[3 * k + 1];
-      T* pp = param.ptr<T>() + (at - bases.param);
-      adamw_range(pp, grad.ptr<T>() + (at - bases.grad), m.ptr<T>() + (at - bases.state),
-                  v.ptr<T>() + (at - bases.state), n, p, piece[3 * k + 2] != 0, grad_scale);
+      const int64_t at = piece[4 * k], n = piece[4 * k + 1], in_shard = piece[4 * k + 3];
+      T* pp = param.ptr<T>() + (index.param_in_shard ? in_shard : at);
+      adamw_range(pp, grad.ptr<T>() + (index.grad_in_shard ? in_shard : at), m.ptr<T>() + in_shard,
+                  v.ptr<T>() + in_shard, n, p, piece[4 * k + 2] != 0, grad_scale);
       if (!compute_copy.empty())
         cpu::cast(ctx, compute_copy.at(at, {n}), Tensor(pp, param.dtype, Device::cpu, {n}));
     }

@@ -57,7 +57,7 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
                     bool compute_grad);
 
 void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         Tensor compute_copy, Tensor pieces, AdamWIndex index, const AdamWParams& p,
                          float grad_scale);
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy);

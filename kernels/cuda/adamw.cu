@@ -32,19 +32,20 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, C* co
   }
 }
 
-// Multi-tensor AdamW: block b updates piece b ({first flat index, count, decay}) of the
-// pieces table; the arithmetic of adamw_kernel, the gradient first scaled in fp32 as scale_
-// does.
+// Multi-tensor AdamW: block b updates piece b ({first flat index, count, decay, first shard
+// index}) of the pieces table; the arithmetic of adamw_kernel, the gradient first scaled in fp32
+// as scale_ does.
 template <class C>
 __global__ void adamw_pieces_kernel(float* p, const float* g, float* m, float* v, C* copy,
-                                    const int64_t* pieces, AdamWBases bases, AdamWConsts k,
+                                    const int64_t* pieces, AdamWIndex index, AdamWConsts k,
                                     double decay_on, float grad_scale) {
-  const int64_t at = pieces[3 * blockIdx.x], n = pieces[3 * blockIdx.x + 1];
-  const double decay = pieces[3 * blockIdx.x + 2] != 0 ? decay_on : 1.0;
-  float* pp = p + (at - bases.param);
-  const float* gp = g + (at - bases.grad);
-  float* mp = m + (at - bases.state);
-  float* vp = v + (at - bases.state);
+  const int64_t* piece = pieces + 4 * blockIdx.x;
+  const int64_t at = piece[0], n = piece[1], in_shard = piece[3];
+  const double decay = piece[2] != 0 ? decay_on : 1.0;
+  float* pp = p + (index.param_in_shard ? in_shard : at);
+  const float* gp = g + (index.grad_in_shard ? in_shard : at);
+  float* mp = m + in_shard;
+  float* vp = v + in_shard;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const double gi = grad_scale == 1.0f ? gp[i] : gp[i] * grad_scale;
     const double mi = k.b1 * mp[i] + (1.0 - k.b1) * gi;
@@ -72,7 +73,7 @@ AdamWConsts consts_of(const AdamWParams& hp) {
 }  // namespace
 
 void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWBases bases,
+                         Tensor compute_copy, Tensor pieces, AdamWIndex index,
                          const AdamWParams& hp, float grad_scale) {
   TR_ASSERT(param.dtype == DType::f32,
             "adamw_update_pieces on CUDA: master weights and states are f32, got " +
@@ -83,13 +84,13 @@ void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v
   if (compute_copy.empty()) {
     adamw_pieces_kernel<float><<<blocks, kThreads, 0, stream_of(ctx)>>>(
         param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(), nullptr,
-        pieces.ptr<int64_t>(), bases, k, k.decay, grad_scale);
+        pieces.ptr<int64_t>(), index, k, k.decay, grad_scale);
   } else {
     dispatch_float(compute_copy.dtype, "adamw_update_pieces", [&](auto tag) {
       using C = decltype(tag);
       adamw_pieces_kernel<C><<<blocks, kThreads, 0, stream_of(ctx)>>>(
           param.ptr<float>(), grad.ptr<float>(), m.ptr<float>(), v.ptr<float>(),
-          compute_copy.ptr<C>(), pieces.ptr<int64_t>(), bases, k, k.decay, grad_scale);
+          compute_copy.ptr<C>(), pieces.ptr<int64_t>(), index, k, k.decay, grad_scale);
     });
   }
   CUDA_CHECK_LAUNCH();

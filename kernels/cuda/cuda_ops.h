@@ -98,7 +98,7 @@ void read_f64(Ctx& ctx, Tensor src, double* out);
 void cast(Ctx& ctx, Tensor out, Tensor in);
 
 void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWBases bases, const AdamWParams& p,
+                         Tensor compute_copy, Tensor pieces, AdamWIndex index, const AdamWParams& p,
                          float grad_scale);
 void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
                   Tensor compute_copy);
