@@ -203,11 +203,7 @@ class MpiComm final : public Comm {
               name_);
   }
   void all_gather(Tensor out, Tensor in) override {
-    TR_ASSERT(out.numel() == in.numel() * size_ && out.dtype == in.dtype,
-              "all_gather: out " + out.shape_str() + " must be " + std::to_string(size_) +
-                  " x in " + in.shape_str());
-    // In place when `in` is this rank's block of `out` (e.g. ZeRO-1's weight all-gather).
-    const bool in_place = in.data == static_cast<char*>(out.data) + rank_ * in.nbytes();
+    const bool in_place = gather_in_place(out, in);
     Watched w("all_gather", name_, rank_, size_);
     MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, count_of(in), mpi_type(in.dtype),
                             out.data, count_of(in), mpi_type(in.dtype), comm_),
@@ -275,10 +271,7 @@ class MpiComm final : public Comm {
     pending_.push_back(req);
   }
   int64_t all_gather_start(Tensor out, Tensor in) override {
-    TR_ASSERT(out.numel() == in.numel() * size_ && out.dtype == in.dtype,
-              "all_gather: out " + out.shape_str() + " must be " + std::to_string(size_) +
-                  " x in " + in.shape_str());
-    const bool in_place = in.data == static_cast<char*>(out.data) + rank_ * in.nbytes();
+    const bool in_place = gather_in_place(out, in);
     MPI_Request req;
     MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, count_of(in), mpi_type(in.dtype),
                              out.data, count_of(in), mpi_type(in.dtype), comm_, &req),
@@ -305,6 +298,15 @@ class MpiComm final : public Comm {
   }
 
  private:
+  // Checks an all-gather's shapes; whether `in` is this rank's block of `out` (in place, e.g.
+  // ZeRO-1's weight all-gather).
+  bool gather_in_place(const Tensor& out, const Tensor& in) const {
+    TR_ASSERT(out.numel() == in.numel() * size_ && out.dtype == in.dtype,
+              "all_gather: out " + out.shape_str() + " must be " + std::to_string(size_) +
+                  " x in " + in.shape_str());
+    return in.data == static_cast<char*>(out.data) + rank_ * in.nbytes();
+  }
+
   // Open MPI progresses non-blocking collectives inside MPI calls: a started operation gives
   // the earlier ones a turn. Reductions are completed by wait_all() (kept in pending_),
   // all-gathers by wait(ticket) or wait_all() (kept in gathers_).

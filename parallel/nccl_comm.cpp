@@ -114,10 +114,7 @@ class NcclComm final : public Comm {
   }
   void all_gather(Tensor out, Tensor in) override {
     if (host(out) && host(in)) return boot_->all_gather(out, in);
-    TR_ASSERT(
-        out.numel() == in.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),
-        "all_gather: out " + out.shape_str() + " must be " + std::to_string(size()) + " x in " +
-            in.shape_str() + ", both on the device");
+    check_gather(out, in);
     run("all_gather", [&] {  // in place when `in` is this rank's block of `out`
       return ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, stream_);
     });
@@ -193,10 +190,7 @@ class NcclComm final : public Comm {
   // On the side stream too; each ticket's completion is an event recorded after it there.
   int64_t all_gather_start(Tensor out, Tensor in) override {
     if (host(out) && host(in)) return boot_->all_gather_start(out, in);
-    TR_ASSERT(
-        out.numel() == in.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),
-        "all_gather: out " + out.shape_str() + " must be " + std::to_string(size()) + " x in " +
-            in.shape_str() + ", both on the device");
+    check_gather(out, in);
     run_side("all_gather (overlapped)", [&] {
       return ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, side_);
     });
@@ -231,6 +225,12 @@ class NcclComm final : public Comm {
   };
 
   static bool host(const Tensor& t) { return t.device == Device::cpu; }
+  void check_gather(const Tensor& out, const Tensor& in) const {
+    TR_ASSERT(
+        out.numel() == in.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),
+        "all_gather: out " + out.shape_str() + " must be " + std::to_string(size()) + " x in " +
+            in.shape_str() + ", both on the device");
+  }
 
   // Queues `call` on the side stream (made on first use) after everything queued on the
   // compute stream so far; wait_all() joins it back.

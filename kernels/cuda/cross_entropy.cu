@@ -15,6 +15,7 @@
 // gradient pass writes 16-byte packs too. TR_XENT_3PASS=1 selects the first kernels (max, sum,
 // gradient in three scalar passes) to bisect a GPU failure until the new ones have run on one.
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -184,6 +185,16 @@ __global__ void loss_grad_kernel(float* losses, T* logits, const int32_t* target
     write_grad_packed<T, N>(logits + r * cols, cols, valid, lse, targets[r] - offset, grad_scale);
 }
 
+// Calls f(std::integral_constant<int, N>{}) with N the 16-byte pack of T when every row of
+// `logits` starts 16-byte aligned (and `allowed`), else with N = 1 (single elements).
+template <class T, class F>
+void with_pack(const Tensor& logits, F&& f, bool allowed = true) {
+  if (allowed && packable(logits.shape[1], sizeof(T), {logits.data}))
+    f(std::integral_constant<int, kPack<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+
 }  // namespace
 
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
@@ -192,20 +203,17 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
   const int64_t cols = logits.shape[1];
   dispatch_float(logits.dtype, "cross_entropy_fwd_bwd", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int N = kPack<T>;
     if (xent_three_pass()) {
       cross_entropy_kernel<T><<<rows, kThreads, 0, stream_of(ctx)>>>(
           losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
           grad_scale, compute_grad);
-    } else if (packable(cols, sizeof(T), {logits.data})) {  // every row starts 16-byte aligned
-      cross_entropy_fused_kernel<T, N><<<rows, kThreads, 0, stream_of(ctx)>>>(
-          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
-          grad_scale, compute_grad);
-    } else {
-      cross_entropy_fused_kernel<T, 1><<<rows, kThreads, 0, stream_of(ctx)>>>(
-          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
-          grad_scale, compute_grad);
+      return;
     }
+    with_pack<T>(logits, [&](auto n) {
+      cross_entropy_fused_kernel<T, decltype(n)::value><<<rows, kThreads, 0, stream_of(ctx)>>>(
+          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
+          grad_scale, compute_grad);
+    });
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -236,15 +244,11 @@ void xent_shard_stats(Ctx& ctx, Tensor stats, Tensor logits, Tensor targets, int
   const int64_t cols = logits.shape[1];
   dispatch_float(logits.dtype, "xent_shard_stats", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int N = kPack<T>;
-    if (packable(cols, sizeof(T), {logits.data}))
-      shard_stats_kernel<T, N><<<rows, kThreads, 0, stream_of(ctx)>>>(
+    with_pack<T>(logits, [&](auto n) {
+      shard_stats_kernel<T, decltype(n)::value><<<rows, kThreads, 0, stream_of(ctx)>>>(
           stats.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_offset,
           vocab_valid);
-    else
-      shard_stats_kernel<T, 1><<<rows, kThreads, 0, stream_of(ctx)>>>(
-          stats.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_offset,
-          vocab_valid);
+    });
   });
   CUDA_CHECK_LAUNCH();
 }
@@ -265,16 +269,15 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
   const int64_t cols = logits.shape[1];
   dispatch_float(logits.dtype, "xent_loss_grad", [&](auto tag) {
     using T = decltype(tag);
-    constexpr int N = kPack<T>;
     // The first kernel's scalar stores under TR_XENT_3PASS=1.
-    if (!xent_three_pass() && packable(cols, sizeof(T), {logits.data}))
-      loss_grad_kernel<T, N><<<rows, kThreads, 0, stream_of(ctx)>>>(
-          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
-          sums.ptr<float>(), cols, vocab_offset, vocab_valid, grad_scale, compute_grad);
-    else
-      loss_grad_kernel<T, 1><<<rows, kThreads, 0, stream_of(ctx)>>>(
-          losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
-          sums.ptr<float>(), cols, vocab_offset, vocab_valid, grad_scale, compute_grad);
+    with_pack<T>(
+        logits,
+        [&](auto n) {
+          loss_grad_kernel<T, decltype(n)::value><<<rows, kThreads, 0, stream_of(ctx)>>>(
+              losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
+              sums.ptr<float>(), cols, vocab_offset, vocab_valid, grad_scale, compute_grad);
+        },
+        !xent_three_pass());
   });
   CUDA_CHECK_LAUNCH();
 }
