@@ -56,6 +56,12 @@ class Comm {
   // `root` only (`out` is ignored elsewhere and may be empty). Neither may be touched until
   // wait_all(). Same ordering rules as all_reduce_start.
   virtual void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) = 0;
+  // Asynchronous reduce-scatter (ZeRO-1's gradient buckets): starts reduce_scatter(out, in, op);
+  // neither may be touched until wait_all(). Same ordering rules as all_reduce_start. The
+  // default completes at once.
+  virtual void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) {
+    reduce_scatter(out, in, op);
+  }
   // Asynchronous all-gather (ZeRO-1's weight buckets, overlapping the next forward): starts
   // all_gather(out, in) and returns its ticket. Neither buffer may be touched until wait(ticket)
   // or wait_all(). Same ordering rules as all_reduce_start; on GPUs it runs on the side stream

@@ -69,6 +69,8 @@ std::pair<int64_t, int64_t> GradReducer::bucket_range(int64_t b) const {
 
 void GradReducer::grads_final(Tensor grads, int64_t begin, int64_t end) {
   if (!overlap_) return;
+  TR_ASSERT(!zero1_ || grads.numel() == shards_.capacity(),
+            "ZeRO-1 reduces the padded gradient buffer ([capacity])");
   for (int64_t b = begin / bucket_elems_; b * bucket_elems_ < end; ++b) {
     const auto [lo, hi] = bucket_range(b);
     bucket_final_[b] += std::min(hi, end) - std::max(lo, begin);
@@ -77,7 +79,8 @@ void GradReducer::grads_final(Tensor grads, int64_t begin, int64_t end) {
 }
 
 void GradReducer::start_bucket(Tensor grads, int64_t b) {
-  const auto [lo, hi] = bucket_range(b);
+  // Under ZeRO-1 the whole bucket, with the zero padding past `total` in the last one.
+  const auto [lo, hi] = zero1_ ? shards_.bucket(b) : bucket_range(b);
   bucket_started_[b] = true;
   Tensor g = grads, shard = grad_shard_;
   if (!lp_grads_.empty()) {  // reduced in bf16: round the bucket, reduce the copy
@@ -86,18 +89,15 @@ void GradReducer::start_bucket(Tensor grads, int64_t b) {
     shard = lp_shard_;
   }
   if (!zero1_) return dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);
-  // ZeRO-1: piece r of the bucket is summed into rank r's shard (the padding past `total` is
-  // never sent: it stays zero there).
-  for (int r = 0; r < dp_->size(); ++r) {
-    const int64_t a = shards_.piece_begin(b, r), c = std::min(a + shards_.piece(b), hi);
-    if (a >= c) continue;
-    const Tensor out = r == dp_->rank() ? shard.slice(shards_.shard_offset(b), c - a) : Tensor();
-    dp_->reduce_start(out, g.slice(a, c - a), r, ReduceOp::sum);
-  }
+  // ZeRO-1: the bucket's reduce-scatter, piece r of its sum into rank r's shard.
+  dp_->reduce_scatter_start(shard.slice(shards_.shard_offset(b), shards_.piece(b)),
+                            g.slice(lo, hi - lo), ReduceOp::sum);
 }
 
 void GradReducer::finish(Tensor grads) {
   if (dp_ == nullptr || dp_->size() <= 1) return;
+  TR_ASSERT(!zero1_ || grads.numel() == shards_.capacity(),
+            "ZeRO-1 reduces the padded gradient buffer ([capacity])");
   // Buckets in the same order on every rank: those backward started, in its order, then the
   // rest from the front.
   early_buckets_ = 0;

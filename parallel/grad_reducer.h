@@ -4,9 +4,9 @@
 // distributed-optimizer layout, each bucket split over the dp ranks). The optimizer updates what
 // this hands it: the whole reduced buffer, or the rank's reduced shard.
 //
-// Without ZeRO-1 each bucket is all-reduced in place. With it each bucket's dp pieces are
-// reduced into their owners (together the bucket's reduce-scatter, which can start during
-// backward) and land in shard_grads(); after the update each bucket of the weights is
+// Without ZeRO-1 each bucket is all-reduced in place. With it each bucket is reduce-scattered
+// (piece r of its sum to rank r; it can start during backward) into shard_grads(); after the
+// update each bucket of the weights is
 // all-gathered in place, and with overlap the next forward waits for each bucket only when it
 // first reads weights in it. With a bf16 reduction each bucket is rounded into a bf16 staging
 // copy, reduced there, and widened back when finish() completes it (the accumulation over
@@ -50,13 +50,15 @@ class GradReducer {
   // Bytes of the reduced fp32 gradient shard this allocates under ZeRO-1 (0 otherwise).
   static size_t shard_bytes(int64_t capacity, int dp, bool zero1);
 
-  // The gradients in [begin, end) of `grads` are final for this step: starts the reduction of
-  // every bucket they complete. Each range is reported at most once per step.
+  // The gradients in [begin, end) of `grads` ([capacity]: the padded buffer, its tail zero) are
+  // final for this step: starts the reduction of every bucket they complete. Each range is
+  // reported at most once per step.
   void grads_final(Tensor grads, int64_t begin, int64_t end);
   // Starts the buckets backward did not (in bucket order, the same on every rank), waits for
   // all, widens a bf16 reduction back to fp32. Then shard_grads() holds the summed gradients.
   void finish(Tensor grads);
-  // The summed gradients of this rank's range after finish(): `grads` itself without ZeRO-1.
+  // The summed gradients of this rank's range after finish(): `grads` ([capacity]) itself
+  // without ZeRO-1.
   Tensor shard_grads(Tensor grads) const { return zero1_ ? grad_shard_ : grads; }
 
   // ZeRO-1, after the update: each rank's updated pieces of `weights` ([capacity], the weights

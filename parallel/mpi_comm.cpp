@@ -210,9 +210,7 @@ class MpiComm final : public Comm {
               name_);
   }
   void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    TR_ASSERT(in.numel() == out.numel() * size_ && out.dtype == in.dtype,
-              "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size_) +
-                  " x out " + out.shape_str());
+    check_scatter(out, in);
     Watched w("reduce_scatter", name_, rank_, size_);
     MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
                                        mpi_op(op, in.dtype), comm_),
@@ -270,6 +268,15 @@ class MpiComm final : public Comm {
     progress();
     pending_.push_back(req);
   }
+  void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
+    check_scatter(out, in);
+    MPI_Request req;
+    MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
+                                        mpi_op(op, in.dtype), comm_, &req),
+              name_);
+    progress();
+    pending_.push_back(req);
+  }
   int64_t all_gather_start(Tensor out, Tensor in) override {
     const bool in_place = gather_in_place(out, in);
     MPI_Request req;
@@ -298,6 +305,11 @@ class MpiComm final : public Comm {
   }
 
  private:
+  void check_scatter(const Tensor& out, const Tensor& in) const {
+    TR_ASSERT(in.numel() == out.numel() * size_ && out.dtype == in.dtype,
+              "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size_) +
+                  " x out " + out.shape_str());
+  }
   // Checks an all-gather's shapes; whether `in` is this rank's block of `out` (in place, e.g.
   // ZeRO-1's weight all-gather).
   bool gather_in_place(const Tensor& out, const Tensor& in) const {

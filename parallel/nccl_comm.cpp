@@ -121,10 +121,7 @@ class NcclComm final : public Comm {
   }
   void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
     if (host(out) && host(in)) return boot_->reduce_scatter(out, in, op);
-    TR_ASSERT(
-        in.numel() == out.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),
-        "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size()) + " x out " +
-            out.shape_str() + ", both on the device");
+    check_scatter(out, in);
     run("reduce_scatter", [&] {
       return ncclReduceScatter(in.data, out.data, out.numel(), nccl_type(in.dtype), nccl_op(op),
                                comm_, stream_);
@@ -180,6 +177,14 @@ class NcclComm final : public Comm {
                            comm_, side_);
     });
   }
+  void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
+    if (host(out) && host(in)) return boot_->reduce_scatter_start(out, in, op);
+    check_scatter(out, in);
+    run_side("reduce_scatter (overlapped)", [&] {
+      return ncclReduceScatter(in.data, out.data, out.numel(), nccl_type(in.dtype), nccl_op(op),
+                               comm_, side_);
+    });
+  }
   void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
     if (host(in)) return boot_->reduce_start(out, in, root, op);
     run_side("reduce (overlapped)", [&] {
@@ -225,6 +230,12 @@ class NcclComm final : public Comm {
   };
 
   static bool host(const Tensor& t) { return t.device == Device::cpu; }
+  void check_scatter(const Tensor& out, const Tensor& in) const {
+    TR_ASSERT(
+        in.numel() == out.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),
+        "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size()) + " x out " +
+            out.shape_str() + ", both on the device");
+  }
   void check_gather(const Tensor& out, const Tensor& in) const {
     TR_ASSERT(
         out.numel() == in.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),

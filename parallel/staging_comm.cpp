@@ -72,6 +72,10 @@ class StagingComm final : public Comm {
     if (!staged(buf)) return host_->all_reduce_start(buf, op);
     all_reduce(buf, op);  // staged: complete at once
   }
+  void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
+    if (!staged(out) && !staged(in)) return host_->reduce_scatter_start(out, in, op);
+    reduce_scatter(out, in, op);  // staged: complete at once
+  }
   void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
     if (!staged(in) && (out.empty() || !staged(out))) return host_->reduce_start(out, in, root, op);
     // Staged: complete at once (the host buffers are reused by the next call).

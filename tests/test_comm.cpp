@@ -107,7 +107,7 @@ TEST_CASE("comm: all-gather, reduce-scatter and broadcast", "[comm]") {
 }
 
 // Asynchronous all-gathers complete by ticket in any order (and the rest by wait_all, beside a
-// started reduction), in place and not.
+// started reduction and reduce-scatter), in place and not.
 TEST_CASE("comm: all-gathers started together complete by ticket", "[comm]") {
   auto w = world_comm();
   const int r = w->rank(), n = w->size();
@@ -127,6 +127,10 @@ TEST_CASE("comm: all-gathers started together complete by ticket", "[comm]") {
   tickets.push_back(w->all_gather_start(host(sep_out), host(sep)));  // not in place
   std::vector<float> red = {1.0f}, red_out(1, 0.0f);
   w->reduce_start(host(red_out), host(red), 0, ReduceOp::sum);
+  // in[j] = 1000 r + j; rank r gets block r of the sum: sum_q (1000 q + 2 r + k).
+  std::vector<float> big(2 * n), scattered(2, -1.0f);
+  for (int j = 0; j < 2 * n; ++j) big[j] = 1000.0f * r + j;
+  w->reduce_scatter_start(host(scattered), host(big), ReduceOp::sum);
   auto bucket_ok = [&](int b) {
     for (int q = 0; q < n; ++q)
       for (int k = 0; k < kPiece; ++k)
@@ -142,6 +146,7 @@ TEST_CASE("comm: all-gathers started together complete by ticket", "[comm]") {
   for (int b = 0; b < kBuckets; ++b) CHECK(bucket_ok(b));
   for (int q = 0; q < n; ++q) CHECK(sep_out[q] == q);
   if (r == 0) CHECK(red_out[0] == n);
+  for (int k = 0; k < 2; ++k) CHECK(scattered[k] == 1000.0f * n * (n - 1) / 2 + n * (2.0f * r + k));
   w->wait(tickets[1]);  // after wait_all: nothing to do
   w->barrier();
 }

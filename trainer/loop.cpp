@@ -128,7 +128,7 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
       const bool last = a.micro_batch == m - 1 && s.opt->reducer().overlaps();
       if (last)
         s.model->set_layer_grads_hook([&s](int64_t begin, int64_t end) {
-          s.opt->reducer().grads_final(s.model->grads(), begin, end);
+          s.opt->reducer().grads_final(s.model->grads_padded(), begin, end);
         });
       s.model->backward_stage(slot, mbs[a.micro_batch].inputs.data());
       if (last) s.model->set_layer_grads_hook({});

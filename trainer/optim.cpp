@@ -85,7 +85,7 @@ size_t AdamW::state_bytes(int64_t capacity, int64_t total, int dp, bool zero1) {
 }
 
 void AdamW::reduce_grads() {
-  reducer_.finish(model_.grads());
+  reducer_.finish(model_.grads_padded());
 }
 
 void AdamW::accumulate_norm(Tensor acc) const {

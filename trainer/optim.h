@@ -77,7 +77,7 @@ class AdamW {
   int64_t state_elems() const { return reducer_.shard_size(); }  // per Adam moment, on this rank
 
  private:
-  Tensor grad_shard() const { return reducer_.shard_grads(model_.grads()); }
+  Tensor grad_shard() const { return reducer_.shard_grads(model_.grads_padded()); }
   // Tensor p's elements in this rank's shard (all of it, one run, without ZeRO-1).
   std::vector<ShardRun> own_runs(const ParamInfo& p) const;
 
