@@ -9,7 +9,9 @@
 # Stages (default: tests bench preflight; each fits one 10-minute call after the build):
 #   tests      the gpu-labelled op tests (every CUDA op against the CPU reference), the
 #              end-to-end GPU training tests (one GPU; 8 ranks sharing it through
-#              parallel.comm=mpi, against one rank), then the CPU suite
+#              parallel.comm=mpi, against one rank; when they fail, again under each switch
+#              back to a first kernel, docs/PERFORMANCE.md, to name the culprit), then the CPU
+#              suite
 #   bench      tools/bench.sh for 0.5B and 1.5B at seq 4096 (docs/PERFORMANCE.md)
 #   preflight  tools/preflight on this GPU: NCCL collectives of one rank, GEMM, HBM copy
 #   compare    tools/compare_torch.sh: our trainer against the PyTorch baseline (0.5B, 1.5B)
@@ -49,8 +51,16 @@ for stage in "${stages[@]}"; do
       echo "gpu op tests (rc $?):" >>"$summary"
       grep -E "tests passed|Failed|Skipped|relative error" "$work/ctest-gpu.log" | head -40 >>"$summary"
       ( cd build-gpu && ctest -R "^cli gpu:" --output-on-failure ) >"$work/ctest-e2e.log" 2>&1
-      echo "end-to-end GPU training (rc $?):" >>"$summary"
+      e2e=$?
+      echo "end-to-end GPU training (rc $e2e):" >>"$summary"
       grep -E "tests passed|Failed|loss" "$work/ctest-e2e.log" | head -40 >>"$summary"
+      if [ "$e2e" != 0 ]; then  # bisect: each rewritten kernel's switch back, then all at once
+        all="TR_LOSS_CHUNK_TOKENS=110 TR_XENT_3PASS=1 TR_ROPE_FP64=1 TR_ADAMW_PER_TENSOR=1 TR_NORM_PER_TENSOR=1 TR_GRAD_ZERO=1"
+        for sw in $all "$all"; do
+          ( cd build-gpu && env $sw ctest -R "^cli gpu:" ) >"$work/bisect.log" 2>&1
+          echo "  with $sw: rc $? $(grep -E "tests passed" "$work/bisect.log")" >>"$summary"
+        done
+      fi
       ( cd build-gpu && OMP_NUM_THREADS=1 ctest -j8 -LE "gpu|slurm|python" ) >"$work/ctest-cpu.log" 2>&1
       echo "cpu suite (rc $?): $(grep -E "tests passed" "$work/ctest-cpu.log")" >>"$summary"
       ;;
