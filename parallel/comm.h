@@ -65,10 +65,10 @@ class Comm {
   // Asynchronous all-gather (ZeRO-1's weight buckets, overlapping the next forward): starts
   // all_gather(out, in) and returns its ticket. Neither buffer may be touched until wait(ticket)
   // or wait_all(). Same ordering rules as all_reduce_start; on GPUs it runs on the side stream
-  // too. The default completes at once.
+  // too. A negative ticket means it completed at once (as the default does).
   virtual int64_t all_gather_start(Tensor out, Tensor in) {
     all_gather(out, in);
-    return 0;
+    return -1;
   }
   // Completes the all_gather_start() of `ticket`: the host and later work on the compute stream
   // see its result (on GPUs the compute stream waits; the host does not).

@@ -13,7 +13,7 @@ DpShards::DpShards(int64_t capacity, int64_t bucket, int dp, int rank)
             "DpShards: capacity " + std::to_string(capacity) + " must be a multiple of dp " +
                 std::to_string(dp) + " (rank " + std::to_string(rank) + ", bucket " +
                 std::to_string(bucket) + ")");
-  bucket_ = (bucket + dp - 1) / dp * dp;
+  bucket_ = round_bucket(bucket, dp);
 }
 
 int64_t DpShards::piece(int64_t b) const {

@@ -10,6 +10,10 @@
 // part of every rank's range, and the forward would need all of them before leaving the first
 // rank's range.)
 //
+// Buckets are a multiple of kAlign * dp elements, so every piece starts at a multiple of kAlign
+// both in the flat buffer and in the shard (with a capacity that is a multiple of kAlign * dp, the
+// last bucket's too): the optimizer's 16-byte loads then cover whole shards.
+//
 // With one rank (or without ZeRO-1) the shard is the whole buffer: shard index = flat index.
 #pragma once
 
@@ -29,9 +33,20 @@ struct ShardRun {
 
 class DpShards {
  public:
+  static constexpr int64_t kAlign = 4;  // elements: 16 bytes of fp32
+
   DpShards() = default;  // one rank, no buffer
-  // `capacity` must be a multiple of dp; `bucket` is rounded up to a multiple of dp.
+  // `capacity` must be a multiple of dp (and should be of capacity_multiple(dp));
+  // `bucket` is rounded up by round_bucket.
   DpShards(int64_t capacity, int64_t bucket, int dp, int rank);
+
+  // The bucket size a requested one becomes: rounded up to a multiple of kAlign * dp.
+  static int64_t round_bucket(int64_t bucket, int dp) {
+    const int64_t unit = kAlign * dp;
+    return (bucket + unit - 1) / unit * unit;
+  }
+  // What a flat buffer's capacity is padded to under ZeRO-1 at `dp` ranks.
+  static int64_t capacity_multiple(int dp) { return kAlign * dp; }
 
   int dp() const { return dp_; }
   int rank() const { return rank_; }

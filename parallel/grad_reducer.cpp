@@ -41,7 +41,7 @@ void GradReducer::configure(int64_t bucket_elems, bool overlap, DType reduce_dty
             "gradients are reduced in fp32 or bf16");
   const int dp = dp_ != nullptr ? dp_->size() : 1;
   if (zero1_) {
-    TR_ASSERT((bucket_elems + dp - 1) / dp * dp == shards_.bucket_elems(),
+    TR_ASSERT(DpShards::round_bucket(bucket_elems, dp) == shards_.bucket_elems(),
               "ZeRO-1's buckets are its shards' (" + std::to_string(shards_.bucket_elems()) +
                   " elements), not " + std::to_string(bucket_elems));
     bucket_elems = shards_.bucket_elems();
@@ -108,7 +108,9 @@ void GradReducer::finish(Tensor grads) {
       start_bucket(grads, static_cast<int64_t>(b));
   }
   dp_->wait_all();
-  gathering_ = 0;            // wait_all completed any weight bucket still gathering too
+  // wait_all completed any weight bucket still gathering too.
+  std::fill(gather_ticket_.begin(), gather_ticket_.end(), -1);
+  gathering_ = 0;
   if (!lp_grads_.empty()) {  // the bf16 sums back into fp32
     if (zero1_)
       cast(ctx_, grad_shard_, lp_shard_);
@@ -125,13 +127,15 @@ void GradReducer::gather_weights(Tensor weights) {
   finish_weights();
   const int64_t n = shards_.buckets();
   gather_ticket_.assign(static_cast<size_t>(n), -1);
+  gathering_ = 0;
   for (int64_t b = 0; b < n; ++b) {
     const auto [lo, hi] = shards_.bucket(b);
     gather_ticket_[b] =
         dp_->all_gather_start(weights.slice(lo, hi - lo),
                               weights.slice(shards_.piece_begin(b, dp_->rank()), shards_.piece(b)));
+    // A gather that completed at once (host tensors on NCCL: ticket -1) has nothing to wait for.
+    if (gather_ticket_[b] >= 0) ++gathering_;
   }
-  gathering_ = n;
   waited_in_forward_ = 0;
   if (!overlap_gather_) finish_weights();
 }

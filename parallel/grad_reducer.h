@@ -37,10 +37,10 @@ class GradReducer {
   const DpShards& shards() const { return shards_; }
   int64_t shard_size() const { return zero1_ ? shards_.shard_size() : total_; }
 
-  // Buckets of `bucket_elems` elements (under ZeRO-1 the shards' buckets: bucket_elems rounded up
-  // to a multiple of dp must be their size); with `overlap` (and more than one rank) a bucket
-  // starts as soon as grads_final() has covered it; reduced in `reduce_dtype` (f32 or bf16).
-  // With `overlap_gather`, gather_weights() leaves each bucket to the next forward.
+  // Buckets of `bucket_elems` elements (under ZeRO-1 the shards' buckets:
+  // DpShards::round_bucket(bucket_elems, dp) must be their size); with `overlap` (and more than one
+  // rank) a bucket starts as soon as grads_final() has covered it; reduced in `reduce_dtype` (f32
+  // or bf16). With `overlap_gather`, gather_weights() leaves each bucket to the next forward.
   void configure(int64_t bucket_elems, bool overlap, DType reduce_dtype = DType::f32,
                  bool overlap_gather = true);
   bool overlaps() const { return overlap_; }

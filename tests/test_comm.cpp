@@ -162,7 +162,7 @@ TEST_CASE("comm: DpShards give every rank one piece of each bucket", "[comm]") {
         std::vector<int> owner(static_cast<size_t>(capacity), -1);
         for (int r = 0; r < dp; ++r) {
           const DpShards s(capacity, bucket, dp, r);
-          CHECK(s.bucket_elems() % dp == 0);
+          CHECK(s.bucket_elems() % (DpShards::kAlign * dp) == 0);
           CHECK(s.bucket_elems() >= bucket);
           CHECK(s.shard_size() * dp == capacity);
           std::vector<int> hit(static_cast<size_t>(s.shard_size()), 0);
@@ -182,6 +182,11 @@ TEST_CASE("comm: DpShards give every rank one piece of each bucket", "[comm]") {
             REQUIRE(one.size() == 1);
             CHECK(one[0].flat == s.piece_begin(b, r));
             CHECK(one[0].shard == s.shard_offset(b));
+            if (capacity % DpShards::capacity_multiple(dp) == 0) {  // 16-byte aligned pieces
+              CHECK(s.piece(b) % DpShards::kAlign == 0);
+              CHECK(s.piece_begin(b, r) % DpShards::kAlign == 0);
+              CHECK(s.shard_offset(b) % DpShards::kAlign == 0);
+            }
           }
           // A sub-range: the same elements, each at the same shard index.
           const int64_t a = capacity / 3, c = capacity - capacity / 5;

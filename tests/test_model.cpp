@@ -365,6 +365,36 @@ TEST_CASE("checkpoint ownership tiles every tensor once, and the 72B job's ranks
   check_ownership(tiny, *tr::Topology::make(24, 0, 4, 2, 3));
 }
 
+// ZeRO-1's shards keep the optimizer on its 16-byte path: every run of a tensor in a rank's shard
+// (what AdamW's pieces table is cut from) starts at a multiple of 4 elements both in the flat
+// buffer (the bf16 compute copy) and in the shard (masters, gradients, moments), and so does every
+// run's end but a tensor's last, for the 72B job's ranks and for an odd bucket size.
+TEST_CASE("ZeRO-1's shard runs start 16-byte aligned for the optimizer", "[model]") {
+  for (const char* bucket :
+       {"parallel.dp_bucket_elems=33554432", "parallel.dp_bucket_elems=1001"}) {
+    const tr::Config cfg = config_with({"parallel.dp=8", "parallel.zero1=true", bucket});
+    const tr::Topology topo = *tr::Topology::make(128, 0, 8, 2, 8);
+    for (int rank : {0, 7, 64 + 5 * 8 + 3, 127}) {
+      INFO(bucket << ", rank " << rank);
+      const tr::Topology t = topo.of_rank(rank);
+      const tr::ParamLayout layout = tr::rank_layout(cfg, t);
+      const tr::DpShards shards = tr::dp_shards(cfg, t);
+      REQUIRE(shards.dp() == 8);
+      CHECK(layout.capacity % tr::DpShards::capacity_multiple(8) == 0);
+      int64_t runs = 0, misaligned = 0;
+      for (const tr::ParamInfo& p : layout.tensors) {
+        for (const tr::ShardRun& r : shards.runs(p.offset, p.offset + p.numel)) {
+          ++runs;
+          const bool tensor_end = r.flat + r.count == p.offset + p.numel;
+          misaligned += r.flat % 4 != 0 || r.shard % 4 != 0 || (!tensor_end && r.count % 4 != 0);
+        }
+      }
+      CHECK(runs > 0);
+      CHECK(misaligned == 0);
+    }
+  }
+}
+
 namespace tr {
 namespace {
 

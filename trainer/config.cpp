@@ -76,7 +76,7 @@ const std::vector<Field>& fields() {
                "reduce-scattered, the updated bf16 weights all-gathered, bucket by bucket"),
       TR_FIELD(parallel, dp_bucket_elems, Int, 1, kMaxI,
                "parameter elements per data-parallel bucket (gradient reduction; with zero1 also "
-               "the weight all-gather, rounded up to a multiple of dp)"),
+               "the weight all-gather, rounded up to a multiple of 4*dp)"),
       TR_FIELD(parallel, overlap_dp, Bool, 0, 0,
                "start each bucket's reduction as soon as backward has finished its gradients "
                "(with sequence_parallel, each layer's norm gradients are summed over TP as "

@@ -130,10 +130,10 @@ class Qwen2Model {
   // 72B rank on a laptop); such a model answers memory() and nothing else.
   //
   // ZeRO-1 (Megatron's distributed optimizer): `shards` is this rank's share of the flat buffer
-  // (parallel/dp_shards.h; its capacity must be the layout's, so flat_multiple a multiple of its
-  // dp). With a separate compute copy and more than one shard, this rank keeps the fp32 masters
-  // of its shard only (capacity / dp elements, in the shard's order); the compute copy stays
-  // whole. Where the masters are the compute copy they are whole regardless.
+  // (parallel/dp_shards.h; its capacity must be the layout's, so flat_multiple a multiple of
+  // DpShards::capacity_multiple(dp)). With a separate compute copy and more than one shard, this
+  // rank keeps the fp32 masters of its shard only (capacity / dp elements, in the shard's order);
+  // the compute copy stays whole. Where the masters are the compute copy they are whole regardless.
   Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
              DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1,
              int slots = 1, bool separate_compute_copy = false, bool plan_only = false,

@@ -39,7 +39,7 @@ inline DType grad_reduce_dtype(const ParallelConfig& p) {
 class AdamW {
  public:
   // `dp` may be null (one rank). With zero1 the model's flat buffers must be padded to a
-  // multiple of dp->size() (Qwen2Model's flat_multiple).
+  // multiple of DpShards::capacity_multiple(dp->size()) (Qwen2Model's flat_multiple).
   AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp = nullptr, bool zero1 = false,
         Comm* tp = nullptr, Comm* pp = nullptr);
   // The data-parallel reduction: GradReducer::configure, ::grads_final over the model's
@@ -90,7 +90,7 @@ class AdamW {
   GradReducer reducer_;
   std::unique_ptr<Arena> arena_;
   Tensor m_, v_;  // [state_elems()] Adam first and second moments
-  // The multi-tensor update's pieces of this rank's range (i64 [n, 3] on the device, made once:
+  // The multi-tensor update's pieces of this rank's range (i64 [n, 4] on the device, made once:
   // kernels/ops.h adamw_update_pieces), and the clipping factor the next update applies.
   Buffer pieces_buf_;
   Tensor pieces_;

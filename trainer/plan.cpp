@@ -137,7 +137,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     m.stage = stage;
     m.in_flight = static_cast<int>(std::min<int64_t>(topo->pp - stage, plan.micro_batches));
     const Qwen2Model model(dims, t.micro_batch, seq, Ctx{Device::cuda}, DType::bf16, 0,
-                           zero1 ? topo->dp : 1, m.in_flight, false, /*plan_only=*/true,
+                           flat_multiple(cfg, st), m.in_flight, false, /*plan_only=*/true,
                            dp_shards(cfg, st));
     const Qwen2Model::Memory mm = model.memory();
     m.weights = static_cast<double>(mm.weights);

@@ -439,10 +439,11 @@ absl::Status build_model(Session& r) {
   // so that the GPU's layout (and ZeRO-1's sharded masters) runs and is tested on CPU ranks.
   const char* copy_env = std::getenv("TR_TEST_COMPUTE_COPY");
   const bool test_copy = copy_env != nullptr && std::string(copy_env) == "1";
-  r.model = std::make_unique<Qwen2Model>(
-      ModelDims::from(r.cfg, r.topo), r.cfg.train.micro_batch, r.cfg.data.seq_len, r.ctx,
-      r.ctx.device == Device::cuda ? DType::bf16 : DType::f32, loss_chunk, zero1 ? r.topo.dp : 1,
-      slots, test_copy, /*plan_only=*/false, dp_shards(r.cfg, r.topo));
+  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg, r.topo), r.cfg.train.micro_batch,
+                                         r.cfg.data.seq_len, r.ctx,
+                                         r.ctx.device == Device::cuda ? DType::bf16 : DType::f32,
+                                         loss_chunk, flat_multiple(r.cfg, r.topo), slots, test_copy,
+                                         /*plan_only=*/false, dp_shards(r.cfg, r.topo));
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());

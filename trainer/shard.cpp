@@ -107,10 +107,14 @@ bool zero1_on(const Config& cfg, const Topology& t) {
   return cfg.parallel.zero1 && t.dp > 1;
 }
 
+int64_t flat_multiple(const Config& cfg, const Topology& topo) {
+  return zero1_on(cfg, topo) ? DpShards::capacity_multiple(topo.dp) : 1;
+}
+
 ParamLayout rank_layout(const Config& cfg, const Topology& topo) {
   return ParamLayout::make(ModelDims::from(cfg.model, topo, cfg.parallel.sequence_parallel,
                                            cfg.parallel.pipeline_layers),
-                           zero1_on(cfg, topo) ? topo.dp : 1);
+                           flat_multiple(cfg, topo));
 }
 
 std::vector<ShardPiece> owned_pieces(const Config& cfg, const Topology& topo,

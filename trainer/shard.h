@@ -25,15 +25,19 @@ namespace tr {
 
 // ZeRO-1 is on: parallel.zero1 with more than one data-parallel rank. Then each dp rank keeps
 // the Adam states (and, with a separate compute copy, the fp32 masters) of its shard of the
-// flat buffer, whose capacity is a multiple of dp.
+// flat buffer, whose capacity is a multiple of DpShards::capacity_multiple(dp).
 bool zero1_on(const Config& cfg, const Topology& topo);
+
+// What the rank's flat buffers are padded to a multiple of (Qwen2Model's flat_multiple): 1, or
+// under ZeRO-1 DpShards::capacity_multiple(dp).
+int64_t flat_multiple(const Config& cfg, const Topology& topo);
 
 // The parameter layout of the rank at `topo` under `cfg` (as build_model makes it).
 ParamLayout rank_layout(const Config& cfg, const Topology& topo);
 
 // ZeRO-1's shards for the rank at `topo` (parallel/dp_shards.h: piece dp_rank of every bucket of
-// parallel.dp_bucket_elems, rounded up to a multiple of dp), or one rank's whole buffer without
-// ZeRO-1. The model's masters, AdamW's states, the gradient reduction and the checkpoint's
+// parallel.dp_bucket_elems, rounded up by DpShards::round_bucket), or one rank's whole buffer
+// without ZeRO-1. The model's masters, AdamW's states, the gradient reduction and the checkpoint's
 // ownership all follow them.
 DpShards dp_shards(const Config& cfg, const Topology& topo);
 
