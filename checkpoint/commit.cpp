@@ -20,6 +20,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/model_file.h"
 #include "kernels/core/fs_io.h"
+#include "kernels/core/switches.h"
 
 namespace tr::ckpt {
 namespace {
@@ -31,7 +32,6 @@ constexpr char kLayoutFile[] = "layout.json";
 constexpr char kStepPrefix[] = "step_";
 constexpr char kTmpSuffix[] = ".tmp";
 constexpr char kAbandonedPrefix[] = "abandoned-";
-constexpr char kCrashEnv[] = "TR_TEST_CRASH_POINT";
 constexpr size_t kStepDigits = 8;  // step_%08lld
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -43,8 +43,8 @@ int64_t numel(const std::vector<int64_t>& shape) {
 // Test hook: dies by SIGKILL (no cleanup, no flush: like a node failure) when
 // TR_TEST_CRASH_POINT names `stage`, or is "stage@N" and this save is of step N.
 void crash_point(const char* stage, int64_t step) {
-  const char* want = std::getenv(kCrashEnv);
-  if (want == nullptr) return;
+  const std::string want = setting(Setting::test_crash_point);
+  if (want.empty()) return;
   std::string_view w = want;
   if (size_t at = w.find('@'); at != std::string_view::npos) {
     if (w.substr(at + 1) != std::to_string(step)) return;

@@ -14,13 +14,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/core/fs_io.h"
+#include "kernels/core/switches.h"
 
 namespace tr::ckpt {
 namespace {
 
 std::string slurm_job() {
-  const char* j = std::getenv("SLURM_JOB_ID");
-  return j != nullptr ? j : "";
+  return launcher_env("SLURM_JOB_ID").value_or("");
 }
 
 // This process as a holder, as the lock file's JSON.

@@ -416,14 +416,6 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
               grad_scale, compute_grad);
 }
 
-bool xent_three_pass() {
-  static const bool three = [] {
-    const char* env = std::getenv("TR_XENT_3PASS");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  return three;
-}
-
 void xent_shard_stats(Ctx& ctx, Tensor stats, Tensor logits, Tensor targets, int64_t vocab_offset,
                       int64_t vocab_valid) {
   const OpCheck c(ctx, "xent_shard_stats",

@@ -136,10 +136,10 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
                     Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
                     bool compute_grad);
 
-// The same loss in two passes over the logits instead of three (the default; TR_XENT_3PASS=1
-// selects the three steps above, and the whole-vocabulary loss's first kernel, to bisect a GPU
-// failure): each rank's statistics in one pass, gathered over the TP group, combined, then step 3.
-bool xent_three_pass();
+// The same loss in two passes over the logits instead of three (the default; TR_XENT_3PASS=1,
+// Switch::xent_3pass, selects the three steps above, and the whole-vocabulary loss's three-pass
+// kernel, to bisect a GPU failure): each rank's statistics in one pass, gathered over the TP
+// group, combined, then step 3.
 // 1. stats [C, 3] ASSIGNED, in one pass (online softmax): {m = max over this shard's valid
 //    columns (-inf when it has none), the sum of exp(logit - m) over them (0 when none), the
 //    target's logit when the target is in this shard else 0}.

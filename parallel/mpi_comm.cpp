@@ -16,6 +16,7 @@
 #include "kernels/core/bf16.h"
 #include "kernels/core/check.h"
 #include "kernels/core/exit_codes.h"
+#include "kernels/core/switches.h"
 
 // MPI calls return error codes (MPI_ERRORS_RETURN on every communicator); a failure aborts
 // every rank through fatal_error -> MPI_Abort, naming the rank, the call and the group.
@@ -347,7 +348,7 @@ class MpiComm final : public Comm {
 
 bool launched_by_mpi_launcher() {
   for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (std::getenv(v) != nullptr) return true;
+    if (launcher_env(v)) return true;
   return false;
 }
 

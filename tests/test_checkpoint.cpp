@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "kernels/core/switches.h"
 #include "tests/test_util.h"
 
 namespace {
@@ -387,7 +388,7 @@ TEST_CASE("checkpoint: a crash at any commit stage leaves a loadable checkpoint"
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      setenv("TR_TEST_CRASH_POINT", c.stage, 1);
+      const tr::ScopedSetting crash(tr::Setting::test_crash_point, c.stage);
       absl::Status s = tr::ckpt::save(request(root.path(), 2, m2));
       _exit(s.ok() ? 10 : 11);  // reaching here means the hook did not fire
     }
@@ -667,7 +668,7 @@ TEST_CASE("distributed save: a crash at any stage leaves a loadable checkpoint",
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      setenv("TR_TEST_CRASH_POINT", stage, 1);
+      const tr::ScopedSetting crash(tr::Setting::test_crash_point, stage);
       absl::Status s = distributed_save(root.path(), 2, m2);
       _exit(s.ok() ? 10 : 11);
     }

@@ -395,7 +395,7 @@ TEST_CASE("cli: every step waits for the device once, under every layout", "[cli
 }
 
 // The multi-tensor AdamW (one launch over the rank's range, the clipping folded in) updates as
-// the first, per-tensor kernels with clipping as a pass of its own (TR_ADAMW_PER_TENSOR=1) did,
+// the per-tensor kernels with clipping as a pass of its own (TR_ADAMW_PER_TENSOR=1) do,
 // bit for bit: one rank, and (2,2,2) with ZeRO-1's sharded masters; the gradient norm of these
 // steps is over optim.grad_clip, so the clipping is exercised.
 TEST_CASE("cli: the multi-tensor AdamW updates as the per-tensor one, bit for bit", "[cli][mpi]") {
@@ -416,6 +416,8 @@ TEST_CASE("cli: the multi-tensor AdamW updates as the per-tensor one, bit for bi
             : per_tensor.mpirun(8, shape + layout, "TR_TEST_COMPUTE_COPY=1 TR_ADAMW_PER_TENSOR=1");
     INFO(b.output);
     REQUIRE(b.exit_code == 0);
+    CHECK(a.output.find("TR_ADAMW_PER_TENSOR (") == std::string::npos);
+    CHECK(b.output.find("TR_ADAMW_PER_TENSOR (") != std::string::npos);
     const std::vector<nlohmann::json> x = fused.metrics(), y = per_tensor.metrics();
     REQUIRE(x.size() == 6);
     REQUIRE(y.size() == 6);
@@ -440,6 +442,7 @@ TEST_CASE("cli: the multi-tensor AdamW updates as the per-tensor one, bit for bi
             : norm.mpirun(8, shape + layout, "TR_TEST_COMPUTE_COPY=1 TR_NORM_PER_TENSOR=1");
     INFO(c.output);
     REQUIRE(c.exit_code == 0);
+    CHECK(c.output.find("TR_NORM_PER_TENSOR (") != std::string::npos);
     const std::vector<nlohmann::json> z = norm.metrics();
     REQUIRE(z.size() == 6);
     CHECK(z[0]["loss"].get<double>() == x[0]["loss"].get<double>());
@@ -473,10 +476,12 @@ TEST_CASE("cli: the first micro-batch assigns the gradients, as zeroing them fir
     INFO(layout << "\n" << a.output);
     REQUIRE(a.exit_code == 0);
     CHECK(a.output.find("warning: step") == std::string::npos);
+    CHECK(a.output.find("debug switches taken: TR_TEST_POISON_GRADS (") != std::string::npos);
     CmdResult b = one ? zeroed.trainer(shape, "TR_GRAD_ZERO=1")
                       : zeroed.mpirun(8, shape + layout, "TR_GRAD_ZERO=1");
     INFO(b.output);
     REQUIRE(b.exit_code == 0);
+    CHECK(b.output.find("debug switches taken: TR_GRAD_ZERO (") != std::string::npos);
     const std::vector<nlohmann::json> x = assigned.metrics(), y = zeroed.metrics();
     REQUIRE(x.size() == 6);
     REQUIRE(y.size() == 6);
@@ -513,6 +518,11 @@ TEST_CASE("cli: the two-pass vocab-parallel loss matches the three-pass one", "[
     CmdResult b = three.mpirun(tp, shape + layout, "TR_XENT_3PASS=1");
     INFO(b.output);
     REQUIRE(b.exit_code == 0);
+    // Every TP rank ran the three steps; the default run took no switched path.
+    for (int r = 0; r < tp; ++r)
+      CHECK(b.output.find("rank " + std::to_string(r) +
+                          ": debug switches taken: TR_XENT_3PASS (") != std::string::npos);
+    CHECK(a.output.find("debug switches taken") == std::string::npos);
     const std::vector<nlohmann::json> x = two.metrics(), y = three.metrics();
     REQUIRE(x.size() == 6);
     REQUIRE(y.size() == 6);
@@ -828,6 +838,12 @@ TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
                    "config file '" + (run.dir / "nope.yaml") + "' cannot be read; check --config");
   expect_bad_input(run.trainer("--bogus"), "unknown argument '--bogus'; see --help");
   expect_bad_input(run_cmd(TR_TRAINER_BIN), "--config FILE is required; see --help");
+  // Debug switches take 1 or 0: a value that looks like "on" is refused, not guessed.
+  expect_bad_input(run.trainer("", "TR_GRAD_ZERO=yes"),
+                   "debug switch TR_GRAD_ZERO='yes': set it to 1 (on) or 0 (off), or unset it");
+  expect_bad_input(run.trainer("", "TR_LOSS_CHUNK_TOKENS=lots"),
+                   "debug setting TR_LOSS_CHUNK_TOKENS='lots': expected an integer >= 0, or unset "
+                   "it");
   CHECK_FALSE(fs::exists(run.dir / "ckpt"));  // nothing written by a refused run
 }
 

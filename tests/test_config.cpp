@@ -1,8 +1,11 @@
 // Config parsing, validation and output; presets; LR schedules; the topology's rank layout.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <optional>
 #include <string>
 
+#include "kernels/core/switches.h"
 #include "parallel/topology.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"
@@ -206,6 +209,40 @@ TEST_CASE("config: docs/config.md holds the generated key table", "[config]") {
   const std::string doc = test::read_file(std::string(TR_SOURCE_DIR) + "/docs/config.md");
   INFO("regenerate with: build/trainer/trainer --help-config");
   CHECK(doc.find(config_docs_markdown()) != std::string::npos);
+}
+
+TEST_CASE("config: docs/debug.md holds the generated switch table", "[config]") {
+  const std::string doc = test::read_file(std::string(TR_SOURCE_DIR) + "/docs/debug.md");
+  INFO("regenerate with: build/trainer/trainer --help-switches");
+  CHECK(doc.find(switch_docs_markdown()) != std::string::npos);
+}
+
+// One on/off rule for every switch; a malformed value is bad input, not "on".
+TEST_CASE("switches: one on/off rule, flipped in process and restored", "[config]") {
+  CHECK(parse_switch_value("1") == std::optional<bool>(true));
+  CHECK(parse_switch_value("0") == std::optional<bool>(false));
+  CHECK(parse_switch_value("") == std::optional<bool>(false));
+  for (const char* bad : {"yes", "true", "on", " 1", "10", "2", "-1"}) {
+    INFO(bad);
+    CHECK_FALSE(parse_switch_value(bad).has_value());
+  }
+  const bool was = switch_on(Switch::grad_zero);
+  const size_t active = active_switches().size();
+  {
+    const ScopedSwitch on(Switch::grad_zero, !was);
+    CHECK(switch_on(Switch::grad_zero) == !was);
+    const int64_t n = taken_count(Switch::grad_zero);
+    CHECK(take(Switch::grad_zero) == !was);
+    CHECK(taken_count(Switch::grad_zero) == n + (was ? 0 : 1));
+    const ScopedSetting fault(Setting::test_fault, "hang:3");
+    CHECK(setting(Setting::test_fault) == "hang:3");
+    const std::vector<std::string> a = active_switches();
+    CHECK(std::find(a.begin(), a.end(), "TR_TEST_FAULT=hang:3") != a.end());
+    CHECK((std::find(a.begin(), a.end(), "TR_GRAD_ZERO=1") != a.end()) == !was);
+  }
+  CHECK(switch_on(Switch::grad_zero) == was);
+  CHECK(active_switches().size() == active);
+  CHECK(validate_switches().ok());  // the test's own environment is well formed
 }
 
 TEST_CASE("optim: learning-rate schedules", "[config]") {

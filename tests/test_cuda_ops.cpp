@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/core/bf16.h"
+#include "kernels/core/switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
@@ -117,6 +118,12 @@ void check_close(const std::vector<float>& gpu, const std::vector<float>& cpu, D
 
 const DType kTypes[] = {DType::f32, DType::bf16};
 
+// TR_TEST_SMALL_SHAPES=1 (compute-sanitizer runs, tools/gpu_check.sh): a shape whose largest
+// operand has more than 1M elements is left out.
+bool large(int64_t elements) {
+  return switch_on(Switch::test_small_shapes) && elements > (int64_t{1} << 20);
+}
+
 // (tokens, hidden): tiny and odd (no 16-byte packs), Qwen2.5-0.5B, 72B.
 const std::pair<int64_t, int64_t> kRowShapes[] = {{5, 102}, {64, 896}, {16, 8192}};
 
@@ -180,6 +187,7 @@ TEST_CASE("cuda: cuBLASLt linear forward and backward match the CPU", "[gpu]") {
   for (DType dt : kTypes) {
     for (Shape s : {Shape{5, 7, 3, true}, Shape{64, 896, 1152, true}, Shape{16, 8192, 7392, false},
                     Shape{16, 3696, 8192, false}}) {
+      if (large(s.K * s.O)) continue;
       const int64_t T = s.T, K = s.K, O = s.O;
       std::vector<float> in = random_values(T * K, rng, dt), w = random_values(O * K, rng, dt),
                          b = random_values(O, rng, dt), dout = random_values(T * O, rng, dt);
@@ -221,6 +229,7 @@ TEST_CASE("cuda: cross-entropy in place, whole and vocab-parallel, matches the C
     for (auto [C, Vl, valid] : {std::tuple<int64_t, int64_t, int64_t>{3, 10, 7},
                                 {16, 152064, 151936},
                                 {8, 19008, 19008}}) {
+      if (large(C * Vl)) continue;
       std::vector<float> logits = random_values(C * Vl, rng, dt, -8, 8);
       std::vector<float> tgt(C);
       for (int64_t r = 0; r < C; ++r) tgt[r] = static_cast<float>((r * 7919) % valid);
@@ -236,11 +245,15 @@ TEST_CASE("cuda: cross-entropy in place, whole and vocab-parallel, matches the C
       const std::string what = std::string(dtype_name(dt)) + " V=" + std::to_string(Vl);
       check_close(d_losses.download(), losses, DType::f32, "losses " + what);
       check_close(d_logits.download(), grad, dt, "gradient " + what);
-      // The first, three-pass kernel (TR_XENT_3PASS=1): the same results.
-      setenv("TR_XENT_3PASS", "1", 1);
-      d_logits.upload(logits);
-      cross_entropy_fwd_bwd(g.ctx, d_losses.t, d_logits.t, d_tgt.t, valid, scale, true);
-      unsetenv("TR_XENT_3PASS");
+      // The three-pass kernel (TR_XENT_3PASS=1): the same results, and it did run.
+      {
+        const ScopedSwitch three(Switch::xent_3pass, true);
+        const int64_t before = taken_count(Switch::xent_3pass);
+        d_logits.upload(logits);
+        d_losses.poison();
+        cross_entropy_fwd_bwd(g.ctx, d_losses.t, d_logits.t, d_tgt.t, valid, scale, true);
+        CHECK(taken_count(Switch::xent_3pass) == before + 1);
+      }
       check_close(d_losses.download(), losses, DType::f32, "three-pass losses " + what);
       check_close(d_logits.download(), grad, dt, "three-pass gradient " + what);
       // The vocab-parallel steps on the same shard (offset 0, one rank): the same results.
@@ -352,7 +365,8 @@ TEST_CASE("cuda: cuDNN causal GQA attention, forward and both backwards, matches
 TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
   GpuCtx g;
   for (const char* fp64 : {"0", "1"}) {
-    setenv("TR_ROPE_FP64", fp64, 1);
+    const ScopedSwitch use_fp64(Switch::rope_fp64, fp64[0] == '1');
+    const int64_t taken_before = taken_count(Switch::rope_fp64);
     std::mt19937 rng(2);
     struct Shape {
       int64_t tokens;
@@ -362,6 +376,7 @@ TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
     for (DType dt : kTypes) {
       for (Shape s :
            {Shape{8, 3, 2, 8, 4}, Shape{64, 18, 16, 64, 32}, Shape{4096, 10, 9, 128, 4096}}) {
+        if (large(s.tokens * s.heads * s.hd)) continue;
         std::vector<float> x = random_values(s.tokens * s.heads * s.hd, rng, dt);
         std::vector<float> fwd = x, bwd = x;
         rope_fwd(cpu_ctx, host(fwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, 1e6f);
@@ -375,8 +390,10 @@ TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
         check_close(b.download(), bwd, dt, "rope_bwd " + what);
       }
     }
+    // Two launches (forward, backward) per dtype and shape took the fp64 path, or none did.
+    const int shapes = switch_on(Switch::test_small_shapes) ? 2 : 3;
+    CHECK(taken_count(Switch::rope_fp64) - taken_before == (fp64[0] == '1' ? 2 * 2 * shapes : 0));
   }
-  unsetenv("TR_ROPE_FP64");
 }
 
 TEST_CASE("cuda: swiglu forward and backward match the CPU", "[gpu]") {
@@ -441,6 +458,7 @@ TEST_CASE("cuda: add, scale, cast and the deterministic sum of squares match the
   std::mt19937 rng(5);
   for (DType dt : kTypes) {
     for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{3} << 20}) {
+      if (large(n)) continue;
       std::vector<float> a = random_values(n, rng, dt), b = random_values(n, rng, dt);
       std::vector<float> sum(n);
       add(cpu_ctx, host(sum, {n}), host(a, {n}), host(b, {n}));

@@ -8,9 +8,11 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/core/switches.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"
@@ -436,6 +438,70 @@ TEST_CASE("a separate compute copy of the weights trains bit-identically to the 
   for (float& x : w) x *= 0.5f;
   split.params_from_host(w);
   CHECK(split.compute_copy().ptr<float>()[7] == w[7]);
+}
+
+// Every CPU-visible kernel switch takes its other path when on (a counter says it ran) and
+// never when off, and both paths compute the same step: the zeroing pass (TR_GRAD_ZERO), the
+// per-tensor norm (TR_NORM_PER_TENSOR, to the summation order) and the per-tensor AdamW with its
+// clipping pass (TR_ADAMW_PER_TENSOR, bit for bit on the CPU). The GPU-only switches
+// (TR_ROPE_FP64, TR_XENT_3PASS's whole-vocabulary kernel) are counted by the gpu op tests, the
+// vocab-parallel TR_XENT_3PASS by the tp test of the trainer (test_cli).
+TEST_CASE("switches: each kernel switch changes the path taken, and both paths agree", "[model]") {
+  Topology topo;
+  const ModelDims d = ModelDims::from(small_config(true), topo);
+  std::vector<int32_t> tok(16), tgt(16);
+  for (int i = 0; i < 16; ++i) tok[i] = (5 * i + 2) % 50, tgt[i] = (13 * i + 1) % 50;
+  struct Run {
+    std::vector<float> grads, params;
+    double loss = 0, norm = 0;
+  };
+  // Two steps (so the second step's first write meets the first step's gradients), clipped,
+  // with `on` switched on (or none).
+  auto train = [&](std::optional<Switch> on) {
+    std::optional<ScopedSwitch> flip;
+    if (on) flip.emplace(*on, true);
+    Qwen2Model model(d, 1, 8, Ctx{});
+    model.init_weights(11, 0.1);
+    OptimConfig oc;
+    oc.grad_clip = 0.05;
+    AdamW opt(oc, model, Ctx{});
+    Run r;
+    for (int step = 1; step <= 2; ++step) {
+      model.begin_step_grads();
+      r.loss = model.forward_backward(tok.data(), tgt.data(), 1.0f / 16) +
+               model.forward_backward(tok.data() + 8, tgt.data() + 8, 1.0f / 16);
+      r.grads.assign(model.grads().ptr<float>(), model.grads().ptr<float>() + model.layout().total);
+      r.norm = opt.reduce_and_clip();
+      opt.update(1e-2, step);
+    }
+    r.params = model.params_to_host();
+    return r;
+  };
+  const Switch kernel_switches[] = {Switch::grad_zero, Switch::norm_per_tensor,
+                                    Switch::adamw_per_tensor};
+  std::vector<int64_t> before;
+  for (Switch s : kernel_switches) before.push_back(taken_count(s));
+  const Run off = train(std::nullopt);
+  CHECK(off.norm > 0.05);  // the clip ran
+  for (size_t i = 0; i < before.size(); ++i) {
+    const Switch s = kernel_switches[i];
+    INFO(switch_info(s).env);
+    CHECK(taken_count(s) == before[i]);
+    const Run on = train(s);
+    CHECK(taken_count(s) >= before[i] + 2);  // once per step at least
+    CHECK(on.loss == off.loss);
+    CHECK(on.grads == off.grads);
+    if (s == Switch::norm_per_tensor) {  // the same norm but for the summation order
+      CHECK(std::abs(on.norm - off.norm) <= 1e-9 * off.norm);
+      CHECK(test::rel_err(on.params.data(), off.params.data(), off.params.size()) < 1e-6);
+    } else {
+      CHECK(on.norm == off.norm);
+      CHECK(on.params == off.params);
+    }
+    for (size_t j = 0; j < before.size(); ++j)  // only the switch that is on was taken
+      if (j != i) CHECK(taken_count(kernel_switches[j]) == before[j]);
+    before[i] = taken_count(s);
+  }
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ namespace tr {
 
 std::string usage() {
   return "usage: trainer --config FILE [--set section.key=value ...] [--resume auto|none|PATH]\n"
-         "               [--force] [--dry-run] [--help-config]\n"
+         "               [--force] [--dry-run] [--help-config] [--help-switches]\n"
          "  --config FILE     YAML run config (see configs/ and docs/config.md)\n"
          "  --set K=V         override one config key, e.g. --set train.micro_batch=2 "
          "(repeatable)\n"
@@ -24,6 +24,7 @@ std::string usage() {
          "                    data.train differ), and start over with --resume none\n"
          "  --dry-run         validate config and data, print the plan and memory, then exit\n"
          "  --help-config     print every config key with its type, default and meaning\n"
+         "  --help-switches   print the TR_* debug and bisect switches (docs/debug.md)\n"
          "\n"
          "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300]\n"
          "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--json]\n"
@@ -75,6 +76,8 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
       o.help = true;
     } else if (a == "--help-config") {
       o.help_config = true;
+    } else if (a == "--help-switches") {
+      o.help_switches = true;
     } else if (a == "--dry-run") {
       o.dry_run = true;
     } else if (a == "--force") {
@@ -150,7 +153,7 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
           "export-hf needs --checkpoint STEP_DIR and --out DIR; see --help");
     return o;
   }
-  if (!o.help && !o.help_config && o.config.empty())
+  if (!o.help && !o.help_config && !o.help_switches && o.config.empty())
     return absl::InvalidArgumentError("--config FILE is required; see --help");
   return o;
 }

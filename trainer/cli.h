@@ -17,8 +17,9 @@ struct CliOptions {
   // --force: with --resume none, start over in a checkpoint.dir that holds checkpoints (moved
   // aside); on resume, accept a checkpoint written by another run (seeds or data differ).
   bool force = false;
-  bool help = false;         // --help
-  bool help_config = false;  // --help-config: the config reference (docs/config.md)
+  bool help = false;           // --help
+  bool help_config = false;    // --help-config: the config reference (docs/config.md)
+  bool help_switches = false;  // --help-switches: the debug switches (docs/debug.md)
   // trainer plan ...: memory, FLOPs, communication and a predicted speed; no GPU needed.
   bool plan = false;
   std::string gpu = "h100";  // --gpu h100|h200|b200|b300

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "kernels/core/switches.h"
 #include "kernels/ops.h"
 #include "parallel/schedule.h"
 #include "trainer/guard.h"
@@ -92,7 +93,7 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
   int32_t poll_flag = 0;   // the poll in flight: this rank's stop signal, then every rank's max
   std::vector<P2P> group;  // communication between two compute actions, posted together
   // TR_TRACE_PIPELINE=1: each stage's first TP/DP rank prints the compute order it executed.
-  static const bool trace = std::getenv("TR_TRACE_PIPELINE") != nullptr;
+  const bool trace = switch_on(Switch::trace_pipeline);
   std::string executed;
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
@@ -228,8 +229,8 @@ struct Fault {
 
 absl::StatusOr<Fault> fault_from_env() {
   Fault f;
-  const char* env = std::getenv("TR_TEST_FAULT");
-  if (env == nullptr || *env == '\0') return f;
+  const std::string env = setting(Setting::test_fault);
+  if (env.empty()) return f;
   std::vector<std::string> parts = absl::StrSplit(env, ':');
   bool ok = parts.size() >= 2 && parts.size() <= 4 && absl::SimpleAtoi(parts[1], &f.step) &&
             (parts.size() < 3 || absl::SimpleAtoi(parts[2], &f.count)) &&
@@ -285,7 +286,6 @@ void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64
 // TR_TEST_POISON_GRADS=1 (tests): every gradient is NaN before the step begins, so a gradient that
 // the step's first write does not assign (or that begin_step_grads does not zero) poisons the
 // loss or the weights.
-const bool poison_grads = std::getenv("TR_TEST_POISON_GRADS") != nullptr;
 void poison(Session& s) {
   std::vector<float> nan(static_cast<size_t>(s.model->grads().numel()),
                          std::numeric_limits<float>::quiet_NaN());
@@ -319,7 +319,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   // squared gradient norm, read together (metrics: host_syncs).
   const UploadedTokens uploaded(s, *batch);
   s.model->reset_step_scalars();
-  if (poison_grads) poison(s);
+  if (take(Switch::test_poison_grads)) poison(s);
   s.model->begin_step_grads();  // each gradient's first write assigns: no zeroing pass
   const PipelineRun pipe = run_pipeline(s, *batch, grad_scale);
   if (pipe.cut) {  // partial gradients: nothing of this step is applied
@@ -351,8 +351,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   // TR_TRACE_DP=1 (world rank 0): how many DP buckets had started during backward, and how
   // many buckets of the last step's ZeRO-1 weight all-gather this step's forward completed
   // itself, layer by layer.
-  static const bool trace_dp = std::getenv("TR_TRACE_DP") != nullptr;
-  if (trace_dp && s.topo.rank == 0) {
+  if (s.topo.rank == 0 && take(Switch::trace_dp)) {
     const GradReducer& red = s.opt->reducer();
     std::fprintf(stderr,
                  "step %lld: %d of %d dp buckets started during backward; %d of %d weight buckets "

@@ -1,11 +1,16 @@
 // trainer: one binary, one YAML config. See README.md and docs/config.md.
 #include <cstdio>
 
+#include "kernels/core/switches.h"
 #include "trainer/cli.h"
 #include "trainer/config.h"
 #include "trainer/run.h"
 
 int main(int argc, char** argv) {
+  if (const absl::Status s = tr::validate_switches(); !s.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(s.message()).c_str());
+    return tr::kExitBadInput;
+  }
   absl::StatusOr<tr::CliOptions> opts = tr::parse_cli(argc, argv);
   if (!opts.ok()) {
     std::fprintf(stderr, "error: %s\n", std::string(opts.status().message()).c_str());
@@ -17,6 +22,10 @@ int main(int argc, char** argv) {
   }
   if (opts->help_config) {
     std::fputs(tr::config_docs_markdown().c_str(), stdout);
+    return tr::kExitOk;
+  }
+  if (opts->help_switches) {
+    std::fputs(tr::switch_docs_markdown().c_str(), stdout);
     return tr::kExitOk;
   }
   if (opts->plan) return tr::run_plan(*opts);

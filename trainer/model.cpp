@@ -1,9 +1,11 @@
 #include "trainer/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/core/switches.h"
 #include "kernels/ops.h"
 #include "parallel/tp_region.h"
 #include "trainer/init.h"
@@ -383,8 +385,7 @@ void Qwen2Model::upload_tokens(const std::vector<const int32_t*>& inputs,
 }
 
 void Qwen2Model::begin_step_grads() {
-  static const bool zero_all = std::getenv("TR_GRAD_ZERO") != nullptr;
-  if (zero_all) {
+  if (take(Switch::grad_zero)) {
     zero_(ctx_, grads());
     head_write_ = body_write_ = GradWrite::add;
     return;
@@ -702,7 +703,7 @@ void Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale, 
 // One chunk's cross-entropy: in one step on a single rank; with the vocabulary split over TP,
 // each rank's statistics of its shard in one pass, all-gathered over TP and combined, then the
 // loss and gradient (TR_XENT_3PASS=1: three passes with the row max and the sums all-reduced in
-// between, as first written).
+// between).
 void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale,
                             bool grad) {
   const ModelDims& d = dims_;
@@ -712,7 +713,7 @@ void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float 
   }
   const int64_t n = logits.dim(0);
   Tensor row_max = a_->row_max.slice(0, n), sums = a_->sums.slice(0, n);
-  if (xent_three_pass()) {
+  if (take(Switch::xent_3pass)) {
     xent_row_max(ctx_, row_max, logits, d.vocab_valid_local());
     tp_group()->all_reduce(row_max, ReduceOp::max);
     xent_sums(ctx_, sums, logits, targets, row_max, d.vocab_offset, d.vocab_valid_local());

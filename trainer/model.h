@@ -197,7 +197,7 @@ class Qwen2Model {
   // write of the step (the LM head's first loss chunk, the first backward_stage) assigns, later
   // ones add; only what no op assigns (the embedding's scatter, unless the tied LM head on this
   // stage wrote it first) is zeroed. Without it, backward adds to what grads() holds.
-  // TR_GRAD_ZERO=1 zeroes the whole buffer and adds, as before (to bisect on a GPU).
+  // TR_GRAD_ZERO=1 zeroes the whole buffer and adds (to bisect on a GPU).
   void begin_step_grads();
 
   // Forward, loss and backward of one micro-batch: tokens, targets i32 [batch * seq_len].

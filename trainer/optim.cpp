@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/core/switches.h"
 #include "kernels/ops.h"
 
 namespace tr {
@@ -90,12 +91,9 @@ void AdamW::reduce_grads() {
 
 void AdamW::accumulate_norm(Tensor acc) const {
   Ctx ctx = ctx_;
-  // One pass over the pieces table; TR_NORM_PER_TENSOR=1: a reduction per tensor, the first way.
-  static const bool per_tensor = [] {
-    const char* env = std::getenv("TR_NORM_PER_TENSOR");
-    return env != nullptr && std::string(env) == "1";
-  }();
-  if (!per_tensor) return accumulate_sum_squares_pieces(ctx, acc, grad_shard(), norm_pieces_, 0);
+  // One pass over the pieces table; TR_NORM_PER_TENSOR=1: a reduction per tensor.
+  if (!take(Switch::norm_per_tensor))
+    return accumulate_sum_squares_pieces(ctx, acc, grad_shard(), norm_pieces_, 0);
   if (!reducer_.zero1() && tp_ == nullptr && pp_ == nullptr)
     return accumulate_sum_squares(ctx, acc, grad_shard());
   // Tensor by tensor (run by run of the shard): replicated tensors count on TP rank 0 only, the
@@ -144,10 +142,7 @@ void AdamW::update(double lr, int64_t step) {
   const AdamWIndex index{model_.masters_sharded(), zero1};
   const float clip_scale = std::exchange(clip_scale_, 1.0f);
   reducer_.finish_weights();  // the last gather must not land on this update
-  static const bool per_tensor = [] {
-    const char* env = std::getenv("TR_ADAMW_PER_TENSOR");
-    return env != nullptr && std::string(env) == "1";
-  }();
+  const bool per_tensor = take(Switch::adamw_per_tensor);
   if (!per_tensor) {
     const AdamWParams a{static_cast<float>(lr),
                         static_cast<float>(cfg_.beta1),

@@ -65,8 +65,8 @@ class AdamW {
   // gradients in place now (for tests); returns the norm before clipping.
   double reduce_and_clip();
   // One update with learning rate `lr`; `step` is the 1-based optimizer step (bias correction):
-  // one multi-tensor launch over this rank's range (TR_ADAMW_PER_TENSOR=1: one per tensor, the
-  // first kernel, with clipping as a pass of its own). With zero1 it ends by all-gathering the
+  // one multi-tensor launch over this rank's range (TR_ADAMW_PER_TENSOR=1: a double-precision
+  // kernel per tensor, with clipping as a pass of its own). With zero1 it ends by all-gathering the
   // weights.
   void update(double lr, int64_t step);
   // This rank's Adam states: [state_elems()] floats each, in its shard's order

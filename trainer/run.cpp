@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "data/shard_meta.h"
 #include "kernels/core/fs_io.h"
+#include "kernels/core/switches.h"
 #include "kernels/ops.h"
 #include "trainer/hf.h"
 #include "trainer/plan.h"
@@ -30,6 +31,7 @@
 
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
+#include "parallel/nccl_comm.h"
 #endif
 
 namespace tr {
@@ -290,6 +292,8 @@ void print_plan(const Session& r) {
   const double mib = 1024.0 * 1024.0;
   const int64_t P = r.model->layout().total;
   std::printf("resolved config:\n%s", to_yaml(r.cfg).c_str());
+  if (const std::vector<std::string> on = active_switches(); !on.empty())
+    std::printf("debug switches: %s (docs/debug.md)\n", absl::StrJoin(on, " ").c_str());
   std::printf("topology: %s; backend %s\n", r.topo.describe().c_str(), r.cfg.train.backend.c_str());
   std::printf("model: %lld parameters on this rank (vocab padded to %lld); %.3g GFLOP per token\n",
               static_cast<long long>(P), static_cast<long long>(r.model->dims().vocab_padded),
@@ -433,12 +437,10 @@ absl::Status build_model(Session& r) {
   const int slots = static_cast<int>(std::min<int64_t>(r.topo.pp - r.topo.pp_rank, micro_batches));
   // TR_LOSS_CHUNK_TOKENS=N overrides loss_chunk_tokens() (trainer/model.h), to bisect a GPU
   // regression against the old 16M-logit chunks (docs/PERFORMANCE.md).
-  const char* chunk_env = std::getenv("TR_LOSS_CHUNK_TOKENS");
-  const int64_t loss_chunk = chunk_env != nullptr ? std::max<int64_t>(0, std::atoll(chunk_env)) : 0;
+  const int64_t loss_chunk = setting_int(Setting::loss_chunk_tokens);
   // A separate compute copy: bf16 on GPUs; on the CPU an fp32 one when TR_TEST_COMPUTE_COPY=1,
   // so that the GPU's layout (and ZeRO-1's sharded masters) runs and is tested on CPU ranks.
-  const char* copy_env = std::getenv("TR_TEST_COMPUTE_COPY");
-  const bool test_copy = copy_env != nullptr && std::string(copy_env) == "1";
+  const bool test_copy = take(Switch::test_compute_copy);
   r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg, r.topo), r.cfg.train.micro_batch,
                                          r.cfg.data.seq_len, r.ctx,
                                          r.ctx.device == Device::cuda ? DType::bf16 : DType::f32,
@@ -543,12 +545,12 @@ int run(const CliOptions& opts) {
   Session r;
   r.opts = opts;
   // Under srun or mpirun every rank runs this; a lone process needs no launcher.
-  if (const char* n = std::getenv("SLURM_STEP_NUM_TASKS");
-      n != nullptr && std::atoi(n) > 1 && !launched_by_mpi_launcher()) {
+  if (const std::optional<std::string> n = launcher_env("SLURM_STEP_NUM_TASKS");
+      n && std::atoi(n->c_str()) > 1 && !launched_by_mpi_launcher()) {
     std::fprintf(stderr,
                  "error: started by srun with %s tasks but without PMI, so the ranks cannot "
                  "connect; launch with srun --mpi=pmix (or set MpiDefault=pmix in slurm.conf)\n",
-                 n);
+                 n->c_str());
     return kExitBadInput;
   }
   if (launched_by_mpi_launcher()) r.mpi = std::make_unique<MpiRuntime>(nullptr, nullptr);
@@ -586,7 +588,13 @@ int run(const CliOptions& opts) {
   st = r.logger() ? write_run_files(r) : absl::OkStatus();
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
-  return train_loop(r);
+  const int code = train_loop(r);
+  // Which switched paths ran, per rank (only when a switch is set): a test of the process can
+  // see that a switch still changes what runs.
+  if (const std::vector<std::string> taken = taken_switches(); !taken.empty())
+    std::fprintf(stderr, "rank %d: debug switches taken: %s\n", r.topo.rank,
+                 absl::StrJoin(taken, ", ").c_str());
+  return code;
 }
 
 }  // namespace tr

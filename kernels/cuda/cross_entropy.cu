@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/core/switches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -203,7 +204,7 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
   const int64_t cols = logits.shape[1];
   dispatch_float(logits.dtype, "cross_entropy_fwd_bwd", [&](auto tag) {
     using T = decltype(tag);
-    if (xent_three_pass()) {
+    if (take(Switch::xent_3pass)) {
       cross_entropy_kernel<T><<<rows, kThreads, 0, stream_of(ctx)>>>(
           losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), cols, vocab_valid,
           grad_scale, compute_grad);
@@ -269,7 +270,7 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
   const int64_t cols = logits.shape[1];
   dispatch_float(logits.dtype, "xent_loss_grad", [&](auto tag) {
     using T = decltype(tag);
-    // The first kernel's scalar stores under TR_XENT_3PASS=1.
+    // Scalar stores under TR_XENT_3PASS=1.
     with_pack<T>(
         logits,
         [&](auto n) {
@@ -277,7 +278,7 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
               losses.ptr<float>(), logits.ptr<T>(), targets.ptr<int32_t>(), row_max.ptr<float>(),
               sums.ptr<float>(), cols, vocab_offset, vocab_valid, grad_scale, compute_grad);
         },
-        !xent_three_pass());
+        !take(Switch::xent_3pass));
   });
   CUDA_CHECK_LAUNCH();
 }

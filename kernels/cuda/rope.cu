@@ -12,6 +12,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/core/switches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -103,18 +104,13 @@ const float2* rope_table(Ctx& ctx, int seq_len, int hd, float theta) {
   return static_cast<const float2*>(it->second.data());
 }
 
-bool use_fp64_kernel() {
-  const char* env = std::getenv("TR_ROPE_FP64");
-  return env != nullptr && std::string(env) == "1";
-}
-
 void rope(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta, double sign,
           const char* op) {
   const int64_t tokens = x.shape[0];
   const int n_total = static_cast<int>(x.shape[1]), hd = static_cast<int>(x.shape[2]);
   const int64_t pairs = tokens * n_rope_heads * (hd / 2);
   if (pairs == 0) return;  // no rotated heads: nothing to launch
-  if (use_fp64_kernel()) {
+  if (take(Switch::rope_fp64)) {
     dispatch_float(x.dtype, op, [&](auto tag) {
       using T = decltype(tag);
       rope_kernel_fp64<T><<<grid_stride_blocks(pairs, kThreads), kThreads, 0, stream_of(ctx)>>>(
