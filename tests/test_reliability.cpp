@@ -106,15 +106,16 @@ TEST_CASE("reliability: a NaN gradient is skipped before the update, never saved
   CHECK(b.state.step == 5);
 }
 
-// On 4 ranks (tp 2 x dp 2) a NaN written by rank 3 (tp 1, dp 1) reaches rank 1 (tp 1, dp 0)
-// through the data-parallel reduction; the lowest rank that sees it names it. Every rank skips.
+// On 4 ranks (tp 2 x dp 2) a NaN written by rank 3 (tp 1, dp 1) into its reduced gradients (after
+// the data-parallel reduction, as a faulty GPU's update would meet it): rank 3 names it, every
+// rank skips.
 TEST_CASE("reliability: a NaN on one rank is skipped by every rank and named once", "[cli][mpi]") {
   RunDir run(6);
   CmdResult r = run.mpirun(4, "--set parallel.tp=2", "TR_TEST_FAULT=grad_nan:3:1:3");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const std::string want =
-      "warning: step 3 skipped, no update: the gradient norm is nan; rank 1 (tp 1, pp 0, dp 0): "
+      "warning: step 3 skipped, no update: the gradient norm is nan; rank 3 (tp 1, pp 0, dp 1): "
       "first non-finite gradient 'embed_tokens/weight'";
   CHECK(r.output.find(want) != std::string::npos);
   CHECK(r.output.find("warning:") == r.output.rfind("warning:"));  // said once

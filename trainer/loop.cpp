@@ -212,8 +212,8 @@ StepOutcome evaluate(Session& s, double* val_loss) {
 
 // A test hook for the fault-injection tests: TR_TEST_FAULT=KIND:STEP[:COUNT[:ARG]] makes steps
 // STEP .. STEP+COUNT-1 go wrong, as a faulty GPU or a diverging run would:
-//   grad_nan    world rank ARG (default 0) writes NaN into its first gradient after backward,
-//               before the data-parallel reduction
+//   grad_nan    world rank ARG (default 0) writes NaN into the first element of its reduced
+//               gradients (after the data-parallel reduction, which it would race on GPUs)
 //   loss_nan    world rank ARG (default 0), if it is on the last stage, makes its loss NaN
 //   loss_spike  every rank multiplies the step's (reduced) loss by ARG
 //   hang        world rank ARG stops itself (SIGSTOP, as `kill -STOP` does) at the step's start
@@ -245,14 +245,6 @@ absl::StatusOr<Fault> fault_from_env() {
   return f;
 }
 
-// The first of this rank's gradient tensors that holds a NaN or Inf; "" when all are finite.
-// Only on a skipped step (one reduction per tensor).
-std::string first_non_finite_grad(Session& s) {
-  for (const ParamInfo& p : s.model->layout().tensors)
-    if (!std::isfinite(sum_squares(s.ctx, s.model->grad(p)))) return p.name;
-  return "";
-}
-
 // Says why step `step` is skipped, once: the lowest rank that sees a non-finite gradient or
 // loss of its own names it and its coordinates; rank 0 speaks when none does (a spike).
 void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64_t step,
@@ -260,7 +252,7 @@ void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64
   Comm& w = *s.groups.world;
   std::string where;
   if (v == StepGuard::Verdict::skip_non_finite) {
-    const std::string tensor = first_non_finite_grad(s);
+    const std::string tensor = s.opt->first_non_finite();
     if (!tensor.empty())
       where = absl::StrCat("first non-finite gradient '", tensor, "'");
     else if (own_loss_bad)
@@ -327,19 +319,18 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     out.ran = false;
     return out;
   }
-  int64_t fault_syncs = 0;  // the fault's own copy is not the step's
-  if (faulty_rank && fault.at(step, "grad_nan")) {
-    const int64_t before = host_sync_count();
-    float nan = std::numeric_limits<float>::quiet_NaN();
-    copy_tensor(s.model->grads().at(0, {1}), Tensor(&nan, DType::f32, Device::cpu, {1}));
-    fault_syncs = host_sync_count() - before;
-  }
   s.model->sync_replicated_grads();
   if (s.topo.pp > 1 && s.cfg.model.tie_embeddings && (s.topo.first_stage() || s.topo.last_stage()))
     s.groups.embed->all_reduce(s.model->grad(s.model->layout().find("embed_tokens/weight")),
                                ReduceOp::sum);
   const auto t1 = Clock::now();
   s.opt->reduce_grads();
+  int64_t fault_syncs = 0;  // the fault's own copy is not the step's
+  if (faulty_rank && fault.at(step, "grad_nan")) {
+    const int64_t before = host_sync_count();
+    s.opt->poison_first_grad();
+    fault_syncs = host_sync_count() - before;
+  }
   s.opt->accumulate_norm(s.model->step_scalars().slice(1, 1));
   auto [loss_sum, own_squares] = s.model->take_step_scalars();  // the step's host sync
   if (faulty_rank && fault.at(step, "loss_nan") && s.topo.last_stage())

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <numbers>
 #include <string>
 #include <utility>
@@ -104,6 +105,20 @@ void AdamW::accumulate_norm(Tensor acc) const {
     for (const ShardRun& r : own_runs(p))
       accumulate_sum_squares(ctx, acc, grads.at(r.shard, {r.count}));
   }
+}
+
+std::string AdamW::first_non_finite() const {
+  Ctx ctx = ctx_;
+  const Tensor grads = grad_shard();
+  for (const ParamInfo& p : model_.layout().tensors)
+    for (const ShardRun& r : own_runs(p))
+      if (!std::isfinite(sum_squares(ctx, grads.at(r.shard, {r.count})))) return p.name;
+  return "";
+}
+
+void AdamW::poison_first_grad() {
+  float nan = std::numeric_limits<float>::quiet_NaN();
+  copy_tensor(grad_shard().at(0, {1}), Tensor(&nan, DType::f32, Device::cpu, {1}));
 }
 
 double AdamW::global_norm(double own_squares) const {

@@ -58,6 +58,14 @@ class AdamW {
   void accumulate_norm(Tensor acc) const;
   // 3. The global L2 norm from this rank's share: summed over the groups it misses (host).
   double global_norm(double own_squares) const;
+  // After reduce_grads: the first tensor with a non-finite reduced gradient among the elements
+  // this rank updates, "" when all are finite (one reduction per tensor: for a skipped step's
+  // report only).
+  std::string first_non_finite() const;
+  // Test hook (TR_TEST_FAULT=grad_nan): after reduce_grads, NaN into the first reduced gradient
+  // element this rank updates; stream-ordered after the reduction, so no collective still
+  // reading the buffer can race it.
+  void poison_first_grad();
   // 4. The next update() scales the gradients by grad_clip / norm when the norm exceeds
   //    grad_clip (folded into the update: no pass of its own).
   void clip(double norm);
