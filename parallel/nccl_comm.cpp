@@ -372,6 +372,12 @@ bool nccl_built() {
   return true;
 }
 
+int64_t nccl_version() {
+  int v = 0;
+  NCCL_CHECK(ncclGetVersion(&v), std::string("nccl_version"));
+  return v;
+}
+
 std::unique_ptr<Comm> make_nccl_comm(std::unique_ptr<Comm> bootstrap, void* stream,
                                      double timeout_s) {
   return std::make_unique<NcclComm>(std::move(bootstrap), stream, timeout_s);
@@ -385,6 +391,10 @@ namespace tr {
 
 bool nccl_built() {
   return false;
+}
+
+int64_t nccl_version() {
+  return 0;
 }
 
 std::unique_ptr<Comm> make_nccl_comm(std::unique_ptr<Comm>, void*, double) {

@@ -7,6 +7,7 @@
 // digests) through it, so callers never ask which kind of tensor a collective may take.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "parallel/comm.h"
@@ -15,6 +16,8 @@ namespace tr {
 
 // True when this build has NCCL (the CUDA backend).
 bool nccl_built();
+// The loaded NCCL's version (major*10000 + minor*100 + patch); 0 without NCCL.
+int64_t nccl_version();
 
 // A communicator over the same ranks as `bootstrap` (an MPI group: its rank 0 makes the NCCL
 // unique id and broadcasts it; collective over it). Device collectives are queued on `stream`

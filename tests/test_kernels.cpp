@@ -13,6 +13,7 @@
 
 #include "kernels/core/bf16.h"
 #include "kernels/ops.h"
+#include "kernels/versions.h"
 #include "tests/test_util.h"
 
 namespace tr {
@@ -734,4 +735,50 @@ TEST_CASE("kernels: rmsnorm_bwd accumulating into din adds exactly what it would
   }
 }
 
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+// The start-up version check with injected versions: a cuDNN or cuBLASLt built for another CUDA
+// major (a wheel made for CUDA 12 beside a CUDA 13 build), a runtime of another major than the
+// build's, or a driver older than the runtime are each one line naming both versions.
+TEST_CASE("versions: a GPU library built for another CUDA major is refused by name", "[kernels]") {
+  LibraryVersions ok;
+  ok.cuda_toolkit = 13000, ok.cuda_runtime = 13000, ok.cuda_driver = 13010;
+  ok.cublaslt = 130100, ok.cublaslt_cudart = 13000;
+  ok.cudnn = 91400, ok.cudnn_cudart = 13000;
+  ok.nccl = 22803;
+  CHECK(check_versions(ok).ok());
+  CHECK(describe(ok) ==
+        "CUDA runtime 13.0 (built with 13.0, driver 13.1), cuBLASLt 13.1.0 (CUDA 13.0), cuDNN "
+        "9.14.0 (CUDA 13.0), NCCL 2.28.3");
+  LibraryVersions newer_minor = ok;  // same major, another minor: fine
+  newer_minor.cudnn_cudart = 13020;
+  CHECK(check_versions(newer_minor).ok());
+
+  LibraryVersions cudnn12 = ok;
+  cudnn12.cudnn_cudart = 12080;
+  CHECK(std::string(check_versions(cudnn12).message()) ==
+        "cuDNN 9.14.0 was built for CUDA 12.8, not CUDA 13 as the trainer; install the cuDNN for "
+        "CUDA 13 (e.g. the cu13 wheel) and put it first on LD_LIBRARY_PATH");
+  LibraryVersions lt12 = ok;
+  lt12.cublaslt_cudart = 12090;
+  CHECK(std::string(check_versions(lt12).message())
+            .starts_with("cuBLASLt 13.1.0 was built for CUDA 12.9"));
+  LibraryVersions runtime12 = ok;
+  runtime12.cuda_runtime = 12080;
+  CHECK(
+      std::string(check_versions(runtime12).message())
+          .starts_with("the CUDA runtime loaded is 12.8 but the trainer was built with CUDA 13.0"));
+  LibraryVersions old_driver = ok;
+  old_driver.cuda_driver = 12040;
+  CHECK(std::string(check_versions(old_driver).message())
+            .starts_with("the GPU driver supports CUDA up to 12.4, older than the CUDA 13.0"));
+  LibraryVersions no_nccl = ok;
+  no_nccl.nccl = 0;
+  CHECK(describe(no_nccl).find("NCCL") == std::string::npos);
+}
+
+}  // namespace
 }  // namespace tr

@@ -66,6 +66,12 @@ absl::Status resolve_backend(Session& r) {
         "hides them); set train.backend=cpu");
   // Node-local rank order over the GPUs this process sees (one each when Slurm binds one GPU
   // per task); check_gpu_binding then refuses two NCCL ranks on one GPU.
+  // The libraries this process loaded: printed (rank 0), and a cuDNN or cuBLASLt built for
+  // another CUDA major refused before it fails inside a kernel.
+  LibraryVersions versions = cuda::library_versions();
+  versions.nccl = nccl_version();
+  std::printf("gpu libraries: %s\n", describe(versions).c_str());
+  if (absl::Status st = check_versions(versions); !st.ok()) return st;
   const int local_rank = r.mpi ? r.mpi->local_rank() : 0;
   r.gpu = local_rank % cuda::device_count();
   auto dev = std::make_shared<cuda::DeviceContext>(r.gpu, kCudaWorkspaceBytes);

@@ -11,6 +11,7 @@
 #include "kernels/core/ctx.h"
 #include "kernels/core/tensor.h"
 #include "kernels/ops.h"
+#include "kernels/versions.h"
 
 namespace tr::cuda {
 
@@ -46,6 +47,8 @@ std::string device_pci_bus_id(int index);
 // The current device: name, dense bf16 peak from a table of known GPUs (0 if unknown), memory
 // in use.
 DeviceInfo device_info();
+// The CUDA runtime, driver, cuBLASLt and cuDNN versions loaded (nccl left 0; parallel/ fills it).
+LibraryVersions library_versions();
 void synchronize(const Ctx& ctx);
 
 void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vocab_offset);
