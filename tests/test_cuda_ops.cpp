@@ -216,6 +216,20 @@ TEST_CASE("cuda: cuBLASLt linear forward and backward match the CPU", "[gpu]") {
                  GradWrite::assign);
       check_close(d_dw.download(), dw, dt, "dweight (assigned) " + what);
       if (s.bias) check_close(d_db.download(), db, dt, "dbias (assigned) " + what);
+      if (!s.bias) continue;
+      // A bias at other offsets of a buffer (as a flat buffer's views are): 2 or 4 bytes (added
+      // apart from the GEMM), 8 bytes (still apart) and 16 bytes (the epilogue, with a plan of
+      // its own for that alignment).
+      for (int64_t at : {int64_t{1}, int64_t{4}, static_cast<int64_t>(16 / dtype_size(dt))}) {
+        std::vector<float> shifted(static_cast<size_t>(O + at), 0.0f);
+        std::copy(b.begin(), b.end(), shifted.begin() + at);
+        Dev d_shifted(dt, {O + at}, shifted);
+        d_out.poison();
+        linear_fwd(g.ctx, d_out.t, d_in.t, d_w.t, d_shifted.t.at(at, {O}));
+        check_close(
+            d_out.download(), out, dt,
+            "out with the bias at byte " + std::to_string(at * dtype_size(dt)) + " " + what);
+      }
     }
   }
 }

@@ -10,7 +10,8 @@
 //   dweight   dW^T[K,O] += (in as col-major [K,T]) · (dout as col-major [O,T])^T
 // One handle per process; each GEMM shape's plan (descriptors, layouts and up to 8 of the
 // heuristics' algorithms, fastest first) is made once and cached; an algorithm that refuses to
-// run is dropped for the next, and a shape none can run ends the job with one line.
+// run (CUBLAS_STATUS_NOT_SUPPORTED) is dropped for the next, a shape none can run ends the job
+// with one line, and any other error ends it at once.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -44,11 +45,12 @@ struct GemmKey {
   bool ta, tb;
   DType ab, cd;
   bool bias, accumulate;
-  // Alignment in bytes (up to 256) of the A, B and C pointers: an algorithm chosen for aligned
-  // operands may not run on views at odd offsets of the flat buffers.
-  uint32_t align_a = 256, align_b = 256, align_c = 256;
+  // Alignment in bytes (up to 256) of the A, B, C and bias pointers: an algorithm chosen for
+  // aligned operands may not run on views at odd offsets of the flat buffers.
+  uint32_t align_a = 256, align_b = 256, align_c = 256, align_bias = 256;
   auto tie() const {
-    return std::tie(m, n, k, ta, tb, ab, cd, bias, accumulate, align_a, align_b, align_c);
+    return std::tie(m, n, k, ta, tb, ab, cd, bias, accumulate, align_a, align_b, align_c,
+                    align_bias);
   }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
   // "GEMM m=.. n=.. k=.. (A^T x B, bf16 -> f32, bias, accumulate)" for error lines.
@@ -57,7 +59,8 @@ struct GemmKey {
            " (" + (ta ? "A^T" : "A") + " x " + (tb ? "B^T" : "B") + ", " + dtype_name(ab) + " -> " +
            dtype_name(cd) + (bias ? ", bias" : "") + (accumulate ? ", accumulate" : "") +
            ", alignment " + std::to_string(align_a) + "/" + std::to_string(align_b) + "/" +
-           std::to_string(align_c) + " bytes)";
+           std::to_string(align_c) + (bias ? "/bias " + std::to_string(align_bias) : "") +
+           " bytes)";
   }
 };
 
@@ -79,7 +82,9 @@ class Lt {
     return lt;
   }
   cublasLtHandle_t handle() const { return handle_; }
-  GemmPlan& plan(const GemmKey& key);
+  // The plan of `key`; `bias` (with key.bias) is a bias pointer of the key's alignment, set
+  // while the heuristics choose so that they see the epilogue as it will run.
+  GemmPlan& plan(const GemmKey& key, const void* bias);
 
  private:
   Lt() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
@@ -88,7 +93,7 @@ class Lt {
   std::map<GemmKey, GemmPlan> plans_;
 };
 
-GemmPlan& Lt::plan(const GemmKey& key) {
+GemmPlan& Lt::plan(const GemmKey& key, const void* bias) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
@@ -108,6 +113,8 @@ GemmPlan& Lt::plan(const GemmKey& key) {
     const cudaDataType_t bias_type = cuda_type(key.cd);
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                 &bias_type, sizeof(bias_type)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof(bias)));
   }
   // Stored shapes (rows x cols, leading dimension = rows): A is m x k (or k x m when
   // transposed), B is k x n (or n x k), C is m x n.
@@ -153,20 +160,25 @@ void gemm(Ctx& ctx, GemmKey key, const void* A, const void* B, void* C, const vo
   key.align_a = alignment(A);
   key.align_b = alignment(B);
   key.align_c = alignment(C);
+  if (key.bias) key.align_bias = alignment(bias);
   Lt& lt = Lt::get();
-  GemmPlan& p = lt.plan(key);
+  GemmPlan& p = lt.plan(key, bias);
   if (key.bias)
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                 sizeof(bias)));
   Workspace ws(ctx, "linear (cuBLASLt)");
   void* scratch = ws.take<char>(static_cast<int64_t>(kGemmWorkspace));
   const float alpha = 1.0f;
-  // The chosen algorithm; one that refuses is dropped for the next, once and for good.
+  // The chosen algorithm; one that refuses this shape (NOT_SUPPORTED) is dropped for the next,
+  // once and for good. Any other error is not the algorithm's: it ends the job now.
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   for (; p.chosen < p.n_algos; ++p.chosen) {
     st = cublasLtMatmul(lt.handle(), p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
                         &p.algos[p.chosen], scratch, kGemmWorkspace, stream_of(ctx));
     if (st == CUBLAS_STATUS_SUCCESS) return;
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED)
+      end_job(kExitFailure, "cuBLASLt " + std::to_string(cublasLtGetVersion()) + " failed " +
+                                key.describe() + ": " + cublas_error_detail(st));
   }
   end_job(kExitFailure, "cuBLASLt " + std::to_string(cublasLtGetVersion()) + ": none of the " +
                             std::to_string(p.n_algos) + " algorithms its heuristics gave ran " +
