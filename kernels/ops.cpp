@@ -475,14 +475,14 @@ void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v
   TR_DISPATCH(adamw_update_pieces, param, grad, m, v, compute_copy, pieces, index, p, grad_scale);
 }
 
-size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                         int head_dim) {
+AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                                int head_dim) {
 #ifdef TRAINER_HAVE_CUDA
   if (ctx.device == Device::cuda)
     return cuda::attention_prepare(ctx, batch, seq_len, n_heads, n_kv_heads, head_dim);
 #endif
   (void)ctx, (void)batch, (void)seq_len, (void)n_heads, (void)n_kv_heads, (void)head_dim;
-  return 0;
+  return {};
 }
 
 DeviceInfo device_info(const Ctx& ctx) {

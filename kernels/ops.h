@@ -72,9 +72,15 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim);
 
 // Builds what attention of this shape needs before the first step (cuDNN's graphs and their
-// workspace on CUDA) and returns the bytes of workspace it holds for it (0 on the CPU).
-size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                         int head_dim);
+// workspace on CUDA) and says what it built: the bytes of workspace it holds for it (0 on the
+// CPU), and whether the backward is deterministic (on CUDA ctx.deterministic asks for it; cuDNN
+// may only build the other mode, with a warning; the CPU's always is).
+struct AttentionPlan {
+  size_t workspace_bytes = 0;
+  bool deterministic_bwd = true;
+};
+AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                                int head_dim);
 
 // ---- SwiGLU: out[T,I] = silu(gate) * up, gateup [T, 2I] = [gate | up] per row ----
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);

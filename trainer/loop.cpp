@@ -477,6 +477,8 @@ static int train_loop_steps(Session& s) {
   m.total_steps = s.cfg.train.steps;
   m.flops_per_token = flops_per_token(s.cfg);
   m.peak_flops = device_info(s.ctx).peak_bf16_flops;
+  if (s.ctx.device == Device::cuda)
+    m.attention_bwd = s.model->attention_bwd_deterministic() ? "deterministic" : "fast";
   m.world = s.topo.world;
   const TrainConfig& t = s.cfg.train;
   absl::StatusOr<Fault> fault = fault_from_env();

@@ -89,6 +89,7 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
   }
   if (m.peak_flops > 0) j["mfu"] = flops / m.world / m.peak_flops;
   if (m.device_mem_mib > 0) j["device_mem_mib"] = m.device_mem_mib;
+  if (*m.attention_bwd != '\0') j["attention_bwd"] = m.attention_bwd;
   if (f_) {
     std::fprintf(f_, "%s\n", j.dump().c_str());
     std::fflush(f_);

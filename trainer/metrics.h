@@ -19,8 +19,11 @@ struct StepMetrics {
   double flops_per_token = 0;  // training FLOPs per token (causal counting)
   double peak_flops = 0;       // dense peak of the device, 0 when unknown (CPU)
   int world = 1;
-  double peak_mem_mib = 0;      // peak resident memory of this process (host)
-  double device_mem_mib = 0;    // GPU memory in use (0 on the CPU)
+  double peak_mem_mib = 0;    // peak resident memory of this process (host)
+  double device_mem_mib = 0;  // GPU memory in use (0 on the CPU)
+  // GPUs: which attention backward runs ("deterministic" or "fast"; cuDNN may have built only the
+  // other mode than train.deterministic asked for); "" on the CPU (always deterministic).
+  const char* attention_bwd = "";
   double elapsed_s = 0;         // since this process started training
   int64_t steps_done_here = 0;  // steps run by this process (for the ETA)
   const char* skipped = "";   // why this step was not applied ("non_finite", "spike"); "" = it was

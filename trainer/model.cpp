@@ -257,9 +257,9 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
   alloc_acts(*act_arena_);
   // Attention's plans and workspace now, not in the first step.
   if (dims_.layers > 0)
-    attention_workspace_ = attention_prepare(
-        ctx_, static_cast<int>(batch_), static_cast<int>(seq_len_), static_cast<int>(dims_.heads),
-        static_cast<int>(dims_.kv_heads), static_cast<int>(dims_.head_dim));
+    attention_ = attention_prepare(ctx_, static_cast<int>(batch_), static_cast<int>(seq_len_),
+                                   static_cast<int>(dims_.heads), static_cast<int>(dims_.kv_heads),
+                                   static_cast<int>(dims_.head_dim));
 }
 
 void Qwen2Model::alloc_acts(Arena& ar) {
@@ -379,6 +379,15 @@ void Qwen2Model::upload_tokens(const std::vector<const int32_t*>& inputs,
     std::memcpy(host + i * T, arrays[i], static_cast<size_t>(T) * sizeof(int32_t));
     uploaded_.emplace_back(arrays[i], static_cast<int64_t>(i) * T);
   }
+  // The loader checked every id against model.vocab_size as it read the data file (a bad file is
+  // one line naming it); the GPU's embedding and loss kernels index with the ids unchecked, so a
+  // broken invariant stops here instead of reading out of bounds.
+  const int32_t* bad = std::find_if(host, host + arrays.size() * T,
+                                    [&](int32_t id) { return id < 0 || id >= dims_.vocab; });
+  TR_ASSERT(bad == host + arrays.size() * T,
+            "token id " + std::to_string(*bad) + " at " + std::to_string(bad - host) +
+                " of the step's upload is outside [0, vocab_size " + std::to_string(dims_.vocab) +
+                ")");
   const auto n = static_cast<int64_t>(arrays.size()) * T;
   upload_async(ctx_, Tensor(staged_dev_.data(), DType::i32, ctx_.device, {n}),
                Tensor(host, DType::i32, Device::cpu, {n}));

@@ -244,7 +244,9 @@ class Qwen2Model {
   // Bytes of the activation and scratch buffers (for the start-up memory breakdown).
   size_t activation_bytes() const;
   // Bytes of workspace the attention backend holds for this model's shape (cuDNN), 0 on CPU.
-  size_t attention_workspace_bytes() const { return attention_workspace_; }
+  size_t attention_workspace_bytes() const { return attention_.workspace_bytes; }
+  // Whether attention's backward is deterministic (cuDNN may have built only the other mode).
+  bool attention_bwd_deterministic() const { return attention_.deterministic_bwd; }
 
  private:
   struct Acts;
@@ -290,7 +292,7 @@ class Qwen2Model {
   // uploaded host array's copy starts in them (elements).
   Buffer staged_host_, staged_dev_;
   std::vector<std::pair<const int32_t*, int64_t>> uploaded_;
-  size_t attention_workspace_ = 0;
+  AttentionPlan attention_;
   Memory memory_;
   Weights w_, g_;
   std::unique_ptr<Acts> a_;

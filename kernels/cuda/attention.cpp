@@ -11,8 +11,9 @@
 // deterministic algorithm when ctx.deterministic (train.deterministic: two runs give the same
 // bits; its workspace grows with seq^2 on cuDNN < 9.25), else the faster one. cuDNN gets a
 // workspace of its own, sized by the graphs built. A graph cuDNN cannot build is one line naming
-// the cuDNN version, the mode and the shape; a fast backward that cannot be built falls back to
-// the deterministic one with a warning.
+// the cuDNN version, the mode and the shape; a backward that cannot be built in the mode asked
+// for falls back to the other mode with one warning line, and the graph says which it is
+// (attention_prepare returns it; the trainer logs it per step as attention_bwd).
 #include <cudnn_frontend.h>
 
 #include <algorithm>
@@ -59,6 +60,7 @@ struct AttnGraph {
   std::shared_ptr<fe::graph::Graph> graph;
   TensorPtr q, k, v, o, stats, dout, dq, dk, dv;
   int64_t workspace = 0;
+  bool deterministic = true;  // a backward built with cuDNN's deterministic algorithm
 };
 
 class Cudnn {
@@ -68,18 +70,25 @@ class Cudnn {
     return c;
   }
   cudnnHandle_t handle() const { return handle_; }
-  // The graph of `key`, built on first use. The fast backward falls back to the deterministic
-  // one (a warning, once) when cuDNN cannot build it; a graph that cannot be built at all ends
-  // the run with one line.
+  // The graph of `key`, built on first use. A backward cuDNN cannot build in the mode asked for
+  // falls back to the other mode (a warning, once per shape); a graph that cannot be built at
+  // all ends the run with one line.
   const AttnGraph& graph(const AttnKey& key);
-  // cuDNN's workspace, grown to the largest graph built so far (the deterministic backward
-  // needs O(batch * heads * seq^2) bytes: ~450 MiB for 0.5B at seq 4096). Grows only when a new
-  // shape's graph is built (the first step), never in the steady state.
-  void* workspace(int64_t bytes) {
+  // cuDNN's workspace for work on `stream`, grown to the largest graph built so far (the
+  // deterministic backward needs O(batch * heads * seq^2) bytes: ~450 MiB for 0.5B at seq 4096).
+  // The model prepares its one shape (training and evaluation share it) before the first step,
+  // so it grows only then. A growth waits for the stream that last used the old buffer (attention
+  // runs on one stream; NCCL's side stream never touches it), not for the whole device, and
+  // counts as a host sync.
+  void* workspace(int64_t bytes, cudaStream_t stream) {
     if (bytes > static_cast<int64_t>(workspace_.bytes())) {
-      CUDA_CHECK(cudaDeviceSynchronize());  // the old buffer may still be in use
+      if (workspace_.data() != nullptr) {
+        CUDA_CHECK(cudaStreamSynchronize(last_stream_));
+        count_host_sync();
+      }
       workspace_ = Buffer(static_cast<size_t>(bytes), Device::cuda);
     }
+    last_stream_ = stream;
     return workspace_.data();
   }
 
@@ -87,6 +96,7 @@ class Cudnn {
   Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
   cudnnHandle_t handle_ = nullptr;
   Buffer workspace_;
+  cudaStream_t last_stream_ = nullptr;
   // Builds the graph of `key` with the heuristics' first choice, else their fallback list; on
   // failure `error` says which step failed and why.
   std::optional<AttnGraph> build(const AttnKey& key, std::string* error);
@@ -102,14 +112,19 @@ const AttnGraph& Cudnn::graph(const AttnKey& key) {
   std::string error;
   std::optional<AttnGraph> built = build(key, &error);
   const auto version = static_cast<long long>(cudnnGetVersion());
-  if (!built && key.backward && !key.deterministic) {
+  if (!built && key.backward) {
     std::fprintf(stderr,
-                 "warning: cuDNN %lld cannot build the fast (non-deterministic) attention "
-                 "backward for %s (%s); using the deterministic one\n",
+                 key.deterministic
+                     ? "warning: cuDNN %lld cannot build the deterministic attention backward for "
+                       "%s (%s); using the fast one: GPU runs will not repeat bit for bit\n"
+                     : "warning: cuDNN %lld cannot build the fast (non-deterministic) attention "
+                       "backward for %s (%s); using the deterministic one\n",
                  version, key.describe().c_str(), error.c_str());
-    AttnKey det = key;
-    det.deterministic = true;
-    built = build(det, &error);
+    AttnKey other = key;
+    other.deterministic = !key.deterministic;
+    std::string second;
+    built = build(other, &second);
+    if (!built) error += "; in the other mode: " + second;
   }
   if (!built) {
     const char* mode = !key.backward       ? "forward"
@@ -203,6 +218,7 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
   if (auto e = g.build_plans(handle_, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE); e.is_bad())
     return failed("plans", e);
   if (auto e = g.get_workspace_size(a.workspace); e.is_bad()) return failed("workspace", e);
+  a.deterministic = key.deterministic;
   return a;
 }
 
@@ -215,22 +231,30 @@ void check_bf16(const Tensor& qkv, const char* op) {
 // Runs `a` with the given bindings on ctx's stream.
 void run(Ctx& ctx, const AttnGraph& a, std::unordered_map<TensorPtr, void*>& pack) {
   Cudnn& c = Cudnn::get();
-  CUDNN_CHECK(cudnnSetStream(c.handle(), static_cast<cudaStream_t>(ctx.stream)));
-  CUDNN_FE_CHECK(a.graph->execute(c.handle(), pack, c.workspace(a.workspace)));
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  CUDNN_CHECK(cudnnSetStream(c.handle(), stream));
+  CUDNN_FE_CHECK(a.graph->execute(c.handle(), pack, c.workspace(a.workspace, stream)));
 }
 
 }  // namespace
 
-size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                         int head_dim) {
+AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                                int head_dim) {
   Cudnn& c = Cudnn::get();
-  int64_t bytes = 0;
-  for (bool backward : {false, true})
-    bytes = std::max(bytes, c.graph({batch, seq_len, n_heads, n_kv_heads, head_dim, backward,
-                                     backward ? ctx.deterministic : true})
-                                .workspace);
-  c.workspace(bytes);
-  return static_cast<size_t>(bytes);
+  const AttnGraph& fwd =
+      c.graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false});
+  const AttnGraph& bwd = c.graph(
+      {batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic});
+  const int64_t bytes = std::max(fwd.workspace, bwd.workspace);
+  c.workspace(bytes, static_cast<cudaStream_t>(ctx.stream));
+  return {static_cast<size_t>(bytes), bwd.deterministic};
+}
+
+bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                                 int head_dim) {
+  return Cudnn::get()
+      .graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic})
+      .deterministic;
 }
 
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,

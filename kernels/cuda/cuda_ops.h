@@ -65,8 +65,12 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
                 Tensor weight, bool assign_dweight);
 
 // bf16 only (cuDNN fused attention).
-size_t attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                         int head_dim);
+AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                                int head_dim);
+// Whether the backward graph attention_bwd runs for this shape and ctx.deterministic is cuDNN's
+// deterministic one (it may have fallen back to the other mode); builds it if needed.
+bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                                 int head_dim);
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
                    int n_heads, int n_kv_heads, int head_dim);
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
