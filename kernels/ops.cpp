@@ -334,7 +334,7 @@ void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces
                   {{"acc", acc}, {"x", x}, {"pieces", pieces}});
   c.same_float_dtype({x});
   OP_CHECK(c, acc.dtype == DType::f64 && acc.numel() == 1 && pieces.dtype == DType::i64 &&
-                  pieces.ndim == 2 && pieces.shape[1] == 2);
+                  pieces.ndim == 2 && pieces.shape[1] == 3);
   TR_DISPATCH(accumulate_sum_squares_pieces, acc, x, pieces, base);
 }
 

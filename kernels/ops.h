@@ -103,8 +103,10 @@ double sum_squares(Ctx& ctx, Tensor x);
 void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x);
 void accumulate_sum_squares(Ctx& ctx, Tensor acc, Tensor x);
 // acc [1] f64 += the sum of squares of many ranges of x at once (one pass on CUDA: a partial
-// per piece, then the pieces' partials in order): `pieces` i64 [n, 2] on ctx's device, made
-// once, each {first index, count} with element i at x[i - base]. Deterministic.
+// per piece, then the pieces' partials in order): `pieces` i64 [n, 3] on ctx's device, made
+// once, each {first index, count, counted} with element i at x[i - base]. A piece with counted 0
+// is only checked: it adds 0 when its elements are finite and NaN when one is not (a gradient
+// norm counts a replicated tensor once, yet sees a NaN in any rank's copy). Deterministic.
 void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base);
 // The f64 values of `src` (a few, on ctx's device) on the host: one host sync.
 void read_f64(Ctx& ctx, Tensor src, double* out);

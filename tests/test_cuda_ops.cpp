@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -535,18 +536,35 @@ TEST_CASE("cuda: device-side loss and norm accumulators, and the pinned token up
     CHECK(std::abs(got[0] - want_sum) <= 1e-9 * want_sq);
     CHECK(std::abs(got[1] / (2 * want_sq) - 1) < 1e-12);
     CHECK(got[1] == 2 * sum_squares(g.ctx, d_a.t));  // the same partials as sum_squares
-    // The norm's pieces: two ranges of the flat space [100, 100 + n), one left out.
-    std::vector<int64_t> pieces = {100, 65536, 100 + 70000, n - 70000};
+    // The norm's pieces: two counted ranges of the flat space [100, 100 + n), one checked only
+    // (adds 0 while finite), one left out.
+    std::vector<int64_t> pieces = {100, 65536, 1, 100 + 70000, n - 70000, 1, 100 + 65536, 100, 0};
     double want_pieces = 0;
     for (int64_t i = 0; i < n; ++i)
       if (i < 65536 || i >= 70000) want_pieces += static_cast<double>(a[i]) * a[i];
     Buffer pb(pieces.size() * sizeof(int64_t), Device::cuda);
-    Tensor tp(pb.data(), DType::i64, Device::cuda, {2, 2});
-    copy_tensor(tp, Tensor(pieces.data(), DType::i64, Device::cpu, {2, 2}));
+    Tensor tp(pb.data(), DType::i64, Device::cuda, {3, 3});
+    copy_tensor(tp, Tensor(pieces.data(), DType::i64, Device::cpu, {3, 3}));
     zero_(g.ctx, acc);
     accumulate_sum_squares_pieces(g.ctx, acc.slice(0, 1), d_a.t, tp, 100);
     read_f64(g.ctx, acc, got);
     CHECK(std::abs(got[0] / want_pieces - 1) < 1e-12);
+    // A NaN in the checked-only piece makes the sum NaN; one in the left-out range does not.
+    float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<uint16_t> nan_bf16 = {f32_to_bf16(nan)};
+    const Tensor host_nan = dt == DType::bf16
+                                ? Tensor(nan_bf16.data(), DType::bf16, Device::cpu, {1})
+                                : Tensor(&nan, DType::f32, Device::cpu, {1});
+    copy_tensor(d_a.t.at(68000, {1}), host_nan);
+    zero_(g.ctx, acc);
+    accumulate_sum_squares_pieces(g.ctx, acc.slice(0, 1), d_a.t, tp, 100);
+    read_f64(g.ctx, acc, got);
+    CHECK(std::abs(got[0] / want_pieces - 1) < 1e-12);
+    copy_tensor(d_a.t.at(65536 + 50, {1}), host_nan);
+    zero_(g.ctx, acc);
+    accumulate_sum_squares_pieces(g.ctx, acc.slice(0, 1), d_a.t, tp, 100);
+    read_f64(g.ctx, acc, got);
+    CHECK(std::isnan(got[0]));
   }
   std::vector<int32_t> ids(4096);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 37 % 151936);

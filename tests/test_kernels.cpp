@@ -740,6 +740,33 @@ TEST_CASE("kernels: rmsnorm_bwd accumulating into din adds exactly what it would
 namespace tr {
 namespace {
 
+// The norm's pieces table on integers: counted pieces add their squares; a checked-only piece
+// adds 0 while finite and NaN (inf included) when not, so a replicated gradient counted on one
+// TP rank is still checked on every other; what no piece covers is ignored.
+TEST_CASE("kernels: accumulate_sum_squares_pieces counts some pieces and checks the others",
+          "[kernels]") {
+  Ctx ctx;
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  // Elements at flat indices 10..17: {10, 3} and {16, 2} counted, {13, 2} checked, 15 left out.
+  std::vector<int64_t> pieces = {10, 3, 1, 16, 2, 1, 13, 2, 0};
+  Tensor t(x.data(), DType::f32, Device::cpu, {8});
+  Tensor p(pieces.data(), DType::i64, Device::cpu, {3, 3});
+  auto sum = [&] {
+    double acc = 0.5;  // accumulates onto what is there
+    accumulate_sum_squares_pieces(ctx, Tensor(&acc, DType::f64, Device::cpu, {1}), t, p, 10);
+    return acc;
+  };
+  CHECK(sum() == 0.5 + 1 + 4 + 9 + 49 + 64);
+  x[5] = std::numeric_limits<float>::quiet_NaN();  // index 15: in no piece
+  CHECK(sum() == 0.5 + 1 + 4 + 9 + 49 + 64);
+  x[4] = std::numeric_limits<float>::infinity();  // index 14: checked only
+  CHECK(std::isnan(sum()));
+  x[4] = std::numeric_limits<float>::quiet_NaN();
+  CHECK(std::isnan(sum()));
+  x[4] = 1e30f;  // finite, however large: its square is not counted
+  CHECK(sum() == 0.5 + 1 + 4 + 9 + 49 + 64);
+}
+
 // The start-up version check with injected versions: a cuDNN or cuBLASLt built for another CUDA
 // major (a wheel made for CUDA 12 beside a CUDA 13 build), a runtime of another major than the
 // build's, or a driver older than the runtime are each one line naming both versions.

@@ -125,6 +125,28 @@ TEST_CASE("reliability: a NaN on one rank is skipped by every rank and named onc
   CHECK(std::isfinite(m[5]["loss"].get<double>()));
 }
 
+// Under tp 2 x pp 2 rank 3 (tp 1, pp 1) first updates a replicated tensor (the first layer norm
+// of its stage), which the gradient norm counts on TP rank 0 only: a NaN in rank 3's copy is
+// still seen (checked, not counted), the step is skipped on every rank, and rank 3 and the
+// tensor are named.
+TEST_CASE("reliability: a NaN in a TP rank's copy of a replicated tensor is skipped",
+          "[cli][mpi]") {
+  RunDir run(5);
+  CmdResult r = run.mpirun(4, "--set parallel.tp=2 --set parallel.pp=2 --set train.micro_batch=2",
+                           "TR_TEST_FAULT=grad_nan:3:1:3");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("warning: step 3 skipped, no update: the gradient norm is nan; rank 3 (tp 1, "
+                      "pp 1, dp 0): first non-finite gradient 'layers/1/input_layernorm/weight'") !=
+        std::string::npos);
+  CHECK(r.output.find("warning:") == r.output.rfind("warning:"));
+  const std::vector<nlohmann::json> m = steps_of(run);
+  REQUIRE(m.size() == 5);
+  CHECK(m[2]["skipped"] == "non_finite");
+  CHECK(m[2]["skipped_steps"] == 1);
+  CHECK(std::isfinite(m[4]["loss"].get<double>()));
+}
+
 // Steps that keep failing end the run with kExitDiverged and one line naming the last
 // checkpoint; nothing from the failing steps is saved.
 TEST_CASE("reliability: max_skipped_steps in a row stop the run with exit code 4", "[cli]") {

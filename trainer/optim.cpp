@@ -62,20 +62,28 @@ AdamW::AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp, bool 
   pieces_buf_ = Buffer(std::max<size_t>(pieces.size(), 1) * sizeof(int64_t), ctx.device);
   pieces_ = Tensor(pieces_buf_.data(), DType::i64, ctx.device, {count, 4});
   copy_tensor(pieces_, Tensor(pieces.data(), DType::i64, Device::cpu, {count, 4}));
-  // The norm's pieces, in the reduced gradients' index space (the shard under ZeRO-1): what
-  // this rank counts (replicated tensors on TP rank 0 only, the tied copy nowhere), at most
-  // kAdamWPieceElems each.
+  // The norm's pieces, in the reduced gradients' index space (the shard under ZeRO-1): every
+  // element this rank updates, at most kAdamWPieceElems each. Counted once over the ranks
+  // (replicated tensors on TP rank 0, the tied copy nowhere); the others are checked only, so a
+  // NaN in any rank's copy of a replicated tensor still makes the norm NaN and skips the step.
   std::vector<int64_t> norm;
   for (const ParamInfo& p : model.layout().tensors) {
-    if (p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0)) continue;
+    const bool counted = counts_in_norm(p);
     for (const ShardRun& r : own_runs(p))
-      for (int64_t k = 0; k < r.count; k += kAdamWPieceElems)
-        norm.insert(norm.end(), {r.shard + k, std::min(kAdamWPieceElems, r.count - k)});
+      for (int64_t k = 0; k < r.count; k += kAdamWPieceElems) {
+        if (!counted) checked_rows_.push_back(static_cast<int64_t>(norm.size() / 3));
+        norm.insert(norm.end(),
+                    {r.shard + k, std::min(kAdamWPieceElems, r.count - k), counted ? 1 : 0});
+      }
   }
-  const auto norm_count = static_cast<int64_t>(norm.size() / 2);
+  const auto norm_count = static_cast<int64_t>(norm.size() / 3);
   norm_pieces_buf_ = Buffer(std::max<size_t>(norm.size(), 1) * sizeof(int64_t), ctx.device);
-  norm_pieces_ = Tensor(norm_pieces_buf_.data(), DType::i64, ctx.device, {norm_count, 2});
-  copy_tensor(norm_pieces_, Tensor(norm.data(), DType::i64, Device::cpu, {norm_count, 2}));
+  norm_pieces_ = Tensor(norm_pieces_buf_.data(), DType::i64, ctx.device, {norm_count, 3});
+  copy_tensor(norm_pieces_, Tensor(norm.data(), DType::i64, Device::cpu, {norm_count, 3}));
+}
+
+bool AdamW::counts_in_norm(const ParamInfo& p) const {
+  return !p.tied_copy && !(p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0);
 }
 
 std::vector<ShardRun> AdamW::own_runs(const ParamInfo& p) const {
@@ -97,14 +105,16 @@ void AdamW::accumulate_norm(Tensor acc) const {
     return accumulate_sum_squares_pieces(ctx, acc, grad_shard(), norm_pieces_, 0);
   if (!reducer_.zero1() && tp_ == nullptr && pp_ == nullptr)
     return accumulate_sum_squares(ctx, acc, grad_shard());
-  // Tensor by tensor (run by run of the shard): replicated tensors count on TP rank 0 only, the
-  // tied copy not at all.
+  // Tensor by tensor (run by run of the shard) what this rank counts; what it only checks, piece
+  // by piece through the table (0, or NaN when not finite).
   Tensor grads = grad_shard();
   for (const ParamInfo& p : model_.layout().tensors) {
-    if (p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0)) continue;
+    if (!counts_in_norm(p)) continue;
     for (const ShardRun& r : own_runs(p))
       accumulate_sum_squares(ctx, acc, grads.at(r.shard, {r.count}));
   }
+  for (int64_t row : checked_rows_)
+    accumulate_sum_squares_pieces(ctx, acc, grads, norm_pieces_.slice(row, 1), 0);
 }
 
 std::string AdamW::first_non_finite() const {

@@ -88,6 +88,9 @@ class AdamW {
   Tensor grad_shard() const { return reducer_.shard_grads(model_.grads_padded()); }
   // Tensor p's elements in this rank's shard (all of it, one run, without ZeRO-1).
   std::vector<ShardRun> own_runs(const ParamInfo& p) const;
+  // Whether this rank's share of the norm counts tensor p's gradients, so that every element is
+  // counted once over the ranks: a replicated tensor on TP rank 0 only, the tied copy nowhere.
+  bool counts_in_norm(const ParamInfo& p) const;
 
   OptimConfig cfg_;
   Qwen2Model& model_;
@@ -102,9 +105,11 @@ class AdamW {
   // kernels/ops.h adamw_update_pieces), and the clipping factor the next update applies.
   Buffer pieces_buf_;
   Tensor pieces_;
-  // The squared norm's pieces (i64 [n, 2]: the ranges this rank counts), made once.
+  // The squared norm's pieces (i64 [n, 3]: every range this rank updates, and whether it counts
+  // it or only checks it), made once.
   Buffer norm_pieces_buf_;
   Tensor norm_pieces_;
+  std::vector<int64_t> checked_rows_;  // rows of norm_pieces_ that are checked, not counted
   float clip_scale_ = 1.0f;
   Buffer own_norm_buf_;  // reduce_and_clip's f64 accumulator
 };

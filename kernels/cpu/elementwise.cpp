@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "kernels/core/bf16.h"
+#include "kernels/core/norm_piece.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace tr::cpu {
@@ -81,11 +82,14 @@ void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares) {
   acc.ptr<double>()[0] += sum;
 }
 
-// Each piece's sum of squares in double, then added to acc piece by piece.
+// Each piece's sum of squares in double (a checked-only piece's: 0, or NaN when not finite),
+// then added to acc piece by piece.
 void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base) {
   const int64_t* piece = pieces.ptr<int64_t>();
-  for (int64_t k = 0; k < pieces.dim(0); ++k)
-    acc.ptr<double>()[0] += cpu::sum_squares(ctx, x.at(piece[2 * k] - base, {piece[2 * k + 1]}));
+  for (int64_t k = 0; k < pieces.dim(0); ++k) {
+    const double s = cpu::sum_squares(ctx, x.at(piece[3 * k] - base, {piece[3 * k + 1]}));
+    acc.ptr<double>()[0] += counted_or_checked(s, piece[3 * k + 2] != 0);
+  }
 }
 
 }  // namespace tr::cpu

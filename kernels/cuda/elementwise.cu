@@ -1,5 +1,6 @@
 // Elementwise ops over flat tensors: add, scale, zero, cast, and the deterministic sum of
 // squares behind the global gradient norm.
+#include "kernels/core/norm_piece.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -116,18 +117,19 @@ double sum_squares(Ctx& ctx, Tensor x) {
   return host;
 }
 
-// Block b: the sum of squares of piece b ({first index, count}) into partial[b].
+// Block b: the sum of squares of piece b ({first index, count, counted}) into partial[b]; a
+// checked-only piece's is 0, or NaN when not finite.
 template <class T>
 __global__ void piece_squares(double* partial, const T* x, const int64_t* pieces, int64_t base) {
-  const T* p = x + (pieces[2 * blockIdx.x] - base);
-  const int64_t n = pieces[2 * blockIdx.x + 1];
+  const T* p = x + (pieces[3 * blockIdx.x] - base);
+  const int64_t n = pieces[3 * blockIdx.x + 1];
   double acc = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const double v = to_f(p[i]);
     acc += v * v;
   }
   acc = block_sum(acc);
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  if (threadIdx.x == 0) partial[blockIdx.x] = counted_or_checked(acc, pieces[3 * blockIdx.x + 2]);
 }
 
 // One block adds the n partials (thread-strided, then the block's sum: a fixed order) to *out.
