@@ -847,6 +847,23 @@ TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
   CHECK_FALSE(fs::exists(run.dir / "ckpt"));  // nothing written by a refused run
 }
 
+// TR_LOSS_CHUNK_TOKENS (docs/debug.md) changes the loss chunk the model is built with, and the
+// start-up output says that it is set.
+TEST_CASE("cli: TR_LOSS_CHUNK_TOKENS sets the loss chunk", "[cli]") {
+  RunDir run(10);
+  CmdResult a = run.trainer("--dry-run");
+  INFO(a.output);
+  REQUIRE(a.exit_code == 0);
+  CmdResult b = run.trainer("--dry-run", "TR_LOSS_CHUNK_TOKENS=8");
+  INFO(b.output);
+  REQUIRE(b.exit_code == 0);
+  CHECK(a.output.find("(loss chunks of 128 tokens)") != std::string::npos);  // 4 x 32, whole
+  CHECK(a.output.find("debug switches:") == std::string::npos);
+  CHECK(b.output.find("(loss chunks of 8 tokens)") != std::string::npos);
+  CHECK(b.output.find("debug switches: TR_LOSS_CHUNK_TOKENS=8 (docs/debug.md)") !=
+        std::string::npos);
+}
+
 TEST_CASE("cli: bad data files exit 2 naming the file", "[cli]") {
   RunDir run;
   expect_bad_input(run.trainer("--set 'data.train=[{path: " + (run.dir / "missing") + "}]'"),
