@@ -2,6 +2,7 @@
 // overwrites another, no hang outlives its timeout, shutdown always saves): the step guard, and
 // end-to-end runs with faults injected through TR_TEST_FAULT (trainer/loop.cpp).
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -9,7 +10,9 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/wait.h>
@@ -378,19 +381,25 @@ TEST_CASE("reliability: a checkpoint of another run is refused unless --force", 
         std::string::npos);
 }
 
-// Writes a lock file for a holder of our choosing, `age_s` seconds old.
+// Sets a file's mtime `age_s` seconds into the past.
+void set_age(const std::string& path, double age_s) {
+  const auto t = std::filesystem::file_time_type::clock::now() -
+                 std::chrono::milliseconds(static_cast<int64_t>(age_s * 1000));
+  std::filesystem::last_write_time(path, t);
+}
+
+// Writes a lock file for a holder of our choosing, `age_s` seconds old; `extra` adds fields
+// (pid_start, boot_id, heartbeat_s).
 void fake_lock(const std::string& dir, const std::string& host, long long pid,
-               const std::string& job, double age_s) {
+               const std::string& job, double age_s,
+               nlohmann::json extra = nlohmann::json::object()) {
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/" + ckpt::kLockFile;
-  test::write_file(
-      path,
-      nlohmann::json(
-          {{"host", host}, {"pid", pid}, {"slurm_job", job}, {"started", "2026-01-01T00:00:00Z"}})
-          .dump());
-  const auto t = std::filesystem::file_time_type::clock::now() -
-                 std::chrono::seconds(static_cast<int64_t>(age_s));
-  std::filesystem::last_write_time(path, t);
+  nlohmann::json j = {
+      {"host", host}, {"pid", pid}, {"slurm_job", job}, {"started", "2026-01-01T00:00:00Z"}};
+  j.update(extra);
+  test::write_file(path, j.dump());
+  set_age(path, age_s);
 }
 
 std::string this_host() {
@@ -399,21 +408,42 @@ std::string this_host() {
   return h;
 }
 
+// Field 22 of /proc/PID/stat: the process's start time.
+long long start_time(pid_t pid) {
+  const std::string stat = test::read_file("/proc/" + std::to_string(pid) + "/stat");
+  std::istringstream in(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) in >> field;
+  return std::stoll(field);
+}
+
+// Options for tests: no waiting on a dying holder or on a file system's attribute cache.
+ckpt::LockOptions quick(double heartbeat_s = 10) {
+  ckpt::LockOptions o;
+  o.stale_after_s = 900;
+  o.heartbeat_s = heartbeat_s;
+  o.wait_dying_s = 0;
+  o.attr_cache_s = 0;
+  return o;
+}
+
 TEST_CASE("reliability: the checkpoint.dir lock: live holders refuse, stale ones are taken",
           "[checkpoint]") {
   test::TempDir root;
   const std::string dir = root / "ckpt";
   std::string note;
   {
-    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> a = ckpt::DirLock::acquire(dir, 900, &note);
+    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> a = ckpt::DirLock::acquire(dir, quick(), &note);
     REQUIRE(a.ok());
     CHECK(note.empty());
     absl::StatusOr<ckpt::LockHolder> h = ckpt::read_lock(dir);
     REQUIRE(h.ok());
     CHECK(h->pid == getpid());
+    CHECK(h->pid_start == start_time(getpid()));
     // A second taker in this process sees a live holder: this very pid on this host.
-    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> b = ckpt::DirLock::acquire(dir, 900, &note);
+    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> b = ckpt::DirLock::acquire(dir, quick(), &note);
     REQUIRE_FALSE(b.ok());
+    CHECK(absl::IsUnavailable(b.status()));  // busy (exit 6), not bad input
     CHECK_THAT(std::string(b.status().message()),
                Catch::StartsWith("checkpoint.dir '" + dir + "' is in use by another trainer: pid " +
                                  std::to_string(getpid()) + " on host " + this_host()) &&
@@ -426,24 +456,99 @@ TEST_CASE("reliability: the checkpoint.dir lock: live holders refuse, stale ones
   if (gone == 0) _exit(0);
   waitpid(gone, nullptr, 0);
   fake_lock(dir, this_host(), gone, "", 1);
-  REQUIRE(ckpt::DirLock::acquire(dir, 900, &note).ok());
+  REQUIRE(ckpt::DirLock::acquire(dir, quick(), &note).ok());
   CHECK_THAT(note, Catch::Contains("(its process is gone)"));
   // Live on another host with a fresh heartbeat: refused; with an old one: stale.
   fake_lock(dir, "elsewhere", 1, "77", 10);
-  CHECK_FALSE(ckpt::DirLock::acquire(dir, 900, &note).ok());
+  CHECK_FALSE(ckpt::DirLock::acquire(dir, quick(), &note).ok());
   fake_lock(dir, "elsewhere", 1, "77", 1000);
-  REQUIRE(ckpt::DirLock::acquire(dir, 900, &note).ok());
+  REQUIRE(ckpt::DirLock::acquire(dir, quick(), &note).ok());
   CHECK_THAT(note, Catch::Contains("its heartbeat stopped 1000 s ago"));
   // An earlier run of this Slurm job (requeued): stale, wherever it ran.
   setenv("SLURM_JOB_ID", "4242", 1);
   fake_lock(dir, "elsewhere", 1, "4242", 10);
-  REQUIRE(ckpt::DirLock::acquire(dir, 900, &note).ok());
+  REQUIRE(ckpt::DirLock::acquire(dir, quick(), &note).ok());
   CHECK_THAT(note, Catch::Contains("it was an earlier run of this Slurm job"));
   unsetenv("SLURM_JOB_ID");
 }
 
-// "Seen: two trainers on one checkpoint.dir: no lock." The second exits 2 naming the first.
-TEST_CASE("reliability: a second trainer on the same checkpoint.dir exits 2", "[cli]") {
+// A live process of this host holds the lock whatever its heartbeat says (a slow load, a long
+// evaluation, a hang or a clock step); a zombie (a killed rank not yet reaped: the restart 0.2 s
+// after a killed job) or a pid now naming another process does not.
+TEST_CASE("reliability: the lock of a live local holder is never stale, a zombie's is",
+          "[checkpoint]") {
+  test::TempDir root;
+  const std::string dir = root / "ckpt";
+  std::string note;
+  const pid_t child = fork();
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  const nlohmann::json start = {{"pid_start", start_time(child)}};
+  fake_lock(dir, this_host(), child, "", 1e6, start);  // a heartbeat 11 days old
+  absl::StatusOr<std::unique_ptr<ckpt::DirLock>> held = ckpt::DirLock::acquire(dir, quick(), &note);
+  REQUIRE_FALSE(held.ok());
+  CHECK(absl::IsUnavailable(held.status()));
+  // The same pid with another start time: the pid was reused, the holder is gone.
+  fake_lock(dir, this_host(), child, "", 1, {{"pid_start", start_time(child) + 1}});
+  REQUIRE(ckpt::DirLock::acquire(dir, quick(), &note).ok());
+  CHECK_THAT(note, Catch::Contains("(its pid now belongs to another process)"));
+  // Killed and not yet reaped: a zombie holds nothing.
+  kill(child, SIGKILL);
+  for (int i = 0;
+       i < 200 && test::read_file("/proc/" + std::to_string(child) + "/stat").find(") Z ") ==
+                      std::string::npos;
+       ++i)
+    usleep(10000);
+  fake_lock(dir, this_host(), child, "", 1, start);
+  REQUIRE(ckpt::DirLock::acquire(dir, quick(), &note).ok());
+  CHECK_THAT(note, Catch::Contains("(its process has exited (a zombie))"));
+  waitpid(child, nullptr, 0);
+  // Another boot of this host: whatever has that pid now, the holder is gone.
+  fake_lock(dir, this_host(), getpid(), "", 1, {{"boot_id", "not-this-boot"}});
+  REQUIRE(ckpt::DirLock::acquire(dir, quick(), &note).ok());
+  CHECK_THAT(note, Catch::Contains("(this host has rebooted since)"));
+}
+
+// The holder's heartbeat comes from a thread of its own, whatever the trainer is doing; another
+// host's lock that looks old by this host's clock but is still being touched is not taken.
+TEST_CASE("reliability: the lock's heartbeat is a thread, and a moving heartbeat is live",
+          "[checkpoint]") {
+  test::TempDir root;
+  const std::string dir = root / "ckpt";
+  std::string note;
+  {
+    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> a =
+        ckpt::DirLock::acquire(dir, quick(0.05), &note);
+    REQUIRE(a.ok());
+    set_age(dir + "/" + ckpt::kLockFile, 1000);
+    usleep(300000);  // nothing else runs: only the heartbeat thread touches the file
+    absl::StatusOr<ckpt::LockHolder> h = ckpt::read_lock(dir);
+    REQUIRE(h.ok());
+    CHECK(h->age_s < 100);
+    CHECK(h->heartbeat_s == 0.05);
+  }
+  // Another host, heartbeat every 0.2 s, mtime 1000 s old by our clock yet moving: live.
+  fake_lock(dir, "elsewhere", 1, "77", 1000, {{"heartbeat_s", 0.2}});
+  std::atomic<bool> stop{false};
+  std::thread toucher([&] {
+    for (int i = 1; !stop; ++i) {
+      set_age(dir + "/" + ckpt::kLockFile, 1000 - i);
+      usleep(50000);
+    }
+  });
+  absl::StatusOr<std::unique_ptr<ckpt::DirLock>> b = ckpt::DirLock::acquire(dir, quick(), &note);
+  stop = true;
+  toucher.join();
+  CHECK_FALSE(b.ok());
+  // The same lock, no longer touched: taken after the watch.
+  REQUIRE(ckpt::DirLock::acquire(dir, quick(), &note).ok());
+  CHECK_THAT(note, Catch::Contains("its heartbeat stopped"));
+}
+
+// "Seen: two trainers on one checkpoint.dir: no lock." The second exits 6 (busy) naming the first.
+TEST_CASE("reliability: a second trainer on the same checkpoint.dir exits 6 (busy)", "[cli]") {
   RunDir run(100000);
   const std::string log = run.dir / "log/metrics.jsonl";
   CmdResult r = run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + run.config +
@@ -453,7 +558,7 @@ TEST_CASE("reliability: a second trainer on the same checkpoint.dir exits 2", "[
   INFO(r.output);
   CHECK(r.output.find("error: checkpoint.dir '" + (run.dir / "ckpt") +
                       "' is in use by another trainer: pid ") != std::string::npos);
-  CHECK(r.output.find("second=2") != std::string::npos);
+  CHECK(r.output.find("second=6") != std::string::npos);                // busy: kExitBusy
   CHECK_FALSE(std::filesystem::exists(run.dir / "ckpt/trainer.lock"));  // released at exit
 }
 

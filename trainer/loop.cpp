@@ -503,7 +503,6 @@ static int train_loop_steps(Session& s) {
       report_stragglers(s, m, busy_s / static_cast<double>(s.cfg.log.interval));
       busy_s = 0;
     }
-    if (s.lock) s.lock->heartbeat();
     m.elapsed_s = seconds_since(start);
     m.peak_mem_mib = peak_mem_mib();
     if (s.ctx.device != Device::cpu) m.device_mem_mib = device_info(s.ctx).memory_used_mib;

@@ -427,7 +427,7 @@ absl::Status check_inputs(Session& r) {
   if (world.rank() == 0 && !r.opts.dry_run) {
     std::string note;
     absl::StatusOr<std::unique_ptr<ckpt::DirLock>> lock =
-        ckpt::DirLock::acquire(r.cfg.checkpoint.dir, kLockStaleAfterS, &note);
+        ckpt::DirLock::acquire(r.cfg.checkpoint.dir, ckpt::LockOptions{}, &note);
     if (!lock.ok()) return lock.status();
     r.lock = std::move(*lock);
     if (!note.empty()) std::printf("note: %s\n", note.c_str());
@@ -563,7 +563,13 @@ int run(const CliOptions& opts) {
   r.groups.world = r.mpi ? make_mpi_world() : make_self_comm("world");
   if (r.groups.world->rank() != 0) (void)!std::freopen("/dev/null", "w", stdout);  // rank 0 logs
   absl::Status st = check_inputs(r);
-  if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
+  // A checkpoint.dir held by a live trainer is busy, not bad input: a retry may succeed.
+  if (int code = agree_on_exit(r,
+                               st.ok()                   ? kExitOk
+                               : absl::IsUnavailable(st) ? kExitBusy
+                                                         : kExitBadInput,
+                               st);
+      code != kExitOk)
     return code;
   if (r.mpi) r.mpi->watch(r.cfg.parallel.timeout_s);
   if (r.ctx.device == Device::cuda && r.cfg.parallel.comm == "nccl") {

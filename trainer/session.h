@@ -28,10 +28,6 @@ namespace tr {
 // the planner counts the same.
 inline constexpr size_t kCudaWorkspaceBytes = size_t{256} << 20;
 
-// A checkpoint.dir lock whose heartbeat (touched every step) is this old is stale: its holder,
-// on another host, died. Longer than any step, save or evaluation we expect.
-inline constexpr double kLockStaleAfterS = 900;
-
 struct Session {
   std::unique_ptr<MpiRuntime> mpi;  // first member: finalised after every communicator is gone
   CliOptions opts;

@@ -14,5 +14,8 @@ inline constexpr int kExitDiverged = 4;  // train.max_skipped_steps steps in a r
 // A collective or point-to-point exchange unfinished after parallel.timeout_s (a rank hung,
 // stopped or died): the job was ended by the watchdog.
 inline constexpr int kExitCommTimeout = 5;
+// checkpoint.dir is held by a live trainer (its lock): try again later, e.g. once a previous
+// incarnation of the job has finished exiting.
+inline constexpr int kExitBusy = 6;
 
 }  // namespace tr
