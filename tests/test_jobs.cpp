@@ -283,5 +283,50 @@ TEST_CASE("jobs: train.sbatch stops on USR1, saves, requeues and resumes to the 
   CHECK(*ckpt::find_latest(run.dir / "ckpt") == run.dir / "ckpt/step_00001500");
 }
 
+// train.sbatch's decision after the job step ends, with stand-ins for srun (exits with the code
+// under test) and scontrol (records the requeue): every ending but 0, 2 and 4 requeues, a killed
+// rank's 137 included, within the restart budget, and the log says how many restarts.
+TEST_CASE("jobs: train.sbatch requeues every ending but finished, bad input and diverged",
+          "[cli]") {
+  test::TempDir bin;
+  test::write_file(bin / "srun", "#!/bin/sh\nexit $FAKE_RC\n");
+  test::write_file(bin / "scontrol",
+                   "#!/bin/sh\necho \"scontrol $*\" >> " + (bin / "calls") + "\n");
+  REQUIRE(run_cmd("chmod +x " + (bin / "srun") + " " + (bin / "scontrol")).exit_code == 0);
+  auto sbatch = [&](int rc, int restarts) {
+    std::filesystem::remove(bin / "calls");
+    return run_cmd("PATH=" + bin.path() + ":$PATH FAKE_RC=" + std::to_string(rc) +
+                   " SLURM_JOB_ID=77 SLURM_RESTART_COUNT=" + std::to_string(restarts) +
+                   " TRAIN_MAX_REQUEUES=3 bash " + TR_SOURCE_DIR +
+                   "/tools/slurm/train.sbatch cfg.yaml");
+  };
+  for (int rc : {1, 3, 5, 6, 137, 139}) {
+    CmdResult r = sbatch(rc, 1);
+    INFO("trainer exit " << rc << "\n" << r.output);
+    CHECK(r.output.find("train.sbatch: trainer exit " + std::to_string(rc) +
+                        "; requeueing job 77 to resume (restart 2 of at most 3)") !=
+          std::string::npos);
+    CHECK(test::read_file(bin / "calls") == "scontrol requeue 77\n");
+    CHECK(r.exit_code == 0);  // requeued: the next incarnation carries on
+  }
+  for (int rc : {2, 4}) {
+    CmdResult r = sbatch(rc, 0);
+    INFO("trainer exit " << rc << "\n" << r.output);
+    CHECK(r.output.find("not requeued") != std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(bin / "calls"));
+    CHECK(r.exit_code == rc);
+  }
+  CmdResult done = sbatch(0, 0);
+  CHECK(done.output.find("train.sbatch: finished") != std::string::npos);
+  CHECK(done.exit_code == 0);
+  // The budget spent: not requeued, and the trainer's code is the job's.
+  CmdResult spent = sbatch(137, 3);
+  INFO(spent.output);
+  CHECK(spent.output.find("trainer exit 137; not requeued (3 restarts of at most 3") !=
+        std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(bin / "calls"));
+  CHECK(spent.exit_code == 137);
+}
+
 }  // namespace
 }  // namespace tr
