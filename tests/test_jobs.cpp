@@ -119,6 +119,29 @@ TEST_CASE("jobs: SIGUSR1 to mpirun saves the last step on every rank and exits 3
   test::check_latest_is_last_logged_step(run);
 }
 
+// A stop signal during an evaluation (here one of a million batches, hours long) is acted on
+// before the next evaluation batch on every rank, with the same agreement as in training: the
+// last applied step is saved and the run exits 3 within seconds; no validation loss is logged.
+TEST_CASE("jobs: a stop signal during evaluation saves the last step and exits 3", "[cli][mpi]") {
+  RunDir run(20);
+  const std::string log = run.dir / "log/metrics.jsonl";
+  const auto t0 = std::chrono::steady_clock::now();
+  CmdResult r =
+      run_cmd("sh -c '" + std::string(test::kOneThread) + " " + TR_MPIRUN + " 2 " + TR_TRAINER_BIN +
+              " --config " + run.config +
+              " --set train.eval_interval=5 --set train.eval_steps=1000000 & pid=$!; until grep -q "
+              "step.:5, " +
+              log + " 2>/dev/null; do sleep 0.05; done; sleep 1; kill -USR1 $pid; wait $pid'");
+  INFO(r.output);
+  CHECK(seconds_since(t0) < 60);
+  REQUIRE(r.exit_code == kExitStopped);
+  CHECK(r.output.find("stopped by signal 10 (User defined signal 1) after step 5") !=
+        std::string::npos);
+  CHECK(run.metrics("val_loss").empty());
+  test::check_latest_is_last_logged_step(run);
+  CHECK(run.metrics().size() == 5);
+}
+
 // checkpoint.dir is checked at start-up: a read-only one and one without room for a checkpoint
 // are bad input (exit 2, one line) before any training.
 TEST_CASE("jobs: a read-only or too small checkpoint.dir is found at start-up", "[cli]") {

@@ -192,14 +192,15 @@ StepOutcome agree_on_step(Session& s, int code, absl::Status status) {
 }
 
 // Mean validation loss per token over eval_steps batches read in order from the start, over
-// all data-parallel ranks and pipeline stages. Every rank learns of a bad batch on any rank.
+// all data-parallel ranks and pipeline stages. Every rank learns of a bad batch on any rank, and
+// of a stop signal on any rank before each batch: the evaluation ends there (stop set).
 StepOutcome evaluate(Session& s, double* val_loss) {
   s.valid->reset(0);
   double sums[2] = {0, 0};  // loss, tokens
   for (int64_t i = 0; i < s.cfg.train.eval_steps; ++i) {
     absl::StatusOr<data::StepBatch> b = s.valid->next();
     StepOutcome out = agree_on_step(s, b.ok() ? kExitOk : kExitBadInput, b.status());
-    if (out.code != kExitOk) return out;
+    if (out.code != kExitOk || out.stop) return out;
     sums[0] += forward_pipeline(s, *b);
     for (const data::MicroBatch& mb : b->micro_batches)
       sums[1] += static_cast<double>(mb.targets.size());
@@ -522,6 +523,7 @@ static int train_loop_steps(Session& s) {
       double val = 0;
       StepOutcome eval = evaluate(s, &val);
       if (eval.code != kExitOk) return agree_on_exit(s, eval.own, eval.status);
+      if (eval.stop) return stop_and_save(s, saver, true);  // step m.step was applied
       if (s.logger()) s.log.eval(m.step, val, seconds_since(e0));
     }
     const bool interval = s.cfg.checkpoint.interval > 0 && m.step % s.cfg.checkpoint.interval == 0;
