@@ -369,6 +369,35 @@ void write_attr_string(hid_t obj, const char* name, std::string_view value) {
   write_attr(obj, name, type.get(), type.get(), ptr);
 }
 
+void write_attr_f64_array(hid_t obj, const char* name, const std::vector<double>& values) {
+  const hsize_t n = values.size();
+  Handle space(H5Screate(n == 0 ? H5S_NULL : H5S_SIMPLE), H5Sclose);
+  H5_CHECK(space.get());
+  if (n > 0) H5_CHECK(H5Sset_extent_simple(space.get(), 1, &n, nullptr));
+  Handle attr(H5Acreate2(obj, name, H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+              H5Aclose);
+  H5_CHECK(attr.get());
+  if (n > 0) H5_CHECK(H5Awrite(attr.get(), H5T_NATIVE_DOUBLE, values.data()));
+}
+
+absl::StatusOr<std::vector<double>> read_attr_f64_array(hid_t obj, const char* name) {
+  if (H5Aexists(obj, name) <= 0)
+    return absl::NotFoundError(absl::StrCat("no attribute '", name, "'"));
+  Handle attr(H5Aopen(obj, name, H5P_DEFAULT), H5Aclose);
+  Handle space(attr.valid() ? H5Aget_space(attr.get()) : -1, H5Sclose);
+  const hssize_t n = space.valid() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+  if (n < 0 || (space.valid() && H5Sget_simple_extent_ndims(space.get()) > 1))
+    return absl::DataLossError(with_detail(absl::StrCat("cannot read attribute '", name, "'")));
+  std::vector<double> values(static_cast<size_t>(n));
+  if (n > 0 && H5Aread(attr.get(), H5T_NATIVE_DOUBLE, values.data()) < 0)
+    return absl::DataLossError(with_detail(absl::StrCat("cannot read attribute '", name, "'")));
+  return values;
+}
+
+bool has_attr(hid_t obj, const char* name) {
+  return H5Aexists(obj, name) > 0;
+}
+
 absl::StatusOr<int64_t> read_attr_i64(hid_t obj, const char* name) {
   return read_attr<int64_t>(obj, name, H5T_NATIVE_INT64);
 }

@@ -107,6 +107,11 @@ void write_attr_i64(hid_t obj, const char* name, int64_t value);
 void write_attr_u64(hid_t obj, const char* name, uint64_t value);
 void write_attr_f64(hid_t obj, const char* name, double value);
 void write_attr_string(hid_t obj, const char* name, std::string_view value);
+// A 1-D f64 attribute (possibly empty).
+void write_attr_f64_array(hid_t obj, const char* name, const std::vector<double>& values);
+absl::StatusOr<std::vector<double>> read_attr_f64_array(hid_t obj, const char* name);
+// Whether `obj` has attribute `name`.
+bool has_attr(hid_t obj, const char* name);
 absl::StatusOr<int64_t> read_attr_i64(hid_t obj, const char* name);
 absl::StatusOr<uint64_t> read_attr_u64(hid_t obj, const char* name);
 absl::StatusOr<double> read_attr_f64(hid_t obj, const char* name);

@@ -40,6 +40,9 @@ absl::Status write_state(hid_t file, const TrainState& s) {
   h5::write_attr_u64(group.get(), "rng_state", s.rng_state);
   h5::write_attr_f64(group.get(), "lr", s.lr);
   h5::write_attr_i64(group.get(), "tokens_seen", s.tokens_seen);
+  h5::write_attr_f64_array(group.get(), "loss_window", s.loss_window);
+  h5::write_attr_i64(group.get(), "skipped_in_a_row", s.skipped_in_a_row);
+  h5::write_attr_i64(group.get(), "skipped_total", s.skipped_total);
   return absl::OkStatus();
 }
 
@@ -63,7 +66,19 @@ absl::Status read_state(hid_t file, const std::string& path, TrainState* s) {
        {step.status(), consumed.status(), rng.status(), lr.status(), tokens.status()}) {
     if (!st.ok()) return fail(st);
   }
-  *s = TrainState{*step, *consumed, *rng, *lr, *tokens};
+  *s = TrainState{*step, *consumed, *rng, *lr, *tokens, {}, 0, 0};
+  // The step guard's state (absent from checkpoints written before it was kept: a fresh guard).
+  if (h5::has_attr(group.get(), "loss_window")) {
+    absl::StatusOr<std::vector<double>> window =
+        h5::read_attr_f64_array(group.get(), "loss_window");
+    absl::StatusOr<int64_t> in_a_row = h5::read_attr_i64(group.get(), "skipped_in_a_row");
+    absl::StatusOr<int64_t> total = h5::read_attr_i64(group.get(), "skipped_total");
+    for (const absl::Status& st : {window.status(), in_a_row.status(), total.status()})
+      if (!st.ok()) return fail(st);
+    s->loss_window = std::move(*window);
+    s->skipped_in_a_row = *in_a_row;
+    s->skipped_total = *total;
+  }
   return absl::OkStatus();
 }
 

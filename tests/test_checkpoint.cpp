@@ -87,8 +87,14 @@ struct FakeModel {
 };
 
 TrainState state_for(int64_t step) {
-  return {step, step * 32, 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step),
-          3e-4 * static_cast<double>(step) / 7.0, step * 4096};
+  return {step,
+          step * 32,
+          0x9E3779B97F4A7C15ull + static_cast<uint64_t>(step),
+          3e-4 * static_cast<double>(step) / 7.0,
+          step * 4096,
+          {5.5, 1.0 / 3.0, static_cast<double>(step)},
+          step % 3,
+          step + 2};
 }
 
 std::string config_for(int64_t step) {
@@ -230,6 +236,9 @@ void require_loads_as(const std::string& dir, const FakeModel& expected, int64_t
   CHECK(st.rng_state == want.rng_state);
   CHECK(st.lr == want.lr);
   CHECK(st.tokens_seen == want.tokens_seen);
+  CHECK(st.loss_window == want.loss_window);  // the step guard's state, bit for bit
+  CHECK(st.skipped_in_a_row == want.skipped_in_a_row);
+  CHECK(st.skipped_total == want.skipped_total);
   CHECK(config == config_for(step));
   CHECK(layout == R"({"tp": 1, "pp": 1, "dp": 1})");
 }

@@ -191,6 +191,34 @@ TEST_CASE("reliability: a loss spike is skipped unless train.spike_factor is 0",
   CHECK_FALSE(steps_of(off)[22].contains("skipped"));
 }
 
+// The step guard's state is in the checkpoint: a run stopped at step 20 and resumed judges the
+// spike at step 23 against the same 20 losses as the uninterrupted run, skips it too, counts it
+// in the same skipped_steps, and ends with the same weights bit for bit.
+TEST_CASE("reliability: a resumed run skips the spike the uninterrupted run skips", "[cli]") {
+  RunDir straight(25), resumed(25);
+  const std::string spike = "TR_TEST_FAULT=loss_spike:23:1:1000";
+  CmdResult a = straight.trainer("", spike);
+  INFO(a.output);
+  REQUIRE(a.exit_code == 0);
+  REQUIRE(resumed.trainer("--set train.exit_interval=20", spike).exit_code == kExitStopped);
+  CmdResult b = resumed.trainer("", spike);
+  INFO(b.output);
+  REQUIRE(b.exit_code == 0);
+  CHECK(b.output.find("warning: step 23 skipped, no update: the loss ") != std::string::npos);
+  const std::vector<nlohmann::json> x = steps_of(straight), y = steps_of(resumed);
+  REQUIRE(x.size() == 25);
+  REQUIRE(y.size() == 25);
+  CHECK(x[22]["skipped"] == "spike");
+  CHECK(y[22]["skipped"] == "spike");
+  CHECK(y[24]["skipped_steps"] == x[24]["skipped_steps"]);
+  test::check_same_checkpoint(straight.config, straight.dir / "ckpt/step_00000025", resumed.config,
+                              resumed.dir / "ckpt/step_00000025");
+  const CkptTensors c = read_checkpoint(resumed.config, resumed.dir / "ckpt/step_00000025");
+  CHECK(c.state.loss_window.size() == 20);
+  CHECK(c.state.skipped_total == 1);
+  CHECK(c.state.skipped_in_a_row == 0);
+}
+
 // The checkpoint library refuses to write a NaN or Inf, whole-tensor (save) or as a rank's
 // block (write_shard), naming the tensor and the first bad element; nothing is committed.
 TEST_CASE("reliability: a save with a non-finite value is refused, nothing committed",

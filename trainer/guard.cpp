@@ -1,5 +1,6 @@
 #include "trainer/guard.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
@@ -28,6 +29,13 @@ StepGuard::Verdict StepGuard::judge(double loss, double grad_norm, std::string* 
     return Verdict::skip_spike;
   }
   return Verdict::apply;
+}
+
+void StepGuard::restore(const std::vector<double>& window, int64_t in_a_row, int64_t total) {
+  const size_t keep = std::min(window.size(), static_cast<size_t>(kSpikeWindow));
+  window_.assign(window.end() - static_cast<std::ptrdiff_t>(keep), window.end());
+  in_a_row_ = in_a_row;
+  total_ = total;
 }
 
 void StepGuard::record(Verdict v, double loss) {

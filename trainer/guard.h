@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "trainer/config.h"
 
@@ -29,9 +30,15 @@ class StepGuard {
   Verdict judge(double loss, double grad_norm, std::string* why) const;
   // Records the verdict the ranks agreed on for a step with this loss.
   void record(Verdict v, double loss);
-  // Steps skipped in a row (0 after an applied step) and in all, since this process started.
+  // Steps skipped in a row (0 after an applied step) and in all, in this run (a resumed run
+  // continues the counts its checkpoint kept).
   int64_t skipped_in_a_row() const { return in_a_row_; }
   int64_t skipped_total() const { return total_; }
+  // The losses of the last applied steps, oldest first (at most kSpikeWindow).
+  std::vector<double> window() const { return {window_.begin(), window_.end()}; }
+  // Continues from a checkpoint's state: its window (the newest kSpikeWindow losses kept) and
+  // counts.
+  void restore(const std::vector<double>& window, int64_t in_a_row, int64_t total);
   // True when skipped_in_a_row() reached train.max_skipped_steps: the run must stop.
   bool diverged() const { return in_a_row_ >= max_skipped_; }
   // The mean loss of the window; 0 before any step was accepted.

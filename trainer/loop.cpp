@@ -398,6 +398,9 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   s.state.consumed_samples = s.train->consumed_samples();
   s.state.tokens_seen += tokens;
   s.state.lr = m.lr;
+  s.state.loss_window = guard.window();
+  s.state.skipped_in_a_row = guard.skipped_in_a_row();
+  s.state.skipped_total = guard.skipped_total();
   return out;
 }
 
@@ -485,6 +488,7 @@ static int train_loop_steps(Session& s) {
   absl::StatusOr<Fault> fault = fault_from_env();
   if (!fault.ok()) return agree_on_exit(s, kExitBadInput, fault.status());
   StepGuard guard(t);
+  guard.restore(s.state.loss_window, s.state.skipped_in_a_row, s.state.skipped_total);
   Saver saver(s);
   double busy_s = 0;  // this rank's own work since the last straggler report
   while (s.state.step < t.steps) {
