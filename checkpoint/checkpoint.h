@@ -206,8 +206,10 @@ absl::StatusOr<std::vector<std::string>> adopt_resume_point(const std::string& r
                                                             const std::string& dir,
                                                             const std::string& stamp);
 
-// Starting over in a root that holds checkpoints (--resume none --force): moves every
-// committed step directory, then `latest`, into root/abandoned-<stamp>/. Returns the new paths.
+// Starting over in a root that holds checkpoints (--resume none --force): moves `latest`, then
+// every committed step directory (oldest first), into root/abandoned-<stamp>/, so that a crash
+// at any instant leaves a root --resume auto accepts (no `latest`; the newest step left is
+// resumed). Returns the new paths.
 absl::StatusOr<std::vector<std::string>> abandon_checkpoints(const std::string& root,
                                                              const std::string& stamp);
 

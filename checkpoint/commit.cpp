@@ -461,6 +461,7 @@ absl::StatusOr<std::vector<std::string>> move_aside(const std::string& root,
     const std::string to = fs::join(aside, std::filesystem::path(p).filename().string());
     if (absl::Status st = fs::rename_path(p, to); !st.ok()) return st;
     moved.push_back(to);
+    crash_point("move_aside", static_cast<int64_t>(moved.size()));
   }
   if (absl::Status st = fs::fsync_path(aside); !st.ok()) return st;
   if (absl::Status st = fs::fsync_path(root); !st.ok()) return st;
@@ -493,9 +494,13 @@ absl::StatusOr<std::vector<std::string>> adopt_resume_point(const std::string& r
 
 absl::StatusOr<std::vector<std::string>> abandon_checkpoints(const std::string& root,
                                                              const std::string& stamp) {
-  std::vector<std::string> paths = committed_step_dirs(root);
-  std::reverse(paths.begin(), paths.end());  // oldest first; `latest` last
+  // `latest` first: a crash after any move leaves no `latest` naming a moved directory, and
+  // --resume auto continues from the newest step still there (the newest of all until the last
+  // move). Then the step directories, oldest first.
+  std::vector<std::string> paths;
   if (fs::exists(fs::join(root, kLatestFile))) paths.push_back(fs::join(root, kLatestFile));
+  std::vector<std::string> steps = committed_step_dirs(root);
+  paths.insert(paths.end(), steps.rbegin(), steps.rend());
   return move_aside(root, paths, stamp);
 }
 

@@ -667,6 +667,39 @@ TEST_CASE("verify(dir, part, parts): each part checks the sizes of all and the c
           std::string::npos);
 }
 
+// Starting over (--resume none --force) killed after any of its moves leaves a root that
+// --resume auto accepts: no `latest` naming a moved directory; the newest step still there is
+// resumed (the newest of all until the last move), or a fresh start once all are aside.
+TEST_CASE("checkpoint: a start-over killed after any move leaves a resumable root",
+          "[checkpoint]") {
+  for (int moves = 1; moves <= 3; ++moves) {  // latest + the 2 step directories retention keeps
+    INFO("killed after move " << moves);
+    TempDir root;
+    for (int64_t step : {1, 2, 3}) {
+      FakeModel m(kTinyModel, step);
+      REQUIRE(tr::ckpt::save(request(root.path(), step, m)).ok());
+    }
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      const tr::ScopedSetting crash(tr::Setting::test_crash_point,
+                                    "move_aside@" + std::to_string(moves));
+      (void)tr::ckpt::abandon_checkpoints(root.path(), "test");
+      _exit(10);  // the hook did not fire
+    }
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFSIGNALED(status));
+    absl::StatusOr<tr::ckpt::ResumePoint> p = tr::ckpt::find_resume_point(root.path());
+    INFO(p.status().message());
+    REQUIRE(p.ok());
+    if (moves < 3)
+      CHECK(std::filesystem::path(p->dir).filename() == "step_00000003");
+    else
+      CHECK(p->dir.empty());
+  }
+}
+
 TEST_CASE("distributed save: a crash at any stage leaves a loadable checkpoint", "[checkpoint]") {
   for (const char* stage :
        {"mid_tensors", "before_manifest", "before_rename", "before_latest", "before_cleanup"}) {
