@@ -49,11 +49,15 @@ TEST_CASE("guard: non-finite steps are skipped, spikes past the window's mean to
   CHECK(why == "the loss is nan");
   CHECK(g.judge(2.0, kInfinity, &why) == StepGuard::Verdict::skip_non_finite);
   CHECK(why == "the gradient norm is inf");
-  // No spike test before the window is full: 100 x the first loss is applied.
-  g.record(StepGuard::Verdict::apply, 1.0);
+  // The first step has no history and is not judged; from the second on, the mean of what there
+  // is (here one loss).
   CHECK(g.judge(100.0, 1.0, &why) == StepGuard::Verdict::apply);
   CHECK(why.empty());
-  for (int i = 1; i < kSpikeWindow; ++i) g.record(StepGuard::Verdict::apply, 1.0 + (i % 2));
+  g.record(StepGuard::Verdict::apply, 1.0);
+  CHECK(g.judge(4.0, 1.0, &why) == StepGuard::Verdict::apply);
+  CHECK(g.judge(100.0, 1.0, &why) == StepGuard::Verdict::skip_spike);
+  CHECK(why == "the loss 100 is over 4 x the mean 1 of the last 1 step");
+  for (int i = 1; i < kSpikeWindow + 5; ++i) g.record(StepGuard::Verdict::apply, 1.0 + (i % 2));
   CHECK(g.mean() == Approx(1.5).epsilon(1e-12));                // 1, then 2, 1, 2, ... (20 values)
   CHECK(g.judge(6.0, 1.0, &why) == StepGuard::Verdict::apply);  // exactly 4 x the mean
   CHECK(g.judge(6.01, 1.0, &why) == StepGuard::Verdict::skip_spike);
@@ -160,16 +164,18 @@ TEST_CASE("reliability: max_skipped_steps in a row stop the run with exit code 4
   CHECK(r.exit_code == kExitDiverged);
   CHECK(r.output.find("warning: step 5 skipped, no update: the loss is nan; rank 0 (tp 0, pp 0, "
                       "dp 0): its own loss is not finite") != std::string::npos);
+  // No checkpoint is saved while steps are skipped (6 would have been), so the good ones stay;
+  // the line names the last one before the skips and how to resume from it.
   CHECK(r.output.find("error: training diverged: 3 steps in a row skipped "
-                      "(train.max_skipped_steps) up to step 7; last checkpoint: step 6; resume "
-                      "from it with a lower optim.lr, or from an earlier one with --resume "
-                      "PATH\n") != std::string::npos);
-  // Step 6 was skipped (no update), so its checkpoint is the state after step 4, and finite.
+                      "(train.max_skipped_steps) up to step 7; the last checkpoint before them "
+                      "is step_00000004: resume from it with --resume " +
+                      (run.dir / "ckpt/step_00000004") +
+                      " and a lower optim.lr, or from an earlier one\n") != std::string::npos);
   absl::StatusOr<std::string> latest = ckpt::find_latest(run.dir / "ckpt");
   REQUIRE(latest.ok());
-  CHECK(*latest == run.dir / "ckpt/step_00000006");
-  CHECK(read_checkpoint(run.config, *latest).state.step == 6);
-  CHECK_FALSE(std::filesystem::exists(run.dir / "ckpt/step_00000008"));
+  CHECK(*latest == run.dir / "ckpt/step_00000004");
+  CHECK(std::filesystem::exists(run.dir / "ckpt/step_00000002"));  // retention kept it
+  CHECK_FALSE(std::filesystem::exists(run.dir / "ckpt/step_00000006"));
 }
 
 // "Seen: a loss that explodes from 5.5 to 4,856 finishes with rc 0 and no warning." With
@@ -189,6 +195,19 @@ TEST_CASE("reliability: a loss spike is skipped unless train.spike_factor is 0",
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("warning:") == std::string::npos);
   CHECK_FALSE(steps_of(off)[22].contains("skipped"));
+}
+
+// "The blow-up step itself (loss 5.5 -> 727) is applied because the guard needs 20 steps of
+// history": from the second step on it judges against the steps there are.
+TEST_CASE("reliability: a spike early in a run is skipped", "[cli]") {
+  RunDir run(6);
+  CmdResult r = run.trainer("", "TR_TEST_FAULT=loss_spike:3:1:1000");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("warning: step 3 skipped, no update: the loss ") != std::string::npos);
+  CHECK(r.output.find(" is over 10 x the mean ") != std::string::npos);
+  CHECK(r.output.find(" of the last 2 steps;") != std::string::npos);
+  CHECK(steps_of(run)[2]["skipped"] == "spike");
 }
 
 // The step guard's state is in the checkpoint: a run stopped at step 20 and resumed judges the

@@ -138,7 +138,7 @@ const std::vector<Field>& fields() {
                "the run stops with exit code 4; 1 = stop at the first"),
       TR_FIELD(train, spike_factor, Float, 0, kInf,
                "skip a step whose loss exceeds this times the mean loss of the previous 20 "
-               "accepted steps; 0 = off"),
+               "accepted steps (of those there are, from the second step on); 0 = off"),
       TR_FIELD(optim, lr, Float, 0, 10,
                "peak learning rate (used in fp32); 0 leaves the weights as they are"),
       TR_FIELD(optim, min_lr, Float, 0, 10, "learning rate at the end of the decay"),

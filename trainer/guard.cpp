@@ -23,9 +23,10 @@ StepGuard::Verdict StepGuard::judge(double loss, double grad_norm, std::string* 
     *why = absl::StrFormat("the gradient norm is %g", grad_norm);
     return Verdict::skip_non_finite;
   }
-  if (spike_ > 0 && window_.size() == kSpikeWindow && loss > spike_ * mean()) {
-    *why = absl::StrFormat("the loss %.6g is over %g x the mean %.6g of the last %d steps", loss,
-                           spike_, mean(), kSpikeWindow);
+  if (spike_ > 0 && !window_.empty() && loss > spike_ * mean()) {
+    *why = absl::StrFormat("the loss %.6g is over %g x the mean %.6g of the last %d step%s", loss,
+                           spike_, mean(), static_cast<int>(window_.size()),
+                           window_.size() == 1 ? "" : "s");
     return Verdict::skip_spike;
   }
   return Verdict::apply;

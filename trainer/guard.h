@@ -13,8 +13,9 @@
 
 namespace tr {
 
-// Losses of accepted steps averaged for the spike test (train.spike_factor); the test starts
-// once the window is full, so the first steps of a run (or of a resumed run) are never judged.
+// Losses of accepted steps averaged for the spike test (train.spike_factor): the last 20, or as
+// many as there are; only a run's very first step has none and is not judged (a loss that
+// jumps from 5.5 to 727 at step 3 is a spike however short the history).
 inline constexpr int kSpikeWindow = 20;
 
 class StepGuard {

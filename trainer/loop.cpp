@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "kernels/core/fs_io.h"
 #include "kernels/core/switches.h"
 #include "kernels/ops.h"
 #include "parallel/schedule.h"
@@ -490,6 +491,9 @@ static int train_loop_steps(Session& s) {
   StepGuard guard(t);
   guard.restore(s.state.loss_window, s.state.skipped_in_a_row, s.state.skipped_total);
   Saver saver(s);
+  // The newest checkpoint from before the current run of skipped steps: interval saves pause
+  // while steps are being skipped, so a diverging run never pushes its good checkpoints out.
+  int64_t before_skips = s.last_saved_step;
   double busy_s = 0;  // this rank's own work since the last straggler report
   while (s.state.step < t.steps) {
     const double blocked_before = mpi_blocked_seconds();
@@ -517,11 +521,18 @@ static int train_loop_steps(Session& s) {
     if (guard.diverged())  // the same on every rank: the verdicts were agreed
       return agree_on_exit(
           s, kExitDiverged,
-          absl::AbortedError(absl::StrFormat(
-              "training diverged: %d steps in a row skipped (train.max_skipped_steps) up to step "
-              "%d; last checkpoint: %s; resume from it with a lower optim.lr, or from an earlier "
-              "one with --resume PATH",
-              guard.skipped_in_a_row(), m.step, s.last_checkpoint())));
+          absl::AbortedError(
+              before_skips < 0
+                  ? absl::StrFormat("training diverged: %d steps in a row skipped "
+                                    "(train.max_skipped_steps) up to step %d, before any "
+                                    "checkpoint; start again with a lower optim.lr",
+                                    guard.skipped_in_a_row(), m.step)
+                  : absl::StrFormat(
+                        "training diverged: %d steps in a row skipped (train.max_skipped_steps) "
+                        "up to step %d; the last checkpoint before them is %s: resume from it "
+                        "with --resume %s and a lower optim.lr, or from an earlier one",
+                        guard.skipped_in_a_row(), m.step, ckpt::step_dir_name(before_skips),
+                        fs::join(s.cfg.checkpoint.dir, ckpt::step_dir_name(before_skips)))));
     if (t.eval_interval > 0 && (m.step % t.eval_interval == 0 || m.step == t.steps)) {
       const auto e0 = Clock::now();
       double val = 0;
@@ -530,7 +541,10 @@ static int train_loop_steps(Session& s) {
       if (eval.stop) return stop_and_save(s, saver, true);  // step m.step was applied
       if (s.logger()) s.log.eval(m.step, val, seconds_since(e0));
     }
-    const bool interval = s.cfg.checkpoint.interval > 0 && m.step % s.cfg.checkpoint.interval == 0;
+    // No interval save while steps are being skipped (the weights are those of the last applied
+    // step, already saved or about to be after the skips end).
+    const bool interval = s.cfg.checkpoint.interval > 0 &&
+                          m.step % s.cfg.checkpoint.interval == 0 && guard.skipped_in_a_row() == 0;
     const bool exit_now = t.exit_interval > 0 && m.step % t.exit_interval == 0 && m.step < t.steps;
     if (out.stop) return stop_and_save(s, saver, true);
     if (interval || exit_now || m.step == t.steps) {
@@ -543,6 +557,7 @@ static int train_loop_steps(Session& s) {
           static_cast<long long>(m.step), kExitStopped);
       return kExitStopped;
     }
+    if (guard.skipped_in_a_row() == 0) before_skips = s.last_saved_step;
   }
   std::printf("done: %lld steps, last loss %.4f, %s\n", static_cast<long long>(s.state.step),
               m.loss, format_duration(seconds_since(start)).c_str());
