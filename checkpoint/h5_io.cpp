@@ -136,9 +136,14 @@ const bool g_no_hdf5_atexit = [] {
   return true;
 }();
 
+// HDF5's automatic printing of error stacks, off: errors come back as one Status line. The
+// setting is per thread in a thread-safe HDF5 (the background saver writes from its own
+// thread), so each thread turns it off before its first call.
 void quiet_errors() {
-  static std::once_flag once;
-  std::call_once(once, [] { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); });
+  thread_local bool quiet = false;
+  if (quiet) return;
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  quiet = true;
 }
 
 Handle file_access_plist() {
