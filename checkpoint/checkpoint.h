@@ -206,6 +206,12 @@ absl::StatusOr<std::vector<std::string>> adopt_resume_point(const std::string& r
                                                             const std::string& dir,
                                                             const std::string& stamp);
 
+// Before the first save: creates, and removes again, a path under `root` as long as the longest a
+// save, a roll-back or a start-over of steps up to `max_step` by `world` ranks will use (a set-
+// aside step directory inside abandoned-<stamp>-<n>/, holding the longest file name), so that a
+// root too long for the file system ("File name too long") is found at start-up, not hours in.
+absl::Status check_save_paths(const std::string& root, int64_t max_step, int world);
+
 // Starting over in a root that holds checkpoints (--resume none --force): moves `latest`, then
 // every committed step directory (oldest first), into root/abandoned-<stamp>/, so that a crash
 // at any instant leaves a root --resume auto accepts (no `latest`; the newest step left is

@@ -492,6 +492,24 @@ absl::StatusOr<std::vector<std::string>> adopt_resume_point(const std::string& r
   return move_aside(root, newer, stamp);
 }
 
+absl::Status check_save_paths(const std::string& root, int64_t max_step, int world) {
+  // abandoned-<%Y%m%dT%H%M%SZ>-<n> / step_<N>.replaced.tmp / the longest file name.
+  const std::string aside = fs::join(root, absl::StrCat(kAbandonedPrefix, "20260101T000000Z-99"));
+  const std::string step = fs::join(aside, step_dir_name(max_step) + ".replaced" + kTmpSuffix);
+  const std::string manifest = absl::StrCat(kManifestFile, kTmpSuffix);
+  const std::string shard = shard_file_name(std::max(world - 1, 0));
+  const std::string file = fs::join(step, manifest.size() >= shard.size() ? manifest : shard);
+  absl::Status st = fs::make_dirs(step);
+  if (st.ok()) st = fs::write_file_durable(file, "probe");
+  ::unlink(file.c_str());
+  ::rmdir(step.c_str());
+  ::rmdir(aside.c_str());
+  if (st.ok()) return st;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "checkpoint.dir '", root, "' cannot hold a checkpoint's paths (", file.size(),
+      " characters, e.g. ", file, "): ", st.message(), "; choose a shorter checkpoint.dir"));
+}
+
 absl::StatusOr<std::vector<std::string>> abandon_checkpoints(const std::string& root,
                                                              const std::string& stamp) {
   // `latest` first: a crash after any move leaves no `latest` naming a moved directory, and

@@ -142,6 +142,25 @@ TEST_CASE("jobs: a stop signal during evaluation saves the last step and exits 3
   CHECK(run.metrics().size() == 5);
 }
 
+// "Paths that cannot work are found at the first save (a 4,065-character checkpoint.dir: File
+// name too long, hours in)": the longest path a save will use is created at start-up, and a
+// checkpoint.dir that cannot hold it is bad input before any training.
+TEST_CASE("jobs: a checkpoint.dir too long for a checkpoint's paths is found at start-up",
+          "[cli]") {
+  RunDir run(10);
+  std::string dir = run.dir / "ckpt";
+  while (dir.size() < 4000) {  // components of at most 200 characters, 4,000 to 4,200 in all
+    dir.push_back('/');
+    dir.append(200, 'd');
+  }
+  std::filesystem::create_directories(dir);  // itself fine: under PATH_MAX
+  CmdResult r = run.trainer("--set checkpoint.dir=" + dir);
+  test::expect_bad_input(r, "' cannot hold a checkpoint's paths (");
+  CHECK(r.output.find("File name too long; choose a shorter checkpoint.dir") != std::string::npos);
+  CHECK(run.metrics().empty());
+  CHECK(std::filesystem::is_empty(dir));  // the probe is gone
+}
+
 // checkpoint.dir is checked at start-up: a read-only one and one without room for a checkpoint
 // are bad input (exit 2, one line) before any training.
 TEST_CASE("jobs: a read-only or too small checkpoint.dir is found at start-up", "[cli]") {

@@ -353,6 +353,8 @@ absl::Status check_checkpoint_dir(const Session& r) {
                      tr::fs::host_name(), "): ", std::strerror(err),
                      "; fix its permissions or choose another checkpoint.dir"));
   if (r.topo.rank != 0) return absl::OkStatus();
+  if (absl::Status st = ckpt::check_save_paths(dir, r.cfg.train.steps, r.topo.world); !st.ok())
+    return st;
   struct statvfs fsinfo {};
   if (statvfs(dir.c_str(), &fsinfo) != 0) return absl::OkStatus();  // unknown: not an error
   const double free_bytes =
