@@ -2,10 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -337,7 +340,71 @@ int64_t convert(const uint8_t* p, std::span<int32_t> out, int64_t limit, double*
   return -1;
 }
 
+// The smallest and largest of count values of type T at p (integers), in blocks the compiler
+// vectorises.
+template <class T>
+std::pair<int64_t, int64_t> min_max(const uint8_t* p, int64_t count) {
+  T lo = std::numeric_limits<T>::max(), hi = std::numeric_limits<T>::lowest();
+  constexpr int64_t kBlock = 4096;
+  T block[kBlock];
+  for (int64_t i = 0; i < count; i += kBlock) {
+    const int64_t n = std::min(kBlock, count - i);
+    std::memcpy(block, p + i * static_cast<int64_t>(sizeof(T)), static_cast<size_t>(n) * sizeof(T));
+    for (int64_t j = 0; j < n; ++j) {
+      lo = std::min(lo, block[j]);
+      hi = std::max(hi, block[j]);
+    }
+  }
+  return {static_cast<int64_t>(lo), static_cast<int64_t>(hi)};
+}
+
 }  // namespace
+
+absl::Status TokenSource::check_ids(int64_t limit) const {
+  constexpr int64_t kMaxId = std::numeric_limits<int32_t>::max();
+  if (limit <= 0 || limit > kMaxId) limit = kMaxId;
+  const uint8_t* p = tokens_.data() + first_byte_;
+  std::pair<int64_t, int64_t> range{0, 0};
+  switch (dtype_) {
+    case TokenDType::u8:
+      range = min_max<uint8_t>(p, num_tokens_);
+      break;
+    case TokenDType::i8:
+      range = min_max<int8_t>(p, num_tokens_);
+      break;
+    case TokenDType::i16:
+      range = min_max<int16_t>(p, num_tokens_);
+      break;
+    case TokenDType::u16:
+      if (limit > std::numeric_limits<uint16_t>::max()) return absl::OkStatus();  // all fit
+      range = min_max<uint16_t>(p, num_tokens_);
+      break;
+    case TokenDType::i32:
+      range = min_max<int32_t>(p, num_tokens_);
+      break;
+    case TokenDType::u32:
+      range = min_max<uint32_t>(p, num_tokens_);
+      break;
+    case TokenDType::i64:
+      range = min_max<int64_t>(p, num_tokens_);
+      break;
+    case TokenDType::f32:
+    case TokenDType::f64:
+      range = {-1, -1};  // whole numbers are checked by read(), chunk by chunk
+      break;
+  }
+  if (num_tokens_ == 0 || (range.first >= 0 && range.second < limit)) return absl::OkStatus();
+  // Out of range (or floats): read() names the first bad token.
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<int32_t> buf(static_cast<size_t>(std::min(kChunk, num_tokens_)));
+  for (int64_t i = 0; i < num_tokens_; i += kChunk) {
+    const int64_t n = std::min(kChunk, num_tokens_ - i);
+    if (absl::Status st = read(i, std::span<int32_t>(buf.data(), static_cast<size_t>(n)), limit);
+        !st.ok())
+      return st;
+  }
+  return absl::OkStatus();
+}
 
 absl::Status TokenSource::read(int64_t begin, std::span<int32_t> out, int64_t limit) const {
   const int64_t count = static_cast<int64_t>(out.size());

@@ -49,6 +49,11 @@ class TokenSource {
   // [0, limit); limit <= 0 means [0, 2^31).
   absl::Status read(int64_t begin, std::span<int32_t> out, int64_t limit = 0) const;
 
+  // Every token of the stream a whole number in [0, limit) (limit <= 0: [0, 2^31)): a scan of the
+  // mapped file for its smallest and largest id (memory bandwidth: data/id_check.h), and only
+  // where those fail, the error read() gives for the first bad token.
+  absl::Status check_ids(int64_t limit) const;
+
  private:
   TokenSource() = default;
   static absl::StatusOr<std::unique_ptr<TokenSource>> open_megatron(const std::string& prefix);

@@ -884,6 +884,44 @@ TEST_CASE("cli: bad data files exit 2 naming the file", "[cli]") {
   }
 }
 
+// An id outside the vocabulary deep in a dataset (here the last token of a file of int32 ids) is
+// bad input found at start-up, before any step or log line, not when a step first reads it. A
+// file checked once is not read again by the next start (data-ids-checked.json in
+// checkpoint.dir); a changed file is.
+TEST_CASE("cli: every token id is checked at start-up, once per file version", "[cli]") {
+  RunDir run(6);
+  CmdResult first = run.trainer();
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK(first.output.find("data: every token id of 1 file(s) is below vocab_size 257") !=
+        std::string::npos);
+  CHECK(fs::exists(run.dir / "ckpt/data-ids-checked.json"));
+  CmdResult again = run.trainer("--set train.steps=7");
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(again.output.find("data: every token id") == std::string::npos);         // remembered
+  fs::last_write_time(run.dir / "train.bin", fs::file_time_type::clock::now());  // a new version
+  CmdResult changed = run.trainer("--set train.steps=8");
+  INFO(changed.output);
+  REQUIRE(changed.exit_code == 0);
+  CHECK(changed.output.find("data: every token id of 1 file(s)") != std::string::npos);
+  // A dataset of int32 ids (written for a vocabulary of 100000) whose very last id is 5000.
+  {
+    auto w = data::IndexedDatasetWriter::create(run.dir / "wide", 100000);
+    REQUIRE(w.ok());
+    std::vector<int32_t> doc(5000, 7);
+    doc.back() = 5000;
+    REQUIRE((*w)->add_document(doc).ok());
+    REQUIRE((*w)->finish().ok());
+  }
+  RunDir fresh(6);
+  CmdResult bad = fresh.trainer("--set 'data.train=[{path: " + (run.dir / "wide") + "}]'");
+  expect_bad_input(bad, "token 4999 of " + (run.dir / "wide.bin") +
+                            " (i32) has value 5000, not a token id in [0, 257)");
+  CHECK(fresh.metrics().empty());
+  CHECK_FALSE(fs::exists(fresh.dir / "ckpt"));
+}
+
 TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
   RunDir run(10);
   REQUIRE(run.trainer().exit_code == 0);

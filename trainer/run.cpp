@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "data/id_check.h"
 #include "data/shard_meta.h"
 #include "kernels/core/fs_io.h"
 #include "kernels/core/switches.h"
@@ -376,6 +377,34 @@ absl::Status check_checkpoint_dir(const Session& r) {
   return absl::OkStatus();
 }
 
+// Where a run remembers the data files whose ids it checked (data/id_check.h).
+constexpr char kIdCacheFile[] = "data-ids-checked.json";
+
+// Rank 0 checks every token id of the training (and, with evaluation, validation) files against
+// model.vocab_size before any training; the other ranks learn of a bad file in the agreement
+// after check_inputs. Returns the cache to store in checkpoint.dir ("" on other ranks).
+absl::StatusOr<std::string> check_all_token_ids(const Session& r) {
+  if (r.groups.world->rank() != 0) return std::string();
+  std::vector<std::string> paths;
+  for (const DataSource& s : r.cfg.data.train) paths.push_back(s.path);
+  if (r.cfg.train.eval_interval > 0)
+    for (const DataSource& s : r.cfg.data.valid) paths.push_back(s.path);
+  absl::StatusOr<data::SourceFormat> fmt = data::parse_source_format(r.cfg.data.format);
+  if (!fmt.ok()) return fmt.status();
+  absl::StatusOr<std::string> cache =
+      tr::fs::read_file(tr::fs::join(r.cfg.checkpoint.dir, kIdCacheFile));
+  absl::StatusOr<data::IdCheck> ids =
+      data::check_token_ids(paths, *fmt, r.cfg.model.vocab_size, cache.ok() ? *cache : "");
+  if (!ids.ok()) return ids.status();
+  if (ids->scanned > 0)
+    std::printf(
+        "data: every token id of %d file(s) is below vocab_size %lld (%.3g GB read in "
+        "%.1f s; %d more checked before)\n",
+        ids->scanned, static_cast<long long>(r.cfg.model.vocab_size), ids->bytes_scanned / 1e9,
+        ids->seconds, ids->cached);
+  return ids->cache_json;
+}
+
 // Everything before the model, cheapest checks first: config, layout, backend, the checkpoint
 // to resume and every data file are validated before any memory is committed. No
 // communication happens here; any error is bad input (exit 2).
@@ -421,6 +450,8 @@ absl::Status check_inputs(Session& r) {
     if (!valid.ok()) return valid.status();
     r.valid = std::move(*valid);
   }
+  absl::StatusOr<std::string> ids_checked = check_all_token_ids(r);
+  if (!ids_checked.ok()) return ids_checked.status();
   // Last, once everything else checked out: rank 0 takes checkpoint.dir (a dry run writes
   // nothing). A directory in use by a live trainer is bad input.
   if (!r.opts.dry_run) {
@@ -433,6 +464,12 @@ absl::Status check_inputs(Session& r) {
     if (!lock.ok()) return lock.status();
     r.lock = std::move(*lock);
     if (!note.empty()) std::printf("note: %s\n", note.c_str());
+    // What was checked, for the next start (a failure to write it costs a re-scan, no more).
+    if (!ids_checked->empty() &&
+        !tr::fs::write_file_atomic(tr::fs::join(r.cfg.checkpoint.dir, kIdCacheFile), *ids_checked)
+             .ok())
+      std::printf("warning: cannot write %s/%s: the data's ids are scanned again next time\n",
+                  r.cfg.checkpoint.dir.c_str(), kIdCacheFile);
   }
   return absl::OkStatus();
 }
