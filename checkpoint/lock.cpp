@@ -210,8 +210,9 @@ absl::StatusOr<std::unique_ptr<DirLock>> DirLock::acquire(const std::string& dir
     if (why.empty()) {
       unlink(tmp.c_str());
       return absl::UnavailableError(absl::StrCat(
-          "checkpoint.dir '", dir, "' is in use by another trainer: ", holder->describe(),
-          "; wait for it, use another checkpoint.dir, or remove ", path, " if that run is gone"));
+          options.what, " '", dir, "' is in use by another trainer: ", holder->describe(),
+          "; wait for it, use another ", options.what, ", or remove ", path,
+          " if that run is gone"));
     }
     if (holder.ok())
       *note = absl::StrCat("took over the stale lock ", path, " (", why, "): ", holder->describe());

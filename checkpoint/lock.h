@@ -35,6 +35,7 @@ struct LockHolder {
 };
 
 struct LockOptions {
+  const char* what = "checkpoint.dir";  // the directory's config key, for messages
   double stale_after_s = 300;  // another host's holder with a heartbeat this old may be gone
   double heartbeat_s = 10;     // how often this holder touches the file
   double wait_dying_s = 5;     // how long to wait for a holder of this host that is exiting

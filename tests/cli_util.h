@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -81,13 +82,21 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
                    " & pid=$!; while [ ! -s " + (dir / "log/metrics.jsonl") +
                    " ]; do sleep 0.05; done; kill -" + sig + " $pid; wait $pid'");
   }
-  // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations).
+  // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations), by
+  // step, read as tools/plot_metrics reads them: the last line of each step; a resume line drops
+  // the later steps logged before it; a line a crash cut short (not JSON) is skipped.
   std::vector<nlohmann::json> metrics(const char* key = "loss") const {
-    std::vector<nlohmann::json> lines;
+    std::map<int64_t, nlohmann::json> by_step;
     for (const std::string& l : test::read_lines(dir / "log/metrics.jsonl")) {
-      auto j = nlohmann::json::parse(l);
-      if (j.contains(key)) lines.push_back(j);
+      const nlohmann::json j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("step")) continue;
+      if (j.value("event", "") == "resume")
+        by_step.erase(by_step.upper_bound(j["step"].get<int64_t>()), by_step.end());
+      else if (j.contains(key))
+        by_step[j["step"].get<int64_t>()] = j;
     }
+    std::vector<nlohmann::json> lines;
+    for (auto& [step, j] : by_step) lines.push_back(std::move(j));
     return lines;
   }
 };

@@ -838,6 +838,11 @@ TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
                    "config file '" + (run.dir / "nope.yaml") + "' cannot be read; check --config");
   expect_bad_input(run.trainer("--bogus"), "unknown argument '--bogus'; see --help");
   expect_bad_input(run_cmd(TR_TRAINER_BIN), "--config FILE is required; see --help");
+  // A log.dir that cannot be one (a file is there) is found before checkpoint.dir is created.
+  test::write_file(run.dir / "afile", "x");
+  expect_bad_input(run.trainer("--set log.dir=" + (run.dir / "afile")),
+                   "log.dir '" + (run.dir / "afile") + "' cannot be created: ");
+  CHECK_FALSE(fs::exists(run.dir / "ckpt"));
   // Debug switches take 1 or 0: a value that looks like "on" is refused, not guessed.
   expect_bad_input(run.trainer("", "TR_GRAD_ZERO=yes"),
                    "debug switch TR_GRAD_ZERO='yes': set it to 1 (on) or 0 (off), or unset it");

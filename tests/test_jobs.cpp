@@ -210,6 +210,70 @@ TEST_CASE("jobs: a full disk during a save is one line and exit 1, and the last 
   CHECK(read_checkpoint(run.config, disk.dir + "/step_00000002").state.step == 2);
 }
 
+// metrics.jsonl is only ever appended to: a resume keeps every byte of it and adds a resume
+// line (readers drop the later steps logged before it); a line a crash cut short stays on a
+// line of its own; a fresh run moves the file aside instead of replacing it.
+TEST_CASE("jobs: metrics.jsonl is appended to, never rewritten", "[cli]") {
+  RunDir run(12);
+  REQUIRE(run.trainer("--set train.exit_interval=10").exit_code == kExitStopped);
+  const std::string log = run.dir / "log/metrics.jsonl";
+  // As if a crash had logged steps 11 and part of a line past the checkpoint at step 10.
+  std::string before = test::read_file(log);
+  before += "{\"step\": 11, \"loss\": 99.0}\n{\"step\": 12, \"lo";
+  test::write_file(log, before);
+  CmdResult r = run.trainer();
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string after = test::read_file(log);
+  CHECK(after.substr(0, before.size()) == before);  // nothing earlier was touched
+  const std::string resume = "\n{\"event\":\"resume\",\"step\":10}\n";
+  CHECK(after.substr(before.size(), resume.size()) == resume);
+  const std::vector<nlohmann::json> m = run.metrics();
+  REQUIRE(m.size() == 12);
+  CHECK(m[10]["loss"].get<double>() != 99.0);  // the resumed run's step 11
+  // A fresh run: the file is moved aside whole, not overwritten.
+  REQUIRE(run.trainer("--resume none --force").exit_code == 0);
+  int kept = 0;
+  for (const auto& e : std::filesystem::directory_iterator(run.dir / "log"))
+    if (e.path().filename().string().starts_with("metrics.jsonl.") &&
+        test::read_file(e.path().string()) == after)
+      ++kept;
+  CHECK(kept == 1);
+  CHECK(run.metrics().size() == 12);
+}
+
+// A full log.dir: the lost metrics lines are a warning, once; training and checkpoints go on, and
+// a run that otherwise finished exits 1.
+TEST_CASE("jobs: a full log.dir is a warning once and exit 1 at the end", "[cli]") {
+  RunDir run(20);
+  Tmpfs disk(run.dir / "logdisk", 8192);
+  CmdResult r = run.trainer("--set log.dir=" + disk.dir);
+  INFO(r.output);
+  CHECK(r.exit_code == kExitFailure);
+  CHECK(count_lines_with(r.output, "warning: cannot write " + disk.dir + "/metrics.jsonl") == 1);
+  CHECK(r.output.find("error: lines of " + disk.dir +
+                      "/metrics.jsonl could not be written (see the warning above); the "
+                      "checkpoints are complete") != std::string::npos);
+  CHECK(*ckpt::find_latest(run.dir / "ckpt") == run.dir / "ckpt/step_00000020");
+}
+
+// Two runs with their own checkpoint.dir but one log.dir would append to one metrics.jsonl: the
+// second is refused (busy) naming the first.
+TEST_CASE("jobs: a second trainer on the same log.dir exits 6", "[cli]") {
+  RunDir run(100000);
+  const std::string log = run.dir / "log/metrics.jsonl";
+  CmdResult r = run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + run.config +
+                        " >/dev/null 2>&1 & pid=$!; while [ ! -s " + log +
+                        " ]; do sleep 0.05; done; " + TR_TRAINER_BIN + " --config " + run.config +
+                        " --set checkpoint.dir=" + (run.dir / "other") +
+                        "; echo second=$?; kill -TERM $pid; wait $pid'");
+  INFO(r.output);
+  CHECK(r.output.find("error: log.dir '" + (run.dir / "log") +
+                      "' is in use by another trainer: pid ") != std::string::npos);
+  CHECK(r.output.find("second=6") != std::string::npos);
+  CHECK(std::filesystem::is_empty(run.dir / "other"));  // the second left nothing there
+}
+
 // Rank 1 sleeps 0.1 s per step: every log.interval steps the metrics name it as the slowest, and
 // the console says so once its work is log.straggler_percent over the median's.
 TEST_CASE("jobs: a straggling rank is named in the metrics and on the console", "[cli][mpi]") {

@@ -352,7 +352,8 @@ TEST_CASE("reliability: --resume auto without latest resumes the newest committe
                                   "' has no 'latest' and none of its 2 committed checkpoints "
                                   "checks (the newest: checkpoint file " +
                                   ckpt + "/step_00000020/model.h5");
-    CHECK(entries(ckpt) == std::vector<std::string>{"step_00000010", "step_00000020"});
+    CHECK(entries(ckpt) ==
+          std::vector<std::string>{"data-ids-checked.json", "step_00000010", "step_00000020"});
   }
 }
 

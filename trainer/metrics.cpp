@@ -1,6 +1,9 @@
 #include "trainer/metrics.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -13,6 +16,19 @@
 namespace tr {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+std::string utc_stamp() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
 
 std::string format_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -28,33 +44,45 @@ absl::Status MetricsLog::open(const std::string& dir, int64_t resume_step) {
   if (ec)
     return absl::InvalidArgumentError(
         absl::StrCat("log.dir '", dir, "' cannot be created: ", ec.message()));
-  const fs::path path = fs::path(dir) / "metrics.jsonl";
-  if (fs::exists(path)) {
-    if (resume_step > 0) {
-      // Keep the lines of steps the checkpoint covers; rewrite via a temp file + rename.
-      std::ifstream in(path);
-      const fs::path tmp = path.string() + ".tmp";
-      std::ofstream out(tmp, std::ios::trunc);
-      std::string line;
-      while (std::getline(in, line)) {
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        const bool later = !j.is_discarded() && j.is_object() && j.contains("step") &&
-                           j["step"].is_number_integer() && j["step"].get<int64_t>() > resume_step;
-        if (!later) out << line << "\n";
-      }
-      out.close();
-      fs::rename(tmp, path, ec);
-    } else {
-      fs::rename(path, path.string() + ".prev", ec);
-    }
+  path_ = (fs::path(dir) / "metrics.jsonl").string();
+  const bool exists = fs::exists(path_) && fs::file_size(path_, ec) > 0;
+  if (exists && resume_step == 0) {
+    // A fresh run: the earlier run's file is kept under a name of its own, never replaced.
+    const std::string stamp = fs::path(path_).string() + "." + utc_stamp();
+    std::string aside = stamp;
+    for (int n = 2; fs::exists(aside); ++n) aside = absl::StrCat(stamp, "-", n);
+    fs::rename(path_, aside, ec);
     if (ec)
       return absl::InvalidArgumentError(
-          absl::StrCat("cannot rewrite ", path.string(), ": ", ec.message()));
+          absl::StrCat("cannot move ", path_, " aside to ", aside, ": ", ec.message()));
   }
-  f_ = std::fopen(path.c_str(), "a");
-  if (!f_)
-    return absl::InvalidArgumentError(absl::StrCat("cannot open ", path.string(), " for writing"));
+  f_ = std::fopen(path_.c_str(), "a");
+  if (!f_) return absl::InvalidArgumentError(absl::StrCat("cannot open ", path_, " for writing"));
+  if (exists && resume_step > 0) {
+    // Appended, never rewritten: a line cut short by a crash is ended here, and the resume line
+    // tells readers that the lines of later steps before it are superseded.
+    std::ifstream in(path_, std::ios::binary | std::ios::ate);
+    char last = '\n';
+    if (in && in.tellg() > 0) {
+      in.seekg(-1, std::ios::end);
+      in.get(last);
+    }
+    if (last != '\n') write_line("");
+    write_line(nlohmann::json{{"event", "resume"}, {"step", resume_step}}.dump());
+  }
   return absl::OkStatus();
+}
+
+void MetricsLog::write_line(const std::string& line) {
+  if (f_ == nullptr) return;
+  const bool ok = std::fprintf(f_, "%s\n", line.c_str()) >= 0 && std::fflush(f_) == 0;
+  if (ok || failed_) return;
+  failed_ = true;
+  std::fprintf(stderr,
+               "warning: cannot write %s (%s): metrics are being lost; training goes on and the "
+               "run exits 1 at its end\n",
+               path_.c_str(), std::strerror(errno));
+  std::fflush(stderr);
 }
 
 MetricsLog::~MetricsLog() {
@@ -90,10 +118,7 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
   if (m.peak_flops > 0) j["mfu"] = flops / m.world / m.peak_flops;
   if (m.device_mem_mib > 0) j["device_mem_mib"] = m.device_mem_mib;
   if (*m.attention_bwd != '\0') j["attention_bwd"] = m.attention_bwd;
-  if (f_) {
-    std::fprintf(f_, "%s\n", j.dump().c_str());
-    std::fflush(f_);
-  }
+  write_line(j.dump());
   if (!print) return;
   std::string mfu = m.peak_flops > 0
                         ? absl::StrFormat(" | mfu %.1f%%", 100 * flops / m.world / m.peak_flops)
@@ -111,20 +136,14 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
 
 void MetricsLog::eval(int64_t step, double val_loss, double seconds) {
   nlohmann::json j = {{"step", step}, {"val_loss", val_loss}, {"eval_time_s", seconds}};
-  if (f_) {
-    std::fprintf(f_, "%s\n", j.dump().c_str());
-    std::fflush(f_);
-  }
+  write_line(j.dump());
   std::printf("eval step %lld | val_loss %.4f | %.2fs\n", static_cast<long long>(step), val_loss,
               seconds);
   std::fflush(stdout);
 }
 
 void MetricsLog::note(const std::string& fields) {
-  if (f_) {
-    std::fprintf(f_, "{%s}\n", fields.c_str());
-    std::fflush(f_);
-  }
+  write_line(absl::StrCat("{", fields, "}"));
 }
 
 }  // namespace tr

@@ -37,17 +37,24 @@ struct StepMetrics {
 
 class MetricsLog {
  public:
-  // Opens <dir>/metrics.jsonl. Resuming at `resume_step` > 0 keeps the lines of steps <=
-  // resume_step (a crashed run may have logged steps past its last checkpoint); a fresh run
-  // moves an existing file aside to metrics.jsonl.prev.
+  // Opens <dir>/metrics.jsonl, which is only ever appended to. Resuming at `resume_step` > 0
+  // appends {"event": "resume", "step": resume_step}: lines of later steps before it (a crashed
+  // run logs steps past its last checkpoint) are superseded, and a reader keeps the last line of
+  // each step (tools/plot_metrics does). A fresh run moves an existing file aside to
+  // metrics.jsonl.<UTC time> first.
   absl::Status open(const std::string& dir, int64_t resume_step);
   ~MetricsLog();
   void step(const StepMetrics& m, bool print);
   void eval(int64_t step, double val_loss, double seconds);
   void note(const std::string& json_object_fields);  // e.g. "\"event\": \"checkpoint\", ..."
+  // A line could not be written (a full disk): warned once; the run should end non-zero.
+  bool failed() const { return failed_; }
 
  private:
+  void write_line(const std::string& line);
   std::FILE* f_ = nullptr;
+  std::string path_;
+  bool failed_ = false;
 };
 
 // "1h02m03s" / "4m05s" / "12s".

@@ -333,6 +333,31 @@ void print_plan(const Session& r) {
 
 // checkpoint.dir is writable by this rank and, seen from rank 0, has room for a checkpoint:
 // found at start-up, not at the first save hours into the run.
+// log.dir on rank 0 (it writes metrics.jsonl and config.yaml there): created and writable,
+// before checkpoint.dir is touched, so that a bad log.dir leaves nothing behind it.
+absl::Status check_log_dir(const Session& r) {
+  if (r.topo.rank != 0) return absl::OkStatus();
+  const std::string& dir = r.cfg.log.dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (!ec && !std::filesystem::is_directory(dir, ec))
+    ec = std::make_error_code(std::errc::not_a_directory);
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "log.dir '", dir, "' cannot be created: ", ec.message(), "; choose another log.dir"));
+  const std::string probe = absl::StrCat(dir, "/.write-test-", static_cast<long>(getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  if (fd < 0)
+    return absl::InvalidArgumentError(absl::StrCat("log.dir '", dir,
+                                                   "' is not writable: ", std::strerror(err),
+                                                   "; fix its permissions or choose another "
+                                                   "log.dir"));
+  return absl::OkStatus();
+}
+
 absl::Status check_checkpoint_dir(const Session& r) {
   const std::string& dir = r.cfg.checkpoint.dir;
   std::error_code ec;
@@ -396,12 +421,14 @@ absl::StatusOr<std::string> check_all_token_ids(const Session& r) {
   absl::StatusOr<data::IdCheck> ids =
       data::check_token_ids(paths, *fmt, r.cfg.model.vocab_size, cache.ok() ? *cache : "");
   if (!ids.ok()) return ids.status();
+  const bool gb = ids->bytes_scanned >= 1e9;
   if (ids->scanned > 0)
     std::printf(
-        "data: every token id of %d file(s) is below vocab_size %lld (%.3g GB read in "
-        "%.1f s; %d more checked before)\n",
-        ids->scanned, static_cast<long long>(r.cfg.model.vocab_size), ids->bytes_scanned / 1e9,
-        ids->seconds, ids->cached);
+        "data: every token id of %d file(s) is below vocab_size %lld (%.1f %s read in %.1f s; "
+        "%d more checked before)\n",
+        ids->scanned, static_cast<long long>(r.cfg.model.vocab_size),
+        ids->bytes_scanned / (gb ? 1e9 : 1e6), gb ? "GB" : "MB", ids->seconds, ids->cached);
+  std::fflush(stdout);  // ahead of any error line on stderr
   return ids->cache_json;
 }
 
@@ -452,9 +479,10 @@ absl::Status check_inputs(Session& r) {
   }
   absl::StatusOr<std::string> ids_checked = check_all_token_ids(r);
   if (!ids_checked.ok()) return ids_checked.status();
-  // Last, once everything else checked out: rank 0 takes checkpoint.dir (a dry run writes
-  // nothing). A directory in use by a live trainer is bad input.
+  // Last, once everything else checked out: rank 0 takes log.dir and checkpoint.dir (a dry run
+  // writes nothing). A directory in use by a live trainer is busy (exit 6).
   if (!r.opts.dry_run) {
+    if (absl::Status st = check_log_dir(r); !st.ok()) return st;
     if (absl::Status st = check_checkpoint_dir(r); !st.ok()) return st;
   }
   if (world.rank() == 0 && !r.opts.dry_run) {
@@ -464,6 +492,18 @@ absl::Status check_inputs(Session& r) {
     if (!lock.ok()) return lock.status();
     r.lock = std::move(*lock);
     if (!note.empty()) std::printf("note: %s\n", note.c_str());
+    // Two runs must not append to one metrics.jsonl either.
+    std::error_code ec;
+    if (!std::filesystem::equivalent(r.cfg.log.dir, r.cfg.checkpoint.dir, ec)) {
+      ckpt::LockOptions o;
+      o.what = "log.dir";
+      std::string log_note;
+      absl::StatusOr<std::unique_ptr<ckpt::DirLock>> log_lock =
+          ckpt::DirLock::acquire(r.cfg.log.dir, o, &log_note);
+      if (!log_lock.ok()) return log_lock.status();
+      r.log_lock = std::move(*log_lock);
+      if (!log_note.empty()) std::printf("note: %s\n", log_note.c_str());
+    }
     // What was checked, for the next start (a failure to write it costs a re-scan, no more).
     if (!ids_checked->empty() &&
         !tr::fs::write_file_atomic(tr::fs::join(r.cfg.checkpoint.dir, kIdCacheFile), *ids_checked)
@@ -639,7 +679,14 @@ int run(const CliOptions& opts) {
   st = r.logger() ? write_run_files(r) : absl::OkStatus();
   if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
     return code;
-  const int code = train_loop(r);
+  int code = train_loop(r);
+  if (r.logger() && r.log.failed() && code == kExitOk) {
+    std::fprintf(stderr,
+                 "error: lines of %s/metrics.jsonl could not be written (see the warning above); "
+                 "the checkpoints are complete\n",
+                 r.cfg.log.dir.c_str());
+    code = kExitFailure;
+  }
   // Which switched paths ran, per rank (only when a switch is set): a test of the process can
   // see that a switch still changes what runs.
   if (const std::vector<std::string> taken = taken_switches(); !taken.empty())

@@ -48,7 +48,8 @@ struct Session {
   std::unique_ptr<st::Reader> init_from;  // model.init_from, opened and checked (fresh starts)
   bool start_over = false;                // --resume none --force over checkpoints: move them aside
   std::unique_ptr<ckpt::DirLock> lock;    // rank 0: this run owns checkpoint.dir
-  int64_t last_saved_step = -1;           // the newest committed checkpoint of this run; -1 = none
+  std::unique_ptr<ckpt::DirLock> log_lock;  // rank 0: and log.dir, when that is another dir
+  int64_t last_saved_step = -1;  // the newest committed checkpoint of this run; -1 = none
 
   bool logger() const { return topo.rank == 0; }
   // "step N" or "none", for messages that say what a resume would continue from.

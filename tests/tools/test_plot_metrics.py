@@ -37,23 +37,34 @@ def step_line(step, loss, tps, mfu=None):
 
 
 def write_alpha(path):
-    """40 steps with mfu; crashed after 40, resumed from the checkpoint at 30, so 31-40 repeat
-    with other values. Returns the values the tool must keep: {step: line}, {step: val_loss}."""
+    """40 steps with mfu; crashed after logging 42 and part of a line, resumed from the
+    checkpoint at 30 (the trainer's resume line), so 31-40 repeat with other values and 41-42
+    are superseded. Returns the values the tool must keep: {step: line}, {step: val_loss}."""
     lines = [{"event": "start", "world": 2, "step": 0}]
-    for s in range(1, 41):
+    for s in range(1, 43):
         lines.append(step_line(s, 5.0 - 0.1 * s, 1000.0 + 10 * s, 0.30 + 0.001 * s))
         if s % 20 == 0:
             lines.append({"step": s, "val_loss": 4.0 - 0.05 * s, "eval_time_s": 0.3})
         if s % 10 == 0:
             lines.append({"step": s, "event": "checkpoint", "seconds": 0.05})
+    crashed = len(lines)
     lines.append({"event": "resume", "step": 30})
     for s in range(31, 41):  # the re-run: lower loss, faster
         lines.append(step_line(s, 4.9 - 0.1 * s, 3000.0 + 7 * s, 0.50 + 0.002 * s))
     lines.append({"step": 40, "val_loss": 1.75, "eval_time_s": 0.3})
+    text = [json.dumps(d) + "\n" for d in lines]
+    text.insert(crashed, '{"step": 43, "loss": 0.1, "l\n')  # cut short by the crash
     with open(path, "w") as f:
-        f.writelines(json.dumps(d) + "\n" for d in lines)
-    keep = {d["step"]: d for d in lines if "loss" in d}
-    val = {d["step"]: d["val_loss"] for d in lines if "val_loss" in d}
+        f.writelines(text)
+    keep, val = {}, {}
+    for d in lines:
+        if d.get("event") == "resume":
+            keep = {k: v for k, v in keep.items() if k <= d["step"]}
+            val = {k: v for k, v in val.items() if k <= d["step"]}
+        elif "loss" in d:
+            keep[d["step"]] = d
+        elif "val_loss" in d:
+            val[d["step"]] = d["val_loss"]
     return keep, val
 
 
