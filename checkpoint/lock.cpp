@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <mutex>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "kernels/core/check.h"
 #include "kernels/core/fs_io.h"
 #include "kernels/core/switches.h"
 
@@ -139,6 +141,35 @@ std::string gone_reason(const LockHolder& h, const std::string& path, const Lock
   return absl::StrFormat("its heartbeat stopped %.0f s ago", h.age_s);
 }
 
+// The lock files this process holds, for fatal_error and end_job to remove: a run that ends on
+// a failure (an allocation that fails, a library error) leaves no lock behind it. Fixed storage:
+// the cleanup runs on the way to an abort.
+constexpr int kMaxHeld = 4;
+std::mutex g_held_mu;
+char g_held[kMaxHeld][4096] = {};
+
+void remove_held_locks() {
+  // Without g_held_mu: the slots are only written while a lock is taken or freed, which does
+  // not end the process this way.
+  for (char* path : g_held)
+    if (path[0] != '\0') ::unlink(path);
+}
+
+void hold(const std::string& path, bool held) {
+  std::lock_guard lock(g_held_mu);
+  for (char* slot : g_held) {
+    if (held && slot[0] == '\0' && path.size() < sizeof(g_held[0])) {
+      std::memcpy(slot, path.c_str(), path.size() + 1);
+      add_fatal_cleanup(remove_held_locks);
+      return;
+    }
+    if (!held && path == slot) {
+      slot[0] = '\0';
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 std::string LockHolder::describe() const {
@@ -179,6 +210,7 @@ struct DirLock::Heartbeat {
 
 DirLock::DirLock(std::string path, std::string content, double heartbeat_s)
     : path_(std::move(path)), content_(std::move(content)), heartbeat_(new Heartbeat) {
+  hold(path_, true);
   heartbeat_->thread = std::thread([this, heartbeat_s] {
     Heartbeat& h = *heartbeat_;
     std::unique_lock lock(h.mu);
@@ -230,6 +262,7 @@ DirLock::~DirLock() {
   }
   heartbeat_->cv.notify_all();
   heartbeat_->thread.join();
+  hold(path_, false);
   absl::StatusOr<std::string> now = fs::read_file(path_);
   if (now.ok() && *now == content_) unlink(path_.c_str());
 }

@@ -490,7 +490,7 @@ DeviceInfo device_info(const Ctx& ctx) {
   if (ctx.device == Device::cuda) return cuda::device_info();
 #endif
   (void)ctx;
-  return {"cpu", 0.0, 0.0};
+  return {"cpu", 0.0, 0.0, 0.0};
 }
 
 void synchronize(const Ctx& ctx) {

@@ -195,6 +195,7 @@ struct DeviceInfo {
   std::string name;        // "cpu", "NVIDIA H100 80GB HBM3"
   double peak_bf16_flops;  // dense bf16 tensor-core peak; 0 when unknown (the CPU)
   double memory_used_mib;  // device memory in use (total - free), 0 on the CPU
+  double memory_free_mib;  // device memory free, 0 on the CPU
 };
 DeviceInfo device_info(const Ctx& ctx);
 // Waits until everything queued on ctx's stream has run (no-op on the CPU): a host sync.

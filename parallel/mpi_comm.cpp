@@ -366,6 +366,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
             std::string("world"));
   MPI_CHECK(MPI_Comm_rank(node, &local_rank_), std::string("node"));
+  MPI_CHECK(MPI_Comm_size(node, &local_size_), std::string("node"));
   MPI_Comm_free(&node);
 }
 

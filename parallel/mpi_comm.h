@@ -32,9 +32,11 @@ class MpiRuntime {
   int world_size() const { return size_; }
   // Rank among the processes of this node (from the launcher), for cudaSetDevice.
   int local_rank() const { return local_rank_; }
+  // Processes on this node.
+  int local_size() const { return local_size_; }
 
  private:
-  int rank_ = 0, size_ = 1, local_rank_ = 0;
+  int rank_ = 0, size_ = 1, local_rank_ = 0, local_size_ = 1;
   std::unique_ptr<MpiWatchdog> watchdog_;
 };
 

@@ -210,6 +210,36 @@ TEST_CASE("jobs: a full disk during a save is one line and exit 1, and the last 
   CHECK(read_checkpoint(run.config, disk.dir + "/step_00000002").state.step == 2);
 }
 
+// A run that cannot fit this host's memory is bad input at start-up, with the numbers (also in a
+// dry run, which used to abort allocating); an allocation that fails anyway (here under an
+// address-space limit the start-up check cannot see) is one line and exit 1, and the run's lock
+// is gone with it.
+TEST_CASE("jobs: a run too large for memory is refused at start-up, a failed allocation is exit 1",
+          "[cli]") {
+  RunDir run(6);
+  for (const std::string& dry : {std::string(""), std::string(" --dry-run")}) {
+    CmdResult r =
+        run.trainer("--set train.micro_batch=1048576 --set train.global_batch=1048576" + dry);
+    test::expect_bad_input(r, "error: the run needs ");
+    CHECK(r.output.find(" of host memory per rank (") != std::string::npos);
+    CHECK(r.output.find("activations ") != std::string::npos);
+    CHECK(r.output.find("; lower train.micro_batch or data.seq_len") != std::string::npos);
+  }
+  CmdResult huge = run.trainer("--set train.global_batch=4611686018427387904");
+  test::expect_bad_input(huge, "train.global_batch 4611686018427387904 is very large");
+  CHECK_FALSE(std::filesystem::exists(run.dir / "ckpt"));
+  // 300 MB of address space: the start-up check passes (it sees the host's memory), the
+  // activations' allocation fails.
+  CmdResult r = run_cmd("timeout 120 sh -c 'ulimit -v 300000; " + std::string(test::kOneThread) +
+                        " " + TR_TRAINER_BIN + " --config " + run.config +
+                        " --set train.micro_batch=4096 --set train.global_batch=4096'");
+  INFO(r.output);
+  CHECK(r.exit_code == kExitFailure);
+  CHECK(count_lines_with(r.output, "error: out of host memory: cannot allocate ") == 1);
+  CHECK_FALSE(std::filesystem::exists(run.dir / "ckpt/trainer.lock"));
+  CHECK_FALSE(std::filesystem::exists(run.dir / "log/trainer.lock"));
+}
+
 // metrics.jsonl is only ever appended to: a resume keeps every byte of it and adds a resume
 // line (readers drop the later steps logged before it); a line a crash cut short stays on a
 // line of its own; a fresh run moves the file aside instead of replacing it.

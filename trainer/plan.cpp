@@ -105,6 +105,46 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path) {
   return g;
 }
 
+StageMemory rank_memory(const Config& cfg, const Topology& st, Device device,
+                        bool separate_compute_copy, int64_t loss_chunk) {
+  const TrainConfig& t = cfg.train;
+  const ParallelConfig& par = cfg.parallel;
+  const int64_t seq = cfg.data.seq_len;
+  const int64_t micro_batches = t.global_batch / (t.micro_batch * st.dp);
+  const bool zero1 = zero1_on(cfg, st);
+  const ModelDims dims = ModelDims::from(cfg, st);
+  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  StageMemory m;
+  m.stage = st.pp_rank;
+  m.in_flight = static_cast<int>(std::min<int64_t>(st.pp - st.pp_rank, micro_batches));
+  const Qwen2Model model(dims, t.micro_batch, seq, Ctx{device}, dtype, loss_chunk,
+                         flat_multiple(cfg, st), m.in_flight, separate_compute_copy,
+                         /*plan_only=*/true, dp_shards(cfg, st));
+  const Qwen2Model::Memory mm = model.memory();
+  m.weights = static_cast<double>(mm.weights);
+  m.compute_copy = static_cast<double>(mm.compute_copy);
+  m.grads = static_cast<double>(mm.grads);
+  m.activations = static_cast<double>(mm.activations);
+  m.loss_chunk_tokens = model.loss_chunk();
+  m.loss_chunk_logits = static_cast<double>(model.loss_chunk()) *
+                        static_cast<double>(dims.vocab_local) * dtype_size(dtype);
+  const int64_t capacity = model.layout().capacity, total = model.layout().total;
+  // AdamW's m and v of this rank's range; the GradReducer's reduced gradient shard (ZeRO-1)
+  // and bf16 staging: their own counts.
+  const DType reduce = grad_reduce_dtype(par);
+  m.optimizer_without_zero1 =
+      static_cast<double>(AdamW::state_bytes(capacity, total, st.dp, false) +
+                          GradReducer::staging_bytes(capacity, st.dp, false, reduce));
+  m.optimizer = static_cast<double>(AdamW::state_bytes(capacity, total, st.dp, zero1) +
+                                    GradReducer::shard_bytes(capacity, st.dp, zero1) +
+                                    GradReducer::staging_bytes(capacity, st.dp, zero1, reduce));
+  if (device == Device::cuda) {
+    m.workspace = static_cast<double>(kCudaWorkspaceBytes);
+    m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
+  }
+  return m;
+}
+
 absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
                                int gpus_per_node) {
   if (nodes < 1 || gpus_per_node < 1)
@@ -133,33 +173,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
     const Topology st = topo->of_rank(topo->rank_at(0, 0, stage));
     const ModelDims dims = ModelDims::from(cfg, st);
     plan.recompute_full_layers += std::min(dims.recompute_full, dims.layers);
-    StageMemory m;
-    m.stage = stage;
-    m.in_flight = static_cast<int>(std::min<int64_t>(topo->pp - stage, plan.micro_batches));
-    const Qwen2Model model(dims, t.micro_batch, seq, Ctx{Device::cuda}, DType::bf16, 0,
-                           flat_multiple(cfg, st), m.in_flight, false, /*plan_only=*/true,
-                           dp_shards(cfg, st));
-    const Qwen2Model::Memory mm = model.memory();
-    m.weights = static_cast<double>(mm.weights);
-    m.compute_copy = static_cast<double>(mm.compute_copy);
-    m.grads = static_cast<double>(mm.grads);
-    m.activations = static_cast<double>(mm.activations);
-    m.loss_chunk_tokens = model.loss_chunk();
-    m.loss_chunk_logits = static_cast<double>(model.loss_chunk()) *
-                          static_cast<double>(dims.vocab_local) * dtype_size(DType::bf16);
-    const int64_t capacity = model.layout().capacity, total = model.layout().total;
-    // AdamW's m and v of this rank's range; the GradReducer's reduced gradient shard (ZeRO-1)
-    // and bf16 staging: their own counts.
-    const DType reduce = grad_reduce_dtype(par);
-    m.optimizer_without_zero1 =
-        static_cast<double>(AdamW::state_bytes(capacity, total, topo->dp, false) +
-                            GradReducer::staging_bytes(capacity, topo->dp, false, reduce));
-    m.optimizer =
-        static_cast<double>(AdamW::state_bytes(capacity, total, topo->dp, zero1) +
-                            GradReducer::shard_bytes(capacity, topo->dp, zero1) +
-                            GradReducer::staging_bytes(capacity, topo->dp, zero1, reduce));
-    m.workspace = static_cast<double>(kCudaWorkspaceBytes);
-    m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
+    const StageMemory m = rank_memory(cfg, st, Device::cuda);
     plan.fits = plan.fits && m.total() <= gpu.memory_bytes;
     plan.stages.push_back(m);
   }

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/core/ctx.h"
+#include "parallel/topology.h"
 #include "trainer/config.h"
 
 namespace tr {
@@ -43,6 +45,13 @@ struct StageMemory {
            attention_workspace;
   }
 };
+
+// The bytes the rank at `topo` allocates for a run of `cfg` on `device` (bf16 compute weights on
+// cuda, f32 on the CPU; `separate_compute_copy` as TR_TEST_COMPUTE_COPY gives CPU ranks),
+// measured from a plan-only model: what the planner prints per stage and what the trainer checks
+// against the memory it has before allocating.
+StageMemory rank_memory(const Config& cfg, const Topology& topo, Device device,
+                        bool separate_compute_copy = false, int64_t loss_chunk = 0);
 
 struct Plan {
   int world = 1, nodes = 1, gpus_per_node = 8, micro_batches = 1;

@@ -26,6 +26,7 @@
 #include "kernels/core/switches.h"
 #include "kernels/ops.h"
 #include "trainer/hf.h"
+#include "trainer/memcheck.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
@@ -402,6 +403,22 @@ absl::Status check_checkpoint_dir(const Session& r) {
   return absl::OkStatus();
 }
 
+// What this rank may allocate: the host's available memory shared by the job's ranks there, and
+// its GPU's free memory shared by the ranks on it (several only with parallel.comm=mpi).
+MemoryBudget memory_budget(const Session& r) {
+  MemoryBudget b;
+  b.host_available = host_memory_available();
+  b.ranks_on_host = r.mpi ? r.mpi->local_size() : 1;
+  if (r.ctx.device == Device::cuda) {
+    b.device_available = device_info(r.ctx).memory_free_mib * 1024.0 * 1024.0;
+#ifdef TRAINER_HAVE_CUDA
+    const int gpus = std::max(1, cuda::device_count());
+    b.ranks_on_device = (b.ranks_on_host + gpus - 1) / gpus;
+#endif
+  }
+  return b;
+}
+
 // Where a run remembers the data files whose ids it checked (data/id_check.h).
 constexpr char kIdCacheFile[] = "data-ids-checked.json";
 
@@ -468,6 +485,12 @@ absl::Status check_inputs(Session& r) {
     }
   }
   if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
+  // Before the loaders prefetch and the model allocates: the run fits this rank's memory.
+  if (absl::Status st = check_memory(r.cfg, r.topo, r.ctx.device, memory_budget(r),
+                                     switch_on(Switch::test_compute_copy),
+                                     setting_int(Setting::loss_chunk_tokens));
+      !st.ok())
+    return st;
   absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(r, r.cfg.data.train, true);
   if (!train.ok()) return train.status();
   r.train = std::move(*train);

@@ -21,6 +21,10 @@ void set_error_rank(int rank);
 // Called by fatal_error before std::abort(); the parallel layer installs MPI_Abort here.
 using AbortHook = void (*)(int exit_code);
 void set_abort_hook(AbortHook hook);
+// Run by fatal_error and end_job before the abort hook, in the order added (e.g. removing this
+// process's lock files, which no destructor will): must not throw, allocate much or block.
+using CleanupHook = void (*)();
+void add_fatal_cleanup(CleanupHook hook);
 
 }  // namespace tr
 

@@ -11,6 +11,9 @@
 #include <sstream>
 #include <utility>
 
+#include "kernels/core/check.h"
+#include "kernels/core/exit_codes.h"
+
 namespace tr {
 
 namespace {
@@ -122,14 +125,25 @@ Buffer::Buffer(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;
   if (device == Device::cuda) {
 #ifdef TRAINER_HAVE_CUDA
-    CUDA_CHECK(cudaMalloc(&data_, round_up(bytes)));
+    if (const cudaError_t e = cudaMalloc(&data_, round_up(bytes)); e != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (e == cudaErrorMemoryAllocation)
+        end_job(kExitFailure, "out of GPU memory: cannot allocate " + std::to_string(bytes >> 20) +
+                                  " MiB more; lower train.micro_batch or data.seq_len, or split "
+                                  "the model over more GPUs (parallel.tp, parallel.pp, "
+                                  "parallel.zero1)");
+      CUDA_CHECK(e);
+    }
     return;
 #else
     TR_ASSERT(false, "a CUDA buffer in a build without the CUDA backend");
 #endif
   }
   data_ = std::aligned_alloc(kAlign, round_up(bytes));
-  TR_ASSERT(data_ != nullptr, "out of host memory allocating " + std::to_string(bytes) + " bytes");
+  if (data_ == nullptr)
+    end_job(kExitFailure, "out of host memory: cannot allocate " + std::to_string(bytes >> 20) +
+                              " MiB more; lower train.micro_batch or data.seq_len, or give the "
+                              "job more memory (the start-up check counted what it knew)");
 }
 
 Buffer::~Buffer() {

@@ -50,7 +50,7 @@ void DeviceContext::synchronize() const {
 DeviceInfo device_info() {
   int index = 0;
   CUDA_CHECK(cudaGetDevice(&index));
-  DeviceInfo info{device_name(index), 0.0, 0.0};
+  DeviceInfo info{device_name(index), 0.0, 0.0, 0.0};
   // Dense bf16 tensor-core peaks (no sparsity), SXM parts; a name not listed gives 0 (no MFU).
   const std::pair<const char*, double> peaks[] = {{"H100", 989.4e12}, {"H200", 989.4e12},
                                                   {"B200", 2250e12},  {"B300", 2250e12},
@@ -60,6 +60,7 @@ DeviceInfo device_info() {
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   info.memory_used_mib = static_cast<double>(total_bytes - free_bytes) / (1024.0 * 1024.0);
+  info.memory_free_mib = static_cast<double>(free_bytes) / (1024.0 * 1024.0);
   return info;
 }
 
@@ -74,8 +75,8 @@ void read_f64(Ctx& ctx, Tensor src, double* out) {
 }
 
 void upload_async(Ctx& ctx, Tensor dst, Tensor src) {
-  CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyHostToDevice,
-                             stream_of(ctx)));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyHostToDevice, stream_of(ctx)));
 }
 
 std::string device_pci_bus_id(int index) {

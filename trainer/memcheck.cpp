@@ -1,0 +1,103 @@
+#include "trainer/memcheck.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/core/fs_io.h"
+#include "trainer/plan.h"
+
+namespace tr {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string gib(double bytes) {
+  return bytes >= kGiB ? absl::StrFormat("%.1f GiB", bytes / kGiB)
+                       : absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0));
+}
+
+// A number in a cgroup file ("max" and errors: none).
+bool read_number(const std::string& path, double* out) {
+  std::ifstream f(path);
+  std::string s;
+  int64_t v = 0;
+  if (!(f >> s) || !absl::SimpleAtoi(s, &v)) return false;
+  *out = static_cast<double>(v);
+  return true;
+}
+
+// The bytes the data loaders hold: each keeps its prefetched steps and the one in use, of this
+// rank's samples (inputs and targets as int32, the sample ids).
+double loader_bytes(const Config& cfg, const Topology& topo) {
+  constexpr double kSteps = 2 + 1;  // LoaderOptions::prefetch_steps and the step in use
+  const double samples = static_cast<double>(cfg.train.global_batch) / topo.dp;
+  const double per_step = samples * (2.0 * static_cast<double>(cfg.data.seq_len) * 4 + 8);
+  const int loaders = cfg.train.eval_interval > 0 ? 2 : 1;
+  return loaders * kSteps * per_step;
+}
+
+}  // namespace
+
+double host_memory_available() {
+  double avail = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (!line.starts_with("MemAvailable:")) continue;
+    std::istringstream in(line.substr(13));
+    double kb = 0;
+    if (in >> kb) avail = kb * 1024;
+  }
+  // cgroup v2: this process's group ("0::/path"), its limit and use.
+  std::ifstream cg("/proc/self/cgroup");
+  for (std::string line; std::getline(cg, line);) {
+    if (!line.starts_with("0::")) continue;
+    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+    double max = 0, current = 0;
+    if (read_number(dir + "/memory.max", &max) && read_number(dir + "/memory.current", &current) &&
+        max > current && (avail == 0 || max - current < avail))
+      avail = max - current;
+  }
+  return avail;
+}
+
+absl::Status check_memory(const Config& cfg, const Topology& topo, Device device,
+                          const MemoryBudget& budget, bool separate_compute_copy,
+                          int64_t loss_chunk) {
+  const StageMemory m = rank_memory(cfg, topo, device, separate_compute_copy, loss_chunk);
+  const double data = loader_bytes(cfg, topo);
+  const std::string parts = absl::StrCat(
+      "weights ", gib(m.weights + m.compute_copy), ", gradients ", gib(m.grads), ", optimizer ",
+      gib(m.optimizer), ", activations ", gib(m.activations), " (train.micro_batch ",
+      cfg.train.micro_batch, " x data.seq_len ", cfg.data.seq_len, ")");
+  const char* fix =
+      "; lower train.micro_batch or data.seq_len, split the model over more ranks (parallel.tp, "
+      "parallel.pp, parallel.zero1) or set train.recompute";
+  auto check = [&](const char* what, const std::string& where, double need, double available,
+                   int sharing, const std::string& detail) -> absl::Status {
+    if (available <= 0 || need * sharing <= available) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the run needs ", gib(need), " of ", what, " memory per rank (", detail, ") and ", where,
+        " has ", gib(available), " available for its ", sharing, " rank(s)",
+        cfg.train.global_batch / topo.dp > cfg.train.micro_batch * 1024
+            ? absl::StrCat("; train.global_batch ", cfg.train.global_batch, " is very large")
+            : std::string(),
+        fix));
+  };
+  if (device == Device::cpu)
+    return check("host", absl::StrCat("host ", fs::host_name()), m.total() + data,
+                 budget.host_available, budget.ranks_on_host,
+                 absl::StrCat(parts, ", data ", gib(data)));
+  if (absl::Status st =
+          check("host", absl::StrCat("host ", fs::host_name()), data, budget.host_available,
+                budget.ranks_on_host, absl::StrCat("data ", gib(data)));
+      !st.ok())
+    return st;
+  return check("GPU", "this rank's GPU", m.total(), budget.device_available, budget.ranks_on_device,
+               absl::StrCat(parts, ", workspaces ", gib(m.workspace + m.attention_workspace)));
+}
+
+}  // namespace tr

@@ -1,0 +1,31 @@
+// Whether a run fits the memory this rank has, checked before anything large is allocated: the
+// plan's bytes (trainer/plan.h rank_memory, measured from a plan-only model) and the data
+// loaders' prefetched steps, times the ranks that share the host (or the GPU), against what the
+// host (or GPU) has free. A run that does not fit is bad input with the numbers and the ways
+// out, instead of an allocation that aborts (or an OOM kill) later.
+#pragma once
+
+#include "absl/status/status.h"
+#include "kernels/core/ctx.h"
+#include "parallel/topology.h"
+#include "trainer/config.h"
+
+namespace tr {
+
+struct MemoryBudget {
+  double host_available = 0;    // bytes this host has for new allocations (cgroup included)
+  int ranks_on_host = 1;        // processes of the job on this host
+  double device_available = 0;  // bytes free on this rank's GPU (cuda)
+  int ranks_on_device = 1;      // ranks sharing that GPU (parallel.comm=mpi)
+};
+
+// The host's available memory: MemAvailable, lowered to this process's cgroup limit (Slurm's)
+// minus its use where one is set; 0 when unknown.
+double host_memory_available();
+
+// OK, or InvalidArgument naming the memory, the parts of the need, and what to change.
+absl::Status check_memory(const Config& cfg, const Topology& topo, Device device,
+                          const MemoryBudget& budget, bool separate_compute_copy = false,
+                          int64_t loss_chunk = 0);
+
+}  // namespace tr
