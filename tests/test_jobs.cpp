@@ -228,11 +228,11 @@ TEST_CASE("jobs: a run too large for memory is refused at start-up, a failed all
   CmdResult huge = run.trainer("--set train.global_batch=4611686018427387904");
   test::expect_bad_input(huge, "train.global_batch 4611686018427387904 is very large");
   CHECK_FALSE(std::filesystem::exists(run.dir / "ckpt"));
-  // 300 MB of address space: the start-up check passes (it sees the host's memory), the
-  // activations' allocation fails.
-  CmdResult r = run_cmd("timeout 120 sh -c 'ulimit -v 300000; " + std::string(test::kOneThread) +
+  // 2 GB of address space (the CUDA build's libraries need about 1): the start-up check passes
+  // (it sees the host's memory), the activations' allocation (a few GB) fails.
+  CmdResult r = run_cmd("timeout 120 sh -c 'ulimit -v 2000000; " + std::string(test::kOneThread) +
                         " " + TR_TRAINER_BIN + " --config " + run.config +
-                        " --set train.micro_batch=4096 --set train.global_batch=4096'");
+                        " --set train.micro_batch=8192 --set train.global_batch=8192'");
   INFO(r.output);
   CHECK(r.exit_code == kExitFailure);
   CHECK(count_lines_with(r.output, "error: out of host memory: cannot allocate ") == 1);

@@ -88,9 +88,9 @@ absl::Status resolve_backend(Session& r) {
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& r,
-                                                              const std::vector<DataSource>& srcs,
-                                                              bool shuffle) {
+absl::StatusOr<data::LoaderOptions> loader_options(const Session& r,
+                                                   const std::vector<DataSource>& srcs,
+                                                   bool shuffle) {
   data::LoaderOptions o;
   for (const DataSource& s : srcs) o.paths.push_back({s.path, s.weight});
   absl::StatusOr<data::SourceFormat> fmt = data::parse_source_format(r.cfg.data.format);
@@ -105,7 +105,15 @@ absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& r,
   o.micro_batch = r.cfg.train.micro_batch;
   o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume
   o.vocab_size = r.cfg.model.vocab_size;
-  return data::DataLoader::create(o);
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& r,
+                                                              const std::vector<DataSource>& srcs,
+                                                              bool shuffle) {
+  absl::StatusOr<data::LoaderOptions> o = loader_options(r, srcs, shuffle);
+  if (!o.ok()) return o.status();
+  return data::DataLoader::create(*o);
 }
 
 // The datasets' tokenizer (PREFIX.meta.json, written by prepare_data) against the model: ids
@@ -485,7 +493,11 @@ absl::Status check_inputs(Session& r) {
     }
   }
   if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
-  // Before the loaders prefetch and the model allocates: the run fits this rank's memory.
+  // Before the loaders prefetch and the model allocates: the batch arithmetic, then whether the
+  // run fits this rank's memory.
+  absl::StatusOr<data::LoaderOptions> batch = loader_options(r, r.cfg.data.train, true);
+  if (!batch.ok()) return batch.status();
+  if (absl::Status st = data::validate_loader_options(*batch); !st.ok()) return st;
   if (absl::Status st = check_memory(r.cfg, r.topo, r.ctx.device, memory_budget(r),
                                      switch_on(Switch::test_compute_copy),
                                      setting_int(Setting::loss_chunk_tokens));
