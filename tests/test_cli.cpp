@@ -833,7 +833,15 @@ TEST_CASE("cli: the 72B layout, tp 8 x pp 2 on 16 srun ranks, matches one rank",
 TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
   RunDir run;
   expect_bad_input(run.trainer("--set optim.lrr=0.1"),
-                   "unknown key 'optim.lrr' in " + run.config + "; did you mean 'lr'?");
+                   "unknown key 'optim.lrr' in --set 'optim.lrr=0.1'; did you mean 'lr'?");
+  expect_bad_input(run.trainer("--set parallel.timeout_s=1e308"),
+                   "parallel.timeout_s must be at most 1e+300 (got 1e+308)");
+  expect_bad_input(run.trainer("--set train.eval_steps=1000001"),
+                   "train.eval_steps must be in [1, 1000000] (got 1000001)");
+  test::write_file(run.dir / "ckptfile", "x");
+  expect_bad_input(run.trainer("--set checkpoint.dir=" + (run.dir / "ckptfile")),
+                   "checkpoint.dir '" + (run.dir / "ckptfile") +
+                       "' is a file, not a directory; choose another checkpoint.dir");
   expect_bad_input(run.trainer("--set train.steps=many"),
                    "train.steps: expected an integer, got 'many'");
   expect_bad_input(run.trainer("--set optim.lr=-0.5"), "optim.lr must be in [0, 10] (got -0.5)");

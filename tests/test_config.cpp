@@ -116,8 +116,12 @@ TEST_CASE("config: --set overrides and its errors", "[config]") {
   CHECK(c->train.micro_batch == 4);
   CHECK(c->optim.lr == 1e-3);
   CHECK(c->parallel.dp == 1);
+  // An override's error names the override, not the file it overrides.
   CHECK(error_of(kBase, {"train.micro_bach=4"}) ==
-        "unknown key 'train.micro_bach' in test.yaml; did you mean 'micro_batch'?");
+        "unknown key 'train.micro_bach' in --set 'train.micro_bach=4'; did you mean "
+        "'micro_batch'?");
+  CHECK(error_of(kBase, {"trian.steps=4"}) ==
+        "unknown section 'trian' in --set 'trian.steps=4'; did you mean 'train'?");
   CHECK(error_of(kBase, {"steps=4"}) ==
         "--set 'steps=4': expected section.key=value, e.g. --set train.micro_batch=2");
 }

@@ -128,7 +128,7 @@ const std::vector<Field>& fields() {
                "[] = all; [n] = n on every stage; or one count per stage"),
       TR_FIELD(train, seed, Int, 0, kMaxI, "seed of the weight initialisation"),
       TR_FIELD(train, eval_interval, Int, 0, kMaxI, "steps between validation runs; 0 = never"),
-      TR_FIELD(train, eval_steps, Int, 1, kMaxI, "validation batches per evaluation"),
+      TR_FIELD(train, eval_steps, Int, 1, 1000000, "validation batches per evaluation"),
       TR_FIELD(
           train, exit_interval, Int, 0, kMaxI,
           "save a checkpoint and exit (code 3) after a step divisible by this (time-sliced jobs); "
@@ -227,15 +227,19 @@ std::string fmt_double(double v) {
   return std::string(buf, r.ptr);
 }
 
+// Names the bound the value broke: below the lowest ("> 0" for positive-only fields), above the
+// highest, or the whole range where both are ordinary numbers.
 Status range_error(const std::string& name, double v, const Field& f) {
-  std::string lo = fmt_double(f.lo), hi = fmt_double(f.hi);
-  if (f.lo == 1e-300)
-    return InvalidArgumentError(absl::StrCat(name, " must be > 0 (got ", fmt_double(v), ")"));
-  if (f.hi >= kMaxI)
-    return InvalidArgumentError(
-        absl::StrCat(name, " must be >= ", lo, " (got ", fmt_double(v), ")"));
-  return InvalidArgumentError(
-      absl::StrCat(name, " must be in [", lo, ", ", hi, "] (got ", fmt_double(v), ")"));
+  auto num = [&](double x) {
+    return f.kind == Kind::Float ? fmt_double(x) : absl::StrCat(static_cast<int64_t>(x));
+  };
+  std::string lo = num(f.lo), hi = num(f.hi);
+  const std::string got = absl::StrCat(" (got ", num(v), ")");
+  if (f.hi >= kMaxI && v > f.hi)
+    return InvalidArgumentError(absl::StrCat(name, " must be at most ", hi, got));
+  if (f.lo == 1e-300) return InvalidArgumentError(absl::StrCat(name, " must be > 0", got));
+  if (f.hi >= kMaxI) return InvalidArgumentError(absl::StrCat(name, " must be >= ", lo, got));
+  return InvalidArgumentError(absl::StrCat(name, " must be in [", lo, ", ", hi, "]", got));
 }
 
 Status parse_sources(const YAML::Node& n, const std::string& name, std::vector<DataSource>* out) {
@@ -591,6 +595,23 @@ Status check_keys(const YAML::Node& root, const std::string& origin) {
   return absl::OkStatus();
 }
 
+// The section and key an override names (apply_override has checked its shape), each known, or
+// an error that names the override (not the file it overrides).
+Status check_override_key(const std::string& set) {
+  const size_t dot = set.find('.'), eq = set.find('=');
+  if (dot == std::string::npos || eq == std::string::npos || dot > eq) return absl::OkStatus();
+  const std::string s = set.substr(0, dot), k = set.substr(dot + 1, eq - dot - 1);
+  const std::string origin = absl::StrCat("--set '", set, "'");
+  if (std::find(section_names().begin(), section_names().end(), s) == section_names().end())
+    return InvalidArgumentError(
+        absl::StrCat("unknown section '", s, "' in ", origin, suggest(s, section_names())));
+  const std::vector<std::string> known = keys_of(s);
+  if (std::find(known.begin(), known.end(), k) == known.end())
+    return InvalidArgumentError(
+        absl::StrCat("unknown key '", s, ".", k, "' in ", origin, suggest(k, known)));
+  return absl::OkStatus();
+}
+
 const Field& field_named(const std::string& section, const std::string& key) {
   for (const Field& f : fields())
     if (section == f.section && key == f.key) return f;
@@ -638,8 +659,13 @@ absl::StatusOr<Config> parse_config(const std::string& yaml_text,
                                              ": invalid YAML: ", e.msg));
   }
   if (root.IsNull()) root = YAML::Node(YAML::NodeType::Map);
-  for (const std::string& s : sets)
+  // The file's own keys first, so that an error names the file or the override it is in.
+  if (root.IsMap())
+    if (Status st = check_keys(root, origin); !st.ok()) return st;
+  for (const std::string& s : sets) {
     if (Status st = apply_override(root, s); !st.ok()) return st;
+    if (Status st = check_override_key(s); !st.ok()) return st;
+  }
   Config cfg;
   try {
     if (Status st = parse_root(root, origin, &cfg); !st.ok()) return st;

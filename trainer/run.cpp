@@ -160,6 +160,16 @@ absl::Status check_data_tokenizer(const Config& c) {
 absl::StatusOr<std::string> resume_path(Session& r) {
   const std::string& how = r.opts.resume;
   const std::string& root = r.cfg.checkpoint.dir;
+  // A directory, or nothing yet (it is created once every input has checked out).
+  std::error_code ec;
+  const std::filesystem::file_status st = std::filesystem::status(root, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint.dir '", root,
+                                                   "' cannot be used: ", ec.message(),
+                                                   "; choose another checkpoint.dir"));
+  if (std::filesystem::exists(st) && !std::filesystem::is_directory(st))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint.dir '", root, "' is a file, not a directory; choose another checkpoint.dir"));
   if (how == "auto") {
     absl::StatusOr<ckpt::ResumePoint> p = ckpt::find_resume_point(root);
     if (!p.ok()) return p.status();
