@@ -57,6 +57,15 @@ absl::Status load(const std::string& ckpt_dir, const LoadTarget& dst, TrainState
                                             " is inconsistent: manifest step ", m->step,
                                             " but /state step ", read_state.step));
   }
+  // Every shard file is this checkpoint's own: a file of another step or run (its checksum
+  // recomputed into the manifest) would load silently otherwise.
+  for (const auto& [name, digest] : m->files) {
+    if (!name.starts_with("shard_")) continue;
+    if (absl::Status st =
+            check_shard_stamp(fs::join(ckpt_dir, name), {read_state.step, read_state.run_id});
+        !st.ok())
+      return st;
+  }
   if (state != nullptr) *state = read_state;
   return absl::OkStatus();
 }

@@ -106,6 +106,10 @@ struct TrainState {
   // steps skipped in a row and in all. Checkpoints without them read as empty and 0.
   std::vector<double> loss_window;
   int64_t skipped_in_a_row = 0, skipped_total = 0;
+  // The run's identity: random at a fresh start, kept across resumes, and stamped with the step
+  // on every shard file, so that a shard of another checkpoint is refused on load. 0: unknown
+  // (checkpoints written before it was kept).
+  uint64_t run_id = 0;
 };
 
 struct SaveRequest {
@@ -164,11 +168,12 @@ std::string shard_file_name(int rank);
 // step_N.tmp and creates it empty. Returns its path. Nothing else is touched.
 absl::StatusOr<std::string> begin_save(const std::string& root, int64_t step, int keep_last);
 
-// Writes `pieces` (non-empty blocks of fp32 data) into `tmp_dir`/shard_file_name(rank),
-// fsyncs it and returns its size and crc32. The file must not exist. Names are validated as in
-// save(). Crash point "mid_tensors" fires after half of them.
+// Writes `pieces` (non-empty blocks of fp32 data) into `tmp_dir`/shard_file_name(rank), stamped
+// with `step` and `run_id` (TrainState::run_id), fsyncs it and returns its size and crc32. The
+// file must not exist. Names are validated as in save(). Crash point "mid_tensors" fires after
+// half of them.
 absl::StatusOr<fs::FileDigest> write_shard(const std::string& tmp_dir, int rank, int64_t step,
-                                           std::span<const ShardPiece> pieces);
+                                           uint64_t run_id, std::span<const ShardPiece> pieces);
 
 // Coordinator, after every shard was written: checks that the shards tile every tensor of the
 // three sets exactly (an error names the first tensor that is not), writes model.h5 (virtual

@@ -338,7 +338,7 @@ absl::StatusOr<std::string> begin_save(const std::string& root, int64_t step, in
 }
 
 absl::StatusOr<fs::FileDigest> write_shard(const std::string& tmp_dir, int rank, int64_t step,
-                                           std::span<const ShardPiece> pieces) {
+                                           uint64_t run_id, std::span<const ShardPiece> pieces) {
   for (const ShardPiece& p : pieces) {
     if (absl::Status st = validate_tensors({&p.ref, 1}, "shard"); !st.ok()) return st;
     if (absl::Status st = check_block(p.ref); !st.ok()) return st;
@@ -350,7 +350,8 @@ absl::StatusOr<fs::FileDigest> write_shard(const std::string& tmp_dir, int rank,
     if (done == std::max<size_t>(1, total / 2)) crash_point("mid_tensors", step);
   };
   const std::string path = fs::join(tmp_dir, shard_file_name(rank));
-  if (absl::Status st = write_shard_file(path, pieces, progress); !st.ok()) return st;
+  if (absl::Status st = write_shard_file(path, pieces, progress, {step, run_id}); !st.ok())
+    return st;
   if (absl::Status st = fs::fsync_path(path); !st.ok()) return st;
   return fs::digest_file(path);
 }

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/h5_io.h"
 #include "checkpoint/manifest.h"
@@ -43,6 +44,7 @@ absl::Status write_state(hid_t file, const TrainState& s) {
   h5::write_attr_f64_array(group.get(), "loss_window", s.loss_window);
   h5::write_attr_i64(group.get(), "skipped_in_a_row", s.skipped_in_a_row);
   h5::write_attr_i64(group.get(), "skipped_total", s.skipped_total);
+  h5::write_attr_u64(group.get(), "run_id", s.run_id);
   return absl::OkStatus();
 }
 
@@ -66,7 +68,12 @@ absl::Status read_state(hid_t file, const std::string& path, TrainState* s) {
        {step.status(), consumed.status(), rng.status(), lr.status(), tokens.status()}) {
     if (!st.ok()) return fail(st);
   }
-  *s = TrainState{*step, *consumed, *rng, *lr, *tokens, {}, 0, 0};
+  *s = TrainState{*step, *consumed, *rng, *lr, *tokens, {}, 0, 0, 0};
+  if (h5::has_attr(group.get(), "run_id")) {
+    absl::StatusOr<uint64_t> run = h5::read_attr_u64(group.get(), "run_id");
+    if (!run.ok()) return fail(run.status());
+    s->run_id = *run;
+  }
   // The step guard's state (absent from checkpoints written before it was kept: a fresh guard).
   if (h5::has_attr(group.get(), "loss_window")) {
     absl::StatusOr<std::vector<double>> window =
@@ -290,10 +297,16 @@ absl::Status write_model_file(const std::string& path, const ModelFileContents& 
 }
 
 absl::Status write_shard_file(const std::string& path, std::span<const ShardPiece> pieces,
-                              const WriteProgress& progress) {
+                              const WriteProgress& progress, const ShardStamp& stamp) {
   absl::StatusOr<Handle> file = create_checkpoint_file(path);
   if (!file.ok()) return file.status();
   hid_t f = file->get();
+  {
+    Handle root(H5Gopen2(f, "/", H5P_DEFAULT), H5Gclose);
+    H5_CHECK(root.get());
+    h5::write_attr_i64(root.get(), "step", stamp.step);
+    h5::write_attr_u64(root.get(), "run_id", stamp.run_id);
+  }
   const std::vector<TensorSet> groups = checkpoint_sets({}, {}, {});
   std::map<std::string, int> count;  // pieces written per tensor
   size_t done = 0;
@@ -311,6 +324,25 @@ absl::Status write_shard_file(const std::string& path, std::span<const ShardPiec
     if (progress) progress(++done, pieces.size());
   }
   return close_checkpoint_file(*file, path);
+}
+
+absl::Status check_shard_stamp(const std::string& path, const ShardStamp& want) {
+  absl::StatusOr<Handle> file = h5::open_file_readonly(path);
+  if (!file.ok()) return file.status();
+  Handle root(H5Gopen2(file->get(), "/", H5P_DEFAULT), H5Gclose);
+  if (!root.valid() || !h5::has_attr(root.get(), "step")) return absl::OkStatus();  // unstamped
+  absl::StatusOr<int64_t> step = h5::read_attr_i64(root.get(), "step");
+  absl::StatusOr<uint64_t> run = h5::read_attr_u64(root.get(), "run_id");
+  if (!step.ok() || !run.ok())
+    return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": unreadable stamp"));
+  const bool run_known = want.run_id != 0 && *run != 0;
+  if (*step == want.step && (!run_known || *run == want.run_id)) return absl::OkStatus();
+  return absl::DataLossError(absl::StrFormat(
+      "checkpoint file %s was written for step %lld of run %016llx, not for this checkpoint's step "
+      "%lld of run %016llx: a file of another checkpoint was put here; restore its own file or "
+      "resume another checkpoint with --resume PATH",
+      path, static_cast<long long>(*step), static_cast<unsigned long long>(*run),
+      static_cast<long long>(want.step), static_cast<unsigned long long>(want.run_id)));
 }
 
 absl::Status read_model_file(const std::string& path, const std::vector<TensorSet>& sets,

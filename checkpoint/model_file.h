@@ -72,10 +72,22 @@ std::string dataset_path(const std::string& group, const std::string& name);
 // A block (TensorRef::start/extent) lies inside its tensor's shape; whole tensors always do.
 absl::Status check_block(const TensorRef& t);
 
+// What a shard file is stamped with (attributes of its root group): the step and run it was
+// written for.
+struct ShardStamp {
+  int64_t step = 0;
+  uint64_t run_id = 0;
+};
+
 // Writes `pieces` (blocks of the tensors of `sets`, group by group) as datasets
-// <group>/<name>/<k> with an attribute `start` into `path` (which must not exist) and closes it.
+// <group>/<name>/<k> with an attribute `start` into `path` (which must not exist), stamps it and
+// closes it.
 absl::Status write_shard_file(const std::string& path, std::span<const ShardPiece> pieces,
-                              const WriteProgress& progress);
+                              const WriteProgress& progress, const ShardStamp& stamp);
+
+// The shard file at `path` was written for `want` (a stamp-less file, or run_id 0 in `want`:
+// only what is known is compared); DataLoss naming the file and both stamps otherwise.
+absl::Status check_shard_stamp(const std::string& path, const ShardStamp& want);
 
 // Reads every tensor (or block) of every set into its buffer after checking that it exists,
 // is fp32 and has the expected shape, that a virtual tensor's source files are all in

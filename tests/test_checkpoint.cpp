@@ -94,7 +94,8 @@ TrainState state_for(int64_t step) {
           step * 4096,
           {5.5, 1.0 / 3.0, static_cast<double>(step)},
           step % 3,
-          step + 2};
+          step + 2,
+          0x7e57'0000'0000'0001ull};
 }
 
 std::string config_for(int64_t step) {
@@ -190,7 +191,7 @@ absl::Status distributed_save(const std::string& root, int64_t step, const FakeM
   for (int rank = 0; rank < 3; ++rank) {
     if (shards.pieces[rank].empty()) continue;
     absl::StatusOr<tr::fs::FileDigest> d =
-        tr::ckpt::write_shard(*tmp, rank, step, shards.pieces[rank]);
+        tr::ckpt::write_shard(*tmp, rank, step, state_for(step).run_id, shards.pieces[rank]);
     if (!d.ok()) return d.status();
     req.shards.push_back({rank, shards.pieces[rank], *d});
   }
@@ -239,6 +240,7 @@ void require_loads_as(const std::string& dir, const FakeModel& expected, int64_t
   CHECK(st.loss_window == want.loss_window);  // the step guard's state, bit for bit
   CHECK(st.skipped_in_a_row == want.skipped_in_a_row);
   CHECK(st.skipped_total == want.skipped_total);
+  CHECK(st.run_id == want.run_id);
   CHECK(config == config_for(step));
   CHECK(layout == R"({"tp": 1, "pp": 1, "dp": 1})");
 }
@@ -616,6 +618,30 @@ TEST_CASE("distributed save: a missing or unlisted shard is an error naming it",
               "/model.h5: tensor /model/embed/weight maps to file 'shard_00001.h5' that the "
               "manifest does not list");
   }
+}
+
+// "A shard file swapped in from another step (checksums recomputed) loads silently": each shard
+// is stamped with its step and run, and a load refuses one of another checkpoint by name.
+TEST_CASE("distributed save: a shard of another checkpoint is refused, checksums and all",
+          "[checkpoint]") {
+  TempDir root;
+  FakeModel one(kShardModel, 1), two(kShardModel, 2);
+  REQUIRE(distributed_save(root.path(), 1, one).ok());
+  REQUIRE(distributed_save(root.path(), 2, two).ok());
+  const std::string dir = root / "step_00000002";
+  fs::copy_file(root / "step_00000001/shard_00001.h5", dir + "/shard_00001.h5",
+                fs::copy_options::overwrite_existing);
+  nlohmann::json j = nlohmann::json::parse(read_text(dir + "/manifest.json"));
+  const absl::StatusOr<tr::fs::FileDigest> d = tr::fs::digest_file(dir + "/shard_00001.h5");
+  REQUIRE(d.ok());
+  j["files"]["shard_00001.h5"] = {{"bytes", d->bytes}, {"crc32", d->crc32}};
+  std::ofstream(dir + "/manifest.json", std::ios::trunc) << j.dump();
+  REQUIRE(tr::ckpt::verify(dir, 0, 1).ok());  // the checksums agree
+  FakeModel got(kShardModel, 0);
+  CHECK_THAT(load_error(dir, got.target()),
+             Catch::StartsWith("checkpoint file " + dir +
+                               "/shard_00001.h5 was written for step 1 of run 7e57000000000001, "
+                               "not for this checkpoint's step 2 of run 7e57000000000001"));
 }
 
 TEST_CASE("distributed save: the commit refuses shards that leave a gap or overlap",

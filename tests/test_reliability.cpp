@@ -267,7 +267,7 @@ TEST_CASE("reliability: a save with a non-finite value is refused, nothing commi
   piece.ref.extent = {2, 2};
   absl::StatusOr<std::string> tmp = ckpt::begin_save(root.path(), 4, 2);
   REQUIRE(tmp.ok());
-  absl::StatusOr<fs::FileDigest> d = ckpt::write_shard(*tmp, 0, 4, {&piece, 1});
+  absl::StatusOr<fs::FileDigest> d = ckpt::write_shard(*tmp, 0, 4, 0, {&piece, 1});
   CHECK(d.status().message() ==
         *tmp +
             "/shard_00000.h5: tensor 'x' (/model/x) holds 2 non-finite values (NaN or Inf; "

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -594,6 +595,17 @@ absl::Status build_model(Session& r) {
     r.train->reset(r.state.consumed_samples);  // continue the sample order exactly
   } else if (r.init_from) {
     if (absl::Status st = load_init_from(r); !st.ok()) return st;
+  }
+  // A fresh run's identity (also for a checkpoint from before run ids), the same on every rank:
+  // rank 0 draws it. Every shard is stamped with it (ckpt::TrainState::run_id).
+  if (r.state.run_id == 0) {
+    uint64_t id = 0;
+    if (r.groups.world->rank() == 0) {
+      std::random_device rd;
+      id = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
+    }
+    r.groups.world->broadcast(Tensor(&id, DType::i64, Device::cpu, {1}), 0);
+    r.state.run_id = id;
   }
   return absl::OkStatus();
 }

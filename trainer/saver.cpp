@@ -148,7 +148,7 @@ absl::Status Saver::settle(bool wait) {
 absl::StatusOr<fs::FileDigest> Saver::write() const {
   if (pieces_.empty()) return fs::FileDigest{};
   return ckpt::write_shard(ckpt::save_tmp_dir(s_.cfg.checkpoint.dir, step_), s_.topo.rank, step_,
-                           pieces_);
+                           s_.state.run_id, pieces_);
 }
 
 // Every rank's (ok, bytes, crc32) to rank 0, which commits: model.h5, manifest, rename, latest.
