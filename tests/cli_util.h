@@ -82,6 +82,14 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
                    " & pid=$!; while [ ! -s " + (dir / "log/metrics.jsonl") +
                    " ]; do sleep 0.05; done; kill -" + sig + " $pid; wait $pid'");
   }
+  // While a trainer of this run is training (it has logged a step), a second one with `args`:
+  // its output, then "second=<its exit code>"; the first is stopped with SIGTERM after.
+  CmdResult second_trainer_while_training(const std::string& args) const {
+    return run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + config +
+                   " >/dev/null 2>&1 & pid=$!; while [ ! -s " + (dir / "log/metrics.jsonl") +
+                   " ]; do sleep 0.05; done; " + TR_TRAINER_BIN + " --config " + config + " " +
+                   args + "; echo second=$?; kill -TERM $pid; wait $pid'");
+  }
   // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations), by
   // step, read as tools/plot_metrics reads them: the last line of each step; a resume line drops
   // the later steps logged before it; a line a crash cut short (not JSON) is skipped.

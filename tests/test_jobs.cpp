@@ -291,12 +291,7 @@ TEST_CASE("jobs: a full log.dir is a warning once and exit 1 at the end", "[cli]
 // second is refused (busy) naming the first.
 TEST_CASE("jobs: a second trainer on the same log.dir exits 6", "[cli]") {
   RunDir run(100000);
-  const std::string log = run.dir / "log/metrics.jsonl";
-  CmdResult r = run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + run.config +
-                        " >/dev/null 2>&1 & pid=$!; while [ ! -s " + log +
-                        " ]; do sleep 0.05; done; " + TR_TRAINER_BIN + " --config " + run.config +
-                        " --set checkpoint.dir=" + (run.dir / "other") +
-                        "; echo second=$?; kill -TERM $pid; wait $pid'");
+  CmdResult r = run.second_trainer_while_training("--set checkpoint.dir=" + (run.dir / "other"));
   INFO(r.output);
   CHECK(r.output.find("error: log.dir '" + (run.dir / "log") +
                       "' is in use by another trainer: pid ") != std::string::npos);

@@ -789,19 +789,23 @@ TEST_CASE("versions: a GPU library built for another CUDA major is refused by na
   CHECK(std::string(check_versions(cudnn12).message()) ==
         "cuDNN 9.14.0 was built for CUDA 12.8, not CUDA 13 as the trainer; install the cuDNN for "
         "CUDA 13 (e.g. the cu13 wheel) and put it first on LD_LIBRARY_PATH");
-  LibraryVersions lt12 = ok;
-  lt12.cublaslt_cudart = 12090;
-  CHECK(std::string(check_versions(lt12).message())
-            .starts_with("cuBLASLt 13.1.0 was built for CUDA 12.9"));
-  LibraryVersions runtime12 = ok;
-  runtime12.cuda_runtime = 12080;
-  CHECK(
-      std::string(check_versions(runtime12).message())
-          .starts_with("the CUDA runtime loaded is 12.8 but the trainer was built with CUDA 13.0"));
-  LibraryVersions old_driver = ok;
-  old_driver.cuda_driver = 12040;
-  CHECK(std::string(check_versions(old_driver).message())
-            .starts_with("the GPU driver supports CUDA up to 12.4, older than the CUDA 13.0"));
+  // Each other mismatch, one field at a time: the line it starts with.
+  struct Bad {
+    int64_t LibraryVersions::*field;
+    int64_t value;
+    const char* starts;
+  };
+  for (const Bad& b :
+       {Bad{&LibraryVersions::cublaslt_cudart, 12090, "cuBLASLt 13.1.0 was built for CUDA 12.9"},
+        Bad{&LibraryVersions::cuda_runtime, 12080,
+            "the CUDA runtime loaded is 12.8 but the trainer was built with CUDA 13.0"},
+        Bad{&LibraryVersions::cuda_driver, 12040,
+            "the GPU driver supports CUDA up to 12.4, older than the CUDA 13.0"}}) {
+    LibraryVersions v = ok;
+    v.*b.field = b.value;
+    INFO(b.starts);
+    CHECK(std::string(check_versions(v).message()).starts_with(b.starts));
+  }
   LibraryVersions no_nccl = ok;
   no_nccl.nccl = 0;
   CHECK(describe(no_nccl).find("NCCL") == std::string::npos);

@@ -598,11 +598,7 @@ TEST_CASE("reliability: the lock's heartbeat is a thread, and a moving heartbeat
 // "Seen: two trainers on one checkpoint.dir: no lock." The second exits 6 (busy) naming the first.
 TEST_CASE("reliability: a second trainer on the same checkpoint.dir exits 6 (busy)", "[cli]") {
   RunDir run(100000);
-  const std::string log = run.dir / "log/metrics.jsonl";
-  CmdResult r = run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + run.config +
-                        " >/dev/null 2>&1 & pid=$!; while [ ! -s " + log +
-                        " ]; do sleep 0.05; done; " + TR_TRAINER_BIN + " --config " + run.config +
-                        "; echo second=$?; kill -TERM $pid; wait $pid'");
+  CmdResult r = run.second_trainer_while_training("");
   INFO(r.output);
   CHECK(r.output.find("error: checkpoint.dir '" + (run.dir / "ckpt") +
                       "' is in use by another trainer: pid ") != std::string::npos);
