@@ -52,10 +52,6 @@ class Comm {
   // communicator's own stream, after the work already queued on the compute stream. The
   // default completes at once.
   virtual void all_reduce_start(Tensor buf, ReduceOp op) { all_reduce(buf, op); }
-  // Asynchronous reduce (ZeRO-1 gradient buckets): starts out = op over ranks of in, on rank
-  // `root` only (`out` is ignored elsewhere and may be empty). Neither may be touched until
-  // wait_all(). Same ordering rules as all_reduce_start.
-  virtual void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) = 0;
   // Asynchronous reduce-scatter (ZeRO-1's gradient buckets): starts reduce_scatter(out, in, op);
   // neither may be touched until wait_all(). Same ordering rules as all_reduce_start. The
   // default completes at once.

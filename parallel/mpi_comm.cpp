@@ -259,16 +259,6 @@ class MpiComm final : public Comm {
     progress();
     pending_.push_back(req);
   }
-  void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
-    TR_ASSERT(rank_ != root || (out.numel() == in.numel() && out.dtype == in.dtype),
-              "reduce: out " + out.shape_str() + " must match in " + in.shape_str());
-    MPI_Request req;
-    MPI_CHECK(MPI_Ireduce(in.data, rank_ == root ? out.data : nullptr, count_of(in),
-                          mpi_type(in.dtype), mpi_op(op, in.dtype), root, comm_, &req),
-              name_);
-    progress();
-    pending_.push_back(req);
-  }
   void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
     check_scatter(out, in);
     MPI_Request req;
@@ -338,7 +328,7 @@ class MpiComm final : public Comm {
   static constexpr int kTag = 7;
   MPI_Comm comm_;
   std::string name_;
-  std::vector<MPI_Request> pending_;  // started by all_reduce_start / reduce_start
+  std::vector<MPI_Request> pending_;  // started by all_reduce_start / reduce_scatter_start
   std::vector<MPI_Request> gathers_;  // started by all_gather_start, ticket gather_base_ + index
   int64_t gather_base_ = 0;
   int rank_ = 0, size_ = 1;

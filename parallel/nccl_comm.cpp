@@ -185,13 +185,6 @@ class NcclComm final : public Comm {
                                comm_, side_);
     });
   }
-  void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
-    if (host(in)) return boot_->reduce_start(out, in, root, op);
-    run_side("reduce (overlapped)", [&] {
-      return ncclReduce(in.data, rank() == root ? out.data : nullptr, in.numel(),
-                        nccl_type(in.dtype), nccl_op(op), root, comm_, side_);
-    });
-  }
   // On the side stream too; each ticket's completion is an event recorded after it there.
   int64_t all_gather_start(Tensor out, Tensor in) override {
     if (host(out) && host(in)) {  // complete at once: tickets here are the device's

@@ -76,15 +76,6 @@ class StagingComm final : public Comm {
     if (!staged(out) && !staged(in)) return host_->reduce_scatter_start(out, in, op);
     reduce_scatter(out, in, op);  // staged: complete at once
   }
-  void reduce_start(Tensor out, Tensor in, int root, ReduceOp op) override {
-    if (!staged(in) && (out.empty() || !staged(out))) return host_->reduce_start(out, in, root, op);
-    // Staged: complete at once (the host buffers are reused by the next call).
-    Tensor h_in = stage_in(0, in, true);
-    Tensor h_out = rank() == root ? stage(1, out, true) : Tensor();
-    host_->reduce_start(h_out, h_in, root, op);
-    host_->wait_all();
-    if (rank() == root) stage_out(out, h_out);
-  }
   void wait_all() override { host_->wait_all(); }
 
  private:
