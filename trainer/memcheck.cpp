@@ -73,19 +73,19 @@ absl::Status check_memory(const Config& cfg, const Topology& topo, Device device
       "weights ", gib(m.weights + m.compute_copy), ", gradients ", gib(m.grads), ", optimizer ",
       gib(m.optimizer), ", activations ", gib(m.activations), " (train.micro_batch ",
       cfg.train.micro_batch, " x data.seq_len ", cfg.data.seq_len, ")");
+  // The way out of whichever part is the larger: the model's, or the loaders' samples.
   const char* fix =
-      "; lower train.micro_batch or data.seq_len, split the model over more ranks (parallel.tp, "
-      "parallel.pp, parallel.zero1) or set train.recompute";
+      data > m.total()
+          ? "; lower train.global_batch or use more data-parallel ranks (the loaders hold three "
+            "steps of this rank's samples)"
+          : "; lower train.micro_batch or data.seq_len, split the model over more ranks "
+            "(parallel.tp, parallel.pp, parallel.zero1) or set train.recompute";
   auto check = [&](const char* what, const std::string& where, double need, double available,
                    int sharing, const std::string& detail) -> absl::Status {
     if (available <= 0 || need * sharing <= available) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(
         "the run needs ", gib(need), " of ", what, " memory per rank (", detail, ") and ", where,
-        " has ", gib(available), " available for its ", sharing, " rank(s)",
-        cfg.train.global_batch / topo.dp > cfg.train.micro_batch * 1024
-            ? absl::StrCat("; train.global_batch ", cfg.train.global_batch, " is very large")
-            : std::string(),
-        fix));
+        " has ", gib(available), " available for its ", sharing, " rank(s)", fix));
   };
   if (device == Device::cpu)
     return check("host", absl::StrCat("host ", fs::host_name()), m.total() + data,

@@ -116,9 +116,6 @@ std::optional<bool> parse_switch_value(std::string_view value) {
 const SwitchInfo& switch_info(Switch s) {
   return kSwitchTable[static_cast<int>(s)];
 }
-const SwitchInfo& setting_info(Setting s) {
-  return kSettingTable[static_cast<int>(s)];
-}
 
 bool switch_on(Switch s) {
   return registry().on[static_cast<int>(s)].load();

@@ -51,7 +51,6 @@ struct SwitchInfo {
 };
 
 const SwitchInfo& switch_info(Switch s);
-const SwitchInfo& setting_info(Setting s);
 
 // The one on/off rule: "1" is on; "" (unset) and "0" are off; anything else is nullopt (malformed).
 std::optional<bool> parse_switch_value(std::string_view value);
@@ -70,8 +69,7 @@ int64_t setting_int(Setting s);
 
 // The first malformed switch in the environment (a value other than "", "0" or "1"; an integer
 // setting that is not an integer >= 0), as one line naming the variable and the fix; OK when all
-// are well formed. The trainer checks it at
-// start-up (exit 2).
+// are well formed. The trainer checks it at start-up (exit 2).
 absl::Status validate_switches();
 
 // Every switch that is on and every setting that is set, as "TR_NAME=value" (printed with the
