@@ -51,7 +51,7 @@ TEST_CASE("cli: the tiny model's loss falls below a bound", "[cli]") {
   CHECK(r.output.find("resolved config:") != std::string::npos);
 }
 
-TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps", "[cli]") {
+TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps", "[cli][cpu-build]") {
   RunDir straight(20), split(20);
   const std::string eval = "--set train.eval_interval=5 --set train.eval_steps=2 ";
   REQUIRE(straight.trainer(eval).exit_code == 0);
@@ -972,7 +972,8 @@ TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
 // train.backend=cuda where no GPU can be used is one clear line and exit 2: in a build without
 // CUDA, and in a CUDA build with every device hidden (so this runs on GPU machines too). The
 // GPU runs themselves are in test_cli_gpu.cpp (label gpu).
-TEST_CASE("cli: train.backend=cuda without a usable GPU is one error line and exit 2", "[cli]") {
+TEST_CASE("cli: train.backend=cuda without a usable GPU is one error line and exit 2",
+          "[cli][cpu-build]") {
   RunDir run(5);
 #ifdef TRAINER_HAVE_CUDA
   const std::string message = "train.backend=cuda but no CUDA device is visible";
