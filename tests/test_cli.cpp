@@ -989,6 +989,45 @@ TEST_CASE("cli: train.backend=cuda without a usable GPU is one error line and ex
   CHECK_FALSE(fs::exists(run.dir / "ckpt"));
 }
 
+// `trainer plan` and the trainer refuse the same layouts with the same line: the planner's
+// --nodes N --gpus-per-node 1 against N MPI ranks of `trainer --dry-run` (the grid of layouts
+// in process: "layout rules: ..." in test_model.cpp).
+TEST_CASE("cli: trainer plan and trainer --dry-run reject the same layouts", "[cli][mpi]") {
+  RunDir run(10);
+  struct Case {
+    int world;
+    std::string sets, error;  // error: "" = accepted
+  };
+  const Case cases[] = {
+      {4, "--set parallel.tp=2 --set parallel.pp=2", ""},
+      {3, "--set parallel.tp=2", "parallel layout: world size 3 is not divisible by tp 2"},
+      {4, "--set train.micro_batch=4",
+       "train.global_batch 8 is not divisible by train.micro_batch 4 x dp 4 = 16"},
+      {2,
+       "--set parallel.tp=2 --set parallel.sequence_parallel=true --set train.micro_batch=1 "
+       "--set data.seq_len=31",
+       "parallel.sequence_parallel: train.micro_batch x data.seq_len = 31 tokens do not split"}};
+  for (const Case& c : cases) {
+    INFO(c.world << " ranks, " << c.sets);
+    const CmdResult plan =
+        run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + run.config + " " + c.sets +
+                " --nodes " + std::to_string(c.world) + " --gpus-per-node 1 2>&1");
+    const CmdResult dry = run.mpirun(c.world, "--dry-run " + c.sets);
+    if (c.error.empty()) {
+      INFO(plan.output << dry.output);
+      CHECK(plan.exit_code == 0);
+      CHECK(dry.exit_code == 0);
+      continue;
+    }
+    expect_bad_input(plan, "error: " + c.error);
+    CHECK(dry.exit_code == 2);
+    CHECK(dry.output.find("error: rank 0: " + c.error) != std::string::npos);
+    // The same line, word for word, after the rank prefix.
+    const std::string line = plan.output.substr(7, plan.output.size() - 8);
+    CHECK(dry.output.find("error: rank 0: " + line + "\n") != std::string::npos);
+  }
+}
+
 TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error line and exit 2",
           "[cli]") {
   const std::string cfg = std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml";

@@ -80,12 +80,6 @@ TEST_CASE("config: wrong types and ranges name the key", "[config]") {
 TEST_CASE("config: cross-field checks", "[config]") {
   CHECK(error_of(kBase, {"model.num_kv_heads=3"}) ==
         "model.num_heads 4 is not a multiple of model.num_kv_heads 3");
-  CHECK(error_of(kBase, {"train.global_batch=5"}) ==
-        "train.global_batch 5 is not divisible by train.micro_batch 2");
-  // dp auto is resolved from the launch (the data loader checks micro_batch x dp then); an
-  // explicit dp is checked here.
-  CHECK(error_of(kBase, {"train.global_batch=6", "parallel.dp=2"}) ==
-        "train.global_batch 6 is not divisible by train.micro_batch 2 x dp 2 = 4");
   CHECK(error_of(kBase, {"data.seq_len=512"}) == "data.seq_len 512 exceeds model.max_seq_len 256");
   CHECK(
       error_of(kBase, {"parallel.pp=4"}) ==

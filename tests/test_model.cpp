@@ -12,10 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "kernels/core/switches.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"
+#include "trainer/facts.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
 #include "trainer/plan.h"
@@ -73,7 +75,7 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
   mc.tie_embeddings = read_attr(f.id, "tie_word_embeddings") != 0;
   const int64_t B = read_attr(f.id, "batch"), S = read_attr(f.id, "seq_len"), V = mc.vocab_size;
   Topology topo;
-  Qwen2Model model(ModelDims::from(mc, topo), B, S, Ctx{}, dtype);
+  Qwen2Model model(ModelDims::from(mc, topo), {.batch = B, .seq_len = S, .dtype = dtype}, Ctx{});
   REQUIRE(model.dims().vocab_padded == 384);  // 300 padded to a multiple of 128
 
   for (const ParamInfo& p : model.layout().tensors) {
@@ -130,7 +132,8 @@ double rel_diff(Tensor a, Tensor b) {
 TEST_CASE("the loss in chunks equals the loss in one piece", "[model]") {
   Topology topo;
   const ModelDims d = ModelDims::from(small_config(false), topo);
-  Qwen2Model whole(d, 2, 8, Ctx{}), chunked(d, 2, 8, Ctx{}, DType::f32, 5);  // 16 tokens: 5+5+5+1
+  Qwen2Model whole(d, {.batch = 2, .seq_len = 8}, Ctx{}),
+      chunked(d, {.batch = 2, .seq_len = 8, .loss_chunk = 5}, Ctx{});  // 16 tokens: 5+5+5+1
   whole.init_weights(11, 0.1);
   chunked.init_weights(11, 0.1);
   std::vector<int32_t> tok(16), tgt(16);
@@ -144,7 +147,8 @@ TEST_CASE("the loss in chunks equals the loss in one piece", "[model]") {
 TEST_CASE("two micro-batches of one sample give the gradients of one batch of two", "[model]") {
   Topology topo;
   const ModelDims d = ModelDims::from(small_config(true), topo);
-  Qwen2Model one(d, 2, 8, Ctx{}), halves(d, 1, 8, Ctx{});
+  Qwen2Model one(d, {.batch = 2, .seq_len = 8}, Ctx{}),
+      halves(d, {.batch = 1, .seq_len = 8}, Ctx{});
   one.init_weights(5, 0.1);
   halves.init_weights(5, 0.1);
   std::vector<int32_t> tok(16), tgt(16);
@@ -160,7 +164,7 @@ TEST_CASE("two micro-batches of one sample give the gradients of one batch of tw
 TEST_CASE("AdamW decays matrices but never norms or biases, and clipping bounds the norm",
           "[model]") {
   Topology topo;
-  Qwen2Model model(ModelDims::from(small_config(false), topo), 1, 8, Ctx{});
+  Qwen2Model model(ModelDims::from(small_config(false), topo), {.batch = 1, .seq_len = 8}, Ctx{});
   model.init_weights(9, 0.1);
   OptimConfig oc;
   oc.weight_decay = 0.5;
@@ -192,7 +196,7 @@ TEST_CASE("gradients accumulate over micro-batches", "[model]") {
   mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 2, mc.num_heads = 4,
   mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = true;
   Topology topo;
-  Qwen2Model model(ModelDims::from(mc, topo), 1, 8, Ctx{});
+  Qwen2Model model(ModelDims::from(mc, topo), {.batch = 1, .seq_len = 8}, Ctx{});
   model.init_weights(7, 0.1);
   std::vector<int32_t> tok = {1, 5, 9, 2, 44, 3, 7, 7}, tgt = {5, 9, 2, 44, 3, 7, 7, 0};
   model.forward_backward(tok.data(), tgt.data(), 1.0f);
@@ -232,7 +236,7 @@ TEST_CASE("model: activation recomputation gives the same gradients bit for bit 
     ModelDims d = ModelDims::from(mc, topo);
     d.recompute_selective = m.selective;
     d.recompute_full = m.full;
-    Qwen2Model model(d, 2, 8, Ctx{}, DType::f32, 0, 1, /*slots=*/2);
+    Qwen2Model model(d, {.batch = 2, .seq_len = 8, .slots = 2}, Ctx{});
     model.init_weights(5, 0.2);
     std::vector<int32_t> tok(16), tgt(16);
     for (int i = 0; i < 16; ++i) tok[i] = (7 * i + 3) % 50, tgt[i] = (11 * i + 1) % 50;
@@ -262,7 +266,8 @@ TEST_CASE("initialisation is deterministic and layout-independent of buffers", "
   mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 2, mc.num_heads = 4,
   mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = false;
   Topology topo;
-  Qwen2Model a(ModelDims::from(mc, topo), 1, 8, Ctx{}), b(ModelDims::from(mc, topo), 2, 4, Ctx{});
+  Qwen2Model a(ModelDims::from(mc, topo), {.batch = 1, .seq_len = 8}, Ctx{}),
+      b(ModelDims::from(mc, topo), {.batch = 2, .seq_len = 4}, Ctx{});
   a.init_weights(3, 0.02);
   b.init_weights(3, 0.02);
   const ParamInfo& emb = a.layout().find("embed_tokens/weight");
@@ -410,7 +415,8 @@ TEST_CASE("a separate compute copy of the weights trains bit-identically to the 
   mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = true;
   Topology topo;
   const ModelDims d = ModelDims::from(mc, topo);
-  Qwen2Model plain(d, 2, 8, Ctx{}), split(d, 2, 8, Ctx{}, DType::f32, 0, 1, 1, true);
+  Qwen2Model plain(d, {.batch = 2, .seq_len = 8}, Ctx{}),
+      split(d, {.batch = 2, .seq_len = 8, .separate_compute_copy = true}, Ctx{});
   REQUIRE(plain.compute_is_master());
   REQUIRE_FALSE(split.compute_is_master());
   plain.init_weights(3, 0.1);
@@ -460,7 +466,7 @@ TEST_CASE("switches: each kernel switch changes the path taken, and both paths a
   auto train = [&](std::optional<Switch> on) {
     std::optional<ScopedSwitch> flip;
     if (on) flip.emplace(*on, true);
-    Qwen2Model model(d, 1, 8, Ctx{});
+    Qwen2Model model(d, {.batch = 1, .seq_len = 8}, Ctx{});
     model.init_weights(11, 0.1);
     OptimConfig oc;
     oc.grad_clip = 0.05;
@@ -551,8 +557,14 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   // Memory: stage 0 as the trainer builds it on a rank (tp 0, dp 0, pp 0), measured by a real
   // (CPU) model with the same arguments: ZeRO-1 over dp 2, so it keeps half of the masters.
   const Topology topo = Topology::make(8, 0, 2, 2, 2)->of_rank(0);
-  Qwen2Model real(ModelDims::from(cfg.model, topo, false, {}), 2, 32, Ctx{}, DType::bf16, 0, 2, 2,
-                  false, false, dp_shards(cfg, topo));
+  Qwen2Model real(ModelDims::from(cfg.model, topo, false, {}),
+                  {.batch = 2,
+                   .seq_len = 32,
+                   .dtype = DType::bf16,
+                   .flat_multiple = 2,
+                   .slots = 2,
+                   .shards = dp_shards(cfg, topo)},
+                  Ctx{});
   CHECK(p->stages[0].weights == static_cast<double>(real.memory().weights));
   CHECK(p->stages[0].compute_copy == static_cast<double>(real.memory().compute_copy));
   // The GPU also keeps the micro-batch's token ids and targets (i32 [T]) on the device.
@@ -645,7 +657,10 @@ TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand",
     REQUIRE(p.ok());
     for (int stage = 0; stage < 2; ++stage) {
       const Topology topo = Topology::make(8, 0, 2, 2, 2)->of_rank(stage * 4);
-      Qwen2Model real(ModelDims::from(cfg, topo), 2, 32, Ctx{}, DType::bf16, 0, 2, 2 - stage);
+      Qwen2Model real(
+          ModelDims::from(cfg, topo),
+          {.batch = 2, .seq_len = 32, .dtype = DType::bf16, .flat_multiple = 2, .slots = 2 - stage},
+          Ctx{});
       CHECK(p->stages[stage].activations ==
             static_cast<double>(real.activation_bytes() + 2 * arena_bytes(DType::i32, 64)));
     }
@@ -666,6 +681,62 @@ TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand",
       CHECK(format_plan(cfg, *p).find("recompute: full; " + std::to_string(full) +
                                       " of 4 layers") != std::string::npos);
   }
+}
+
+// The layout rules that need the world size live in run_facts() (trainer/facts.h), which the
+// trainer's start-up and the planner both call: over a grid of layouts, batches and world
+// sizes, `trainer plan` (make_plan) and every rank's start-up accept the same layouts and
+// reject the others with the same line. The CLI test "cli: trainer plan and trainer --dry-run
+// reject the same layouts" checks the same through both binaries' front doors.
+TEST_CASE("layout rules: the planner and every rank's start-up accept the same layouts",
+          "[model]") {
+  const std::string yaml = R"(
+model: {hidden_size: 64, intermediate_size: 128, num_layers: 4, num_heads: 8, num_kv_heads: 4,
+        head_dim: 8, vocab_size: 300, max_seq_len: 64}
+data: {train: [{path: x}], seq_len: 32}
+train: {steps: 10, global_batch: 12, micro_batch: 2}
+)";
+  const GpuSpec gpu = *gpu_spec("h100");
+  int accepted = 0;
+  std::map<std::string, int> rejected;  // by the key the error line starts with
+  for (int tp : {1, 2, 4})
+    for (int pp : {1, 2})
+      for (int dp : {0, 1, 2})
+        for (int mb : {1, 2, 3})
+          for (int seq : {32, 33})
+            for (bool sp : {false, true})
+              for (int world : {1, 2, 3, 4, 6, 8}) {
+                const std::vector<std::string> sets = {
+                    "parallel.tp=" + std::to_string(tp),
+                    "parallel.pp=" + std::to_string(pp),
+                    "parallel.dp=" + std::to_string(dp),
+                    "train.micro_batch=" + std::to_string(mb),
+                    "data.seq_len=" + std::to_string(seq),
+                    std::string("parallel.sequence_parallel=") + (sp ? "true" : "false")};
+                absl::StatusOr<Config> cfg = parse_config(yaml, sets);
+                REQUIRE(cfg.ok());
+                const absl::StatusOr<Plan> plan = make_plan(*cfg, gpu, world, 1);
+                INFO(absl::StrJoin(sets, " ")
+                     << " on " << world << " ranks: " << plan.status().message());
+                for (int rank = 0; rank < world; ++rank) {
+                  const absl::StatusOr<RunFacts> f = run_facts(*cfg, world, rank);
+                  REQUIRE(f.ok() == plan.ok());
+                  if (!f.ok()) CHECK(f.status().message() == plan.status().message());
+                }
+                if (plan.ok()) {
+                  ++accepted;
+                  CHECK(plan->micro_batches == 12 / (mb * (world / (tp * pp))));
+                } else {
+                  const std::string m(plan.status().message());
+                  ++rejected[m.substr(0, m.find_first_of(" :"))];
+                }
+              }
+  INFO("accepted " << accepted);
+  CHECK(accepted > 50);
+  CHECK(rejected["parallel"] > 0);  // "parallel layout: ..." world against tp x pp x dp
+  CHECK(rejected["train.global_batch"] > 0);
+  CHECK(rejected["parallel.sequence_parallel"] > 0);
+  CHECK(rejected.size() == 3);
 }
 
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {

@@ -461,14 +461,8 @@ Status validate(const Config& c) {
     return err("data.seq_len ", c.data.seq_len, " exceeds model.max_seq_len ", m.max_seq_len);
   const TrainConfig& t = c.train;
   if (t.global_batch == 0) return err("train.global_batch is not set");
-  // With dp auto the layout check (Topology::make) tests micro_batch x the resolved dp.
-  if (p.dp == 0 && t.global_batch % t.micro_batch != 0)
-    return err("train.global_batch ", t.global_batch, " is not divisible by train.micro_batch ",
-               t.micro_batch);
-  const int64_t per_step = t.micro_batch * std::max<int64_t>(p.dp, 1);
-  if (p.dp > 0 && t.global_batch % per_step != 0)
-    return err("train.global_batch ", t.global_batch, " is not divisible by train.micro_batch ",
-               t.micro_batch, " x dp ", p.dp, " = ", per_step);
+  // The batch against micro_batch x dp needs the world size (parallel.dp auto): run_facts()
+  // (trainer/facts.h) checks it.
   if (!t.recompute_layers.empty()) {
     if (t.recompute != "full")
       return err("train.recompute_layers is set but train.recompute is ", t.recompute,

@@ -57,7 +57,7 @@ void all_reduce_sum(Comm& c, double* values, int64_t n) {
 
 // The point-to-point operation of a pipeline communication action.
 P2P p2p_of(Session& s, const PipeAction& a, int slot) {
-  const int stage = s.topo.pp_rank;
+  const int stage = s.topo().pp_rank;
   switch (a.kind) {
     case PipeAction::send_act:
       return {P2P::send, s.model->stage_output(slot), stage + 1};
@@ -85,10 +85,11 @@ struct PipelineRun {
 PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) {
   const std::vector<data::MicroBatch>& mbs = batch.micro_batches;
   const int m = static_cast<int>(mbs.size());
-  const int lag = stop_poll_lag(s.topo.pp);
+  const int lag = stop_poll_lag(s.topo().pp);
   const std::vector<PipeAction> actions =
-      with_stop_polls(one_f_one_b(s.topo.pp, m), lag)[s.topo.pp_rank];
-  const int slots = std::min(s.topo.pp - s.topo.pp_rank, m);  // micro-batches in flight
+      with_stop_polls(one_f_one_b(s.topo().pp, m), lag)[s.topo().pp_rank];
+  const int slots =
+      std::min(s.facts.in_flight(), m);  // micro-batches in flight (eval: m may be fewer)
   PipelineRun run;
   int cut_at = m;          // actions on micro-batches >= cut_at are dropped
   int32_t poll_flag = 0;   // the poll in flight: this rank's stop signal, then every rank's max
@@ -123,7 +124,7 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
       const data::MicroBatch& mb = mbs[a.micro_batch];
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "F", a.micro_batch);
       s.model->forward_stage(slot, mb.inputs.data());
-      if (s.topo.last_stage()) s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
+      if (s.topo().last_stage()) s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
     } else {
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "B", a.micro_batch);
       // The last micro-batch's backward finishes each layer's gradients: DP buckets start.
@@ -136,8 +137,8 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
       if (last) s.model->set_layer_grads_hook({});
     }
   }
-  if (trace && s.topo.tp_rank == 0 && s.topo.dp_rank == 0)
-    std::fprintf(stderr, "pipeline stage %d executed: %s\n", s.topo.pp_rank, executed.c_str());
+  if (trace && s.topo().tp_rank == 0 && s.topo().dp_rank == 0)
+    std::fprintf(stderr, "pipeline stage %d executed: %s\n", s.topo().pp_rank, executed.c_str());
   return run;
 }
 
@@ -163,13 +164,13 @@ class UploadedTokens {
 
 // Forward only, micro-batch after micro-batch down the pipeline; the loss sum (last stage).
 double forward_pipeline(Session& s, const data::StepBatch& batch) {
-  const int stage = s.topo.pp_rank;
+  const int stage = s.topo().pp_rank;
   const UploadedTokens uploaded(s, batch);
   s.model->reset_step_scalars();
   for (const data::MicroBatch& mb : batch.micro_batches) {
-    if (!s.topo.first_stage()) s.groups.pp->recv(s.model->stage_input(0), stage - 1);
+    if (!s.topo().first_stage()) s.groups.pp->recv(s.model->stage_input(0), stage - 1);
     s.model->forward_stage(0, mb.inputs.data());
-    if (s.topo.last_stage())
+    if (s.topo().last_stage())
       s.model->stage_loss(0, mb.targets.data(), 0.0f, false);
     else
       s.groups.pp->send(s.model->stage_output(0), stage + 1);
@@ -267,7 +268,7 @@ void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64
   const std::string seen =
       where.empty() ? ""
                     : absl::StrFormat("; rank %d (tp %d, pp %d, dp %d): %s", w.rank(),
-                                      s.topo.tp_rank, s.topo.pp_rank, s.topo.dp_rank, where);
+                                      s.topo().tp_rank, s.topo().pp_rank, s.topo().dp_rank, where);
   std::fprintf(stderr,
                "warning: step %lld skipped, no update: %s%s; %lld skipped in a row (the run stops "
                "at train.max_skipped_steps=%lld)\n",
@@ -293,7 +294,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   const auto t0 = Clock::now();
   const int64_t syncs_before = host_sync_count();
   const int64_t step = s.state.step + 1;
-  const int64_t tokens = s.cfg.train.global_batch * s.cfg.data.seq_len;
+  const int64_t tokens = s.facts.tokens_per_step;
   const float grad_scale = 1.0f / static_cast<float>(tokens);  // mean over the global batch
   absl::StatusOr<data::StepBatch> batch = s.train->next();
   m.data_wait_s = seconds_since(t0);
@@ -304,7 +305,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     out.ran = false;
     return out;
   }
-  const bool faulty_rank = s.topo.rank == static_cast<int>(fault.arg);
+  const bool faulty_rank = s.topo().rank == static_cast<int>(fault.arg);
   if (faulty_rank && fault.at(step, "hang")) std::raise(SIGSTOP);
   if (faulty_rank && fault.at(step, "slow"))
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -322,7 +323,8 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     return out;
   }
   s.model->sync_replicated_grads();
-  if (s.topo.pp > 1 && s.cfg.model.tie_embeddings && (s.topo.first_stage() || s.topo.last_stage()))
+  if (s.topo().pp > 1 && s.cfg.model.tie_embeddings &&
+      (s.topo().first_stage() || s.topo().last_stage()))
     s.groups.embed->all_reduce(s.model->grad(s.model->layout().find("embed_tokens/weight")),
                                ReduceOp::sum);
   const auto t1 = Clock::now();
@@ -335,7 +337,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   }
   s.opt->accumulate_norm(s.model->step_scalars().slice(1, 1));
   auto [loss_sum, own_squares] = s.model->take_step_scalars();  // the step's host sync
-  if (faulty_rank && fault.at(step, "loss_nan") && s.topo.last_stage())
+  if (faulty_rank && fault.at(step, "loss_nan") && s.topo().last_stage())
     loss_sum = std::numeric_limits<double>::quiet_NaN();
   const bool own_loss_bad = !std::isfinite(loss_sum);
   all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
@@ -344,7 +346,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   // TR_TRACE_DP=1 (world rank 0): how many DP buckets had started during backward, and how
   // many buckets of the last step's ZeRO-1 weight all-gather this step's forward completed
   // itself, layer by layer.
-  if (s.topo.rank == 0 && take(Switch::trace_dp)) {
+  if (s.topo().rank == 0 && take(Switch::trace_dp)) {
     const GradReducer& red = s.opt->reducer();
     std::fprintf(stderr,
                  "step %lld: %d of %d dp buckets started during backward; %d of %d weight buckets "
@@ -372,8 +374,8 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   } else {
     s.opt->clip(m.grad_norm);
     s.opt->update(m.lr, step);
-    if (s.topo.pp > 1 && s.cfg.model.tie_embeddings &&
-        (s.topo.first_stage() || s.topo.last_stage())) {
+    if (s.topo().pp > 1 && s.cfg.model.tie_embeddings &&
+        (s.topo().first_stage() || s.topo().last_stage())) {
       // The two copies took the same update up to summation order; make them bit-identical
       // (with sharded masters, the weights the two stages compute with).
       const ParamInfo& embed = s.model->layout().find("embed_tokens/weight");
@@ -466,7 +468,7 @@ void report_stragglers(Session& s, StepMetrics& m, double busy_per_step) {
   m.median_busy_s = sorted[mid];
   const double pct = s.cfg.log.straggler_percent;
   if (pct > 0 && s.logger() && m.slowest_busy_s > m.median_busy_s * (1 + pct / 100)) {
-    const Topology t = s.topo.of_rank(m.slowest_rank);
+    const Topology t = s.topo().of_rank(m.slowest_rank);
     std::printf(
         "straggler: rank %d (tp %d, pp %d, dp %d) worked %.3f s per step over the last %lld "
         "steps, %.0f%% over the median rank's %.3f s (log.straggler_percent=%g)\n",
@@ -480,11 +482,11 @@ static int train_loop_steps(Session& s) {
   const auto start = Clock::now();
   StepMetrics m;
   m.total_steps = s.cfg.train.steps;
-  m.flops_per_token = flops_per_token(s.cfg);
+  m.flops_per_token = s.facts.flops_per_token;
   m.peak_flops = device_info(s.ctx).peak_bf16_flops;
   if (s.ctx.device == Device::cuda)
     m.attention_bwd = s.model->attention_bwd_deterministic() ? "deterministic" : "fast";
-  m.world = s.topo.world;
+  m.world = s.topo().world;
   const TrainConfig& t = s.cfg.train;
   absl::StatusOr<Fault> fault = fault_from_env();
   if (!fault.ok()) return agree_on_exit(s, kExitBadInput, fault.status());
@@ -508,7 +510,7 @@ static int train_loop_steps(Session& s) {
     busy_s += m.step_time_s - (mpi_blocked_seconds() - blocked_before);
     ++m.steps_done_here;
     m.slowest_rank = -1;
-    if (s.topo.world > 1 && m.step % s.cfg.log.interval == 0) {
+    if (s.topo().world > 1 && m.step % s.cfg.log.interval == 0) {
       report_stragglers(s, m, busy_s / static_cast<double>(s.cfg.log.interval));
       busy_s = 0;
     }

@@ -64,10 +64,11 @@ double host_memory_available() {
   return avail;
 }
 
-absl::Status check_memory(const Config& cfg, const Topology& topo, Device device,
+absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device device,
                           const MemoryBudget& budget, bool separate_compute_copy,
                           int64_t loss_chunk) {
-  const StageMemory m = rank_memory(cfg, topo, device, separate_compute_copy, loss_chunk);
+  const Topology& topo = facts.topo;
+  const StageMemory m = rank_memory(cfg, facts, device, separate_compute_copy, loss_chunk);
   const double data = loader_bytes(cfg, topo);
   const std::string parts = absl::StrCat(
       "weights ", gib(m.weights + m.compute_copy), ", gradients ", gib(m.grads), ", optimizer ",

@@ -9,6 +9,7 @@
 #include "kernels/core/ctx.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
+#include "trainer/facts.h"
 
 namespace tr {
 
@@ -24,7 +25,7 @@ struct MemoryBudget {
 double host_memory_available();
 
 // OK, or InvalidArgument naming the memory, the parts of the need, and what to change.
-absl::Status check_memory(const Config& cfg, const Topology& topo, Device device,
+absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device device,
                           const MemoryBudget& budget, bool separate_compute_copy = false,
                           int64_t loss_chunk = 0);
 

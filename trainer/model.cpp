@@ -197,21 +197,21 @@ std::vector<float> to_host_floats(Tensor t) {
 }
 }  // namespace
 
-Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx, DType dtype,
-                       int64_t loss_chunk, int64_t flat_multiple, int slots,
-                       bool separate_compute_copy, bool plan_only, const DpShards& shards)
+Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, Ctx ctx)
     : dims_(dims),
-      batch_(batch),
-      seq_len_(seq_len),
-      slots_(slots),
+      batch_(o.batch),
+      seq_len_(o.seq_len),
+      slots_(o.slots),
       ctx_(ctx),
-      dtype_(dtype),
-      mdtype_(dtype == DType::bf16 ? DType::f32 : dtype),
-      sdtype_(dtype == DType::f64 ? DType::f64 : DType::f32) {
-  TR_ASSERT(slots >= 1, "at least one activation slot");
-  layout_ = ParamLayout::make(dims_, flat_multiple);
-  const bool separate = separate_compute_copy || dtype_ != mdtype_;
-  shards_ = shards.dp() > 1 ? shards : DpShards(layout_.capacity, layout_.capacity + 1, 1, 0);
+      dtype_(o.dtype),
+      mdtype_(o.dtype == DType::bf16 ? DType::f32 : o.dtype),
+      sdtype_(o.dtype == DType::f64 ? DType::f64 : DType::f32) {
+  TR_ASSERT(o.slots >= 1, "at least one activation slot");
+  const bool plan_only = o.plan_only;
+  const int64_t loss_chunk = o.loss_chunk;
+  layout_ = ParamLayout::make(dims_, o.flat_multiple);
+  const bool separate = o.separate_compute_copy || dtype_ != mdtype_;
+  shards_ = o.shards.dp() > 1 ? o.shards : DpShards(layout_.capacity, layout_.capacity + 1, 1, 0);
   TR_ASSERT(shards_.capacity() == layout_.capacity,
             "ZeRO-1's shards must cover the flat buffer (" + std::to_string(layout_.capacity) +
                 " elements), not " + std::to_string(shards_.capacity()));
@@ -245,7 +245,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ct
     }
   }
 
-  const int64_t T = batch * seq_len;
+  const int64_t T = batch_ * seq_len_;
   chunk_ = loss_chunk > 0 ? std::max<int64_t>(1, std::min<int64_t>(T, loss_chunk))
                           : loss_chunk_tokens(T, dims.vocab_local, dtype_);
   // Measure the activation buffers, then allocate exactly that once.

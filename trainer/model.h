@@ -112,32 +112,34 @@ inline constexpr double kLossChunkBudgetBytes = 2.0 * (1 << 30);
 inline constexpr int64_t kMinLossChunkTokens = 4096;
 int64_t loss_chunk_tokens(int64_t tokens, int64_t vocab_local, DType logits_dtype);
 
-class Qwen2Model {
- public:
-  // Buffers for micro-batches of `batch` samples of `seq_len` tokens, computing in `dtype`
-  // (activations and the weights the ops read). The loss runs over chunks of `loss_chunk`
-  // tokens (0 = loss_chunk_tokens()). The flat buffers hold a multiple of
-  // `flat_multiple` elements (the data-parallel size under ZeRO-1). `slots` micro-batches can
-  // be in flight at once (pipeline stages keep their activations).
-  //
-  // Mixed precision: with dtype bf16 the master weights and the gradients are f32 and the ops
-  // read a bf16 compute copy of the weights (the optimizer writes it in the same pass as the
-  // update); saved statistics (rstd, lse, losses) are f32. With f32 or f64 the weights are
-  // their own compute copy, unless `separate_compute_copy` asks for the bf16 layout anyway
-  // (to test that plumbing on the CPU).
-  //
-  // `plan_only` allocates nothing: the arenas only measure (for the planner, which sizes a
-  // 72B rank on a laptop); such a model answers memory() and nothing else.
-  //
-  // ZeRO-1 (Megatron's distributed optimizer): `shards` is this rank's share of the flat buffer
+// How a rank's model is built besides its shapes; a run's come from model_options()
+// (trainer/facts.h), so the trainer and the planner build the same model.
+struct ModelOptions {
+  int64_t batch = 1, seq_len = 1;  // a micro-batch: samples of seq_len tokens
+  // What the ops compute in (activations and the weights they read). Mixed precision: with
+  // bf16 the master weights and the gradients are f32 and the ops read a bf16 compute copy of
+  // the weights (the optimizer writes it in the same pass as the update); saved statistics
+  // (rstd, lse, losses) are f32. With f32 or f64 the weights are their own compute copy, unless
+  // `separate_compute_copy` asks for the bf16 layout anyway (to test that plumbing on the CPU).
+  DType dtype = DType::f32;
+  bool separate_compute_copy = false;
+  int64_t loss_chunk = 0;     // tokens per loss chunk; 0 = loss_chunk_tokens()
+  int64_t flat_multiple = 1;  // the flat buffers hold a multiple of this (ZeRO-1's alignment)
+  int slots = 1;  // micro-batches in flight at once (pipeline stages keep their activations)
+  // Allocate nothing: the arenas only measure (for the planner, which sizes a 72B rank on a
+  // laptop); such a model answers memory() and nothing else.
+  bool plan_only = false;
+  // ZeRO-1 (Megatron's distributed optimizer): this rank's share of the flat buffer
   // (parallel/dp_shards.h; its capacity must be the layout's, so flat_multiple a multiple of
   // DpShards::capacity_multiple(dp)). With a separate compute copy and more than one shard, this
-  // rank keeps the fp32 masters of its shard only (capacity / dp elements, in the shard's order);
-  // the compute copy stays whole. Where the masters are the compute copy they are whole regardless.
-  Qwen2Model(const ModelDims& dims, int64_t batch, int64_t seq_len, Ctx ctx,
-             DType dtype = DType::f32, int64_t loss_chunk = 0, int64_t flat_multiple = 1,
-             int slots = 1, bool separate_compute_copy = false, bool plan_only = false,
-             const DpShards& shards = DpShards());
+  // rank keeps the fp32 masters of its shard only (capacity / dp elements, in the shard's
+  // order); the compute copy stays whole. Where the masters are the compute copy they are whole.
+  DpShards shards = DpShards();
+};
+
+class Qwen2Model {
+ public:
+  Qwen2Model(const ModelDims& dims, const ModelOptions& options, Ctx ctx);
 
   // Bytes of this rank's model buffers, by the arenas' own accounting (alignment included).
   struct Memory {

@@ -105,21 +105,21 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path) {
   return g;
 }
 
-StageMemory rank_memory(const Config& cfg, const Topology& st, Device device,
+StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
                         bool separate_compute_copy, int64_t loss_chunk) {
+  const Topology& st = facts.topo;
   const TrainConfig& t = cfg.train;
   const ParallelConfig& par = cfg.parallel;
   const int64_t seq = cfg.data.seq_len;
-  const int64_t micro_batches = t.global_batch / (t.micro_batch * st.dp);
-  const bool zero1 = zero1_on(cfg, st);
+  const bool zero1 = facts.zero1;
   const ModelDims dims = ModelDims::from(cfg, st);
-  const DType dtype = device == Device::cuda ? DType::bf16 : DType::f32;
   StageMemory m;
   m.stage = st.pp_rank;
-  m.in_flight = static_cast<int>(std::min<int64_t>(st.pp - st.pp_rank, micro_batches));
-  const Qwen2Model model(dims, t.micro_batch, seq, Ctx{device}, dtype, loss_chunk,
-                         flat_multiple(cfg, st), m.in_flight, separate_compute_copy,
-                         /*plan_only=*/true, dp_shards(cfg, st));
+  m.in_flight = facts.in_flight();
+  const ModelOptions options =
+      model_options(cfg, facts, device, separate_compute_copy, loss_chunk, /*plan_only=*/true);
+  const DType dtype = options.dtype;
+  const Qwen2Model model(dims, options, Ctx{device});
   const Qwen2Model::Memory mm = model.memory();
   m.weights = static_cast<double>(mm.weights);
   m.compute_copy = static_cast<double>(mm.compute_copy);
@@ -155,25 +155,21 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   plan.nodes = nodes;
   plan.gpus_per_node = gpus_per_node;
   plan.world = nodes * gpus_per_node;
-  const ParallelConfig& par = cfg.parallel;
-  absl::StatusOr<Topology> topo = Topology::make(
-      plan.world, 0, static_cast<int>(par.tp), static_cast<int>(par.pp), static_cast<int>(par.dp));
-  if (!topo.ok()) return topo.status();
+  absl::StatusOr<RunFacts> facts = run_facts(cfg, plan.world, 0);
+  if (!facts.ok()) return facts.status();
+  const Topology* topo = &facts->topo;
   const TrainConfig& t = cfg.train;
-  if (t.global_batch % (t.micro_batch * topo->dp) != 0)
-    return absl::InvalidArgumentError(absl::StrCat("train.global_batch ", t.global_batch,
-                                                   " is not divisible by train.micro_batch ",
-                                                   t.micro_batch, " x dp ", topo->dp));
-  plan.micro_batches = static_cast<int>(t.global_batch / (t.micro_batch * topo->dp));
-  const bool zero1 = zero1_on(cfg, *topo);
+  const ParallelConfig& par = cfg.parallel;
+  plan.micro_batches = static_cast<int>(facts->micro_batches);
+  const bool zero1 = facts->zero1;
   const int64_t seq = cfg.data.seq_len, T = t.micro_batch * seq;
 
   // Memory: each stage's rank (0, 0, stage) as the trainer would build it, measuring only.
   for (int stage = 0; stage < topo->pp; ++stage) {
-    const Topology st = topo->of_rank(topo->rank_at(0, 0, stage));
-    const ModelDims dims = ModelDims::from(cfg, st);
+    const RunFacts sf = facts->of_rank(topo->rank_at(0, 0, stage));
+    const ModelDims dims = ModelDims::from(cfg, sf.topo);
     plan.recompute_full_layers += std::min(dims.recompute_full, dims.layers);
-    const StageMemory m = rank_memory(cfg, st, Device::cuda);
+    const StageMemory m = rank_memory(cfg, sf, Device::cuda);
     plan.fits = plan.fits && m.total() <= gpu.memory_bytes;
     plan.stages.push_back(m);
   }
@@ -183,7 +179,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   const double H = static_cast<double>(mc.hidden_size), L = static_cast<double>(mc.num_layers);
   const double attn =
       L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
-  plan.flops_per_token_causal = flops_per_token(cfg);
+  plan.flops_per_token_causal = facts->flops_per_token;
   plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
   // A fully recomputed layer runs its forward again up to the SwiGLU: the QKV, O and gate/up
   // GEMMs (2 flops per weight per token) and causal attention (2 s nh hd per token). Selective
@@ -228,7 +224,7 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
 
   // Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication
   // (TP over NVLink inside a node, PP and DP over the network when they cross nodes).
-  const double tokens_step = static_cast<double>(t.global_batch * seq);
+  const double tokens_step = static_cast<double>(facts->tokens_per_step);
   // 1F1B runs m + pp - 1 micro-batch slots for m micro-batches of work.
   const double stretch = static_cast<double>(plan.micro_batches + pp - 1) / plan.micro_batches;
   plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /

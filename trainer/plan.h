@@ -11,6 +11,7 @@
 #include "kernels/core/ctx.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
+#include "trainer/facts.h"
 
 namespace tr {
 
@@ -46,11 +47,11 @@ struct StageMemory {
   }
 };
 
-// The bytes the rank at `topo` allocates for a run of `cfg` on `device` (bf16 compute weights on
+// The bytes the rank of `facts` allocates for a run of `cfg` on `device` (bf16 compute weights on
 // cuda, f32 on the CPU; `separate_compute_copy` as TR_TEST_COMPUTE_COPY gives CPU ranks),
 // measured from a plan-only model: what the planner prints per stage and what the trainer checks
 // against the memory it has before allocating.
-StageMemory rank_memory(const Config& cfg, const Topology& topo, Device device,
+StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
                         bool separate_compute_copy = false, int64_t loss_chunk = 0);
 
 struct Plan {

@@ -85,7 +85,7 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
       into[i] = staged[i].data();
     }
   }
-  if (absl::Status st = load_rank_part(path, r.cfg, r.topo, weights.data(), into[0], into[1],
+  if (absl::Status st = load_rank_part(path, r.cfg, r.topo(), weights.data(), into[0], into[1],
                                        &r.state, &stored_yaml);
       !st.ok())
     return st;
@@ -123,7 +123,7 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
 // the host, then copied to the device), a fresh optimizer, step 0.
 absl::Status load_init_from(Session& r) {
   std::vector<float> staged(static_cast<size_t>(r.model->layout().total));
-  if (absl::Status st = load_hf_rank_part(*r.init_from, r.cfg, r.topo, staged.data()); !st.ok())
+  if (absl::Status st = load_hf_rank_part(*r.init_from, r.cfg, r.topo(), staged.data()); !st.ok())
     return st;
   r.model->params_from_host(staged);
   const size_t files = r.init_from->file_count();
@@ -135,19 +135,6 @@ absl::Status load_init_from(Session& r) {
 
 }  // namespace
 
-double flops_per_token(const Config& c) {
-  const ModelConfig& m = c.model;
-  const double H = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim);
-  const double q = static_cast<double>(m.num_heads) * hd,
-               kv = static_cast<double>(m.num_kv_heads) * hd;
-  const double per_layer =
-      H * (q + 2 * kv) + q * H + 3 * H * static_cast<double>(m.intermediate_size);
-  const double n_matmul =
-      static_cast<double>(m.num_layers) * per_layer + static_cast<double>(m.vocab_size) * H;
-  return 6 * n_matmul +
-         6 * static_cast<double>(m.num_layers) * static_cast<double>(c.data.seq_len) * q;
-}
-
 namespace {
 
 void print_plan(const Session& r) {
@@ -156,10 +143,11 @@ void print_plan(const Session& r) {
   std::printf("resolved config:\n%s", to_yaml(r.cfg).c_str());
   if (const std::vector<std::string> on = active_switches(); !on.empty())
     std::printf("debug switches: %s (docs/debug.md)\n", absl::StrJoin(on, " ").c_str());
-  std::printf("topology: %s; backend %s\n", r.topo.describe().c_str(), r.cfg.train.backend.c_str());
+  std::printf("topology: %s; backend %s\n", r.topo().describe().c_str(),
+              r.cfg.train.backend.c_str());
   std::printf("model: %lld parameters on this rank (vocab padded to %lld); %.3g GFLOP per token\n",
               static_cast<long long>(P), static_cast<long long>(r.model->dims().vocab_padded),
-              flops_per_token(r.cfg) / 1e9);
+              r.facts.flops_per_token / 1e9);
   const Qwen2Model::Memory mem = r.model->memory();
   std::printf(
       "memory on %s: weights %.1f MiB%s, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f "
@@ -181,7 +169,7 @@ void print_plan(const Session& r) {
   std::printf(
       "data: %lld train samples per epoch; %lld samples per step, %lld micro-batches of %lld\n",
       static_cast<long long>(samples), static_cast<long long>(r.cfg.train.global_batch),
-      static_cast<long long>(r.cfg.train.global_batch / r.cfg.train.micro_batch / r.topo.dp),
+      static_cast<long long>(r.facts.micro_batches),
       static_cast<long long>(r.cfg.train.micro_batch));
   std::fflush(stdout);
 }
@@ -189,20 +177,16 @@ void print_plan(const Session& r) {
 // Model, optimizer, initial weights, and the checkpoint when resuming (its shapes are checked
 // here: a mismatch is bad input).
 absl::Status build_model(Session& r) {
-  const bool zero1 = zero1_on(r.cfg, r.topo);
-  const int64_t micro_batches = r.cfg.train.global_batch / (r.cfg.train.micro_batch * r.topo.dp);
-  const int slots = static_cast<int>(std::min<int64_t>(r.topo.pp - r.topo.pp_rank, micro_batches));
+  const bool zero1 = r.facts.zero1;
   // TR_LOSS_CHUNK_TOKENS=N overrides loss_chunk_tokens() (trainer/model.h), to bisect a GPU
   // regression against the old 16M-logit chunks (docs/PERFORMANCE.md).
   const int64_t loss_chunk = setting_int(Setting::loss_chunk_tokens);
   // A separate compute copy: bf16 on GPUs; on the CPU an fp32 one when TR_TEST_COMPUTE_COPY=1,
   // so that the GPU's layout (and ZeRO-1's sharded masters) runs and is tested on CPU ranks.
   const bool test_copy = take(Switch::test_compute_copy);
-  r.model = std::make_unique<Qwen2Model>(ModelDims::from(r.cfg, r.topo), r.cfg.train.micro_batch,
-                                         r.cfg.data.seq_len, r.ctx,
-                                         r.ctx.device == Device::cuda ? DType::bf16 : DType::f32,
-                                         loss_chunk, flat_multiple(r.cfg, r.topo), slots, test_copy,
-                                         /*plan_only=*/false, dp_shards(r.cfg, r.topo));
+  r.model = std::make_unique<Qwen2Model>(
+      ModelDims::from(r.cfg, r.topo()),
+      model_options(r.cfg, r.facts, r.ctx.device, test_copy, loss_chunk), r.ctx);
   r.model->set_tp_comm(r.groups.tp.get());
   r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
                                   r.groups.tp.get(), r.groups.pp.get());
@@ -339,7 +323,7 @@ int run(const CliOptions& opts) {
     if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
       return code;
   }
-  r.groups = make_groups(r.topo, std::move(r.groups.world));
+  r.groups = make_groups(r.topo(), std::move(r.groups.world));
   if (r.ctx.device == Device::cuda)
     use_device_comms(r.groups, r.cfg.parallel.comm == "nccl", r.ctx.stream,
                      r.cfg.parallel.timeout_s);
@@ -373,7 +357,7 @@ int run(const CliOptions& opts) {
   // Which switched paths ran, per rank (only when a switch is set): a test of the process can
   // see that a switch still changes what runs.
   if (const std::vector<std::string> taken = taken_switches(); !taken.empty())
-    std::fprintf(stderr, "rank %d: debug switches taken: %s\n", r.topo.rank,
+    std::fprintf(stderr, "rank %d: debug switches taken: %s\n", r.topo().rank,
                  absl::StrJoin(taken, ", ").c_str());
   return code;
 }

@@ -19,10 +19,10 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 std::string layout_json(const Session& s) {
-  nlohmann::json j = {{"world", s.topo.world},
-                      {"tp", s.topo.tp},
-                      {"pp", s.topo.pp},
-                      {"dp", s.topo.dp},
+  nlohmann::json j = {{"world", s.topo().world},
+                      {"tp", s.topo().tp},
+                      {"pp", s.topo().pp},
+                      {"dp", s.topo().dp},
                       {"backend", s.cfg.train.backend},
                       {"zero1", s.cfg.parallel.zero1},
                       {"sequence_parallel", s.cfg.parallel.sequence_parallel},
@@ -70,7 +70,7 @@ Saver::Saver(Session& s) : s_(s) {
   if (!s_.cfg.checkpoint.async) return;
   // The staging buffer, allocated (and its pages touched) once at start-up rather than in the
   // first save: a fault per page of a many-GiB buffer would stall that save by seconds.
-  arena_.resize(static_cast<size_t>(total_elems(owned_pieces(s_.cfg, s_.topo, {}))));
+  arena_.resize(static_cast<size_t>(total_elems(owned_pieces(s_.cfg, s_.topo(), {}))));
 }
 
 Saver::~Saver() {
@@ -99,12 +99,12 @@ absl::Status Saver::save() {
     st = ckpt::begin_save(root, step_, static_cast<int>(s_.cfg.checkpoint.keep_last)).status();
   if (!all_ok(*s_.groups.world, st.ok())) return st;
 
-  TR_ASSERT(rank_layout(s_.cfg, s_.topo).capacity == s_.model->layout().capacity,
+  TR_ASSERT(rank_layout(s_.cfg, s_.topo()).capacity == s_.model->layout().capacity,
             "checkpoint ownership must see the model's layout");
   // Whole masters that are the compute copy may still be receiving ZeRO-1's weight all-gather.
   if (!s_.model->masters_sharded()) s_.opt->reducer().finish_weights();
   const HostCopy params(s_.model->masters()), m(s_.opt->exp_avg()), v(s_.opt->exp_avg_sq());
-  pieces_ = owned_pieces(s_.cfg, s_.topo,
+  pieces_ = owned_pieces(s_.cfg, s_.topo(),
                          RankBuffers{params.ptr, s_.model->masters_sharded(), m.ptr, v.ptr});
   if (!s_.cfg.checkpoint.async) return commit(write());
   // Asynchronous: stage a copy of this rank's blocks, then write it in the background.
@@ -147,7 +147,7 @@ absl::Status Saver::settle(bool wait) {
 
 absl::StatusOr<fs::FileDigest> Saver::write() const {
   if (pieces_.empty()) return fs::FileDigest{};
-  return ckpt::write_shard(ckpt::save_tmp_dir(s_.cfg.checkpoint.dir, step_), s_.topo.rank, step_,
+  return ckpt::write_shard(ckpt::save_tmp_dir(s_.cfg.checkpoint.dir, step_), s_.topo().rank, step_,
                            s_.state.run_id, pieces_);
 }
 
@@ -173,10 +173,10 @@ absl::Status Saver::commit(const absl::StatusOr<fs::FileDigest>& written) {
   req.root = root;
   req.step = step_;
   req.keep_last = static_cast<int>(s_.cfg.checkpoint.keep_last);
-  const std::vector<ckpt::TensorRef> tensors = model_tensors(s_.cfg, s_.topo);
+  const std::vector<ckpt::TensorRef> tensors = model_tensors(s_.cfg, s_.topo());
   req.tensors = tensors;  // a span
   for (int r = 0; r < world.size(); ++r) {
-    std::vector<ckpt::ShardPiece> theirs = owned_pieces(s_.cfg, s_.topo.of_rank(r), {});
+    std::vector<ckpt::ShardPiece> theirs = owned_pieces(s_.cfg, s_.topo().of_rank(r), {});
     if (theirs.empty()) continue;
     req.shards.push_back(
         {r,

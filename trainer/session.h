@@ -18,6 +18,7 @@
 #include "parallel/topology.h"
 #include "trainer/cli.h"
 #include "trainer/config.h"
+#include "trainer/facts.h"
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
@@ -32,7 +33,7 @@ struct Session {
   std::unique_ptr<MpiRuntime> mpi;  // first member: finalised after every communicator is gone
   CliOptions opts;
   Config cfg;
-  Topology topo;
+  RunFacts facts;  // the layout and what follows from it (trainer/facts.h)
   // The CUDA DeviceContext behind ctx (train.backend=cuda); declared before the groups so that
   // NCCL communicators queued on its stream are destroyed first.
   std::shared_ptr<void> device;
@@ -51,7 +52,8 @@ struct Session {
   std::unique_ptr<ckpt::DirLock> log_lock;  // rank 0: and log.dir, when that is another dir
   int64_t last_saved_step = -1;  // the newest committed checkpoint of this run; -1 = none
 
-  bool logger() const { return topo.rank == 0; }
+  const Topology& topo() const { return facts.topo; }
+  bool logger() const { return facts.topo.rank == 0; }
   // "step N" or "none", for messages that say what a resume would continue from.
   std::string last_checkpoint() const {
     return last_saved_step >= 0 ? "step " + std::to_string(last_saved_step) : "none";
@@ -69,10 +71,6 @@ extern "C" void on_stop_signal(int sig);
 // ranks is one line, and a rank that fails alone (a missing file on its node) still ends the
 // job instead of leaving the others waiting in a collective.
 int agree_on_exit(Session& s, int code, const absl::Status& status);
-
-// Training FLOPs per token, causal counting (llm.c / Megatron-Core): 6 N_matmul + 6 L s (nh hd),
-// N_matmul = parameters in matrix products, LM head included, input embedding excluded.
-double flops_per_token(const Config& c);
 
 // Trains from s.state.step to train.steps (or a stop), saving checkpoints. Returns the exit
 // code, agreed by all ranks.

@@ -34,16 +34,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Sequence parallelism splits each micro-batch's tokens over the TP ranks.
-absl::Status check_sequence_parallel(const Topology& t, const Config& c) {
-  const int64_t tokens = c.train.micro_batch * c.data.seq_len;
-  if (c.parallel.sequence_parallel && t.tp > 1 && tokens % t.tp != 0)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallel.sequence_parallel: train.micro_batch x data.seq_len = ", tokens,
-        " tokens do not split over parallel.tp ", t.tp, "; change data.seq_len or micro_batch"));
-  return absl::OkStatus();
-}
-
 // `auto` runs on the CPU until the GPU path has been validated on hardware; `cuda` asks for
 // the GPU explicitly. GPU ranks use the node's GPUs in node-local rank order; with NCCL each
 // needs its own GPU, with parallel.comm=mpi several may share one.
@@ -92,8 +82,8 @@ absl::StatusOr<data::LoaderOptions> loader_options(const Session& r,
   o.seq_len = r.cfg.data.seq_len;
   o.seed = static_cast<uint64_t>(r.cfg.data.seed);
   o.shuffle = shuffle;
-  o.dp_rank = r.topo.dp_rank;
-  o.dp_size = r.topo.dp;
+  o.dp_rank = r.topo().dp_rank;
+  o.dp_size = r.topo().dp;
   o.global_batch = r.cfg.train.global_batch;
   o.micro_batch = r.cfg.train.micro_batch;
   o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume
@@ -198,7 +188,7 @@ absl::StatusOr<std::string> resume_path(Session& r) {
 // log.dir on rank 0 (it writes metrics.jsonl and config.yaml there): created and writable,
 // before checkpoint.dir is touched, so that a bad log.dir leaves nothing behind it.
 absl::Status check_log_dir(const Session& r) {
-  if (r.topo.rank != 0) return absl::OkStatus();
+  if (r.topo().rank != 0) return absl::OkStatus();
   const std::string& dir = r.cfg.log.dir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -231,7 +221,7 @@ absl::Status check_checkpoint_dir(const Session& r) {
                                                    "' cannot be created: ", ec.message(),
                                                    "; choose another checkpoint.dir"));
   const std::string probe =
-      absl::StrCat(dir, "/.write-test-", r.topo.rank, "-", static_cast<long>(getpid()));
+      absl::StrCat(dir, "/.write-test-", r.topo().rank, "-", static_cast<long>(getpid()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   bool ok = fd >= 0 && ::write(fd, "x", 1) == 1 && ::fsync(fd) == 0;
   const int err = errno;
@@ -239,17 +229,17 @@ absl::Status check_checkpoint_dir(const Session& r) {
   ::unlink(probe.c_str());
   if (!ok)
     return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint.dir '", dir, "' is not writable (rank ", r.topo.rank, " on ",
+        absl::StrCat("checkpoint.dir '", dir, "' is not writable (rank ", r.topo().rank, " on ",
                      tr::fs::host_name(), "): ", std::strerror(err),
                      "; fix its permissions or choose another checkpoint.dir"));
-  if (r.topo.rank != 0) return absl::OkStatus();
-  if (absl::Status st = ckpt::check_save_paths(dir, r.cfg.train.steps, r.topo.world); !st.ok())
+  if (r.topo().rank != 0) return absl::OkStatus();
+  if (absl::Status st = ckpt::check_save_paths(dir, r.cfg.train.steps, r.topo().world); !st.ok())
     return st;
   struct statvfs fsinfo {};
   if (statvfs(dir.c_str(), &fsinfo) != 0) return absl::OkStatus();  // unknown: not an error
   const double free_bytes =
       static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
-  const double need = checkpoint_bytes(r.cfg, r.topo);
+  const double need = checkpoint_bytes(r.cfg, r.topo());
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (free_bytes < need)
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -320,12 +310,9 @@ absl::Status check_inputs(Session& r) {
   if (!cfg.ok()) return cfg.status();
   r.cfg = *cfg;
   const Comm& world = *r.groups.world;
-  absl::StatusOr<Topology> topo =
-      Topology::make(world.size(), world.rank(), static_cast<int>(r.cfg.parallel.tp),
-                     static_cast<int>(r.cfg.parallel.pp), static_cast<int>(r.cfg.parallel.dp));
-  if (!topo.ok()) return topo.status();
-  r.topo = *topo;
-  if (absl::Status st = check_sequence_parallel(r.topo, r.cfg); !st.ok()) return st;
+  absl::StatusOr<RunFacts> facts = run_facts(r.cfg, world.size(), world.rank());
+  if (!facts.ok()) return facts.status();
+  r.facts = *facts;
   if (absl::Status st = resolve_backend(r); !st.ok()) return st;
   absl::StatusOr<std::string> resume = resume_path(r);
   if (!resume.ok()) return resume.status();
@@ -342,7 +329,7 @@ absl::Status check_inputs(Session& r) {
         std::printf("note: model.init_from %s is ignored: resuming from %s\n",
                     r.cfg.model.init_from.c_str(), r.resume_from.c_str());
     } else {
-      absl::StatusOr<st::Reader> hf = open_hf_model(r.cfg.model.init_from, r.cfg, r.topo);
+      absl::StatusOr<st::Reader> hf = open_hf_model(r.cfg.model.init_from, r.cfg, r.topo());
       if (!hf.ok()) return hf.status();
       r.init_from = std::make_unique<st::Reader>(std::move(*hf));
     }
@@ -353,7 +340,7 @@ absl::Status check_inputs(Session& r) {
   absl::StatusOr<data::LoaderOptions> batch = loader_options(r, r.cfg.data.train, true);
   if (!batch.ok()) return batch.status();
   if (absl::Status st = data::validate_loader_options(*batch); !st.ok()) return st;
-  if (absl::Status st = check_memory(r.cfg, r.topo, r.ctx.device, memory_budget(r),
+  if (absl::Status st = check_memory(r.cfg, r.facts, r.ctx.device, memory_budget(r),
                                      switch_on(Switch::test_compute_copy),
                                      setting_int(Setting::loss_chunk_tokens));
       !st.ok())
