@@ -22,6 +22,7 @@
 #include "kernels/core/fs_io.h"
 #include "kernels/core/switches.h"
 #include "kernels/ops.h"
+#include "trainer/agree.h"
 #include "trainer/hf.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
@@ -310,7 +311,7 @@ int run(const CliOptions& opts) {
   if (r.groups.world->rank() != 0) (void)!std::freopen("/dev/null", "w", stdout);  // rank 0 logs
   absl::Status st = check_inputs(r);
   // A checkpoint.dir held by a live trainer is busy, not bad input: a retry may succeed.
-  if (int code = agree_on_exit(r,
+  if (int code = agree_on_exit(*r.groups.world,
                                st.ok()                   ? kExitOk
                                : absl::IsUnavailable(st) ? kExitBusy
                                                          : kExitBadInput,
@@ -320,7 +321,8 @@ int run(const CliOptions& opts) {
   if (r.mpi) r.mpi->watch(r.cfg.parallel.timeout_s);
   if (r.ctx.device == Device::cuda && r.cfg.parallel.comm == "nccl") {
     st = check_gpu_binding(*r.groups.world, r.gpu);
-    if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
+    if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
+        code != kExitOk)
       return code;
   }
   r.groups = make_groups(r.topo(), std::move(r.groups.world));
@@ -331,7 +333,8 @@ int run(const CliOptions& opts) {
     MpiPatience loading(r.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest reader
     st = build_model(r);
   }
-  if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
+  if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
+      code != kExitOk)
     return code;
   print_plan(r);
   if (opts.dry_run) return kExitOk;
@@ -341,10 +344,12 @@ int run(const CliOptions& opts) {
     return kExitOk;
   }
   st = r.logger() ? settle_checkpoint_dir(r) : absl::OkStatus();
-  if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitFailure, st); code != kExitOk)
+  if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitFailure, st);
+      code != kExitOk)
     return code;
   st = r.logger() ? write_run_files(r) : absl::OkStatus();
-  if (int code = agree_on_exit(r, st.ok() ? kExitOk : kExitBadInput, st); code != kExitOk)
+  if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
+      code != kExitOk)
     return code;
   int code = train_loop(r);
   if (r.logger() && r.log.failed() && code == kExitOk) {

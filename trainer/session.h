@@ -2,7 +2,6 @@
 // loop (loop.cpp). Internal to trainer/.
 #pragma once
 
-#include <csignal>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -59,18 +58,6 @@ struct Session {
     return last_saved_step >= 0 ? "step " + std::to_string(last_saved_step) : "none";
   }
 };
-
-// Set by SIGTERM, SIGINT, SIGUSR1 or SIGUSR2 (Slurm sends SIGTERM before a time limit or
-// preemption, or the --signal of the job); the ranks agree on it at the next micro-batch
-// boundary (stop polls) or step boundary, save the last applied step and exit kExitStopped.
-extern volatile std::sig_atomic_t g_stop_signal;
-extern "C" void on_stop_signal(int sig);
-
-// Every rank passes its own outcome (exit code and status); all get the worst exit code back.
-// Only the lowest-numbered failing rank prints its error, so a config error shared by all
-// ranks is one line, and a rank that fails alone (a missing file on its node) still ends the
-// job instead of leaving the others waiting in a collective.
-int agree_on_exit(Session& s, int code, const absl::Status& status);
 
 // Trains from s.state.step to train.steps (or a stop), saving checkpoints. Returns the exit
 // code, agreed by all ranks.

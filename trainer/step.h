@@ -1,0 +1,35 @@
+// One training step and one evaluation, as a library: the loop (loop.cpp) calls these between
+// its checkpoints, metrics and stop handling.
+#pragma once
+
+#include <chrono>
+
+#include "trainer/agree.h"
+#include "trainer/faults.h"
+#include "trainer/guard.h"
+#include "trainer/metrics.h"
+#include "trainer/session.h"
+
+namespace tr {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// One optimizer step: the batch, micro-batches through the pipeline with gradient
+// accumulation, finalize_grads, the step's one host sync (loss and gradient norm), the agreed
+// verdict of the step guard, then clip and AdamW (or a skip). Fills `m` and advances s.state.
+StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const FaultInjector& fault);
+
+// Everything that makes this rank's accumulated gradients the ones the optimizer applies:
+// the replicated tensors' TP sync, the tied embedding's copies summed (pp > 1), and the
+// data-parallel reduction (or its last buckets, when they started during backward).
+void finalize_grads(Session& s);
+
+// Mean validation loss per token over eval_steps batches read in order from the start, over
+// all data-parallel ranks and pipeline stages. Every rank learns of a bad batch on any rank, and
+// of a stop signal on any rank before each batch: the evaluation ends there (stop set).
+StepOutcome evaluate(Session& s, double* val_loss);
+
+}  // namespace tr
