@@ -539,7 +539,7 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   INFO(p.status().message());
   REQUIRE(p.ok());
   CHECK(p->world == 8);
-  CHECK(p->micro_batches == 4);           // 16 / (2 x dp 2)
+  CHECK(p->facts.micro_batches == 4);     // 16 / (2 x dp 2)
   CHECK(p->bubble == Approx(1.0 / 5.0));  // (pp - 1) / (m + pp - 1)
   // Parameters: per layer q,k,v 64x(64+32+32) + biases 128 + o 64x64 + mlp 3x64x128 + norms
   // 2x64 = 8192 + 128 + 4096 + 24576 + 128 = 37120; x4 layers + final norm 64 + embed and
@@ -725,7 +725,7 @@ train: {steps: 10, global_batch: 12, micro_batch: 2}
                 }
                 if (plan.ok()) {
                   ++accepted;
-                  CHECK(plan->micro_batches == 12 / (mb * (world / (tp * pp))));
+                  CHECK(plan->facts.micro_batches == 12 / (mb * (world / (tp * pp))));
                 } else {
                   const std::string m(plan.status().message());
                   ++rejected[m.substr(0, m.find_first_of(" :"))];

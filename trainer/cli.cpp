@@ -42,119 +42,178 @@ std::string usage() {
          "  directory with model.init_from: DIR.\n";
 }
 
+namespace {
+
+using absl::InvalidArgumentError;
+using absl::Status;
+
+Status positive_int(std::string_view flag, const std::string& v, int* out) {
+  if (!absl::SimpleAtoi(v, out) || *out < 1)
+    return InvalidArgumentError(
+        absl::StrCat(std::string(flag), " '", v, "' is not a positive integer"));
+  return absl::OkStatus();
+}
+
+// Which command takes a flag: any (the training run's flags; plan and export-hf read them too),
+// or only `trainer plan` or `trainer export-hf`.
+enum class Cmd { any, plan, export_hf };
+
+// One flag: its command, whether it takes a value (--flag V or --flag=V), and what it sets.
+struct Flag {
+  std::string_view name;
+  Cmd cmd;
+  bool takes_value;
+  Status (*set)(CliOptions& o, const std::string& value);
+};
+
+// Every flag of every command.
+const Flag kFlags[] = {
+    {"--help", Cmd::any, false,
+     [](CliOptions& o, const std::string&) {
+       o.help = true;
+       return Status();
+     }},
+    {"-h", Cmd::any, false,
+     [](CliOptions& o, const std::string&) {
+       o.help = true;
+       return Status();
+     }},
+    {"--help-config", Cmd::any, false,
+     [](CliOptions& o, const std::string&) {
+       o.help_config = true;
+       return Status();
+     }},
+    {"--help-switches", Cmd::any, false,
+     [](CliOptions& o, const std::string&) {
+       o.help_switches = true;
+       return Status();
+     }},
+    {"--dry-run", Cmd::any, false,
+     [](CliOptions& o, const std::string&) {
+       o.dry_run = true;
+       return Status();
+     }},
+    {"--force", Cmd::any, false,
+     [](CliOptions& o, const std::string&) {
+       o.force = true;
+       return Status();
+     }},
+    {"--config", Cmd::any, true,
+     [](CliOptions& o, const std::string& v) {
+       o.config = v;
+       return Status();
+     }},
+    {"--set", Cmd::any, true,
+     [](CliOptions& o, const std::string& v) {
+       o.sets.push_back(v);  // --set=a.b=c keeps everything after the first '='
+       return Status();
+     }},
+    {"--resume", Cmd::any, true,
+     [](CliOptions& o, const std::string& v) {
+       if (v.empty()) return InvalidArgumentError("--resume needs auto, none or a checkpoint path");
+       o.resume = v;
+       return Status();
+     }},
+    {"--json", Cmd::plan, false,
+     [](CliOptions& o, const std::string&) {
+       o.json = true;
+       return Status();
+     }},
+    {"--hardware", Cmd::plan, true,
+     [](CliOptions& o, const std::string& v) {
+       o.hardware = v;
+       return Status();
+     }},
+    {"--gpu", Cmd::plan, true,
+     [](CliOptions& o, const std::string& v) {
+       o.gpu = v;
+       return Status();
+     }},
+    {"--nodes", Cmd::plan, true,
+     [](CliOptions& o, const std::string& v) { return positive_int("--nodes", v, &o.nodes); }},
+    {"--gpus-per-node", Cmd::plan, true,
+     [](CliOptions& o, const std::string& v) {
+       return positive_int("--gpus-per-node", v, &o.gpus_per_node);
+     }},
+    {"--checkpoint", Cmd::export_hf, true,
+     [](CliOptions& o, const std::string& v) {
+       o.checkpoint = v;
+       return Status();
+     }},
+    {"--out", Cmd::export_hf, true,
+     [](CliOptions& o, const std::string& v) {
+       o.out = v;
+       return Status();
+     }},
+    {"--tokenizer", Cmd::export_hf, true,
+     [](CliOptions& o, const std::string& v) {
+       o.tokenizer = v;
+       return Status();
+     }},
+    {"--dtype", Cmd::export_hf, true,
+     [](CliOptions& o, const std::string& v) {
+       if (v != "bf16" && v != "fp32")
+         return InvalidArgumentError(absl::StrCat("--dtype '", v, "' is not one of bf16, fp32"));
+       o.dtype = v;
+       return Status();
+     }},
+    {"--max-shard-gib", Cmd::export_hf, true,
+     [](CliOptions& o, const std::string& v) {
+       if (!absl::SimpleAtod(v, &o.max_shard_gib) || !(o.max_shard_gib > 0))
+         return InvalidArgumentError(
+             absl::StrCat("--max-shard-gib '", v, "' is not a positive number"));
+       return Status();
+     }},
+};
+
+// Whether `flag` may be given to the command `o` is.
+bool accepts(const CliOptions& o, const Flag& flag) {
+  return flag.cmd == Cmd::any || (flag.cmd == Cmd::plan && o.plan) ||
+         (flag.cmd == Cmd::export_hf && o.export_hf);
+}
+
+}  // namespace
+
 absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
   CliOptions o;
-  int first = 1;
+  int i = 1;
   if (argc > 1 && std::string_view(argv[1]) == "plan") {
     o.plan = true;
-    first = 2;
+    ++i;
   } else if (argc > 1 && std::string_view(argv[1]) == "export-hf") {
     o.export_hf = true;
-    first = 2;
+    ++i;
   }
-  auto count = [](std::string_view flag, const std::string& v) -> absl::StatusOr<int> {
-    int n = 0;
-    if (!absl::SimpleAtoi(v, &n) || n < 1)
-      return absl::InvalidArgumentError(
-          absl::StrCat(std::string(flag), " '", v, "' is not a positive integer"));
-    return n;
-  };
-  for (int i = first; i < argc; ++i) {
-    std::string_view a = argv[i];
-    auto value = [&](std::string_view flag) -> absl::StatusOr<std::string> {
-      if (size_t eq = a.find('='); eq != std::string_view::npos)
-        return std::string(a.substr(eq + 1));
-      if (i + 1 >= argc)
-        return absl::InvalidArgumentError(
-            absl::StrCat(std::string(flag), " needs a value; see --help"));
-      return std::string(argv[++i]);
-    };
-    auto is = [&](std::string_view flag) {
-      return a == flag || a.starts_with(absl::StrCat(std::string(flag), "="));
-    };
-    if (a == "--help" || a == "-h") {
-      o.help = true;
-    } else if (a == "--help-config") {
-      o.help_config = true;
-    } else if (a == "--help-switches") {
-      o.help_switches = true;
-    } else if (a == "--dry-run") {
-      o.dry_run = true;
-    } else if (a == "--force") {
-      o.force = true;
-    } else if (is("--config")) {
-      absl::StatusOr<std::string> v = value("--config");
-      if (!v.ok()) return v.status();
-      o.config = *v;
-    } else if (is("--set")) {
-      // --set=a.b=c keeps everything after the first '=' as the assignment.
-      std::string v;
-      if (a.starts_with("--set=")) {
-        v = std::string(a.substr(6));
-      } else {
-        absl::StatusOr<std::string> n = value("--set");
-        if (!n.ok()) return n.status();
-        v = *n;
-      }
-      o.sets.push_back(v);
-    } else if (o.plan && a == "--json") {
-      o.json = true;
-    } else if (o.plan && is("--hardware")) {
-      absl::StatusOr<std::string> v = value("--hardware");
-      if (!v.ok()) return v.status();
-      o.hardware = *v;
-    } else if (o.plan && (is("--gpu") || is("--nodes") || is("--gpus-per-node"))) {
-      const std::string_view flag = is("--gpu")     ? "--gpu"
-                                    : is("--nodes") ? "--nodes"
-                                                    : "--gpus-per-node";
-      absl::StatusOr<std::string> v = value(flag);
-      if (!v.ok()) return v.status();
-      if (flag == "--gpu") {
-        o.gpu = *v;
-      } else {
-        absl::StatusOr<int> n = count(flag, *v);
-        if (!n.ok()) return n.status();
-        (flag == "--nodes" ? o.nodes : o.gpus_per_node) = *n;
-      }
-    } else if (o.export_hf && (is("--checkpoint") || is("--out") || is("--dtype") ||
-                               is("--tokenizer") || is("--max-shard-gib"))) {
-      const std::string_view flag = a.substr(0, a.find('='));
-      absl::StatusOr<std::string> v = value(flag);
-      if (!v.ok()) return v.status();
-      if (flag == "--checkpoint") {
-        o.checkpoint = *v;
-      } else if (flag == "--out") {
-        o.out = *v;
-      } else if (flag == "--tokenizer") {
-        o.tokenizer = *v;
-      } else if (flag == "--dtype") {
-        if (*v != "bf16" && *v != "fp32")
-          return absl::InvalidArgumentError(
-              absl::StrCat("--dtype '", *v, "' is not one of bf16, fp32"));
-        o.dtype = *v;
-      } else if (!absl::SimpleAtod(*v, &o.max_shard_gib) || !(o.max_shard_gib > 0)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--max-shard-gib '", *v, "' is not a positive number"));
-      }
-    } else if (is("--resume")) {
-      absl::StatusOr<std::string> v = value("--resume");
-      if (!v.ok()) return v.status();
-      if (v->empty())
-        return absl::InvalidArgumentError("--resume needs auto, none or a checkpoint path");
-      o.resume = *v;
-    } else {
-      return absl::InvalidArgumentError(
+  for (; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    const size_t eq = a.find('=');
+    const std::string_view name = a.substr(0, eq);
+    const Flag* flag = nullptr;
+    for (const Flag& f : kFlags)
+      if (f.name == name && accepts(o, f) && (f.takes_value || eq == std::string_view::npos))
+        flag = &f;
+    if (flag == nullptr)
+      return InvalidArgumentError(
           absl::StrCat("unknown argument '", std::string(a), "'; see --help"));
+    std::string value;
+    if (flag->takes_value && eq != std::string_view::npos) {
+      value = std::string(a.substr(eq + 1));
+    } else if (flag->takes_value) {
+      if (i + 1 >= argc)
+        return InvalidArgumentError(
+            absl::StrCat(std::string(flag->name), " needs a value; see --help"));
+      value = argv[++i];
     }
+    if (Status st = flag->set(o, value); !st.ok()) return st;
   }
   if (o.export_hf && !o.help) {
     if (o.checkpoint.empty() || o.out.empty())
-      return absl::InvalidArgumentError(
+      return InvalidArgumentError(
           "export-hf needs --checkpoint STEP_DIR and --out DIR; see --help");
     return o;
   }
   if (!o.help && !o.help_config && !o.help_switches && o.config.empty())
-    return absl::InvalidArgumentError("--config FILE is required; see --help");
+    return InvalidArgumentError("--config FILE is required; see --help");
   return o;
 }
 

@@ -257,6 +257,93 @@ absl::Status load_hf_rank_part(const st::Reader& model, const Config& cfg, const
   return absl::OkStatus();
 }
 
+namespace {
+
+// The export's safetensors files: their tensors in model order (embedding, layers, norm, head),
+// cut before the tensor that would take a file past the limit; each file orders its own
+// tensors as safetensors does.
+struct ExportShards {
+  std::vector<std::vector<st::WriteEntry>> files{1};
+  std::map<std::string, std::string> ours_of;  // Hugging Face name -> checkpoint name
+  int64_t total_bytes = 0;
+};
+ExportShards plan_export(const Config& cfg, const ExportOptions& o) {
+  ExportShards out;
+  int64_t in_shard = 0;
+  const int64_t limit = static_cast<int64_t>(o.max_shard_gib * double(int64_t{1} << 30));
+  for (const ckpt::TensorRef& t : whole_model_tensors(cfg)) {
+    st::WriteEntry e{hf_name(t.name), o.dtype, t.shape};
+    out.ours_of[e.name] = t.name;
+    if (in_shard > 0 && in_shard + e.bytes() > limit) {
+      out.files.emplace_back();
+      in_shard = 0;
+    }
+    in_shard += e.bytes();
+    out.total_bytes += e.bytes();
+    out.files.back().push_back(std::move(e));
+  }
+  return out;
+}
+
+// Writes the weights into `dir` tensor by tensor (each read from the checkpoint on its own),
+// and the index when there are several files. Returns the file of each tensor.
+absl::StatusOr<std::map<std::string, std::string>> write_weights(const std::string& dir,
+                                                                 const ExportShards& shards,
+                                                                 const std::string& checkpoint) {
+  std::map<std::string, std::string> where;
+  const size_t n = shards.files.size();
+  for (size_t i = 0; i < n; ++i) {
+    const std::string file = n == 1 ? std::string("model.safetensors")
+                                    : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
+    absl::StatusOr<st::Writer> w =
+        st::Writer::create(fs::join(dir, file), shards.files[i], {{"format", "pt"}});
+    if (!w.ok()) return w.status();
+    std::vector<float> buf;
+    for (const st::WriteEntry& e : w->order()) {
+      int64_t numel = 1;
+      for (int64_t d : e.shape) numel *= d;
+      buf.resize(static_cast<size_t>(numel));
+      ckpt::TensorRef ref(shards.ours_of.at(e.name), e.shape, buf.data());
+      ckpt::LoadTarget one{{&ref, 1}, {}, {}, /*subset=*/true, /*check_crc=*/false};
+      if (absl::Status st = ckpt::load(checkpoint, one, nullptr, nullptr); !st.ok()) return st;
+      if (absl::Status st = w->append(buf); !st.ok()) return st;
+      where[e.name] = file;
+    }
+    if (absl::Status st = w->finish(); !st.ok()) return st;
+  }
+  if (n == 1) return where;
+  ordered_json weight_map = ordered_json::object();
+  for (const auto& [name, file] : where) weight_map[name] = file;
+  ordered_json index;
+  index["metadata"] = {{"total_size", shards.total_bytes}};
+  index["weight_map"] = weight_map;
+  if (absl::Status st =
+          write_text(fs::join(dir, "model.safetensors.index.json"), index.dump(2) + "\n");
+      !st.ok())
+    return st;
+  return where;
+}
+
+// tokenizer.json into `dir`, and the files transformers keeps beside it when they are there too.
+absl::Status copy_tokenizer(const std::string& dir, const std::string& tokenizer) {
+  std::error_code ec;
+  const sfs::path from_dir = sfs::path(tokenizer).parent_path();
+  std::vector<sfs::path> copies = {tokenizer};
+  for (const char* extra :
+       {"tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"})
+    if (sfs::is_regular_file(from_dir / extra, ec)) copies.push_back(from_dir / extra);
+  for (const sfs::path& from : copies) {
+    const sfs::path to =
+        sfs::path(dir) / (from == sfs::path(tokenizer) ? "tokenizer.json" : from.filename());
+    if (!sfs::copy_file(from, to, sfs::copy_options::overwrite_existing, ec))
+      return absl::InternalError(
+          absl::StrCat("cannot copy ", from.string(), " to ", to.string(), ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status export_hf(const ExportOptions& o) {
   std::error_code ec;
   if (sfs::exists(o.out, ec) && !(sfs::is_directory(o.out, ec) && sfs::is_empty(o.out, ec)))
@@ -272,60 +359,14 @@ absl::Status export_hf(const ExportOptions& o) {
         absl::StrCat("checkpoint ", o.checkpoint, ": its config.yaml: ", cfg.status().message()));
   const ModelConfig& m = cfg->model;
   const int64_t eos = o.tokenizer.empty() ? -1 : end_of_text_id(o.tokenizer);
-
-  // Shards in model order (embedding, layers, norm, head), cut before the tensor that would
-  // take a shard past the limit; each file orders its own tensors as safetensors does.
-  std::vector<std::vector<st::WriteEntry>> shards(1);
-  int64_t in_shard = 0, total = 0;
-  const int64_t limit = static_cast<int64_t>(o.max_shard_gib * double(int64_t{1} << 30));
-  std::map<std::string, std::string> ours_of;  // Hugging Face name -> checkpoint name
-  for (const ckpt::TensorRef& t : whole_model_tensors(*cfg)) {
-    st::WriteEntry e{hf_name(t.name), o.dtype, t.shape};
-    ours_of[e.name] = t.name;
-    if (in_shard > 0 && in_shard + e.bytes() > limit) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    in_shard += e.bytes();
-    total += e.bytes();
-    shards.back().push_back(std::move(e));
-  }
-
+  const ExportShards shards = plan_export(*cfg, o);
+  // Everything is written into OUT.tmp, then renamed: a failed export leaves no OUT.
   const std::string tmp = o.out + ".tmp";
   if (absl::Status st = fs::remove_all(tmp); !st.ok()) return st;
   if (absl::Status st = fs::make_dirs(tmp); !st.ok()) return st;
-  ordered_json weight_map = ordered_json::object();
-  std::map<std::string, std::string> where;
-  const size_t n = shards.size();
-  for (size_t i = 0; i < n; ++i) {
-    const std::string file = n == 1 ? std::string("model.safetensors")
-                                    : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
-    absl::StatusOr<st::Writer> w =
-        st::Writer::create(fs::join(tmp, file), shards[i], {{"format", "pt"}});
-    if (!w.ok()) return w.status();
-    std::vector<float> buf;
-    for (const st::WriteEntry& e : w->order()) {
-      int64_t numel = 1;
-      for (int64_t d : e.shape) numel *= d;
-      buf.resize(static_cast<size_t>(numel));
-      ckpt::TensorRef ref(ours_of.at(e.name), e.shape, buf.data());
-      ckpt::LoadTarget one{{&ref, 1}, {}, {}, /*subset=*/true, /*check_crc=*/false};
-      if (absl::Status st = ckpt::load(o.checkpoint, one, nullptr, nullptr); !st.ok()) return st;
-      if (absl::Status st = w->append(buf); !st.ok()) return st;
-      where[e.name] = file;
-    }
-    if (absl::Status st = w->finish(); !st.ok()) return st;
-  }
-  if (n > 1) {
-    for (const auto& [name, file] : where) weight_map[name] = file;
-    ordered_json index;
-    index["metadata"] = {{"total_size", total}};
-    index["weight_map"] = weight_map;
-    if (absl::Status st =
-            write_text(fs::join(tmp, "model.safetensors.index.json"), index.dump(2) + "\n");
-        !st.ok())
-      return st;
-  }
+  absl::StatusOr<std::map<std::string, std::string>> where =
+      write_weights(tmp, shards, o.checkpoint);
+  if (!where.ok()) return where.status();
   if (absl::Status st = write_text(fs::join(tmp, "config.json"), config_json(m, o.dtype, eos));
       !st.ok())
     return st;
@@ -333,21 +374,8 @@ absl::Status export_hf(const ExportOptions& o) {
           write_text(fs::join(tmp, "generation_config.json"), generation_config_json(eos));
       !st.ok())
     return st;
-  if (!o.tokenizer.empty()) {
-    // tokenizer.json, and the files transformers keeps beside it when they are there too.
-    const sfs::path dir = sfs::path(o.tokenizer).parent_path();
-    std::vector<sfs::path> copies = {o.tokenizer};
-    for (const char* extra :
-         {"tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt"})
-      if (sfs::is_regular_file(dir / extra, ec)) copies.push_back(dir / extra);
-    for (const sfs::path& from : copies) {
-      const sfs::path to =
-          sfs::path(tmp) / (from == sfs::path(o.tokenizer) ? "tokenizer.json" : from.filename());
-      if (!sfs::copy_file(from, to, sfs::copy_options::overwrite_existing, ec))
-        return absl::InternalError(
-            absl::StrCat("cannot copy ", from.string(), " to ", to.string(), ": ", ec.message()));
-    }
-  }
+  if (!o.tokenizer.empty())
+    if (absl::Status st = copy_tokenizer(tmp, o.tokenizer); !st.ok()) return st;
   if (absl::Status st = fs::fsync_path(tmp); !st.ok()) return st;
   if (sfs::exists(o.out, ec)) sfs::remove(o.out, ec);  // the empty directory checked above
   sfs::rename(tmp, o.out, ec);
@@ -355,10 +383,11 @@ absl::Status export_hf(const ExportOptions& o) {
     return absl::InternalError(
         absl::StrCat("cannot rename ", tmp, " to ", o.out, ": ", ec.message()));
   if (absl::Status st = fs::fsync_parent(o.out); !st.ok()) return st;
+  const size_t n = shards.files.size();
   std::printf("exported %s to %s: %zu tensors in %zu file%s, %.3g GiB %s, vocabulary %lld\n",
-              o.checkpoint.c_str(), o.out.c_str(), where.size(), n, n == 1 ? "" : "s",
-              static_cast<double>(total) / double(int64_t{1} << 30), st::elem_type_name(o.dtype),
-              static_cast<long long>(m.vocab_size));
+              o.checkpoint.c_str(), o.out.c_str(), where->size(), n, n == 1 ? "" : "s",
+              static_cast<double>(shards.total_bytes) / double(int64_t{1} << 30),
+              st::elem_type_name(o.dtype), static_cast<long long>(m.vocab_size));
   return absl::OkStatus();
 }
 

@@ -145,6 +145,102 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
   return m;
 }
 
+namespace {
+
+// Each stage's memory, measured on its rank (0, 0, stage) as the trainer would build it.
+void plan_memory(const Config& cfg, Plan& plan) {
+  const Topology& topo = plan.facts.topo;
+  for (int stage = 0; stage < topo.pp; ++stage) {
+    const RunFacts sf = plan.facts.of_rank(topo.rank_at(0, 0, stage));
+    const ModelDims dims = ModelDims::from(cfg, sf.topo);
+    plan.recompute_full_layers += std::min(dims.recompute_full, dims.layers);
+    const StageMemory m = rank_memory(cfg, sf, Device::cuda);
+    plan.fits = plan.fits && m.total() <= plan.gpu.memory_bytes;
+    plan.stages.push_back(m);
+  }
+}
+
+// FLOPs per token (model and recomputed), parameters, checkpoint size and the bubble.
+void plan_flops(const Config& cfg, Plan& plan) {
+  const ModelConfig& mc = cfg.model;
+  const int64_t seq = cfg.data.seq_len;
+  const double H = static_cast<double>(mc.hidden_size), L = static_cast<double>(mc.num_layers);
+  const double attn =
+      L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
+  plan.flops_per_token_causal = plan.facts.flops_per_token;
+  plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
+  // A fully recomputed layer runs its forward again up to the SwiGLU: the QKV, O and gate/up
+  // GEMMs (2 flops per weight per token) and causal attention (2 s nh hd per token). Selective
+  // recomputation runs only norms and SwiGLU (elementwise; not counted).
+  const double Q = static_cast<double>((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim),
+               A = static_cast<double>(mc.num_heads * mc.head_dim),
+               I = static_cast<double>(mc.intermediate_size);
+  const double layer_fwd =
+      2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * static_cast<double>(seq) * A;
+  plan.recompute_flops_per_token = static_cast<double>(plan.recompute_full_layers) * layer_fwd;
+  for (const ckpt::TensorRef& tensor : model_tensors(cfg, plan.facts.topo)) {
+    double n = 1;
+    for (int64_t d : tensor.shape) n *= static_cast<double>(d);
+    plan.params_total += n;
+  }
+  plan.checkpoint_bytes = checkpoint_bytes(cfg, plan.facts.topo);
+  const int pp = plan.facts.topo.pp;
+  const auto m = static_cast<double>(plan.facts.micro_batches);
+  plan.bubble = (pp - 1) / (m + pp - 1);
+}
+
+// Communication per GPU per step (bytes sent), bf16 activations, fp32 gradients.
+void plan_communication(const Config& cfg, Plan& plan) {
+  const RunFacts& f = plan.facts;
+  const int pp = f.topo.pp, tp = f.topo.tp, dp = f.topo.dp;
+  const auto m = static_cast<double>(f.micro_batches);
+  const double H = static_cast<double>(cfg.model.hidden_size);
+  const double act =
+      static_cast<double>(cfg.train.micro_batch * cfg.data.seq_len) * H * 2.0;  // [T, H] bf16
+  const double layers_here = static_cast<double>(cfg.model.num_layers) / pp;
+  // Per layer and micro-batch: 2 TP reductions forward (attention, MLP) and 2 backward; with
+  // sequence parallelism each is a reduce-scatter + all-gather pair of the same volume.
+  plan.tp_bytes = m * layers_here * 4.0 * ring_all_reduce(act, tp);
+  // Recomputation's TP traffic per layer and micro-batch, in all-reduce equivalents (an
+  // all-gather or a reduce-scatter is half of one): full runs the attention's reduction again,
+  // and with sequence parallelism the all-gathers of both norm outputs (selective: only those).
+  const bool sp = f.sequence_parallel;
+  const double rc_full = sp ? 1.5 : 1.0, rc_selective = sp ? 1.0 : 0.0;
+  const double rc_layers_per_stage = static_cast<double>(plan.recompute_full_layers) / pp;
+  plan.tp_bytes += m * ring_all_reduce(act, tp) *
+                   (rc_full * rc_layers_per_stage +
+                    (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
+  plan.pp_bytes = pp > 1 ? m * 2.0 * act / (sp ? tp : 1) : 0;
+  const double grads = static_cast<double>(plan.stages[0].grads);
+  // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
+  // compute copy all-gathered.
+  const double reduced = grads / 4 * dtype_size(grad_reduce_dtype(cfg.parallel));  // on the wire
+  plan.dp_bytes = f.zero1 ? ring_half(reduced, dp) + ring_half(plan.stages[0].compute_copy, dp)
+                          : ring_all_reduce(reduced, dp);
+}
+
+// Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication (TP
+// over NVLink inside a node, PP and DP over the network when they cross nodes).
+void plan_time(Plan& plan) {
+  const GpuSpec& gpu = plan.gpu;
+  const int pp = plan.facts.topo.pp, tp = plan.facts.topo.tp;
+  const double tokens_step = static_cast<double>(plan.facts.tokens_per_step);
+  const auto m = static_cast<double>(plan.facts.micro_batches);
+  const double stretch = (m + pp - 1) / m;  // 1F1B runs m + pp - 1 slots for m micro-batches
+  plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /
+                   plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
+  const bool tp_in_node = tp <= plan.gpus_per_node;
+  plan.tp_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
+  const bool multi_node = plan.world > plan.gpus_per_node;
+  plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw);
+  plan.dp_s = plan.dp_bytes / (multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw);
+  plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s;
+  plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;
+  plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;
+}
+
+}  // namespace
+
 absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
                                int gpus_per_node) {
   if (nodes < 1 || gpus_per_node < 1)
@@ -157,101 +253,70 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   plan.world = nodes * gpus_per_node;
   absl::StatusOr<RunFacts> facts = run_facts(cfg, plan.world, 0);
   if (!facts.ok()) return facts.status();
-  const Topology* topo = &facts->topo;
-  const TrainConfig& t = cfg.train;
-  const ParallelConfig& par = cfg.parallel;
-  plan.micro_batches = static_cast<int>(facts->micro_batches);
-  const bool zero1 = facts->zero1;
-  const int64_t seq = cfg.data.seq_len, T = t.micro_batch * seq;
-
-  // Memory: each stage's rank (0, 0, stage) as the trainer would build it, measuring only.
-  for (int stage = 0; stage < topo->pp; ++stage) {
-    const RunFacts sf = facts->of_rank(topo->rank_at(0, 0, stage));
-    const ModelDims dims = ModelDims::from(cfg, sf.topo);
-    plan.recompute_full_layers += std::min(dims.recompute_full, dims.layers);
-    const StageMemory m = rank_memory(cfg, sf, Device::cuda);
-    plan.fits = plan.fits && m.total() <= gpu.memory_bytes;
-    plan.stages.push_back(m);
-  }
-
-  // FLOPs and the bubble.
-  const ModelConfig& mc = cfg.model;
-  const double H = static_cast<double>(mc.hidden_size), L = static_cast<double>(mc.num_layers);
-  const double attn =
-      L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
-  plan.flops_per_token_causal = facts->flops_per_token;
-  plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
-  // A fully recomputed layer runs its forward again up to the SwiGLU: the QKV, O and gate/up
-  // GEMMs (2 flops per weight per token) and causal attention (2 s nh hd per token). Selective
-  // recomputation runs only norms and SwiGLU (elementwise; not counted).
-  const double Q = static_cast<double>((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim),
-               A = static_cast<double>(mc.num_heads * mc.head_dim),
-               I = static_cast<double>(mc.intermediate_size);
-  const double layer_fwd =
-      2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * static_cast<double>(seq) * A;
-  plan.recompute_flops_per_token = static_cast<double>(plan.recompute_full_layers) * layer_fwd;
-  for (const ckpt::TensorRef& tensor : model_tensors(cfg, *topo)) {
-    double n = 1;
-    for (int64_t d : tensor.shape) n *= static_cast<double>(d);
-    plan.params_total += n;
-  }
-  plan.checkpoint_bytes = checkpoint_bytes(cfg, *topo);
-  const int pp = topo->pp, tp = topo->tp, dp = topo->dp;
-  plan.bubble = static_cast<double>(pp - 1) / (plan.micro_batches + pp - 1);
-
-  // Communication per GPU per step (bytes sent), bf16 activations, fp32 gradients.
-  const double act = static_cast<double>(T) * H * 2.0;  // one [T, H] bf16 tensor
-  const double layers_here = L / pp;
-  // Per layer and micro-batch: 2 TP reductions forward (attention, MLP) and 2 backward; with
-  // sequence parallelism each is a reduce-scatter + all-gather pair of the same volume.
-  plan.tp_bytes = plan.micro_batches * layers_here * 4.0 * ring_all_reduce(act, tp);
-  // Recomputation's TP traffic per layer and micro-batch, in all-reduce equivalents (an
-  // all-gather or a reduce-scatter is half of one): full runs the attention's reduction again,
-  // and with sequence parallelism the all-gathers of both norm outputs (selective: only those).
-  const bool sp = par.sequence_parallel && tp > 1;
-  const double rc_full = sp ? 1.5 : 1.0, rc_selective = sp ? 1.0 : 0.0;
-  const double rc_layers_per_stage = static_cast<double>(plan.recompute_full_layers) / pp;
-  plan.tp_bytes += plan.micro_batches * ring_all_reduce(act, tp) *
-                   (rc_full * rc_layers_per_stage +
-                    (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
-  plan.pp_bytes = pp > 1 ? plan.micro_batches * 2.0 * act / (par.sequence_parallel ? tp : 1) : 0;
-  const double grads = static_cast<double>(plan.stages[0].grads);
-  // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
-  // compute copy all-gathered.
-  const double reduced = grads / 4 * dtype_size(grad_reduce_dtype(par));  // bytes on the wire
-  plan.dp_bytes = zero1 ? ring_half(reduced, dp) + ring_half(plan.stages[0].compute_copy, dp)
-                        : ring_all_reduce(reduced, dp);
-
-  // Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication
-  // (TP over NVLink inside a node, PP and DP over the network when they cross nodes).
-  const double tokens_step = static_cast<double>(facts->tokens_per_step);
-  // 1F1B runs m + pp - 1 micro-batch slots for m micro-batches of work.
-  const double stretch = static_cast<double>(plan.micro_batches + pp - 1) / plan.micro_batches;
-  plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /
-                   plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
-  const bool tp_in_node = tp <= gpus_per_node;
-  plan.tp_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
-  const bool multi_node = plan.world > gpus_per_node;
-  plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw);
-  plan.dp_s = plan.dp_bytes / (multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw);
-  plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s;
-  plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;
-  plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;
+  plan.facts = *facts;
+  plan_memory(cfg, plan);
+  plan_flops(cfg, plan);
+  plan_communication(cfg, plan);
+  plan_time(plan);
   return plan;
 }
 
+namespace {
+
+// The memory table (GiB per GPU, a column per stage) and the verdict.
+void format_memory(std::string& out, const Plan& p) {
+  const bool zero1 = p.facts.zero1;
+  absl::StrAppend(&out, "memory per GPU (GiB)     ");
+  for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  stage %-3d", m.stage);
+  absl::StrAppend(&out, "\n");
+  auto row = [&](const char* what, auto get) {
+    absl::StrAppendFormat(&out, "  %-23s", what);
+    for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  %9.2f", get(m) / kGiB);
+    absl::StrAppend(&out, "\n");
+  };
+  row(zero1 ? "weights (fp32, zero1)" : "weights (fp32 master)",
+      [](const StageMemory& m) { return m.weights; });
+  row("compute copy (bf16)", [](const StageMemory& m) { return m.compute_copy; });
+  row("gradients (fp32)", [](const StageMemory& m) { return m.grads; });
+  row(zero1 ? "adam m, v (zero1)" : "adam m, v", [](const StageMemory& m) { return m.optimizer; });
+  row("  (without zero1)", [](const StageMemory& m) { return m.optimizer_without_zero1; });
+  row("activations", [](const StageMemory& m) { return m.activations; });
+  row("workspace", [](const StageMemory& m) { return m.workspace; });
+  row("attention (estimated)", [](const StageMemory& m) { return m.attention_workspace; });
+  row("total", [](const StageMemory& m) { return m.total(); });
+  const auto worst = std::max_element(p.stages.begin(), p.stages.end(),
+                                      [](auto& a, auto& b) { return a.total() < b.total(); });
+  if (p.fits) {
+    absl::StrAppendFormat(&out, "verdict: fits: stage %d needs %.1f GiB of %.0f GiB\n",
+                          worst->stage, worst->total() / kGiB, p.gpu.memory_bytes / kGiB);
+    return;
+  }
+  std::vector<std::pair<double, std::string>> terms = {
+      {worst->weights + worst->compute_copy, "weights"},
+      {worst->grads, "gradients"},
+      {worst->optimizer, "optimizer states"},
+      {worst->activations, "activations"}};
+  std::sort(terms.rbegin(), terms.rend());
+  absl::StrAppendFormat(&out,
+                        "verdict: does not fit: stage %d needs %.1f GiB of %.0f GiB; largest: "
+                        "%s %.1f GiB, %s %.1f GiB\n",
+                        worst->stage, worst->total() / kGiB, p.gpu.memory_bytes / kGiB,
+                        terms[0].second, terms[0].first / kGiB, terms[1].second,
+                        terms[1].first / kGiB);
+}
+
+}  // namespace
+
 std::string format_plan(const Config& cfg, const Plan& p) {
   std::string out;
-  const ParallelConfig& par = cfg.parallel;
-  const int dp = p.world / static_cast<int>(par.tp * par.pp);
-  absl::StrAppendFormat(&out,
-                        "plan: %d nodes x %d %s = %d GPUs; tp %d x pp %d x dp %d%s%s; "
-                        "%.3gB parameters; %d micro-batches of %d x %d tokens per step\n",
-                        p.nodes, p.gpus_per_node, p.gpu.name, p.world, par.tp, par.pp, dp,
-                        par.zero1 && dp > 1 ? ", zero1" : "",
-                        par.sequence_parallel && par.tp > 1 ? ", sequence parallel" : "",
-                        p.params_total / 1e9, p.micro_batches, cfg.train.micro_batch,
-                        cfg.data.seq_len);
+  const Topology& t = p.facts.topo;
+  absl::StrAppendFormat(
+      &out,
+      "plan: %d nodes x %d %s = %d GPUs; tp %d x pp %d x dp %d%s%s; "
+      "%.3gB parameters; %d micro-batches of %d x %d tokens per step\n",
+      p.nodes, p.gpus_per_node, p.gpu.name, p.world, t.tp, t.pp, t.dp,
+      p.facts.zero1 ? ", zero1" : "", p.facts.sequence_parallel ? ", sequence parallel" : "",
+      p.params_total / 1e9, p.facts.micro_batches, cfg.train.micro_batch, cfg.data.seq_len);
   absl::StrAppendFormat(&out,
                         "checkpoint: %.1f GiB per save (fp32 weights, Adam m and v); "
                         "checkpoint.keep_last=%d keeps %d on disk, one more during a save\n",
@@ -263,44 +328,7 @@ std::string format_plan(const Config& cfg, const Plan& p) {
                         "of bf16 logits per chunk on the last stage)\n",
                         last.loss_chunk_tokens, cfg.train.micro_batch * cfg.data.seq_len,
                         last.loss_chunk_logits / kGiB);
-  absl::StrAppend(&out, "memory per GPU (GiB)     ");
-  for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  stage %-3d", m.stage);
-  absl::StrAppend(&out, "\n");
-  auto row = [&](const char* what, auto get) {
-    absl::StrAppendFormat(&out, "  %-23s", what);
-    for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  %9.2f", get(m) / kGiB);
-    absl::StrAppend(&out, "\n");
-  };
-  row(par.zero1 && dp > 1 ? "weights (fp32, zero1)" : "weights (fp32 master)",
-      [](const StageMemory& m) { return m.weights; });
-  row("compute copy (bf16)", [](const StageMemory& m) { return m.compute_copy; });
-  row("gradients (fp32)", [](const StageMemory& m) { return m.grads; });
-  row(par.zero1 && dp > 1 ? "adam m, v (zero1)" : "adam m, v",
-      [](const StageMemory& m) { return m.optimizer; });
-  row("  (without zero1)", [](const StageMemory& m) { return m.optimizer_without_zero1; });
-  row("activations", [](const StageMemory& m) { return m.activations; });
-  row("workspace", [](const StageMemory& m) { return m.workspace; });
-  row("attention (estimated)", [](const StageMemory& m) { return m.attention_workspace; });
-  row("total", [](const StageMemory& m) { return m.total(); });
-  const auto worst = std::max_element(p.stages.begin(), p.stages.end(),
-                                      [](auto& a, auto& b) { return a.total() < b.total(); });
-  if (p.fits) {
-    absl::StrAppendFormat(&out, "verdict: fits: stage %d needs %.1f GiB of %.0f GiB\n",
-                          worst->stage, worst->total() / kGiB, p.gpu.memory_bytes / kGiB);
-  } else {
-    std::vector<std::pair<double, std::string>> terms = {
-        {worst->weights + worst->compute_copy, "weights"},
-        {worst->grads, "gradients"},
-        {worst->optimizer, "optimizer states"},
-        {worst->activations, "activations"}};
-    std::sort(terms.rbegin(), terms.rend());
-    absl::StrAppendFormat(&out,
-                          "verdict: does not fit: stage %d needs %.1f GiB of %.0f GiB; largest: "
-                          "%s %.1f GiB, %s %.1f GiB\n",
-                          worst->stage, worst->total() / kGiB, p.gpu.memory_bytes / kGiB,
-                          terms[0].second, terms[0].first / kGiB, terms[1].second,
-                          terms[1].first / kGiB);
-  }
+  format_memory(out, p);
   absl::StrAppendFormat(&out,
                         "FLOPs per token: %.4g (causal: 6 N_matmul + 6 L s nh hd, what MFU "
                         "counts); %.4g counting full attention\n",
@@ -318,7 +346,7 @@ std::string format_plan(const Config& cfg, const Plan& p) {
         static_cast<int>(cfg.model.num_layers), p.recompute_flops_per_token,
         100 * p.recompute_flops_per_token / p.flops_per_token_causal);
   absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (1F1B, %d micro-batches)\n",
-                        100 * p.bubble, p.micro_batches);
+                        100 * p.bubble, p.facts.micro_batches);
   absl::StrAppendFormat(&out,
                         "communication per GPU per step: tp %.2f GB, pp %.2f GB, dp %.2f GB\n",
                         p.tp_bytes / 1e9, p.pp_bytes / 1e9, p.dp_bytes / 1e9);
@@ -331,7 +359,6 @@ std::string format_plan(const Config& cfg, const Plan& p) {
 }
 
 std::string plan_json(const Config& cfg, const Plan& p) {
-  const ParallelConfig& par = cfg.parallel;
   nlohmann::json stages = nlohmann::json::array();
   double worst = 0;
   for (const StageMemory& m : p.stages) {
@@ -349,10 +376,10 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"nodes", p.nodes},
                             {"gpus_per_node", p.gpus_per_node},
                             {"world", p.world},
-                            {"tp", par.tp},
-                            {"pp", par.pp},
-                            {"dp", p.world / static_cast<int>(par.tp * par.pp)},
-                            {"micro_batches", p.micro_batches},
+                            {"tp", p.facts.topo.tp},
+                            {"pp", p.facts.topo.pp},
+                            {"dp", p.facts.topo.dp},
+                            {"micro_batches", p.facts.micro_batches},
                             {"params", p.params_total},
                             {"checkpoint_gib", p.checkpoint_bytes / kGiB},
                             {"loss_chunk_tokens", p.stages.back().loss_chunk_tokens},

@@ -55,7 +55,8 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
                         bool separate_compute_copy = false, int64_t loss_chunk = 0);
 
 struct Plan {
-  int world = 1, nodes = 1, gpus_per_node = 8, micro_batches = 1;
+  int world = 1, nodes = 1, gpus_per_node = 8;
+  RunFacts facts;  // the layout on this many GPUs, seen from rank 0 (micro-batches, zero1, ...)
   GpuSpec gpu;
   std::vector<StageMemory> stages;
   double params_total = 0;            // parameters of the model (real vocabulary)

@@ -302,6 +302,36 @@ absl::StatusOr<std::string> check_all_token_ids(const Session& r) {
   return ids->cache_json;
 }
 
+// Rank 0 takes checkpoint.dir (and log.dir, when that is another directory) for this run, and
+// stores which data files' ids it checked. A directory in use by a live trainer is busy.
+absl::Status lock_run_dirs(Session& r, const std::string& ids_checked) {
+  std::string note;
+  absl::StatusOr<std::unique_ptr<ckpt::DirLock>> lock =
+      ckpt::DirLock::acquire(r.cfg.checkpoint.dir, ckpt::LockOptions{}, &note);
+  if (!lock.ok()) return lock.status();
+  r.lock = std::move(*lock);
+  if (!note.empty()) std::printf("note: %s\n", note.c_str());
+  // Two runs must not append to one metrics.jsonl either.
+  std::error_code ec;
+  if (!std::filesystem::equivalent(r.cfg.log.dir, r.cfg.checkpoint.dir, ec)) {
+    ckpt::LockOptions o;
+    o.what = "log.dir";
+    std::string log_note;
+    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> log_lock =
+        ckpt::DirLock::acquire(r.cfg.log.dir, o, &log_note);
+    if (!log_lock.ok()) return log_lock.status();
+    r.log_lock = std::move(*log_lock);
+    if (!log_note.empty()) std::printf("note: %s\n", log_note.c_str());
+  }
+  // What was checked, for the next start (a failure to write it costs a re-scan, no more).
+  if (!ids_checked.empty() &&
+      !tr::fs::write_file_atomic(tr::fs::join(r.cfg.checkpoint.dir, kIdCacheFile), ids_checked)
+           .ok())
+    std::printf("warning: cannot write %s/%s: the data's ids are scanned again next time\n",
+                r.cfg.checkpoint.dir.c_str(), kIdCacheFile);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // See trainer/startup.h.
@@ -362,32 +392,7 @@ absl::Status check_inputs(Session& r) {
     if (absl::Status st = check_log_dir(r); !st.ok()) return st;
     if (absl::Status st = check_checkpoint_dir(r); !st.ok()) return st;
   }
-  if (world.rank() == 0 && !r.opts.dry_run) {
-    std::string note;
-    absl::StatusOr<std::unique_ptr<ckpt::DirLock>> lock =
-        ckpt::DirLock::acquire(r.cfg.checkpoint.dir, ckpt::LockOptions{}, &note);
-    if (!lock.ok()) return lock.status();
-    r.lock = std::move(*lock);
-    if (!note.empty()) std::printf("note: %s\n", note.c_str());
-    // Two runs must not append to one metrics.jsonl either.
-    std::error_code ec;
-    if (!std::filesystem::equivalent(r.cfg.log.dir, r.cfg.checkpoint.dir, ec)) {
-      ckpt::LockOptions o;
-      o.what = "log.dir";
-      std::string log_note;
-      absl::StatusOr<std::unique_ptr<ckpt::DirLock>> log_lock =
-          ckpt::DirLock::acquire(r.cfg.log.dir, o, &log_note);
-      if (!log_lock.ok()) return log_lock.status();
-      r.log_lock = std::move(*log_lock);
-      if (!log_note.empty()) std::printf("note: %s\n", log_note.c_str());
-    }
-    // What was checked, for the next start (a failure to write it costs a re-scan, no more).
-    if (!ids_checked->empty() &&
-        !tr::fs::write_file_atomic(tr::fs::join(r.cfg.checkpoint.dir, kIdCacheFile), *ids_checked)
-             .ok())
-      std::printf("warning: cannot write %s/%s: the data's ids are scanned again next time\n",
-                  r.cfg.checkpoint.dir.c_str(), kIdCacheFile);
-  }
+  if (world.rank() == 0 && !r.opts.dry_run) return lock_run_dirs(r, *ids_checked);
   return absl::OkStatus();
 }
 
