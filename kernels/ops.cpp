@@ -2,6 +2,8 @@
 // non-empty tensors), then run the backend of ctx.device.
 #include "kernels/ops.h"
 
+#include "kernels/core/hardware.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -487,7 +489,12 @@ AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, i
 
 DeviceInfo device_info(const Ctx& ctx) {
 #ifdef TRAINER_HAVE_CUDA
-  if (ctx.device == Device::cuda) return cuda::device_info();
+  if (ctx.device == Device::cuda) {
+    DeviceInfo info = cuda::device_info();
+    // The GPU table's dense bf16 peak; a part not in it gives 0 (no MFU).
+    if (const GpuSpec* g = gpu_of_device(info.name)) info.peak_bf16_flops = g->peak_bf16_flops;
+    return info;
+  }
 #endif
   (void)ctx;
   return {"cpu", 0.0, 0.0, 0.0};

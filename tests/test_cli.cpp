@@ -1039,9 +1039,9 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
         std::string::npos);
   CHECK(r.output.find("verdict: fits") != std::string::npos);
   CHECK(r.output.find("tokens/s/GPU, MFU") != std::string::npos);
-  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --gpu a100 2>&1");
+  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --gpu v100 2>&1");
   CHECK(r.exit_code == 2);
-  CHECK(r.output == "error: --gpu a100 is unknown; known: h100, h200, b200, b300\n");
+  CHECK(r.output == "error: --gpu v100 is unknown; known: h100, h200, b200, b300, a100\n");
   r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --nodes 3 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: parallel layout") != std::string::npos);

@@ -753,8 +753,14 @@ TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[
   REQUIRE(small.ok());
   CHECK_FALSE(small->fits);
   CHECK(format_plan(cfg, *small).find("verdict: does not fit: stage 0 needs") != std::string::npos);
-  CHECK(gpu_spec("a100").status().message() ==
-        "--gpu a100 is unknown; known: h100, h200, b200, b300");
+  CHECK(gpu_spec("v100").status().message() ==
+        "--gpu v100 is unknown; known: h100, h200, b200, b300, a100");
+  // MFU on a GPU: its CUDA device name picks the row (the longest key it contains).
+  CHECK(gpu_of_device("NVIDIA H100 80GB HBM3")->name == "h100");
+  CHECK(gpu_of_device("NVIDIA GH200 480GB")->name == "h200");
+  CHECK(gpu_of_device("NVIDIA B300 SXM6 AC")->name == "b300");
+  CHECK(gpu_of_device("NVIDIA A100-SXM4-80GB")->peak_bf16_flops == 312e12);
+  CHECK(gpu_of_device("Tesla V100-SXM2-32GB") == nullptr);
 }
 
 }  // namespace

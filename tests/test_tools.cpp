@@ -110,9 +110,9 @@ TEST_CASE("preflight: bad flags are one line and exit 2", "[tools]") {
   CHECK(r.output ==
         "preflight: --expect: unknown key 'speed'; known: node_busbw_gbps, network_busbw_gbps, "
         "gemm_tflops, memory_gbps\n");
-  r = run_cmd(bin + " --gpu a100 --gemm 0 --mem-bytes 0");
+  r = run_cmd(bin + " --gpu v100 --gemm 0 --mem-bytes 0");
   CHECK(r.exit_code == 2);
-  CHECK(r.output == "preflight: --gpu a100 is unknown; known: h100, h200, b200, b300\n");
+  CHECK(r.output == "preflight: --gpu v100 is unknown; known: h100, h200, b200, b300, a100\n");
   r = run_cmd(bin + " --max-bytes lots");
   CHECK(r.exit_code == 2);
   CHECK(r.output == "preflight: --max-bytes 'lots' is not a size (e.g. 4096, 64K, 1G)\n");
@@ -134,8 +134,8 @@ TEST_CASE("tools: the PyTorch baseline's FLOPs per token are the trainer's", "[t
   for (const std::string preset : {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"}) {
     INFO(preset);
     CmdResult torch = run_cmd("python3 " + std::string(TR_SOURCE_DIR) +
-                              "/tools/torch_baseline.py --describe --preset " + preset +
-                              " --seq-len 4096 2>/dev/null");
+                              "/tools/torch_baseline.py --describe --trainer " + TR_TRAINER_BIN +
+                              " --preset " + preset + " --seq-len 4096 2>/dev/null");
     CmdResult plan = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + TR_SOURCE_DIR +
                              "/configs/" + preset + ".yaml --set data.seq_len=4096 --json");
     REQUIRE(torch.exit_code == 0);
@@ -144,6 +144,7 @@ TEST_CASE("tools: the PyTorch baseline's FLOPs per token are the trainer's", "[t
                          p = nlohmann::json::parse(plan.output);
     CHECK(t["flops_per_token_causal"].get<double>() == p["flops_per_token_causal"].get<double>());
     CHECK(t["flops_per_token_full"].get<double>() == p["flops_per_token_full"].get<double>());
+    CHECK(t["model"] == p["model"]);  // the trainer's resolution of the preset, not a copy
   }
 }
 

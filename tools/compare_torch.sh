@@ -72,7 +72,7 @@ for r in "${runs[@]}"; do
   IFS='|' read -r name kind src <<<"$r"
   # The vocabulary (for the synthetic tokens) and FLOPs per token, from the same resolution of
   # the preset / config that the baseline uses.
-  if ! "$python" "$tb" "$kind" "$src" --seq-len "$seq_len" --describe >"$out/describe-$name.json" 2>"$out/describe-$name.err"; then
+  if ! "$python" "$tb" "$kind" "$src" --trainer "$build/trainer/trainer" --seq-len "$seq_len" --describe >"$out/describe-$name.json" 2>"$out/describe-$name.err"; then
     echo "== $name: cannot resolve the model:"; cat "$out/describe-$name.err"
     failed=1; continue
   fi
@@ -110,7 +110,7 @@ PY
   echo "== $name: PyTorch (tools/torch_baseline.py)"
   t0=$SECONDS
   # shellcheck disable=SC2086  # --torch-args is a word list on purpose
-  if PYTHONUNBUFFERED=1 "$python" "$tb" "$kind" "$src" --seq-len "$seq_len" --micro-batch "$micro" \
+  if PYTHONUNBUFFERED=1 "$python" "$tb" "$kind" "$src" --trainer "$build/trainer/trainer" --seq-len "$seq_len" --micro-batch "$micro" \
       --global-batch "$global" --steps "$steps" --warmup "$warmup" --device "$device" \
       --precision "$precision" $compile_flag $torch_args --json-out "$out/torch-$name.json" \
       >"$out/torch-$name.log" 2>&1; then

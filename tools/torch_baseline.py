@@ -4,12 +4,14 @@ length, micro-batch and global batch, trained with Hugging Face `transformers`'
 Qwen2ForCausalLM (SDPA attention), torch.compile, bf16 and fused AdamW, on synthetic tokens.
 
   tools/torch_baseline.py [--preset qwen2.5-1.5b | --config configs/tiny.yaml] [--seq-len 4096]
+                          [--trainer build/trainer/trainer]
                           [--micro-batch 1] [--global-batch 8] [--steps 20] [--warmup 3]
                           [--precision autocast|bf16] [--no-compile] [--device cuda|cpu]
                           [--peak-tflops T] [--json-out FILE] [--describe]
 
-No network is needed: the model is built from a Qwen2Config with the shapes of our preset (a
-table below, cross-checked against configs/<preset>.yaml) and random weights (normal, std
+No network is needed: the model is built from a Qwen2Config with the shapes the trainer resolves
+from configs/<preset>.yaml or --config (`trainer plan --json`, so presets and defaults have one
+home, trainer/config.cpp) and random weights (normal, std
 model.init_std = 0.02), and the tokens are uniform random ids (seeded). Each step runs
 global/micro micro-batches (gradient accumulation), clips the global gradient norm to 1.0 and
 takes a fused AdamW step (lr 3e-4, betas 0.9/0.95, weight decay 0.1 on matrices only, as ours).
@@ -26,8 +28,8 @@ Timing: each step is bracketed by device synchronisation; the first --warmup ste
 allocator warm-up) are left out and the rest summarised by their median, as tools/bench.sh does.
 MFU = flops_per_token x tokens/s / peak with OUR counting (docs/PERFORMANCE.md):
 flops_per_token = 6 N_matmul + 6 L s (nh hd), N_matmul = parameters of every matrix product, LM
-head included, input embedding excluded; peak = dense bf16 peak of the device (the trainer's
-table in kernels/cuda/device.cu) or --peak-tflops.
+head included, input embedding excluded; peak = dense bf16 peak of the device (the trainer's GPU
+table, kernels/core/hardware.cpp, read through `trainer plan --json`) or --peak-tflops.
 
 Attention: transformers' "sdpa" path, with the causal mask tensor dropped so that SDPA runs
 is_causal=True (its flash kernel) under torch.compile as it does in eager mode: see causal_sdpa()
@@ -45,49 +47,15 @@ import math
 import os
 import re
 import statistics
+import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Our presets (trainer/config.cpp, configs/qwen2.5-*.yaml, the Hugging Face config.json of the
-# base models). Cross-checked against configs/<preset>.yaml whenever that file exists.
-PRESETS = {
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
-                         num_kv_heads=2, head_dim=64, vocab_size=151936, rms_norm_eps=1e-6,
-                         tie_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_layers=28, num_heads=12,
-                         num_kv_heads=2, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6,
-                         tie_embeddings=True),
-    "qwen2.5-3b": dict(hidden_size=2048, intermediate_size=11008, num_layers=36, num_heads=16,
-                       num_kv_heads=2, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6,
-                       tie_embeddings=True),
-    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_layers=28, num_heads=28,
-                       num_kv_heads=4, head_dim=128, vocab_size=152064, rms_norm_eps=1e-6,
-                       tie_embeddings=False),
-    "qwen2.5-14b": dict(hidden_size=5120, intermediate_size=13824, num_layers=48, num_heads=40,
-                        num_kv_heads=8, head_dim=128, vocab_size=152064, rms_norm_eps=1e-5,
-                        tie_embeddings=False),
-    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_layers=64, num_heads=40,
-                        num_kv_heads=8, head_dim=128, vocab_size=152064, rms_norm_eps=1e-5,
-                        tie_embeddings=False),
-    "qwen2.5-72b": dict(hidden_size=8192, intermediate_size=29568, num_layers=80, num_heads=64,
-                        num_kv_heads=8, head_dim=128, vocab_size=152064, rms_norm_eps=1e-5,
-                        tie_embeddings=False),
-}
-for _p in PRESETS.values():
-    _p.update(max_seq_len=32768, rope_theta=1e6)
-
-# Defaults of the model keys the presets do not set (docs/config.md).
-MODEL_DEFAULTS = dict(rope_theta=1e6, rms_norm_eps=1e-6, tie_embeddings=False, init_std=0.02)
 MODEL_KEYS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
               "head_dim", "vocab_size", "max_seq_len", "rope_theta", "rms_norm_eps",
               "tie_embeddings", "init_std")
-
-# Dense bf16 tensor-core peaks, the trainer's table (kernels/cuda/device.cu): substring of the
-# device name -> FLOP/s. The last match wins, as there.
-PEAKS = [("H100", 989.4e12), ("H200", 989.4e12), ("B200", 2250e12), ("B300", 2250e12),
-         ("A100", 312e12), ("GH200", 989.4e12)]
 
 
 def die(msg, code=2):
@@ -95,164 +63,40 @@ def die(msg, code=2):
     sys.exit(code)
 
 
-# ---------------------------------------------------------------------------------------------
-# A tiny YAML reader for our config files (nested block mappings, `key: scalar`, one-line flow
-# collections, comments). PyYAML is used instead when it is installed, and the two are compared.
-
-def _scalar(text):
-    t = text.strip()
-    if len(t) >= 2 and t[0] == t[-1] and t[0] in "'\"":
-        return t[1:-1]
-    low = t.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if low in ("", "~", "null"):
-        return None
-    if re.fullmatch(r"[-+]?[0-9]+", t):
-        return int(t)
-    if re.fullmatch(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?", t):
-        return float(t)
-    return t
-
-
-def _flow(text, i=0):
-    """Parses a flow collection or scalar starting at text[i]; returns (value, next index)."""
-    while i < len(text) and text[i] == " ":
-        i += 1
-    if i < len(text) and text[i] in "[{":
-        close = "]" if text[i] == "[" else "}"
-        out = [] if close == "]" else {}
-        i += 1
-        while True:
-            while i < len(text) and text[i] in " ,":
-                i += 1
-            if i >= len(text):
-                raise ValueError(f"unterminated flow collection: {text}")
-            if text[i] == close:
-                return out, i + 1
-            if close == "]":
-                v, i = _flow(text, i)
-                out.append(v)
-            else:
-                j = text.index(":", i)
-                key = _scalar(text[i:j])
-                v, i = _flow(text, j + 1)
-                out[key] = v
-    j = i
-    while j < len(text) and text[j] not in ",]}":
-        j += 1
-    return _scalar(text[i:j]), j
-
-
-def mini_yaml(text):
-    root = {}
-    stack = [(-1, root)]  # (indent, mapping)
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
-        if not line.strip():
-            continue
-        indent = len(line) - len(line.lstrip(" "))
-        body = line.strip()
-        if body.startswith("- ") or body == "-":
-            raise ValueError(f"line {n}: block sequences are not supported here (install PyYAML)")
-        m = re.fullmatch(r"([^:{}\[\],]+?)\s*:(\s+(.*))?", body)
-        if not m:
-            raise ValueError(f"line {n}: cannot read '{raw}' (install PyYAML)")
-        key, value = _scalar(m.group(1)), (m.group(3) or "").strip()
-        while stack[-1][0] >= indent:
-            stack.pop()
-        parent = stack[-1][1]
-        if value == "":
-            parent[key] = {}
-            stack.append((indent, parent[key]))
-        else:
-            parent[key], end = _flow(value)
-            if value[end:].strip():
-                raise ValueError(f"line {n}: trailing text after the value in '{raw}'")
-    return root
-
-
-def load_yaml(path):
-    with open(path) as f:
-        text = f.read()
-    mine = mini_yaml(text)
-    try:
-        import yaml  # PyYAML, where installed: the reference reader
-    except ImportError:
-        return mine, "built-in reader"
-    ref = yaml.safe_load(text) or {}
-    if _model_section(ref, path) != _model_section(mine, path):
-        die(f"{path}: the built-in YAML reader disagrees with PyYAML on the model section: "
-            f"{_model_section(mine, path)} vs {_model_section(ref, path)}")
-    return ref, "PyYAML (built-in reader agrees)"
-
-
-def _model_section(doc, path):
-    m = doc.get("model", {}) if isinstance(doc, dict) else None
-    if not isinstance(m, dict):
-        die(f"{path}: 'model' is not a mapping")
-    return m
-
-
-def resolve_model(args):
-    """The model fields (our names) from --preset or --config, and where they came from."""
-    notes = []
+def trainer_plan(args):
+    """The trainer's own resolution of the config or preset: `trainer plan --json` gives the
+    model section (presets and defaults applied) and the GPU table, so that neither is copied
+    here. The layout is set to one rank: only the model matters."""
     if args.config:
-        doc, reader = load_yaml(args.config)
-        sec = _model_section(doc, args.config)
-        notes.append(f"{args.config} read with {reader}")
-        preset = sec.get("preset") or ""
-        name = preset or os.path.splitext(os.path.basename(args.config))[0]
-        fields = dict(MODEL_DEFAULTS)
-        if preset:
-            if preset not in PRESETS:
-                die(f"{args.config}: unknown model.preset '{preset}' (known: {', '.join(PRESETS)})")
-            fields.update(PRESETS[preset])
-        unknown = set(sec) - set(MODEL_KEYS) - {"preset"}
-        if unknown:
-            die(f"{args.config}: unknown model keys {sorted(unknown)}")
-        fields.update({k: v for k, v in sec.items() if k != "preset"})
+        cfg, name = args.config, os.path.splitext(os.path.basename(args.config))[0]
     else:
-        name = args.preset
-        if name not in PRESETS:
-            die(f"unknown --preset '{name}' (known: {', '.join(PRESETS)})")
-        fields = dict(MODEL_DEFAULTS)
-        fields.update(PRESETS[name])
-        yml = os.path.join(ROOT, "configs", f"{name}.yaml")
-        if os.path.exists(yml):  # the table must say what our preset file says
-            doc, reader = load_yaml(yml)
-            sec = _model_section(doc, yml)
-            bad = [f"{k}: table {fields[k]!r}, yaml {v!r}" for k, v in sec.items()
-                   if k in fields and not _same(fields[k], v)]
-            if bad:
-                die(f"the preset table disagrees with {yml}: " + "; ".join(bad))
-            notes.append(f"preset table cross-checked against configs/{name}.yaml ({reader}, "
-                         f"{len([k for k in sec if k in fields])} fields)")
-        else:
-            notes.append(f"configs/{name}.yaml not found: preset table only")
-    missing = [k for k in MODEL_KEYS if k != "max_seq_len" and (fields.get(k) is None or (
-        not isinstance(fields[k], bool) and fields[k] == 0))]
-    if missing:
-        die(f"model fields missing or zero: {missing}")
-    for k in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-              "head_dim", "vocab_size", "max_seq_len"):
-        fields[k] = int(fields.get(k) or 0)
-    for k in ("rope_theta", "rms_norm_eps", "init_std"):
-        fields[k] = float(fields[k])
-    fields["tie_embeddings"] = bool(fields["tie_embeddings"])
-    if fields["num_heads"] % fields["num_kv_heads"]:
-        die("num_kv_heads must divide num_heads")
-    return name, fields, notes
+        cfg, name = os.path.join(ROOT, "configs", f"{args.preset}.yaml"), args.preset
+        if not os.path.exists(cfg):
+            known = sorted(f[:-5] for f in os.listdir(os.path.join(ROOT, "configs"))
+                           if f.startswith("qwen2.5-") and f.endswith(".yaml"))
+            die(f"unknown --preset '{args.preset}' (known: {', '.join(known)})")
+    if not os.access(args.trainer, os.X_OK):
+        die(f"--trainer {args.trainer}: not an executable; build the trainer first "
+            f"(cmake --build build) or pass --trainer PATH")
+    one_rank = ["parallel.tp=1", "parallel.pp=1", "parallel.dp=1", "parallel.pipeline_layers=[]",
+                "parallel.sequence_parallel=false", "train.recompute=none",
+                "train.recompute_layers=[]", "train.global_batch=1", "train.micro_batch=1",
+                f"data.seq_len={args.seq_len}"]
+    cmd = [args.trainer, "plan", "--config", cfg, "--nodes", "1", "--gpus-per-node", "1", "--json"]
+    for kv in one_rank:
+        cmd += ["--set", kv]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        die(f"{' '.join(cmd)} exited {out.returncode}: {out.stderr.strip() or out.stdout.strip()}")
+    plan = json.loads(out.stdout)
+    return name, plan["model"], plan["hardware"], f"model resolved by {args.trainer} plan --json"
 
 
-def _same(a, b):
-    if isinstance(a, bool) or isinstance(b, bool):
-        return bool(a) == bool(b) and type(a) == type(b)
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return math.isclose(float(a), float(b), rel_tol=1e-12)
-    return a == b
+def peak_of(device_name, hardware):
+    """The dense bf16 peak of the GPU table row whose key the device name contains (the longest
+    such key, as the trainer matches), or 0."""
+    rows = [r for r in hardware if r["device_key"] in device_name]
+    return max(rows, key=lambda r: len(r["device_key"]))["peak_bf16_flops"] if rows else 0.0
 
 
 def flops(m, seq_len):
@@ -271,8 +115,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
-    src.add_argument("--preset", default="qwen2.5-0.5b", help="one of: " + ", ".join(PRESETS))
+    src.add_argument("--preset", default="qwen2.5-0.5b", help="configs/PRESET.yaml, e.g. qwen2.5-1.5b")
     src.add_argument("--config", help="a trainer YAML config (its model section is used)")
+    ap.add_argument("--trainer", default=os.path.join(ROOT, "build", "trainer", "trainer"),
+                    help="the trainer binary: it resolves the model and has the GPU table")
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--micro-batch", type=int, default=1)
     ap.add_argument("--global-batch", type=int, default=8)
@@ -306,7 +152,7 @@ def main():
         die(f"--steps {args.steps} must exceed --warmup {args.warmup}")
     if args.micro_batch < 1 or args.global_batch % args.micro_batch:
         die(f"--micro-batch {args.micro_batch} must divide --global-batch {args.global_batch}")
-    name, m, notes = resolve_model(args)
+    name, m, hardware, note = trainer_plan(args)
     if m["max_seq_len"] and args.seq_len > m["max_seq_len"]:
         die(f"--seq-len {args.seq_len} exceeds model.max_seq_len {m['max_seq_len']}")
     n_matmul, fpt, fpt_full = flops(m, args.seq_len)
@@ -315,14 +161,13 @@ def main():
                               flops_per_token_causal=fpt, flops_per_token_full=fpt_full),
                          indent=1))
         return 0
-    for n in notes:
-        print(f"config: {n}")
+    print(f"config: {note}")
     print(f"model: {name}: " + ", ".join(f"{k}={m[k]}" for k in MODEL_KEYS))
     print(f"flops: N_matmul = {n_matmul} ({n_matmul / 1e9:.4f}B); flops_per_token = 6 N_matmul + "
           f"6 L s nh hd = {fpt:.6e} (causal, seq_len {args.seq_len}); {fpt_full:.6e} counting full "
           f"attention")
     sys.stdout.flush()
-    return train(args, name, m, n_matmul, fpt)
+    return train(args, name, m, n_matmul, fpt, hardware)
 
 
 def build_model(torch, m, device, precision):
@@ -444,7 +289,7 @@ def check_sdpa(torch, model, device, amp, vocab):
             f"(CUDA autocast runs it in bf16)")
 
 
-def train(args, name, m, n_matmul, fpt):
+def train(args, name, m, n_matmul, fpt, hardware):
     import contextlib
     import torch
 
@@ -590,9 +435,7 @@ def train(args, name, m, n_matmul, fpt):
     tps = med("tokens_per_s")
     peak = args.peak_tflops * 1e12
     if not peak and cuda:
-        for key, val in PEAKS:
-            if key in devname:
-                peak = val
+        peak = peak_of(devname, hardware)
     mfu = fpt * tps / peak if peak else None
     if cuda and not peak:
         print(f"MFU: '{devname}' is not in the peak table: give --peak-tflops (dense bf16)")

@@ -26,7 +26,7 @@ std::string usage() {
          "  --help-config     print every config key with its type, default and meaning\n"
          "  --help-switches   print the TR_* debug and bisect switches (docs/debug.md)\n"
          "\n"
-         "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300]\n"
+         "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300|a100]\n"
          "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--json]\n"
          "  per-GPU memory, FLOPs per token, pipeline bubble, communication per step and a\n"
          "  predicted step time, tokens/s/GPU and MFU, without a GPU (defaults: h100, 1 node,\n"

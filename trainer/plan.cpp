@@ -38,25 +38,6 @@ double ring_half(double bytes, int n) {
 
 }  // namespace
 
-absl::StatusOr<GpuSpec> gpu_spec(const std::string& name) {
-  // Dense bf16 peaks and bandwidths of the SXM parts; 400 Gb/s NICs per H100/H200 GPU and
-  // 800 Gb/s per B200/B300 GPU (the usual InfiniBand/RoCE builds); GEMM efficiency from the
-  // published training anchors (45-50% MFU end to end).
-  static const GpuSpec kSpecs[] = {
-      {"h100", 989.4e12, 80.0 * kGiB, 3.35e12, 450e9, 50e9, 0.70},
-      {"h200", 989.4e12, 141.0 * kGiB, 4.8e12, 450e9, 50e9, 0.72},
-      {"b200", 2250e12, 180.0 * kGiB, 8.0e12, 900e9, 100e9, 0.70},
-      {"b300", 2250e12, 288.0 * kGiB, 8.0e12, 900e9, 100e9, 0.70},
-  };
-  std::vector<std::string> names;
-  for (const GpuSpec& g : kSpecs) {
-    if (g.name == name) return g;
-    names.push_back(g.name);
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--gpu ", name, " is unknown; known: ", absl::StrJoin(names, ", ")));
-}
-
 absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path) {
   YAML::Node root;
   try {
@@ -372,7 +353,29 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                       {"workspace_gib", (m.workspace + m.attention_workspace) / kGiB},
                       {"total_gib", m.total() / kGiB}});
   }
+  // The resolved model and the GPU table, for the Python tools (tools/torch_baseline.py builds
+  // the same model and counts MFU against the same peaks).
+  const ModelConfig& mc = cfg.model;
+  const nlohmann::json model = {
+      {"hidden_size", mc.hidden_size},       {"intermediate_size", mc.intermediate_size},
+      {"num_layers", mc.num_layers},         {"num_heads", mc.num_heads},
+      {"num_kv_heads", mc.num_kv_heads},     {"head_dim", mc.head_dim},
+      {"vocab_size", mc.vocab_size},         {"max_seq_len", mc.max_seq_len},
+      {"rope_theta", mc.rope_theta},         {"rms_norm_eps", mc.rms_norm_eps},
+      {"tie_embeddings", mc.tie_embeddings}, {"init_std", mc.init_std}};
+  nlohmann::json hardware = nlohmann::json::array();
+  for (const GpuSpec& g : gpu_table())
+    hardware.push_back({{"name", g.name},
+                        {"device_key", g.device_key},
+                        {"peak_bf16_flops", g.peak_bf16_flops},
+                        {"memory_gib", g.memory_bytes / kGiB},
+                        {"hbm_bytes_per_s", g.hbm_bw},
+                        {"nvlink_bytes_per_s", g.nvlink_bw},
+                        {"network_bytes_per_s", g.network_bw},
+                        {"gemm_efficiency", g.gemm_efficiency}});
   const nlohmann::json j = {{"gpu", p.gpu.name},
+                            {"model", model},
+                            {"hardware", hardware},
                             {"nodes", p.nodes},
                             {"gpus_per_node", p.gpus_per_node},
                             {"world", p.world},

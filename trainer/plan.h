@@ -9,24 +9,13 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/core/ctx.h"
+#include "kernels/core/hardware.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
 #include "trainer/facts.h"
 
 namespace tr {
 
-// One GPU type (the defaults of `--gpu`); every number can be overridden.
-struct GpuSpec {
-  std::string name;
-  double peak_bf16_flops;  // dense bf16 tensor-core peak, FLOP/s
-  double memory_bytes;     // HBM capacity
-  double hbm_bw;           // bytes/s
-  double nvlink_bw;        // bytes/s per GPU, one direction, inside a node
-  double network_bw;       // bytes/s per GPU (its NIC), between nodes
-  double gemm_efficiency;  // fraction of peak the GEMMs reach in training
-};
-// h100, h200, b200, b300; an error names the known ones.
-absl::StatusOr<GpuSpec> gpu_spec(const std::string& name);
 // `base` with the numbers a YAML file sets: any of name, peak_bf16_tflops, memory_gib,
 // hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_efficiency. Errors name the file
 // and key.

@@ -51,12 +51,6 @@ DeviceInfo device_info() {
   int index = 0;
   CUDA_CHECK(cudaGetDevice(&index));
   DeviceInfo info{device_name(index), 0.0, 0.0, 0.0};
-  // Dense bf16 tensor-core peaks (no sparsity), SXM parts; a name not listed gives 0 (no MFU).
-  const std::pair<const char*, double> peaks[] = {{"H100", 989.4e12}, {"H200", 989.4e12},
-                                                  {"B200", 2250e12},  {"B300", 2250e12},
-                                                  {"A100", 312e12},   {"GH200", 989.4e12}};
-  for (auto [key, peak] : peaks)
-    if (info.name.find(key) != std::string::npos) info.peak_bf16_flops = peak;
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   info.memory_used_mib = static_cast<double>(total_bytes - free_bytes) / (1024.0 * 1024.0);

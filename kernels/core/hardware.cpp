@@ -1,0 +1,42 @@
+#include "kernels/core/hardware.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tr {
+
+const std::vector<GpuSpec>& gpu_table() {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  // Dense bf16 peaks and bandwidths of the SXM parts; 400 Gb/s NICs per H100/H200 GPU, 800 Gb/s
+  // per B200/B300 GPU and 200 Gb/s per A100 GPU (the usual InfiniBand/RoCE builds); GEMM
+  // efficiency from the published training anchors (45-50% MFU end to end).
+  static const std::vector<GpuSpec> table = {
+      {"h100", "H100", 989.4e12, 80.0 * kGiB, 3.35e12, 450e9, 50e9, 0.70},
+      {"h200", "H200", 989.4e12, 141.0 * kGiB, 4.8e12, 450e9, 50e9, 0.72},
+      {"b200", "B200", 2250e12, 180.0 * kGiB, 8.0e12, 900e9, 100e9, 0.70},
+      {"b300", "B300", 2250e12, 288.0 * kGiB, 8.0e12, 900e9, 100e9, 0.70},
+      {"a100", "A100", 312e12, 80.0 * kGiB, 2.039e12, 300e9, 25e9, 0.70},
+  };
+  return table;
+}
+
+absl::StatusOr<GpuSpec> gpu_spec(const std::string& name) {
+  std::vector<std::string> names;
+  for (const GpuSpec& g : gpu_table()) {
+    if (g.name == name) return g;
+    names.push_back(g.name);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--gpu ", name, " is unknown; known: ", absl::StrJoin(names, ", ")));
+}
+
+const GpuSpec* gpu_of_device(const std::string& device_name) {
+  const GpuSpec* best = nullptr;
+  for (const GpuSpec& g : gpu_table())
+    if (device_name.find(g.device_key) != std::string::npos &&
+        (best == nullptr || g.device_key.size() > best->device_key.size()))
+      best = &g;
+  return best;
+}
+
+}  // namespace tr

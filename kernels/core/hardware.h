@@ -1,0 +1,34 @@
+// The GPU table: peaks and bandwidths of the parts we plan for and measure MFU against. The one
+// home of these numbers: the planner (`trainer plan --gpu`), preflight's thresholds, the MFU of
+// every GPU run (device_info) and, through `trainer plan --json`, the Python tools read it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tr {
+
+struct GpuSpec {
+  std::string name;        // the planner's --gpu name: "h100"
+  std::string device_key;  // found in the CUDA device name of this part: "H100"
+  double peak_bf16_flops;  // dense bf16 tensor-core peak, FLOP/s
+  double memory_bytes;     // HBM capacity
+  double hbm_bw;           // bytes/s
+  double nvlink_bw;        // bytes/s per GPU, one direction, inside a node
+  double network_bw;       // bytes/s per GPU (its NIC), between nodes
+  double gemm_efficiency;  // fraction of peak the GEMMs reach in training
+};
+
+// Every row, in the order `--gpu` lists them.
+const std::vector<GpuSpec>& gpu_table();
+
+// The row named `name` (h100, h200, b200, b300, a100); an error names the known ones.
+absl::StatusOr<GpuSpec> gpu_spec(const std::string& name);
+
+// The row whose device_key the CUDA device name contains (the longest such key), or nullptr:
+// "NVIDIA H100 80GB HBM3" is h100; "NVIDIA GH200 480GB" is h200's (the same Hopper peak).
+const GpuSpec* gpu_of_device(const std::string& device_name);
+
+}  // namespace tr
