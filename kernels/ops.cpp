@@ -98,6 +98,24 @@ bool is_vector(const Tensor& t, int64_t n) {
 
 }  // namespace
 
+// Every backend defines every op of kernels/backend_ops.inc: taking each one's address makes a
+// missing definition a link error here, not a failure when some path first calls it.
+// (External linkage, so that the tables are emitted.)
+#define TR_BACKEND_OP(ret, name, params) reinterpret_cast<const void*>(&cpu::name),
+extern const void* const kCpuBackendOps[];
+const void* const kCpuBackendOps[] = {
+#include "kernels/backend_ops.inc"
+};
+#undef TR_BACKEND_OP
+#ifdef TRAINER_HAVE_CUDA
+#define TR_BACKEND_OP(ret, name, params) reinterpret_cast<const void*>(&cuda::name),
+extern const void* const kCudaBackendOps[];
+const void* const kCudaBackendOps[] = {
+#include "kernels/backend_ops.inc"
+};
+#undef TR_BACKEND_OP
+#endif
+
 // A failed precondition names the op and its arguments' shapes.
 #define OP_CHECK(chk, cond) TR_ASSERT(cond, (chk).describe())
 

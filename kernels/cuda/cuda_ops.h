@@ -51,18 +51,10 @@ DeviceInfo device_info();
 LibraryVersions library_versions();
 void synchronize(const Ctx& ctx);
 
-void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vocab_offset);
-void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t vocab_offset);
-
-void rmsnorm_fwd(Ctx& ctx, Tensor out, Tensor rstd, Tensor in, Tensor weight, float eps);
-void rmsnorm_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
-                 Tensor rstd, bool accumulate_din, bool assign_dweight);
-void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Tensor b,
-                     Tensor weight, float eps);
-
-void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
-void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
-                Tensor weight, bool assign_dweight);
+// Every op of kernels/backend_ops.inc, and the CUDA-only ones below.
+#define TR_BACKEND_OP(ret, name, params) ret name params;
+#include "kernels/backend_ops.inc"
+#undef TR_BACKEND_OP
 
 // bf16 only (cuDNN fused attention).
 AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
@@ -71,43 +63,7 @@ AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, i
 // deterministic one (it may have fallen back to the other mode); builds it if needed.
 bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
                                  int head_dim);
-void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
-                   int n_heads, int n_kv_heads, int head_dim);
-void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
-                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim);
-
-void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta);
-void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta);
-
-void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);
-void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup);
-
-void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
-                           int64_t vocab_valid, float grad_scale, bool compute_grad);
-void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid);
-void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_max,
-               int64_t vocab_offset, int64_t vocab_valid);
-void xent_shard_stats(Ctx& ctx, Tensor stats, Tensor logits, Tensor targets, int64_t vocab_offset,
-                      int64_t vocab_valid);
-void xent_combine(Ctx& ctx, Tensor row_max, Tensor sums, Tensor all_stats);
-void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
-                    Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
-                    bool compute_grad);
-
-void add(Ctx& ctx, Tensor out, Tensor a, Tensor b);
-void scale_(Ctx& ctx, Tensor x, float s);
-void zero_(Ctx& ctx, Tensor x);
-double sum_squares(Ctx& ctx, Tensor x);
-void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x, bool squares);
-void accumulate_sum_squares_pieces(Ctx& ctx, Tensor acc, Tensor x, Tensor pieces, int64_t base);
 void upload_async(Ctx& ctx, Tensor dst, Tensor src);
 void read_f64(Ctx& ctx, Tensor src, double* out);
-void cast(Ctx& ctx, Tensor out, Tensor in);
-
-void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v,
-                         Tensor compute_copy, Tensor pieces, AdamWIndex index, const AdamWParams& p,
-                         float grad_scale);
-void adamw_update(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWParams& p,
-                  Tensor compute_copy);
 
 }  // namespace tr::cuda
