@@ -35,6 +35,14 @@ std::array<int32_t, 256> byte_chars() {
   return cp;
 }
 
+// The inverse of byte_chars(): the byte each code point of the alphabet stands for.
+std::unordered_map<int32_t, uint8_t> byte_of_char() {
+  const std::array<int32_t, 256> cp = byte_chars();
+  std::unordered_map<int32_t, uint8_t> byte_of;
+  for (int b = 0; b < 256; ++b) byte_of[cp[b]] = static_cast<uint8_t>(b);
+  return byte_of;
+}
+
 // A vocabulary entry in the byte-level alphabet back to the raw bytes it stands for.
 absl::StatusOr<std::string> to_bytes(const std::string& token,
                                      const std::unordered_map<int32_t, uint8_t>& byte_of) {
@@ -116,6 +124,12 @@ class HfBpeTokenizer final : public Tokenizer {
   void encode_segment(const std::string& text, std::vector<int32_t>& out) const;
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;    // cached
   void merge(std::string_view piece, std::vector<int32_t>& out) const;  // the BPE loop
+  // The parts of load(), each reading one section of tokenizer.json into this tokenizer.
+  absl::Status read_model_flags(const json& model, const std::string& path);
+  absl::Status read_pre_tokenizer(const json& j, const std::string& path);
+  absl::Status read_vocab(const json& model, const std::string& path, int32_t* max_id);
+  absl::Status read_merges(const json& model, const std::string& path);
+  absl::Status read_added_tokens(const json& j, const std::string& path, int32_t* max_id);
   static constexpr size_t kCacheEntries = 1 << 18;
 
   std::string name_;
@@ -143,18 +157,7 @@ absl::Status unsupported(const std::string& path, const std::string& what) {
       "; supported: byte-level BPE tokenizer.json files (GPT-2, Qwen2/2.5, Llama 3 style)"));
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::string& path,
-                                                                const std::string& eod_token) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read tokenizer file '", path, "'"));
-  std::stringstream text;
-  text << in.rdbuf();
-  const json j = json::parse(text.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokenizer file '", path, "' is not valid JSON"));
-  auto t = std::make_unique<HfBpeTokenizer>();
-  const json& model = j.value("model", json::object());
+absl::Status HfBpeTokenizer::read_model_flags(const json& model, const std::string& path) {
   if (model.value("type", "") != "BPE")
     return unsupported(path, absl::StrCat("model type '", model.value("type", ""), "'"));
   if (model.value("byte_fallback", false)) return unsupported(path, "byte_fallback: true");
@@ -163,17 +166,19 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::strin
       return unsupported(path, absl::StrCat(key, " '", model[key].get<std::string>(), "'"));
   if (model.contains("dropout") && !model["dropout"].is_null())
     return unsupported(path, "BPE dropout");
-  t->ignore_merges_ = model.value("ignore_merges", false);
+  ignore_merges_ = model.value("ignore_merges", false);
+  return absl::OkStatus();
+}
 
-  // Normalizer: none or NFC.
+// Normalizer: none or NFC. Pre-tokenizer: Sequence[Split(regex, Isolated), ByteLevel(use_regex
+// false)], or ByteLevel(use_regex true) alone (GPT-2's regex), compiled here.
+absl::Status HfBpeTokenizer::read_pre_tokenizer(const json& j, const std::string& path) {
   const json& norm = j.contains("normalizer") ? j["normalizer"] : json();
   if (!norm.is_null()) {
     if (norm.value("type", "") != "NFC")
       return unsupported(path, absl::StrCat("normalizer ", norm.dump()));
-    t->nfc_ = true;
+    nfc_ = true;
   }
-  // Pre-tokenizer: Sequence[Split(regex, Isolated), ByteLevel(use_regex false)], or
-  // ByteLevel(use_regex true) alone (GPT-2's regex).
   const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : json();
   std::string pattern;
   auto byte_level_ok = [&](const json& b, bool want_regex) {
@@ -195,39 +200,46 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::strin
   }
   int err = 0;
   PCRE2_SIZE at = 0;
-  t->regex_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                            PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &at, nullptr);
-  if (t->regex_ == nullptr) {
+  regex_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_NO_UTF_CHECK, &err, &at, nullptr);
+  if (regex_ == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
     return unsupported(path, absl::StrCat("pre-tokenizer regex does not compile at offset ", at,
                                           ": ", reinterpret_cast<const char*>(msg)));
   }
-  pcre2_jit_compile(t->regex_, PCRE2_JIT_COMPLETE);  // faster when available; optional
+  pcre2_jit_compile(regex_, PCRE2_JIT_COMPLETE);  // faster when available; optional
+  return absl::OkStatus();
+}
 
-  // Vocabulary and merges, in raw bytes.
-  const std::array<int32_t, 256> cp = byte_chars();
-  std::unordered_map<int32_t, uint8_t> byte_of;
-  for (int b = 0; b < 256; ++b) byte_of[cp[b]] = static_cast<uint8_t>(b);
+// The vocabulary in raw bytes; every byte must have a token of its own.
+absl::Status HfBpeTokenizer::read_vocab(const json& model, const std::string& path,
+                                        int32_t* max_id) {
   if (!model.contains("vocab") || !model["vocab"].is_object())
     return unsupported(path, "no model.vocab");
-  int32_t max_id = -1;
+  const std::unordered_map<int32_t, uint8_t> byte_of = byte_of_char();
   for (const auto& [token, id_json] : model["vocab"].items()) {
     absl::StatusOr<std::string> bytes = to_bytes(token, byte_of);
     if (!bytes.ok()) return unsupported(path, std::string(bytes.status().message()));
     const int32_t id = id_json.get<int32_t>();
     if (id < 0) return unsupported(path, absl::StrCat("negative id for '", token, "'"));
-    max_id = std::max(max_id, id);
-    if (static_cast<size_t>(id) >= t->bytes_of_.size()) t->bytes_of_.resize(id + 1);
-    t->bytes_of_[id] = *bytes;
-    t->id_of_[*bytes] = id;
+    *max_id = std::max(*max_id, id);
+    if (static_cast<size_t>(id) >= bytes_of_.size()) bytes_of_.resize(id + 1);
+    bytes_of_[id] = *bytes;
+    id_of_[*bytes] = id;
   }
   for (int b = 0; b < 256; ++b) {
-    auto it = t->id_of_.find(std::string(1, static_cast<char>(b)));
-    if (it == t->id_of_.end())
+    auto it = id_of_.find(std::string(1, static_cast<char>(b)));
+    if (it == id_of_.end())
       return unsupported(path, absl::StrCat("byte ", b, " has no token of its own"));
-    t->byte_id_[b] = it->second;
+    byte_id_[b] = it->second;
   }
+  return absl::OkStatus();
+}
+
+// The merges, in rank order: ["a", "b"] pairs, or "a b" strings in older files.
+absl::Status HfBpeTokenizer::read_merges(const json& model, const std::string& path) {
+  const std::unordered_map<int32_t, uint8_t> byte_of = byte_of_char();
   const json& merges = model.value("merges", json::array());
   int32_t rank = 0;
   for (const json& m : merges) {
@@ -235,7 +247,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::strin
     if (m.is_array() && m.size() == 2) {
       a = m[0].get<std::string>();
       b = m[1].get<std::string>();
-    } else if (m.is_string()) {  // older files: "a b"
+    } else if (m.is_string()) {
       const std::string s = m.get<std::string>();
       const size_t space = s.find(' ');
       if (space == std::string::npos) return unsupported(path, absl::StrCat("merge '", s, "'"));
@@ -246,12 +258,17 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::strin
     }
     absl::StatusOr<std::string> ab = to_bytes(a, byte_of), bb = to_bytes(b, byte_of);
     if (!ab.ok() || !bb.ok()) return unsupported(path, absl::StrCat("merge '", a, " ", b, "'"));
-    auto ia = t->id_of_.find(*ab), ib = t->id_of_.find(*bb), im = t->id_of_.find(*ab + *bb);
-    if (ia == t->id_of_.end() || ib == t->id_of_.end() || im == t->id_of_.end())
+    auto ia = id_of_.find(*ab), ib = id_of_.find(*bb), im = id_of_.find(*ab + *bb);
+    if (ia == id_of_.end() || ib == id_of_.end() || im == id_of_.end())
       return unsupported(path, absl::StrCat("merge '", a, " ", b, "' of tokens not in the vocab"));
-    t->merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank++, im->second));
+    merges_.emplace(pair_key(ia->second, ib->second), std::make_pair(rank++, im->second));
   }
-  // Added tokens: matched in the raw text before anything else.
+  return absl::OkStatus();
+}
+
+// Added tokens: matched in the raw text before anything else, the longest first.
+absl::Status HfBpeTokenizer::read_added_tokens(const json& j, const std::string& path,
+                                               int32_t* max_id) {
   for (const json& a : j.value("added_tokens", json::array())) {
     for (const char* flag : {"lstrip", "rstrip", "single_word"})
       if (a.value(flag, false))
@@ -262,16 +279,37 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::strin
                                             "' that NFC changes"));
     AddedToken tok{a.value("content", ""), a.value("id", -1), a.value("special", false)};
     if (tok.content.empty() || tok.id < 0) return unsupported(path, "an empty added token");
-    max_id = std::max(max_id, tok.id);
-    t->added_.push_back(std::move(tok));
+    *max_id = std::max(*max_id, tok.id);
+    added_.push_back(std::move(tok));
   }
-  std::stable_sort(
-      t->added_.begin(), t->added_.end(),
-      [](const AddedToken& x, const AddedToken& y) { return x.content.size() > y.content.size(); });
-  for (size_t i = 0; i < t->added_.size(); ++i) {
-    t->added_index_[t->added_[i].id] = i;
-    t->added_first_[static_cast<unsigned char>(t->added_[i].content[0])] = true;
+  std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& x, const AddedToken& y) {
+    return x.content.size() > y.content.size();
+  });
+  for (size_t i = 0; i < added_.size(); ++i) {
+    added_index_[added_[i].id] = i;
+    added_first_[static_cast<unsigned char>(added_[i].content[0])] = true;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::string& path,
+                                                                const std::string& eod_token) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read tokenizer file '", path, "'"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const json j = json::parse(text.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer file '", path, "' is not valid JSON"));
+  auto t = std::make_unique<HfBpeTokenizer>();
+  const json& model = j.value("model", json::object());
+  int32_t max_id = -1;
+  if (absl::Status st = t->read_model_flags(model, path); !st.ok()) return st;
+  if (absl::Status st = t->read_pre_tokenizer(j, path); !st.ok()) return st;
+  if (absl::Status st = t->read_vocab(model, path, &max_id); !st.ok()) return st;
+  if (absl::Status st = t->read_merges(model, path); !st.ok()) return st;
+  if (absl::Status st = t->read_added_tokens(j, path, &max_id); !st.ok()) return st;
   t->vocab_size_ = max_id + 1;
   const std::string eod = eod_token.empty() ? "<|endoftext|>" : eod_token;
   for (const AddedToken& a : t->added_)

@@ -378,6 +378,185 @@ struct Check {
   std::string basis;  // where `want` comes from
 };
 
+// A threshold per measurement key, and where it comes from.
+using Wants = std::map<std::string, std::pair<double, std::string>>;
+
+// The device of this rank: the CPU, or its GPU (node-local rank order). An error is bad input.
+absl::StatusOr<Target> open_device(const Args& a, tr::MpiRuntime* mpi, Comm& world) {
+  Target d;
+  if (a.backend != "cuda") return d;
+#ifdef TRAINER_HAVE_CUDA
+  if (!tr::cuda::device_available())
+    return absl::InvalidArgumentError(
+        "--backend cuda but no CUDA device is visible; use --backend cpu");
+  const int gpu = (mpi ? mpi->local_rank() : 0) % tr::cuda::device_count();
+  auto dev = std::make_shared<tr::cuda::DeviceContext>(gpu, size_t{64} << 20);
+  d.ctx = dev->ctx();
+  d.owner = dev;
+  d.name = tr::cuda::device_name(gpu);
+  if (a.comm == "nccl")  // the trainer's check: one GPU per rank
+    if (absl::Status st = tr::check_gpu_binding(world, gpu); !st.ok()) return st;
+  return d;
+#else
+  (void)mpi;
+  (void)world;
+  return absl::InvalidArgumentError("--backend cuda but this build has no CUDA; use --backend cpu");
+#endif
+}
+
+// The threshold table: a GPU type's numbers (named with --gpu, or recognised from the device
+// by the GPU table), then the user's --expect values over them. `gpu` is the type used, or "".
+absl::StatusOr<Wants> thresholds(const Args& a, const Target& d, bool root, std::string* gpu) {
+  Wants want;
+  *gpu = a.gpu;
+  if (gpu->empty() && d.ctx.device == Device::cuda) {
+    // The table holds the SXM parts: PCIe and NVL cards, and GH200, need --gpu or --hardware.
+    const bool other = d.name.find("PCIe") != std::string::npos ||
+                       d.name.find("NVL") != std::string::npos ||
+                       d.name.find("GH200") != std::string::npos;
+    if (const tr::GpuSpec* g = tr::gpu_of_device(d.name); g != nullptr && !other) *gpu = g->name;
+    if (gpu->empty() && root)
+      std::printf(
+          "device %s is not in the threshold table: name a type (--gpu, --hardware) or "
+          "pass --expect\n",
+          d.name.c_str());
+  }
+  if (!gpu->empty()) {
+    absl::StatusOr<tr::GpuSpec> spec = tr::gpu_spec(*gpu);
+    if (spec.ok() && !a.hardware.empty()) spec = tr::override_gpu_spec(*spec, a.hardware);
+    if (!spec.ok()) return spec.status();
+    want["node_busbw_gbps"] = {0.7 * spec->nvlink_bw / 1e9,
+                               absl::StrFormat("0.7 x NVLink %.0f GB/s", spec->nvlink_bw / 1e9)};
+    want["network_busbw_gbps"] = {
+        0.8 * spec->network_bw / 1e9,
+        absl::StrFormat("0.8 x network %.0f GB/s per GPU", spec->network_bw / 1e9)};
+    want["gemm_tflops"] = {0.6 * spec->peak_bf16_flops / 1e12,
+                           absl::StrFormat("0.6 x bf16 peak %.0f", spec->peak_bf16_flops / 1e12)};
+    want["memory_gbps"] = {0.75 * spec->hbm_bw / 1e9,
+                           absl::StrFormat("0.75 x HBM %.0f GB/s", spec->hbm_bw / 1e9)};
+  } else if (!a.hardware.empty()) {
+    return absl::InvalidArgumentError("--hardware needs --gpu TYPE (the table it overrides)");
+  }
+  for (const auto& [k, v] : a.expect) want[k] = {v, "--expect"};
+  return want;
+}
+
+// The groups measured: the ranks of each node (NVLink on a GPU node), and all ranks (the
+// network when they span nodes), on the comm the trainer would use.
+struct Groups {
+  std::unique_ptr<Comm> node, all;
+  double nodes = 1;
+};
+Groups make_groups(const Args& a, const Target& d, tr::MpiRuntime* mpi, Comm& world) {
+  Groups g;
+  const int leader = node_leader(world, a.ranks_per_node);
+  g.node =
+      mpi ? tr::split_mpi_comm(world, leader, world.rank(), "node") : tr::make_self_comm("node");
+  g.nodes = world.rank() == leader ? 1 : 0;
+  world.all_reduce(Tensor(&g.nodes, DType::f64, Device::cpu, {1}), tr::ReduceOp::sum);
+  g.all = mpi ? tr::split_mpi_comm(world, 0, world.rank(), "world") : tr::make_self_comm("world");
+  if (d.ctx.device == Device::cuda && a.comm == "nccl") {
+    // One rank too: a communicator of one GPU still runs NCCL's kernels and our checks.
+    g.node = tr::make_nccl_comm(std::move(g.node), d.ctx.stream, 300);
+    g.all = tr::make_nccl_comm(std::move(g.all), d.ctx.stream, 300);
+  } else if (d.ctx.device == Device::cuda) {
+    g.node = tr::make_staging_comm(std::move(g.node));
+    g.all = tr::make_staging_comm(std::move(g.all));
+  }
+  return g;
+}
+
+// Every collective of --ops over each group, at every size; a table per op and group, the
+// largest all-reduce against its threshold.
+void measure_collectives(const Args& a, const Target& d, Comm& world, Groups& g, Wants& want,
+                         std::vector<Check>& checks, std::vector<std::string>& failures) {
+  const bool root = world.rank() == 0;
+  struct Scope {
+    Comm* comm;
+    std::string label, key;
+  };
+  std::vector<Scope> scopes;
+  // Every rank must take the same branches (the measurements are collectives over world).
+  double largest_node = g.node->size();
+  world.all_reduce(Tensor(&largest_node, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);
+  if (largest_node > 1 || d.ctx.device == Device::cuda)
+    scopes.push_back({g.node.get(), "node", "node_busbw_gbps"});
+  if (g.nodes > 1) scopes.push_back({g.all.get(), "network (all ranks)", "network_busbw_gbps"});
+  if (scopes.empty() && root)
+    std::printf("one rank: no collectives to measure (launch with srun or mpirun)\n");
+  for (const Scope& s : scopes) {
+    for (const std::string& op : a.ops) {
+      if (op == "sendrecv" && s.comm->size() == 1) continue;  // no peer
+      if (root)
+        std::printf("\n# %s, f32%s, group %s (%d ranks)\n%12s %12s %10s %11s %11s %7s\n",
+                    op.c_str(), op == "all_reduce" || op == "reduce_scatter" ? " sum" : "",
+                    s.label.c_str(), s.comm->size(), "bytes", "count", "time_us", "algbw_GB/s",
+                    "busbw_GB/s", "#wrong");
+      Row last;
+      for (double b = static_cast<double>(a.min_bytes); b <= static_cast<double>(a.max_bytes);
+           b *= a.factor) {
+        last = measure(op, *s.comm, world, d, static_cast<int64_t>(b), a);
+        if (root)
+          std::printf("%12lld %12lld %10.1f %11.3f %11.3f %7lld\n",
+                      static_cast<long long>(last.bytes), static_cast<long long>(last.count),
+                      last.seconds * 1e6, last.algbw / 1e9, last.busbw / 1e9,
+                      static_cast<long long>(last.wrong));
+        if (last.wrong > 0)
+          failures.push_back(
+              absl::StrFormat("%s on group %s computed %d wrong elements at %d bytes", op, s.label,
+                              last.wrong, last.bytes));
+      }
+      if (op == "all_reduce" && want.count(s.key) && s.comm->size() > 1)
+        checks.push_back({s.label + " all_reduce busbw (GB/s, largest size)", last.busbw / 1e9,
+                          want[s.key].first, want[s.key].second});
+    }
+  }
+}
+
+// The GEMM and memory-copy measurements, each against its threshold.
+void measure_device(const Args& a, const Target& d, Comm& world, Wants& want,
+                    std::vector<Check>& checks) {
+  const bool root = world.rank() == 0, gpu = d.ctx.device == Device::cuda;
+  if (a.gemm > 0) {
+    const double tf = gemm_tflops(d, world, a.gemm, gpu ? 20 : 3);
+    if (root)
+      std::printf("\ngemm %s %lld^3: %.2f TFLOP/s per rank\n", gpu ? "bf16" : "f32",
+                  static_cast<long long>(a.gemm), tf);
+    if (want.count("gemm_tflops"))
+      checks.push_back({"gemm TFLOP/s", tf, want["gemm_tflops"].first, want["gemm_tflops"].second});
+  }
+  if (a.mem_bytes > 0) {
+    const double gbps = memory_gbps(d, world, a.mem_bytes, gpu ? 20 : 5);
+    if (root)
+      std::printf("memory copy %lld MiB: %.1f GB/s per rank (read + write)\n",
+                  static_cast<long long>(a.mem_bytes >> 20), gbps);
+    if (want.count("memory_gbps"))
+      checks.push_back(
+          {"memory bandwidth (GB/s)", gbps, want["memory_gbps"].first, want["memory_gbps"].second});
+  }
+}
+
+// Rank 0's verdict: every check, then passed or the problems (FAIL lines on stderr).
+void report(const std::vector<Check>& checks, std::vector<std::string>& failures,
+            bool have_gpu_type) {
+  if (!checks.empty()) std::printf("\nchecks:\n");
+  for (const Check& c : checks) {
+    const bool ok = c.got >= c.want;
+    std::printf("  %-4s %s %.3g %s %.3g (%s)\n", ok ? "ok" : "FAIL", c.what.c_str(), c.got,
+                ok ? ">=" : "<", c.want, c.basis.c_str());
+    if (!ok)
+      failures.push_back(absl::StrFormat("%s %.3g < %.3g (%s)", c.what, c.got, c.want, c.basis));
+  }
+  if (checks.empty() && !have_gpu_type)
+    std::printf("\nno thresholds: name a GPU type (--gpu) or pass --expect KEY=VALUE\n");
+  if (failures.empty()) {
+    std::printf("preflight: passed\n");
+    return;
+  }
+  for (const std::string& f : failures) std::fprintf(stderr, "preflight: FAIL %s\n", f.c_str());
+  std::printf("preflight: %zu problem(s); see the FAIL lines\n", failures.size());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -394,167 +573,27 @@ int main(int argc, char** argv) {
   if (tr::launched_by_mpi_launcher()) mpi = std::make_unique<tr::MpiRuntime>(&argc, &argv);
   std::unique_ptr<Comm> world = mpi ? tr::make_mpi_world() : tr::make_self_comm("world");
   const bool root = world->rank() == 0;
-  auto fail_input = [&](const std::string& msg) {
-    if (root) std::fprintf(stderr, "preflight: %s\n", msg.c_str());
+  auto fail_input = [&](const absl::Status& st) {
+    if (root) std::fprintf(stderr, "preflight: %s\n", std::string(st.message()).c_str());
     return 2;
   };
-
-  Target d;
-  if (a.backend == "cuda") {
-#ifdef TRAINER_HAVE_CUDA
-    if (!tr::cuda::device_available())
-      return fail_input("--backend cuda but no CUDA device is visible; use --backend cpu");
-    const int gpu = (mpi ? mpi->local_rank() : 0) % tr::cuda::device_count();
-    auto dev = std::make_shared<tr::cuda::DeviceContext>(gpu, size_t{64} << 20);
-    d.ctx = dev->ctx();
-    d.owner = dev;
-    d.name = tr::cuda::device_name(gpu);
-    if (a.comm == "nccl") {  // the trainer's check: one GPU per rank
-      if (absl::Status st = tr::check_gpu_binding(*world, gpu); !st.ok())
-        return fail_input(std::string(st.message()));
-    }
-#else
-    return fail_input("--backend cuda but this build has no CUDA; use --backend cpu");
-#endif
-  }
-
-  // The threshold table: a GPU type's numbers (named, or recognised from the device), then
-  // the user's --expect values over them.
-  std::vector<Check> checks;
-  std::map<std::string, std::pair<double, std::string>> want;
-  std::string gpu = a.gpu;
-  if (gpu.empty() && d.ctx.device == Device::cuda) {
-    // The table holds the SXM parts: PCIe and NVL cards, and GH200, need --gpu or --hardware.
-    const bool other = d.name.find("PCIe") != std::string::npos ||
-                       d.name.find("NVL") != std::string::npos ||
-                       d.name.find("GH200") != std::string::npos;
-    for (const char* g : {"H100", "H200", "B200", "B300"})
-      if (!other && d.name.find(g) != std::string::npos) gpu = absl::AsciiStrToLower(g);
-    if (gpu.empty() && root)
-      std::printf(
-          "device %s is not in the threshold table: name a type (--gpu, --hardware) or "
-          "pass --expect\n",
-          d.name.c_str());
-  }
-  if (!gpu.empty()) {
-    absl::StatusOr<tr::GpuSpec> spec = tr::gpu_spec(gpu);
-    if (spec.ok() && !a.hardware.empty()) spec = tr::override_gpu_spec(*spec, a.hardware);
-    if (!spec.ok()) return fail_input(std::string(spec.status().message()));
-    want["node_busbw_gbps"] = {0.7 * spec->nvlink_bw / 1e9,
-                               absl::StrFormat("0.7 x NVLink %.0f GB/s", spec->nvlink_bw / 1e9)};
-    want["network_busbw_gbps"] = {
-        0.8 * spec->network_bw / 1e9,
-        absl::StrFormat("0.8 x network %.0f GB/s per GPU", spec->network_bw / 1e9)};
-    want["gemm_tflops"] = {0.6 * spec->peak_bf16_flops / 1e12,
-                           absl::StrFormat("0.6 x bf16 peak %.0f", spec->peak_bf16_flops / 1e12)};
-    want["memory_gbps"] = {0.75 * spec->hbm_bw / 1e9,
-                           absl::StrFormat("0.75 x HBM %.0f GB/s", spec->hbm_bw / 1e9)};
-  } else if (!a.hardware.empty()) {
-    return fail_input("--hardware needs --gpu TYPE (the table it overrides)");
-  }
-  for (const auto& [k, v] : a.expect) want[k] = {v, "--expect"};
-
-  // Groups: the ranks of each node (NVLink on a GPU node), and all ranks (the network when
-  // they span nodes).
-  const int leader = node_leader(*world, a.ranks_per_node);
-  std::unique_ptr<Comm> node =
-      mpi ? tr::split_mpi_comm(*world, leader, world->rank(), "node") : tr::make_self_comm("node");
-  double nodes = world->rank() == leader ? 1 : 0;
-  world->all_reduce(Tensor(&nodes, DType::f64, Device::cpu, {1}), tr::ReduceOp::sum);
-  std::unique_ptr<Comm> all =
-      mpi ? tr::split_mpi_comm(*world, 0, world->rank(), "world") : tr::make_self_comm("world");
-  if (d.ctx.device == Device::cuda && a.comm == "nccl") {
-    // One rank too: a communicator of one GPU still runs NCCL's kernels and our checks.
-    node = tr::make_nccl_comm(std::move(node), d.ctx.stream, 300);
-    all = tr::make_nccl_comm(std::move(all), d.ctx.stream, 300);
-  } else if (d.ctx.device == Device::cuda) {
-    node = tr::make_staging_comm(std::move(node));
-    all = tr::make_staging_comm(std::move(all));
-  }
+  absl::StatusOr<Target> d = open_device(a, mpi.get(), *world);
+  if (!d.ok()) return fail_input(d.status());
+  std::string gpu;
+  absl::StatusOr<Wants> want = thresholds(a, *d, root, &gpu);
+  if (!want.ok()) return fail_input(want.status());
+  Groups groups = make_groups(a, *d, mpi.get(), *world);
   if (root)
     std::printf(
-        "preflight: %d ranks on %.0f node(s), backend %s%s, device %s\n", world->size(), nodes,
-        a.backend.c_str(),
-        d.ctx.device == Device::cuda && world->size() > 1 ? (", comm " + a.comm).c_str() : "",
-        d.name.c_str());
-
+        "preflight: %d ranks on %.0f node(s), backend %s%s, device %s\n", world->size(),
+        groups.nodes, a.backend.c_str(),
+        d->ctx.device == Device::cuda && world->size() > 1 ? (", comm " + a.comm).c_str() : "",
+        d->name.c_str());
+  std::vector<Check> checks;
   std::vector<std::string> failures;
-  struct Scope {
-    Comm* comm;
-    std::string label, key;
-  };
-  std::vector<Scope> scopes;
-  // Every rank must take the same branches (the measurements are collectives over world).
-  double largest_node = node->size();
-  world->all_reduce(Tensor(&largest_node, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);
-  if (largest_node > 1 || d.ctx.device == Device::cuda)
-    scopes.push_back({node.get(), "node", "node_busbw_gbps"});
-  if (nodes > 1) scopes.push_back({all.get(), "network (all ranks)", "network_busbw_gbps"});
-  if (scopes.empty() && root)
-    std::printf("one rank: no collectives to measure (launch with srun or mpirun)\n");
-  for (const Scope& s : scopes) {
-    for (const std::string& op : a.ops) {
-      if (op == "sendrecv" && s.comm->size() == 1) continue;  // no peer
-      if (root)
-        std::printf("\n# %s, f32%s, group %s (%d ranks)\n%12s %12s %10s %11s %11s %7s\n",
-                    op.c_str(), op == "all_reduce" || op == "reduce_scatter" ? " sum" : "",
-                    s.label.c_str(), s.comm->size(), "bytes", "count", "time_us", "algbw_GB/s",
-                    "busbw_GB/s", "#wrong");
-      Row last;
-      for (double b = static_cast<double>(a.min_bytes); b <= static_cast<double>(a.max_bytes);
-           b *= a.factor) {
-        last = measure(op, *s.comm, *world, d, static_cast<int64_t>(b), a);
-        if (root)
-          std::printf("%12lld %12lld %10.1f %11.3f %11.3f %7lld\n",
-                      static_cast<long long>(last.bytes), static_cast<long long>(last.count),
-                      last.seconds * 1e6, last.algbw / 1e9, last.busbw / 1e9,
-                      static_cast<long long>(last.wrong));
-        if (last.wrong > 0)
-          failures.push_back(
-              absl::StrFormat("%s on group %s computed %d wrong elements at %d bytes", op, s.label,
-                              last.wrong, last.bytes));
-      }
-      if (op == "all_reduce" && want.count(s.key) && s.comm->size() > 1)
-        checks.push_back({s.label + " all_reduce busbw (GB/s, largest size)", last.busbw / 1e9,
-                          want[s.key].first, want[s.key].second});
-    }
-  }
-  if (a.gemm > 0) {
-    const double tf = gemm_tflops(d, *world, a.gemm, d.ctx.device == Device::cuda ? 20 : 3);
-    if (root)
-      std::printf("\ngemm %s %lld^3: %.2f TFLOP/s per rank\n",
-                  d.ctx.device == Device::cuda ? "bf16" : "f32", static_cast<long long>(a.gemm),
-                  tf);
-    if (want.count("gemm_tflops"))
-      checks.push_back({"gemm TFLOP/s", tf, want["gemm_tflops"].first, want["gemm_tflops"].second});
-  }
-  if (a.mem_bytes > 0) {
-    const double gbps = memory_gbps(d, *world, a.mem_bytes, d.ctx.device == Device::cuda ? 20 : 5);
-    if (root)
-      std::printf("memory copy %lld MiB: %.1f GB/s per rank (read + write)\n",
-                  static_cast<long long>(a.mem_bytes >> 20), gbps);
-    if (want.count("memory_gbps"))
-      checks.push_back(
-          {"memory bandwidth (GB/s)", gbps, want["memory_gbps"].first, want["memory_gbps"].second});
-  }
-  if (root) {
-    if (!checks.empty()) std::printf("\nchecks:\n");
-    for (const Check& c : checks) {
-      const bool ok = c.got >= c.want;
-      std::printf("  %-4s %s %.3g %s %.3g (%s)\n", ok ? "ok" : "FAIL", c.what.c_str(), c.got,
-                  ok ? ">=" : "<", c.want, c.basis.c_str());
-      if (!ok)
-        failures.push_back(absl::StrFormat("%s %.3g < %.3g (%s)", c.what, c.got, c.want, c.basis));
-    }
-    if (checks.empty() && gpu.empty())
-      std::printf("\nno thresholds: name a GPU type (--gpu) or pass --expect KEY=VALUE\n");
-    if (failures.empty()) {
-      std::printf("preflight: passed\n");
-    } else {
-      for (const std::string& f : failures) std::fprintf(stderr, "preflight: FAIL %s\n", f.c_str());
-      std::printf("preflight: %zu problem(s); see the FAIL lines\n", failures.size());
-    }
-  }
+  measure_collectives(a, *d, *world, groups, *want, checks, failures);
+  measure_device(a, *d, *world, *want, checks);
+  if (root) report(checks, failures, !gpu.empty());
   double failed = failures.empty() ? 0 : 1;
   world->all_reduce(Tensor(&failed, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);
   return failed > 0 ? 1 : 0;
