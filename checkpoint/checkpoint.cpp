@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/model_file.h"
-#include "kernels/core/fs_io.h"
+#include "core/fs_io.h"
 
 namespace tr::ckpt {
 namespace {

@@ -74,7 +74,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/core/fs_io.h"
+#include "core/fs_io.h"
 
 namespace tr::ckpt {
 

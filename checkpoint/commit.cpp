@@ -19,8 +19,8 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/model_file.h"
-#include "kernels/core/fs_io.h"
-#include "kernels/core/switches.h"
+#include "core/fs_io.h"
+#include "core/switches.h"
 
 namespace tr::ckpt {
 namespace {

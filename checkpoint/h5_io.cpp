@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 namespace tr::ckpt::h5 {
 namespace {

@@ -24,9 +24,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "kernels/core/check.h"
-#include "kernels/core/fs_io.h"
-#include "kernels/core/switches.h"
+#include "core/check.h"
+#include "core/fs_io.h"
+#include "core/switches.h"
 
 namespace tr::ckpt {
 namespace {

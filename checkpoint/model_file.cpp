@@ -10,7 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "checkpoint/h5_io.h"
 #include "checkpoint/manifest.h"
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 namespace tr::ckpt {
 namespace {

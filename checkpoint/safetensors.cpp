@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "kernels/core/bf16.h"
+#include "core/bf16.h"
 #include "nlohmann/json.hpp"
 
 namespace tr::st {

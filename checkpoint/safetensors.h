@@ -17,8 +17,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kernels/core/fs_io.h"
-#include "kernels/core/mapped_file.h"
+#include "core/fs_io.h"
+#include "core/mapped_file.h"
 
 namespace tr::st {
 

@@ -26,8 +26,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/hash.h"
 #include "data/token_source.h"
-#include "kernels/core/hash.h"
 
 namespace tr::data {
 

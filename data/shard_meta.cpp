@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/fs_io.h"
+#include "core/fs_io.h"
 
 namespace tr::data {
 

@@ -15,8 +15,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/mapped_file.h"
 #include "data/formats.h"
-#include "kernels/core/mapped_file.h"
 
 namespace tr::data {
 

@@ -16,8 +16,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/fs_io.h"
 #include "data/formats.h"
-#include "kernels/core/fs_io.h"
 
 namespace tr::data {
 

@@ -2,7 +2,7 @@
 // non-empty tensors), then run the backend of ctx.device.
 #include "kernels/ops.h"
 
-#include "kernels/core/hardware.h"
+#include "core/hardware.h"
 
 #include <cstdlib>
 #include <cstring>

@@ -9,7 +9,7 @@
 #include <span>
 #include <string>
 
-#include "kernels/core/tensor.h"
+#include "core/tensor.h"
 
 namespace tr {
 

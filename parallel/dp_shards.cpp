@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 namespace tr {
 

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/core/ctx.h"
-#include "kernels/core/tensor.h"
+#include "core/ctx.h"
+#include "core/tensor.h"
 #include "parallel/comm.h"
 #include "parallel/dp_shards.h"
 

@@ -13,10 +13,10 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/core/bf16.h"
-#include "kernels/core/check.h"
-#include "kernels/core/exit_codes.h"
-#include "kernels/core/switches.h"
+#include "core/bf16.h"
+#include "core/check.h"
+#include "core/exit_codes.h"
+#include "core/switches.h"
 
 // MPI calls return error codes (MPI_ERRORS_RETURN on every communicator); a failure aborts
 // every rank through fatal_error -> MPI_Abort, naming the rank, the call and the group.

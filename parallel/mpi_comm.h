@@ -24,7 +24,7 @@ class MpiRuntime {
   // The watchdog of the MPI path (parallel.timeout_s for CPU ranks, and GPU ranks staged
   // through host memory): a blocking MPI call of this process still unfinished after timeout_s
   // seconds prints one line naming this rank, the group and the operation, and ends the job
-  // with kExitCommTimeout (kernels/core/exit_codes.h). 0 = no watchdog.
+  // with kExitCommTimeout (core/exit_codes.h). 0 = no watchdog.
   void watch(double timeout_s);
   MpiRuntime(const MpiRuntime&) = delete;
   MpiRuntime& operator=(const MpiRuntime&) = delete;

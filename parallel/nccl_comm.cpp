@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/core/check.h"
-#include "kernels/core/exit_codes.h"
+#include "core/check.h"
+#include "core/exit_codes.h"
 
 #define NCCL_CHECK(expr, what)                                              \
   TR_CHECK_GEN("NCCL", expr, _v == ncclSuccess || _v == ncclInProgress,     \

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 namespace tr {
 

@@ -5,7 +5,7 @@
 // has no bf16 arithmetic) and rounded back once.
 #include <vector>
 
-#include "kernels/core/bf16.h"
+#include "core/bf16.h"
 #include "parallel/nccl_comm.h"
 
 namespace tr {

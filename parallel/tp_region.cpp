@@ -1,6 +1,6 @@
 #include "parallel/tp_region.h"
 
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 namespace tr::tp {
 

@@ -7,7 +7,7 @@
 // reduce-scatter, of a reduction a gather).
 #pragma once
 
-#include "kernels/core/tensor.h"
+#include "core/tensor.h"
 #include "parallel/comm.h"
 
 namespace tr::tp {

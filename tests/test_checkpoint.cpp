@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "tests/test_util.h"
 
 namespace {

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
-#include "kernels/core/exit_codes.h"
+#include "core/exit_codes.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kernels/core/exit_codes.h"
+#include "core/exit_codes.h"
 #include "tests/cli_util.h"
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"

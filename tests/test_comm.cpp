@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "kernels/core/bf16.h"
+#include "core/bf16.h"
 #include "parallel/dp_shards.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/groups.h"

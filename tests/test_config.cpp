@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "parallel/topology.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"

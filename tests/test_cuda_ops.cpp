@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/core/bf16.h"
-#include "kernels/core/switches.h"
+#include "core/bf16.h"
+#include "core/switches.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"

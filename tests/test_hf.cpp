@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
-#include "kernels/core/bf16.h"
-#include "kernels/core/exit_codes.h"
+#include "core/bf16.h"
+#include "core/exit_codes.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
 

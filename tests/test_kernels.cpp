@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/core/bf16.h"
+#include "core/bf16.h"
 #include "kernels/ops.h"
 #include "kernels/versions.h"
 #include "tests/test_util.h"

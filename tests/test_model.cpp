@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"

@@ -22,7 +22,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/lock.h"
-#include "kernels/core/fs_io.h"
+#include "core/fs_io.h"
 #include "tests/cli_util.h"
 #include "trainer/cli.h"
 #include "trainer/guard.h"

@@ -26,7 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "kernels/core/bf16.h"
+#include "core/bf16.h"
 #include "kernels/ops.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"

@@ -25,10 +25,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/fs_io.h"
 #include "data/shard_meta.h"
 #include "data/tokenizer.h"
 #include "data/writer.h"
-#include "kernels/core/fs_io.h"
 
 namespace {
 

@@ -29,7 +29,7 @@ allocator warm-up) are left out and the rest summarised by their median, as tool
 MFU = flops_per_token x tokens/s / peak with OUR counting (docs/PERFORMANCE.md):
 flops_per_token = 6 N_matmul + 6 L s (nh hd), N_matmul = parameters of every matrix product, LM
 head included, input embedding excluded; peak = dense bf16 peak of the device (the trainer's GPU
-table, kernels/core/hardware.cpp, read through `trainer plan --json`) or --peak-tflops.
+table, core/hardware.cpp, read through `trainer plan --json`) or --peak-tflops.
 
 Attention: transformers' "sdpa" path, with the causal mask tensor dropped so that SDPA runs
 is_causal=True (its flash kernel) under torch.compile as it does in eager mode: see causal_sdpa()

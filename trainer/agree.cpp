@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/exit_codes.h"
+#include "core/exit_codes.h"
 
 namespace tr {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/core/exit_codes.h"
+#include "core/exit_codes.h"
 
 namespace tr {
 

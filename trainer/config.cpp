@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "kernels/core/check.h"
+#include "core/check.h"
 #include "trainer/config_fields.h"
 
 namespace tr {

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "kernels/core/ctx.h"
+#include "core/ctx.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
 #include "trainer/model.h"

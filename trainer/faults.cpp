@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "kernels/ops.h"
 
 namespace tr {

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "kernels/core/hash.h"
+#include "core/hash.h"
 
 namespace tr {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/core/tensor.h"
+#include "core/tensor.h"
 
 namespace tr {
 

@@ -1,7 +1,7 @@
 // trainer: one binary, one YAML config. See README.md and docs/config.md.
 #include <cstdio>
 
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "trainer/cli.h"
 #include "trainer/config.h"
 #include "trainer/run.h"

@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/core/fs_io.h"
+#include "core/fs_io.h"
 #include "trainer/plan.h"
 
 namespace tr {

@@ -6,7 +6,7 @@
 #pragma once
 
 #include "absl/status/status.h"
-#include "kernels/core/ctx.h"
+#include "core/ctx.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
 #include "trainer/facts.h"

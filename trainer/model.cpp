@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "kernels/ops.h"
 #include "parallel/tp_region.h"
 #include "trainer/init.h"

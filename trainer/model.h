@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/core/ctx.h"
-#include "kernels/core/tensor.h"
+#include "core/ctx.h"
+#include "core/tensor.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/dp_shards.h"

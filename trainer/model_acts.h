@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "kernels/core/tensor.h"
+#include "core/tensor.h"
 #include "trainer/model.h"
 
 namespace tr {

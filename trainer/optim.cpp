@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "kernels/ops.h"
 
 namespace tr {

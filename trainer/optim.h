@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/core/ctx.h"
-#include "kernels/core/tensor.h"
+#include "core/ctx.h"
+#include "core/tensor.h"
 #include "parallel/comm.h"
 #include "parallel/grad_reducer.h"
 #include "trainer/config.h"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "parallel/schedule.h"
 #include "trainer/agree.h"
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "kernels/core/tensor.h"
+#include "core/tensor.h"
 #include "parallel/topology.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "kernels/core/ctx.h"
-#include "kernels/core/hardware.h"
+#include "core/ctx.h"
+#include "core/hardware.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
 #include "trainer/facts.h"

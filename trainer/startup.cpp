@@ -15,10 +15,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/fs_io.h"
+#include "core/switches.h"
 #include "data/id_check.h"
 #include "data/shard_meta.h"
-#include "kernels/core/fs_io.h"
-#include "kernels/core/switches.h"
 #include "kernels/ops.h"
 #include "trainer/hf.h"
 #include "trainer/memcheck.h"

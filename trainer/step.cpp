@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "kernels/ops.h"
 #include "trainer/pipeline.h"
 

@@ -8,7 +8,7 @@
 #include <limits>
 #include <string>
 
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 namespace tr::cpu {
 

@@ -1,8 +1,8 @@
 // Elementwise helpers over whole tensors (any shape; contiguous).
 #include <cstring>
 
-#include "kernels/core/bf16.h"
-#include "kernels/core/norm_piece.h"
+#include "core/bf16.h"
+#include "core/norm_piece.h"
 #include "kernels/cpu/cpu_ops.h"
 
 namespace tr::cpu {

@@ -26,7 +26,7 @@
 #include <tuple>
 #include <unordered_map>
 
-#include "kernels/core/exit_codes.h"
+#include "core/exit_codes.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 

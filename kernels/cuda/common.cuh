@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/core/ctx.h"
-#include "kernels/core/tensor.h"
+#include "core/ctx.h"
+#include "core/tensor.h"
 #include "kernels/cuda/cuda_check.h"
 
 namespace tr {

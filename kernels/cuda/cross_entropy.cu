@@ -17,7 +17,7 @@
 #include <string>
 #include <type_traits>
 
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 

@@ -1,4 +1,4 @@
-// The CUDA members of the check-macro family (kernels/core/check.h): each prints the failing
+// The CUDA members of the check-macro family (core/check.h): each prints the failing
 // call, the library's error name and message, the current device, rank, host and file:line,
 // then ends every rank through the one fatal handler.
 #pragma once
@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 namespace tr::cuda {
 

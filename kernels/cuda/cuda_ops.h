@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/core/ctx.h"
-#include "kernels/core/tensor.h"
+#include "core/ctx.h"
+#include "core/tensor.h"
 #include "kernels/ops.h"
 #include "kernels/versions.h"
 

@@ -1,6 +1,6 @@
 // Elementwise ops over flat tensors: add, scale, zero, cast, and the deterministic sum of
 // squares behind the global gradient norm.
-#include "kernels/core/norm_piece.h"
+#include "core/norm_piece.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 

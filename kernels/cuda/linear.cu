@@ -18,7 +18,7 @@
 #include <string>
 #include <tuple>
 
-#include "kernels/core/exit_codes.h"
+#include "core/exit_codes.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <tuple>
 
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 

@@ -1,4 +1,4 @@
-#include "kernels/core/mapped_file.h"
+#include "core/mapped_file.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

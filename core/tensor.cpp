@@ -1,4 +1,4 @@
-#include "kernels/core/tensor.h"
+#include "core/tensor.h"
 
 #include <atomic>
 
@@ -11,8 +11,8 @@
 #include <sstream>
 #include <utility>
 
-#include "kernels/core/check.h"
-#include "kernels/core/exit_codes.h"
+#include "core/check.h"
+#include "core/exit_codes.h"
 
 namespace tr {
 

@@ -1,4 +1,4 @@
-#include "kernels/core/switches.h"
+#include "core/switches.h"
 
 #include <array>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "kernels/core/fs_io.h"
+#include "core/fs_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

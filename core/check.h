@@ -13,7 +13,7 @@ namespace tr {
 
 // Prints "[rank R host H] error: <line>" to stderr and ends the job with `exit_code` (through
 // the abort hook: MPI_Abort ends every rank). For failures with their own documented exit code
-// (kernels/core/exit_codes.h), e.g. a collective past parallel.timeout_s.
+// (core/exit_codes.h), e.g. a collective past parallel.timeout_s.
 [[noreturn]] void end_job(int exit_code, const std::string& line);
 
 // The rank printed by fatal_error; set once the launcher is known. -1 = not yet known.

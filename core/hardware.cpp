@@ -1,4 +1,4 @@
-#include "kernels/core/hardware.h"
+#include "core/hardware.h"
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"

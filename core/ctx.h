@@ -1,7 +1,7 @@
 // Ctx: where an op runs. CPU ops ignore the stream; CUDA ops launch on it.
 #pragma once
 
-#include "kernels/core/tensor.h"
+#include "core/tensor.h"
 
 namespace tr {
 

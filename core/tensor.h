@@ -8,7 +8,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 namespace tr {
 
@@ -37,7 +37,7 @@ template <>
 constexpr DType dtype_of<int64_t>() {
   return DType::i64;
 }
-// bf16 on the host is its bit pattern (kernels/core/bf16.h converts); device code uses
+// bf16 on the host is its bit pattern (core/bf16.h converts); device code uses
 // __nv_bfloat16 (kernels/cuda/common.cuh).
 template <>
 constexpr DType dtype_of<uint16_t>() {

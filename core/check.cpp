@@ -1,10 +1,10 @@
-#include "kernels/core/check.h"
+#include "core/check.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
-#include "kernels/core/fs_io.h"
+#include "core/fs_io.h"
 
 namespace tr {
 namespace {
