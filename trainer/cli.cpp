@@ -58,112 +58,65 @@ Status positive_int(std::string_view flag, const std::string& v, int* out) {
 // or only `trainer plan` or `trainer export-hf`.
 enum class Cmd { any, plan, export_hf };
 
-// One flag: its command, whether it takes a value (--flag V or --flag=V), and what it sets.
+// One flag: its command, and what it sets: a switch (no value), a string (--flag V or
+// --flag=V), or through `set`, which checks the value.
 struct Flag {
   std::string_view name;
   Cmd cmd;
-  bool takes_value;
-  Status (*set)(CliOptions& o, const std::string& value);
+  bool CliOptions::*on = nullptr;
+  std::string CliOptions::*text = nullptr;
+  Status (*set)(CliOptions& o, const std::string& value) = nullptr;
+  bool takes_value() const { return on == nullptr; }
 };
+
+Status set_resume(CliOptions& o, const std::string& v) {
+  if (v.empty()) return InvalidArgumentError("--resume needs auto, none or a checkpoint path");
+  o.resume = v;
+  return Status();
+}
+Status add_set(CliOptions& o, const std::string& v) {
+  o.sets.push_back(v);  // --set=a.b=c keeps everything after the first '='
+  return Status();
+}
+Status set_nodes(CliOptions& o, const std::string& v) {
+  return positive_int("--nodes", v, &o.nodes);
+}
+Status set_gpus_per_node(CliOptions& o, const std::string& v) {
+  return positive_int("--gpus-per-node", v, &o.gpus_per_node);
+}
+Status set_dtype(CliOptions& o, const std::string& v) {
+  if (v != "bf16" && v != "fp32")
+    return InvalidArgumentError(absl::StrCat("--dtype '", v, "' is not one of bf16, fp32"));
+  o.dtype = v;
+  return Status();
+}
+Status set_max_shard_gib(CliOptions& o, const std::string& v) {
+  if (!absl::SimpleAtod(v, &o.max_shard_gib) || !(o.max_shard_gib > 0))
+    return InvalidArgumentError(absl::StrCat("--max-shard-gib '", v, "' is not a positive number"));
+  return Status();
+}
 
 // Every flag of every command.
 const Flag kFlags[] = {
-    {"--help", Cmd::any, false,
-     [](CliOptions& o, const std::string&) {
-       o.help = true;
-       return Status();
-     }},
-    {"-h", Cmd::any, false,
-     [](CliOptions& o, const std::string&) {
-       o.help = true;
-       return Status();
-     }},
-    {"--help-config", Cmd::any, false,
-     [](CliOptions& o, const std::string&) {
-       o.help_config = true;
-       return Status();
-     }},
-    {"--help-switches", Cmd::any, false,
-     [](CliOptions& o, const std::string&) {
-       o.help_switches = true;
-       return Status();
-     }},
-    {"--dry-run", Cmd::any, false,
-     [](CliOptions& o, const std::string&) {
-       o.dry_run = true;
-       return Status();
-     }},
-    {"--force", Cmd::any, false,
-     [](CliOptions& o, const std::string&) {
-       o.force = true;
-       return Status();
-     }},
-    {"--config", Cmd::any, true,
-     [](CliOptions& o, const std::string& v) {
-       o.config = v;
-       return Status();
-     }},
-    {"--set", Cmd::any, true,
-     [](CliOptions& o, const std::string& v) {
-       o.sets.push_back(v);  // --set=a.b=c keeps everything after the first '='
-       return Status();
-     }},
-    {"--resume", Cmd::any, true,
-     [](CliOptions& o, const std::string& v) {
-       if (v.empty()) return InvalidArgumentError("--resume needs auto, none or a checkpoint path");
-       o.resume = v;
-       return Status();
-     }},
-    {"--json", Cmd::plan, false,
-     [](CliOptions& o, const std::string&) {
-       o.json = true;
-       return Status();
-     }},
-    {"--hardware", Cmd::plan, true,
-     [](CliOptions& o, const std::string& v) {
-       o.hardware = v;
-       return Status();
-     }},
-    {"--gpu", Cmd::plan, true,
-     [](CliOptions& o, const std::string& v) {
-       o.gpu = v;
-       return Status();
-     }},
-    {"--nodes", Cmd::plan, true,
-     [](CliOptions& o, const std::string& v) { return positive_int("--nodes", v, &o.nodes); }},
-    {"--gpus-per-node", Cmd::plan, true,
-     [](CliOptions& o, const std::string& v) {
-       return positive_int("--gpus-per-node", v, &o.gpus_per_node);
-     }},
-    {"--checkpoint", Cmd::export_hf, true,
-     [](CliOptions& o, const std::string& v) {
-       o.checkpoint = v;
-       return Status();
-     }},
-    {"--out", Cmd::export_hf, true,
-     [](CliOptions& o, const std::string& v) {
-       o.out = v;
-       return Status();
-     }},
-    {"--tokenizer", Cmd::export_hf, true,
-     [](CliOptions& o, const std::string& v) {
-       o.tokenizer = v;
-       return Status();
-     }},
-    {"--dtype", Cmd::export_hf, true,
-     [](CliOptions& o, const std::string& v) {
-       if (v != "bf16" && v != "fp32")
-         return InvalidArgumentError(absl::StrCat("--dtype '", v, "' is not one of bf16, fp32"));
-       o.dtype = v;
-       return Status();
-     }},
-    {"--max-shard-gib", Cmd::export_hf, true,
-     [](CliOptions& o, const std::string& v) {
-       if (!absl::SimpleAtod(v, &o.max_shard_gib) || !(o.max_shard_gib > 0))
-         return InvalidArgumentError(
-             absl::StrCat("--max-shard-gib '", v, "' is not a positive number"));
-       return Status();
-     }},
+    {"--help", Cmd::any, &CliOptions::help},
+    {"-h", Cmd::any, &CliOptions::help},
+    {"--help-config", Cmd::any, &CliOptions::help_config},
+    {"--help-switches", Cmd::any, &CliOptions::help_switches},
+    {"--dry-run", Cmd::any, &CliOptions::dry_run},
+    {"--force", Cmd::any, &CliOptions::force},
+    {"--config", Cmd::any, nullptr, &CliOptions::config},
+    {"--set", Cmd::any, nullptr, nullptr, add_set},
+    {"--resume", Cmd::any, nullptr, nullptr, set_resume},
+    {"--json", Cmd::plan, &CliOptions::json},
+    {"--hardware", Cmd::plan, nullptr, &CliOptions::hardware},
+    {"--gpu", Cmd::plan, nullptr, &CliOptions::gpu},
+    {"--nodes", Cmd::plan, nullptr, nullptr, set_nodes},
+    {"--gpus-per-node", Cmd::plan, nullptr, nullptr, set_gpus_per_node},
+    {"--checkpoint", Cmd::export_hf, nullptr, &CliOptions::checkpoint},
+    {"--out", Cmd::export_hf, nullptr, &CliOptions::out},
+    {"--tokenizer", Cmd::export_hf, nullptr, &CliOptions::tokenizer},
+    {"--dtype", Cmd::export_hf, nullptr, nullptr, set_dtype},
+    {"--max-shard-gib", Cmd::export_hf, nullptr, nullptr, set_max_shard_gib},
 };
 
 // Whether `flag` may be given to the command `o` is.
@@ -190,21 +143,29 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
     const std::string_view name = a.substr(0, eq);
     const Flag* flag = nullptr;
     for (const Flag& f : kFlags)
-      if (f.name == name && accepts(o, f) && (f.takes_value || eq == std::string_view::npos))
+      if (f.name == name && accepts(o, f) && (f.takes_value() || eq == std::string_view::npos))
         flag = &f;
     if (flag == nullptr)
       return InvalidArgumentError(
           absl::StrCat("unknown argument '", std::string(a), "'; see --help"));
-    std::string value;
-    if (flag->takes_value && eq != std::string_view::npos) {
-      value = std::string(a.substr(eq + 1));
-    } else if (flag->takes_value) {
-      if (i + 1 >= argc)
-        return InvalidArgumentError(
-            absl::StrCat(std::string(flag->name), " needs a value; see --help"));
-      value = argv[++i];
+    if (!flag->takes_value()) {
+      o.*(flag->on) = true;
+      continue;
     }
-    if (Status st = flag->set(o, value); !st.ok()) return st;
+    std::string value;
+    if (eq != std::string_view::npos) {
+      value = std::string(a.substr(eq + 1));
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return InvalidArgumentError(
+          absl::StrCat(std::string(flag->name), " needs a value; see --help"));
+    }
+    if (flag->text != nullptr) {
+      o.*(flag->text) = value;
+    } else if (Status st = flag->set(o, value); !st.ok()) {
+      return st;
+    }
   }
   if (o.export_hf && !o.help) {
     if (o.checkpoint.empty() || o.out.empty())
