@@ -33,6 +33,14 @@ std::string describe(const LibraryVersions& v) {
   return s;
 }
 
+std::string describe_built(const LibraryVersions& v) {
+  std::string s = absl::StrCat("CUDA ", cuda_string(v.cuda_toolkit));
+  if (v.cublaslt != 0) absl::StrAppend(&s, ", cuBLASLt ", library_string(v.cublaslt));
+  if (v.cudnn != 0) absl::StrAppend(&s, ", cuDNN ", library_string(v.cudnn));
+  if (v.nccl != 0) absl::StrAppend(&s, ", NCCL ", library_string(v.nccl));
+  return s;
+}
+
 absl::Status check_versions(const LibraryVersions& v) {
   const int64_t major = cuda_major(v.cuda_toolkit);
   if (cuda_major(v.cuda_runtime) != major)

@@ -28,6 +28,10 @@ struct LibraryVersions {
 // (CUDA 13.0), NCCL 2.28.3"; libraries not loaded (0) are left out.
 std::string describe(const LibraryVersions& v);
 
+// "CUDA 13.0, cuBLASLt 13.1.0, cuDNN 9.14.0, NCCL 2.28.9": the versions of `v` as headers
+// give them at build time (cuda_toolkit, cublaslt, cudnn, nccl; 0s left out).
+std::string describe_built(const LibraryVersions& v);
+
 // OK, or one line naming the library, both versions and the fix.
 absl::Status check_versions(const LibraryVersions& v);
 

@@ -371,6 +371,10 @@ int64_t nccl_version() {
   return v;
 }
 
+int64_t nccl_compiled_version() {
+  return NCCL_VERSION_CODE;
+}
+
 std::unique_ptr<Comm> make_nccl_comm(std::unique_ptr<Comm> bootstrap, void* stream,
                                      double timeout_s) {
   return std::make_unique<NcclComm>(std::move(bootstrap), stream, timeout_s);
@@ -387,6 +391,10 @@ bool nccl_built() {
 }
 
 int64_t nccl_version() {
+  return 0;
+}
+
+int64_t nccl_compiled_version() {
   return 0;
 }
 

@@ -18,6 +18,8 @@ namespace tr {
 bool nccl_built();
 // The loaded NCCL's version (major*10000 + minor*100 + patch); 0 without NCCL.
 int64_t nccl_version();
+// NCCL_VERSION_CODE of the headers this build was compiled with (0 without CUDA).
+int64_t nccl_compiled_version();
 
 // A communicator over the same ranks as `bootstrap` (an MPI group: its rank 0 makes the NCCL
 // unique id and broadcasts it; collective over it). Device collectives are queued on `stream`

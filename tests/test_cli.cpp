@@ -969,6 +969,29 @@ TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
   CHECK(*ckpt::find_latest(run.dir / "ckpt") == step);  // latest untouched by the refused run
 }
 
+// trainer --version: the source's git describe (as built), the build type, the backend, and on
+// a CUDA build the GPU libraries it was built with and finds.
+TEST_CASE("cli: trainer --version names the commit, the build and the GPU libraries",
+          "[cli][cpu-build]") {
+  const CmdResult r = run_cmd(std::string(TR_TRAINER_BIN) + " --version 2>&1");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  const CmdResult git =
+      run_cmd("git -C " + std::string(TR_SOURCE_DIR) + " describe --always --tags 2>/dev/null");
+  const std::string commit =
+      git.exit_code == 0 ? git.output.substr(0, git.output.find('\n')) : "unknown";
+  CHECK(r.output.rfind("trainer " + commit, 0) == 0);  // "-dirty" may follow
+#ifdef TRAINER_HAVE_CUDA
+  CHECK(r.output.find("backend cuda") != std::string::npos);
+  CHECK(r.output.find("\nbuilt with: CUDA ") != std::string::npos);
+  CHECK(r.output.find("\nfound at run time: CUDA runtime ") != std::string::npos);
+#else
+  CHECK(r.output.find("backend cpu; built without CUDA") != std::string::npos);
+#endif
+  // Like --help, it needs no config.
+  CHECK(run_cmd(std::string(TR_TRAINER_BIN) + " --version --config /nonexistent").exit_code == 0);
+}
+
 // train.backend=cuda where no GPU can be used is one clear line and exit 2: in a build without
 // CUDA, and in a CUDA build with every device hidden (so this runs on GPU machines too). The
 // GPU runs themselves are in test_cli_gpu.cpp (label gpu).

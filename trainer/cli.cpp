@@ -9,7 +9,7 @@ namespace tr {
 
 std::string usage() {
   return "usage: trainer --config FILE [--set section.key=value ...] [--resume auto|none|PATH]\n"
-         "               [--force] [--dry-run] [--help-config] [--help-switches]\n"
+         "               [--force] [--dry-run] [--help-config] [--help-switches] [--version]\n"
          "  --config FILE     YAML run config (see configs/ and docs/config.md)\n"
          "  --set K=V         override one config key, e.g. --set train.micro_batch=2 "
          "(repeatable)\n"
@@ -25,6 +25,8 @@ std::string usage() {
          "  --dry-run         validate config and data, print the plan and memory, then exit\n"
          "  --help-config     print every config key with its type, default and meaning\n"
          "  --help-switches   print the TR_* debug and bisect switches (docs/debug.md)\n"
+         "  --version         version (git describe), build type, backend and GPU library "
+         "versions\n"
          "\n"
          "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300|a100]\n"
          "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--json]\n"
@@ -100,6 +102,7 @@ Status set_max_shard_gib(CliOptions& o, const std::string& v) {
 const Flag kFlags[] = {
     {"--help", Cmd::any, &CliOptions::help},
     {"-h", Cmd::any, &CliOptions::help},
+    {"--version", Cmd::any, &CliOptions::version},
     {"--help-config", Cmd::any, &CliOptions::help_config},
     {"--help-switches", Cmd::any, &CliOptions::help_switches},
     {"--dry-run", Cmd::any, &CliOptions::dry_run},
@@ -173,7 +176,7 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
           "export-hf needs --checkpoint STEP_DIR and --out DIR; see --help");
     return o;
   }
-  if (!o.help && !o.help_config && !o.help_switches && o.config.empty())
+  if (!o.help && !o.version && !o.help_config && !o.help_switches && o.config.empty())
     return InvalidArgumentError("--config FILE is required; see --help");
   return o;
 }

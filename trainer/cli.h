@@ -18,6 +18,7 @@ struct CliOptions {
   // aside); on resume, accept a checkpoint written by another run (seeds or data differ).
   bool force = false;
   bool help = false;           // --help
+  bool version = false;        // --version: version, build and GPU libraries
   bool help_config = false;    // --help-config: the config reference (docs/config.md)
   bool help_switches = false;  // --help-switches: the debug switches (docs/debug.md)
   // trainer plan ...: memory, FLOPs, communication and a predicted speed; no GPU needed.

@@ -5,6 +5,7 @@
 #include "trainer/cli.h"
 #include "trainer/config.h"
 #include "trainer/run.h"
+#include "trainer/version.h"
 
 int main(int argc, char** argv) {
   if (const absl::Status s = tr::validate_switches(); !s.ok()) {
@@ -18,6 +19,10 @@ int main(int argc, char** argv) {
   }
   if (opts->help) {
     std::fputs(tr::usage().c_str(), stdout);
+    return tr::kExitOk;
+  }
+  if (opts->version) {
+    std::fputs(tr::version_text().c_str(), stdout);
     return tr::kExitOk;
   }
   if (opts->help_config) {

@@ -49,6 +49,8 @@ std::string device_pci_bus_id(int index);
 DeviceInfo device_info();
 // The CUDA runtime, driver, cuBLASLt and cuDNN versions loaded (nccl left 0; parallel/ fills it).
 LibraryVersions library_versions();
+// The versions of the CUDA, cuBLASLt and cuDNN headers this build was compiled with.
+LibraryVersions compiled_library_versions();
 void synchronize(const Ctx& ctx);
 
 // Every op of kernels/backend_ops.inc, and the CUDA-only ones below.

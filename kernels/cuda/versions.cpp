@@ -23,4 +23,12 @@ LibraryVersions library_versions() {
   return v;
 }
 
+LibraryVersions compiled_library_versions() {
+  LibraryVersions v;
+  v.cuda_toolkit = CUDART_VERSION;
+  v.cublaslt = CUBLAS_VERSION;
+  v.cudnn = CUDNN_VERSION;
+  return v;
+}
+
 }  // namespace tr::cuda
