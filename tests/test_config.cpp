@@ -9,6 +9,7 @@
 #include "parallel/topology.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"
+#include "trainer/config_fields.h"
 #include "trainer/optim.h"
 
 namespace tr {
@@ -162,7 +163,36 @@ TEST_CASE("config: differences between two resolved configs are listed by key", 
   REQUIRE(b.ok());
   CHECK(config_differences(to_yaml(*a), to_yaml(*a)).empty());
   CHECK(config_differences(to_yaml(*a), to_yaml(*b)) ==
-        std::vector<std::string>{"train.steps: 10 -> 20", "optim.lr: 3e-04 -> 0.001"});
+        std::vector<std::string>{"train.steps: 10 -> 20", "optim.lr: 3.0e-04 -> 0.001"});
+  // A float written the way an older trainer wrote it ("3e-04") is the same value.
+  std::string older = to_yaml(*a);
+  older.replace(older.find("3.0e-04"), 7, "3e-04");
+  CHECK(config_differences(older, to_yaml(*a)).empty());
+}
+
+// Every float of a resolved config reads back as a float in PyYAML (YAML 1.1: "1e-06" is a
+// string there and "3" an int), the reader of tools/sweep and users' scripts.
+TEST_CASE("config: PyYAML reads every float of the resolved config as a float", "[config]") {
+  absl::StatusOr<Config> cfg = parse_config(kBase, {"optim.weight_decay=0", "train.seed=3"});
+  REQUIRE(cfg.ok());
+  test::TempDir dir;
+  test::write_file(dir / "config.yaml", to_yaml(*cfg));
+  std::string keys;
+  for (const config_detail::Field& f : config_detail::fields())
+    if (f.kind == config_detail::Kind::Float) keys += std::string(" ") + f.section + "." + f.key;
+  const std::string script = dir / "check.py";
+  test::write_file(script, R"(import sys, yaml
+d = yaml.safe_load(open(sys.argv[1]))
+bad = [k for k in sys.argv[2:] if not isinstance(d[k.split('.')[0]][k.split('.')[1]], float)]
+print("not floats:", bad) if bad else print("all floats")
+sys.exit(1 if bad else 0)
+)");
+  const test::CmdResult r =
+      test::run_cmd("python3 " + script + " " + (dir / "config.yaml") + keys + " 2>&1");
+  INFO(r.output << to_yaml(*cfg));
+  CHECK(r.exit_code == 0);
+  CHECK(r.output == "all floats\n");
+  CHECK(keys.find("optim.weight_decay") != std::string::npos);  // 0 is written 0.0
 }
 
 TEST_CASE("config: preset files carry the built-in shapes", "[config]") {

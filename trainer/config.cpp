@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -67,6 +68,17 @@ std::string fmt_double(double v) {
   char buf[64];
   auto r = std::to_chars(buf, buf + sizeof(buf), v);
   return std::string(buf, r.ptr);
+}
+
+// A float as YAML 1.1 readers (PyYAML) take it for a float, and shortest round-trip: "1.0e-06",
+// not "1e-06" (a string there); "3.0", not "3" (an int).
+std::string yaml_float(double v) {
+  if (std::isnan(v)) return ".nan";
+  if (std::isinf(v)) return v > 0 ? ".inf" : "-.inf";
+  std::string s = fmt_double(v);
+  if (s.find('.') != std::string::npos) return s;
+  const size_t e = s.find('e');
+  return e == std::string::npos ? s + ".0" : s.substr(0, e) + ".0" + s.substr(e);
 }
 
 // Names the bound the value broke: below the lowest ("> 0" for positive-only fields), above the
@@ -349,7 +361,7 @@ void emit_field(YAML::Emitter& out, const Field& f, Config& c) {
       out << *static_cast<int64_t*>(p);
       break;
     case Kind::Float:
-      out << fmt_double(*static_cast<double*>(p));
+      out << yaml_float(*static_cast<double*>(p));
       break;
     case Kind::Bool:
       out << *static_cast<bool*>(p);
@@ -362,7 +374,7 @@ void emit_field(YAML::Emitter& out, const Field& f, Config& c) {
       for (const DataSource& s : *static_cast<std::vector<DataSource>*>(p))
         out << YAML::Flow << YAML::BeginMap << YAML::Key << "path" << YAML::Value
             << YAML::DoubleQuoted << s.path << YAML::Key << "weight" << YAML::Value
-            << fmt_double(s.weight) << YAML::EndMap;
+            << yaml_float(s.weight) << YAML::EndMap;
       out << YAML::EndSeq;
       break;
     case Kind::IntList:
@@ -555,9 +567,17 @@ std::vector<std::string> config_differences(const std::string& before_yaml,
     e << YAML::Flow << n;
     return std::string(e.c_str());
   };
+  // Numbers by value: "1e-06" (an older trainer's YAML) and "1.0e-06" are the same float.
+  auto same_number = [](const YAML::Node& x, const YAML::Node& y) {
+    double u = 0, v = 0;
+    return x && y && x.IsScalar() && y.IsScalar() && YAML::convert<double>::decode(x, u) &&
+           YAML::convert<double>::decode(y, v) && u == v;
+  };
   for (const Field& f : fields()) {
-    std::string x = text(a[f.section][f.key]), y = text(b[f.section][f.key]);
-    if (x != y) out.push_back(absl::StrCat(f.section, ".", f.key, ": ", x, " -> ", y));
+    const YAML::Node xa = a[f.section][f.key], yb = b[f.section][f.key];
+    std::string x = text(xa), y = text(yb);
+    if (x != y && !(f.kind == Kind::Float && same_number(xa, yb)))
+      out.push_back(absl::StrCat(f.section, ".", f.key, ": ", x, " -> ", y));
   }
   return out;
 }
