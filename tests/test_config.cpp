@@ -2,14 +2,17 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
+#include "absl/strings/str_split.h"
 #include "core/switches.h"
 #include "parallel/topology.h"
 #include "tests/test_util.h"
 #include "trainer/config.h"
 #include "trainer/config_fields.h"
+#include "trainer/metrics.h"
 #include "trainer/optim.h"
 
 namespace tr {
@@ -237,6 +240,48 @@ TEST_CASE("config: docs/config.md holds the generated key table", "[config]") {
   const std::string doc = test::read_file(std::string(TR_SOURCE_DIR) + "/docs/config.md");
   INFO("regenerate with: build/trainer/trainer --help-config");
   CHECK(doc.find(config_docs_markdown()) != std::string::npos);
+}
+
+TEST_CASE("metrics: docs/metrics.md holds the generated key table", "[config]") {
+  const std::string doc = test::read_file(std::string(TR_SOURCE_DIR) + "/docs/metrics.md");
+  INFO("regenerate with: build/trainer/trainer --help-metrics");
+  CHECK(doc.find(metrics_docs_markdown()) != std::string::npos);
+}
+
+// A step line carries exactly the table's step keys (the optional ones when their condition
+// holds), so docs/metrics.md cannot miss a key the trainer writes.
+TEST_CASE("metrics: a step line's keys are the documented ones", "[config]") {
+  test::TempDir dir;
+  MetricsLog log;
+  REQUIRE(log.open(dir / "log", 0).ok());
+  StepMetrics m;
+  m.step = 3;
+  m.total_steps = 10;
+  m.tokens = 64;
+  m.step_time_s = 0.5;
+  m.world = 2;
+  log.step(m, false);  // the plain CPU step
+  m.peak_flops = 1e12;
+  m.device_mem_mib = 5;
+  m.attention_bwd = "fast";
+  m.skipped = "spike";
+  m.slowest_rank = 1;
+  log.step(m, false);  // every optional key
+  const std::vector<std::string> names = metric_names();
+  std::vector<std::string> lines =
+      absl::StrSplit(test::read_file(dir / "log/metrics.jsonl"), '\n', absl::SkipEmpty());
+  REQUIRE(lines.size() == 2);
+  std::vector<size_t> sizes;
+  for (const std::string& line : lines) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    for (const auto& [key, value] : j.items()) {
+      INFO(key);
+      CHECK(std::find(names.begin(), names.end(), key) != names.end());
+    }
+    sizes.push_back(j.size());
+  }
+  CHECK(sizes[0] == 14);
+  CHECK(sizes[1] == 14 + 7);  // skipped, slowest_rank/busy/median, mfu, device_mem, attention_bwd
 }
 
 TEST_CASE("config: docs/debug.md holds the generated switch table", "[config]") {

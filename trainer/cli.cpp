@@ -9,7 +9,8 @@ namespace tr {
 
 std::string usage() {
   return "usage: trainer --config FILE [--set section.key=value ...] [--resume auto|none|PATH]\n"
-         "               [--force] [--dry-run] [--help-config] [--help-switches] [--version]\n"
+         "               [--force] [--dry-run] [--help-config] [--help-switches]\n"
+         "               [--help-metrics] [--version]\n"
          "  --config FILE     YAML run config (see configs/ and docs/config.md)\n"
          "  --set K=V         override one config key, e.g. --set train.micro_batch=2 "
          "(repeatable)\n"
@@ -25,6 +26,7 @@ std::string usage() {
          "  --dry-run         validate config and data, print the plan and memory, then exit\n"
          "  --help-config     print every config key with its type, default and meaning\n"
          "  --help-switches   print the TR_* debug and bisect switches (docs/debug.md)\n"
+         "  --help-metrics    print every key of metrics.jsonl with its unit (docs/metrics.md)\n"
          "  --version         version (git describe), build type, backend and GPU library "
          "versions\n"
          "\n"
@@ -105,6 +107,7 @@ const Flag kFlags[] = {
     {"--version", Cmd::any, &CliOptions::version},
     {"--help-config", Cmd::any, &CliOptions::help_config},
     {"--help-switches", Cmd::any, &CliOptions::help_switches},
+    {"--help-metrics", Cmd::any, &CliOptions::help_metrics},
     {"--dry-run", Cmd::any, &CliOptions::dry_run},
     {"--force", Cmd::any, &CliOptions::force},
     {"--config", Cmd::any, nullptr, &CliOptions::config},
@@ -176,7 +179,8 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
           "export-hf needs --checkpoint STEP_DIR and --out DIR; see --help");
     return o;
   }
-  if (!o.help && !o.version && !o.help_config && !o.help_switches && o.config.empty())
+  if (!o.help && !o.version && !o.help_config && !o.help_switches && !o.help_metrics &&
+      o.config.empty())
     return InvalidArgumentError("--config FILE is required; see --help");
   return o;
 }

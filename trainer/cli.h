@@ -21,6 +21,7 @@ struct CliOptions {
   bool version = false;        // --version: version, build and GPU libraries
   bool help_config = false;    // --help-config: the config reference (docs/config.md)
   bool help_switches = false;  // --help-switches: the debug switches (docs/debug.md)
+  bool help_metrics = false;   // --help-metrics: the keys of metrics.jsonl (docs/metrics.md)
   // trainer plan ...: memory, FLOPs, communication and a predicted speed; no GPU needed.
   bool plan = false;
   std::string gpu = "h100";  // --gpu h100|h200|b200|b300

@@ -4,6 +4,7 @@
 #include "core/switches.h"
 #include "trainer/cli.h"
 #include "trainer/config.h"
+#include "trainer/metrics.h"
 #include "trainer/run.h"
 #include "trainer/version.h"
 
@@ -27,6 +28,10 @@ int main(int argc, char** argv) {
   }
   if (opts->help_config) {
     std::fputs(tr::config_docs_markdown().c_str(), stdout);
+    return tr::kExitOk;
+  }
+  if (opts->help_metrics) {
+    std::fputs(tr::metrics_docs_markdown().c_str(), stdout);
     return tr::kExitOk;
   }
   if (opts->help_switches) {

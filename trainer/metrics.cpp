@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -89,35 +90,130 @@ MetricsLog::~MetricsLog() {
   if (f_) std::fclose(f_);
 }
 
+namespace {
+
+// What a step line's values are computed from.
+struct StepLine {
+  const StepMetrics& m;
+  double tok_s, flops;  // tokens/s and model FLOP/s of the whole job in this step
+};
+
+// One key of metrics.jsonl: the line it is on, its unit, its meaning, and for step lines how it
+// is computed (null: absent from this step). The one table metrics.jsonl and docs/metrics.md are
+// made from.
+struct MetricKey {
+  const char* name;
+  const char* line;  // "step", "eval", "checkpoint" or "resume"
+  const char* unit;
+  const char* doc;
+  nlohmann::json (*value)(const StepLine&) = nullptr;
+};
+
+const std::vector<MetricKey>& metric_keys() {
+  using L = const StepLine&;
+  static const std::vector<MetricKey> keys = {
+      {"step", "every line", "step", "the step the line is about (the last applied step)",
+       [](L l) -> nlohmann::json { return l.m.step; }},
+      {"loss", "step", "nats/token", "training loss, mean over the global batch's tokens",
+       [](L l) -> nlohmann::json { return l.m.loss; }},
+      {"lr", "step", "", "learning rate of the step", [](L l) -> nlohmann::json { return l.m.lr; }},
+      {"grad_norm", "step", "", "global gradient norm before clipping",
+       [](L l) -> nlohmann::json { return l.m.grad_norm; }},
+      {"tokens_per_s", "step", "tokens/s", "the whole job's tokens per second of step time",
+       [](L l) -> nlohmann::json { return l.tok_s; }},
+      {"tokens_per_s_per_rank", "step", "tokens/s", "tokens_per_s / ranks",
+       [](L l) -> nlohmann::json { return l.tok_s / l.m.world; }},
+      {"step_time_s", "step", "s", "wall time of the step on rank 0",
+       [](L l) -> nlohmann::json { return l.m.step_time_s; }},
+      {"data_wait_s", "step", "s", "waiting for the step's batch from the loader",
+       [](L l) -> nlohmann::json { return l.m.data_wait_s; }},
+      {"optimizer_s", "step", "s",
+       "finalising the gradients (TP sync of replicated tensors, tied embedding, DP reduction), "
+       "clipping and the AdamW update, as queued (on GPUs the update runs on into the next step)",
+       [](L l) -> nlohmann::json { return l.m.optimizer_s; }},
+      {"host_syncs", "step", "count",
+       "times rank 0's host waited for its device in the step (1 on GPUs: the loss and norm)",
+       [](L l) -> nlohmann::json { return l.m.host_syncs; }},
+      {"tflops_per_rank", "step", "TFLOP/s", "model FLOPs (causal counting) per second per rank",
+       [](L l) -> nlohmann::json { return l.flops / l.m.world / 1e12; }},
+      {"peak_mem_mib", "step", "MiB", "peak resident host memory of rank 0's process",
+       [](L l) -> nlohmann::json { return l.m.peak_mem_mib; }},
+      {"tokens", "step", "tokens", "tokens trained in the step (all ranks)",
+       [](L l) -> nlohmann::json { return l.m.tokens; }},
+      {"skipped_steps", "step", "count", "steps not applied so far, counted across resumes",
+       [](L l) -> nlohmann::json { return l.m.skipped_total; }},
+      {"skipped", "step (skipped steps)", "", "why the step was not applied: non_finite or spike",
+       [](L l) -> nlohmann::json {
+         return *l.m.skipped != '\0' ? nlohmann::json(l.m.skipped) : nlohmann::json();
+       }},
+      {"slowest_rank", "step (straggler reports)", "rank",
+       "every log.interval steps on several ranks: the rank with the most own work per step",
+       [](L l) -> nlohmann::json {
+         return l.m.slowest_rank >= 0 ? nlohmann::json(l.m.slowest_rank) : nlohmann::json();
+       }},
+      {"slowest_busy_s", "step (straggler reports)", "s",
+       "that rank's own work per step (step time minus time blocked in MPI)",
+       [](L l) -> nlohmann::json {
+         return l.m.slowest_rank >= 0 ? nlohmann::json(l.m.slowest_busy_s) : nlohmann::json();
+       }},
+      {"median_busy_s", "step (straggler reports)", "s", "the median rank's own work per step",
+       [](L l) -> nlohmann::json {
+         return l.m.slowest_rank >= 0 ? nlohmann::json(l.m.median_busy_s) : nlohmann::json();
+       }},
+      {"mfu", "step (GPUs)", "fraction",
+       "model FLOPs utilisation: tflops_per_rank over the GPU's dense bf16 peak (core/hardware.h)",
+       [](L l) -> nlohmann::json {
+         return l.m.peak_flops > 0 ? nlohmann::json(l.flops / l.m.world / l.m.peak_flops)
+                                   : nlohmann::json();
+       }},
+      {"device_mem_mib", "step (GPUs)", "MiB", "GPU memory in use (total minus free) on rank 0",
+       [](L l) -> nlohmann::json {
+         return l.m.device_mem_mib > 0 ? nlohmann::json(l.m.device_mem_mib) : nlohmann::json();
+       }},
+      {"attention_bwd", "step (GPUs)", "",
+       "the cuDNN attention backward that runs: deterministic or fast",
+       [](L l) -> nlohmann::json {
+         return *l.m.attention_bwd != '\0' ? nlohmann::json(l.m.attention_bwd) : nlohmann::json();
+       }},
+      {"val_loss", "eval", "nats/token", "validation loss, mean over train.eval_steps batches"},
+      {"eval_time_s", "eval", "s", "wall time of the evaluation"},
+      {"event", "checkpoint, resume", "",
+       "checkpoint: a save was committed; resume: a restart continued from `step` (lines of later "
+       "steps before it are superseded)"},
+      {"seconds", "checkpoint", "s", "the save's whole time, background writing included"},
+      {"stall_s", "checkpoint", "s", "how long training waited for the save"},
+  };
+  return keys;
+}
+
+}  // namespace
+
+std::string metrics_docs_markdown() {
+  std::string md = "| key | line | unit | meaning |\n|---|---|---|---|\n";
+  for (const MetricKey& k : metric_keys())
+    absl::StrAppend(&md, "| `", k.name, "` | ", k.line, " | ", k.unit, " | ", k.doc, " |\n");
+  return md;
+}
+
+std::vector<std::string> metric_names() {
+  std::vector<std::string> names;
+  for (const MetricKey& k : metric_keys()) names.push_back(k.name);
+  return names;
+}
+
 void MetricsLog::step(const StepMetrics& m, bool print) {
   const double tok_s = m.tokens / m.step_time_s;
   const double flops = m.flops_per_token * tok_s;
   const double eta = m.steps_done_here > 0 ? m.elapsed_s / static_cast<double>(m.steps_done_here) *
                                                  static_cast<double>(m.total_steps - m.step)
                                            : 0;
-  nlohmann::json j = {{"step", m.step},
-                      {"loss", m.loss},
-                      {"lr", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"tokens_per_s", tok_s},
-                      {"tokens_per_s_per_rank", tok_s / m.world},
-                      {"step_time_s", m.step_time_s},
-                      {"data_wait_s", m.data_wait_s},
-                      {"optimizer_s", m.optimizer_s},
-                      {"host_syncs", m.host_syncs},
-                      {"tflops_per_rank", flops / m.world / 1e12},
-                      {"peak_mem_mib", m.peak_mem_mib},
-                      {"tokens", m.tokens},
-                      {"skipped_steps", m.skipped_total}};
-  if (*m.skipped != '\0') j["skipped"] = m.skipped;
-  if (m.slowest_rank >= 0) {
-    j["slowest_rank"] = m.slowest_rank;
-    j["slowest_busy_s"] = m.slowest_busy_s;
-    j["median_busy_s"] = m.median_busy_s;
+  const StepLine line{m, tok_s, flops};
+  nlohmann::json j = nlohmann::json::object();
+  for (const MetricKey& k : metric_keys()) {
+    if (k.value == nullptr) continue;
+    nlohmann::json v = k.value(line);
+    if (!v.is_null()) j[k.name] = std::move(v);
   }
-  if (m.peak_flops > 0) j["mfu"] = flops / m.world / m.peak_flops;
-  if (m.device_mem_mib > 0) j["device_mem_mib"] = m.device_mem_mib;
-  if (*m.attention_bwd != '\0') j["attention_bwd"] = m.attention_bwd;
   write_line(j.dump());
   if (!print) return;
   std::string mfu = m.peak_flops > 0

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -56,6 +57,12 @@ class MetricsLog {
   std::string path_;
   bool failed_ = false;
 };
+
+// docs/metrics.md's table: every key of metrics.jsonl, the line it is on, its unit and meaning,
+// from the one table MetricsLog writes the step lines from.
+std::string metrics_docs_markdown();
+// The keys of that table, in order.
+std::vector<std::string> metric_names();
 
 // "1h02m03s" / "4m05s" / "12s".
 std::string format_duration(double seconds);
