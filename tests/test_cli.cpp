@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -391,6 +392,40 @@ TEST_CASE("cli: every step waits for the device once, under every layout", "[cli
     const std::vector<nlohmann::json> steps = run.metrics();
     REQUIRE(steps.size() == 6);
     for (const nlohmann::json& j : steps) CHECK(j["host_syncs"].get<int64_t>() == 1);
+  }
+}
+
+// Where the step's time goes (trainer/phases.h): rank 0's phases add up to its step time, and
+// under tp 2 x pp 2 x dp 2 every one of forward, backward, the pipeline's exchanges, the TP
+// collectives, the DP reduction and the optimizer takes some of it.
+TEST_CASE("cli: the step-time breakdown adds up to the step time under tp2 x pp2 x dp2",
+          "[cli][mpi]") {
+  RunDir run(6);
+  const CmdResult r =
+      run.mpirun(8,
+                 " --set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8"
+                 " --set model.num_layers=4 --set train.micro_batch=1"
+                 " --set parallel.tp=2 --set parallel.pp=2");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<nlohmann::json> steps = run.metrics();
+  REQUIRE(steps.size() == 6);
+  const char* phases[] = {"time_forward_s", "time_backward_s", "time_pipeline_wait_s",
+                          "time_tp_comm_s", "time_dp_wait_s",  "time_optimizer_s",
+                          "time_other_s",   "data_wait_s"};
+  std::map<std::string, double> total;
+  for (const nlohmann::json& j : steps) {
+    double sum = 0;
+    for (const char* p : phases) {
+      sum += j[p].get<double>();
+      total[p] += j[p].get<double>();
+    }
+    INFO("step " << j["step"] << ": " << j.dump());
+    CHECK(std::abs(sum / j["step_time_s"].get<double>() - 1) < 0.05);
+  }
+  for (const char* p : phases) {
+    INFO(p);
+    if (std::string(p) != "data_wait_s" && std::string(p) != "time_other_s") CHECK(total[p] > 0);
   }
 }
 

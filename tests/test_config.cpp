@@ -280,8 +280,8 @@ TEST_CASE("metrics: a step line's keys are the documented ones", "[config]") {
     }
     sizes.push_back(j.size());
   }
-  CHECK(sizes[0] == 14);
-  CHECK(sizes[1] == 14 + 7);  // skipped, slowest_rank/busy/median, mfu, device_mem, attention_bwd
+  CHECK(sizes[0] == 21);
+  CHECK(sizes[1] == 21 + 7);  // skipped, slowest_rank/busy/median, mfu, device_mem, attention_bwd
 }
 
 TEST_CASE("config: docs/debug.md holds the generated switch table", "[config]") {

@@ -109,6 +109,11 @@ struct MetricKey {
   nlohmann::json (*value)(const StepLine&) = nullptr;
 };
 
+template <Phase P>
+nlohmann::json phase_seconds(const StepLine& l) {
+  return l.m.phase_s[static_cast<int>(P)];
+}
+
 const std::vector<MetricKey>& metric_keys() {
   using L = const StepLine&;
   static const std::vector<MetricKey> keys = {
@@ -125,8 +130,9 @@ const std::vector<MetricKey>& metric_keys() {
        [](L l) -> nlohmann::json { return l.tok_s / l.m.world; }},
       {"step_time_s", "step", "s", "wall time of the step on rank 0",
        [](L l) -> nlohmann::json { return l.m.step_time_s; }},
-      {"data_wait_s", "step", "s", "waiting for the step's batch from the loader",
-       [](L l) -> nlohmann::json { return l.m.data_wait_s; }},
+      {"data_wait_s", "step", "s",
+       "waiting for the step's batch from the loader (a phase of the step: see time_*_s)",
+       phase_seconds<Phase::data_wait>},
       {"optimizer_s", "step", "s",
        "finalising the gradients (TP sync of replicated tensors, tied embedding, DP reduction), "
        "clipping and the AdamW update, as queued (on GPUs the update runs on into the next step)",
@@ -142,6 +148,25 @@ const std::vector<MetricKey>& metric_keys() {
        [](L l) -> nlohmann::json { return l.m.tokens; }},
       {"skipped_steps", "step", "count", "steps not applied so far, counted across resumes",
        [](L l) -> nlohmann::json { return l.m.skipped_total; }},
+      // Where the step's time went: these and data_wait_s add up to step_time_s
+      // (trainer/phases.h).
+      {"time_forward_s", "step", "s", "the forward of this rank's stage and its loss",
+       phase_seconds<Phase::forward>},
+      {"time_backward_s", "step", "s", "their backward", phase_seconds<Phase::backward>},
+      {"time_pipeline_wait_s", "step", "s",
+       "sending and receiving activations and gradients between pipeline stages (and the loss's "
+       "sum over them)",
+       phase_seconds<Phase::pipeline_wait>},
+      {"time_tp_comm_s", "step", "s", "tensor-parallel collectives", phase_seconds<Phase::tp_comm>},
+      {"time_dp_wait_s", "step", "s",
+       "the data-parallel gradient reduction and ZeRO-1's weight all-gather, as far as the step "
+       "waits for them, and the tied embedding's gradient sum",
+       phase_seconds<Phase::dp_wait>},
+      {"time_optimizer_s", "step", "s", "clipping and the AdamW update",
+       phase_seconds<Phase::optimizer>},
+      {"time_other_s", "step", "s",
+       "the rest: the ranks' agreements, the gradient norm, bookkeeping",
+       phase_seconds<Phase::other>},
       {"skipped", "step (skipped steps)", "", "why the step was not applied: non_finite or spike",
        [](L l) -> nlohmann::json {
          return *l.m.skipped != '\0' ? nlohmann::json(l.m.skipped) : nlohmann::json();

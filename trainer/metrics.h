@@ -2,19 +2,23 @@
 // <log.dir>/metrics.jsonl (rank 0 only).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "trainer/phases.h"
 
 namespace tr {
 
 struct StepMetrics {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, grad_norm = 0;
-  double step_time_s = 0, data_wait_s = 0, optimizer_s = 0;
+  double step_time_s = 0, optimizer_s = 0;
+  // Where the step's time went, by phase (trainer/phases.h): they add up to step_time_s.
+  std::array<double, kPhases> phase_s{};
   int64_t host_syncs = 0;  // times this rank's host waited for its device in the step (1 on a GPU)
   int64_t tokens = 0;      // tokens in this step (all ranks)
   double flops_per_token = 0;  // training FLOPs per token (causal counting)

@@ -9,6 +9,7 @@
 #include "core/switches.h"
 #include "parallel/schedule.h"
 #include "trainer/agree.h"
+#include "trainer/phases.h"
 
 namespace tr {
 namespace {
@@ -74,6 +75,7 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
     } else if (a.kind == PipeAction::fwd) {
       const data::MicroBatch& mb = mbs[a.micro_batch];
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "F", a.micro_batch);
+      const ScopedPhase forward(Phase::forward);
       s.model->forward_stage(slot, mb.inputs.data());
       if (s.topo().last_stage()) s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
     } else {
@@ -84,7 +86,10 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
         s.model->set_layer_grads_hook([&s](int64_t begin, int64_t end) {
           s.opt->reducer().grads_final(s.model->grads_padded(), begin, end);
         });
-      s.model->backward_stage(slot, mbs[a.micro_batch].inputs.data());
+      {
+        const ScopedPhase backward(Phase::backward);
+        s.model->backward_stage(slot, mbs[a.micro_batch].inputs.data());
+      }
       if (last) s.model->set_layer_grads_hook({});
     }
   }

@@ -24,6 +24,7 @@
 #include "kernels/ops.h"
 #include "trainer/agree.h"
 #include "trainer/hf.h"
+#include "trainer/phases.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
@@ -329,6 +330,12 @@ int run(const CliOptions& opts) {
   if (r.ctx.device == Device::cuda)
     use_device_comms(r.groups, r.cfg.parallel.comm == "nccl", r.ctx.stream,
                      r.cfg.parallel.timeout_s);
+  // Each group's calls are charged to its phase of the step (trainer/phases.h): the embedding
+  // group carries a gradient reduction, as dp does.
+  r.groups.tp = timed_comm(std::move(r.groups.tp), Phase::tp_comm);
+  r.groups.pp = timed_comm(std::move(r.groups.pp), Phase::pipeline_wait);
+  r.groups.dp = timed_comm(std::move(r.groups.dp), Phase::dp_wait);
+  r.groups.embed = timed_comm(std::move(r.groups.embed), Phase::dp_wait);
   {
     MpiPatience loading(r.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest reader
     st = build_model(r);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "core/switches.h"
 #include "kernels/ops.h"
+#include "trainer/phases.h"
 #include "trainer/pipeline.h"
 
 namespace tr {
@@ -89,6 +90,7 @@ StepScalars read_step_scalars(Session& s, StepMetrics& m, const FaultInjector& f
 
 // Clip and AdamW; the tied embedding's two copies made bit-identical again.
 void apply_update(Session& s, const StepMetrics& m, int64_t step) {
+  const ScopedPhase updating(Phase::optimizer);
   s.opt->clip(m.grad_norm);
   s.opt->update(m.lr, step);
   if (!tied_across_stages(s)) return;
@@ -149,12 +151,15 @@ void finalize_grads(Session& s) {
 
 StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const FaultInjector& fault) {
   const auto t0 = Clock::now();
+  phase_clock().start();
   const int64_t syncs_before = host_sync_count();
   const int64_t step = s.state.step + 1;
   const int64_t tokens = s.facts.tokens_per_step;
   const float grad_scale = 1.0f / static_cast<float>(tokens);  // mean over the global batch
-  absl::StatusOr<data::StepBatch> batch = s.train->next();
-  m.data_wait_s = seconds_since(t0);
+  absl::StatusOr<data::StepBatch> batch = [&] {
+    const ScopedPhase waiting(Phase::data_wait);
+    return s.train->next();
+  }();
   // A bad token found by one rank's loader must end every rank, not leave them in a collective.
   StepOutcome out =
       agree_on_step(*s.groups.world, batch.ok() ? kExitOk : kExitBadInput, batch.status());
@@ -196,6 +201,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   m.host_syncs = host_sync_count() - syncs_before - fault_syncs;
   m.step = step;
   m.tokens = tokens;
+  m.phase_s = phase_clock().seconds();
   m.step_time_s = seconds_since(t0);
   record_state(s, m, guard);
   return out;

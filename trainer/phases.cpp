@@ -1,0 +1,108 @@
+#include "trainer/phases.h"
+
+#include <string>
+#include <utility>
+
+namespace tr {
+
+void PhaseClock::start() {
+  s_.fill(0);
+  current_ = Phase::other;
+  since_ = Clock::now();
+}
+
+void PhaseClock::charge() {
+  const Clock::time_point now = Clock::now();
+  s_[static_cast<int>(current_)] += std::chrono::duration<double>(now - since_).count();
+  since_ = now;
+}
+
+Phase PhaseClock::enter(Phase p) {
+  charge();
+  return std::exchange(current_, p);
+}
+
+std::array<double, kPhases> PhaseClock::seconds() {
+  charge();
+  return s_;
+}
+
+PhaseClock& phase_clock() {
+  thread_local PhaseClock clock;
+  return clock;
+}
+
+namespace {
+
+// A communicator whose every call runs in one phase.
+class TimedComm final : public Comm {
+ public:
+  TimedComm(std::unique_ptr<Comm> inner, Phase p) : inner_(std::move(inner)), phase_(p) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const std::string& name() const override { return inner_->name(); }
+  void all_reduce(Tensor buf, ReduceOp op) override {
+    const ScopedPhase in(phase_);
+    inner_->all_reduce(buf, op);
+  }
+  void all_gather(Tensor out, Tensor in) override {
+    const ScopedPhase p(phase_);
+    inner_->all_gather(out, in);
+  }
+  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
+    const ScopedPhase p(phase_);
+    inner_->reduce_scatter(out, in, op);
+  }
+  void broadcast(Tensor buf, int root) override {
+    const ScopedPhase p(phase_);
+    inner_->broadcast(buf, root);
+  }
+  void send(Tensor buf, int peer) override {
+    const ScopedPhase p(phase_);
+    inner_->send(buf, peer);
+  }
+  void recv(Tensor buf, int peer) override {
+    const ScopedPhase p(phase_);
+    inner_->recv(buf, peer);
+  }
+  void exchange(std::span<const P2P> ops) override {
+    const ScopedPhase p(phase_);
+    inner_->exchange(ops);
+  }
+  void barrier() override {
+    const ScopedPhase p(phase_);
+    inner_->barrier();
+  }
+  void all_reduce_start(Tensor buf, ReduceOp op) override {
+    const ScopedPhase p(phase_);
+    inner_->all_reduce_start(buf, op);
+  }
+  void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
+    const ScopedPhase p(phase_);
+    inner_->reduce_scatter_start(out, in, op);
+  }
+  int64_t all_gather_start(Tensor out, Tensor in) override {
+    const ScopedPhase p(phase_);
+    return inner_->all_gather_start(out, in);
+  }
+  void wait(int64_t ticket) override {
+    const ScopedPhase p(phase_);
+    inner_->wait(ticket);
+  }
+  void wait_all() override {
+    const ScopedPhase p(phase_);
+    inner_->wait_all();
+  }
+
+ private:
+  std::unique_ptr<Comm> inner_;
+  Phase phase_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> timed_comm(std::unique_ptr<Comm> inner, Phase p) {
+  return std::make_unique<TimedComm>(std::move(inner), p);
+}
+
+}  // namespace tr
