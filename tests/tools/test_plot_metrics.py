@@ -31,8 +31,11 @@ def step_line(step, loss, tps, mfu=None):
          "optimizer_s": 0.01, "peak_mem_mib": 80.0, "step": step, "step_time_s": 0.5,
          "tflops_per_rank": 0.1, "tokens": 2048, "tokens_per_s": 2 * tps,
          "tokens_per_s_per_rank": tps}
-    if mfu is not None:
+    if mfu is not None:  # a GPU run's line: with the step-time breakdown too
         d["mfu"] = mfu
+        d.update(time_forward_s=0.15, time_backward_s=0.25, time_pipeline_wait_s=0.02,
+                 time_tp_comm_s=0.03, time_dp_wait_s=0.01, time_optimizer_s=0.02,
+                 time_other_s=0.0199)
     return d
 
 
@@ -133,7 +136,9 @@ def test_sweep(tool, work, alpha, beta):
     sweep = os.path.join(work, "sweep")
     rc, out, err = run(tool, [sweep])
     check(rc == 0, f"sweep: exit {rc}\n{out}{err}")
-    check_pngs(sweep, out, CHARTS + ["mfu.png"])
+    check_pngs(sweep, out, CHARTS + ["mfu.png", "breakdown-alpha.png"])
+    check(not os.path.exists(os.path.join(sweep, "breakdown-beta.png")),
+          f"sweep: beta has no breakdown, yet a plot\n{out}")
     rows = check_rows(out, [expected_row("alpha", *alpha), expected_row("beta", *beta)])
     check(sorted(rows) == ["---", "alpha", "beta", "run"], f"sweep: rows {sorted(rows)}\n{out}")
     runs = os.path.join(sweep, "runs")
@@ -151,6 +156,7 @@ def test_single(tool, work, beta):
     check_pngs(out_dir, out, CHARTS)
     check(sorted(os.listdir(out_dir)) == sorted(CHARTS), f"single: {os.listdir(out_dir)}")
     check("mfu.png not written" in out, f"single: no line about the missing mfu\n{out}")
+    check("breakdown-*.png not written" in out, f"single: no line about the breakdown\n{out}")
     check_rows(out, [expected_row("B", *beta)])
 
 
