@@ -268,9 +268,12 @@ TEST_CASE("metrics: a step line's keys are the documented ones", "[config]") {
   m.slowest_rank = 1;
   log.step(m, false);  // every optional key
   const std::vector<std::string> names = metric_names();
-  std::vector<std::string> lines =
+  log.exit(3, 0);
+  const std::vector<std::string> lines =
       absl::StrSplit(test::read_file(dir / "log/metrics.jsonl"), '\n', absl::SkipEmpty());
-  REQUIRE(lines.size() == 2);
+  REQUIRE(lines.size() == 4);  // the start event, two steps, the exit event
+  CHECK(nlohmann::json::parse(lines[0])["event"] == "start");
+  CHECK(nlohmann::json::parse(lines[3])["event"] == "exit");
   std::vector<size_t> sizes;
   for (const std::string& line : lines) {
     const nlohmann::json j = nlohmann::json::parse(line);
@@ -280,8 +283,11 @@ TEST_CASE("metrics: a step line's keys are the documented ones", "[config]") {
     }
     sizes.push_back(j.size());
   }
-  CHECK(sizes[0] == 21);
-  CHECK(sizes[1] == 21 + 7);  // skipped, slowest_rank/busy/median, mfu, device_mem, attention_bwd
+  CHECK(sizes[0] == 4);   // event, step, time, startup_s
+  CHECK(sizes[1] == 22);  // the plain CPU step
+  CHECK(sizes[2] == 22 + 7);
+  CHECK(sizes[3] == 4);  // event, step, code, time  // skipped, slowest_rank/busy/median, mfu,
+                         // device_mem, attention_bwd
 }
 
 TEST_CASE("config: docs/debug.md holds the generated switch table", "[config]") {

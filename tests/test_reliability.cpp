@@ -615,3 +615,72 @@ TEST_CASE("reliability: a malformed TR_TEST_FAULT is one error line", "[cli]") {
 
 }  // namespace
 }  // namespace tr
+
+namespace tr {
+namespace {
+
+// tools/goodput over a run killed twice (kill -9 while a step hangs) and resumed twice: the
+// steps it reports recomputed are exactly those logged past the checkpoint each restart resumed
+// from, the productive time is the step time of the steps that count, and the parts add up to
+// the wall time.
+TEST_CASE("reliability: tools/goodput counts the steps two kill -9s cost", "[cli]") {
+  RunDir run(20, "");
+  const std::string every5 = " --set checkpoint.interval=5";
+  // Kills the trainer once it has stopped itself at the start of step `hang` (steps before it
+  // logged, the checkpoint of the last multiple of 5 committed).
+  auto killed_at = [&](int hang) {
+    return run_cmd(
+        "sh -c 'TR_TEST_FAULT=hang:" + std::to_string(hang) + " " + TR_TRAINER_BIN + " --config " +
+        run.config + every5 +
+        " >/dev/null 2>&1 & pid=$!; while [ \"$(ps -o stat= -p $pid | cut -c1)\" != T ]; "
+        "do sleep 0.05; done; kill -9 $pid; wait $pid'");
+  };
+  CHECK(killed_at(14).exit_code == 128 + SIGKILL);  // steps 1-13 logged, 11-13 lost
+  CHECK(killed_at(18).exit_code == 128 + SIGKILL);  // resumed at 10: 11-17 logged, 16-17 lost
+  const CmdResult last = run.trainer(every5);       // resumed at 15: 16-20
+  INFO(last.output);
+  REQUIRE(last.exit_code == 0);
+  const std::string tool = std::string(TR_SOURCE_DIR) + "/tools/goodput";
+  const std::string python = TR_PYTHON;
+  const CmdResult r = run_cmd(python + " " + tool + " --json " + (run.dir / "log"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const nlohmann::json g = nlohmann::json::parse(r.output);
+  const nlohmann::json& total = g["total"];
+  CHECK(total["processes"] == 3);
+  CHECK(total["restarts"] == 2);
+  CHECK(total["steps"] == 20);
+  CHECK(total["recomputed_steps"] == 5);
+  const nlohmann::json& p = g["processes"];
+  REQUIRE(p.size() == 3);
+  CHECK(p[0]["start_step"] == 0);
+  CHECK(p[1]["start_step"] == 10);
+  CHECK(p[2]["start_step"] == 15);
+  CHECK(p[0]["recomputed_steps"] == 3);
+  CHECK(p[1]["recomputed_steps"] == 2);
+  CHECK(p[2]["recomputed_steps"] == 0);
+  CHECK(p[0]["exit_code"].is_null());  // killed: no exit event
+  CHECK(p[2]["exit_code"] == 0);
+  // Productive: the step time of the 20 steps as the run's history keeps them.
+  double kept = 0;
+  for (const nlohmann::json& s : run.metrics()) kept += s["step_time_s"].get<double>();
+  CHECK(total["productive_s"].get<double>() == Approx(kept).epsilon(1e-9));
+  const double parts = total["productive_s"].get<double>() + total["recomputed_s"].get<double>() +
+                       total["restart_s"].get<double>() +
+                       total["checkpoint_stall_s"].get<double>() + total["eval_s"].get<double>() +
+                       total["other_s"].get<double>();
+  CHECK(std::abs(parts - total["wall_s"].get<double>()) < 1e-3);
+  CHECK(total["goodput"].get<double>() > 0);
+  CHECK(total["goodput"].get<double>() < 1);
+  // The table and the plot.
+  const CmdResult t = run_cmd(python + " " + tool + " --plot " + (run.dir / "goodput.png") + " " +
+                              (run.dir / "log"));
+  INFO(t.output);
+  CHECK(t.exit_code == 0);
+  CHECK(t.output.find("| all | | | ") != std::string::npos);
+  CHECK(t.output.find("(2 restart(s), 5 step(s) recomputed, 0 skipped)") != std::string::npos);
+  CHECK(std::filesystem::file_size(run.dir / "goodput.png") > 1000);
+}
+
+}  // namespace
+}  // namespace tr

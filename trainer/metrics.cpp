@@ -1,6 +1,7 @@
 #include "trainer/metrics.h"
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <ctime>
@@ -19,6 +20,14 @@ namespace tr {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The process's start, for the start event's start-up time (static initialisation runs before
+// main).
+const std::chrono::steady_clock::time_point kProcessStart = std::chrono::steady_clock::now();
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 std::string utc_stamp() {
   const std::time_t now = std::time(nullptr);
@@ -71,6 +80,13 @@ absl::Status MetricsLog::open(const std::string& dir, int64_t resume_step) {
     if (last != '\n') write_line("");
     write_line(nlohmann::json{{"event", "resume"}, {"step", resume_step}}.dump());
   }
+  // Every start (fresh or resumed), for tools/goodput: when, from which step, and how long the
+  // process took to get here (start-up, checks, loading).
+  const double startup =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - kProcessStart).count();
+  write_line(nlohmann::json{
+      {"event", "start"}, {"step", resume_step}, {"time", unix_now()}, {"startup_s", startup}}
+                 .dump());
   return absl::OkStatus();
 }
 
@@ -96,6 +112,7 @@ namespace {
 struct StepLine {
   const StepMetrics& m;
   double tok_s, flops;  // tokens/s and model FLOP/s of the whole job in this step
+  double now;           // Unix time of the line
 };
 
 // One key of metrics.jsonl: the line it is on, its unit, its meaning, and for step lines how it
@@ -119,6 +136,8 @@ const std::vector<MetricKey>& metric_keys() {
   static const std::vector<MetricKey> keys = {
       {"step", "every line", "step", "the step the line is about (the last applied step)",
        [](L l) -> nlohmann::json { return l.m.step; }},
+      {"time", "step, start, exit", "s (Unix)", "wall-clock time the line was written",
+       [](L l) -> nlohmann::json { return l.now; }},
       {"loss", "step", "nats/token", "training loss, mean over the global batch's tokens",
        [](L l) -> nlohmann::json { return l.m.loss; }},
       {"lr", "step", "", "learning rate of the step", [](L l) -> nlohmann::json { return l.m.lr; }},
@@ -202,9 +221,15 @@ const std::vector<MetricKey>& metric_keys() {
        }},
       {"val_loss", "eval", "nats/token", "validation loss, mean over train.eval_steps batches"},
       {"eval_time_s", "eval", "s", "wall time of the evaluation"},
-      {"event", "checkpoint, resume", "",
+      {"event", "checkpoint, resume, start, exit", "",
        "checkpoint: a save was committed; resume: a restart continued from `step` (lines of later "
-       "steps before it are superseded)"},
+       "steps before it are superseded); start: a process began training at `step` (every start, "
+       "fresh or resumed); exit: it ended with exit code `code` after `step` (absent when it was "
+       "killed)"},
+      {"startup_s", "start", "s",
+       "the process's time from its start to its first step: checks, "
+       "loading, building"},
+      {"code", "exit", "", "the exit code (README's table)"},
       {"seconds", "checkpoint", "s", "the save's whole time, background writing included"},
       {"stall_s", "checkpoint", "s", "how long training waited for the save"},
   };
@@ -232,7 +257,7 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
   const double eta = m.steps_done_here > 0 ? m.elapsed_s / static_cast<double>(m.steps_done_here) *
                                                  static_cast<double>(m.total_steps - m.step)
                                            : 0;
-  const StepLine line{m, tok_s, flops};
+  const StepLine line{m, tok_s, flops, unix_now()};
   nlohmann::json j = nlohmann::json::object();
   for (const MetricKey& k : metric_keys()) {
     if (k.value == nullptr) continue;
@@ -261,6 +286,11 @@ void MetricsLog::eval(int64_t step, double val_loss, double seconds) {
   std::printf("eval step %lld | val_loss %.4f | %.2fs\n", static_cast<long long>(step), val_loss,
               seconds);
   std::fflush(stdout);
+}
+
+void MetricsLog::exit(int64_t step, int code) {
+  write_line(nlohmann::json{{"event", "exit"}, {"step", step}, {"code", code}, {"time", unix_now()}}
+                 .dump());
 }
 
 void MetricsLog::note(const std::string& fields) {

@@ -52,6 +52,8 @@ class MetricsLog {
   void step(const StepMetrics& m, bool print);
   void eval(int64_t step, double val_loss, double seconds);
   void note(const std::string& json_object_fields);  // e.g. "\"event\": \"checkpoint\", ..."
+  // {"event": "exit", "step": step, "code": code, "time": ...}: the process ends here.
+  void exit(int64_t step, int code);
   // A line could not be written (a full disk): warned once; the run should end non-zero.
   bool failed() const { return failed_; }
 

@@ -371,6 +371,7 @@ int run(const CliOptions& opts) {
   if (const std::vector<std::string> taken = taken_switches(); !taken.empty())
     std::fprintf(stderr, "rank %d: debug switches taken: %s\n", r.topo().rank,
                  absl::StrJoin(taken, ", ").c_str());
+  if (r.logger()) r.log.exit(r.state.step, code);
   return code;
 }
 

@@ -203,7 +203,7 @@ absl::Status Saver::commit(const absl::StatusOr<fs::FileDigest>& written) {
         dt, s_.cfg.checkpoint.save_timeout_s);
   std::fflush(stdout);
   s_.log.note(absl::StrFormat(
-      "\"step\": %d, \"event\": \"checkpoint\", \"seconds\": %.3f, \"stall_s\": %.3f", step_, dt,
+      "\"step\": %d, \"event\": \"checkpoint\", \"seconds\": %.6f, \"stall_s\": %.6f", step_, dt,
       stall));
   return absl::OkStatus();
 }
