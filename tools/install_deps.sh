@@ -9,6 +9,7 @@ pkgs=(
   slurm-wlm munge
   python3 python3-yaml python3-matplotlib python3-venv procps
   libpcre2-dev libutf8proc-dev
+  libprotobuf-dev protobuf-compiler libboost-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -112,6 +112,8 @@ struct LogConfig {
   // A rank whose own work per step is more than this % over the median rank's is named (every
   // log.interval steps); 0 = never named (the metrics still record the slowest rank).
   double straggler_percent = 20;
+  // TensorBoard event files in dir/tb (rank 0): every scalar of metrics.jsonl, the config as text.
+  bool tensorboard = true;
 };
 
 struct Config {

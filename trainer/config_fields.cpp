@@ -140,6 +140,9 @@ const std::vector<Field>& fields() {
       TR_FIELD(log, straggler_percent, Float, 0, kInf,
                "name a rank whose own work per step (step time minus time waiting for other "
                "ranks) is more than this % over the median rank's; 0 = never"),
+      TR_FIELD(log, tensorboard, Bool, 0, 0,
+               "write TensorBoard event files to log.dir/tb (rank 0): every scalar of "
+               "metrics.jsonl and the resolved config as text (docs/metrics.md)"),
   };
   return f;
 }

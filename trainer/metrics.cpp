@@ -48,7 +48,7 @@ std::string format_duration(double s) {
   return absl::StrFormat("%ds", t);
 }
 
-absl::Status MetricsLog::open(const std::string& dir, int64_t resume_step) {
+absl::Status MetricsLog::open(const std::string& dir, int64_t resume_step, bool tensorboard) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)
@@ -84,6 +84,9 @@ absl::Status MetricsLog::open(const std::string& dir, int64_t resume_step) {
   // process took to get here (start-up, checks, loading).
   const double startup =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - kProcessStart).count();
+  if (tensorboard)
+    if (absl::Status st = tb_.open((fs::path(dir) / "tb").string(), resume_step); !st.ok())
+      return st;
   write_line(nlohmann::json{
       {"event", "start"}, {"step", resume_step}, {"time", unix_now()}, {"startup_s", startup}}
                  .dump());
@@ -265,7 +268,12 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
     if (!v.is_null()) j[k.name] = std::move(v);
   }
   write_line(j.dump());
+  // TensorBoard: every number of the line but the step and the clock.
+  for (const auto& [key, value] : j.items())
+    if (value.is_number() && key != "step" && key != "time")
+      tb_.scalar(key, m.step, value.get<double>());
   if (!print) return;
+  tb_.flush();
   std::string mfu = m.peak_flops > 0
                         ? absl::StrFormat(" | mfu %.1f%%", 100 * flops / m.world / m.peak_flops)
                         : absl::StrFormat(" | %.1f GFLOP/s", flops / 1e9);
@@ -283,9 +291,17 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
 void MetricsLog::eval(int64_t step, double val_loss, double seconds) {
   nlohmann::json j = {{"step", step}, {"val_loss", val_loss}, {"eval_time_s", seconds}};
   write_line(j.dump());
+  tb_.scalar("val_loss", step, val_loss);
+  tb_.scalar("eval_time_s", step, seconds);
+  tb_.flush();
   std::printf("eval step %lld | val_loss %.4f | %.2fs\n", static_cast<long long>(step), val_loss,
               seconds);
   std::fflush(stdout);
+}
+
+void MetricsLog::text(const std::string& tag, int64_t step, const std::string& markdown) {
+  tb_.text(tag, step, markdown);
+  tb_.flush();
 }
 
 void MetricsLog::exit(int64_t step, int code) {

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "trainer/phases.h"
+#include "trainer/tensorboard.h"
 
 namespace tr {
 
@@ -47,11 +48,15 @@ class MetricsLog {
   // run logs steps past its last checkpoint) are superseded, and a reader keeps the last line of
   // each step (tools/plot_metrics does). A fresh run moves an existing file aside to
   // metrics.jsonl.<UTC time> first.
-  absl::Status open(const std::string& dir, int64_t resume_step);
+  // With `tensorboard`, also a new event file in <dir>/tb (trainer/tensorboard.h) that gets
+  // every scalar of the step and eval lines, flushed with each console line and at the end.
+  absl::Status open(const std::string& dir, int64_t resume_step, bool tensorboard = false);
   ~MetricsLog();
   void step(const StepMetrics& m, bool print);
   void eval(int64_t step, double val_loss, double seconds);
   void note(const std::string& json_object_fields);  // e.g. "\"event\": \"checkpoint\", ..."
+  // `markdown` as TensorBoard text at `step` (the resolved config); nothing without TensorBoard.
+  void text(const std::string& tag, int64_t step, const std::string& markdown);
   // {"event": "exit", "step": step, "code": code, "time": ...}: the process ends here.
   void exit(int64_t step, int code);
   // A line could not be written (a full disk): warned once; the run should end non-zero.
@@ -61,6 +66,7 @@ class MetricsLog {
   void write_line(const std::string& line);
   std::FILE* f_ = nullptr;
   std::string path_;
+  EventFileWriter tb_;
   bool failed_ = false;
 };
 

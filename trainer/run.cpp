@@ -223,9 +223,12 @@ absl::Status build_model(Session& r) {
 }
 
 absl::Status write_run_files(Session& r) {
-  if (absl::Status st = r.log.open(r.cfg.log.dir, r.state.step); !st.ok()) return st;
+  if (absl::Status st = r.log.open(r.cfg.log.dir, r.state.step, r.cfg.log.tensorboard); !st.ok())
+    return st;
+  const std::string yaml = to_yaml(r.cfg);
+  r.log.text("config", r.state.step, "```yaml\n" + yaml + "```\n");
   std::ofstream f(fs::path(r.cfg.log.dir) / "config.yaml", std::ios::trunc);
-  f << to_yaml(r.cfg);
+  f << yaml;
   if (!f)
     return absl::InvalidArgumentError(absl::StrCat("cannot write ", r.cfg.log.dir, "/config.yaml"));
   return absl::OkStatus();

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""The trainer's TensorBoard event files against the `tensorboard` package (PyPI, in a venv kept
+under --venv; without PyPI the test reports skipped, exit 77, never passed).
+
+A tiny run of 12 steps is killed with kill -9 while step 9 hangs (steps 1-8 logged, the
+checkpoint at 5 committed) and resumed with --resume auto to the end. TensorBoard's
+EventAccumulator then reads log.dir/tb (two event files, one per process) and must give every
+scalar of metrics.jsonl at every step, as the run's history keeps them (the resumed process's
+steps 6-8, not the killed one's), to float32 precision, and the resolved config as text.
+
+usage: test_tensorboard.py --trainer BIN --prepare-data BIN --venv DIR --work DIR
+"""
+import argparse
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pypi  # noqa: E402
+
+PINS = ["tensorboard==2.20.0"]
+
+
+def venv_python(venv):
+    """A venv with tensorboard (kept between runs; one installer at a time)."""
+    py = os.path.join(venv, "bin", "python")
+    os.makedirs(os.path.dirname(venv) or ".", exist_ok=True)
+    with open(venv + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not os.path.exists(py):
+                subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+            probe = "from tensorboard.backend.event_processing import event_accumulator"
+            if subprocess.run([py, "-c", probe], capture_output=True).returncode:
+                subprocess.run([py, "-m", "pip", "install", "-q", "--no-cache-dir", *PINS],
+                               check=True)
+        except subprocess.CalledProcessError as e:
+            pypi.setup_failed("test_tensorboard", "tensorboard", "tensorboard", e)
+    return py
+
+
+# Runs inside the venv: the event files as TensorBoard reads them, as JSON on stdout.
+ORACLE = r"""
+import json, sys
+from tensorboard.backend.event_processing import event_accumulator as ea
+acc = ea.EventAccumulator(sys.argv[1], size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+acc.Reload()
+tags = acc.Tags()
+out = {"scalars": {t: {str(e.step): e.value for e in acc.Scalars(t)} for t in tags["scalars"]},
+       "text": {t: [(e.step, e.tensor_proto.string_val[0].decode()) for e in acc.Tensors(t)]
+                for t in tags["tensors"]}}
+print(json.dumps(out))
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trainer", required=True)
+    ap.add_argument("--prepare-data", required=True)
+    ap.add_argument("--venv", required=True)
+    ap.add_argument("--work", required=True)
+    a = ap.parse_args()
+    py = venv_python(a.venv)
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    text = os.path.join(a.work, "text.txt")
+    with open(text, "w") as f:
+        f.write("the quick brown fox jumps over the lazy dog. " * 400)
+    subprocess.run([a.prepare_data, "--format", "text", "--output",
+                    os.path.join(a.work, "data"), text], check=True, capture_output=True)
+    cfg = os.path.join(a.work, "config.yaml")
+    with open(cfg, "w") as f:
+        f.write(f"""
+model: {{hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        head_dim: 8, vocab_size: 257, max_seq_len: 64}}
+data: {{train: [{{path: {a.work}/data}}], valid: [{{path: {a.work}/data}}], seq_len: 16}}
+train: {{steps: 12, global_batch: 4, micro_batch: 2, eval_interval: 4, eval_steps: 1}}
+optim: {{lr: 3.0e-3, warmup_steps: 2}}
+checkpoint: {{dir: {a.work}/ckpt, interval: 5}}
+log: {{dir: {a.work}/log, interval: 3}}
+""")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TR_TEST_FAULT="hang:9")
+    p = subprocess.Popen([a.trainer, "--config", cfg], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    stat = f"/proc/{p.pid}/stat"
+    deadline = time.time() + 120
+    while open(stat).read().split(") ")[1][0] != "T":  # stopped itself at step 9
+        if time.time() > deadline or p.poll() is not None:
+            raise SystemExit("test_tensorboard: the first run did not stop at step 9")
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    env.pop("TR_TEST_FAULT")
+    r = subprocess.run([a.trainer, "--config", cfg], env=env, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"test_tensorboard: the resumed run exited {r.returncode}:\n{r.stdout}"
+                         f"{r.stderr}")
+
+    # metrics.jsonl as the run's history keeps it: the last line of each step, a resume line
+    # dropping the later steps logged before it.
+    steps, evals = {}, {}
+    for line in open(os.path.join(a.work, "log", "metrics.jsonl")):
+        try:
+            j = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if j.get("event") == "resume":
+            steps = {s: v for s, v in steps.items() if s <= j["step"]}
+            evals = {s: v for s, v in evals.items() if s <= j["step"]}
+        elif "loss" in j:
+            steps[j["step"]] = j
+        elif "val_loss" in j:
+            evals[j["step"]] = j
+    files = sorted(os.listdir(os.path.join(a.work, "log", "tb")))
+    tb = subprocess.run([py, "-c", ORACLE, os.path.join(a.work, "log", "tb")],
+                        capture_output=True, text=True)
+    if tb.returncode:
+        raise SystemExit(f"test_tensorboard: EventAccumulator failed:\n{tb.stderr}")
+    got = json.loads(tb.stdout)
+    failures = []
+
+    def same(tag, step, want):
+        have = got["scalars"].get(tag, {}).get(str(step))
+        f32 = float(__import__("struct").unpack("f", __import__("struct").pack("f", want))[0])
+        if have is None or have != f32:
+            failures.append(f"{tag} at step {step}: tensorboard {have}, metrics.jsonl {want}")
+
+    checked = 0
+    for s, j in steps.items():
+        for k, v in j.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("step", "time"):
+                same(k, s, v)
+                checked += 1
+    for s, j in evals.items():
+        same("val_loss", s, j["val_loss"])
+        same("eval_time_s", s, j["eval_time_s"])
+        checked += 2
+    # No step that the history dropped: each tag has exactly the history's steps.
+    for tag in ("loss", "grad_norm", "time_forward_s"):
+        have = sorted(int(s) for s in got["scalars"].get(tag, {}))
+        if have != sorted(steps):
+            failures.append(f"{tag}: steps {have}, the history's {sorted(steps)}")
+    config = got["text"].get("config", [])
+    if not config or "```yaml" not in config[0][1] or "num_layers: 2" not in config[0][1]:
+        failures.append(f"the config text: {config}")
+    print(f"event files: {files}")
+    print(f"{len(steps)} steps, {len(evals)} evaluations, {checked} scalars compared")
+    if len(files) != 2 or sorted(steps) != list(range(1, 13)) or checked < 12 * 20:
+        failures.append(f"expected 2 files and steps 1-12, got {files}, {sorted(steps)}")
+    if failures:
+        print("FAILED:\n  " + "\n  ".join(failures[:20]))
+        return 1
+    print("test_tensorboard: passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
