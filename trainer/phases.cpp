@@ -42,59 +42,51 @@ class TimedComm final : public Comm {
   int size() const override { return inner_->size(); }
   const std::string& name() const override { return inner_->name(); }
   void all_reduce(Tensor buf, ReduceOp op) override {
-    const ScopedPhase in(phase_);
-    inner_->all_reduce(buf, op);
+    timed([&] { inner_->all_reduce(buf, op); });
   }
   void all_gather(Tensor out, Tensor in) override {
-    const ScopedPhase p(phase_);
-    inner_->all_gather(out, in);
+    timed([&] { inner_->all_gather(out, in); });
   }
   void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    const ScopedPhase p(phase_);
-    inner_->reduce_scatter(out, in, op);
+    timed([&] { inner_->reduce_scatter(out, in, op); });
   }
   void broadcast(Tensor buf, int root) override {
-    const ScopedPhase p(phase_);
-    inner_->broadcast(buf, root);
+    timed([&] { inner_->broadcast(buf, root); });
   }
   void send(Tensor buf, int peer) override {
-    const ScopedPhase p(phase_);
-    inner_->send(buf, peer);
+    timed([&] { inner_->send(buf, peer); });
   }
   void recv(Tensor buf, int peer) override {
-    const ScopedPhase p(phase_);
-    inner_->recv(buf, peer);
+    timed([&] { inner_->recv(buf, peer); });
   }
   void exchange(std::span<const P2P> ops) override {
-    const ScopedPhase p(phase_);
-    inner_->exchange(ops);
+    timed([&] { inner_->exchange(ops); });
   }
   void barrier() override {
-    const ScopedPhase p(phase_);
-    inner_->barrier();
+    timed([&] { inner_->barrier(); });
   }
   void all_reduce_start(Tensor buf, ReduceOp op) override {
-    const ScopedPhase p(phase_);
-    inner_->all_reduce_start(buf, op);
+    timed([&] { inner_->all_reduce_start(buf, op); });
   }
   void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
-    const ScopedPhase p(phase_);
-    inner_->reduce_scatter_start(out, in, op);
+    timed([&] { inner_->reduce_scatter_start(out, in, op); });
   }
   int64_t all_gather_start(Tensor out, Tensor in) override {
-    const ScopedPhase p(phase_);
-    return inner_->all_gather_start(out, in);
+    return timed([&] { return inner_->all_gather_start(out, in); });
   }
   void wait(int64_t ticket) override {
-    const ScopedPhase p(phase_);
-    inner_->wait(ticket);
+    timed([&] { inner_->wait(ticket); });
   }
   void wait_all() override {
-    const ScopedPhase p(phase_);
-    inner_->wait_all();
+    timed([&] { inner_->wait_all(); });
   }
 
  private:
+  template <class F>
+  auto timed(F&& f) -> decltype(f()) {
+    const ScopedPhase in(phase_);
+    return f();
+  }
   std::unique_ptr<Comm> inner_;
   Phase phase_;
 };

@@ -21,7 +21,6 @@ environment kept under --venv; without PyPI the test reports skipped, exit 77, n
              --mpirun "mpirun ... -np" --venv DIR --work DIR
 """
 import argparse
-import fcntl
 import json
 import os
 import re
@@ -42,21 +41,9 @@ SEQ, SAMPLES = 16, 4  # the data holds exactly one global batch: step k's loss c
 
 
 def venv_python(venv):
-    """A venv with torch, transformers and safetensors (kept between runs; one installer at a
-    time across test processes)."""
-    py = os.path.join(venv, "bin", "python")
-    os.makedirs(os.path.dirname(venv) or ".", exist_ok=True)
-    with open(venv + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not os.path.exists(py):
-                subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-            probe = "import torch, transformers, safetensors"
-            if subprocess.run([py, "-c", probe], capture_output=True).returncode:
-                subprocess.run([py, "-m", "pip", "install", "-q", "--no-cache-dir", *PINS], check=True)
-        except subprocess.CalledProcessError as e:
-            pypi.setup_failed("test_hf", "torch", "torch and transformers", e)
-    return py
+    """A venv with torch, transformers and safetensors."""
+    return pypi.venv_python(venv, "import torch, transformers, safetensors", PINS, "test_hf",
+                            "torch", "torch and transformers")
 
 
 # The oracle runs inside the venv: this script is imported there with --oracle.

@@ -11,8 +11,8 @@ steps 6-8, not the killed one's), to float32 precision, and the resolved config 
 usage: test_tensorboard.py --trainer BIN --prepare-data BIN --venv DIR --work DIR
 """
 import argparse
-import fcntl
 import json
+import struct
 import os
 import shutil
 import signal
@@ -27,21 +27,10 @@ PINS = ["tensorboard==2.20.0"]
 
 
 def venv_python(venv):
-    """A venv with tensorboard (kept between runs; one installer at a time)."""
-    py = os.path.join(venv, "bin", "python")
-    os.makedirs(os.path.dirname(venv) or ".", exist_ok=True)
-    with open(venv + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if not os.path.exists(py):
-                subprocess.run([sys.executable, "-m", "venv", venv], check=True)
-            probe = "from tensorboard.backend.event_processing import event_accumulator"
-            if subprocess.run([py, "-c", probe], capture_output=True).returncode:
-                subprocess.run([py, "-m", "pip", "install", "-q", "--no-cache-dir", *PINS],
-                               check=True)
-        except subprocess.CalledProcessError as e:
-            pypi.setup_failed("test_tensorboard", "tensorboard", "tensorboard", e)
-    return py
+    """A venv with tensorboard."""
+    return pypi.venv_python(venv, "from tensorboard.backend.event_processing import "
+                            "event_accumulator", PINS, "test_tensorboard", "tensorboard",
+                            "tensorboard")
 
 
 # Runs inside the venv: the event files as TensorBoard reads them, as JSON on stdout.
@@ -126,7 +115,7 @@ log: {{dir: {a.work}/log, interval: 3}}
 
     def same(tag, step, want):
         have = got["scalars"].get(tag, {}).get(str(step))
-        f32 = float(__import__("struct").unpack("f", __import__("struct").pack("f", want))[0])
+        f32 = struct.unpack("f", struct.pack("f", want))[0]
         if have is None or have != f32:
             failures.append(f"{tag} at step {step}: tensorboard {have}, metrics.jsonl {want}")
 
