@@ -3,6 +3,10 @@
 #include <string>
 #include <utility>
 
+#ifdef TRAINER_HAVE_CUDA
+#include <nvtx3/nvToolsExt.h>  // header-only NVTX 3 of the CUDA toolkit
+#endif
+
 namespace tr {
 
 void PhaseClock::start() {
@@ -30,6 +34,22 @@ std::array<double, kPhases> PhaseClock::seconds() {
 PhaseClock& phase_clock() {
   thread_local PhaseClock clock;
   return clock;
+}
+
+ScopedPhase::ScopedPhase(Phase p) : prev_(phase_clock().enter(p)) {
+#ifdef TRAINER_HAVE_CUDA
+  static const char* const names[kPhases] = {"other",    "data wait",     "forward",
+                                             "backward", "pipeline wait", "tp collective",
+                                             "dp wait",  "optimizer"};
+  nvtxRangePushA(names[static_cast<int>(p)]);
+#endif
+}
+
+ScopedPhase::~ScopedPhase() {
+#ifdef TRAINER_HAVE_CUDA
+  nvtxRangePop();
+#endif
+  phase_clock().enter(prev_);
 }
 
 namespace {

@@ -5,7 +5,8 @@
 // (timed_comm), the step code marks forward, backward, optimizer and data wait.
 //
 // These are host timers: on the CPU backend they measure the work; on GPUs they measure the
-// host's side of an asynchronous step (queueing, and the waits).
+// host's side of an asynchronous step (queueing, and the waits), and the NVTX ranges of the same
+// phases show the device's side in Nsight Systems.
 #pragma once
 
 #include <array>
@@ -48,11 +49,12 @@ class PhaseClock {
 };
 PhaseClock& phase_clock();
 
-// Runs its scope in phase `p` and restores the phase before it.
+// Runs its scope in phase `p` and restores the phase before it. In a CUDA build the scope is also
+// an NVTX range named after the phase, so that Nsight Systems shows the phases on its timeline.
 class ScopedPhase {
  public:
-  explicit ScopedPhase(Phase p) : prev_(phase_clock().enter(p)) {}
-  ~ScopedPhase() { phase_clock().enter(prev_); }
+  explicit ScopedPhase(Phase p);
+  ~ScopedPhase();
   ScopedPhase(const ScopedPhase&) = delete;
   ScopedPhase& operator=(const ScopedPhase&) = delete;
 
