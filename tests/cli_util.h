@@ -74,21 +74,24 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
     return run_cmd(env + " " + kOneThread + " " + TR_MPIRUN + " " + std::to_string(ranks) + " " +
                    TR_TRAINER_BIN + " --config " + config + " " + args);
   }
+  // Shell: waits until metrics.jsonl has a step line (its start event comes before any step).
+  std::string wait_for_a_step() const {
+    return "until grep -qs loss " + (dir / "log/metrics.jsonl") + "; do sleep 0.05; done;";
+  }
   // `launch` (e.g. mpirun and its arguments; "" for one process) and the trainer started in the
   // background; once it logs a step it gets SIGsig (`sig` as kill names it: TERM, USR1) and is
   // waited for, as a job that Slurm or a user stops.
   CmdResult signal_when_training(const std::string& launch, const std::string& sig) const {
     return run_cmd("sh -c '" + launch + " " + TR_TRAINER_BIN + " --config " + config +
-                   " & pid=$!; while [ ! -s " + (dir / "log/metrics.jsonl") +
-                   " ]; do sleep 0.05; done; kill -" + sig + " $pid; wait $pid'");
+                   " & pid=$!; " + wait_for_a_step() + " kill -" + sig + " $pid; wait $pid'");
   }
   // While a trainer of this run is training (it has logged a step), a second one with `args`:
   // its output, then "second=<its exit code>"; the first is stopped with SIGTERM after.
   CmdResult second_trainer_while_training(const std::string& args) const {
     return run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + config +
-                   " >/dev/null 2>&1 & pid=$!; while [ ! -s " + (dir / "log/metrics.jsonl") +
-                   " ]; do sleep 0.05; done; " + TR_TRAINER_BIN + " --config " + config + " " +
-                   args + "; echo second=$?; kill -TERM $pid; wait $pid'");
+                   " >/dev/null 2>&1 & pid=$!; " + wait_for_a_step() + " " + TR_TRAINER_BIN +
+                   " --config " + config + " " + args +
+                   "; echo second=$?; kill -TERM $pid; wait $pid'");
   }
   // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations), by
   // step, read as tools/plot_metrics reads them: the last line of each step; a resume line drops
