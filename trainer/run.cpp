@@ -222,6 +222,20 @@ absl::Status build_model(Session& r) {
   return absl::OkStatus();
 }
 
+// The tp, dp, pp and embed groups of the run's layout (on GPU ranks NCCL or staging ones), each
+// charging its calls to its phase of the step (trainer/phases.h); the embedding group carries a
+// gradient reduction, as dp does. Collective over world.
+void make_step_groups(Session& r) {
+  r.groups = make_groups(r.topo(), std::move(r.groups.world));
+  if (r.ctx.device == Device::cuda)
+    use_device_comms(r.groups, r.cfg.parallel.comm == "nccl", r.ctx.stream,
+                     r.cfg.parallel.timeout_s);
+  r.groups.tp = timed_comm(std::move(r.groups.tp), Phase::tp_comm);
+  r.groups.pp = timed_comm(std::move(r.groups.pp), Phase::pipeline_wait);
+  r.groups.dp = timed_comm(std::move(r.groups.dp), Phase::dp_wait);
+  r.groups.embed = timed_comm(std::move(r.groups.embed), Phase::dp_wait);
+}
+
 absl::Status write_run_files(Session& r) {
   if (absl::Status st = r.log.open(r.cfg.log.dir, r.state.step, r.cfg.log.tensorboard); !st.ok())
     return st;
@@ -329,16 +343,7 @@ int run(const CliOptions& opts) {
         code != kExitOk)
       return code;
   }
-  r.groups = make_groups(r.topo(), std::move(r.groups.world));
-  if (r.ctx.device == Device::cuda)
-    use_device_comms(r.groups, r.cfg.parallel.comm == "nccl", r.ctx.stream,
-                     r.cfg.parallel.timeout_s);
-  // Each group's calls are charged to its phase of the step (trainer/phases.h): the embedding
-  // group carries a gradient reduction, as dp does.
-  r.groups.tp = timed_comm(std::move(r.groups.tp), Phase::tp_comm);
-  r.groups.pp = timed_comm(std::move(r.groups.pp), Phase::pipeline_wait);
-  r.groups.dp = timed_comm(std::move(r.groups.dp), Phase::dp_wait);
-  r.groups.embed = timed_comm(std::move(r.groups.embed), Phase::dp_wait);
+  make_step_groups(r);
   {
     MpiPatience loading(r.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest reader
     st = build_model(r);
