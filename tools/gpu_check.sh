@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# On the GPU machine (see ../shared/gpu/README.md; carry .gpu and .deps, which
-# ../shared/gpu/prepare.sh and tools/install_deps.sh fill): builds for the GPU present
+# On the GPU machine (see ../shared/gpu/README.md; carry .gpu and .deps/cudnn-frontend, which
+# ../shared/gpu/prepare.sh and tools/install_deps.sh fill; not the rest of .deps, whose test
+# venvs are gigabytes). prepare.sh's list lacks some of our packages; name them:
+#   ../shared/gpu/prepare.sh .gpu libpcre2-dev libutf8proc-dev libutf8proc2 libprotobuf-dev \
+#     libprotobuf32 protobuf-compiler libprotoc32 libboost1.74-dev       # about 13 MB more
+# It builds for the GPU present
 # (CMAKE_CUDA_ARCHITECTURES=native, or $GPU_ARCH; if build-gpu is not there yet), then runs the
 # chosen stages and writes $OUT/summary.txt (the results) and $OUT/logs.tar.gz (every log): two
 # files, within what the device tool brings back.
