@@ -429,6 +429,35 @@ TEST_CASE("cli: the step-time breakdown adds up to the step time under tp2 x pp2
   }
 }
 
+// TensorBoard event files (their contents against the tensorboard package: test_tensorboard.py):
+// rank 0's in log.dir/tb, and with log.tensorboard_all_ranks every other rank's own in
+// tb/rank_<r>; log.tensorboard=false writes none.
+TEST_CASE("cli: TensorBoard event files of rank 0, of every rank, or none", "[cli][mpi]") {
+  namespace fs = std::filesystem;
+  auto event_files = [](const fs::path& dir) {
+    std::vector<fs::path> files;
+    if (fs::is_directory(dir))
+      for (const fs::directory_entry& e : fs::directory_iterator(dir))
+        if (e.is_regular_file() &&
+            e.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+          files.push_back(e.path());
+    return files;
+  };
+  RunDir all(6), off(6);
+  CmdResult r = all.mpirun(2, "--set log.tensorboard_all_ranks=true");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const fs::path tb = fs::path(all.dir.path()) / "log/tb";
+  REQUIRE(event_files(tb).size() == 1);
+  REQUIRE(event_files(tb / "rank_1").size() == 1);
+  CHECK(fs::file_size(event_files(tb)[0]) > 2000);  // 6 steps of some 20 scalars, the config
+  CHECK(fs::file_size(event_files(tb / "rank_1")[0]) > 1500);
+  CHECK_FALSE(fs::exists(tb / "rank_0"));
+  r = off.mpirun(2, "--set log.tensorboard=false --set log.tensorboard_all_ranks=true");
+  REQUIRE(r.exit_code == 0);
+  CHECK_FALSE(fs::exists(fs::path(off.dir.path()) / "log/tb"));
+}
+
 // The multi-tensor AdamW (one launch over the rank's range, the clipping folded in) updates as
 // the per-tensor kernels with clipping as a pass of its own (TR_ADAMW_PER_TENSOR=1) do,
 // bit for bit: one rank, and (2,2,2) with ZeRO-1's sharded masters; the gradient norm of these

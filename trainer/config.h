@@ -114,6 +114,9 @@ struct LogConfig {
   double straggler_percent = 20;
   // TensorBoard event files in dir/tb (rank 0): every scalar of metrics.jsonl, the config as text.
   bool tensorboard = true;
+  // With tensorboard, every other rank too writes an event file, in dir/tb/rank_<r>: its own
+  // step time, breakdown and memory (the per-rank series).
+  bool tensorboard_all_ranks = false;
 };
 
 struct Config {

@@ -143,6 +143,9 @@ const std::vector<Field>& fields() {
       TR_FIELD(log, tensorboard, Bool, 0, 0,
                "write TensorBoard event files to log.dir/tb (rank 0): every scalar of "
                "metrics.jsonl and the resolved config as text (docs/metrics.md)"),
+      TR_FIELD(log, tensorboard_all_ranks, Bool, 0, 0,
+               "with log.tensorboard, every other rank also writes its own event file to "
+               "log.dir/tb/rank_<r>: its step time, breakdown and memory"),
   };
   return f;
 }

@@ -149,7 +149,7 @@ int account_step(Session& s, LoopState& l, double blocked_before) {
   m.elapsed_s = seconds_since(l.start);
   m.peak_mem_mib = peak_mem_mib();
   if (s.ctx.device != Device::cpu) m.device_mem_mib = device_info(s.ctx).memory_used_mib;
-  if (s.logger())
+  if (s.log.writes())  // rank 0, and with log.tensorboard_all_ranks every rank's event file
     s.log.step(m, m.step % s.cfg.log.interval == 0 || m.step == s.cfg.train.steps || m.step == 1 ||
                       *m.skipped != '\0');
   return kExitOk;

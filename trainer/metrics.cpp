@@ -93,6 +93,10 @@ absl::Status MetricsLog::open(const std::string& dir, int64_t resume_step, bool 
   return absl::OkStatus();
 }
 
+absl::Status MetricsLog::open_tensorboard(const std::string& dir, int64_t resume_step) {
+  return tb_.open(dir, resume_step);
+}
+
 void MetricsLog::write_line(const std::string& line) {
   if (f_ == nullptr) return;
   const bool ok = std::fprintf(f_, "%s\n", line.c_str()) >= 0 && std::fflush(f_) == 0;

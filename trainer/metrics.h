@@ -51,6 +51,11 @@ class MetricsLog {
   // With `tensorboard`, also a new event file in <dir>/tb (trainer/tensorboard.h) that gets
   // every scalar of the step and eval lines, flushed with each console line and at the end.
   absl::Status open(const std::string& dir, int64_t resume_step, bool tensorboard = false);
+  // Only a TensorBoard event file in `dir` (a rank other than 0, log.tensorboard_all_ranks):
+  // step() writes its scalars there and no metrics.jsonl line.
+  absl::Status open_tensorboard(const std::string& dir, int64_t resume_step);
+  // Whether step() writes anything (metrics.jsonl or an event file).
+  bool writes() const { return f_ != nullptr || tb_.is_open(); }
   ~MetricsLog();
   void step(const StepMetrics& m, bool print);
   void eval(int64_t step, double val_loss, double seconds);

@@ -248,6 +248,16 @@ absl::Status write_run_files(Session& r) {
   return absl::OkStatus();
 }
 
+// Rank 0's metrics.jsonl, event file and config.yaml; with log.tensorboard_all_ranks the other
+// ranks' event files (log.dir/tb/rank_<r>).
+absl::Status open_logs(Session& r) {
+  if (r.logger()) return write_run_files(r);
+  if (!r.cfg.log.tensorboard || !r.cfg.log.tensorboard_all_ranks) return absl::OkStatus();
+  return r.log.open_tensorboard(
+      (fs::path(r.cfg.log.dir) / "tb" / absl::StrCat("rank_", r.topo().rank)).string(),
+      r.state.step);
+}
+
 }  // namespace
 
 absl::Status check_gpu_binding(Comm& world, int gpu) {
@@ -362,7 +372,7 @@ int run(const CliOptions& opts) {
   if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitFailure, st);
       code != kExitOk)
     return code;
-  st = r.logger() ? write_run_files(r) : absl::OkStatus();
+  st = open_logs(r);
   if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
       code != kExitOk)
     return code;
