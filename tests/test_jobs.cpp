@@ -289,6 +289,20 @@ TEST_CASE("jobs: a full log.dir is a warning once and exit 1 at the end", "[cli]
   CHECK(*ckpt::find_latest(run.dir / "ckpt") == run.dir / "ckpt/step_00000020");
 }
 
+// A full disk under log.dir/tb: one warning that TensorBoard events are being lost (metrics.jsonl
+// has them), and the run goes on to its end.
+TEST_CASE("jobs: a full TensorBoard directory is one warning, and training goes on", "[cli]") {
+  RunDir run(20);
+  std::filesystem::create_directories(run.dir / "log/tb");
+  Tmpfs disk(run.dir / "log/tb", 4096);
+  CmdResult r = run.trainer("");
+  INFO(r.output);
+  CHECK(r.exit_code == kExitOk);
+  CHECK(count_lines_with(r.output, "TensorBoard events are being lost; metrics.jsonl has them") ==
+        1);
+  CHECK(run.metrics().size() == 20);
+}
+
 // Two runs with their own checkpoint.dir but one log.dir would append to one metrics.jsonl: the
 // second is refused (busy) naming the first.
 TEST_CASE("jobs: a second trainer on the same log.dir exits 6", "[cli]") {

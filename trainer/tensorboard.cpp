@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <boost/crc.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -72,10 +73,18 @@ void EventFileWriter::record(const std::string& data) {
     crc[0][i] = static_cast<unsigned char>(len_crc >> (8 * i));
     crc[1][i] = static_cast<unsigned char>(data_crc >> (8 * i));
   }
-  std::fwrite(len, 1, sizeof(len), f_);
-  std::fwrite(crc[0], 1, 4, f_);
-  std::fwrite(data.data(), 1, n, f_);
-  std::fwrite(crc[1], 1, 4, f_);
+  check(std::fwrite(len, 1, sizeof(len), f_) == sizeof(len) && std::fwrite(crc[0], 1, 4, f_) == 4 &&
+        std::fwrite(data.data(), 1, n, f_) == n && std::fwrite(crc[1], 1, 4, f_) == 4);
+}
+
+void EventFileWriter::check(bool ok) {
+  if (ok || failed_) return;
+  failed_ = true;
+  std::fprintf(stderr,
+               "warning: cannot write %s (%s): TensorBoard events are being lost; metrics.jsonl "
+               "has them\n",
+               path_.c_str(), std::strerror(errno));
+  std::fflush(stderr);
 }
 
 void EventFileWriter::scalar(const std::string& tag, int64_t step, double value) {
@@ -103,7 +112,7 @@ void EventFileWriter::text(const std::string& tag, int64_t step, const std::stri
 }
 
 void EventFileWriter::flush() {
-  if (f_ != nullptr) std::fflush(f_);
+  if (f_ != nullptr) check(std::fflush(f_) == 0);
 }
 
 }  // namespace tr

@@ -26,11 +26,15 @@ class EventFileWriter {
   void text(const std::string& tag, int64_t step, const std::string& markdown);
   // Pushes what was written to the file (a killed run keeps it up to here).
   void flush();
+  // Whether a write has failed (a full disk): events are being lost. Warned once, on stderr.
+  bool failed() const { return failed_; }
 
  private:
   void record(const std::string& data);
+  void check(bool ok);
   std::FILE* f_ = nullptr;
   std::string path_;
+  bool failed_ = false;
 };
 
 // The masked CRC32C of TFRecord framing (Boost.CRC's CRC-32C).
