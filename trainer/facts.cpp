@@ -40,8 +40,7 @@ absl::StatusOr<RunFacts> run_facts(const Config& cfg, int world, int rank) {
   f.topo = *topo;
   f.zero1 = zero1_on(cfg, f.topo);
   f.sequence_parallel = p.sequence_parallel && f.topo.tp > 1;
-  f.samples_per_rank = t.global_batch / f.topo.dp;
-  f.micro_batches = f.samples_per_rank / t.micro_batch;
+  f.micro_batches = t.global_batch / (t.micro_batch * f.topo.dp);
   f.tokens_per_step = t.global_batch * cfg.data.seq_len;
   f.flops_per_token = flops_per_token(cfg);
   return f;

@@ -19,7 +19,6 @@ struct RunFacts {
   Topology topo;                   // the grid (parallel.dp auto resolved), seen from one rank
   bool zero1 = false;              // parallel.zero1 with dp > 1: grads and Adam state sharded
   bool sequence_parallel = false;  // parallel.sequence_parallel with tp > 1
-  int64_t samples_per_rank = 0;    // samples each DP rank trains per step: global_batch / dp
   int64_t micro_batches = 0;       // micro-batches per step on each DP rank
   int64_t tokens_per_step = 0;     // global_batch x seq_len, over all ranks
   double flops_per_token = 0;      // model FLOPs per trained token (flops_per_token below)

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/clock.h"
 
 namespace tr {
 
@@ -23,11 +24,7 @@ namespace {
 
 // The process's start, for the start event's start-up time (static initialisation runs before
 // main).
-const std::chrono::steady_clock::time_point kProcessStart = std::chrono::steady_clock::now();
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+const Clock::time_point kProcessStart = Clock::now();
 
 std::string utc_stamp() {
   const std::time_t now = std::time(nullptr);
@@ -82,13 +79,12 @@ absl::Status MetricsLog::open(const std::string& dir, int64_t resume_step, bool 
   }
   // Every start (fresh or resumed), for tools/goodput: when, from which step, and how long the
   // process took to get here (start-up, checks, loading).
-  const double startup =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - kProcessStart).count();
+  const double startup = seconds_since(kProcessStart);
   if (tensorboard)
     if (absl::Status st = tb_.open((fs::path(dir) / "tb").string(), resume_step); !st.ok())
       return st;
   write_line(nlohmann::json{
-      {"event", "start"}, {"step", resume_step}, {"time", unix_now()}, {"startup_s", startup}}
+      {"event", "start"}, {"step", resume_step}, {"time", unix_time()}, {"startup_s", startup}}
                  .dump());
   return absl::OkStatus();
 }
@@ -264,7 +260,7 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
   const double eta = m.steps_done_here > 0 ? m.elapsed_s / static_cast<double>(m.steps_done_here) *
                                                  static_cast<double>(m.total_steps - m.step)
                                            : 0;
-  const StepLine line{m, tok_s, flops, unix_now()};
+  const StepLine line{m, tok_s, flops, unix_time()};
   nlohmann::json j = nlohmann::json::object();
   for (const MetricKey& k : metric_keys()) {
     if (k.value == nullptr) continue;
@@ -309,8 +305,9 @@ void MetricsLog::text(const std::string& tag, int64_t step, const std::string& m
 }
 
 void MetricsLog::exit(int64_t step, int code) {
-  write_line(nlohmann::json{{"event", "exit"}, {"step", step}, {"code", code}, {"time", unix_now()}}
-                 .dump());
+  write_line(
+      nlohmann::json{{"event", "exit"}, {"step", step}, {"code", code}, {"time", unix_time()}}
+          .dump());
 }
 
 void MetricsLog::note(const std::string& fields) {

@@ -8,15 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/clock.h"
 #include "kernels/ops.h"
 #include "trainer/shard.h"
 
 namespace tr {
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 
 std::string layout_json(const Session& s) {
   nlohmann::json j = {{"world", s.topo().world},

@@ -2,8 +2,7 @@
 // its checkpoints, metrics and stop handling.
 #pragma once
 
-#include <chrono>
-
+#include "core/clock.h"
 #include "trainer/agree.h"
 #include "trainer/faults.h"
 #include "trainer/guard.h"
@@ -11,11 +10,6 @@
 #include "trainer/session.h"
 
 namespace tr {
-
-using Clock = std::chrono::steady_clock;
-inline double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // One optimizer step: the batch, micro-batches through the pipeline with gradient
 // accumulation, finalize_grads, the step's one host sync (loss and gradient norm), the agreed

@@ -9,17 +9,10 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "core/clock.h"
 #include "tensorboard.pb.h"
 
 namespace tr {
-namespace {
-
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
-
 uint32_t masked_crc32c(const void* data, size_t n) {
   boost::crc_optimal<32, 0x1EDC6F41, 0xFFFFFFFF, 0xFFFFFFFF, true, true> crc;
   crc.process_bytes(data, n);
@@ -35,7 +28,7 @@ absl::Status EventFileWriter::open(const std::string& dir, int64_t resume_step) 
         absl::StrCat("TensorBoard directory '", dir, "' cannot be created: ", ec.message()));
   char host[256] = "host";
   gethostname(host, sizeof(host) - 1);
-  const auto now = static_cast<int64_t>(unix_seconds());
+  const auto now = static_cast<int64_t>(unix_time());
   const std::string base =
       absl::StrCat(dir, "/events.out.tfevents.", now, ".", host, ".", static_cast<long>(getpid()));
   path_ = base;
@@ -43,12 +36,12 @@ absl::Status EventFileWriter::open(const std::string& dir, int64_t resume_step) 
   f_ = std::fopen(path_.c_str(), "wb");
   if (f_ == nullptr) return absl::InvalidArgumentError(absl::StrCat("cannot create ", path_));
   tb::Event version;
-  version.set_wall_time(unix_seconds());
+  version.set_wall_time(unix_time());
   version.set_file_version("brain.Event:2");
   record(version.SerializeAsString());
   if (resume_step > 0) {
     tb::Event restart;
-    restart.set_wall_time(unix_seconds());
+    restart.set_wall_time(unix_time());
     restart.set_step(resume_step + 1);  // readers drop steps >= this: resume_step stays
     restart.mutable_session_log()->set_status(tb::SessionLog::START);
     record(restart.SerializeAsString());
@@ -89,7 +82,7 @@ void EventFileWriter::check(bool ok) {
 
 void EventFileWriter::scalar(const std::string& tag, int64_t step, double value) {
   tb::Event e;
-  e.set_wall_time(unix_seconds());
+  e.set_wall_time(unix_time());
   e.set_step(step);
   tb::Summary::Value* v = e.mutable_summary()->add_value();
   v->set_tag(tag);
@@ -99,7 +92,7 @@ void EventFileWriter::scalar(const std::string& tag, int64_t step, double value)
 
 void EventFileWriter::text(const std::string& tag, int64_t step, const std::string& markdown) {
   tb::Event e;
-  e.set_wall_time(unix_seconds());
+  e.set_wall_time(unix_time());
   e.set_step(step);
   tb::Summary::Value* v = e.mutable_summary()->add_value();
   v->set_tag(tag);
