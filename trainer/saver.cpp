@@ -185,9 +185,11 @@ absl::Status Saver::commit(const absl::StatusOr<fs::FileDigest>& written) {
   req.layout_json = layout_json(s_);
   if (absl::Status c = ckpt::commit_save(req); !c.ok())
     return absl::InternalError(absl::StrCat("checkpoint save failed: ", c.message()));
-  const double dt = seconds_since(started_);
+  // One end for both, so that the stall (a part of the save) never exceeds the save's time.
+  const auto end = Clock::now();
+  const double dt = std::chrono::duration<double>(end - started_).count();
   const bool async = s_.cfg.checkpoint.async;
-  if (async) stall_s_ += seconds_since(t0);
+  if (async) stall_s_ += std::chrono::duration<double>(end - t0).count();
   const double stall = async ? stall_s_ : dt;
   std::printf("checkpoint %s/%s saved in %.2fs (%zu shard files%s)\n", root.c_str(),
               ckpt::step_dir_name(step_).c_str(), dt, req.shards.size(),
