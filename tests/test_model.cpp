@@ -21,7 +21,9 @@
 #include "trainer/model.h"
 #include "trainer/optim.h"
 #include "trainer/plan.h"
+#include "trainer/session.h"
 #include "trainer/shard.h"
+#include "trainer/step_io.h"
 
 namespace tr {
 namespace {
@@ -86,7 +88,7 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
   const std::vector<int32_t> tokens = read_dataset<int32_t>(f.id, "tokens");
   const std::vector<int32_t> targets = read_dataset<int32_t>(f.id, "targets");
   const double loss =
-      model.forward_backward(tokens.data(), targets.data(), 1.0f / static_cast<float>(B * S)) /
+      forward_backward(model, tokens.data(), targets.data(), 1.0f / static_cast<float>(B * S)) /
       static_cast<double>(B * S);
   const double ref_loss = read_dataset<double>(f.id, "loss")[0];
   INFO(fixture << " loss " << loss << " vs " << ref_loss);
@@ -138,8 +140,8 @@ TEST_CASE("the loss in chunks equals the loss in one piece", "[model]") {
   chunked.init_weights(11, 0.1);
   std::vector<int32_t> tok(16), tgt(16);
   for (int i = 0; i < 16; ++i) tok[i] = (7 * i + 3) % 50, tgt[i] = (5 * i + 1) % 50;
-  const double a = whole.forward_backward(tok.data(), tgt.data(), 1.0f / 16);
-  const double b = chunked.forward_backward(tok.data(), tgt.data(), 1.0f / 16);
+  const double a = forward_backward(whole, tok.data(), tgt.data(), 1.0f / 16);
+  const double b = forward_backward(chunked, tok.data(), tgt.data(), 1.0f / 16);
   CHECK(std::abs(a - b) / a < 1e-6);
   CHECK(rel_diff(chunked.grads(), whole.grads()) < 1e-6);
 }
@@ -154,9 +156,9 @@ TEST_CASE("two micro-batches of one sample give the gradients of one batch of tw
   std::vector<int32_t> tok(16), tgt(16);
   for (int i = 0; i < 16; ++i) tok[i] = (3 * i + 1) % 50, tgt[i] = (11 * i + 2) % 50;
   const float scale = 1.0f / 16;  // mean over the 16 tokens of the global batch
-  const double a = one.forward_backward(tok.data(), tgt.data(), scale);
-  const double b = halves.forward_backward(tok.data(), tgt.data(), scale) +
-                   halves.forward_backward(tok.data() + 8, tgt.data() + 8, scale);
+  const double a = forward_backward(one, tok.data(), tgt.data(), scale);
+  const double b = forward_backward(halves, tok.data(), tgt.data(), scale) +
+                   forward_backward(halves, tok.data() + 8, tgt.data() + 8, scale);
   CHECK(std::abs(a - b) / a < 1e-6);
   CHECK(rel_diff(halves.grads(), one.grads()) < 1e-6);
 }
@@ -199,10 +201,10 @@ TEST_CASE("gradients accumulate over micro-batches", "[model]") {
   Qwen2Model model(ModelDims::from(mc, topo), {.batch = 1, .seq_len = 8}, Ctx{});
   model.init_weights(7, 0.1);
   std::vector<int32_t> tok = {1, 5, 9, 2, 44, 3, 7, 7}, tgt = {5, 9, 2, 44, 3, 7, 7, 0};
-  model.forward_backward(tok.data(), tgt.data(), 1.0f);
+  forward_backward(model, tok.data(), tgt.data(), 1.0f);
   std::vector<float> once(model.grads().ptr<float>(),
                           model.grads().ptr<float>() + model.layout().total);
-  model.forward_backward(tok.data(), tgt.data(), 1.0f);
+  forward_backward(model, tok.data(), tgt.data(), 1.0f);
   const float* twice = model.grads().ptr<float>();
   double num = 0, den = 0;
   for (size_t i = 0; i < once.size(); ++i) {
@@ -240,14 +242,15 @@ TEST_CASE("model: activation recomputation gives the same gradients bit for bit 
     model.init_weights(5, 0.2);
     std::vector<int32_t> tok(16), tgt(16);
     for (int i = 0; i < 16; ++i) tok[i] = (7 * i + 3) % 50, tgt[i] = (11 * i + 1) % 50;
-    model.reset_step_scalars();
-    model.forward_stage(0, tok.data());
-    model.stage_loss(0, tgt.data(), 0.03f, true);
-    model.forward_stage(1, tgt.data());  // a second micro-batch in flight
-    model.stage_loss(1, tok.data(), 0.03f, true);
-    model.backward_stage(0, tok.data());
-    model.backward_stage(1, tgt.data());
-    const double loss = model.take_step_scalars().first;
+    StepIO io{Ctx{}};
+    io.stage({tok.data(), tgt.data()}, {tgt.data(), tok.data()}, 16);
+    model.forward_stage(0, io.inputs(0));
+    model.stage_loss(0, io.targets(0), 0.03f, true, io.loss_sum());
+    model.forward_stage(1, io.inputs(1));  // a second micro-batch in flight
+    model.stage_loss(1, io.targets(1), 0.03f, true, io.loss_sum());
+    model.backward_stage(0, io.inputs(0), false);
+    model.backward_stage(1, io.inputs(1), true);
+    const double loss = io.take().first;
     const float* g = model.grads().ptr<float>();
     std::vector<float> got(g, g + model.layout().total);
     if (want.empty()) {
@@ -429,8 +432,8 @@ TEST_CASE("a separate compute copy of the weights trains bit-identically to the 
     Ctx cpu;
     zero_(cpu, plain.grads());
     zero_(cpu, split.grads());
-    const double la = plain.forward_backward(tok.data(), tgt.data(), 1.0f / 16);
-    const double lb = split.forward_backward(tok.data(), tgt.data(), 1.0f / 16);
+    const double la = forward_backward(plain, tok.data(), tgt.data(), 1.0f / 16);
+    const double lb = forward_backward(split, tok.data(), tgt.data(), 1.0f / 16);
     CHECK(la == lb);
     CHECK(a.reduce_and_clip() == b.reduce_and_clip());
     a.update(1e-2, step);
@@ -474,8 +477,8 @@ TEST_CASE("switches: each kernel switch changes the path taken, and both paths a
     Run r;
     for (int step = 1; step <= 2; ++step) {
       model.begin_step_grads();
-      r.loss = model.forward_backward(tok.data(), tgt.data(), 1.0f / 16) +
-               model.forward_backward(tok.data() + 8, tgt.data() + 8, 1.0f / 16);
+      r.loss = forward_backward(model, tok.data(), tgt.data(), 1.0f / 16) +
+               forward_backward(model, tok.data() + 8, tgt.data() + 8, 1.0f / 16);
       r.grads.assign(model.grads().ptr<float>(), model.grads().ptr<float>() + model.layout().total);
       r.norm = opt.reduce_and_clip();
       opt.update(1e-2, step);
@@ -567,9 +570,11 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
                   Ctx{});
   CHECK(p->stages[0].weights == static_cast<double>(real.memory().weights));
   CHECK(p->stages[0].compute_copy == static_cast<double>(real.memory().compute_copy));
-  // The GPU also keeps the micro-batch's token ids and targets (i32 [T]) on the device.
-  CHECK(p->stages[0].activations ==
-        static_cast<double>(real.activation_bytes() + 2 * arena_bytes(DType::i32, 64)));
+  CHECK(p->stages[0].activations == static_cast<double>(real.activation_bytes()));
+  // The step's token ids and targets (i32 [T] each, 4 micro-batches) and its two f64 scalars are
+  // on the GPU too.
+  CHECK(p->stages[0].workspace ==
+        static_cast<double>(kCudaWorkspaceBytes + 2 * 4 * 64 * sizeof(int32_t) + 16));
   CHECK(p->stages[0].in_flight == 2);
   CHECK(p->stages[1].in_flight == 1);
   // This rank's layout: 512 embedding rows (1000 padded to 1024, over tp 2) of 64, and per
@@ -661,8 +666,7 @@ TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand",
           ModelDims::from(cfg, topo),
           {.batch = 2, .seq_len = 32, .dtype = DType::bf16, .flat_multiple = 2, .slots = 2 - stage},
           Ctx{});
-      CHECK(p->stages[stage].activations ==
-            static_cast<double>(real.activation_bytes() + 2 * arena_bytes(DType::i32, 64)));
+      CHECK(p->stages[stage].activations == static_cast<double>(real.activation_bytes()));
     }
     const double acts = p->stages[0].activations;
     if (cfg.train.recompute == "none")

@@ -149,55 +149,6 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     a_->all_stats = ar.alloc(sdtype_, {d.tp * C * 3});
   }
   a_->losses = ar.alloc(sdtype_, {C});
-  step_scalars_ = ar.alloc(DType::f64, {2});
-  if (ctx_.device != Device::cpu) {
-    a_->tokens = ar.alloc(DType::i32, {T});
-    a_->targets = ar.alloc(DType::i32, {T});
-  }
-}
-
-Tensor Qwen2Model::stage_tokens(const int32_t* host, int64_t n, Tensor device_buf) {
-  const int64_t T = batch_ * seq_len_;
-  const auto at = reinterpret_cast<uintptr_t>(host);
-  for (const auto& [array, offset] : uploaded_) {
-    const auto begin = reinterpret_cast<uintptr_t>(array);
-    if (at >= begin && at + n * sizeof(int32_t) <= begin + T * sizeof(int32_t))
-      return Tensor(static_cast<int32_t*>(staged_dev_.data()) + offset +
-                        static_cast<int64_t>((at - begin) / sizeof(int32_t)),
-                    DType::i32, ctx_.device, {n});
-  }
-  // Not uploaded ahead: copied now, which waits for the device (counted on the CPU too).
-  Tensor h(const_cast<int32_t*>(host), DType::i32, Device::cpu, {n});
-  if (ctx_.device == Device::cpu) {
-    count_host_sync();
-    return h;
-  }
-  Tensor d = device_buf.slice(0, n);
-  copy_tensor(d, h);
-  return d;
-}
-
-void Qwen2Model::upload_tokens(const std::vector<const int32_t*>& inputs,
-                               const std::vector<const int32_t*>& targets) {
-  const int64_t T = batch_ * seq_len_;
-  std::vector<const int32_t*> arrays = inputs;
-  arrays.insert(arrays.end(), targets.begin(), targets.end());
-  const size_t bytes = arrays.size() * static_cast<size_t>(T) * sizeof(int32_t);
-  if (staged_dev_.bytes() < bytes) {  // grown at the first step (nothing is in flight then)
-    staged_host_ = ctx_.device == Device::cpu ? Buffer(bytes, Device::cpu) : Buffer::pinned(bytes);
-    staged_dev_ = Buffer(bytes, ctx_.device);
-  }
-  // The previous upload from this pinned memory has run: the last step's end read the
-  // scalars, which waited for every earlier copy on the stream.
-  uploaded_.clear();
-  auto* host = static_cast<int32_t*>(staged_host_.data());
-  for (size_t i = 0; i < arrays.size(); ++i) {
-    std::memcpy(host + i * T, arrays[i], static_cast<size_t>(T) * sizeof(int32_t));
-    uploaded_.emplace_back(arrays[i], static_cast<int64_t>(i) * T);
-  }
-  const auto n = static_cast<int64_t>(arrays.size()) * T;
-  upload_async(ctx_, Tensor(staged_dev_.data(), DType::i32, ctx_.device, {n}),
-               Tensor(host, DType::i32, Device::cpu, {n}));
 }
 
 void Qwen2Model::begin_step_grads() {
@@ -208,17 +159,6 @@ void Qwen2Model::begin_step_grads() {
   }
   head_write_ = body_write_ = GradWrite::assign;
   if (dims_.first_stage && !(dims_.tied && dims_.last_stage)) zero_(ctx_, g_.embed);
-}
-
-void Qwen2Model::reset_step_scalars() {
-  zero_(ctx_, step_scalars_);
-}
-
-std::pair<double, double> Qwen2Model::take_step_scalars() {
-  double v[2];
-  read_f64(ctx_, step_scalars_, v);
-  reset_step_scalars();
-  return {v[0], v[1]};
 }
 
 Tensor Qwen2Model::params() const {

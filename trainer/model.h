@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -137,6 +136,19 @@ struct ModelOptions {
   DpShards shards = DpShards();
 };
 
+// What a model reports about its flat buffer as it runs, to one subscriber (the distributed
+// optimizer: ZeRO-1's weight all-gather and the data-parallel gradient buckets).
+class ParamEvents {
+ public:
+  // The forward is about to read the weights in [begin, end) of the flat buffer.
+  virtual void weights_needed(int64_t begin, int64_t end) = 0;
+  // The step's last backward has finished the gradients in [begin, end) (each range once).
+  virtual void grads_final(int64_t begin, int64_t end) = 0;
+
+ protected:
+  ~ParamEvents() = default;
+};
+
 class Qwen2Model {
  public:
   Qwen2Model(const ModelDims& dims, const ModelOptions& options, Ctx ctx);
@@ -149,21 +161,14 @@ class Qwen2Model {
   int64_t loss_chunk() const { return chunk_; }  // tokens per loss chunk
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
-  // Called by backward_stage after each layer's backward with that layer's range [begin, end)
-  // of the flat gradient buffer; the training loop sets it for the last micro-batch of a step,
-  // when those gradients are final (the data-parallel buckets start from it). Empty = none.
-  void set_layer_grads_hook(std::function<void(int64_t begin, int64_t end)> hook) {
-    layer_grads_hook_ = std::move(hook);
-  }
-  // Called by the forward before it first reads the weights in [begin, end) of the flat buffer
-  // (the embedding, each layer, the final norm and the LM head): ZeRO-1's weight all-gather
-  // completes each bucket there (GradReducer::wait_weights). Empty = none.
-  void set_weights_hook(std::function<void(int64_t begin, int64_t end)> hook) {
-    weights_hook_ = std::move(hook);
-  }
+  // The one subscriber to what the model reports about the flat buffer as it runs (the
+  // distributed optimizer), set once; null = none.
+  void set_param_events(ParamEvents* events) { events_ = events; }
   ~Qwen2Model();
 
   const ModelDims& dims() const { return dims_; }
+  Ctx ctx() const { return ctx_; }
+  int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
   const ParamLayout& layout() const { return layout_; }
   // The fp32 masters this rank keeps: [capacity], or its ZeRO-1 shard of it (shards()' order).
   Tensor masters() const { return params_; }
@@ -202,42 +207,27 @@ class Qwen2Model {
   // TR_GRAD_ZERO=1 zeroes the whole buffer and adds (to bisect on a GPU).
   void begin_step_grads();
 
-  // Forward, loss and backward of one micro-batch: tokens, targets i32 [batch * seq_len].
-  // Gradients ACCUMULATE into grads() scaled by grad_scale (e.g. 1 / tokens in the global
-  // batch). Returns the sum of the per-token losses (read back: a host sync).
-  double forward_backward(const int32_t* tokens, const int32_t* targets, float grad_scale);
-
-  // A step without host syncs but one (trainer/loop.cpp): the step's scalars stay on the device,
-  // f64 [2]: [0] the sum of the per-token losses stage_loss has computed since the last reset,
-  // [1] the optimizer's squared gradient norm (AdamW::accumulate_norm). Both are read at once.
-  Tensor step_scalars() const { return step_scalars_; }
-  void reset_step_scalars();                      // both 0 (queued on the stream)
-  std::pair<double, double> take_step_scalars();  // read (one host sync), then reset
-  // The step's token ids and targets (one array of batch * seq_len each per micro-batch) to the
-  // device ahead of its micro-batches: copied into pinned host memory and uploaded with one
-  // asynchronous copy. forward_stage, stage_loss and backward_stage then read them there;
-  // arrays not uploaded are copied when used (a host sync each). forget_tokens() ends it (the
-  // host arrays may be freed then).
-  void upload_tokens(const std::vector<const int32_t*>& inputs,
-                     const std::vector<const int32_t*>& targets);
-  void forget_tokens() { uploaded_.clear(); }
-  // Pipeline stages, one micro-batch at a time in activation slot `slot`:
+  // Pipeline stages, one micro-batch at a time in activation slot `slot`; `tokens` and `targets`
+  // are i32 [batch * seq_len] where the ops read them (trainer/step_io.h):
   // forward_stage embeds `tokens` on the first stage, else starts from stage_input(slot) (the
-  // previous stage's output); stage_loss (last stage) adds the LM head and the loss (its sum to
-  // step_scalars()[0]), and with `grad` the head's backward; backward_stage starts from the loss on
-  // the last stage, else from recv_grad_buffer() (the next stage's input gradient), and leaves this
-  // stage's input gradient in send_grad_buffer() (or in the embedding's gradient on the first
-  // stage).
-  void forward_stage(int slot, const int32_t* tokens);
-  void stage_loss(int slot, const int32_t* targets, float grad_scale, bool grad);
-  void backward_stage(int slot, const int32_t* tokens);
+  // previous stage's output); stage_loss (last stage) adds the LM head and the loss (its sum
+  // added to `loss_sum`, f64 [1] on the device: no host sync), and with `grad` the head's
+  // backward; backward_stage starts from the loss on the last stage, else from recv_grad_buffer()
+  // (the next stage's input gradient), and leaves this stage's input gradient in
+  // send_grad_buffer() (or in the embedding's gradient on the first stage). `last_of_step`: the
+  // step's last backward on this stage, after which each layer's gradients are final; the model
+  // reports each layer to the subscriber as it finishes it (under sequence parallelism having
+  // summed its norms' gradients over TP first).
+  void forward_stage(int slot, Tensor tokens);
+  void stage_loss(int slot, Tensor targets, float grad_scale, bool grad, Tensor loss_sum);
+  void backward_stage(int slot, Tensor tokens, bool last_of_step);
   Tensor stage_input(int slot) const;   // [T, H]
   Tensor stage_output(int slot) const;  // [T, H]
   Tensor recv_grad_buffer() const;      // [T, H]
   Tensor send_grad_buffer() const;      // [T, H]
   // After the last backward of a step: with sequence parallelism, sums the gradients of the
   // replicated tensors (the norms, which each saw only this rank's tokens) over TP, those the
-  // layer hook's backward has not summed already (it sums each layer's before reporting it).
+  // step's last backward has not summed already (it sums each layer's as it finishes it).
   void sync_replicated_grads();
 
   // Logits of the last forward's final hidden states for tokens [begin, begin + n): [n, vocab]
@@ -266,17 +256,13 @@ class Qwen2Model {
   void recompute_layer(int slot, int64_t l);
   void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
 
-  // The tokens of a micro-batch where the ops can read them: the host array itself on the CPU,
-  // else copied into `device_buf`.
-  Tensor stage_tokens(const int32_t* host, int64_t n, Tensor device_buf);
-
   ModelDims dims_;
   int64_t batch_, seq_len_;
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
   int slots_ = 1;
   Comm* tp_ = nullptr;
-  std::function<void(int64_t, int64_t)> layer_grads_hook_, weights_hook_;
-  void need(const Tensor& w);  // weights_hook_ over the flat range of w (a view of w_)
+  ParamEvents* events_ = nullptr;
+  void need(const Tensor& w);  // events_->weights_needed over the flat range of w (a view of w_)
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
   bool layer_norms_summed_ = false;  // this step's layer norm gradients are summed over TP
   // How the next writes of the LM head's and of the other gradients go (begin_step_grads).
@@ -289,11 +275,6 @@ class Qwen2Model {
   std::unique_ptr<Arena> param_arena_, act_arena_;
   Tensor params_, grads_, compute_;
   DpShards shards_;
-  Tensor step_scalars_;  // f64 [2] on the device (see step_scalars())
-  // upload_tokens: the staged arrays (pinned on the host, and on the device), and where each
-  // uploaded host array's copy starts in them (elements).
-  Buffer staged_host_, staged_dev_;
-  std::vector<std::pair<const int32_t*, int64_t>> uploaded_;
   AttentionPlan attention_;
   Memory memory_;
   Weights w_, g_;

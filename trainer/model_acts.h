@@ -50,7 +50,6 @@ struct Qwen2Model::Acts {
   Tensor losses;     // [C]
   Tensor row_max, sums;     // [C], [C, 2] vocab-parallel cross-entropy statistics
   Tensor stats, all_stats;  // [C, 3], [tp * C * 3]: this rank's and every TP rank's
-  Tensor tokens, targets;   // i32 [T] the micro-batch on the device (unused on the CPU)
   // Sequence parallelism: the residual stream, norms and their gradients hold Tl = T / tp
   // tokens per rank; these are the full-sequence buffers around the TP regions.
   Tensor full;        // [T, H] all-gathered or not yet reduce-scattered

@@ -80,17 +80,17 @@ Tensor Qwen2Model::send_grad_buffer() const {
   return a_->dres;
 }
 
-void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
+void Qwen2Model::forward_stage(int slot, Tensor tokens) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   const bool sp = d.sequence_parallel;
   Acts& a = *a_;
   Acts::Slot& S = a.slots[slot];
   if (d.first_stage) {
-    Tensor tok = stage_tokens(tokens, T, a.tokens);
+    TR_ASSERT(tokens.numel() == T, "forward_stage: a micro-batch's tokens");
     Tensor emb = full_or(S.resid[0]);
     need(w_.embed);
-    embedding_fwd(ctx_, emb, tok, w_.embed, d.vocab_offset);
+    embedding_fwd(ctx_, emb, tokens, w_.embed, d.vocab_offset);
     reduce_to_local(emb, S.resid[0]);  // vocab-parallel: each rank contributed its own rows
   }
   // Each residual add is fused with the RMSNorm after it: the layer's second norm, and the next
@@ -107,7 +107,8 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
     const LayerWeights& w = w_.layers[l];
     Acts::Layer& L = S.layers[l];
     gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
-    if (weights_hook_) weights_hook_(layer_ranges_[l].first, layer_ranges_[l].second);
+    if (events_ != nullptr)
+      events_->weights_needed(layer_ranges_[l].first, layer_ranges_[l].second);
     layer_fwd(slot, l);
     linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
     reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel
@@ -127,10 +128,10 @@ void Qwen2Model::forward_stage(int slot, const int32_t* tokens) {
 }
 
 void Qwen2Model::need(const Tensor& w) {
-  if (!weights_hook_) return;
+  if (events_ == nullptr) return;
   const int64_t at = (static_cast<const char*>(w.data) - static_cast<const char*>(compute_.data)) /
                      static_cast<int64_t>(dtype_size(dtype_));
-  weights_hook_(at, at + w.numel());
+  events_->weights_needed(at, at + w.numel());
 }
 
 void Qwen2Model::layer_fwd(int slot, int64_t l) {
@@ -177,8 +178,10 @@ void Qwen2Model::recompute_layer(int slot, int64_t l) {
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
 // assigned, the LM head gradient accumulated.
-void Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale, bool grad) {
+void Qwen2Model::stage_loss(int slot, Tensor targets, float grad_scale, bool grad,
+                            Tensor loss_sum) {
   TR_ASSERT(dims_.last_stage, "the loss is computed on the last pipeline stage");
+  TR_ASSERT(targets.numel() == batch_ * seq_len_, "stage_loss: a micro-batch's targets");
   Acts& a = *a_;
   const Tensor lnf = a.slots[slot].lnf;
   const int64_t T = batch_ * seq_len_;
@@ -187,10 +190,9 @@ void Qwen2Model::stage_loss(int slot, const int32_t* targets, float grad_scale, 
     const int64_t n = std::min(chunk_, T - begin);
     Tensor logits = a.logits.slice(0, n), losses = a.losses.slice(0, n);
     Tensor x = lnf.slice(begin, n);
-    Tensor tgt = stage_tokens(targets + begin, n, a.targets);
     linear_fwd(ctx_, logits, x, w_.lm_head, Tensor());
-    chunk_loss(losses, logits, tgt, grad_scale, grad);
-    accumulate_sum(ctx_, step_scalars_.slice(0, 1), losses);  // on the device: no host sync
+    chunk_loss(losses, logits, targets.slice(begin, n), grad_scale, grad);
+    accumulate_sum(ctx_, loss_sum, losses);  // on the device: no host sync
     if (grad) {
       linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head,
                  head_write_);
@@ -230,7 +232,7 @@ void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float 
                  d.vocab_valid_local(), grad_scale, grad);
 }
 
-void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
+void Qwen2Model::backward_stage(int slot, Tensor tokens, bool last_of_step) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   Acts& a = *a_;
@@ -266,32 +268,22 @@ void Qwen2Model::backward_stage(int slot, const int32_t* tokens) {
     rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true,
                 gw);
     // dres now holds d resid[l]
-    if (layer_grads_hook_) {
+    if (last_of_step) {
       // The layer's gradients are final; under sequence parallelism its norms' are once summed
       // over TP, here rather than after backward, so that the DP buckets can start now.
       if (d.sequence_parallel) {
         tp_sum(g.ln2);
         tp_sum(g.ln1);
       }
-      layer_grads_hook_(layer_ranges_[l].first, layer_ranges_[l].second);
+      if (events_ != nullptr) events_->grads_final(layer_ranges_[l].first, layer_ranges_[l].second);
     }
   }
   body_write_ = GradWrite::add;
-  if (layer_grads_hook_ && d.sequence_parallel) layer_norms_summed_ = true;
+  if (last_of_step && d.sequence_parallel) layer_norms_summed_ = true;
   if (d.first_stage) {
-    Tensor tok = stage_tokens(tokens, T, a.tokens);
-    embedding_bwd(ctx_, g_.embed, gather_tokens(a.dres, a.full), tok, d.vocab_offset);
+    TR_ASSERT(tokens.numel() == T, "backward_stage: a micro-batch's tokens");
+    embedding_bwd(ctx_, g_.embed, gather_tokens(a.dres, a.full), tokens, d.vocab_offset);
   }
-}
-
-double Qwen2Model::forward_backward(const int32_t* tokens, const int32_t* targets,
-                                    float grad_scale) {
-  TR_ASSERT(dims_.first_stage && dims_.last_stage, "forward_backward runs the whole model");
-  reset_step_scalars();
-  forward_stage(0, tokens);
-  stage_loss(0, targets, grad_scale, true);
-  backward_stage(0, tokens);
-  return take_step_scalars().first;
 }
 
 std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {

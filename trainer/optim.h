@@ -36,7 +36,7 @@ inline DType grad_reduce_dtype(const ParallelConfig& p) {
 // gradient norm counts every element exactly once in both modes, and with tensor parallelism
 // counts each replicated tensor (the norms) once rather than once per TP rank, and the tied
 // embedding once although the first and last pipeline stages both hold it.
-class AdamW {
+class AdamW final : public ParamEvents {
  public:
   // `dp` may be null (one rank). With zero1 the model's flat buffers must be padded to a
   // multiple of DpShards::capacity_multiple(dp->size()) (Qwen2Model's flat_multiple).
@@ -46,6 +46,13 @@ class AdamW {
   // gradients, and what the last step's reduction did.
   GradReducer& reducer() { return reducer_; }
   const GradReducer& reducer() const { return reducer_; }
+  // The model's reports (set once: Qwen2Model::set_param_events): ZeRO-1's forward completes
+  // each bucket of the weight all-gather as it reaches it; the step's last backward starts each
+  // data-parallel bucket as it completes (with parallel.overlap_dp).
+  void weights_needed(int64_t begin, int64_t end) override { reducer_.wait_weights(begin, end); }
+  void grads_final(int64_t begin, int64_t end) override {
+    reducer_.grads_final(model_.grads_padded(), begin, end);
+  }
   // Bytes this allocates for `capacity` parameter elements (Adam m and v of its range).
   static size_t state_bytes(int64_t capacity, int64_t total, int dp, bool zero1);
 

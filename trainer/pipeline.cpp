@@ -35,8 +35,7 @@ P2P p2p_of(Session& s, const PipeAction& a, int slot) {
 }  // namespace
 
 PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) {
-  const std::vector<data::MicroBatch>& mbs = batch.micro_batches;
-  const int m = static_cast<int>(mbs.size());
+  const int m = static_cast<int>(batch.micro_batches.size());
   const int lag = stop_poll_lag(s.topo().pp);
   const std::vector<PipeAction> actions =
       with_stop_polls(one_f_one_b(s.topo().pp, m), lag)[s.topo().pp_rank];
@@ -73,24 +72,16 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
         run.cut = cut_at < m;
       }
     } else if (a.kind == PipeAction::fwd) {
-      const data::MicroBatch& mb = mbs[a.micro_batch];
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "F", a.micro_batch);
       const ScopedPhase forward(Phase::forward);
-      s.model->forward_stage(slot, mb.inputs.data());
-      if (s.topo().last_stage()) s.model->stage_loss(slot, mb.targets.data(), grad_scale, true);
+      s.model->forward_stage(slot, s.io->inputs(a.micro_batch));
+      if (s.topo().last_stage())
+        s.model->stage_loss(slot, s.io->targets(a.micro_batch), grad_scale, true, s.io->loss_sum());
     } else {
       if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "B", a.micro_batch);
       // The last micro-batch's backward finishes each layer's gradients: DP buckets start.
-      const bool last = a.micro_batch == m - 1 && s.opt->reducer().overlaps();
-      if (last)
-        s.model->set_layer_grads_hook([&s](int64_t begin, int64_t end) {
-          s.opt->reducer().grads_final(s.model->grads_padded(), begin, end);
-        });
-      {
-        const ScopedPhase backward(Phase::backward);
-        s.model->backward_stage(slot, mbs[a.micro_batch].inputs.data());
-      }
-      if (last) s.model->set_layer_grads_hook({});
+      const ScopedPhase backward(Phase::backward);
+      s.model->backward_stage(slot, s.io->inputs(a.micro_batch), a.micro_batch == m - 1);
     }
   }
   if (trace && s.topo().tp_rank == 0 && s.topo().dp_rank == 0)
@@ -98,32 +89,28 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
   return run;
 }
 
-UploadedTokens::UploadedTokens(Session& s, const data::StepBatch& batch) : s_(s) {
+void stage_batch(Session& s, const data::StepBatch& batch) {
   std::vector<const int32_t*> inputs, targets;
   for (const data::MicroBatch& mb : batch.micro_batches) {
     inputs.push_back(mb.inputs.data());
     targets.push_back(mb.targets.data());
   }
-  s_.model->upload_tokens(inputs, targets);
-}
-
-UploadedTokens::~UploadedTokens() {
-  s_.model->forget_tokens();
+  s.io->stage(inputs, targets, s.model->tokens_per_micro_batch());
 }
 
 double forward_pipeline(Session& s, const data::StepBatch& batch) {
   const int stage = s.topo().pp_rank;
-  const UploadedTokens uploaded(s, batch);
-  s.model->reset_step_scalars();
-  for (const data::MicroBatch& mb : batch.micro_batches) {
+  stage_batch(s, batch);
+  s.io->reset();
+  for (size_t i = 0; i < batch.micro_batches.size(); ++i) {
     if (!s.topo().first_stage()) s.groups.pp->recv(s.model->stage_input(0), stage - 1);
-    s.model->forward_stage(0, mb.inputs.data());
+    s.model->forward_stage(0, s.io->inputs(i));
     if (s.topo().last_stage())
-      s.model->stage_loss(0, mb.targets.data(), 0.0f, false);
+      s.model->stage_loss(0, s.io->targets(i), 0.0f, false, s.io->loss_sum());
     else
       s.groups.pp->send(s.model->stage_output(0), stage + 1);
   }
-  return s.model->take_step_scalars().first;
+  return s.io->take().first;
 }
 
 }  // namespace tr

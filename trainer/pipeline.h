@@ -1,5 +1,5 @@
 // The pipeline's part of a step: this stage's 1F1B schedule over the step's micro-batches (with
-// stop polls), the forward-only pass of evaluation, and the step's tokens on the device.
+// stop polls), the forward-only pass of evaluation, and the step's tokens staged for the ops.
 #pragma once
 
 #include "data/loader.h"
@@ -21,17 +21,8 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
 // Forward only, micro-batch after micro-batch down the pipeline; the loss sum (last stage).
 double forward_pipeline(Session& s, const data::StepBatch& batch);
 
-// The batch's token ids and targets on the device for the time of one step (or evaluation
-// batch): uploaded ahead of its micro-batches, forgotten at the end (the arrays are freed).
-class UploadedTokens {
- public:
-  UploadedTokens(Session& s, const data::StepBatch& batch);
-  ~UploadedTokens();
-  UploadedTokens(const UploadedTokens&) = delete;
-  UploadedTokens& operator=(const UploadedTokens&) = delete;
-
- private:
-  Session& s_;
-};
+// The batch's token ids and targets to where the ops read them (s.io), ahead of its
+// micro-batches: one upload per step (or evaluation batch).
+void stage_batch(Session& s, const data::StepBatch& batch);
 
 }  // namespace tr

@@ -120,7 +120,9 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
                                     GradReducer::shard_bytes(capacity, st.dp, zero1) +
                                     GradReducer::staging_bytes(capacity, st.dp, zero1, reduce));
   if (device == Device::cuda) {
-    m.workspace = static_cast<double>(kCudaWorkspaceBytes);
+    m.workspace =
+        static_cast<double>(kCudaWorkspaceBytes +
+                            StepIO::device_bytes(facts.micro_batches, t.micro_batch * seq, device));
     m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
   }
   return m;

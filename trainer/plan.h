@@ -26,10 +26,11 @@ struct StageMemory {
   int stage = 0;
   double weights = 0, compute_copy = 0, grads = 0, optimizer = 0, optimizer_without_zero1 = 0;
   double activations = 0;  // the micro-batches 1F1B keeps in flight on this stage, + scratch
-  double workspace = 0, attention_workspace = 0;  // cuBLASLt/kernels; cuDNN (estimated)
-  int in_flight = 1;                              // micro-batches whose activations are held
-  int64_t loss_chunk_tokens = 0;                  // tokens per LM-head/loss chunk (trainer/model.h)
-  double loss_chunk_logits = 0;  // bytes of one chunk's bf16 logits on this stage's rank
+  // cuBLASLt's and the kernels' workspace with the step's staged tokens; cuDNN's (estimated)
+  double workspace = 0, attention_workspace = 0;
+  int in_flight = 1;              // micro-batches whose activations are held
+  int64_t loss_chunk_tokens = 0;  // tokens per LM-head/loss chunk (trainer/model.h)
+  double loss_chunk_logits = 0;   // bytes of one chunk's bf16 logits on this stage's rank
   double total() const {
     return weights + compute_copy + grads + optimizer + activations + workspace +
            attention_workspace;

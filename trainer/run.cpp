@@ -195,11 +195,8 @@ absl::Status build_model(Session& r) {
   r.opt->reducer().configure(r.cfg.parallel.dp_bucket_elems, r.cfg.parallel.overlap_dp,
                              grad_reduce_dtype(r.cfg.parallel),
                              r.cfg.parallel.overlap_param_gather);
-  if (zero1) {  // the forward completes each bucket of the weight all-gather as it reaches it
-    GradReducer* reducer = &r.opt->reducer();
-    r.model->set_weights_hook(
-        [reducer](int64_t begin, int64_t end) { reducer->wait_weights(begin, end); });
-  }
+  r.model->set_param_events(r.opt.get());
+  r.io = std::make_unique<StepIO>(r.ctx);
   r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
   if (!r.resume_from.empty()) {

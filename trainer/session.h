@@ -21,6 +21,7 @@
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
+#include "trainer/step_io.h"
 
 namespace tr {
 
@@ -41,6 +42,7 @@ struct Session {
   Ctx ctx;
   std::unique_ptr<Qwen2Model> model;
   std::unique_ptr<AdamW> opt;
+  std::unique_ptr<StepIO> io;  // the step's staged tokens and its two scalars
   std::unique_ptr<data::DataLoader> train, valid;
   MetricsLog log;  // open on rank 0 only
   ckpt::TrainState state;

@@ -75,8 +75,8 @@ struct StepScalars {
 };
 StepScalars read_step_scalars(Session& s, StepMetrics& m, const FaultInjector& fault,
                               int64_t step) {
-  s.opt->accumulate_norm(s.model->step_scalars().slice(1, 1));
-  auto [loss_sum, own_squares] = s.model->take_step_scalars();  // the step's host sync
+  s.opt->accumulate_norm(s.io->norm_squares());
+  auto [loss_sum, own_squares] = s.io->take();  // the step's host sync
   if (fault.nan_loss(step, s.topo().rank) && s.topo().last_stage())
     loss_sum = std::numeric_limits<double>::quiet_NaN();
   StepScalars out;
@@ -171,8 +171,8 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   fault.at_step_start(step, s.topo().rank);
   // From here to the end of the step the host waits for the device once: the loss sum and the
   // squared gradient norm, read together (metrics: host_syncs).
-  const UploadedTokens uploaded(s, *batch);
-  s.model->reset_step_scalars();
+  stage_batch(s, *batch);
+  s.io->reset();
   if (take(Switch::test_poison_grads)) poison_grads(*s.model);
   s.model->begin_step_grads();  // each gradient's first write assigns: no zeroing pass
   const PipelineRun pipe = run_pipeline(s, *batch, grad_scale);
