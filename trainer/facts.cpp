@@ -43,6 +43,7 @@ absl::StatusOr<RunFacts> run_facts(const Config& cfg, int world, int rank) {
   f.micro_batches = t.global_batch / (t.micro_batch * f.topo.dp);
   f.tokens_per_step = t.global_batch * cfg.data.seq_len;
   f.flops_per_token = flops_per_token(cfg);
+  f.tied_embeddings = cfg.model.tie_embeddings;
   return f;
 }
 

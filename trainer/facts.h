@@ -22,10 +22,16 @@ struct RunFacts {
   int64_t micro_batches = 0;       // micro-batches per step on each DP rank
   int64_t tokens_per_step = 0;     // global_batch x seq_len, over all ranks
   double flops_per_token = 0;      // model FLOPs per trained token (flops_per_token below)
+  bool tied_embeddings = false;    // model.tie_embeddings
 
   // Micro-batches whose activations this rank's stage holds at once under 1F1B: the warm-up
   // depth pp - stage, or every micro-batch of a step when there are fewer.
   int in_flight() const;
+  // This rank holds one of the tied embedding's two copies (tied, pp > 1, first or last stage):
+  // the optimizer sums their gradients and keeps them equal over the embed group.
+  bool tied_embedding_copies() const {
+    return tied_embeddings && topo.pp > 1 && (topo.first_stage() || topo.last_stage());
+  }
   // The same run seen from global rank `rank` (the planner's view of each stage).
   RunFacts of_rank(int rank) const;
 };

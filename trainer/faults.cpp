@@ -60,10 +60,10 @@ double FaultInjector::loss_factor(int64_t step) const {
   return at(step, "loss_spike") ? arg_ : 1.0;
 }
 
-void poison_grads(Qwen2Model& model) {
-  const int64_t n = model.grads().numel();
+void poison_grads(ParamBuffer& params) {
+  const int64_t n = params.grads().numel();
   std::vector<float> nan(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN());
-  copy_tensor(model.grads(), Tensor(nan.data(), DType::f32, Device::cpu, {n}));
+  copy_tensor(params.grads(), Tensor(nan.data(), DType::f32, Device::cpu, {n}));
 }
 
 }  // namespace tr

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "trainer/model.h"
+#include "trainer/param_buffer.h"
 
 namespace tr {
 
@@ -42,6 +42,6 @@ class FaultInjector {
 // TR_TEST_POISON_GRADS=1 (tests): every gradient is NaN before the step begins, so a gradient
 // that the step's first write does not assign (or that begin_step_grads does not zero) poisons
 // the loss or the weights.
-void poison_grads(Qwen2Model& model);
+void poison_grads(ParamBuffer& params);
 
 }  // namespace tr

@@ -47,4 +47,30 @@ void fill_init(Tensor t, InitKind kind, double std, uint64_t seed, const std::st
     fill(t.ptr<float>(), t.numel(), kind, std, stream, count, first_index);
 }
 
+std::vector<float> initial_weights(const ParamLayout& layout, const ModelDims& dims, uint64_t seed,
+                                   double std) {
+  const double out_std = std / std::sqrt(2.0 * static_cast<double>(dims.total_layers));
+  std::vector<float> out(static_cast<size_t>(layout.total));
+  for (const ParamInfo& p : layout.tensors) {
+    Tensor t(out.data() + p.offset, DType::f32, Device::cpu, {p.numel});
+    const bool norm = p.name.find("layernorm") != std::string::npos || p.name == "norm/weight";
+    const bool bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
+    const bool out_proj =
+        p.name.find("o_proj") != std::string::npos || p.name.find("down_proj") != std::string::npos;
+    const InitKind kind = norm ? InitKind::ones : bias ? InitKind::zeros : InitKind::normal;
+    const double sd = out_proj ? out_std : std;
+    // Row by row, each element keeps the index it has in the whole (vocab-padded) tensor.
+    const int64_t rows = p.shape.size() == 2 ? p.shape[0] : 1, cols = p.numel / rows;
+    const int64_t global_cols = p.split_dim == 1 ? cols * dims.tp : cols;
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t grow = i + (p.split_dim == 0 && p.shape.size() == 2 ? p.split_offset : 0);
+      const int64_t first =
+          grow * global_cols + (p.split_dim == 1 || p.shape.size() == 1 ? p.split_offset : 0);
+      const bool padding_row = p.shape.size() == 2 && p.split_dim == 0 && grow >= p.global_shape[0];
+      fill_init(t.at(i * cols, {cols}), kind, sd, seed, p.name, padding_row ? 0 : cols, first);
+    }
+  }
+  return out;
+}
+
 }  // namespace tr

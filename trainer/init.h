@@ -5,7 +5,10 @@
 #include <cstdint>
 #include <string>
 
+#include <vector>
+
 #include "core/tensor.h"
+#include "trainer/model_layout.h"
 
 namespace tr {
 
@@ -15,6 +18,13 @@ enum class InitKind { zeros, ones, normal };
 // rows of a padded vocabulary). `first_index` is the global index of t's element 0.
 void fill_init(Tensor t, InitKind kind, double std, uint64_t seed, const std::string& name,
                int64_t count, int64_t first_index = 0);
+
+// A rank's initial weights, [layout.total] on the host: Normal(0, std) matrices and embedding
+// (output projections std / sqrt(2 L)), zero biases, unit norms; each value a pure function of
+// (seed, tensor name, element index in the whole tensor), so every layout initialises the same
+// global weights (vocabulary padding rows are zero).
+std::vector<float> initial_weights(const ParamLayout& layout, const ModelDims& dims, uint64_t seed,
+                                   double std);
 
 // Standard normal sample number `index` of stream `stream` (Box-Muller on two hashed uniforms).
 double normal_at(uint64_t stream, uint64_t index);

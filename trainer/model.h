@@ -1,7 +1,6 @@
-// Qwen2 decoder with explicit forward and backward over preallocated buffers (no autograd).
-// Parameters, gradients and Adam states are flat buffers; every tensor is a view into them at
-// an offset recorded in ParamLayout, so DP buckets, ZeRO ranges and checkpoint I/O see one
-// contiguous range each.
+// Qwen2 decoder with explicit forward and backward over preallocated buffers (no autograd). Its
+// weights and gradients are views into a ParamBuffer (trainer/param_buffer.h) at the offsets
+// ParamLayout records; the optimizer's state is the optimizer's (trainer/optim.h).
 #pragma once
 
 #include <algorithm>
@@ -17,73 +16,10 @@
 #include "parallel/dp_shards.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
+#include "trainer/model_layout.h"
+#include "trainer/param_buffer.h"
 
 namespace tr {
-
-// Shapes of the model as one rank holds it: heads, intermediate size and vocabulary are this
-// rank's tensor-parallel shard.
-struct ModelDims {
-  int64_t hidden, inter, layers, heads, kv_heads, head_dim;
-  int64_t total_layers;  // of the whole model (for the output-projection init scale)
-  int64_t vocab;         // real vocabulary
-  int64_t vocab_padded;  // whole padded vocabulary: a multiple of 128 * tp
-  int64_t vocab_local;   // vocab_padded / tp rows of the embedding and LM head on this rank
-  int64_t vocab_offset;  // first vocabulary id of this rank's rows
-  int tp = 1, tp_rank = 0;
-  // Sequence parallelism (tp > 1): outside the TP regions (norms, residual stream) each TP rank
-  // holds T / tp tokens; all-gather before the column-parallel layers, reduce-scatter after
-  // the row-parallel ones.
-  bool sequence_parallel = false;
-  // Pipeline stage: layers [first_layer, first_layer + layers) of the model. The first stage
-  // holds the input embedding, the last the final norm and the LM head (with tied embeddings
-  // and pp > 1, its own copy of embed_tokens, kept equal by an all-reduce of the gradients).
-  int64_t first_layer = 0;
-  bool first_stage = true, last_stage = true;
-  float eps, theta;
-  bool tied;
-  // Activation recomputation (train.recompute): the first `recompute_full` layers of this stage
-  // keep only their input and run their forward again in backward; with `recompute_selective`
-  // every layer drops its norm outputs and SwiGLU output and recomputes them in backward.
-  // Gradients are the same bits either way.
-  int64_t recompute_full = 0;
-  bool recompute_selective = false;
-  int64_t qkv_out() const { return (heads + 2 * kv_heads) * head_dim; }
-  // Real (unpadded) vocabulary rows among this rank's vocab_local.
-  int64_t vocab_valid_local() const {
-    return std::clamp<int64_t>(vocab - vocab_offset, 0, vocab_local);
-  }
-
-  // `stage_layers`: layers of each pipeline stage (empty = num_layers / pp each).
-  static ModelDims from(const ModelConfig& m, const Topology& topo, bool sequence_parallel = false,
-                        const std::vector<int64_t>& stage_layers = {});
-  // Everything the run's config says about this rank's model: the above, and recomputation.
-  static ModelDims from(const Config& c, const Topology& topo);
-};
-
-// One parameter tensor: where it lives in the flat buffers and how it is checkpointed.
-struct ParamInfo {
-  std::string name;                   // "layers/0/self_attn/q_proj/weight" (HF name, '/'-separated)
-  std::vector<int64_t> shape;         // as stored on this rank (vocab padded)
-  std::vector<int64_t> global_shape;  // in checkpoints: real vocab, all TP shards
-  int64_t offset = 0;                 // elements into the flat buffers
-  int64_t numel = 0;
-  bool decay = true;  // AdamW weight decay (false for norms and biases)
-  // Tensor parallelism: -1 = replicated on every TP rank; 0 = rows split (column-parallel
-  // layers, vocabulary); 1 = columns split (row-parallel layers). This rank's slice starts at
-  // index `split_offset` of that dimension of the (vocab-padded) global tensor.
-  int split_dim = -1;
-  int64_t split_offset = 0;
-  bool tied_copy = false;  // the last stage's copy of the tied embedding (pp > 1): not saved,
-                           // not counted twice in the gradient norm
-};
-
-struct ParamLayout {
-  std::vector<ParamInfo> tensors;
-  int64_t total = 0;     // elements
-  int64_t capacity = 0;  // total rounded up to `multiple` (ZeRO-1 shards); the tail stays zero
-  static ParamLayout make(const ModelDims& d, int64_t multiple = 1);
-  const ParamInfo& find(const std::string& name) const;
-};
 
 // Views of one copy of the parameters (weights or gradients) as the model uses them.
 struct LayerWeights {
@@ -111,14 +47,15 @@ inline constexpr double kLossChunkBudgetBytes = 2.0 * (1 << 30);
 inline constexpr int64_t kMinLossChunkTokens = 4096;
 int64_t loss_chunk_tokens(int64_t tokens, int64_t vocab_local, DType logits_dtype);
 
-// How a rank's model is built besides its shapes; a run's come from model_options()
-// (trainer/facts.h), so the trainer and the planner build the same model.
+// How a rank's model, its parameter buffer and its optimizer are built besides the shapes; a
+// run's come from model_options() (trainer/facts.h), so the trainer and the planner build the
+// same ones.
 struct ModelOptions {
   int64_t batch = 1, seq_len = 1;  // a micro-batch: samples of seq_len tokens
   // What the ops compute in (activations and the weights they read). Mixed precision: with
   // bf16 the master weights and the gradients are f32 and the ops read a bf16 compute copy of
   // the weights (the optimizer writes it in the same pass as the update); saved statistics
-  // (rstd, lse, losses) are f32. With f32 or f64 the weights are their own compute copy, unless
+  // (rstd, lse, losses) are f32. With f32 or f64 the weights are their own masters, unless
   // `separate_compute_copy` asks for the bf16 layout anyway (to test that plumbing on the CPU).
   DType dtype = DType::f32;
   bool separate_compute_copy = false;
@@ -126,79 +63,41 @@ struct ModelOptions {
   int64_t flat_multiple = 1;  // the flat buffers hold a multiple of this (ZeRO-1's alignment)
   int slots = 1;  // micro-batches in flight at once (pipeline stages keep their activations)
   // Allocate nothing: the arenas only measure (for the planner, which sizes a 72B rank on a
-  // laptop); such a model answers memory() and nothing else.
+  // laptop); such a model answers activation_bytes() and loss_chunk() and nothing else.
   bool plan_only = false;
   // ZeRO-1 (Megatron's distributed optimizer): this rank's share of the flat buffer
   // (parallel/dp_shards.h; its capacity must be the layout's, so flat_multiple a multiple of
-  // DpShards::capacity_multiple(dp)). With a separate compute copy and more than one shard, this
-  // rank keeps the fp32 masters of its shard only (capacity / dp elements, in the shard's
-  // order); the compute copy stays whole. Where the masters are the compute copy they are whole.
+  // DpShards::capacity_multiple(dp)). With separate masters and more than one shard, the
+  // optimizer keeps the fp32 masters of this rank's shard only (capacity / dp elements, in the
+  // shard's order); the compute copy stays whole. Where the masters are the compute weights
+  // they are whole.
   DpShards shards = DpShards();
 };
 
-// What a model reports about its flat buffer as it runs, to one subscriber (the distributed
-// optimizer: ZeRO-1's weight all-gather and the data-parallel gradient buckets).
-class ParamEvents {
- public:
-  // The forward is about to read the weights in [begin, end) of the flat buffer.
-  virtual void weights_needed(int64_t begin, int64_t end) = 0;
-  // The step's last backward has finished the gradients in [begin, end) (each range once).
-  virtual void grads_final(int64_t begin, int64_t end) = 0;
+// The parameter buffer a model of `dims` built with `options` computes with: its layout (padded to
+// options.flat_multiple), weights in options.dtype. The trainer holds it in its Session beside the
+// model and the optimizer; tests and the planner beside their model.
+ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& options, Device device);
 
- protected:
-  ~ParamEvents() = default;
-};
-
+// The model holds the math and its activations; it reads its weights from and writes its
+// gradients into a ParamBuffer it does not own.
 class Qwen2Model {
  public:
-  Qwen2Model(const ModelDims& dims, const ModelOptions& options, Ctx ctx);
+  Qwen2Model(const ModelDims& dims, const ModelOptions& options, ParamBuffer& params, Ctx ctx);
+  ~Qwen2Model();
 
-  // Bytes of this rank's model buffers, by the arenas' own accounting (alignment included).
-  struct Memory {
-    size_t weights = 0, compute_copy = 0, grads = 0, activations = 0;
-  };
-  Memory memory() const { return memory_; }
   int64_t loss_chunk() const { return chunk_; }  // tokens per loss chunk
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   // The one subscriber to what the model reports about the flat buffer as it runs (the
   // distributed optimizer), set once; null = none.
   void set_param_events(ParamEvents* events) { events_ = events; }
-  ~Qwen2Model();
 
   const ModelDims& dims() const { return dims_; }
   Ctx ctx() const { return ctx_; }
   int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
-  const ParamLayout& layout() const { return layout_; }
-  // The fp32 masters this rank keeps: [capacity], or its ZeRO-1 shard of it (shards()' order).
-  Tensor masters() const { return params_; }
-  // ZeRO-1's shards of the flat buffer (one rank's whole buffer without ZeRO-1).
-  const DpShards& shards() const { return shards_; }
-  bool masters_sharded() const { return params_.numel() < layout_.capacity; }
-  // The whole masters (not sharded): [P] flat.
-  Tensor params() const;
-  Tensor grads() const { return grads_.slice(0, layout_.total); }  // [P] flat
-  Tensor params_padded() const;                    // [capacity]: params() and a zero tail
-  Tensor grads_padded() const { return grads_; }   // [capacity]
-  Tensor param(const ParamInfo& p) const;          // view of p in params() (whole masters)
-  Tensor compute_param(const ParamInfo& p) const;  // view of p in the compute copy
-  Tensor grad(const ParamInfo& p) const;           // view of p in grads()
-  // The weights the ops read: [capacity] in the compute dtype; empty when the masters are
-  // their own compute copy.
-  Tensor compute_copy() const { return compute_is_master() ? Tensor() : compute_; }
-  bool compute_is_master() const { return compute_.data == params_.data; }
-  // Rewrites the compute copy from whole masters (after they change other than through AdamW:
-  // a broadcast). All of it, or only tensor `p`.
-  void refresh_compute_copy(const ParamInfo* p = nullptr);
-  // The whole masters on the host (a copy when they live on a device).
-  std::vector<float> params_to_host() const;
-  // Sets the weights from all of this rank's values on the host ([P] f32: initialisation, a
-  // checkpoint or Hugging Face load): the masters it keeps and the whole compute copy.
-  void params_from_host(const std::vector<float>& host);
-
-  // Normal(0, std) matrices and embedding (output projections std / sqrt(2 L)), zero biases,
-  // unit norms; each value a pure function of (seed, tensor name, element index).
-  void init_weights(uint64_t seed, double std);
+  ParamBuffer& params() const { return params_; }
+  const ParamLayout& layout() const { return params_.layout(); }
 
   // Starts a step's gradients without a zeroing pass over them: each parameter gradient's first
   // write of the step (the LM head's first loss chunk, the first backward_stage) assigns, later
@@ -233,8 +132,9 @@ class Qwen2Model {
   // Logits of the last forward's final hidden states for tokens [begin, begin + n): [n, vocab]
   // (padding dropped). For tests and debugging; runs the LM head again.
   std::vector<float> logits(int64_t begin, int64_t n);
-  // Bytes of the activation and scratch buffers (for the start-up memory breakdown).
-  size_t activation_bytes() const;
+  // Bytes of the activation and scratch buffers, by the arena's own accounting (alignment
+  // included); a plan-only model measures them without allocating.
+  size_t activation_bytes() const { return activation_bytes_; }
   // Bytes of workspace the attention backend holds for this model's shape (cuDNN), 0 on CPU.
   size_t attention_workspace_bytes() const { return attention_.workspace_bytes; }
   // Whether attention's backward is deterministic (cuDNN may have built only the other mode).
@@ -269,14 +169,11 @@ class Qwen2Model {
   GradWrite head_write_ = GradWrite::add, body_write_ = GradWrite::add;
   Ctx ctx_;
   DType dtype_;   // compute: activations and the weights the ops read
-  DType mdtype_;  // masters and gradients (f32 under bf16 compute)
   DType sdtype_;  // saved statistics and losses (f32, f64 for f64 compute)
-  ParamLayout layout_;
-  std::unique_ptr<Arena> param_arena_, act_arena_;
-  Tensor params_, grads_, compute_;
-  DpShards shards_;
+  ParamBuffer& params_;
+  std::unique_ptr<Arena> act_arena_;
+  size_t activation_bytes_ = 0;
   AttentionPlan attention_;
-  Memory memory_;
   Weights w_, g_;
   std::unique_ptr<Acts> a_;
 };

@@ -62,8 +62,9 @@ void Qwen2Model::sync_replicated_grads() {
   // The norms saw only this rank's tokens. Those of the layers were summed already when the
   // last backward reported each layer final (one all-reduce per tensor either way, so the sums
   // are the same bits); the final norm's is summed here.
-  for (const ParamInfo& p : layout_.tensors)
-    if (p.split_dim < 0 && !(layer_norms_summed_ && p.name.starts_with("layers/"))) tp_sum(grad(p));
+  for (const ParamInfo& p : layout().tensors)
+    if (p.split_dim < 0 && !(layer_norms_summed_ && p.name.starts_with("layers/")))
+      tp_sum(params_.grad(p));
   layer_norms_summed_ = false;
 }
 
@@ -129,7 +130,8 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens) {
 
 void Qwen2Model::need(const Tensor& w) {
   if (events_ == nullptr) return;
-  const int64_t at = (static_cast<const char*>(w.data) - static_cast<const char*>(compute_.data)) /
+  const Tensor flat = params_.weights_padded();
+  const int64_t at = (static_cast<const char*>(w.data) - static_cast<const char*>(flat.data)) /
                      static_cast<int64_t>(dtype_size(dtype_));
   events_->weights_needed(at, at + w.numel());
 }

@@ -1,4 +1,5 @@
-// AdamW over the model's flat buffers, global-norm clipping and the learning-rate schedules.
+// The distributed optimizer (fp32 masters, AdamW, the data-parallel reduction, clipping) over a
+// ParamBuffer, and the learning-rate schedules.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,7 @@
 #include "parallel/comm.h"
 #include "parallel/grad_reducer.h"
 #include "trainer/config.h"
-#include "trainer/model.h"
+#include "trainer/param_buffer.h"
 
 namespace tr {
 
@@ -24,41 +25,93 @@ inline DType grad_reduce_dtype(const ParallelConfig& p) {
   return p.grad_reduce_dtype == "bf16" ? DType::bf16 : DType::f32;
 }
 
-// Global-norm clipping and AdamW over the model's flat buffers, on this rank's range of them:
-// the data-parallel reduction (buckets, overlap, the reduction's type, ZeRO-1's shards) is the
-// GradReducer's (parallel/grad_reducer.h).
+// The groups a rank's optimizer works over; null (or of size 1) = none.
+struct OptimizerGroups {
+  Comm* dp = nullptr;  // data parallel: the gradient reduction, ZeRO-1's shards
+  Comm* tp = nullptr;  // tensor parallel: sharded tensors' squares are summed over it
+  Comm* pp = nullptr;  // pipeline: each stage's squares are summed over it
+  // The first and last pipeline stages when they both hold the tied embedding (pp > 1;
+  // RunFacts::tied_embedding_copies): its gradients are summed over it and its weights made
+  // bit-identical after each update. Null on every other rank.
+  Comm* embed = nullptr;
+};
+
+// A rank's weights as the memory breakdown shows them: the masters, and the compute copy beside
+// them (0 where the buffer's weights are the masters). `master_bytes`: the optimizer's
+// (DistributedOptimizer::master_bytes), 0 without separate masters.
+struct WeightMemory {
+  size_t masters = 0, compute_copy = 0;
+};
+inline WeightMemory weight_memory(const ParamBuffer& params, size_t master_bytes) {
+  if (master_bytes == 0) return {params.weight_bytes(), 0};
+  return {master_bytes, params.weight_bytes()};
+}
+
+// Megatron's distributed optimizer over a ParamBuffer: the fp32 master weights (whole, or this
+// rank's ZeRO-1 shard), Adam's moments, the data-parallel gradient reduction (the GradReducer:
+// buckets, overlap, the reduction's type, ZeRO-1's shards), global-norm clipping, the update,
+// which writes the compute weights in the same pass, and ZeRO-1's weight all-gather.
 //
 // Without ZeRO-1 every data-parallel rank holds all Adam states and applies the same update to
-// the all-reduced gradients. With ZeRO-1 rank r of dp keeps the states (and, with a separate
-// compute copy, the fp32 masters) of its shard only (piece r of every bucket of the padded flat
+// the all-reduced gradients. With ZeRO-1 rank r of dp keeps the states (and, with separate
+// masters, the fp32 masters) of its shard only (piece r of every bucket of the padded flat
 // buffer: parallel/dp_shards.h), updates it from its reduced gradient shard, and the updated
 // weights are all-gathered bucket by bucket, overlapping the next forward. The
 // gradient norm counts every element exactly once in both modes, and with tensor parallelism
 // counts each replicated tensor (the norms) once rather than once per TP rank, and the tied
 // embedding once although the first and last pipeline stages both hold it.
-class AdamW final : public ParamEvents {
+class DistributedOptimizer final : public ParamEvents {
  public:
-  // `dp` may be null (one rank). With zero1 the model's flat buffers must be padded to a
-  // multiple of DpShards::capacity_multiple(dp->size()) (Qwen2Model's flat_multiple).
-  AdamW(const OptimConfig& cfg, Qwen2Model& model, Ctx ctx, Comm* dp = nullptr, bool zero1 = false,
-        Comm* tp = nullptr, Comm* pp = nullptr);
-  // The data-parallel reduction: GradReducer::configure, ::grads_final over the model's
-  // gradients, and what the last step's reduction did.
+  // Separate masters: fp32 masters beside the buffer's compute weights (always under bf16
+  // compute; on f32 ranks when `separate_masters`, to run the GPU's layout on the CPU). Else
+  // the buffer's weights are the masters. With zero1 the buffer must be padded to a multiple of
+  // DpShards::capacity_multiple(dp) and `shards` be this rank's (trainer/shard.h dp_shards).
+  DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& params, Ctx ctx,
+                       const OptimizerGroups& groups = {}, bool zero1 = false,
+                       const DpShards& shards = DpShards(), bool separate_masters = false);
+  // The data-parallel reduction: GradReducer::configure, and what the last step's reduction
+  // did.
   GradReducer& reducer() { return reducer_; }
   const GradReducer& reducer() const { return reducer_; }
+
   // The model's reports (set once: Qwen2Model::set_param_events): ZeRO-1's forward completes
   // each bucket of the weight all-gather as it reaches it; the step's last backward starts each
   // data-parallel bucket as it completes (with parallel.overlap_dp).
   void weights_needed(int64_t begin, int64_t end) override { reducer_.wait_weights(begin, end); }
   void grads_final(int64_t begin, int64_t end) override {
-    reducer_.grads_final(model_.grads_padded(), begin, end);
+    reducer_.grads_final(params_.grads_padded(), begin, end);
   }
-  // Bytes this allocates for `capacity` parameter elements (Adam m and v of its range).
+
+  // Whether a rank computing in `compute` keeps separate fp32 masters (`asked`: also on f32).
+  static bool separate_masters(DType compute, bool asked) {
+    return asked || compute != ParamBuffer::grad_dtype(compute);
+  }
+  // Bytes of fp32 masters a rank keeps beside its compute weights: 0 without separate masters,
+  // else those of its ZeRO-1 shard (`shards` of more than one rank) or of the whole buffer.
+  static size_t master_bytes(int64_t capacity, const DpShards& shards, bool separate_masters);
+  size_t master_bytes() const {
+    return separate_masters() ? arena_bytes(DType::f32, masters_.numel()) : 0;
+  }
+  // Bytes of Adam's m and v for `capacity` parameter elements (of its range under ZeRO-1).
   static size_t state_bytes(int64_t capacity, int64_t total, int dp, bool zero1);
+
+  // The fp32 masters this rank keeps: [capacity], or its ZeRO-1 shard of it (in the shard's
+  // order; reducer().shards()). The buffer's weights when they are their own masters.
+  Tensor masters() const { return masters_; }
+  bool masters_sharded() const { return masters_.numel() < params_.layout().capacity; }
+  bool separate_masters() const { return masters_.data != params_.weights_padded().data; }
+  // View of tensor p in whole masters (not sharded).
+  Tensor master(const ParamInfo& p) const;
+  // The whole masters on the host (a copy when they live on a device; not sharded).
+  std::vector<float> weights_to_host() const;
+  // Sets the weights from all of this rank's values on the host ([P] f32: initialisation, a
+  // checkpoint or a Hugging Face load): the masters it keeps and the whole compute weights.
+  void weights_from_host(const std::vector<float>& host);
 
   // The end of a step's backward, in four parts so that the training loop reads the squared
   // norm together with the loss, in its one host sync per step:
-  // 1. Sums gradients over dp (GradReducer::finish).
+  // 1. Sums the tied embedding's two copies over the embed group (pp > 1), then the gradients
+  //    over dp (GradReducer::finish).
   void reduce_grads();
   // 2. Adds this rank's share of the squared global norm to acc (f64 [1] on ctx's device), on
   //    the device: every element counted once over the ranks (see above).
@@ -82,7 +135,7 @@ class AdamW final : public ParamEvents {
   // One update with learning rate `lr`; `step` is the 1-based optimizer step (bias correction):
   // one multi-tensor launch over this rank's range (TR_ADAMW_PER_TENSOR=1: a double-precision
   // kernel per tensor, with clipping as a pass of its own). With zero1 it ends by all-gathering the
-  // weights.
+  // weights; with the tied embedding on two stages, by making its copies bit-identical.
   void update(double lr, int64_t step);
   // This rank's Adam states: [state_elems()] floats each, in its shard's order
   // (reducer().shards(); the whole flat buffer without ZeRO-1). Checkpoints read and write them
@@ -92,7 +145,12 @@ class AdamW final : public ParamEvents {
   int64_t state_elems() const { return reducer_.shard_size(); }  // per Adam moment, on this rank
 
  private:
-  Tensor grad_shard() const { return reducer_.shard_grads(model_.grads_padded()); }
+  Tensor grad_shard() const { return reducer_.shard_grads(params_.grads_padded()); }
+  // Rewrites the compute weights from whole masters (after a broadcast changed them): all of
+  // them, or only tensor `p`.
+  void refresh_compute_weights(const ParamInfo* p = nullptr);
+  // The tied embedding's two copies (first and last stage) bit-identical after the update.
+  void sync_tied_embedding();
   // Tensor p's elements in this rank's shard (all of it, one run, without ZeRO-1).
   std::vector<ShardRun> own_runs(const ParamInfo& p) const;
   // Whether this rank's share of the norm counts tensor p's gradients, so that every element is
@@ -100,14 +158,16 @@ class AdamW final : public ParamEvents {
   bool counts_in_norm(const ParamInfo& p) const;
 
   OptimConfig cfg_;
-  Qwen2Model& model_;
+  ParamBuffer& params_;
   Ctx ctx_;
   Comm* dp_;
-  Comm* tp_;  // tensor-parallel group: sharded tensors' squares are summed over it
-  Comm* pp_;  // pipeline group: each stage's squares are summed over it
+  Comm* tp_;     // tensor-parallel group: sharded tensors' squares are summed over it
+  Comm* pp_;     // pipeline group: each stage's squares are summed over it
+  Comm* embed_;  // the tied embedding's two stages, or null
   GradReducer reducer_;
   std::unique_ptr<Arena> arena_;
-  Tensor m_, v_;  // [state_elems()] Adam first and second moments
+  Tensor masters_;  // see masters()
+  Tensor m_, v_;    // [state_elems()] Adam first and second moments
   // The multi-tensor update's pieces of this rank's range (i64 [n, 4] on the device, made once:
   // kernels/ops.h adamw_update_pieces), and the clipping factor the next update applies.
   Buffer pieces_buf_;

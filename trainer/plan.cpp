@@ -100,25 +100,31 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
   const ModelOptions options =
       model_options(cfg, facts, device, separate_compute_copy, loss_chunk, /*plan_only=*/true);
   const DType dtype = options.dtype;
-  const Qwen2Model model(dims, options, Ctx{device});
-  const Qwen2Model::Memory mm = model.memory();
-  m.weights = static_cast<double>(mm.weights);
-  m.compute_copy = static_cast<double>(mm.compute_copy);
-  m.grads = static_cast<double>(mm.grads);
-  m.activations = static_cast<double>(mm.activations);
+  ParamBuffer params = make_param_buffer(dims, options, device);
+  const Qwen2Model model(dims, options, params, Ctx{device});
+  const bool separate =
+      DistributedOptimizer::separate_masters(options.dtype, options.separate_compute_copy);
+  const WeightMemory w = weight_memory(
+      params,
+      DistributedOptimizer::master_bytes(params.layout().capacity, options.shards, separate));
+  m.weights = static_cast<double>(w.masters);
+  m.compute_copy = static_cast<double>(w.compute_copy);
+  m.grads = static_cast<double>(params.grad_bytes());
+  m.activations = static_cast<double>(model.activation_bytes());
   m.loss_chunk_tokens = model.loss_chunk();
   m.loss_chunk_logits = static_cast<double>(model.loss_chunk()) *
                         static_cast<double>(dims.vocab_local) * dtype_size(dtype);
-  const int64_t capacity = model.layout().capacity, total = model.layout().total;
+  const int64_t capacity = params.layout().capacity, total = params.layout().total;
   // AdamW's m and v of this rank's range; the GradReducer's reduced gradient shard (ZeRO-1)
   // and bf16 staging: their own counts.
   const DType reduce = grad_reduce_dtype(par);
   m.optimizer_without_zero1 =
-      static_cast<double>(AdamW::state_bytes(capacity, total, st.dp, false) +
+      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, st.dp, false) +
                           GradReducer::staging_bytes(capacity, st.dp, false, reduce));
-  m.optimizer = static_cast<double>(AdamW::state_bytes(capacity, total, st.dp, zero1) +
-                                    GradReducer::shard_bytes(capacity, st.dp, zero1) +
-                                    GradReducer::staging_bytes(capacity, st.dp, zero1, reduce));
+  m.optimizer =
+      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, st.dp, zero1) +
+                          GradReducer::shard_bytes(capacity, st.dp, zero1) +
+                          GradReducer::staging_bytes(capacity, st.dp, zero1, reduce));
   if (device == Device::cuda) {
     m.workspace =
         static_cast<double>(kCudaWorkspaceBytes +

@@ -24,6 +24,7 @@
 #include "kernels/ops.h"
 #include "trainer/agree.h"
 #include "trainer/hf.h"
+#include "trainer/init.h"
 #include "trainer/phases.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
@@ -75,7 +76,7 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
   std::string stored_yaml;
   // Read on the host: the weights staged and then set (the masters this rank keeps, and the
   // compute copy); the Adam states in place on the host, staged for a device.
-  std::vector<float> weights(static_cast<size_t>(r.model->layout().total));
+  std::vector<float> weights(static_cast<size_t>(r.params->layout().total));
   Tensor states[2] = {r.opt->exp_avg(), r.opt->exp_avg_sq()};
   std::vector<float> staged[2];
   float* into[2];
@@ -91,7 +92,7 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
                                        &r.state, &stored_yaml);
       !st.ok())
     return st;
-  r.model->params_from_host(weights);
+  r.opt->weights_from_host(weights);
   for (int i = 0; i < 2; ++i)
     if (!staged[i].empty())
       copy_tensor(states[i],
@@ -124,10 +125,10 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
 // model.init_from on a fresh start: this rank's slices of the Hugging Face weights (read on
 // the host, then copied to the device), a fresh optimizer, step 0.
 absl::Status load_init_from(Session& r) {
-  std::vector<float> staged(static_cast<size_t>(r.model->layout().total));
+  std::vector<float> staged(static_cast<size_t>(r.params->layout().total));
   if (absl::Status st = load_hf_rank_part(*r.init_from, r.cfg, r.topo(), staged.data()); !st.ok())
     return st;
-  r.model->params_from_host(staged);
+  r.opt->weights_from_host(staged);
   const size_t files = r.init_from->file_count();
   std::printf("initialised from %s (Hugging Face weights, %zu file%s); optimizer fresh, step 0\n",
               r.cfg.model.init_from.c_str(), files, files == 1 ? "" : "s");
@@ -141,7 +142,7 @@ namespace {
 
 void print_plan(const Session& r) {
   const double mib = 1024.0 * 1024.0;
-  const int64_t P = r.model->layout().total;
+  const int64_t P = r.params->layout().total;
   std::printf("resolved config:\n%s", to_yaml(r.cfg).c_str());
   if (const std::vector<std::string> on = active_switches(); !on.empty())
     std::printf("debug switches: %s (docs/debug.md)\n", absl::StrJoin(on, " ").c_str());
@@ -150,16 +151,16 @@ void print_plan(const Session& r) {
   std::printf("model: %lld parameters on this rank (vocab padded to %lld); %.3g GFLOP per token\n",
               static_cast<long long>(P), static_cast<long long>(r.model->dims().vocab_padded),
               r.facts.flops_per_token / 1e9);
-  const Qwen2Model::Memory mem = r.model->memory();
+  const WeightMemory w = weight_memory(*r.params, r.opt->master_bytes());
   std::printf(
       "memory on %s: weights %.1f MiB%s, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f "
       "MiB, activations %.1f MiB (loss chunks of %lld tokens), workspace %.1f MiB + attention "
       "%.1f MiB\n",
-      device_name(r.ctx.device), mem.weights / mib,
-      r.model->masters_sharded() ? " (this rank's zero1 shard)" : "", mem.compute_copy / mib,
-      mem.grads / mib, 2.0 * r.opt->state_elems() * 4 / mib, r.model->activation_bytes() / mib,
-      static_cast<long long>(r.model->loss_chunk()), r.ctx.workspace_bytes / mib,
-      r.model->attention_workspace_bytes() / mib);
+      device_name(r.ctx.device), w.masters / mib,
+      r.opt->masters_sharded() ? " (this rank's zero1 shard)" : "", w.compute_copy / mib,
+      r.params->grad_bytes() / mib, 2.0 * r.opt->state_elems() * 4 / mib,
+      r.model->activation_bytes() / mib, static_cast<long long>(r.model->loss_chunk()),
+      r.ctx.workspace_bytes / mib, r.model->attention_workspace_bytes() / mib);
   if (r.ctx.device != Device::cpu) {
     const DeviceInfo info = device_info(r.ctx);
     std::printf("device: %s, %.0f MiB in use after set-up\n", info.name.c_str(),
@@ -186,18 +187,22 @@ absl::Status build_model(Session& r) {
   // A separate compute copy: bf16 on GPUs; on the CPU an fp32 one when TR_TEST_COMPUTE_COPY=1,
   // so that the GPU's layout (and ZeRO-1's sharded masters) runs and is tested on CPU ranks.
   const bool test_copy = take(Switch::test_compute_copy);
-  r.model = std::make_unique<Qwen2Model>(
-      ModelDims::from(r.cfg, r.topo()),
-      model_options(r.cfg, r.facts, r.ctx.device, test_copy, loss_chunk), r.ctx);
+  const ModelDims dims = ModelDims::from(r.cfg, r.topo());
+  const ModelOptions options = model_options(r.cfg, r.facts, r.ctx.device, test_copy, loss_chunk);
+  r.params = std::make_unique<ParamBuffer>(make_param_buffer(dims, options, r.ctx.device));
+  r.model = std::make_unique<Qwen2Model>(dims, options, *r.params, r.ctx);
   r.model->set_tp_comm(r.groups.tp.get());
-  r.opt = std::make_unique<AdamW>(r.cfg.optim, *r.model, r.ctx, r.groups.dp.get(), zero1,
-                                  r.groups.tp.get(), r.groups.pp.get());
+  const OptimizerGroups groups{r.groups.dp.get(), r.groups.tp.get(), r.groups.pp.get(),
+                               r.facts.tied_embedding_copies() ? r.groups.embed.get() : nullptr};
+  r.opt = std::make_unique<DistributedOptimizer>(r.cfg.optim, *r.params, r.ctx, groups, zero1,
+                                                 options.shards, options.separate_compute_copy);
   r.opt->reducer().configure(r.cfg.parallel.dp_bucket_elems, r.cfg.parallel.overlap_dp,
                              grad_reduce_dtype(r.cfg.parallel),
                              r.cfg.parallel.overlap_param_gather);
   r.model->set_param_events(r.opt.get());
   r.io = std::make_unique<StepIO>(r.ctx);
-  r.model->init_weights(static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std);
+  r.opt->weights_from_host(initial_weights(
+      r.params->layout(), dims, static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std));
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
   if (!r.resume_from.empty()) {
     if (absl::Status st = load_checkpoint(r, r.resume_from); !st.ok()) return st;

@@ -96,13 +96,13 @@ absl::Status Saver::save() {
     st = ckpt::begin_save(root, step_, static_cast<int>(s_.cfg.checkpoint.keep_last)).status();
   if (!all_ok(*s_.groups.world, st.ok())) return st;
 
-  TR_ASSERT(rank_layout(s_.cfg, s_.topo()).capacity == s_.model->layout().capacity,
+  TR_ASSERT(rank_layout(s_.cfg, s_.topo()).capacity == s_.params->layout().capacity,
             "checkpoint ownership must see the model's layout");
   // Whole masters that are the compute copy may still be receiving ZeRO-1's weight all-gather.
-  if (!s_.model->masters_sharded()) s_.opt->reducer().finish_weights();
-  const HostCopy params(s_.model->masters()), m(s_.opt->exp_avg()), v(s_.opt->exp_avg_sq());
+  if (!s_.opt->masters_sharded()) s_.opt->reducer().finish_weights();
+  const HostCopy params(s_.opt->masters()), m(s_.opt->exp_avg()), v(s_.opt->exp_avg_sq());
   pieces_ = owned_pieces(s_.cfg, s_.topo(),
-                         RankBuffers{params.ptr, s_.model->masters_sharded(), m.ptr, v.ptr});
+                         RankBuffers{params.ptr, s_.opt->masters_sharded(), m.ptr, v.ptr});
   if (!s_.cfg.checkpoint.async) return commit(write());
   // Asynchronous: stage a copy of this rank's blocks, then write it in the background.
   TR_ASSERT(static_cast<int64_t>(arena_.size()) == total_elems(pieces_),

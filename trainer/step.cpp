@@ -19,11 +19,6 @@ void all_reduce_sum(Comm& c, double* values, int64_t n) {
   c.all_reduce(Tensor(values, DType::f64, Device::cpu, {n}), ReduceOp::sum);
 }
 
-bool tied_across_stages(const Session& s) {
-  return s.topo().pp > 1 && s.cfg.model.tie_embeddings &&
-         (s.topo().first_stage() || s.topo().last_stage());
-}
-
 // Says why step `step` is skipped, once: the lowest rank that sees a non-finite gradient or
 // loss of its own names it and its coordinates; rank 0 speaks when none does (a spike).
 void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64_t step,
@@ -88,24 +83,11 @@ StepScalars read_step_scalars(Session& s, StepMetrics& m, const FaultInjector& f
   return out;
 }
 
-// Clip and AdamW; the tied embedding's two copies made bit-identical again.
+// Clip and the update (which keeps the tied embedding's copies equal).
 void apply_update(Session& s, const StepMetrics& m, int64_t step) {
   const ScopedPhase updating(Phase::optimizer);
   s.opt->clip(m.grad_norm);
   s.opt->update(m.lr, step);
-  if (!tied_across_stages(s)) return;
-  // The two copies took the same update up to summation order; make them bit-identical (with
-  // sharded masters, the weights the two stages compute with).
-  const ParamInfo& embed = s.model->layout().find("embed_tokens/weight");
-  // Its all-gather first (ZeRO-1: on the last stage the tied copy's buckets come last, so the
-  // overlap with the next forward is lost there).
-  s.opt->reducer().wait_weights(embed.offset, embed.offset + embed.numel);
-  if (s.model->masters_sharded()) {
-    s.groups.embed->broadcast(s.model->compute_param(embed), 0);
-  } else {
-    s.groups.embed->broadcast(s.model->param(embed), 0);
-    s.model->refresh_compute_copy(&embed);
-  }
 }
 
 // The step's verdict (apply, or skip a non-finite or spiking step), agreed by every rank with
@@ -143,9 +125,6 @@ void record_state(Session& s, const StepMetrics& m, const StepGuard& guard) {
 
 void finalize_grads(Session& s) {
   s.model->sync_replicated_grads();
-  if (tied_across_stages(s))
-    s.groups.embed->all_reduce(s.model->grad(s.model->layout().find("embed_tokens/weight")),
-                               ReduceOp::sum);
   s.opt->reduce_grads();
 }
 
@@ -173,7 +152,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   // squared gradient norm, read together (metrics: host_syncs).
   stage_batch(s, *batch);
   s.io->reset();
-  if (take(Switch::test_poison_grads)) poison_grads(*s.model);
+  if (take(Switch::test_poison_grads)) poison_grads(*s.params);
   s.model->begin_step_grads();  // each gradient's first write assigns: no zeroing pass
   const PipelineRun pipe = run_pipeline(s, *batch, grad_scale);
   if (pipe.cut) {  // partial gradients: nothing of this step is applied
