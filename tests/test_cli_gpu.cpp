@@ -49,6 +49,23 @@ TEST_CASE("cli gpu: train.backend=cuda trains on a GPU like the CPU", "[gpu]") {
     CHECK(std::abs(g[i]["loss"].get<double>() / c[i]["loss"].get<double>() - 1) < 2e-2);
   }
   CHECK(g.back()["loss"].get<double>() < g.front()["loss"].get<double>() - 0.5);
+  // The breakdown is the device's (CUDA events read at the step's one host sync): from the
+  // second step on (the first has no update of its own before it) the parts add up to the step
+  // time, the device spent time in the forward, the backward and the update, and the step still
+  // syncs once.
+  for (size_t i = 1; i < g.size(); ++i) {
+    const nlohmann::json& l = g[i];
+    INFO("step " << i + 1 << ": " << l.dump());
+    double parts = l["data_wait_s"].get<double>();
+    for (const char* k : {"time_forward_s", "time_backward_s", "time_pipeline_wait_s",
+                          "time_tp_comm_s", "time_dp_wait_s", "time_optimizer_s", "time_other_s"})
+      parts += l[k].get<double>();
+    CHECK(std::abs(parts / l["step_time_s"].get<double>() - 1) < 0.05);
+    CHECK(l["time_forward_s"].get<double>() > 0);
+    CHECK(l["time_backward_s"].get<double>() > 0);
+    CHECK(l["time_optimizer_s"].get<double>() > 0);
+    CHECK(l["host_syncs"].get<int>() == 1);
+  }
   // A GPU checkpoint resumes on the CPU: 5 more steps there follow the CPU run.
   RunDir both(25);
   REQUIRE(both.trainer("--set train.backend=cuda --set train.exit_interval=20").exit_code ==

@@ -21,6 +21,7 @@
 #include "trainer/init.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
+#include "trainer/phases.h"
 #include "trainer/plan.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
@@ -470,6 +471,44 @@ TEST_CASE("a separate compute copy of the weights trains bit-identically to the 
   b.weights_from_host(w);
   CHECK(split.params.weights().ptr<float>()[7] == w[7]);
   CHECK(b.masters().ptr<float>()[7] == w[7]);
+}
+
+// The phase clock tells its marker (the GPU's event timeline) of every change of phase within a
+// step, in order, the step's end once, and nothing between steps (evaluation, saves); a step's
+// parts from device times add up to its wall time, `other` taking the rest.
+TEST_CASE("phases: the marker hears each change within a step, and device parts fit the step",
+          "[model]") {
+  std::vector<int> marks;
+  PhaseClock& clock = phase_clock();
+  clock.set_marker([&](int tag) { marks.push_back(tag); });
+  const auto tag = [](Phase p) { return static_cast<int>(p); };
+  {
+    const ScopedPhase outside(Phase::forward);  // before any step: unheard
+  }
+  CHECK(marks.empty());
+  clock.start();
+  {
+    const ScopedPhase fwd(Phase::forward);
+    const ScopedPhase tp(Phase::tp_comm);
+  }
+  { const ScopedPhase upd(Phase::optimizer); }
+  clock.stop();
+  clock.stop();  // once
+  {
+    const ScopedPhase eval(Phase::tp_comm);  // between steps: unheard
+  }
+  clock.set_marker({});
+  CHECK(marks == std::vector<int>{tag(Phase::other), tag(Phase::forward), tag(Phase::tp_comm),
+                                  tag(Phase::forward), tag(Phase::other), tag(Phase::optimizer),
+                                  tag(Phase::other), kPhases});
+  std::array<double, kPhases> device{};
+  device[tag(Phase::forward)] = 0.3;
+  device[tag(Phase::backward)] = 0.5;
+  device[tag(Phase::other)] = 9;  // replaced by the step's remainder
+  const std::array<double, kPhases> parts = fit_to_step(device, 1.0);
+  CHECK(parts[tag(Phase::forward)] == 0.3);
+  CHECK(parts[tag(Phase::other)] == Approx(0.2));
+  CHECK(fit_to_step(device, 0.5)[tag(Phase::other)] == 0.0);  // never negative
 }
 
 // Every CPU-visible kernel switch takes its other path when on (a counter says it ran) and

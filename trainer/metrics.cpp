@@ -171,7 +171,9 @@ const std::vector<MetricKey>& metric_keys() {
       {"skipped_steps", "step", "count", "steps not applied so far, counted across resumes",
        [](L l) -> nlohmann::json { return l.m.skipped_total; }},
       // Where the step's time went: these and data_wait_s add up to step_time_s
-      // (trainer/phases.h).
+      // (trainer/phases.h). On GPUs they are the device's times, from CUDA events read at the
+      // step's host sync (the update queued after it counts in the next step), and time_other_s
+      // the step time the named phases leave.
       {"time_forward_s", "step", "s", "the forward of this rank's stage and its loss",
        phase_seconds<Phase::forward>},
       {"time_backward_s", "step", "s", "their backward", phase_seconds<Phase::backward>},

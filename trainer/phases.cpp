@@ -1,10 +1,13 @@
 #include "trainer/phases.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
 #ifdef TRAINER_HAVE_CUDA
 #include <nvtx3/nvToolsExt.h>  // header-only NVTX 3 of the CUDA toolkit
+
+#include "kernels/cuda/cuda_ops.h"
 #endif
 
 namespace tr {
@@ -13,6 +16,13 @@ void PhaseClock::start() {
   s_.fill(0);
   current_ = Phase::other;
   since_ = Clock::now();
+  in_step_ = true;
+  if (marker_) marker_(static_cast<int>(Phase::other));
+}
+
+void PhaseClock::stop() {
+  if (in_step_ && marker_) marker_(kPhases);
+  in_step_ = false;
 }
 
 void PhaseClock::charge() {
@@ -23,6 +33,7 @@ void PhaseClock::charge() {
 
 Phase PhaseClock::enter(Phase p) {
   charge();
+  if (in_step_ && marker_ && p != current_) marker_(static_cast<int>(p));
   return std::exchange(current_, p);
 }
 
@@ -50,6 +61,52 @@ ScopedPhase::~ScopedPhase() {
   nvtxRangePop();
 #endif
   phase_clock().enter(prev_);
+}
+
+// Enough marks for a 72B stage's step (tp collectives of 40 layers, forward and backward, 16
+// micro-batches: about 10^4 changes of phase); a ring, collected every step.
+constexpr int kDeviceMarks = 1 << 15;
+
+struct DevicePhaseTimes::Impl {
+#ifdef TRAINER_HAVE_CUDA
+  explicit Impl(const Ctx& ctx) : timeline(ctx, kDeviceMarks) {}
+  cuda::EventTimeline timeline;
+#endif
+};
+
+std::unique_ptr<DevicePhaseTimes> DevicePhaseTimes::make(const Ctx& ctx) {
+#ifdef TRAINER_HAVE_CUDA
+  if (ctx.device != Device::cuda) return nullptr;
+  auto impl = std::make_unique<Impl>(ctx);
+  cuda::EventTimeline* timeline = &impl->timeline;
+  phase_clock().set_marker([timeline](int tag) { timeline->mark(tag); });
+  return std::unique_ptr<DevicePhaseTimes>(new DevicePhaseTimes(std::move(impl)));
+#else
+  (void)ctx;
+  return nullptr;
+#endif
+}
+
+DevicePhaseTimes::DevicePhaseTimes(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+DevicePhaseTimes::~DevicePhaseTimes() {
+  phase_clock().set_marker({});
+}
+
+std::array<double, kPhases> DevicePhaseTimes::collect() {
+  std::array<double, kPhases> s{};
+#ifdef TRAINER_HAVE_CUDA
+  impl_->timeline.collect(s.data(), kPhases);
+#endif
+  return s;
+}
+
+std::array<double, kPhases> fit_to_step(std::array<double, kPhases> device, double step_time_s) {
+  double named = 0;
+  for (int p = 0; p < kPhases; ++p)
+    if (p != static_cast<int>(Phase::other)) named += device[p];
+  device[static_cast<int>(Phase::other)] = std::max(0.0, step_time_s - named);
+  return device;
 }
 
 namespace {

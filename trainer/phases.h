@@ -4,15 +4,18 @@
 // communicators of the tp, pp and dp groups charge their calls to their phase themselves
 // (timed_comm), the step code marks forward, backward, optimizer and data wait.
 //
-// These are host timers: on the CPU backend they measure the work; on GPUs they measure the
-// host's side of an asynchronous step (queueing, and the waits), and the NVTX ranges of the same
-// phases show the device's side in Nsight Systems.
+// The clock's timers are the host's: on the CPU backend they measure the work. On GPUs the host
+// only queues an asynchronous step, so there DevicePhaseTimes times the phases as the device ran
+// them (CUDA events at each change of phase, read at the step's one host sync), and NVTX ranges of
+// the same phases show them in Nsight Systems.
 #pragma once
 
 #include <array>
 #include <chrono>
+#include <functional>
 #include <memory>
 
+#include "core/ctx.h"
 #include "parallel/comm.h"
 
 namespace tr {
@@ -36,6 +39,11 @@ class PhaseClock {
   using Clock = std::chrono::steady_clock;
   // Starts a step: every phase at 0, the current phase `other`.
   void start();
+  // Ends a step: the marker hears of no change of phase until the next start().
+  void stop();
+  // Told of every change of phase within a step (start() is a change to `other`), and of the
+  // step's end (stop(): kPhases); empty = none. DevicePhaseTimes sets it.
+  void set_marker(std::function<void(int)> marker) { marker_ = std::move(marker); }
   // Makes `p` current and returns the phase it replaces; the time so far goes to that one.
   Phase enter(Phase p);
   // The seconds of each phase since start(), the current one's running time included.
@@ -46,6 +54,8 @@ class PhaseClock {
   std::array<double, kPhases> s_{};
   Phase current_ = Phase::other;
   Clock::time_point since_ = Clock::now();
+  std::function<void(int)> marker_;
+  bool in_step_ = false;
 };
 PhaseClock& phase_clock();
 
@@ -61,6 +71,30 @@ class ScopedPhase {
  private:
   Phase prev_;
 };
+
+// The phases of each step as a GPU ran them (train.backend=cuda): the phase clock of the thread
+// that makes it queues a CUDA event on the compute stream at each change of phase within a step,
+// and collect(), called after the step's one host sync, sums the completed intervals by phase
+// (no new host sync). The work queued after the sync (the update) completes later and counts in
+// the next step's, so in steady state each step's parts are its own; the time between steps
+// (evaluation, saves) counts in none.
+class DevicePhaseTimes {
+ public:
+  // Null on the CPU backend and in builds without CUDA.
+  static std::unique_ptr<DevicePhaseTimes> make(const Ctx& ctx);
+  ~DevicePhaseTimes();
+  // The seconds of each phase among the intervals completed since the last collect().
+  std::array<double, kPhases> collect();
+
+ private:
+  struct Impl;
+  explicit DevicePhaseTimes(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// A step's parts from the device's phase times: the named phases as the device ran them, and
+// `other` the rest of the step's wall time (at least 0), so that the parts add up to it.
+std::array<double, kPhases> fit_to_step(std::array<double, kPhases> device, double step_time_s);
 
 // `inner` with every call charged to phase `p`.
 std::unique_ptr<Comm> timed_comm(std::unique_ptr<Comm> inner, Phase p);

@@ -21,6 +21,7 @@
 #include "trainer/metrics.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
+#include "trainer/phases.h"
 #include "trainer/step_io.h"
 
 namespace tr {
@@ -38,6 +39,9 @@ struct Session {
   // NCCL communicators queued on its stream are destroyed first.
   std::shared_ptr<void> device;
   int gpu = -1;  // its CUDA device index
+  // The step's phases as the GPU ran them (null on the CPU); its events are destroyed before the
+  // device's stream.
+  std::unique_ptr<DevicePhaseTimes> device_phases;
   ProcessGroups groups;
   Ctx ctx;
   // The step's state and math: the parameter buffer (compute weights, gradients), the model over

@@ -63,6 +63,7 @@ absl::Status resolve_backend(Session& r) {
   r.ctx = dev->ctx();
   r.ctx.deterministic = r.cfg.train.deterministic;
   r.device = dev;
+  r.device_phases = DevicePhaseTimes::make(r.ctx);
   return absl::OkStatus();
 #else
   return absl::InvalidArgumentError(

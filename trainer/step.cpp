@@ -182,6 +182,9 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   m.tokens = tokens;
   m.phase_s = phase_clock().seconds();
   m.step_time_s = seconds_since(t0);
+  // On GPUs the parts as the device ran them, read after the step's one host sync.
+  if (s.device_phases) m.phase_s = fit_to_step(s.device_phases->collect(), m.step_time_s);
+  phase_clock().stop();
   record_state(s, m, guard);
   return out;
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/ctx.h"
 #include "core/tensor.h"
@@ -39,6 +40,31 @@ class DeviceContext {
   void* stream_ = nullptr;  // cudaStream_t
   Buffer workspace_;
 };
+// Device-side timing of a stream's work without host syncs: marks queued on the stream (CUDA
+// events), each with a tag; collect() charges the time between each two consecutive marks that
+// have both completed to the earlier mark's tag. Called right after a host sync, it sees
+// everything queued before the sync. Marks past `capacity` uncollected ones are dropped (and
+// counted), so a caller that never collects costs nothing more.
+class EventTimeline {
+ public:
+  EventTimeline(const Ctx& ctx, int capacity);
+  ~EventTimeline();
+  EventTimeline(const EventTimeline&) = delete;
+  EventTimeline& operator=(const EventTimeline&) = delete;
+  void mark(int tag);
+  // Adds the seconds of each completed interval to seconds[tag] (tags in [0, n)).
+  void collect(double* seconds, int n);
+  int64_t dropped() const { return dropped_; }
+
+ private:
+  void* stream_;
+  std::vector<void*> events_;  // cudaEvent_t, a ring
+  std::vector<int> tags_;
+  int64_t first_ = 0;  // ring index of the oldest uncollected mark (the next interval's start)
+  int64_t count_ = 0;  // uncollected marks from first_
+  int64_t dropped_ = 0;
+};
+
 // Name of device `index` ("NVIDIA H100 80GB HBM3"), or "" when there is none.
 std::string device_name(int index);
 // Its PCI bus id ("0000:3B:00.0"): the same physical GPU has the same id in every process,

@@ -47,6 +47,49 @@ void DeviceContext::synchronize() const {
   CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
 }
 
+EventTimeline::EventTimeline(const Ctx& ctx, int capacity)
+    : stream_(ctx.stream), events_(static_cast<size_t>(capacity)), tags_(events_.size()) {
+  for (void*& e : events_) {
+    cudaEvent_t ev = nullptr;
+    CUDA_CHECK(cudaEventCreate(&ev));  // with timing
+    e = ev;
+  }
+}
+
+EventTimeline::~EventTimeline() {
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+void EventTimeline::mark(int tag) {
+  const auto n = static_cast<int64_t>(events_.size());
+  if (count_ == n) {
+    ++dropped_;
+    return;
+  }
+  const size_t at = static_cast<size_t>((first_ + count_) % n);
+  CUDA_CHECK(
+      cudaEventRecord(static_cast<cudaEvent_t>(events_[at]), static_cast<cudaStream_t>(stream_)));
+  tags_[at] = tag;
+  ++count_;
+}
+
+void EventTimeline::collect(double* seconds, int n) {
+  const auto size = static_cast<int64_t>(events_.size());
+  // Intervals [k, k + 1) while mark k + 1 has completed; mark k stays as the next start.
+  while (count_ >= 2) {
+    const auto a = static_cast<size_t>(first_), b = static_cast<size_t>((first_ + 1) % size);
+    const cudaError_t done = cudaEventQuery(static_cast<cudaEvent_t>(events_[b]));
+    if (done == cudaErrorNotReady) break;
+    CUDA_CHECK(done);
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[a]),
+                                    static_cast<cudaEvent_t>(events_[b])));
+    if (tags_[a] >= 0 && tags_[a] < n) seconds[tags_[a]] += ms * 1e-3;
+    first_ = static_cast<int64_t>(b);
+    --count_;
+  }
+}
+
 DeviceInfo device_info() {
   int index = 0;
   CUDA_CHECK(cudaGetDevice(&index));
