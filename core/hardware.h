@@ -21,6 +21,16 @@ struct GpuSpec {
   double gemm_efficiency;  // fraction of peak the GEMMs reach in training
 };
 
+// A cluster's numbers for saves and restarts, for `trainer plan --mtbf-hours` (estimates:
+// `trainer plan --hardware FILE` sets them beside the GPU's, keys host_copy_gbps,
+// local_disk_gbps, storage_gbps, restart_s).
+struct StorageSpec {
+  double host_copy_bw = 25e9;  // bytes/s per GPU: device to pinned host memory (PCIe)
+  double local_disk_bw = 5e9;  // bytes/s per node: node-local NVMe, written and read
+  double storage_bw = 20e9;    // bytes/s for the job: the shared filesystem, written and read
+  double restart_s = 300;      // from a failure to the start-up's load: requeue, launch, init
+};
+
 // Every row, in the order `--gpu` lists them.
 const std::vector<GpuSpec>& gpu_table();
 

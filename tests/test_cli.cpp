@@ -1144,6 +1144,18 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
               (dir / "bad.yaml") + " 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("unknown key 'netwrk'; known: name, peak_bf16_tflops") != std::string::npos);
+  // --mtbf-hours: what failures cost, with the cluster's storage from the same file.
+  test::write_file(dir / "storage.yaml", "storage_gbps: 40\nrestart_s: 600\n");
+  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg +
+              " --nodes 16 --mtbf-hours 2400 --hardware " + (dir / "storage.yaml") + " 2>&1");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("storage_gbps 40, restart_s 600)") != std::string::npos);
+  CHECK(r.output.find("local, Young/Daly, beside the persistent saves: every") !=
+        std::string::npos);
+  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --mtbf-hours 0 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("error: --mtbf-hours '0' is not a positive number of hours") !=
+        std::string::npos);
 }
 
 TEST_CASE("cli: trainer plan --json agrees with the text plan", "[cli]") {

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_join.h"
 #include "core/switches.h"
 #include "kernels/ops.h"
@@ -23,6 +25,7 @@
 #include "trainer/optim.h"
 #include "trainer/phases.h"
 #include "trainer/plan.h"
+#include "trainer/resilience.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
 #include "trainer/step_io.h"
@@ -808,6 +811,49 @@ train: {steps: 10, global_batch: 12, micro_batch: 2}
   CHECK(rejected["train.global_batch"] > 0);
   CHECK(rejected["parallel.sequence_parallel"] > 0);
   CHECK(rejected.size() == 3);
+}
+
+// trainer plan --mtbf-hours: the 72B job on 16 nodes of H100 with a node failing every 2400 h
+// (about one failure a day on a 100-node cluster). Every number by hand from the first-order
+// model (trainer/resilience.h), and the point of local saves: they cut the work a failure loses
+// to minutes and raise goodput over persistent saves every 500 steps.
+TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks the interval",
+          "[model]") {
+  const Config cfg = plan_config({});
+  REQUIRE(cfg.checkpoint.interval == 500);
+  absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 16, 8);
+  REQUIRE(p.ok());
+  StorageSpec st;
+  st.storage_bw = 40e9;
+  const FailurePlan f = plan_failures(cfg, *p, 2400, st);
+  const double M = 2400.0 * 3600 / 16, rank = p->checkpoint_bytes / 128, t = p->step_s;
+  CHECK(f.job_mtbf_s == Approx(M));
+  CHECK(f.persistent.write_s == Approx(p->checkpoint_bytes / 40e9));
+  CHECK(f.persistent.stall_s ==
+        Approx(cfg.checkpoint.async ? rank / st.host_copy_bw : p->checkpoint_bytes / 40e9));
+  CHECK(f.local.stall_s == Approx(rank / st.host_copy_bw));
+  CHECK(f.local.write_s == Approx(std::max(8 * rank / st.local_disk_bw, rank / 50e9)));
+  // Checkpoint.interval: 500 steps; a failure loses the restart, the load, half an interval and
+  // the write on average.
+  const IntervalChoice& c = f.persistent_configured;
+  CHECK(c.steps == 500);
+  const double lost = st.restart_s + f.persistent.load_s + 250 * t + f.persistent.write_s;
+  CHECK(c.lost_per_failure_s == Approx(lost));
+  CHECK(c.goodput ==
+        Approx(1 - f.persistent.stall_s / (500 * t + f.persistent.stall_s) - lost / M));
+  // Young/Daly: sqrt(2 stall MTBF), in whole steps, at least the write.
+  const double tau = std::max(std::sqrt(2 * f.persistent.stall_s * M), f.persistent.write_s);
+  CHECK(f.persistent_young.steps == static_cast<int64_t>(std::ceil(tau / t)));
+  CHECK(f.persistent_young.goodput >= c.goodput);
+  // Local saves beside the persistent ones: minutes, not hours, lost per failure.
+  CHECK(f.local_young.lost_per_failure_s < 900);
+  CHECK(c.lost_per_failure_s > 3600);
+  CHECK(f.local_young.goodput > c.goodput);
+  const std::string text = format_failures(f);
+  CHECK(text.find("failures: a node fails every 2400 h, the job every 150.00 h") !=
+        std::string::npos);
+  CHECK(text.find("persistent, checkpoint.interval: every 500 steps") != std::string::npos);
+  CHECK(nlohmann::json::parse(failures_json(f))["local_young"]["steps"] == f.local_young.steps);
 }
 
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {

@@ -31,11 +31,16 @@ std::string usage() {
          "versions\n"
          "\n"
          "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300|a100]\n"
-         "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--json]\n"
+         "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--mtbf-hours H]\n"
+         "               [--json]\n"
          "  per-GPU memory, FLOPs per token, pipeline bubble, communication per step and a\n"
          "  predicted step time, tokens/s/GPU and MFU, without a GPU (defaults: h100, 1 node,\n"
          "  8 GPUs per node; FILE overrides the GPU's numbers: peak_bf16_tflops, memory_gib,\n"
-         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_efficiency; --json prints one JSON object)\n"
+         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_efficiency, and the cluster's for\n"
+         "  --mtbf-hours: host_copy_gbps, local_disk_gbps, storage_gbps, restart_s). With\n"
+         "  --mtbf-hours (one node's mean time between failures) also the work a failure loses,\n"
+         "  the goodput of the checkpoint intervals and Young/Daly's intervals for persistent\n"
+         "  and node-local saves (docs/checkpoints.md); --json prints one JSON object)\n"
          "\n"
          "       trainer export-hf --checkpoint STEP_DIR --out DIR [--dtype bf16|fp32]\n"
          "               [--tokenizer tokenizer.json] [--max-shard-gib G]\n"
@@ -88,6 +93,13 @@ Status set_nodes(CliOptions& o, const std::string& v) {
 Status set_gpus_per_node(CliOptions& o, const std::string& v) {
   return positive_int("--gpus-per-node", v, &o.gpus_per_node);
 }
+Status set_mtbf_hours(CliOptions& o, const std::string& v) {
+  if (!absl::SimpleAtod(v, &o.mtbf_hours) || !(o.mtbf_hours > 0))
+    return InvalidArgumentError(absl::StrCat("--mtbf-hours '", v,
+                                             "' is not a positive number of hours (one node's "
+                                             "mean time between failures)"));
+  return Status();
+}
 Status set_dtype(CliOptions& o, const std::string& v) {
   if (v != "bf16" && v != "fp32")
     return InvalidArgumentError(absl::StrCat("--dtype '", v, "' is not one of bf16, fp32"));
@@ -118,6 +130,7 @@ const Flag kFlags[] = {
     {"--gpu", Cmd::plan, nullptr, &CliOptions::gpu},
     {"--nodes", Cmd::plan, nullptr, nullptr, set_nodes},
     {"--gpus-per-node", Cmd::plan, nullptr, nullptr, set_gpus_per_node},
+    {"--mtbf-hours", Cmd::plan, nullptr, nullptr, set_mtbf_hours},
     {"--checkpoint", Cmd::export_hf, nullptr, &CliOptions::checkpoint},
     {"--out", Cmd::export_hf, nullptr, &CliOptions::out},
     {"--tokenizer", Cmd::export_hf, nullptr, &CliOptions::tokenizer},

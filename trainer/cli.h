@@ -29,6 +29,7 @@ struct CliOptions {
   int gpus_per_node = 8;     // --gpus-per-node G
   std::string hardware;      // --hardware FILE: YAML overrides of the GPU's numbers
   bool json = false;         // --json: the plan as one JSON object
+  double mtbf_hours = 0;     // --mtbf-hours H: a node's mean time between failures (0: none)
   // trainer export-hf --checkpoint DIR --out DIR [--dtype bf16|fp32] [--tokenizer FILE]
   //                   [--max-shard-gib G]: a checkpoint as a Hugging Face model directory.
   bool export_hf = false;

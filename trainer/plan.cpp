@@ -38,7 +38,10 @@ double ring_half(double bytes, int n) {
 
 }  // namespace
 
-absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path) {
+absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
+                                          StorageSpec* storage) {
+  StorageSpec unused;
+  StorageSpec& st = storage != nullptr ? *storage : unused;
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -54,7 +57,11 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path) {
       {"hbm_tbps", {&g.hbm_bw, 1e12}},
       {"nvlink_gbps", {&g.nvlink_bw, 1e9}},
       {"network_gbps", {&g.network_bw, 1e9}},
-      {"gemm_efficiency", {&g.gemm_efficiency, 1.0}}};
+      {"gemm_efficiency", {&g.gemm_efficiency, 1.0}},
+      {"host_copy_gbps", {&st.host_copy_bw, 1e9}},
+      {"local_disk_gbps", {&st.local_disk_bw, 1e9}},
+      {"storage_gbps", {&st.storage_bw, 1e9}},
+      {"restart_s", {&st.restart_s, 1.0}}};
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>("");
     if (key == "name") {
@@ -81,7 +88,7 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--hardware ", path, ": unknown key '", key,
           "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
-          "gemm_efficiency"));
+          "gemm_efficiency, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s"));
   }
   return g;
 }

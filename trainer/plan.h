@@ -17,9 +17,11 @@
 namespace tr {
 
 // `base` with the numbers a YAML file sets: any of name, peak_bf16_tflops, memory_gib,
-// hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_efficiency. Errors name the file
-// and key.
-absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_path);
+// hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_efficiency; and, into `storage`
+// when given, host_copy_gbps (per GPU), local_disk_gbps (per node), storage_gbps (the job's),
+// restart_s. Errors name the file and key.
+absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_path,
+                                          StorageSpec* storage = nullptr);
 
 // Bytes per GPU of one pipeline stage (its largest rank).
 struct StageMemory {

@@ -16,6 +16,8 @@
 #include <random>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -27,6 +29,7 @@
 #include "trainer/init.h"
 #include "trainer/phases.h"
 #include "trainer/plan.h"
+#include "trainer/resilience.h"
 #include "trainer/session.h"
 #include "trainer/shard.h"
 #include "trainer/startup.h"
@@ -295,7 +298,8 @@ absl::Status check_gpu_binding(Comm& world, int gpu) {
 int run_plan(const CliOptions& opts) {
   absl::StatusOr<Config> cfg = load_config(opts.config, opts.sets);
   absl::StatusOr<GpuSpec> gpu = gpu_spec(opts.gpu);
-  if (gpu.ok() && !opts.hardware.empty()) gpu = override_gpu_spec(*gpu, opts.hardware);
+  StorageSpec storage;
+  if (gpu.ok() && !opts.hardware.empty()) gpu = override_gpu_spec(*gpu, opts.hardware, &storage);
   absl::StatusOr<Plan> plan = absl::InternalError("");
   if (cfg.ok() && gpu.ok()) plan = make_plan(*cfg, *gpu, opts.nodes, opts.gpus_per_node);
   for (const absl::Status& st : {cfg.status(), gpu.status(), plan.status()}) {
@@ -303,7 +307,18 @@ int run_plan(const CliOptions& opts) {
     std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
     return kExitBadInput;
   }
-  std::fputs((opts.json ? plan_json(*cfg, *plan) : format_plan(*cfg, *plan)).c_str(), stdout);
+  std::string out = opts.json ? plan_json(*cfg, *plan) : format_plan(*cfg, *plan);
+  if (opts.mtbf_hours > 0) {
+    const FailurePlan f = plan_failures(*cfg, *plan, opts.mtbf_hours, storage);
+    if (opts.json) {
+      nlohmann::json j = nlohmann::json::parse(out);
+      j["failures"] = nlohmann::json::parse(failures_json(f));
+      out = j.dump() + "\n";
+    } else {
+      out += format_failures(f);
+    }
+  }
+  std::fputs(out.c_str(), stdout);
   return kExitOk;
 }
 
