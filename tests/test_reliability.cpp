@@ -22,6 +22,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/lock.h"
+#include "core/exit_codes.h"
 #include "core/fs_io.h"
 #include "tests/cli_util.h"
 #include "trainer/cli.h"
@@ -618,6 +619,78 @@ TEST_CASE("reliability: a malformed TR_TEST_FAULT is one error line", "[cli]") {
 
 namespace tr {
 namespace {
+
+// Node-local checkpoints: a run killed (kill -9 while step 14 hangs) resumes from its newest local
+// checkpoint (step 12, every 3 steps) rather than the persistent one (step 10), and ends bit for
+// bit where a run never killed ends; keep 2 leaves two parts on the node. A --resume none start
+// removes them, so a later --resume auto cannot take a step of the abandoned run.
+TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit-identical",
+          "[cli]") {
+  RunDir run(20, ""), ref(20, "");
+  const std::string local = " --set checkpoint.local_interval=3 --set checkpoint.local_dir=";
+  const std::string sets = local + (run.dir / "local");
+  const CmdResult killed =
+      run_cmd("sh -c 'TR_TEST_FAULT=hang:14 " + std::string(TR_TRAINER_BIN) + " --config " +
+              run.config + sets +
+              " >/dev/null 2>&1 & pid=$!; while [ \"$(ps -o stat= -p $pid | cut -c1)\" != T ]; "
+              "do sleep 0.05; done; kill -9 $pid; wait $pid'");
+  CHECK(killed.exit_code == 128 + SIGKILL);
+  const CmdResult resumed = run.trainer(sets);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed from the local checkpoint of step 12 in ") !=
+        std::string::npos);
+  CHECK(resumed.output.find("(newer than persistent step 10): 96 samples consumed") !=
+        std::string::npos);
+  REQUIRE(ref.trainer(local + (ref.dir / "local")).exit_code == 0);
+  test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000020", ref.config,
+                              ref.dir / "ckpt/step_00000020");
+  const std::vector<nlohmann::json> a = run.metrics(), b = ref.metrics();
+  REQUIRE(a.size() == 20);
+  REQUIRE(b.size() == 20);
+  for (size_t i = 12; i < 20; ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
+  // Two parts kept (steps 15 and 18), in one directory for this checkpoint.dir.
+  std::vector<std::string> parts;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
+    if (e.is_regular_file())
+      parts.push_back(e.path().filename().string() + "@" +
+                      e.path().parent_path().filename().string());
+  std::sort(parts.begin(), parts.end());
+  CHECK(parts ==
+        std::vector<std::string>{"rank_00000.bin@step_00000015", "rank_00000.bin@step_00000018"});
+  // Starting over removes them: the only part left is the new run's step 3.
+  const CmdResult fresh = run.trainer(sets + " --resume none --force --set train.steps=5");
+  INFO(fresh.output);
+  REQUIRE(fresh.exit_code == 0);
+  parts.clear();
+  for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
+    if (e.is_regular_file())
+      parts.push_back(e.path().filename().string() + "@" +
+                      e.path().parent_path().filename().string());
+  CHECK(parts == std::vector<std::string>{"rank_00000.bin@step_00000003"});
+}
+
+// The same on 4 ranks (tp 2 x dp 2) with ZeRO-1's sharded fp32 masters (the GPU's layout on CPU
+// ranks): a hung rank ends the job after parallel.timeout_s; the resume takes step 4, every
+// rank's part of it, and the compute weights are gathered again from the shards.
+TEST_CASE("reliability: 4 ranks with sharded masters resume from their local parts", "[cli][mpi]") {
+  RunDir run(8, ""), ref(8, "");
+  const std::string local =
+      " --set parallel.tp=2 --set parallel.zero1=true --set checkpoint.interval=0"
+      " --set checkpoint.local_interval=2 --set checkpoint.local_dir=";
+  const std::string env = "TR_TEST_COMPUTE_COPY=1";
+  const CmdResult hung = run.mpirun(4, local + (run.dir / "local") + " --set parallel.timeout_s=3",
+                                    env + " TR_TEST_FAULT=hang:6:1:1");
+  CHECK(hung.exit_code == kExitCommTimeout);
+  const CmdResult resumed = run.mpirun(4, local + (run.dir / "local"), env);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed from the local checkpoint of step 4 in ") !=
+        std::string::npos);
+  REQUIRE(ref.mpirun(4, local + (ref.dir / "local"), env).exit_code == 0);
+  test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
+                              ref.dir / "ckpt/step_00000008");
+}
 
 // tools/goodput over a run killed twice (kill -9 while a step hangs) and resumed twice: the
 // steps it reports recomputed are exactly those logged past the checkpoint each restart resumed

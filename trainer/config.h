@@ -104,6 +104,13 @@ struct CheckpointConfig {
   // Copy the state to host memory and write it in a background thread while training goes on;
   // committed at the first step boundary after every rank has written its part.
   bool async = false;
+  // Node-local checkpoints (trainer/local_ckpt.h): every local_interval steps (0 = off) each rank
+  // writes its own part of the training state to local_dir (node-local: tmpfs or NVMe), keeping
+  // the newest local_keep; --resume auto takes one when it is newer than the newest persistent
+  // checkpoint and every rank has its part.
+  int64_t local_interval = 0;
+  std::string local_dir = "/dev/shm/trainer-local";
+  int64_t local_keep = 2;
 };
 
 struct LogConfig {

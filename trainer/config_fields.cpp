@@ -134,6 +134,14 @@ const std::vector<Field>& fields() {
                "copy each save to host memory and write it in a background thread while training "
                "goes on; committed (made latest) at the first step boundary after every rank has "
                "written its part"),
+      TR_FIELD(checkpoint, local_interval, Int, 0, kMaxI,
+               "steps between node-local checkpoints (each rank's own part in local_dir, for a "
+               "restart that loses minutes; --resume auto takes the newest one every rank has); "
+               "0 = none"),
+      TR_FIELD(checkpoint, local_dir, String, 0, 0,
+               "node-local directory (tmpfs or NVMe) of the local checkpoints, one subdirectory "
+               "per checkpoint.dir"),
+      TR_FIELD(checkpoint, local_keep, Int, 1, 1 << 20, "local checkpoints each rank keeps"),
       TR_FIELD(log, dir, String, 0, 0, "run directory: metrics.jsonl and the resolved config"),
       TR_FIELD(log, interval, Int, 1, kMaxI,
                "steps between console log lines (and straggler reports)"),

@@ -17,12 +17,6 @@ double normal_at(uint64_t stream, uint64_t index) {
 }
 
 namespace {
-uint64_t hash_name(const std::string& s) {  // FNV-1a
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
-  return h;
-}
-
 template <class T>
 void fill(T* p, int64_t n, InitKind kind, double std, uint64_t stream, int64_t count,
           int64_t first) {
@@ -40,7 +34,7 @@ void fill(T* p, int64_t n, InitKind kind, double std, uint64_t stream, int64_t c
 void fill_init(Tensor t, InitKind kind, double std, uint64_t seed, const std::string& name,
                int64_t count, int64_t first_index) {
   TR_ASSERT(t.device == Device::cpu, "fill_init runs on host tensors");
-  const uint64_t stream = mix64(seed + kGolden64) ^ hash_name(name);
+  const uint64_t stream = mix64(seed + kGolden64) ^ fnv1a64(name);
   if (t.dtype == DType::f64)
     fill(t.ptr<double>(), t.numel(), kind, std, stream, count, first_index);
   else

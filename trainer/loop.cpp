@@ -25,6 +25,7 @@
 #include "kernels/ops.h"
 #include "parallel/schedule.h"
 #include "trainer/guard.h"
+#include "trainer/local_ckpt.h"
 #include "trainer/saver.h"
 #include "trainer/session.h"
 #include "trainer/step.h"
@@ -114,11 +115,12 @@ struct LoopState {
   StepMetrics m;
   StepGuard guard;
   Saver saver;
+  LocalCheckpoints local;
   // The newest checkpoint from before the current run of skipped steps: interval saves pause
   // while steps are being skipped, so a diverging run never pushes its good checkpoints out.
   int64_t before_skips = -1;
   double busy_s = 0;  // this rank's own work since the last straggler report
-  LoopState(Session& s) : guard(s.cfg.train), saver(s), before_skips(s.last_saved_step) {
+  LoopState(Session& s) : guard(s.cfg.train), saver(s), local(s), before_skips(s.last_saved_step) {
     m.total_steps = s.cfg.train.steps;
     m.flops_per_token = s.facts.flops_per_token;
     m.peak_flops = device_info(s.ctx).peak_bf16_flops;
@@ -208,6 +210,7 @@ int train_loop_steps(Session& s) {
                            diverged_error(s, l.guard, l.m.step, l.before_skips));
     if (int code = maybe_evaluate(s, l); code >= 0) return code;
     if (int code = save_after_step(s, l, out.stop); code >= 0) return code;
+    if (l.local.due(l.m.step) && l.guard.skipped_in_a_row() == 0) l.local.save();
   }
   std::printf("done: %lld steps, last loss %.4f, %s\n", static_cast<long long>(s.state.step),
               l.m.loss, format_duration(seconds_since(l.start)).c_str());

@@ -119,6 +119,15 @@ void DistributedOptimizer::refresh_compute_weights(const ParamInfo* p) {
     cast(ctx_, params_.weight(*p), master(*p));
 }
 
+void DistributedOptimizer::compute_weights_from_masters() {
+  if (!masters_sharded()) return refresh_compute_weights();
+  const Tensor weights = params_.weights_padded();
+  for (const ShardRun& r : reducer_.shards().runs(0, params_.layout().capacity))
+    cast(ctx_, weights.at(r.flat, {r.count}), masters_.at(r.shard, {r.count}));
+  reducer_.gather_weights(weights);
+  reducer_.finish_weights();
+}
+
 std::vector<float> DistributedOptimizer::weights_to_host() const {
   const int64_t total = params_.layout().total;
   TR_ASSERT(!masters_sharded() && masters_.dtype == DType::f32,

@@ -104,6 +104,10 @@ class DistributedOptimizer final : public ParamEvents {
   Tensor master(const ParamInfo& p) const;
   // The whole masters on the host (a copy when they live on a device; not sharded).
   std::vector<float> weights_to_host() const;
+  // The compute weights from the masters, after the masters (and the moments) were set in place
+  // (a local checkpoint's load): cast where they are separate; from ZeRO-1's sharded masters
+  // each rank casts its shard and the pieces are all-gathered.
+  void compute_weights_from_masters();
   // Sets the weights from all of this rank's values on the host ([P] f32: initialisation, a
   // checkpoint or a Hugging Face load): the masters it keeps and the whole compute weights.
   void weights_from_host(const std::vector<float>& host);

@@ -27,6 +27,7 @@
 #include "trainer/agree.h"
 #include "trainer/hf.h"
 #include "trainer/init.h"
+#include "trainer/local_ckpt.h"
 #include "trainer/phases.h"
 #include "trainer/plan.h"
 #include "trainer/resilience.h"
@@ -180,6 +181,39 @@ void print_plan(const Session& r) {
   std::fflush(stdout);
 }
 
+// Node-local checkpoints at start-up: with --resume auto, the newest one every rank has from this
+// run and layout replaces the persistent checkpoint just loaded when it is newer; any other start
+// removes this rank's parts, so that no later resume takes a step of an abandoned branch.
+absl::Status resume_local(Session& r) {
+  LocalCheckpoints local(r);
+  if (!local.enabled()) return absl::OkStatus();
+  if (r.opts.resume != "auto" || r.start_over) {
+    local.discard_own();
+    return absl::OkStatus();
+  }
+  const int64_t persistent = r.resume_from.empty() ? -1 : r.state.step;
+  const int64_t step =
+      local.newest(std::max<int64_t>(persistent, 0), r.resume_from.empty() ? 0 : r.state.run_id);
+  if (step < 0) return absl::OkStatus();
+  if (absl::Status st = local.load(step); !st.ok()) {
+    if (r.logger())
+      std::printf("note: %s; resuming from %s\n", std::string(st.message()).c_str(),
+                  persistent >= 0 ? ckpt::step_dir_name(persistent).c_str() : "the start");
+    return absl::OkStatus();
+  }
+  r.train->reset(r.state.consumed_samples);
+  if (r.logger())
+    std::printf(
+        "resumed from the local checkpoint of step %lld in %s (newer than %s): %lld "
+        "samples consumed\n",
+        static_cast<long long>(step), local.dir().c_str(),
+        persistent >= 0 ? ("persistent step " + std::to_string(persistent)).c_str()
+                        : "any persistent checkpoint",
+        static_cast<long long>(r.state.consumed_samples));
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 // Model, optimizer, initial weights, and the checkpoint when resuming (its shapes are checked
 // here: a mismatch is bad input).
 absl::Status build_model(Session& r) {
@@ -213,6 +247,7 @@ absl::Status build_model(Session& r) {
   } else if (r.init_from) {
     if (absl::Status st = load_init_from(r); !st.ok()) return st;
   }
+  if (absl::Status st = resume_local(r); !st.ok()) return st;
   // A fresh run's identity (also for a checkpoint from before run ids), the same on every rank:
   // rank 0 draws it. Every shard is stamped with it (ckpt::TrainState::run_id).
   if (r.state.run_id == 0) {

@@ -1,0 +1,281 @@
+#include "trainer/local_ckpt.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/fs_io.h"
+#include "core/hash.h"
+#include "kernels/ops.h"
+
+namespace tr {
+namespace {
+
+namespace stdfs = std::filesystem;
+
+constexpr char kMagic[8] = {'T', 'R', 'L', 'O', 'C', 'A', 'L', '1'};
+
+// A part's header, then its payload: the state as JSON (state_bytes), the masters, Adam's m and
+// v (f32). `crc` covers the payload.
+struct Header {
+  char magic[8];
+  int64_t step, rank, world, tp, pp, dp;
+  int64_t capacity, masters, states;  // elements: the flat buffer, this rank's masters and moments
+  uint64_t run_id;
+  int64_t state_bytes;
+  uint32_t crc, pad;
+};
+
+// What a part must match to be loaded by this run (the layout, not the step or the run).
+bool same_layout(const Header& h, const Session& s) {
+  const Topology& t = s.topo();
+  return std::memcmp(h.magic, kMagic, 8) == 0 && h.rank == t.rank && h.world == t.world &&
+         h.tp == t.tp && h.pp == t.pp && h.dp == t.dp &&
+         h.capacity == s.params->layout().capacity && h.masters == s.opt->masters().numel() &&
+         h.states == s.opt->state_elems();
+}
+
+nlohmann::json state_json(const ckpt::TrainState& st) {
+  return {{"step", st.step},
+          {"consumed_samples", st.consumed_samples},
+          {"rng_state", st.rng_state},
+          {"lr", st.lr},
+          {"tokens_seen", st.tokens_seen},
+          {"loss_window", st.loss_window},
+          {"skipped_in_a_row", st.skipped_in_a_row},
+          {"skipped_total", st.skipped_total},
+          {"run_id", st.run_id}};
+}
+
+ckpt::TrainState state_of(const nlohmann::json& j) {
+  ckpt::TrainState st;
+  st.step = j.at("step");
+  st.consumed_samples = j.at("consumed_samples");
+  st.rng_state = j.at("rng_state");
+  st.lr = j.at("lr");
+  st.tokens_seen = j.at("tokens_seen");
+  st.loss_window = j.at("loss_window").get<std::vector<double>>();
+  st.skipped_in_a_row = j.at("skipped_in_a_row");
+  st.skipped_total = j.at("skipped_total");
+  st.run_id = j.at("run_id");
+  return st;
+}
+
+// An f32 tensor's bytes appended to `out` (copied back from a device first).
+void append_f32(std::string& out, Tensor t) {
+  TR_ASSERT(t.dtype == DType::f32, "local checkpoints hold f32 masters and moments");
+  const size_t at = out.size();
+  out.resize(at + t.nbytes());
+  copy_tensor(Tensor(out.data() + at, DType::f32, Device::cpu, {t.numel()}), t);
+}
+
+uint32_t crc_of(const char* p, size_t n) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (n > 0) {
+    const auto chunk = static_cast<uInt>(std::min<size_t>(n, size_t{1} << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(p), chunk);
+    p += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+// True on every rank when `ok` is true on every rank.
+bool all_ok(Comm& world, bool ok) {
+  int32_t failed = ok ? 0 : 1;
+  world.all_reduce(Tensor(&failed, DType::i32, Device::cpu, {1}), ReduceOp::max);
+  return failed == 0;
+}
+
+// The header of the part at `path`, if it reads as one.
+bool read_header(const std::string& path, Header* h) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return false;
+  const bool ok = std::fread(h, sizeof(Header), 1, f) == 1;
+  std::fclose(f);
+  return ok;
+}
+
+// Steps of this rank's parts in `dir` (step_* directories holding a renamed part), newest first.
+std::vector<int64_t> own_steps(const std::string& dir, int rank) {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : stdfs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    long long step = -1;
+    if (std::sscanf(name.c_str(), "step_%lld", &step) != 1 || step < 0) continue;
+    if (stdfs::exists(e.path() / absl::StrFormat("rank_%05d.bin", rank), ec)) steps.push_back(step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+}  // namespace
+
+LocalCheckpoints::LocalCheckpoints(Session& s) : s_(s) {
+  std::error_code ec;
+  const stdfs::path root = stdfs::absolute(s.cfg.checkpoint.dir, ec).lexically_normal();
+  // One directory per checkpoint.dir: its name and a hash of its absolute path.
+  dir_ = fs::join(s.cfg.checkpoint.local_dir,
+                  absl::StrFormat("%s-%016x", root.filename().string(), fnv1a64(root.string())));
+}
+
+std::string LocalCheckpoints::part_path(int64_t step) const {
+  return fs::join(fs::join(dir_, absl::StrFormat("step_%08d", step)),
+                  absl::StrFormat("rank_%05d.bin", s_.topo().rank));
+}
+
+bool LocalCheckpoints::save() {
+  const int64_t step = s_.state.step;
+  Comm& world = *s_.groups.world;
+  // Whole masters that are the compute weights may still be receiving ZeRO-1's all-gather.
+  if (!s_.opt->masters_sharded()) s_.opt->reducer().finish_weights();
+  const std::string state = state_json(s_.state).dump();
+  Header h{};
+  std::memcpy(h.magic, kMagic, 8);
+  const Topology& t = s_.topo();
+  h.step = step, h.rank = t.rank, h.world = t.world, h.tp = t.tp, h.pp = t.pp, h.dp = t.dp;
+  h.capacity = s_.params->layout().capacity;
+  h.masters = s_.opt->masters().numel();
+  h.states = s_.opt->state_elems();
+  h.run_id = s_.state.run_id;
+  h.state_bytes = static_cast<int64_t>(state.size());
+  std::string bytes(sizeof(Header), '\0');
+  bytes += state;
+  append_f32(bytes, s_.opt->masters());
+  append_f32(bytes, s_.opt->exp_avg());
+  append_f32(bytes, s_.opt->exp_avg_sq());
+  h.crc = crc_of(bytes.data() + sizeof(Header), bytes.size() - sizeof(Header));
+  std::memcpy(bytes.data(), &h, sizeof(Header));
+  const std::string path = part_path(step);
+  absl::Status st = fs::make_dirs(stdfs::path(path).parent_path().string());
+  if (st.ok()) st = fs::write_file_durable(path + ".tmp", bytes);
+  // Counts only once every rank has its part: then each renames its own.
+  const bool written = all_ok(world, st.ok());
+  if (written) st = fs::rename_path(path + ".tmp", path);
+  if (!all_ok(world, written && st.ok())) {
+    if (!st.ok())
+      std::fprintf(stderr,
+                   "warning: rank %d: local checkpoint of step %lld not written (%s); the run "
+                   "goes on, its persistent checkpoints stand\n",
+                   t.rank, static_cast<long long>(step), std::string(st.message()).c_str());
+    else if (t.rank == 0)
+      std::fprintf(stderr,
+                   "warning: local checkpoint of step %lld not written on every rank; the run "
+                   "goes on, its persistent checkpoints stand\n",
+                   static_cast<long long>(step));
+    std::error_code ec;
+    stdfs::remove(path + ".tmp", ec);
+    return false;
+  }
+  // Retention: this rank's newest local_keep parts.
+  const std::vector<int64_t> steps = own_steps(dir_, t.rank);
+  for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i) {
+    std::error_code ec;
+    const std::string old = part_path(steps[i]);
+    stdfs::remove(old, ec);
+    stdfs::remove(stdfs::path(old).parent_path(), ec);  // once it is empty
+  }
+  return true;
+}
+
+int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
+  Comm& world = *s_.groups.world;
+  // Each rank's newest parts as (step, run id) pairs, all-gathered: every rank then picks the
+  // same step, the newest one that every rank holds from the same run.
+  constexpr int kListed = 16;
+  std::vector<int64_t> mine(2 * kListed, -1);
+  int listed = 0;
+  for (int64_t step : own_steps(dir_, s_.topo().rank)) {
+    Header h{};
+    if (listed == kListed || step <= after) break;
+    if (!read_header(part_path(step), &h) || !same_layout(h, s_) || h.step != step) continue;
+    if (run_id != 0 && h.run_id != run_id) continue;
+    mine[2 * listed] = step;
+    mine[2 * listed + 1] = static_cast<int64_t>(h.run_id);
+    ++listed;
+  }
+  const int64_t n = 2 * kListed;
+  std::vector<int64_t> all(static_cast<size_t>(n * world.size()));
+  world.all_gather(Tensor(all.data(), DType::i64, Device::cpu, {n * world.size()}),
+                   Tensor(mine.data(), DType::i64, Device::cpu, {n}));
+  for (int i = 0; i < kListed; ++i) {  // rank 0's list, newest first
+    const int64_t step = all[2 * i], id = all[2 * i + 1];
+    if (step < 0) break;
+    bool everywhere = true;
+    for (int r = 1; r < world.size() && everywhere; ++r) {
+      everywhere = false;
+      for (int j = 0; j < kListed; ++j)
+        everywhere = everywhere || (all[r * n + 2 * j] == step && all[r * n + 2 * j + 1] == id);
+    }
+    if (everywhere) return step;
+  }
+  return -1;
+}
+
+absl::Status LocalCheckpoints::load(int64_t step) {
+  Comm& world = *s_.groups.world;
+  const std::string path = part_path(step);
+  absl::StatusOr<std::string> bytes = fs::read_file(path);
+  std::string why;
+  Header h{};
+  if (!bytes.ok()) {
+    why = std::string(bytes.status().message());
+  } else if (bytes->size() < sizeof(Header)) {
+    why = "shorter than its header";
+  } else {
+    std::memcpy(&h, bytes->data(), sizeof(Header));
+    const size_t want = sizeof(Header) + static_cast<size_t>(h.state_bytes) +
+                        4 * static_cast<size_t>(h.masters + 2 * h.states);
+    if (!same_layout(h, s_) || h.step != step)
+      why = "written by another layout";
+    else if (h.state_bytes < 0 || bytes->size() != want)
+      why = absl::StrCat(bytes->size(), " bytes where its header says ", want);
+    else if (crc_of(bytes->data() + sizeof(Header), bytes->size() - sizeof(Header)) != h.crc)
+      why = "its crc32 does not match";
+  }
+  if (!why.empty())
+    std::fprintf(stderr, "rank %d: local checkpoint %s: %s\n", s_.topo().rank, path.c_str(),
+                 why.c_str());
+  if (!all_ok(world, why.empty()))
+    return absl::DataLossError(
+        absl::StrCat("the local checkpoint of step ", step, " is damaged on some rank (above)"));
+  const char* p = bytes->data() + sizeof(Header);
+  ckpt::TrainState state;
+  try {
+    state =
+        state_of(nlohmann::json::parse(std::string_view(p, static_cast<size_t>(h.state_bytes))));
+  } catch (const nlohmann::json::exception& e) {
+    why = e.what();
+  }
+  if (!all_ok(world, why.empty()))
+    return absl::DataLossError(
+        absl::StrCat("the local checkpoint of step ", step, " holds an unreadable state: ", why));
+  p += h.state_bytes;
+  for (Tensor t : {s_.opt->masters(), s_.opt->exp_avg(), s_.opt->exp_avg_sq()}) {
+    copy_tensor(t, Tensor(const_cast<char*>(p), DType::f32, Device::cpu, {t.numel()}));
+    p += t.nbytes();
+  }
+  s_.opt->compute_weights_from_masters();
+  s_.state = state;
+  return absl::OkStatus();
+}
+
+void LocalCheckpoints::discard_own() {
+  for (int64_t step : own_steps(dir_, s_.topo().rank)) {
+    std::error_code ec;
+    stdfs::remove(part_path(step), ec);
+    stdfs::remove(stdfs::path(part_path(step)).parent_path(), ec);
+  }
+}
+
+}  // namespace tr

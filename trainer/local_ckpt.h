@@ -1,0 +1,65 @@
+// Node-local checkpoints (checkpoint.local_interval): every few steps each rank writes its own
+// part of the training state (its fp32 masters, whole or its ZeRO-1 shard, its Adam moments, and
+// the run's state: step, data position, RNG, the step guard) to checkpoint.local_dir, a node-local
+// directory (tmpfs or NVMe), as one file:
+//
+//   <local_dir>/<key>/step_NNNNNNNN/rank_RRRRR.bin
+//
+// where <key> names the run's checkpoint.dir (a run owns its checkpoint.dir). A part is written
+// as rank_RRRRR.bin.tmp and renamed only once every rank has written its own, so a part that
+// exists belongs to a checkpoint every rank holds (a crash between the renames is found at the
+// resume, which takes only a step every rank has). Each file carries the layout and a crc32 of
+// its payload; a load checks both on every rank before any state changes.
+//
+// --resume auto takes the newest local checkpoint every rank has whole when it is newer than the
+// newest persistent one, was written by the same run and the same layout (world, tp, pp, dp,
+// ZeRO-1's shards); otherwise the persistent checkpoint stands, with one line saying why. A
+// resumed run is bit-identical to an uninterrupted one. The parts survive the process (kill -9,
+// an exception, a requeue on the same node), not the node: replicas on another node are not
+// written yet (docs/checkpoints.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "trainer/session.h"
+
+namespace tr {
+
+class LocalCheckpoints {
+ public:
+  explicit LocalCheckpoints(Session& s);
+
+  bool enabled() const { return s_.cfg.checkpoint.local_interval > 0; }
+  // Whether step `step` is due for a local save.
+  bool due(int64_t step) const { return enabled() && step % s_.cfg.checkpoint.local_interval == 0; }
+  // This run's directory under checkpoint.local_dir.
+  const std::string& dir() const { return dir_; }
+
+  // Collective over the world: writes this rank's part of s.state.step and, once every rank has,
+  // makes it count (renames it) and removes this rank's parts beyond checkpoint.local_keep. A
+  // failure on any rank is one warning on every rank, and the run goes on (the persistent
+  // checkpoints stand): returns whether the checkpoint counts.
+  bool save();
+
+  // Collective: the newest step after `after` that every rank holds a whole part of, written by
+  // run `run_id` (0: any one run, the same on every rank) with this run's layout; -1 if none.
+  int64_t newest(int64_t after, uint64_t run_id);
+
+  // Collective: loads this rank's part of `step` into the optimizer (masters and Adam moments;
+  // the compute weights follow) and s.state, after every rank has read and checked its own. An
+  // error (the same on every rank) leaves everything as it was.
+  absl::Status load(int64_t step);
+
+  // A fresh start (--resume none, or no checkpoint to continue): this rank's parts of an earlier
+  // run in this directory are removed, so that a later --resume auto cannot take them.
+  void discard_own();
+
+ private:
+  std::string part_path(int64_t step) const;
+  Session& s_;
+  std::string dir_;
+};
+
+}  // namespace tr
