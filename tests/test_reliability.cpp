@@ -623,7 +623,8 @@ namespace {
 // Node-local checkpoints: a run killed (kill -9 while step 14 hangs) resumes from its newest local
 // checkpoint (step 12, every 3 steps) rather than the persistent one (step 10), and ends bit for
 // bit where a run never killed ends; keep 2 leaves two parts on the node. A --resume none start
-// removes them, so a later --resume auto cannot take a step of the abandoned run.
+// removes them, so a later --resume auto cannot take a step of the abandoned run, and a run
+// started after checkpoint.dir was deleted takes none (the run id it records there is gone).
 TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit-identical",
           "[cli]") {
   RunDir run(20, ""), ref(20, "");
@@ -668,6 +669,13 @@ TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit
       parts.push_back(e.path().filename().string() + "@" +
                       e.path().parent_path().filename().string());
   CHECK(parts == std::vector<std::string>{"rank_00000.bin@step_00000003"});
+  // A run started after checkpoint.dir was deleted is a fresh start: it takes no local part.
+  std::filesystem::remove_all(run.dir / "ckpt");
+  const CmdResult again = run.trainer(sets + " --set train.steps=5");
+  INFO(again.output);
+  REQUIRE(again.exit_code == 0);
+  CHECK(again.output.find("resumed from") == std::string::npos);
+  CHECK(again.output.find("step 1/5") != std::string::npos);
 }
 
 // The same on 4 ranks (tp 2 x dp 2) with ZeRO-1's sharded fp32 masters (the GPU's layout on CPU

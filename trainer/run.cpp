@@ -18,6 +18,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -181,19 +183,38 @@ void print_plan(const Session& r) {
   std::fflush(stdout);
 }
 
+// The run id a fresh start with node-local checkpoints records in checkpoint.dir, so that a
+// restart before the first persistent save knows which local parts are its own (and a run
+// started again after checkpoint.dir was deleted takes none).
+constexpr char kLocalRunIdFile[] = "local_run_id";
+
+// The run whose local parts a resume may take: the persistent checkpoint's, else the one
+// recorded in checkpoint.dir (read by rank 0, the same on every rank); 0 = none.
+uint64_t local_run_id(Session& r) {
+  uint64_t id = r.resume_from.empty() ? 0 : r.state.run_id;
+  if (id == 0 && r.logger()) {
+    absl::StatusOr<std::string> text =
+        tr::fs::read_file(tr::fs::join(r.cfg.checkpoint.dir, kLocalRunIdFile));
+    if (text.ok() && !absl::SimpleHexAtoi(absl::StripAsciiWhitespace(*text), &id)) id = 0;
+  }
+  r.groups.world->broadcast(Tensor(&id, DType::i64, Device::cpu, {1}), 0);
+  return id;
+}
+
 // Node-local checkpoints at start-up: with --resume auto, the newest one every rank has from this
 // run and layout replaces the persistent checkpoint just loaded when it is newer; any other start
-// removes this rank's parts, so that no later resume takes a step of an abandoned branch.
+// removes this rank's parts (not a dry run), so that no later resume takes a step of an abandoned
+// branch.
 absl::Status resume_local(Session& r) {
   LocalCheckpoints local(r);
   if (!local.enabled()) return absl::OkStatus();
-  if (r.opts.resume != "auto" || r.start_over) {
-    local.discard_own();
+  const uint64_t run_id = r.opts.resume == "auto" && !r.start_over ? local_run_id(r) : 0;
+  if (run_id == 0) {
+    if (!r.opts.dry_run) local.discard_own();
     return absl::OkStatus();
   }
   const int64_t persistent = r.resume_from.empty() ? -1 : r.state.step;
-  const int64_t step =
-      local.newest(std::max<int64_t>(persistent, 0), r.resume_from.empty() ? 0 : r.state.run_id);
+  const int64_t step = local.newest(std::max<int64_t>(persistent, 0), run_id);
   if (step < 0) return absl::OkStatus();
   if (absl::Status st = local.load(step); !st.ok()) {
     if (r.logger())
@@ -212,6 +233,14 @@ absl::Status resume_local(Session& r) {
         static_cast<long long>(r.state.consumed_samples));
   std::fflush(stdout);
   return absl::OkStatus();
+}
+
+// Rank 0 records the run's id in checkpoint.dir for the local checkpoints (see kLocalRunIdFile).
+absl::Status record_local_run_id(const Session& r) {
+  if (r.cfg.checkpoint.local_interval <= 0 || !r.logger() || r.opts.dry_run)
+    return absl::OkStatus();
+  return tr::fs::write_file_atomic(tr::fs::join(r.cfg.checkpoint.dir, kLocalRunIdFile),
+                                   absl::StrFormat("%016x\n", r.state.run_id));
 }
 
 // Model, optimizer, initial weights, and the checkpoint when resuming (its shapes are checked
@@ -259,6 +288,7 @@ absl::Status build_model(Session& r) {
     r.groups.world->broadcast(Tensor(&id, DType::i64, Device::cpu, {1}), 0);
     r.state.run_id = id;
   }
+  if (absl::Status st = record_local_run_id(r); !st.ok()) return st;
   return absl::OkStatus();
 }
 
