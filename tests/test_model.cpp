@@ -854,6 +854,18 @@ TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks
         std::string::npos);
   CHECK(text.find("persistent, checkpoint.interval: every 500 steps") != std::string::npos);
   CHECK(nlohmann::json::parse(failures_json(f))["local_young"]["steps"] == f.local_young.steps);
+  CHECK(f.local_configured.steps == 0);  // none configured
+  // checkpoint.local_interval's own line: every 10 steps, by the same formula.
+  const Config local = plan_config({"checkpoint.local_interval=10"});
+  const FailurePlan g = plan_failures(local, *p, 2400, st);
+  CHECK(g.local_configured.steps == 10);
+  const double persistent_stall = f.persistent.stall_s / (500 * t + f.persistent.stall_s);
+  const double lost10 = st.restart_s + f.local.load_s + 5 * t + f.local.write_s;
+  CHECK(g.local_configured.lost_per_failure_s == Approx(lost10));
+  CHECK(g.local_configured.goodput ==
+        Approx(1 - persistent_stall - f.local.stall_s / (10 * t + f.local.stall_s) - lost10 / M));
+  CHECK(format_failures(g).find("local, checkpoint.local_interval: every 10 steps") !=
+        std::string::npos);
 }
 
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {

@@ -24,6 +24,12 @@ Agreed agree(Comm& world, int32_t value) {
   return {v[0], adopt_stop_signal(v[1])};
 }
 
+bool all_ok(Comm& world, bool ok) {
+  int32_t failed = ok ? 0 : 1;
+  world.all_reduce(Tensor(&failed, DType::i32, Device::cpu, {1}), ReduceOp::max);
+  return failed == 0;
+}
+
 StepOutcome agree_on_step(Comm& world, int code, absl::Status status) {
   const Agreed a = agree(world, code);
   return {a.value, code, std::move(status), a.stop};

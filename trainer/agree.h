@@ -36,6 +36,9 @@ struct StepOutcome {
   bool stop = false;    // a rank received a stop signal: save and exit
   bool ran = true;      // the step was applied (false: stopped before or within it)
 };
+// True on every rank when `ok` is true on every rank (one all-reduce).
+bool all_ok(Comm& world, bool ok);
+
 // Agrees on this rank's exit code and the stop signals.
 StepOutcome agree_on_step(Comm& world, int code, absl::Status status);
 

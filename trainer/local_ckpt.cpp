@@ -16,6 +16,7 @@
 #include "core/fs_io.h"
 #include "core/hash.h"
 #include "kernels/ops.h"
+#include "trainer/agree.h"
 
 namespace tr {
 namespace {
@@ -87,13 +88,6 @@ uint32_t crc_of(const char* p, size_t n) {
     n -= chunk;
   }
   return static_cast<uint32_t>(crc);
-}
-
-// True on every rank when `ok` is true on every rank.
-bool all_ok(Comm& world, bool ok) {
-  int32_t failed = ok ? 0 : 1;
-  world.all_reduce(Tensor(&failed, DType::i32, Device::cpu, {1}), ReduceOp::max);
-  return failed == 0;
 }
 
 // The header of the part at `path`, if it reads as one.

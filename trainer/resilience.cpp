@@ -67,6 +67,9 @@ FailurePlan plan_failures(const Config& cfg, const Plan& plan, double mtbf_hours
   const double persistent_stall = f.persistent.stall_s / (kept.interval_s + f.persistent.stall_s);
   f.local_young = choose(young_daly_steps(f.local, f.job_mtbf_s, step_s), step_s, f.local,
                          f.job_mtbf_s, s.restart_s, persistent_stall);
+  if (cfg.checkpoint.local_interval > 0)
+    f.local_configured = choose(cfg.checkpoint.local_interval, step_s, f.local, f.job_mtbf_s,
+                                s.restart_s, persistent_stall);
   return f;
 }
 
@@ -120,6 +123,8 @@ std::string format_failures(const FailurePlan& f) {
                         "  local save (node-local, a replica on another node): stall %.2f s, "
                         "committed after %s, loaded in %s\n",
                         f.local.stall_s, duration(f.local.write_s), duration(f.local.load_s));
+  if (f.local_configured.steps > 0)
+    out += choice_line("local, checkpoint.local_interval:", f.local_configured);
   out += choice_line("local, Young/Daly, beside the persistent saves:", f.local_young);
   return out;
 }
@@ -134,6 +139,7 @@ std::string failures_json(const FailurePlan& f) {
                       {"local_young", choice_json(f.local_young)}};
   if (f.persistent_configured.steps > 0)
     j["persistent_configured"] = choice_json(f.persistent_configured);
+  if (f.local_configured.steps > 0) j["local_configured"] = choice_json(f.local_configured);
   return j.dump();
 }
 

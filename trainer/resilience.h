@@ -42,9 +42,10 @@ struct FailurePlan {
   SaveCost persistent, local;  // to checkpoint.dir; node-local with a replica on another node
   IntervalChoice persistent_configured;  // checkpoint.interval alone
   IntervalChoice persistent_young;       // Young/Daly's interval for persistent saves alone
-  // Local saves at Young/Daly's interval beside persistent ones at checkpoint.interval; a
-  // failure restarts from the newest local checkpoint.
-  IntervalChoice local_young;
+  // Local saves at checkpoint.local_interval (steps 0: none configured) and at Young/Daly's
+  // interval, beside persistent ones at checkpoint.interval; a failure restarts from the newest
+  // local checkpoint.
+  IntervalChoice local_configured, local_young;
 };
 
 // The failure plan of `cfg` as `plan` lays it out, nodes failing every `mtbf_hours_per_node`.

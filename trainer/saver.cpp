@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "core/clock.h"
 #include "kernels/ops.h"
+#include "trainer/agree.h"
 #include "trainer/shard.h"
 
 namespace tr {
@@ -41,13 +42,6 @@ struct HostCopy {
     ptr = copy.data();
   }
 };
-
-// True on every rank when `ok` is true on every rank.
-bool all_ok(Comm& world, bool ok) {
-  int32_t failed = ok ? 0 : 1;
-  world.all_reduce(Tensor(&failed, DType::i32, Device::cpu, {1}), ReduceOp::max);
-  return failed == 0;
-}
 
 int64_t block_elems(const ckpt::TensorRef& t) {
   int64_t n = 1;
