@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Checkpoint stall benchmark: trains a wide tiny-shaped model on the CPU twice, saving every
-# --interval steps, once with synchronous saves and once with checkpoint.async, and prints a
-# Markdown table: checkpoint size, save time (first step to commit) and how long the training
-# loop stalled for it: the median over the saves followed by a full interval of training (the
-# final save, and the one just before it, are waited for by the end of the run). Training uses
+# Checkpoint stall benchmark: trains a wide tiny-shaped model on the CPU three times, saving every
+# --interval steps: with synchronous saves, with checkpoint.async, and with node-local saves
+# (checkpoint.local_interval, to --local-dir, default /dev/shm) and persistent ones only at the
+# end. It prints a Markdown table: checkpoint size, save time (first step to commit) and how long
+# the training loop stalled for it: the median over the saves followed by a full interval of
+# training (the final save, and the one just before it, are waited for by the end of the run). Training uses
 # OMP_NUM_THREADS threads (default 1), leaving the other cores to the background writer, as a
 # GPU job leaves the host's cores. Numbers go to docs/checkpoints.md.
 #
 #   tools/bench_checkpoint.sh [--hidden 1024] [--layers 8] [--steps 37] [--interval 12]
-#                             [--build build] [--out DIR]
+#                             [--build build] [--out DIR] [--local-dir DIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-hidden=1024 layers=8 steps=37 interval=12 build=$root/build out=""
+hidden=1024 layers=8 steps=37 interval=12 build=$root/build out="" local_dir=/dev/shm
 while (($#)); do
   case $1 in
     --hidden) hidden=$2; shift 2 ;;
@@ -20,6 +21,7 @@ while (($#)); do
     --interval) interval=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --local-dir) local_dir=$2; shift 2 ;;
     *) echo "bench_checkpoint.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -29,10 +31,13 @@ mkdir -p "$out/data"
 heads=$((hidden / 128))
 echo "| mode | parameters | checkpoint GiB | save s (median) | loop stall s (median) | stall / save |"
 echo "|---|---|---|---|---|---|"
-for mode in sync async; do
+local_root=$(mktemp -d "$local_dir/trainer-ckpt-bench.XXXXXX")
+trap 'rm -rf "$local_root"' EXIT
+for mode in sync async local; do
   rm -rf "$out/ckpt-$mode" "$out/log-$mode"
-  async=false
+  async=false every=$interval local_every=0
   [ "$mode" = async ] && async=true
+  [ "$mode" = local ] && every=0 local_every=$interval
   OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$build/trainer/trainer" --config "$root/configs/tiny.yaml" \
     --set model.hidden_size="$hidden" --set model.intermediate_size=$((4 * hidden)) \
     --set model.num_layers="$layers" --set model.num_heads="$heads" \
@@ -40,22 +45,26 @@ for mode in sync async; do
     --set "data.train=[{path: $out/data/synth}]" --set "data.valid=[{path: $out/data/synth}]" \
     --set data.seq_len=32 --set train.global_batch=2 --set train.micro_batch=1 \
     --set train.steps="$steps" --set train.eval_interval=0 --set optim.warmup_steps=1 \
-    --set checkpoint.dir="$out/ckpt-$mode" --set checkpoint.interval="$interval" \
+    --set checkpoint.dir="$out/ckpt-$mode" --set checkpoint.interval="$every" \
     --set checkpoint.keep_last=2 --set checkpoint.async=$async \
+    --set checkpoint.local_interval="$local_every" --set checkpoint.local_dir="$local_root" \
     --set log.dir="$out/log-$mode" >"$out/$mode.log" 2>&1 ||
     { echo "bench_checkpoint.sh: the $mode run failed; see $out/$mode.log" >&2; exit 1; }
   python3 - "$out/log-$mode/metrics.jsonl" "$out/ckpt-$mode" "$mode" "$steps" "$interval" <<'PY'
 import json, os, statistics, sys
 path, ckpt, mode = sys.argv[1:4]
 steps, interval = int(sys.argv[4]), int(sys.argv[5])
+event = "local_checkpoint" if mode == "local" else "checkpoint"
 saves = [j for j in map(json.loads, open(path))
-         if j.get("event") == "checkpoint" and j["step"] + interval <= steps]
+         if j.get("event") == event and j["step"] + interval <= steps]
 if not saves:
     sys.exit("bench_checkpoint.sh: no save followed by a full interval; raise --steps")
 latest = open(os.path.join(ckpt, "latest")).read().strip()
 d = os.path.join(ckpt, latest)
 size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
 params = size / 12
+if mode == "local":  # one part holds the whole state here (one rank), and its header and state
+    size = statistics.median(j["bytes"] for j in saves)
 save = statistics.median(j["seconds"] for j in saves)
 stall = statistics.median(j["stall_s"] for j in saves)
 ratio = stall / save if save > 0 else 1.0

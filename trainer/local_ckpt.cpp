@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/clock.h"
 #include "core/fs_io.h"
 #include "core/hash.h"
 #include "kernels/ops.h"
@@ -129,6 +130,7 @@ std::string LocalCheckpoints::part_path(int64_t step) const {
 }
 
 bool LocalCheckpoints::save() {
+  const auto t0 = Clock::now();
   const int64_t step = s_.state.step;
   Comm& world = *s_.groups.world;
   // Whole masters that are the compute weights may still be receiving ZeRO-1's all-gather.
@@ -171,6 +173,13 @@ bool LocalCheckpoints::save() {
     stdfs::remove(path + ".tmp", ec);
     return false;
   }
+  // The loop waits for the whole save (the copy and the write): its stall is its time.
+  const double dt = seconds_since(t0);
+  if (s_.logger())
+    s_.log.note(absl::StrFormat(
+        "\"step\": %d, \"event\": \"local_checkpoint\", \"seconds\": %.6f, \"stall_s\": %.6f, "
+        "\"bytes\": %d",
+        step, dt, dt, static_cast<int64_t>(bytes.size())));
   // Retention: this rank's newest local_keep parts.
   const std::vector<int64_t> steps = own_steps(dir_, t.rank);
   for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i) {

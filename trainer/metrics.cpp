@@ -226,17 +226,19 @@ const std::vector<MetricKey>& metric_keys() {
        }},
       {"val_loss", "eval", "nats/token", "validation loss, mean over train.eval_steps batches"},
       {"eval_time_s", "eval", "s", "wall time of the evaluation"},
-      {"event", "checkpoint, resume, start, exit", "",
-       "checkpoint: a save was committed; resume: a restart continued from `step` (lines of later "
-       "steps before it are superseded); start: a process began training at `step` (every start, "
-       "fresh or resumed); exit: it ended with exit code `code` after `step` (absent when it was "
-       "killed)"},
+      {"event", "checkpoint, local_checkpoint, resume, start, exit", "",
+       "checkpoint: a save was committed; local_checkpoint: a node-local save was (rank 0's "
+       "part); resume: a restart continued from `step` (lines of later steps before it are "
+       "superseded); start: a process began training at `step` (every start, fresh or resumed); "
+       "exit: it ended with exit code `code` after `step` (absent when it was killed)"},
       {"startup_s", "start", "s",
        "the process's time from its start to its first step: checks, "
        "loading, building"},
       {"code", "exit", "", "the exit code (README's table)"},
-      {"seconds", "checkpoint", "s", "the save's whole time, background writing included"},
-      {"stall_s", "checkpoint", "s", "how long training waited for the save"},
+      {"seconds", "checkpoint, local_checkpoint", "s",
+       "the save's whole time, background writing included"},
+      {"stall_s", "checkpoint, local_checkpoint", "s", "how long training waited for the save"},
+      {"bytes", "local_checkpoint", "bytes", "the size of rank 0's part"},
   };
   return keys;
 }
