@@ -10,9 +10,11 @@
 #
 #   tools/bench_checkpoint.sh [--hidden 1024] [--layers 8] [--steps 37] [--interval 12]
 #                             [--build build] [--out DIR] [--local-dir DIR]
+#                             [--modes "sync async local"]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 hidden=1024 layers=8 steps=37 interval=12 build=$root/build out="" local_dir=/dev/shm
+modes="sync async local"
 while (($#)); do
   case $1 in
     --hidden) hidden=$2; shift 2 ;;
@@ -22,6 +24,7 @@ while (($#)); do
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --local-dir) local_dir=$2; shift 2 ;;
+    --modes) modes=$2; shift 2 ;;
     *) echo "bench_checkpoint.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -33,7 +36,8 @@ echo "| mode | parameters | checkpoint GiB | save s (median) | loop stall s (med
 echo "|---|---|---|---|---|---|"
 local_root=$(mktemp -d "$local_dir/trainer-ckpt-bench.XXXXXX")
 trap 'rm -rf "$local_root"' EXIT
-for mode in sync async local; do
+for mode in $modes; do
+  case $mode in sync | async | local) ;; *) echo "bench_checkpoint.sh: unknown mode $mode" >&2; exit 2 ;; esac
   rm -rf "$out/ckpt-$mode" "$out/log-$mode"
   async=false every=$interval local_every=0
   [ "$mode" = async ] && async=true

@@ -129,10 +129,14 @@ std::string LocalCheckpoints::part_path(int64_t step) const {
                   absl::StrFormat("rank_%05d.bin", s_.topo().rank));
 }
 
-bool LocalCheckpoints::save() {
+LocalCheckpoints::~LocalCheckpoints() {
+  if (writer_.joinable()) writer_.join();
+}
+
+void LocalCheckpoints::save() {
   const auto t0 = Clock::now();
+  if (in_flight_) settle(true);
   const int64_t step = s_.state.step;
-  Comm& world = *s_.groups.world;
   // Whole masters that are the compute weights may still be receiving ZeRO-1's all-gather.
   if (!s_.opt->masters_sharded()) s_.opt->reducer().finish_weights();
   const std::string state = state_json(s_.state).dump();
@@ -145,41 +149,73 @@ bool LocalCheckpoints::save() {
   h.states = s_.opt->state_elems();
   h.run_id = s_.state.run_id;
   h.state_bytes = static_cast<int64_t>(state.size());
-  std::string bytes(sizeof(Header), '\0');
-  bytes += state;
-  append_f32(bytes, s_.opt->masters());
-  append_f32(bytes, s_.opt->exp_avg());
-  append_f32(bytes, s_.opt->exp_avg_sq());
-  h.crc = crc_of(bytes.data() + sizeof(Header), bytes.size() - sizeof(Header));
-  std::memcpy(bytes.data(), &h, sizeof(Header));
-  const std::string path = part_path(step);
-  absl::Status st = fs::make_dirs(stdfs::path(path).parent_path().string());
-  if (st.ok()) st = fs::write_file_durable(path + ".tmp", bytes);
+  buffer_.assign(sizeof(Header), '\0');  // its capacity stays from the last save
+  buffer_ += state;
+  append_f32(buffer_, s_.opt->masters());
+  append_f32(buffer_, s_.opt->exp_avg());
+  append_f32(buffer_, s_.opt->exp_avg_sq());
+  std::memcpy(buffer_.data(), &h, sizeof(Header));
+  step_ = step;
+  written_ = false;
+  in_flight_ = true;
+  started_ = unix_time();
+  writer_ = std::thread([this, path = part_path(step)] {
+    Header head{};
+    std::memcpy(&head, buffer_.data(), sizeof(Header));
+    head.crc = crc_of(buffer_.data() + sizeof(Header), buffer_.size() - sizeof(Header));
+    std::memcpy(buffer_.data(), &head, sizeof(Header));
+    absl::Status st = fs::make_dirs(stdfs::path(path).parent_path().string());
+    if (st.ok()) st = fs::write_file_durable(path + ".tmp", buffer_);
+    write_status_ = st;
+    written_ = true;
+  });
+  stall_s_ = seconds_since(t0);
+}
+
+void LocalCheckpoints::settle(bool wait) {
+  if (!in_flight_) return;
+  const auto t0 = Clock::now();
+  if (wait) writer_.join();
+  // Every rank's thread done? (One 4-byte all-reduce per step boundary while in flight.)
+  if (!all_ok(*s_.groups.world, written_.load())) {
+    stall_s_ += seconds_since(t0);
+    return;
+  }
+  if (writer_.joinable()) writer_.join();
+  commit(write_status_.ok());
+  in_flight_ = false;
+}
+
+void LocalCheckpoints::commit(bool written) {
+  const auto t0 = Clock::now();
+  const Topology& t = s_.topo();
+  const std::string path = part_path(step_);
+  Comm& world = *s_.groups.world;
   // Counts only once every rank has its part: then each renames its own.
-  const bool written = all_ok(world, st.ok());
-  if (written) st = fs::rename_path(path + ".tmp", path);
-  if (!all_ok(world, written && st.ok())) {
+  absl::Status st = write_status_;
+  const bool everywhere = all_ok(world, written);
+  if (everywhere) st = fs::rename_path(path + ".tmp", path);
+  if (!all_ok(world, everywhere && st.ok())) {
     if (!st.ok())
       std::fprintf(stderr,
                    "warning: rank %d: local checkpoint of step %lld not written (%s); the run "
                    "goes on, its persistent checkpoints stand\n",
-                   t.rank, static_cast<long long>(step), std::string(st.message()).c_str());
+                   t.rank, static_cast<long long>(step_), std::string(st.message()).c_str());
     else if (t.rank == 0)
       std::fprintf(stderr,
                    "warning: local checkpoint of step %lld not written on every rank; the run "
                    "goes on, its persistent checkpoints stand\n",
-                   static_cast<long long>(step));
+                   static_cast<long long>(step_));
     std::error_code ec;
     stdfs::remove(path + ".tmp", ec);
-    return false;
+    return;
   }
-  // The loop waits for the whole save (the copy and the write): its stall is its time.
-  const double dt = seconds_since(t0);
+  stall_s_ += seconds_since(t0);
   if (s_.logger())
     s_.log.note(absl::StrFormat(
         "\"step\": %d, \"event\": \"local_checkpoint\", \"seconds\": %.6f, \"stall_s\": %.6f, "
         "\"bytes\": %d",
-        step, dt, dt, static_cast<int64_t>(bytes.size())));
+        step_, unix_time() - started_, stall_s_, static_cast<int64_t>(buffer_.size())));
   // Retention: this rank's newest local_keep parts.
   const std::vector<int64_t> steps = own_steps(dir_, t.rank);
   for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i) {
@@ -188,7 +224,6 @@ bool LocalCheckpoints::save() {
     stdfs::remove(old, ec);
     stdfs::remove(stdfs::path(old).parent_path(), ec);  // once it is empty
   }
-  return true;
 }
 
 int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {

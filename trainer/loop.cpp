@@ -210,6 +210,7 @@ int train_loop_steps(Session& s) {
                            diverged_error(s, l.guard, l.m.step, l.before_skips));
     if (int code = maybe_evaluate(s, l); code >= 0) return code;
     if (int code = save_after_step(s, l, out.stop); code >= 0) return code;
+    l.local.settle(false);  // a local part written by every rank counts from here
     if (l.local.due(l.m.step) && l.guard.skipped_in_a_row() == 0) l.local.save();
   }
   std::printf("done: %lld steps, last loss %.4f, %s\n", static_cast<long long>(s.state.step),
