@@ -163,7 +163,8 @@ TEST_CASE("jobs: a checkpoint.dir too long for a checkpoint's paths is found at 
 
 // checkpoint.dir is checked at start-up: a read-only one and one without room for a checkpoint
 // are bad input (exit 2, one line) before any training.
-TEST_CASE("jobs: a read-only or too small checkpoint.dir is found at start-up", "[cli]") {
+TEST_CASE("jobs: a read-only or too small checkpoint.dir or local_dir is found at start-up",
+          "[cli]") {
   RunDir run(20);
   {
     Tmpfs ro(run.dir / "ro", 1 << 20, true);
@@ -176,6 +177,18 @@ TEST_CASE("jobs: a read-only or too small checkpoint.dir is found at start-up", 
   CmdResult r = run.trainer("--set checkpoint.dir=" + small.dir);
   test::expect_bad_input(r, "checkpoint.dir '" + small.dir + "' has ");
   CHECK(r.output.find("less than one checkpoint (") != std::string::npos);
+  CHECK(run.metrics().empty());
+  // checkpoint.local_dir likewise: room for checkpoint.local_keep parts and one being written.
+  const std::string local = " --set checkpoint.local_interval=2 --set checkpoint.local_dir=";
+  r = run.trainer(local + small.dir);
+  test::expect_bad_input(r, "checkpoint.local_dir '" + small.dir + "' on ");
+  CHECK(r.output.find("less than the ") != std::string::npos);
+  CHECK(r.output.find("(checkpoint.local_keep=2 and one being written") != std::string::npos);
+  {
+    Tmpfs ro(run.dir / "ro-local", 1 << 20, true);
+    test::expect_bad_input(run.trainer(local + ro.dir + "/parts"),
+                           "checkpoint.local_dir '" + ro.dir + "/parts' cannot be created on ");
+  }
   CHECK(run.metrics().empty());
 }
 

@@ -72,12 +72,15 @@ ckpt::TrainState state_of(const nlohmann::json& j) {
   return st;
 }
 
-// An f32 tensor's bytes appended to `out` (copied back from a device first).
-void append_f32(std::string& out, Tensor t) {
+// Room for a part's state as JSON (its loss window is the longest field).
+constexpr size_t kStateRoom = size_t{1} << 16;
+
+// An f32 tensor's bytes copied to `out` at `*at`, which advances.
+void put_f32(std::vector<char>& out, size_t* at, Tensor t) {
   TR_ASSERT(t.dtype == DType::f32, "local checkpoints hold f32 masters and moments");
-  const size_t at = out.size();
-  out.resize(at + t.nbytes());
-  copy_tensor(Tensor(out.data() + at, DType::f32, Device::cpu, {t.numel()}), t);
+  TR_ASSERT(*at + t.nbytes() <= out.size(), "the local checkpoint's buffer is too small");
+  copy_tensor(Tensor(out.data() + *at, DType::f32, Device::cpu, {t.numel()}), t);
+  *at += t.nbytes();
 }
 
 uint32_t crc_of(const char* p, size_t n) {
@@ -133,6 +136,13 @@ LocalCheckpoints::~LocalCheckpoints() {
   if (writer_.joinable()) writer_.join();
 }
 
+void LocalCheckpoints::prepare() {
+  if (!enabled() || !buffer_.empty()) return;
+  const size_t f32 = sizeof(float);
+  buffer_.resize(sizeof(Header) + kStateRoom +
+                 f32 * static_cast<size_t>(s_.opt->masters().numel() + 2 * s_.opt->state_elems()));
+}
+
 void LocalCheckpoints::save() {
   const auto t0 = Clock::now();
   if (in_flight_) settle(true);
@@ -149,12 +159,15 @@ void LocalCheckpoints::save() {
   h.states = s_.opt->state_elems();
   h.run_id = s_.state.run_id;
   h.state_bytes = static_cast<int64_t>(state.size());
-  buffer_.assign(sizeof(Header), '\0');  // its capacity stays from the last save
-  buffer_ += state;
-  append_f32(buffer_, s_.opt->masters());
-  append_f32(buffer_, s_.opt->exp_avg());
-  append_f32(buffer_, s_.opt->exp_avg_sq());
+  prepare();
+  if (state.size() > kStateRoom)  // a longer state than planned for
+    buffer_.resize(buffer_.size() + state.size() - kStateRoom);
   std::memcpy(buffer_.data(), &h, sizeof(Header));
+  std::memcpy(buffer_.data() + sizeof(Header), state.data(), state.size());
+  used_ = sizeof(Header) + state.size();
+  put_f32(buffer_, &used_, s_.opt->masters());
+  put_f32(buffer_, &used_, s_.opt->exp_avg());
+  put_f32(buffer_, &used_, s_.opt->exp_avg_sq());
   step_ = step;
   written_ = false;
   in_flight_ = true;
@@ -162,10 +175,11 @@ void LocalCheckpoints::save() {
   writer_ = std::thread([this, path = part_path(step)] {
     Header head{};
     std::memcpy(&head, buffer_.data(), sizeof(Header));
-    head.crc = crc_of(buffer_.data() + sizeof(Header), buffer_.size() - sizeof(Header));
+    head.crc = crc_of(buffer_.data() + sizeof(Header), used_ - sizeof(Header));
     std::memcpy(buffer_.data(), &head, sizeof(Header));
     absl::Status st = fs::make_dirs(stdfs::path(path).parent_path().string());
-    if (st.ok()) st = fs::write_file_durable(path + ".tmp", buffer_);
+    if (st.ok())
+      st = fs::write_file_durable(path + ".tmp", std::string_view(buffer_.data(), used_));
     write_status_ = st;
     written_ = true;
   });
@@ -215,7 +229,7 @@ void LocalCheckpoints::commit(bool written) {
     s_.log.note(absl::StrFormat(
         "\"step\": %d, \"event\": \"local_checkpoint\", \"seconds\": %.6f, \"stall_s\": %.6f, "
         "\"bytes\": %d",
-        step_, unix_time() - started_, stall_s_, static_cast<int64_t>(buffer_.size())));
+        step_, unix_time() - started_, stall_s_, static_cast<int64_t>(used_)));
   // Retention: this rank's newest local_keep parts.
   const std::vector<int64_t> steps = own_steps(dir_, t.rank);
   for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "trainer/session.h"
@@ -43,6 +44,9 @@ class LocalCheckpoints {
   // This run's directory under checkpoint.local_dir.
   const std::string& dir() const { return dir_; }
 
+  // Allocates and touches the host buffer the saves copy into, once before the first (faulting in
+  // a fresh buffer's pages inside a save would stall it for seconds).
+  void prepare();
   // Collective over the world: copies this rank's part of s.state.step to the host and starts its
   // write in the background (after settling the one before, waiting for it if need be).
   void save();
@@ -73,7 +77,8 @@ class LocalCheckpoints {
   std::string dir_;
   // The write in flight: its buffer (header, state, masters, m, v; reused), its step, whether the
   // thread is done and how it went, and the loop's time in save() and settle() for it.
-  std::string buffer_;
+  std::vector<char> buffer_;
+  size_t used_ = 0;  // bytes of buffer_ the part fills
   int64_t step_ = -1;
   std::thread writer_;
   std::atomic<bool> written_{false};

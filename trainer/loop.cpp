@@ -128,6 +128,7 @@ struct LoopState {
       m.attention_bwd = s.model->attention_bwd_deterministic() ? "deterministic" : "fast";
     m.world = s.topo().world;
     guard.restore(s.state.loss_window, s.state.skipped_in_a_row, s.state.skipped_total);
+    local.prepare();
   }
 };
 

@@ -257,6 +257,37 @@ absl::Status check_checkpoint_dir(const Session& r) {
   return absl::OkStatus();
 }
 
+// With node-local checkpoints, checkpoint.local_dir can be made on this rank's node and has room
+// for the parts its ranks keep there: checkpoint.local_keep of them and one being written, each
+// rank's about 1/world of a checkpoint.
+absl::Status check_local_dir(const Session& r) {
+  if (r.cfg.checkpoint.local_interval <= 0) return absl::OkStatus();
+  const std::string& dir = r.cfg.checkpoint.local_dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint.local_dir '", dir, "' cannot be created on ", tr::fs::host_name(), ": ",
+        ec.message(), "; choose another checkpoint.local_dir or set checkpoint.local_interval=0"));
+  struct statvfs fsinfo {};
+  if (statvfs(dir.c_str(), &fsinfo) != 0) return absl::OkStatus();  // unknown: not an error
+  const double free_bytes =
+      static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
+  const int ranks_here = r.mpi ? r.mpi->local_size() : 1;
+  const double part = checkpoint_bytes(r.cfg, r.topo()) / r.topo().world;
+  const double need = static_cast<double>(r.cfg.checkpoint.local_keep + 1) * part * ranks_here;
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  if (free_bytes < need)
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "checkpoint.local_dir '%s' on %s has %.3g GiB free, less than the %.3g GiB its %d "
+        "rank%s keep there (checkpoint.local_keep=%lld and one being written, %.3g GiB each); "
+        "free some space, lower checkpoint.local_keep or choose another checkpoint.local_dir",
+        dir, tr::fs::host_name(), free_bytes / gib, need / gib, ranks_here,
+        ranks_here == 1 ? "" : "s", static_cast<long long>(r.cfg.checkpoint.local_keep),
+        part / gib));
+  return absl::OkStatus();
+}
+
 // What this rank may allocate: the host's available memory shared by the job's ranks there, and
 // its GPU's free memory shared by the ranks on it (several only with parallel.comm=mpi).
 MemoryBudget memory_budget(const Session& r) {
@@ -392,6 +423,7 @@ absl::Status check_inputs(Session& r) {
   if (!r.opts.dry_run) {
     if (absl::Status st = check_log_dir(r); !st.ok()) return st;
     if (absl::Status st = check_checkpoint_dir(r); !st.ok()) return st;
+    if (absl::Status st = check_local_dir(r); !st.ok()) return st;
   }
   if (world.rank() == 0 && !r.opts.dry_run) return lock_run_dirs(r, *ids_checked);
   return absl::OkStatus();
