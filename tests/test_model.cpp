@@ -826,7 +826,10 @@ TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks
   StorageSpec st;
   st.storage_bw = 40e9;
   const FailurePlan f = plan_failures(cfg, *p, 2400, st);
-  const double M = 2400.0 * 3600 / 16, rank = p->checkpoint_bytes / 128, t = p->step_s;
+  const double M = 2400.0 * 3600 / 16, t = p->step_s;
+  // A GPU rank's part: its ZeRO-1 shard of the masters and of Adam's m and v (dp 8).
+  const double rank = 12.0 * static_cast<double>(rank_layout(cfg, p->facts.topo).capacity) / 8;
+  CHECK(rank == rank_state_bytes(cfg, p->facts.topo, true));
   CHECK(f.job_mtbf_s == Approx(M));
   CHECK(f.persistent.write_s == Approx(p->checkpoint_bytes / 40e9));
   CHECK(f.persistent.stall_s ==

@@ -678,26 +678,32 @@ TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit
   CHECK(again.output.find("step 1/5") != std::string::npos);
 }
 
-// The same on 4 ranks (tp 2 x dp 2) with ZeRO-1's sharded fp32 masters (the GPU's layout on CPU
-// ranks): a hung rank ends the job after parallel.timeout_s; the resume takes step 4, every
-// rank's part of it, and the compute weights are gathered again from the shards.
+// The same on 4 ranks with ZeRO-1's sharded fp32 masters (the GPU's layout on CPU ranks), as
+// tp 2 x dp 2 and as pp 2 x dp 2 (the tied embedding on both stages): a hung rank ends the job
+// after parallel.timeout_s; the resume takes step 4, every rank's part of it, the compute weights
+// are gathered again from the shards and the tied copies made equal, and the run ends bit for bit
+// where one never stopped ends.
 TEST_CASE("reliability: 4 ranks with sharded masters resume from their local parts", "[cli][mpi]") {
-  RunDir run(8, ""), ref(8, "");
-  const std::string local =
-      " --set parallel.tp=2 --set parallel.zero1=true --set checkpoint.interval=0"
-      " --set checkpoint.local_interval=2 --set checkpoint.local_dir=";
-  const std::string env = "TR_TEST_COMPUTE_COPY=1";
-  const CmdResult hung = run.mpirun(4, local + (run.dir / "local") + " --set parallel.timeout_s=3",
-                                    env + " TR_TEST_FAULT=hang:6:1:1");
-  CHECK(hung.exit_code == kExitCommTimeout);
-  const CmdResult resumed = run.mpirun(4, local + (run.dir / "local"), env);
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
-  CHECK(resumed.output.find("resumed from the local checkpoint of step 4 in ") !=
-        std::string::npos);
-  REQUIRE(ref.mpirun(4, local + (ref.dir / "local"), env).exit_code == 0);
-  test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
-                              ref.dir / "ckpt/step_00000008");
+  for (const char* layout : {" --set parallel.tp=2", " --set parallel.pp=2"}) {
+    INFO(layout);
+    RunDir run(8, ""), ref(8, "");
+    const std::string local = std::string(layout) +
+                              " --set parallel.zero1=true --set checkpoint.interval=0"
+                              " --set checkpoint.local_interval=2 --set checkpoint.local_dir=";
+    const std::string env = "TR_TEST_COMPUTE_COPY=1";
+    const CmdResult hung =
+        run.mpirun(4, local + (run.dir / "local") + " --set parallel.timeout_s=3",
+                   env + " TR_TEST_FAULT=hang:6:1:1");
+    CHECK(hung.exit_code == kExitCommTimeout);
+    const CmdResult resumed = run.mpirun(4, local + (run.dir / "local"), env);
+    INFO(resumed.output);
+    REQUIRE(resumed.exit_code == 0);
+    CHECK(resumed.output.find("resumed from the local checkpoint of step 4 in ") !=
+          std::string::npos);
+    REQUIRE(ref.mpirun(4, local + (ref.dir / "local"), env).exit_code == 0);
+    test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
+                                ref.dir / "ckpt/step_00000008");
+  }
 }
 
 // tools/goodput over a run killed twice (kill -9 while a step hangs) and resumed twice: the

@@ -103,18 +103,27 @@ bool read_header(const std::string& path, Header* h) {
   return ok;
 }
 
-// Steps of this rank's parts in `dir` (step_* directories holding a renamed part), newest first.
-std::vector<int64_t> own_steps(const std::string& dir, int rank) {
+// Steps of this rank's parts in `dir` (step_* directories holding its renamed part; with
+// `unfinished`, or only its unfinished rank_RRRRR.bin.tmp), newest first.
+std::vector<int64_t> own_steps(const std::string& dir, int rank, bool unfinished = false) {
   std::vector<int64_t> steps;
   std::error_code ec;
+  const std::string name = absl::StrFormat("rank_%05d.bin%s", rank, unfinished ? ".tmp" : "");
   for (const auto& e : stdfs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
     long long step = -1;
-    if (std::sscanf(name.c_str(), "step_%lld", &step) != 1 || step < 0) continue;
-    if (stdfs::exists(e.path() / absl::StrFormat("rank_%05d.bin", rank), ec)) steps.push_back(step);
+    if (std::sscanf(e.path().filename().string().c_str(), "step_%lld", &step) != 1 || step < 0)
+      continue;
+    if (stdfs::exists(e.path() / name, ec)) steps.push_back(step);
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
+}
+
+// Removes `path` and then its directory once that is empty.
+void remove_part(const std::string& path) {
+  std::error_code ec;
+  stdfs::remove(path, ec);
+  stdfs::remove(stdfs::path(path).parent_path(), ec);  // fails while other ranks' parts are there
 }
 
 }  // namespace
@@ -134,6 +143,7 @@ std::string LocalCheckpoints::part_path(int64_t step) const {
 
 LocalCheckpoints::~LocalCheckpoints() {
   if (writer_.joinable()) writer_.join();
+  if (in_flight_) remove_part(part_path(step_) + ".tmp");  // never committed
 }
 
 void LocalCheckpoints::prepare() {
@@ -160,8 +170,9 @@ void LocalCheckpoints::save() {
   h.run_id = s_.state.run_id;
   h.state_bytes = static_cast<int64_t>(state.size());
   prepare();
-  if (state.size() > kStateRoom)  // a longer state than planned for
-    buffer_.resize(buffer_.size() + state.size() - kStateRoom);
+  const size_t need =
+      sizeof(Header) + state.size() + sizeof(float) * static_cast<size_t>(h.masters + 2 * h.states);
+  if (buffer_.size() < need) buffer_.resize(need);  // a longer state than planned for
   std::memcpy(buffer_.data(), &h, sizeof(Header));
   std::memcpy(buffer_.data() + sizeof(Header), state.data(), state.size());
   used_ = sizeof(Header) + state.size();
@@ -220,8 +231,7 @@ void LocalCheckpoints::commit(bool written) {
                    "warning: local checkpoint of step %lld not written on every rank; the run "
                    "goes on, its persistent checkpoints stand\n",
                    static_cast<long long>(step_));
-    std::error_code ec;
-    stdfs::remove(path + ".tmp", ec);
+    remove_part(path + ".tmp");
     return;
   }
   stall_s_ += seconds_since(t0);
@@ -230,14 +240,11 @@ void LocalCheckpoints::commit(bool written) {
         "\"step\": %d, \"event\": \"local_checkpoint\", \"seconds\": %.6f, \"stall_s\": %.6f, "
         "\"bytes\": %d",
         step_, unix_time() - started_, stall_s_, static_cast<int64_t>(used_)));
-  // Retention: this rank's newest local_keep parts.
+  // Retention: this rank's newest local_keep parts, and no unfinished one (a killed writer's).
   const std::vector<int64_t> steps = own_steps(dir_, t.rank);
-  for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i) {
-    std::error_code ec;
-    const std::string old = part_path(steps[i]);
-    stdfs::remove(old, ec);
-    stdfs::remove(stdfs::path(old).parent_path(), ec);  // once it is empty
-  }
+  for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i)
+    remove_part(part_path(steps[i]));
+  for (int64_t old : own_steps(dir_, t.rank, true)) remove_part(part_path(old) + ".tmp");
 }
 
 int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
@@ -323,11 +330,8 @@ absl::Status LocalCheckpoints::load(int64_t step) {
 }
 
 void LocalCheckpoints::discard_own() {
-  for (int64_t step : own_steps(dir_, s_.topo().rank)) {
-    std::error_code ec;
-    stdfs::remove(part_path(step), ec);
-    stdfs::remove(stdfs::path(part_path(step)).parent_path(), ec);
-  }
+  for (int64_t step : own_steps(dir_, s_.topo().rank)) remove_part(part_path(step));
+  for (int64_t step : own_steps(dir_, s_.topo().rank, true)) remove_part(part_path(step) + ".tmp");
 }
 
 }  // namespace tr

@@ -39,8 +39,12 @@ class LocalCheckpoints {
   LocalCheckpoints& operator=(const LocalCheckpoints&) = delete;
 
   bool enabled() const { return s_.cfg.checkpoint.local_interval > 0; }
-  // Whether step `step` is due for a local save.
-  bool due(int64_t step) const { return enabled() && step % s_.cfg.checkpoint.local_interval == 0; }
+  // Whether step `step` is due for a local save: every local_interval steps, but not the last
+  // step nor one a persistent checkpoint was just taken of.
+  bool due(int64_t step) const {
+    return enabled() && step % s_.cfg.checkpoint.local_interval == 0 && step < s_.cfg.train.steps &&
+           step != s_.last_saved_step;
+  }
   // This run's directory under checkpoint.local_dir.
   const std::string& dir() const { return dir_; }
 

@@ -120,12 +120,18 @@ void DistributedOptimizer::refresh_compute_weights(const ParamInfo* p) {
 }
 
 void DistributedOptimizer::compute_weights_from_masters() {
-  if (!masters_sharded()) return refresh_compute_weights();
-  const Tensor weights = params_.weights_padded();
-  for (const ShardRun& r : reducer_.shards().runs(0, params_.layout().capacity))
-    cast(ctx_, weights.at(r.flat, {r.count}), masters_.at(r.shard, {r.count}));
-  reducer_.gather_weights(weights);
-  reducer_.finish_weights();
+  if (!masters_sharded()) {
+    refresh_compute_weights();
+  } else {
+    const Tensor weights = params_.weights_padded();
+    for (const ShardRun& r : reducer_.shards().runs(0, params_.layout().capacity))
+      cast(ctx_, weights.at(r.flat, {r.count}), masters_.at(r.shard, {r.count}));
+    reducer_.gather_weights(weights);
+    reducer_.finish_weights();
+  }
+  // The tied embedding's two copies as every update leaves them: the first stage's. (The last
+  // stage's sharded masters of its copy may differ from the first's in summation order.)
+  sync_tied_embedding();
 }
 
 std::vector<float> DistributedOptimizer::weights_to_host() const {

@@ -106,7 +106,8 @@ class DistributedOptimizer final : public ParamEvents {
   std::vector<float> weights_to_host() const;
   // The compute weights from the masters, after the masters (and the moments) were set in place
   // (a local checkpoint's load): cast where they are separate; from ZeRO-1's sharded masters
-  // each rank casts its shard and the pieces are all-gathered.
+  // each rank casts its shard and the pieces are all-gathered; then the tied embedding's copies
+  // are made equal as after an update. Collective over the dp and embed groups.
   void compute_weights_from_masters();
   // Sets the weights from all of this rank's values on the host ([P] f32: initialisation, a
   // checkpoint or a Hugging Face load): the masters it keeps and the whole compute weights.

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
+#include "trainer/shard.h"
 
 namespace tr {
 namespace {
@@ -40,7 +41,8 @@ FailurePlan plan_failures(const Config& cfg, const Plan& plan, double mtbf_hours
   f.mtbf_hours_per_node = mtbf_hours_per_node;
   f.storage = s;
   f.job_mtbf_s = mtbf_hours_per_node * 3600.0 / plan.nodes;
-  const double rank = plan.checkpoint_bytes / plan.world;  // the parts are near equal
+  // A rank's part as a GPU rank holds it (its masters and moments; whole without ZeRO-1).
+  const double rank = rank_state_bytes(cfg, plan.facts.topo, true);
   const double node = rank * plan.gpus_per_node;
   // Persistent: every rank writes its part to the shared filesystem; asynchronous saves stall
   // only for the copy to host memory.
@@ -120,8 +122,9 @@ std::string format_failures(const FailurePlan& f) {
     out += choice_line("persistent, checkpoint.interval:", f.persistent_configured);
   out += choice_line("persistent, Young/Daly:", f.persistent_young);
   absl::StrAppendFormat(&out,
-                        "  local save (node-local, a replica on another node): stall %.2f s, "
-                        "committed after %s, loaded in %s\n",
+                        "  local save (node-local, a replica on another node; the replica is "
+                        "planned, not written yet): stall %.2f s, committed after %s, loaded in "
+                        "%s\n",
                         f.local.stall_s, duration(f.local.write_s), duration(f.local.load_s));
   if (f.local_configured.steps > 0)
     out += choice_line("local, checkpoint.local_interval:", f.local_configured);

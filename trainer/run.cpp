@@ -215,11 +215,14 @@ absl::Status resume_local(Session& r) {
   }
   const int64_t persistent = r.resume_from.empty() ? -1 : r.state.step;
   const int64_t step = local.newest(std::max<int64_t>(persistent, 0), run_id);
-  if (step < 0) return absl::OkStatus();
-  if (absl::Status st = local.load(step); !st.ok()) {
-    if (r.logger())
+  absl::Status st = step >= 0 ? local.load(step) : absl::NotFoundError("");
+  if (!st.ok()) {
+    if (r.logger() && step >= 0)
       std::printf("note: %s; resuming from %s\n", std::string(st.message()).c_str(),
                   persistent >= 0 ? ckpt::step_dir_name(persistent).c_str() : "the start");
+    // The run continues from the persistent checkpoint: no later resume may take a local part
+    // this one did not (of another layout, or damaged).
+    if (!r.opts.dry_run) local.discard_own();
     return absl::OkStatus();
   }
   r.train->reset(r.state.consumed_samples);
@@ -270,12 +273,16 @@ absl::Status build_model(Session& r) {
   r.opt->weights_from_host(initial_weights(
       r.params->layout(), dims, static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std));
   r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
+  absl::Status loaded;
   if (!r.resume_from.empty()) {
-    if (absl::Status st = load_checkpoint(r, r.resume_from); !st.ok()) return st;
-    r.train->reset(r.state.consumed_samples);  // continue the sample order exactly
+    loaded = load_checkpoint(r, r.resume_from);
+    if (loaded.ok()) r.train->reset(r.state.consumed_samples);  // continue the sample order
   } else if (r.init_from) {
-    if (absl::Status st = load_init_from(r); !st.ok()) return st;
+    loaded = load_init_from(r);
   }
+  // A load that failed on some ranks ends every rank here, before the collectives below (the
+  // failing ranks' errors are agreed by the caller).
+  if (!all_ok(*r.groups.world, loaded.ok())) return loaded;
   if (absl::Status st = resume_local(r); !st.ok()) return st;
   // A fresh run's identity (also for a checkpoint from before run ids), the same on every rank:
   // rank 0 draws it. Every shard is stamped with it (ckpt::TrainState::run_id).

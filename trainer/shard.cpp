@@ -174,6 +174,13 @@ double checkpoint_bytes(const Config& cfg, const Topology& topo) {
   return elems * 3 * sizeof(float);  // weights, Adam m, Adam v
 }
 
+double rank_state_bytes(const Config& cfg, const Topology& topo, bool separate_masters) {
+  const auto capacity = static_cast<double>(rank_layout(cfg, topo).capacity);
+  const bool zero1 = zero1_on(cfg, topo);
+  const double shard = zero1 ? capacity / topo.dp : capacity;
+  return sizeof(float) * ((separate_masters ? shard : capacity) + 2 * shard);
+}
+
 absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Topology& topo,
                             float* params, float* exp_avg, float* exp_avg_sq,
                             ckpt::TrainState* state, std::string* config_yaml) {

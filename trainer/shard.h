@@ -65,6 +65,11 @@ std::vector<ckpt::TensorRef> model_tensors(const Config& cfg, const Topology& to
 // Bytes of one checkpoint on disk: the fp32 weights and both Adam moments of every tensor (the
 // small metadata files aside). The planner shows it; start-up checks checkpoint.dir against it.
 double checkpoint_bytes(const Config& cfg, const Topology& topo);
+// Bytes of the training state rank `topo.rank` holds in host copies of it (a node-local part,
+// an asynchronous save's buffer): its fp32 masters (its ZeRO-1 shard where they are separate
+// from the compute weights and sharded, else the whole flat buffer) and its Adam m and v (its
+// shard under ZeRO-1, else the whole buffer).
+double rank_state_bytes(const Config& cfg, const Topology& topo, bool separate_masters);
 
 // Reads this rank's part of checkpoint `dir` into its buffers: its TP slice of each tensor of
 // its stage (vocabulary padding rows zeroed), and its ZeRO-1 range of the Adam states. The

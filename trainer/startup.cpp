@@ -258,8 +258,8 @@ absl::Status check_checkpoint_dir(const Session& r) {
 }
 
 // With node-local checkpoints, checkpoint.local_dir can be made on this rank's node and has room
-// for the parts its ranks keep there: checkpoint.local_keep of them and one being written, each
-// rank's about 1/world of a checkpoint.
+// for the parts its ranks keep there: checkpoint.local_keep of them and one being written
+// (rank_state_bytes each; GPU ranks keep separate masters).
 absl::Status check_local_dir(const Session& r) {
   if (r.cfg.checkpoint.local_interval <= 0) return absl::OkStatus();
   const std::string& dir = r.cfg.checkpoint.local_dir;
@@ -274,7 +274,7 @@ absl::Status check_local_dir(const Session& r) {
   const double free_bytes =
       static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
   const int ranks_here = r.mpi ? r.mpi->local_size() : 1;
-  const double part = checkpoint_bytes(r.cfg, r.topo()) / r.topo().world;
+  const double part = rank_state_bytes(r.cfg, r.topo(), r.ctx.device == Device::cuda);
   const double need = static_cast<double>(r.cfg.checkpoint.local_keep + 1) * part * ranks_here;
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (free_bytes < need)

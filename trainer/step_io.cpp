@@ -66,6 +66,9 @@ double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t*
                         float grad_scale) {
   TR_ASSERT(model.dims().first_stage && model.dims().last_stage,
             "forward_backward runs the whole model");
+  // Each call is the last of its step (its layers' norms are summed over TP when it ends), so
+  // under sequence parallelism a second call would sum them again.
+  TR_ASSERT(!model.dims().sequence_parallel, "forward_backward: not under sequence parallelism");
   StepIO io(model.ctx());
   io.stage({tokens}, {targets}, model.tokens_per_micro_batch());
   model.forward_stage(0, io.inputs(0));

@@ -48,7 +48,8 @@ class StepIO {
 
 // One micro-batch through a whole (single-stage) model: forward, loss and backward, gradients
 // ACCUMULATED into the model's buffer scaled by grad_scale; returns the sum of the per-token
-// losses (a host sync). For tests and tools; the trainer's step runs the pipeline.
+// losses (a host sync). For tests and tools, without sequence parallelism; the trainer's step
+// runs the pipeline.
 double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t* targets,
                         float grad_scale);
 
