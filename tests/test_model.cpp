@@ -21,6 +21,7 @@
 #include "trainer/config.h"
 #include "trainer/facts.h"
 #include "trainer/init.h"
+#include "trainer/memcheck.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
 #include "trainer/phases.h"
@@ -869,6 +870,37 @@ TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks
         Approx(1 - persistent_stall - f.local.stall_s / (10 * t + f.local.stall_s) - lost10 / M));
   CHECK(format_failures(g).find("local, checkpoint.local_interval: every 10 steps") !=
         std::string::npos);
+}
+
+// The start-up memory check counts the saves' host memory: an asynchronous save's buffer (the
+// blocks the rank owns), the local saves' buffer (the rank's whole part) and, with
+// checkpoint.local_dir on a tmpfs, the parts kept there; each by hand for the 72B job's rank 0.
+TEST_CASE("memory check: the saves' host buffers and tmpfs parts are counted", "[model]") {
+  const Topology topo = Topology::make(128, 0, 8, 2, 8)->of_rank(0);
+  const Config plain = plan_config({"checkpoint.async=false"});
+  CHECK(save_host_bytes(plain, topo, true) == 0);
+  const Config async = plan_config({"checkpoint.async=true"});
+  CHECK(save_host_bytes(async, topo, true) == Approx(checkpoint_bytes(async, topo) / 128));
+  const double part = rank_state_bytes(plain, topo, true);
+  CHECK(part == 12.0 * static_cast<double>(rank_layout(plain, topo).capacity) / 8);
+  // The source checkout is on a disk, not a tmpfs: only the buffer counts.
+  const Config local = plan_config({"checkpoint.async=false", "checkpoint.local_interval=10",
+                                    std::string("checkpoint.local_dir=") + TR_SOURCE_DIR,
+                                    "checkpoint.local_keep=2"});
+  CHECK(save_host_bytes(local, topo, true) == part);
+  const Config shm = plan_config({"checkpoint.async=false", "checkpoint.local_interval=10",
+                                  "checkpoint.local_dir=/dev/shm", "checkpoint.local_keep=2"});
+  CHECK(save_host_bytes(shm, topo, true) == 4 * part);  // the buffer, 2 kept, 1 being written
+  // And the check says so: a host too small for the local saves alone.
+  absl::StatusOr<RunFacts> facts = run_facts(shm, 128, 0);
+  REQUIRE(facts.ok());
+  MemoryBudget budget;
+  budget.host_available = 2 * part;
+  budget.device_available = 1e15;
+  const absl::Status st = check_memory(shm, *facts, Device::cuda, budget);
+  CHECK(st.message().find("of host memory per rank (data ") != std::string::npos);
+  CHECK(st.message().find(", saves ") != std::string::npos);
+  CHECK(check_memory(plan_config({"checkpoint.async=false"}), *facts, Device::cuda, budget).ok());
 }
 
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {

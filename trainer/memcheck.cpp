@@ -1,5 +1,7 @@
 #include "trainer/memcheck.h"
 
+#include <sys/vfs.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -9,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "core/fs_io.h"
 #include "trainer/plan.h"
+#include "trainer/shard.h"
 
 namespace tr {
 namespace {
@@ -64,12 +67,28 @@ double host_memory_available() {
   return avail;
 }
 
+double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_masters) {
+  const CheckpointConfig& c = cfg.checkpoint;
+  double bytes = c.async ? checkpoint_bytes(cfg, topo) / topo.world : 0;  // the blocks it owns
+  if (c.local_interval > 0) {
+    const double part = rank_state_bytes(cfg, topo, separate_masters);
+    bytes += part;
+    constexpr long kTmpfsMagic = 0x01021994;
+    struct statfs fs {};
+    if (statfs(c.local_dir.c_str(), &fs) == 0 && static_cast<long>(fs.f_type) == kTmpfsMagic)
+      bytes += static_cast<double>(c.local_keep + 1) * part;
+  }
+  return bytes;
+}
+
 absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device device,
                           const MemoryBudget& budget, bool separate_compute_copy,
                           int64_t loss_chunk) {
   const Topology& topo = facts.topo;
   const StageMemory m = rank_memory(cfg, facts, device, separate_compute_copy, loss_chunk);
   const double data = loader_bytes(cfg, topo);
+  const double saves = save_host_bytes(cfg, topo, device == Device::cuda || separate_compute_copy);
+  const std::string saves_part = saves > 0 ? absl::StrCat(", saves ", gib(saves)) : "";
   const std::string parts = absl::StrCat(
       "weights ", gib(m.weights + m.compute_copy), ", gradients ", gib(m.grads), ", optimizer ",
       gib(m.optimizer), ", activations ", gib(m.activations), " (train.micro_batch ",
@@ -89,12 +108,12 @@ absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device devic
         " has ", gib(available), " available for its ", sharing, " rank(s)", fix));
   };
   if (device == Device::cpu)
-    return check("host", absl::StrCat("host ", fs::host_name()), m.total() + data,
+    return check("host", absl::StrCat("host ", fs::host_name()), m.total() + data + saves,
                  budget.host_available, budget.ranks_on_host,
-                 absl::StrCat(parts, ", data ", gib(data)));
+                 absl::StrCat(parts, ", data ", gib(data), saves_part));
   if (absl::Status st =
-          check("host", absl::StrCat("host ", fs::host_name()), data, budget.host_available,
-                budget.ranks_on_host, absl::StrCat("data ", gib(data)));
+          check("host", absl::StrCat("host ", fs::host_name()), data + saves, budget.host_available,
+                budget.ranks_on_host, absl::StrCat("data ", gib(data), saves_part));
       !st.ok())
     return st;
   return check("GPU", "this rank's GPU", m.total(), budget.device_available, budget.ranks_on_device,
