@@ -56,6 +56,9 @@ const std::array<SwitchInfo, kSettings> kSettingTable = {{
     {"TR_TEST_CRASH_POINT", SwitchKind::test,
      "STAGE[@N]: dies by SIGKILL at that stage of a checkpoint save's commit (N: of the save of "
      "step N), or after the Nth move of a start-over or roll-back (STAGE move_aside)"},
+    {"TR_NODE_NAME", SwitchKind::test,
+     "NAME: this process's node for the node-local checkpoints instead of the host name (so that "
+     "CPU tests run several nodes on one machine)"},
 }};
 
 struct Registry {

@@ -37,6 +37,7 @@ enum class Setting : int {
   loss_chunk_tokens,  // TR_LOSS_CHUNK_TOKENS
   test_fault,         // TR_TEST_FAULT
   test_crash_point,   // TR_TEST_CRASH_POINT
+  node_name,          // TR_NODE_NAME
   count_
 };
 

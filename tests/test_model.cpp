@@ -890,7 +890,8 @@ TEST_CASE("memory check: the saves' host buffers and tmpfs parts are counted", "
   CHECK(save_host_bytes(local, topo, true) == part);
   const Config shm = plan_config({"checkpoint.async=false", "checkpoint.local_interval=10",
                                   "checkpoint.local_dir=/dev/shm", "checkpoint.local_keep=2"});
-  CHECK(save_host_bytes(shm, topo, true) == 4 * part);  // the buffer, 2 kept, 1 being written
+  CHECK(save_host_bytes(shm, topo, true) == 4 * part);        // the buffer, 2 kept, 1 being written
+  CHECK(save_host_bytes(shm, topo, true, true) == 7 * part);  // and as many replicas
   // And the check says so: a host too small for the local saves alone.
   absl::StatusOr<RunFacts> facts = run_facts(shm, 128, 0);
   REQUIRE(facts.ok());

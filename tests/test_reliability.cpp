@@ -706,6 +706,65 @@ TEST_CASE("reliability: 4 ranks with sharded masters resume from their local par
   }
 }
 
+// Replicas: 4 ranks as 2 "nodes" of 2 (TR_NODE_NAME), tp 2 x dp 2. Each rank's local part also
+// goes to its holder on the other node. A hung rank ends the job; node n1's local directory is
+// then deleted (the job comes back on a new node): its ranks fetch their parts from the replicas
+// on n0, and the run ends bit for bit where one never stopped ends. With both nodes' parts gone
+// the resume falls back to the persistent checkpoint.
+TEST_CASE("reliability: a lost node's ranks resume from their replicas on the next node",
+          "[cli][mpi]") {
+  RunDir run(8, ""), ref(8, ""), gone(8, "");
+  // Each rank's node: n0 for ranks 0 and 1, n1 for ranks 2 and 3.
+  auto launch = [](const RunDir& d, const std::string& args, const std::string& env) {
+    return run_cmd(env + " " + test::kOneThread + " " + TR_MPIRUN +
+                   " 4 sh -c 'TR_NODE_NAME=n$((OMPI_COMM_WORLD_RANK / 2)) exec " + TR_TRAINER_BIN +
+                   " --config " + d.config + " " + args + "'");
+  };
+  const std::string sets =
+      " --set parallel.tp=2 --set checkpoint.interval=0 --set checkpoint.local_interval=2"
+      " --set checkpoint.local_dir=";
+  for (const RunDir* d : {&run, &gone}) {
+    const CmdResult hung = launch(*d, sets + (d->dir / "local") + " --set parallel.timeout_s=3",
+                                  "TR_TEST_FAULT=hang:6:1:1");
+    CHECK(hung.exit_code == kExitCommTimeout);
+  }
+  // Node n1's parts (and the replicas it held for n0) are gone.
+  size_t removed = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
+    if (e.is_directory() && e.path().filename() == "n1") {
+      removed = std::filesystem::remove_all(e.path());
+      break;
+    }
+  CHECK(removed > 0);
+  const CmdResult resumed = launch(run, sets + (run.dir / "local"), "");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(resumed.output.find("resumed from the local checkpoint of step 4 in ") !=
+        std::string::npos);
+  REQUIRE(launch(ref, sets + (ref.dir / "local"), "").exit_code == 0);
+  test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
+                              ref.dir / "ckpt/step_00000008");
+  // Both copies of n1's parts gone (its directory, and n0's replicas of them): no local step is
+  // whole; one line says why, and the run starts again from step 0 (no persistent checkpoint).
+  for (const auto& e : std::filesystem::recursive_directory_iterator(gone.dir / "local"))
+    if (e.is_directory() && e.path().filename() == "n1") {
+      std::filesystem::remove_all(e.path());
+      break;
+    }
+  std::vector<std::filesystem::path> replicas;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(gone.dir / "local"))
+    if (e.path().filename().string().starts_with("replica_")) replicas.push_back(e.path());
+  CHECK(replicas.size() == 4);  // n0 holds those of ranks 2 and 3, steps 2 and 4
+  for (const auto& p : replicas) std::filesystem::remove(p);
+  const CmdResult fresh = launch(gone, sets + (gone.dir / "local"), "");
+  INFO(fresh.output);
+  REQUIRE(fresh.exit_code == 0);
+  CHECK(fresh.output.find("note: the local checkpoint of step 4 has no copy left of the part of "
+                          "ranks 2, 3 (its node and its replica's holder lost both); resuming "
+                          "from the start") != std::string::npos);
+  CHECK(fresh.output.find("resumed from") == std::string::npos);
+}
+
 // tools/goodput over a run killed twice (kill -9 while a step hangs) and resumed twice: the
 // steps it reports recomputed are exactly those logged past the checkpoint each restart resumed
 // from, the productive time is the step time of the steps that count, and the parts add up to

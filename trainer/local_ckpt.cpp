@@ -13,9 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/clock.h"
 #include "core/fs_io.h"
 #include "core/hash.h"
+#include "core/switches.h"
 #include "kernels/ops.h"
 #include "trainer/agree.h"
 
@@ -103,12 +105,15 @@ bool read_header(const std::string& path, Header* h) {
   return ok;
 }
 
-// Steps of this rank's parts in `dir` (step_* directories holding its renamed part; with
-// `unfinished`, or only its unfinished rank_RRRRR.bin.tmp), newest first.
-std::vector<int64_t> own_steps(const std::string& dir, int rank, bool unfinished = false) {
+// A part's file name: rank R's own part, or the replica of rank R's part another rank holds.
+std::string file_name(int rank, bool replica) {
+  return absl::StrFormat("%s_%05d.bin", replica ? "replica" : "rank", rank);
+}
+
+// Steps whose step_* directory in `dir` holds `name`, newest first.
+std::vector<int64_t> steps_with(const std::string& dir, const std::string& name) {
   std::vector<int64_t> steps;
   std::error_code ec;
-  const std::string name = absl::StrFormat("rank_%05d.bin%s", rank, unfinished ? ".tmp" : "");
   for (const auto& e : stdfs::directory_iterator(dir, ec)) {
     long long step = -1;
     if (std::sscanf(e.path().filename().string().c_str(), "step_%lld", &step) != 1 || step < 0)
@@ -117,6 +122,38 @@ std::vector<int64_t> own_steps(const std::string& dir, int rank, bool unfinished
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
+}
+
+// Steps of this rank's own parts in `dir` (with `unfinished`, its unfinished .tmp ones).
+std::vector<int64_t> own_steps(const std::string& dir, int rank, bool unfinished = false) {
+  return steps_with(dir, file_name(rank, false) + (unfinished ? ".tmp" : ""));
+}
+
+// Point-to-point byte transfers, in rounds of at most 1 GiB per transfer (MPI counts are ints):
+// each transfer's `data` holds at least its size rounded up to 8 bytes. Sender and receiver of
+// a transfer agree on its size; every round's sends and receives are posted together.
+struct Transfer {
+  int peer;
+  char* data;
+  int64_t bytes;
+};
+void exchange_bytes(Comm& c, const std::vector<Transfer>& sends,
+                    const std::vector<Transfer>& recvs) {
+  constexpr int64_t kChunk = int64_t{1} << 27;  // i64 elements: 1 GiB
+  for (int64_t round = 0;; ++round) {
+    std::vector<P2P> ops;
+    for (const auto* list : {&sends, &recvs})
+      for (const Transfer& t : *list) {
+        const int64_t words = (t.bytes + 7) / 8, at = round * kChunk;
+        if (at >= words) continue;
+        ops.push_back(
+            {list == &sends ? P2P::send : P2P::recv,
+             Tensor(t.data + at * 8, DType::i64, Device::cpu, {std::min(kChunk, words - at)}),
+             t.peer});
+      }
+    if (ops.empty()) return;
+    c.exchange(ops);
+  }
 }
 
 // Removes `path` and then its directory once that is empty.
@@ -128,17 +165,68 @@ void remove_part(const std::string& path) {
 
 }  // namespace
 
+std::string node_name() {
+  std::string name = setting(Setting::node_name);
+  if (name.empty()) name = fs::host_name();
+  std::replace(name.begin(), name.end(), '/', '_');
+  return name;
+}
+
 LocalCheckpoints::LocalCheckpoints(Session& s) : s_(s) {
   std::error_code ec;
   const stdfs::path root = stdfs::absolute(s.cfg.checkpoint.dir, ec).lexically_normal();
-  // One directory per checkpoint.dir: its name and a hash of its absolute path.
-  dir_ = fs::join(s.cfg.checkpoint.local_dir,
-                  absl::StrFormat("%s-%016x", root.filename().string(), fnv1a64(root.string())));
+  // One directory per checkpoint.dir (its name and a hash of its absolute path), and in it one
+  // per node, so that nodes sharing a file system (and tests running several "nodes" on one
+  // machine) keep their parts apart.
+  node_ = node_name();
+  dir_ = fs::join(
+      fs::join(s.cfg.checkpoint.local_dir,
+               absl::StrFormat("%s-%016x", root.filename().string(), fnv1a64(root.string()))),
+      node_);
+  if (!enabled()) return;
+  // The nodes: every rank's node name, all-gathered; nodes numbered by their first rank.
+  Comm& world = *s.groups.world;
+  constexpr int kName = 64;
+  std::vector<char> names(static_cast<size_t>(kName) * world.size(), '\0');
+  std::vector<char> mine(kName, '\0');
+  std::memcpy(mine.data(), node_.data(), std::min<size_t>(node_.size(), kName - 1));
+  world.all_gather(Tensor(names.data(), DType::i64, Device::cpu, {kName / 8 * world.size()}),
+                   Tensor(mine.data(), DType::i64, Device::cpu, {kName / 8}));
+  std::vector<std::string> node_of;
+  std::vector<std::vector<int>> ranks_of;  // each node's ranks, in rank order
+  std::vector<std::string> nodes;
+  for (int r = 0; r < world.size(); ++r) {
+    node_of.emplace_back(names.data() + static_cast<size_t>(r) * kName);
+    const auto at = std::find(nodes.begin(), nodes.end(), node_of.back());
+    if (at == nodes.end()) {
+      nodes.push_back(node_of.back());
+      ranks_of.push_back({r});
+    } else {
+      ranks_of[static_cast<size_t>(at - nodes.begin())].push_back(r);
+    }
+  }
+  // Rank r's replica holder: on the next node in the ring, the rank at r's place there (modulo
+  // that node's ranks). One node: no replicas.
+  holders_.assign(static_cast<size_t>(world.size()), -1);
+  if (nodes.size() < 2) return;
+  replicas_ = true;
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const std::vector<int>& next = ranks_of[(k + 1) % nodes.size()];
+    for (size_t i = 0; i < ranks_of[k].size(); ++i)
+      holders_[static_cast<size_t>(ranks_of[k][i])] = next[i % next.size()];
+  }
+}
+
+int LocalCheckpoints::holder() const {
+  return holders_.empty() ? -1 : holders_[static_cast<size_t>(s_.topo().rank)];
+}
+
+std::string LocalCheckpoints::path_of(int64_t step, int rank, bool replica) const {
+  return fs::join(fs::join(dir_, absl::StrFormat("step_%08d", step)), file_name(rank, replica));
 }
 
 std::string LocalCheckpoints::part_path(int64_t step) const {
-  return fs::join(fs::join(dir_, absl::StrFormat("step_%08d", step)),
-                  absl::StrFormat("rank_%05d.bin", s_.topo().rank));
+  return path_of(step, s_.topo().rank, false);
 }
 
 LocalCheckpoints::~LocalCheckpoints() {
@@ -211,16 +299,53 @@ void LocalCheckpoints::settle(bool wait) {
   in_flight_ = false;
 }
 
+absl::Status LocalCheckpoints::write_replicas() {
+  Comm& world = *s_.groups.world;
+  const int me = s_.topo().rank;
+  // Every part's size, so that each holder knows what it receives.
+  std::vector<int64_t> sizes(static_cast<size_t>(world.size()));
+  int64_t mine = static_cast<int64_t>(used_);
+  world.all_gather(Tensor(sizes.data(), DType::i64, Device::cpu, {world.size()}),
+                   Tensor(&mine, DType::i64, Device::cpu, {1}));
+  std::vector<Transfer> sends, recvs;
+  if (holder() >= 0) sends.push_back({holder(), buffer_.data(), mine});
+  std::vector<std::pair<int, std::vector<char>>> got;
+  for (int r = 0; r < world.size(); ++r)
+    if (holders_[static_cast<size_t>(r)] == me)
+      got.emplace_back(r, std::vector<char>(static_cast<size_t>((sizes[r] + 7) / 8 * 8)));
+  for (auto& [r, bytes] : got) recvs.push_back({r, bytes.data(), sizes[r]});
+  exchange_bytes(world, sends, recvs);
+  absl::Status st;
+  for (const auto& [r, bytes] : got) {
+    const std::string path = path_of(step_, r, true) + ".tmp";
+    if (st.ok()) st = fs::make_dirs(stdfs::path(path).parent_path().string());
+    if (st.ok())
+      st = fs::write_file_durable(path,
+                                  std::string_view(bytes.data(), static_cast<size_t>(sizes[r])));
+  }
+  return st;
+}
+
 void LocalCheckpoints::commit(bool written) {
   const auto t0 = Clock::now();
   const Topology& t = s_.topo();
   const std::string path = part_path(step_);
   Comm& world = *s_.groups.world;
-  // Counts only once every rank has its part: then each renames its own.
+  // Each part goes to its holder on the next node, then counts only once every rank has its
+  // own part and every replica: then each renames its own files.
   absl::Status st = write_status_;
   const bool everywhere = all_ok(world, written);
-  if (everywhere) st = fs::rename_path(path + ".tmp", path);
-  if (!all_ok(world, everywhere && st.ok())) {
+  std::vector<int> sources;  // the ranks whose replicas this rank holds
+  for (size_t r = 0; r < holders_.size(); ++r)
+    if (holders_[r] == t.rank) sources.push_back(static_cast<int>(r));
+  if (everywhere && replicas_) st = write_replicas();
+  const bool replicated = all_ok(world, everywhere && st.ok());
+  if (replicated) {
+    st = fs::rename_path(path + ".tmp", path);
+    for (int r : sources)
+      if (st.ok()) st = fs::rename_path(path_of(step_, r, true) + ".tmp", path_of(step_, r, true));
+  }
+  if (!all_ok(world, replicated && st.ok())) {
     if (!st.ok())
       std::fprintf(stderr,
                    "warning: rank %d: local checkpoint of step %lld not written (%s); the run "
@@ -232,6 +357,7 @@ void LocalCheckpoints::commit(bool written) {
                    "goes on, its persistent checkpoints stand\n",
                    static_cast<long long>(step_));
     remove_part(path + ".tmp");
+    for (int r : sources) remove_part(path_of(step_, r, true) + ".tmp");
     return;
   }
   stall_s_ += seconds_since(t0);
@@ -240,7 +366,13 @@ void LocalCheckpoints::commit(bool written) {
         "\"step\": %d, \"event\": \"local_checkpoint\", \"seconds\": %.6f, \"stall_s\": %.6f, "
         "\"bytes\": %d",
         step_, unix_time() - started_, stall_s_, static_cast<int64_t>(used_)));
-  // Retention: this rank's newest local_keep parts, and no unfinished one (a killed writer's).
+  // Retention: this rank's newest local_keep parts and replicas, and no unfinished one (a
+  // killed writer's).
+  for (int r : sources) {
+    const std::vector<int64_t> steps = steps_with(dir_, file_name(r, true));
+    for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i)
+      remove_part(path_of(steps[i], r, true));
+  }
   const std::vector<int64_t> steps = own_steps(dir_, t.rank);
   for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i)
     remove_part(part_path(steps[i]));
@@ -249,42 +381,138 @@ void LocalCheckpoints::commit(bool written) {
 
 int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
   Comm& world = *s_.groups.world;
-  // Each rank's newest parts as (step, run id) pairs, all-gathered: every rank then picks the
-  // same step, the newest one that every rank holds from the same run.
-  constexpr int kListed = 16;
-  std::vector<int64_t> mine(2 * kListed, -1);
+  const int n = world.size(), me = s_.topo().rank;
+  // Each rank lists its newest steps with the parts it can provide of each: its own part (read
+  // where its node keeps it) and the replicas it holds there, as a bit set over the ranks. Every
+  // rank then picks the same step: the newest one whose every part someone provides, all of one
+  // run (and of `run_id` when given).
+  constexpr int kListed = 8;
+  const int words = (n + 63) / 64, entry = 2 + words;
+  std::vector<int64_t> mine(static_cast<size_t>(kListed * entry), 0);
+  for (int i = 0; i < kListed; ++i) mine[static_cast<size_t>(i * entry)] = -1;
+  std::set<int64_t> steps;
+  for (int64_t step : own_steps(dir_, me)) steps.insert(step);
+  for (int r = 0; r < n; ++r)
+    if (!holders_.empty() && holders_[static_cast<size_t>(r)] == me)
+      for (int64_t step : steps_with(dir_, file_name(r, true))) steps.insert(step);
   int listed = 0;
-  for (int64_t step : own_steps(dir_, s_.topo().rank)) {
-    Header h{};
-    if (listed == kListed || step <= after) break;
-    if (!read_header(part_path(step), &h) || !same_layout(h, s_) || h.step != step) continue;
-    if (run_id != 0 && h.run_id != run_id) continue;
-    mine[2 * listed] = step;
-    mine[2 * listed + 1] = static_cast<int64_t>(h.run_id);
+  for (auto it = steps.rbegin(); it != steps.rend() && listed < kListed; ++it) {
+    const int64_t step = *it;
+    if (step <= after) break;
+    int64_t* e = &mine[static_cast<size_t>(listed * entry)];
+    uint64_t id = 0;
+    bool any = false;
+    for (int r = 0; r < n; ++r) {
+      const bool own = r == me;
+      if (!own && (holders_.empty() || holders_[static_cast<size_t>(r)] != me)) continue;
+      Header h{};
+      if (!read_header(path_of(step, r, !own), &h) || h.step != step || h.rank != r ||
+          h.world != n || (own && !same_layout(h, s_)) || (run_id != 0 && h.run_id != run_id) ||
+          (any && h.run_id != id))
+        continue;
+      id = h.run_id;
+      any = true;
+      e[2 + r / 64] |= static_cast<int64_t>(uint64_t{1} << (r % 64));
+    }
+    if (!any) continue;
+    e[0] = step;
+    e[1] = static_cast<int64_t>(id);
     ++listed;
   }
-  const int64_t n = 2 * kListed;
-  std::vector<int64_t> all(static_cast<size_t>(n * world.size()));
-  world.all_gather(Tensor(all.data(), DType::i64, Device::cpu, {n * world.size()}),
-                   Tensor(mine.data(), DType::i64, Device::cpu, {n}));
-  for (int i = 0; i < kListed; ++i) {  // rank 0's list, newest first
-    const int64_t step = all[2 * i], id = all[2 * i + 1];
-    if (step < 0) break;
-    bool everywhere = true;
-    for (int r = 1; r < world.size() && everywhere; ++r) {
-      everywhere = false;
-      for (int j = 0; j < kListed; ++j)
-        everywhere = everywhere || (all[r * n + 2 * j] == step && all[r * n + 2 * j + 1] == id);
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(n));
+  world.all_gather(
+      Tensor(all.data(), DType::i64, Device::cpu, {static_cast<int64_t>(all.size())}),
+      Tensor(mine.data(), DType::i64, Device::cpu, {static_cast<int64_t>(mine.size())}));
+  std::set<int64_t> candidates;
+  for (size_t i = 0; i < all.size(); i += static_cast<size_t>(entry))
+    if (all[i] >= 0) candidates.insert(all[i]);
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    // Who provides each part of this step: the rank itself where it can, else the lowest holder.
+    std::vector<int> provider(static_cast<size_t>(n), -1);
+    bool one_run = true;
+    int64_t id = 0;
+    for (int p = 0; p < n; ++p)
+      for (int i = 0; i < kListed; ++i) {
+        const int64_t* e = &all[static_cast<size_t>((p * kListed + i) * entry)];
+        if (e[0] != *it) continue;
+        if (id == 0) id = e[1];
+        one_run = one_run && e[1] == id;
+        for (int r = 0; r < n; ++r)
+          if ((static_cast<uint64_t>(e[2 + r / 64]) >> (r % 64)) & 1)
+            if (provider[static_cast<size_t>(r)] < 0 || p == r)
+              provider[static_cast<size_t>(r)] = p;
+      }
+    if (!one_run || std::count(provider.begin(), provider.end(), -1) > 0) {
+      if (why_not_.empty()) {  // the newest local step's reason, for the caller's line
+        std::vector<std::string> lost;
+        for (int r = 0; r < n; ++r)
+          if (provider[static_cast<size_t>(r)] < 0) lost.push_back(std::to_string(r));
+        why_not_ = !one_run ? absl::StrCat("the local checkpoint of step ", *it,
+                                           " holds parts of two runs")
+                            : absl::StrCat("the local checkpoint of step ", *it,
+                                           " has no copy left of the part of rank",
+                                           lost.size() == 1 ? " " : "s ", absl::StrJoin(lost, ", "),
+                                           " (its node and its replica's holder lost both)");
+      }
+      continue;
     }
-    if (everywhere) return step;
+    providers_ = provider;
+    return *it;
   }
   return -1;
 }
 
+absl::StatusOr<std::string> LocalCheckpoints::fetch(int64_t step) {
+  Comm& world = *s_.groups.world;
+  const int n = world.size(), me = s_.topo().rank;
+  TR_ASSERT(static_cast<int>(providers_.size()) == n, "fetch: newest() chose no step");
+  // The parts this rank provides to others (replicas it holds), read from its node, and their
+  // sizes, all-gathered so that each receiver knows its own.
+  std::vector<std::string> out;
+  std::vector<int> to;
+  std::vector<int64_t> sizes(static_cast<size_t>(n), -1);
+  absl::Status st;
+  for (int r = 0; r < n; ++r) {
+    if (providers_[static_cast<size_t>(r)] != me || r == me) continue;
+    absl::StatusOr<std::string> bytes = fs::read_file(path_of(step, r, true));
+    if (!bytes.ok()) {
+      st = bytes.status();
+      bytes = std::string();
+    }
+    sizes[static_cast<size_t>(r)] = static_cast<int64_t>(bytes->size());
+    out.push_back(std::move(*bytes));
+    out.back().resize((out.back().size() + 7) / 8 * 8);
+    to.push_back(r);
+  }
+  std::vector<int64_t> all(static_cast<size_t>(n) * n);
+  world.all_gather(Tensor(all.data(), DType::i64, Device::cpu, {static_cast<int64_t>(all.size())}),
+                   Tensor(sizes.data(), DType::i64, Device::cpu, {n}));
+  std::vector<Transfer> sends, recvs;
+  for (size_t i = 0; i < to.size(); ++i)
+    sends.push_back({to[i], out[i].data(), sizes[static_cast<size_t>(to[i])]});
+  const int from = providers_[static_cast<size_t>(me)];
+  std::string mine;
+  if (from != me) {
+    const int64_t size = all[static_cast<size_t>(from) * n + me];
+    mine.resize(static_cast<size_t>(std::max<int64_t>(size, 0) + 7) / 8 * 8);
+    recvs.push_back({from, mine.data(), std::max<int64_t>(size, 0)});
+  }
+  exchange_bytes(world, sends, recvs);
+  if (!st.ok()) return st;
+  if (from != me) {
+    mine.resize(static_cast<size_t>(std::max<int64_t>(all[static_cast<size_t>(from) * n + me], 0)));
+    return mine;
+  }
+  return fs::read_file(part_path(step));
+}
+
 absl::Status LocalCheckpoints::load(int64_t step) {
   Comm& world = *s_.groups.world;
-  const std::string path = part_path(step);
-  absl::StatusOr<std::string> bytes = fs::read_file(path);
+  const std::string path =
+      providers_.empty() || providers_[static_cast<size_t>(s_.topo().rank)] == s_.topo().rank
+          ? part_path(step)
+          : absl::StrCat("the replica from rank ", providers_[static_cast<size_t>(s_.topo().rank)]);
+  absl::StatusOr<std::string> bytes = fetch(step);
   std::string why;
   Header h{};
   if (!bytes.ok()) {
@@ -330,8 +558,15 @@ absl::Status LocalCheckpoints::load(int64_t step) {
 }
 
 void LocalCheckpoints::discard_own() {
-  for (int64_t step : own_steps(dir_, s_.topo().rank)) remove_part(part_path(step));
-  for (int64_t step : own_steps(dir_, s_.topo().rank, true)) remove_part(part_path(step) + ".tmp");
+  const int me = s_.topo().rank;
+  for (int r = 0; r < static_cast<int>(holders_.size()) || r == me; ++r) {
+    const bool replica = r != me;
+    if (replica && holders_[static_cast<size_t>(r)] != me) continue;
+    const std::string name = file_name(r, replica);
+    for (int64_t step : steps_with(dir_, name)) remove_part(path_of(step, r, replica));
+    for (int64_t step : steps_with(dir_, name + ".tmp"))
+      remove_part(path_of(step, r, replica) + ".tmp");
+  }
 }
 
 }  // namespace tr

@@ -4,20 +4,23 @@
 // and a background thread writes it to checkpoint.local_dir, a node-local directory (tmpfs or
 // NVMe), as one file:
 //
-//   <local_dir>/<key>/step_NNNNNNNN/rank_RRRRR.bin
+//   <local_dir>/<key>/<node>/step_NNNNNNNN/rank_RRRRR.bin      this rank's own part
+//   <local_dir>/<key>/<node>/step_NNNNNNNN/replica_RRRRR.bin   rank R's part, held for it
 //
-// where <key> names the run's checkpoint.dir (a run owns its checkpoint.dir). A part is written
-// as rank_RRRRR.bin.tmp and renamed at the first step boundary where every rank has written its
-// own (settle), so a part that exists belongs to a checkpoint every rank holds (a crash between the
-// renames is found at the resume, which takes only a step every rank has). Each file carries the
-// layout and a crc32 of its payload; a load checks both on every rank before any state changes.
+// where <key> names the run's checkpoint.dir (a run owns its checkpoint.dir) and <node> is the
+// node's name (the host name, or TR_NODE_NAME). With two nodes or more each part also goes to its
+// holder: the rank at the same place on the next node in the ring of nodes (by first rank).
+// Parts and replicas are written as *.tmp and renamed at the first step boundary where every rank
+// has written its part and every holder its replicas (settle), so a file that exists belongs to
+// a checkpoint that is whole. Each file carries the layout and a crc32 of its payload; a load
+// checks both on every rank before any state changes.
 //
-// --resume auto takes the newest local checkpoint every rank has whole when it is newer than the
-// newest persistent one, was written by the same run and the same layout (world, tp, pp, dp,
-// ZeRO-1's shards); otherwise the persistent checkpoint stands, with one line saying why. A
-// resumed run is bit-identical to an uninterrupted one. The parts survive the process (kill -9,
-// an exception, a requeue on the same node), not the node: replicas on another node are not
-// written yet (docs/checkpoints.md).
+// --resume auto takes the newest local step whose every part is held (by its rank's node, or as
+// a replica by its holder) from the same run and the same layout (world, tp, pp, dp, ZeRO-1's
+// shards), when it is newer than the newest persistent checkpoint; a rank whose node lost its
+// part (a requeue onto another node) receives it from the replica's holder. Otherwise the
+// persistent checkpoint stands, with one line saying why. A resumed run is bit-identical to an
+// uninterrupted one.
 #pragma once
 
 #include <atomic>
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "trainer/session.h"
 
 namespace tr {
@@ -61,9 +65,12 @@ class LocalCheckpoints {
   void settle(bool wait);
   bool in_flight() const { return in_flight_; }
 
-  // Collective: the newest step after `after` that every rank holds a whole part of, written by
-  // run `run_id` (0: any one run, the same on every rank) with this run's layout; -1 if none.
+  // Collective: the newest step after `after` whose every rank's part is held whole, by the
+  // rank itself or as a replica by another, written by run `run_id` (0: any one run, the same on
+  // every rank) with this run's layout; -1 if none, and then why_not() says why a newer local
+  // step could not be taken ("" when there was none).
   int64_t newest(int64_t after, uint64_t run_id);
+  const std::string& why_not() const { return why_not_; }
 
   // Collective: loads this rank's part of `step` into the optimizer (masters and Adam moments;
   // the compute weights follow) and s.state, after every rank has read and checked its own. An
@@ -75,10 +82,23 @@ class LocalCheckpoints {
   void discard_own();
 
  private:
-  std::string part_path(int64_t step) const;
+  std::string part_path(int64_t step) const;  // this rank's own part
+  std::string path_of(int64_t step, int rank, bool replica) const;
+  int holder() const;  // the rank holding this rank's replica, or -1
   void commit(bool written);
+  absl::Status write_replicas();  // collective: each part to its holder, written there
+  // Collective: this rank's part of `step` from whoever newest() chose to provide it.
+  absl::StatusOr<std::string> fetch(int64_t step);
   Session& s_;
-  std::string dir_;
+  std::string node_;  // this rank's node (TR_NODE_NAME, else the host name)
+  std::string dir_;   // <local_dir>/<checkpoint.dir's key>/<node>
+  // Per world rank: the rank holding its replica (on the next node in the ring; -1 with one
+  // node); whether there are replicas (two nodes or more); and for the step newest() chose,
+  // which rank provides each rank's part.
+  std::vector<int> holders_;
+  bool replicas_ = false;
+  std::vector<int> providers_;
+  std::string why_not_;
   // The write in flight: its buffer (header, state, masters, m, v; reused), its step, whether the
   // thread is done and how it went, and the loop's time in save() and settle() for it.
   std::vector<char> buffer_;

@@ -1,8 +1,8 @@
 // Whether a run fits the memory this rank has, checked before anything large is allocated: the
 // plan's bytes (trainer/plan.h rank_memory, measured from a plan-only model) and the data
 // loaders' prefetched steps and the saves' host memory, times the ranks that share the host (or
-// the GPU), against what the host (or GPU) has free. A run that does not fit is bad input with the numbers and the ways
-// out, instead of an allocation that aborts (or an OOM kill) later.
+// the GPU), against what the host (or GPU) has free. A run that does not fit is bad input with the
+// numbers and the ways out, instead of an allocation that aborts (or an OOM kill) later.
 #pragma once
 
 #include "absl/status/status.h"
@@ -27,8 +27,10 @@ double host_memory_available();
 // Host memory a rank's saves hold besides the model: an asynchronous save's buffer (the blocks
 // the rank owns, about 1/world of a checkpoint), the local saves' buffer (its part:
 // rank_state_bytes) and, when checkpoint.local_dir is a tmpfs (memory), the parts kept there
-// (checkpoint.local_keep and one being written).
-double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_masters);
+// (checkpoint.local_keep and one being written), twice with `replicas` (the job spans nodes:
+// each rank also holds another's).
+double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_masters,
+                       bool replicas = false);
 
 // OK, or InvalidArgument naming the memory, the parts of the need, and what to change.
 absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device device,

@@ -122,9 +122,8 @@ std::string format_failures(const FailurePlan& f) {
     out += choice_line("persistent, checkpoint.interval:", f.persistent_configured);
   out += choice_line("persistent, Young/Daly:", f.persistent_young);
   absl::StrAppendFormat(&out,
-                        "  local save (node-local, a replica on another node; the replica is "
-                        "planned, not written yet): stall %.2f s, committed after %s, loaded in "
-                        "%s\n",
+                        "  local save (node-local, a replica on another node): stall %.2f s, "
+                        "committed after %s, loaded in %s\n",
                         f.local.stall_s, duration(f.local.write_s), duration(f.local.load_s));
   if (f.local_configured.steps > 0)
     out += choice_line("local, checkpoint.local_interval:", f.local_configured);

@@ -217,8 +217,9 @@ absl::Status resume_local(Session& r) {
   const int64_t step = local.newest(std::max<int64_t>(persistent, 0), run_id);
   absl::Status st = step >= 0 ? local.load(step) : absl::NotFoundError("");
   if (!st.ok()) {
-    if (r.logger() && step >= 0)
-      std::printf("note: %s; resuming from %s\n", std::string(st.message()).c_str(),
+    const std::string why = step >= 0 ? std::string(st.message()) : local.why_not();
+    if (r.logger() && !why.empty())
+      std::printf("note: %s; resuming from %s\n", why.c_str(),
                   persistent >= 0 ? ckpt::step_dir_name(persistent).c_str() : "the start");
     // The run continues from the persistent checkpoint: no later resume may take a local part
     // this one did not (of another layout, or damaged).
