@@ -705,6 +705,23 @@ TEST_CASE("reliability: 4 ranks with sharded masters resume from their local par
     test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
                                 ref.dir / "ckpt/step_00000008");
   }
+  // A changed layout does not take them, and says why.
+  RunDir other(8, "");
+  const std::string local =
+      " --set parallel.zero1=true --set checkpoint.interval=0 --set checkpoint.local_interval=2"
+      " --set checkpoint.local_dir=" +
+      (other.dir / "local");
+  REQUIRE(other
+              .mpirun(4, local + " --set parallel.tp=2 --set parallel.timeout_s=3",
+                      "TR_TEST_FAULT=hang:6:1:1")
+              .exit_code == kExitCommTimeout);
+  const CmdResult changed =
+      other.mpirun(4, local + " --set train.steps=5 --set train.micro_batch=2");
+  INFO(changed.output);
+  REQUIRE(changed.exit_code == 0);
+  CHECK(changed.output.find("note: the local checkpoint of step 4 was written by another layout "
+                            "(world, tp, pp, dp or ZeRO-1); resuming from the start") !=
+        std::string::npos);
 }
 
 // Replicas: 4 ranks as 2 "nodes" of 2 (TR_NODE_NAME), tp 2 x dp 2. Each rank's local part also

@@ -396,6 +396,7 @@ int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
     if (!holders_.empty() && holders_[static_cast<size_t>(r)] == me)
       for (int64_t step : steps_with(dir_, file_name(r, true))) steps.insert(step);
   int listed = 0;
+  int64_t other_layout = -1;  // the newest own part of another layout
   for (auto it = steps.rbegin(); it != steps.rend() && listed < kListed; ++it) {
     const int64_t step = *it;
     if (step <= after) break;
@@ -406,8 +407,12 @@ int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
       const bool own = r == me;
       if (!own && (holders_.empty() || holders_[static_cast<size_t>(r)] != me)) continue;
       Header h{};
-      if (!read_header(path_of(step, r, !own), &h) || h.step != step || h.rank != r ||
-          h.world != n || (own && !same_layout(h, s_)) || (run_id != 0 && h.run_id != run_id) ||
+      if (!read_header(path_of(step, r, !own), &h) || h.step != step) continue;
+      if (own && (run_id == 0 || h.run_id == run_id) && (h.world != n || !same_layout(h, s_))) {
+        other_layout = std::max(other_layout, step);  // this run's, of another layout
+        continue;
+      }
+      if (h.rank != r || h.world != n || (run_id != 0 && h.run_id != run_id) ||
           (any && h.run_id != id))
         continue;
       id = h.run_id;
@@ -459,6 +464,9 @@ int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
     providers_ = provider;
     return *it;
   }
+  if (why_not_.empty() && other_layout >= 0)
+    why_not_ = absl::StrCat("the local checkpoint of step ", other_layout,
+                            " was written by another layout (world, tp, pp, dp or ZeRO-1)");
   return -1;
 }
 
