@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/lock.h"
 #include "core/exit_codes.h"
@@ -621,18 +622,30 @@ TEST_CASE("reliability: a malformed TR_TEST_FAULT is one error line", "[cli]") {
 namespace tr {
 namespace {
 
-// Node-local checkpoints: a run killed (kill -9 while step 14 hangs) resumes from its newest local
-// checkpoint (step 12, every 3 steps) rather than the persistent one (step 10), and ends bit for
-// bit where a run never killed ends; keep 2 leaves two parts on the node. A --resume none start
-// removes them, so a later --resume auto cannot take a step of the abandoned run, and a run
-// started after checkpoint.dir was deleted takes none (the run id it records there is gone).
+// The step a trainer's output says it resumed from: a local checkpoint's, else a persistent
+// one's, else 0 (a fresh start).
+int64_t resumed_step(const std::string& out) {
+  const char* local = "resumed from the local checkpoint of step ";
+  if (const size_t at = out.find(local); at != std::string::npos)
+    return std::stoll(out.substr(at + std::strlen(local)));
+  if (const size_t at = out.find("resumed from "); at != std::string::npos)
+    return std::stoll(out.substr(out.find(": step ", at) + 7));
+  return 0;
+}
+
+// Node-local checkpoints: a run killed (kill -9 while step 17 hangs) resumes from its newest local
+// checkpoint (step 15, or 12 when 15's background write had not been committed; every 3 steps)
+// rather than the persistent one (step 10), and ends bit for bit where a run never killed ends;
+// keep 2 leaves two parts on the node. A --resume none start removes them, so a later --resume auto
+// cannot take a step of the abandoned run, and a run started after checkpoint.dir was deleted takes
+// none (the run id it records there is gone).
 TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit-identical",
           "[cli]") {
   RunDir run(20, ""), ref(20, "");
   const std::string local = " --set checkpoint.local_interval=3 --set checkpoint.local_dir=";
   const std::string sets = local + (run.dir / "local");
   const CmdResult killed =
-      run_cmd("sh -c 'TR_TEST_FAULT=hang:14 " + std::string(TR_TRAINER_BIN) + " --config " +
+      run_cmd("sh -c 'TR_TEST_FAULT=hang:17 " + std::string(TR_TRAINER_BIN) + " --config " +
               run.config + sets +
               " >/dev/null 2>&1 & pid=$!; while [ \"$(ps -o stat= -p $pid | cut -c1)\" != T ]; "
               "do sleep 0.05; done; kill -9 $pid; wait $pid'");
@@ -640,17 +653,19 @@ TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit
   const CmdResult resumed = run.trainer(sets);
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
-  CHECK(resumed.output.find("resumed from the local checkpoint of step 12 in ") !=
-        std::string::npos);
-  CHECK(resumed.output.find("(newer than persistent step 10): 96 samples consumed") !=
-        std::string::npos);
+  const int64_t from = resumed_step(resumed.output);
+  CHECK((from == 12 || from == 15));
+  CHECK(resumed.output.find(absl::StrCat("resumed from the local checkpoint of step ", from,
+                                         " in ")) != std::string::npos);
+  CHECK(resumed.output.find(absl::StrCat("(newer than persistent step 10): ", 8 * from,
+                                         " samples consumed")) != std::string::npos);
   REQUIRE(ref.trainer(local + (ref.dir / "local")).exit_code == 0);
   test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000020", ref.config,
                               ref.dir / "ckpt/step_00000020");
   const std::vector<nlohmann::json> a = run.metrics(), b = ref.metrics();
   REQUIRE(a.size() == 20);
   REQUIRE(b.size() == 20);
-  for (size_t i = 12; i < 20; ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
+  for (size_t i = 15; i < 20; ++i) CHECK(a[i]["loss"] == b[i]["loss"]);
   // Two parts kept (steps 15 and 18), in one directory for this checkpoint.dir.
   std::vector<std::string> parts;
   for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
@@ -681,9 +696,9 @@ TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit
 
 // The same on 4 ranks with ZeRO-1's sharded fp32 masters (the GPU's layout on CPU ranks), as
 // tp 2 x dp 2 and as pp 2 x dp 2 (the tied embedding on both stages): a hung rank ends the job
-// after parallel.timeout_s; the resume takes step 4, every rank's part of it, the compute weights
-// are gathered again from the shards and the tied copies made equal, and the run ends bit for bit
-// where one never stopped ends.
+// after parallel.timeout_s; the resume takes step 6 (or 4, when 6's background write was not yet
+// committed), every rank's part of it, the compute weights are gathered again from the shards and
+// the tied copies made equal, and the run ends bit for bit where one never stopped ends.
 TEST_CASE("reliability: 4 ranks with sharded masters resume from their local parts", "[cli][mpi]") {
   for (const char* layout : {" --set parallel.tp=2", " --set parallel.pp=2"}) {
     INFO(layout);
@@ -694,13 +709,14 @@ TEST_CASE("reliability: 4 ranks with sharded masters resume from their local par
     const std::string env = "TR_TEST_COMPUTE_COPY=1";
     const CmdResult hung =
         run.mpirun(4, local + (run.dir / "local") + " --set parallel.timeout_s=3",
-                   env + " TR_TEST_FAULT=hang:6:1:1");
+                   env + " TR_TEST_FAULT=hang:7:1:1");
     CHECK(hung.exit_code == kExitCommTimeout);
     const CmdResult resumed = run.mpirun(4, local + (run.dir / "local"), env);
     INFO(resumed.output);
     REQUIRE(resumed.exit_code == 0);
-    CHECK(resumed.output.find("resumed from the local checkpoint of step 4 in ") !=
-          std::string::npos);
+    const int64_t from = resumed_step(resumed.output);  // 6, or 4 before 6's commit
+    CHECK((from == 4 || from == 6));
+    CHECK(resumed.output.find("resumed from the local checkpoint of step ") != std::string::npos);
     REQUIRE(ref.mpirun(4, local + (ref.dir / "local"), env).exit_code == 0);
     test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
                                 ref.dir / "ckpt/step_00000008");
@@ -713,37 +729,40 @@ TEST_CASE("reliability: 4 ranks with sharded masters resume from their local par
       (other.dir / "local");
   REQUIRE(other
               .mpirun(4, local + " --set parallel.tp=2 --set parallel.timeout_s=3",
-                      "TR_TEST_FAULT=hang:6:1:1")
+                      "TR_TEST_FAULT=hang:7:1:1")
               .exit_code == kExitCommTimeout);
   const CmdResult changed =
       other.mpirun(4, local + " --set train.steps=5 --set train.micro_batch=2");
   INFO(changed.output);
   REQUIRE(changed.exit_code == 0);
-  CHECK(changed.output.find("note: the local checkpoint of step 4 was written by another layout "
-                            "(world, tp, pp, dp or ZeRO-1); resuming from the start") !=
-        std::string::npos);
+  CHECK(changed.output.find(" was written by another layout (world, tp, pp, dp or ZeRO-1); "
+                            "resuming from the start") != std::string::npos);
 }
 
 // Replicas: 4 ranks as 2 "nodes" of 2 (TR_NODE_NAME), tp 2 x dp 2. Each rank's local part also
 // goes to its holder on the other node. A hung rank ends the job; node n1's local directory is
 // then deleted (the job comes back on a new node): its ranks fetch their parts from the replicas
-// on n0, and the run ends bit for bit where one never stopped ends. With both nodes' parts gone
-// the resume falls back to the persistent checkpoint.
+// on n0, and the run ends bit for bit where one never stopped ends. Requeued with the node list
+// changed (each rank on the other's node), the parts are found where they are. With both copies
+// of n1's parts gone the resume falls back to the persistent checkpoint, and says why.
 TEST_CASE("reliability: a lost node's ranks resume from their replicas on the next node",
           "[cli][mpi]") {
-  RunDir run(8, ""), ref(8, ""), gone(8, "");
-  // Each rank's node: n0 for ranks 0 and 1, n1 for ranks 2 and 3.
-  auto launch = [](const RunDir& d, const std::string& args, const std::string& env) {
+  RunDir run(8, ""), ref(8, ""), gone(8, ""), moved(8, "");
+  // Each rank's node: n0 for ranks 0 and 1, n1 for ranks 2 and 3 (`first` 0); with `first` 1 the
+  // job came back with its ranks on each other's nodes.
+  auto launch = [](const RunDir& d, const std::string& args, const std::string& env,
+                   int first = 0) {
     return run_cmd(env + " " + test::kOneThread + " " + TR_MPIRUN +
-                   " 4 sh -c 'TR_NODE_NAME=n$((OMPI_COMM_WORLD_RANK / 2)) exec " + TR_TRAINER_BIN +
-                   " --config " + d.config + " " + args + "'");
+                   " 4 sh -c 'TR_NODE_NAME=n$(((OMPI_COMM_WORLD_RANK / 2 + " +
+                   std::to_string(first) + ") % 2)) exec " + TR_TRAINER_BIN + " --config " +
+                   d.config + " " + args + "'");
   };
   const std::string sets =
       " --set parallel.tp=2 --set checkpoint.interval=0 --set checkpoint.local_interval=2"
       " --set checkpoint.local_dir=";
-  for (const RunDir* d : {&run, &gone}) {
+  for (const RunDir* d : {&run, &gone, &moved}) {
     const CmdResult hung = launch(*d, sets + (d->dir / "local") + " --set parallel.timeout_s=3",
-                                  "TR_TEST_FAULT=hang:6:1:1");
+                                  "TR_TEST_FAULT=hang:7:1:1");
     CHECK(hung.exit_code == kExitCommTimeout);
   }
   // Node n1's parts (and the replicas it held for n0) are gone.
@@ -757,10 +776,19 @@ TEST_CASE("reliability: a lost node's ranks resume from their replicas on the ne
   const CmdResult resumed = launch(run, sets + (run.dir / "local"), "");
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
-  CHECK(resumed.output.find("resumed from the local checkpoint of step 4 in ") !=
-        std::string::npos);
+  CHECK((resumed_step(resumed.output) == 4 || resumed_step(resumed.output) == 6));
+  CHECK(resumed.output.find("resumed from the local checkpoint of step ") != std::string::npos);
   REQUIRE(launch(ref, sets + (ref.dir / "local"), "").exit_code == 0);
   test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
+                              ref.dir / "ckpt/step_00000008");
+  // Requeued with the node list changed (ranks 0 and 1 now on n1, 2 and 3 on n0): every part
+  // is found where the old node names put it, and the run ends the same.
+  const CmdResult requeued = launch(moved, sets + (moved.dir / "local"), "", 1);
+  INFO(requeued.output);
+  REQUIRE(requeued.exit_code == 0);
+  CHECK((resumed_step(requeued.output) == 4 || resumed_step(requeued.output) == 6));
+  CHECK(requeued.output.find("resumed from the local checkpoint of step ") != std::string::npos);
+  test::check_same_checkpoint(moved.config, moved.dir / "ckpt/step_00000008", ref.config,
                               ref.dir / "ckpt/step_00000008");
   // Both copies of n1's parts gone (its directory, and n0's replicas of them): no local step is
   // whole; one line says why, and the run starts again from step 0 (no persistent checkpoint).
@@ -772,26 +800,14 @@ TEST_CASE("reliability: a lost node's ranks resume from their replicas on the ne
   std::vector<std::filesystem::path> replicas;
   for (const auto& e : std::filesystem::recursive_directory_iterator(gone.dir / "local"))
     if (e.path().filename().string().starts_with("replica_")) replicas.push_back(e.path());
-  CHECK(replicas.size() == 4);  // n0 holds those of ranks 2 and 3, steps 2 and 4
+  CHECK(replicas.size() >= 4);  // n0 holds those of ranks 2 and 3, two steps (and unfinished)
   for (const auto& p : replicas) std::filesystem::remove(p);
   const CmdResult fresh = launch(gone, sets + (gone.dir / "local"), "");
   INFO(fresh.output);
   REQUIRE(fresh.exit_code == 0);
-  CHECK(fresh.output.find("note: the local checkpoint of step 4 has no copy left of the part of "
-                          "ranks 2, 3 (its node and its replica's holder lost both); resuming "
-                          "from the start") != std::string::npos);
+  CHECK(fresh.output.find(" has no copy left of the part of ranks 2, 3 (its node and its replica's "
+                          "holder lost both); resuming from the start") != std::string::npos);
   CHECK(fresh.output.find("resumed from") == std::string::npos);
-}
-
-// The step a trainer's output says it resumed from: a local checkpoint's, else a persistent
-// one's, else 0 (a fresh start).
-int64_t resumed_step(const std::string& out) {
-  const char* local = "resumed from the local checkpoint of step ";
-  if (const size_t at = out.find(local); at != std::string::npos)
-    return std::stoll(out.substr(at + std::strlen(local)));
-  if (const size_t at = out.find("resumed from "); at != std::string::npos)
-    return std::stoll(out.substr(out.find(": step ", at) + 7));
-  return 0;
 }
 
 // Issue 29's chaos run: tp 2 x pp 2 x dp 2 on 8 ranks as 4 "nodes" of 2, a local checkpoint
@@ -864,10 +880,10 @@ TEST_CASE("reliability: a chaos run of ten faults ends bit-identical to an unint
   INFO(last.output);
   REQUIRE(last.exit_code == 0);
   check_resume(last);
-  // Most restarts took a local checkpoint (this seed's faults: 5 of the 9 without the fallback;
-  // the others found a persistent one as new, the step a local save is not taken at).
+  // Most restarts took a local checkpoint (5 of the 9 without the fallback in a quiet run; the
+  // others found a persistent one as new, or a local write not yet committed left it older).
   CHECK(from_local + from_persistent == 9);
-  CHECK(from_local >= 5);
+  CHECK(from_local >= 3);
   REQUIRE(launch(ref, "").exit_code == 0);
   test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000040", ref.config,
                               ref.dir / "ckpt/step_00000040");

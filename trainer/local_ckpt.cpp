@@ -26,7 +26,7 @@ namespace {
 
 namespace stdfs = std::filesystem;
 
-constexpr char kMagic[8] = {'T', 'R', 'L', 'O', 'C', 'A', 'L', '1'};
+constexpr char kMagic[8] = {'T', 'R', 'L', 'O', 'C', 'A', 'L', '2'};
 
 // A part's header, then its payload: the state as JSON (state_bytes), the masters, Adam's m and
 // v (f32). `crc` covers the payload.
@@ -35,15 +35,30 @@ struct Header {
   int64_t step, rank, world, tp, pp, dp;
   int64_t capacity, masters, states;  // elements: the flat buffer, this rank's masters and moments
   uint64_t run_id;
+  uint64_t layout;  // layout_key() of the run that wrote it: the same on every rank
   int64_t state_bytes;
   uint32_t crc, pad;
 };
 
+// What every rank's part depends on besides its rank, the same on every rank of a run: the grid,
+// ZeRO-1 and whether the masters are sharded, the model's shape and the stages' layers. A part
+// whose key differs from this run's is another layout's, whichever rank wrote it.
+uint64_t layout_key(const Session& s) {
+  const Topology& t = s.topo();
+  const ModelConfig& m = s.cfg.model;
+  std::string key = absl::StrCat(
+      t.world, " ", t.tp, " ", t.pp, " ", t.dp, " ", s.facts.zero1, " ", s.opt->masters_sharded(),
+      " ", m.hidden_size, " ", m.intermediate_size, " ", m.num_layers, " ", m.num_heads, " ",
+      m.num_kv_heads, " ", m.head_dim, " ", m.vocab_size, " ", m.tie_embeddings);
+  for (int64_t l : s.cfg.parallel.pipeline_layers) absl::StrAppend(&key, " ", l);
+  return fnv1a64(key);
+}
+
 // What a part must match to be loaded by this run (the layout, not the step or the run).
 bool same_layout(const Header& h, const Session& s) {
   const Topology& t = s.topo();
-  return std::memcmp(h.magic, kMagic, 8) == 0 && h.rank == t.rank && h.world == t.world &&
-         h.tp == t.tp && h.pp == t.pp && h.dp == t.dp &&
+  return std::memcmp(h.magic, kMagic, 8) == 0 && h.layout == layout_key(s) && h.rank == t.rank &&
+         h.world == t.world && h.tp == t.tp && h.pp == t.pp && h.dp == t.dp &&
          h.capacity == s.params->layout().capacity && h.masters == s.opt->masters().numel() &&
          h.states == s.opt->state_elems();
 }
@@ -205,6 +220,9 @@ LocalCheckpoints::LocalCheckpoints(Session& s) : s_(s) {
       ranks_of[static_cast<size_t>(at - nodes.begin())].push_back(r);
     }
   }
+  const std::string& here = node_of[static_cast<size_t>(s.topo().rank)];
+  node_leader_ = std::find(node_of.begin(), node_of.end(), here) - node_of.begin() ==
+                 static_cast<std::ptrdiff_t>(s.topo().rank);
   // Rank r's replica holder: on the next node in the ring, the rank at r's place there (modulo
   // that node's ranks). One node: no replicas.
   holders_.assign(static_cast<size_t>(world.size()), -1);
@@ -223,6 +241,25 @@ int LocalCheckpoints::holder() const {
 
 std::string LocalCheckpoints::path_of(int64_t step, int rank, bool replica) const {
   return fs::join(fs::join(dir_, absl::StrFormat("step_%08d", step)), file_name(rank, replica));
+}
+
+std::string LocalCheckpoints::copy_path(int64_t step, int rank) const {
+  std::error_code ec;
+  for (bool replica : {false, true})
+    if (const std::string p = path_of(step, rank, replica); stdfs::exists(p, ec)) return p;
+  return "";
+}
+
+std::vector<int64_t> LocalCheckpoints::step_dirs() const {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  for (const auto& e : stdfs::directory_iterator(dir_, ec)) {
+    long long step = -1;
+    if (std::sscanf(e.path().filename().string().c_str(), "step_%lld", &step) == 1 && step >= 0)
+      steps.push_back(step);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
 }
 
 std::string LocalCheckpoints::part_path(int64_t step) const {
@@ -256,6 +293,7 @@ void LocalCheckpoints::save() {
   h.masters = s_.opt->masters().numel();
   h.states = s_.opt->state_elems();
   h.run_id = s_.state.run_id;
+  h.layout = layout_key(s_);
   h.state_bytes = static_cast<int64_t>(state.size());
   prepare();
   const size_t need =
@@ -377,43 +415,49 @@ void LocalCheckpoints::commit(bool written) {
   for (size_t i = static_cast<size_t>(s_.cfg.checkpoint.local_keep); i < steps.size(); ++i)
     remove_part(part_path(steps[i]));
   for (int64_t old : own_steps(dir_, t.rank, true)) remove_part(part_path(old) + ".tmp");
+  // The node's first rank also removes older steps' directories whole: copies that ranks of an
+  // earlier node list left here (a requeue onto other nodes) belong to no rank's retention.
+  if (node_leader_)
+    for (int64_t old : step_dirs())
+      if (old < step_ - static_cast<int64_t>(s_.cfg.checkpoint.local_keep) *
+                            s_.cfg.checkpoint.local_interval) {
+        std::error_code ec;
+        stdfs::remove_all(stdfs::path(path_of(old, 0, false)).parent_path(), ec);
+      }
 }
 
 int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
   Comm& world = *s_.groups.world;
   const int n = world.size(), me = s_.topo().rank;
-  // Each rank lists its newest steps with the parts it can provide of each: its own part (read
-  // where its node keeps it) and the replicas it holds there, as a bit set over the ranks. Every
-  // rank then picks the same step: the newest one whose every part someone provides, all of one
-  // run (and of `run_id` when given).
+  // Each rank lists its newest steps with the parts it can provide of each: every part or
+  // replica its node's directory holds (whoever wrote it: after a requeue onto other nodes the
+  // copies are wherever the old node names put them), as a bit set over the ranks. Every rank
+  // then picks the same step: the newest one whose every part someone provides, all of one run
+  // (and of `run_id` when given).
   constexpr int kListed = 8;
   const int words = (n + 63) / 64, entry = 2 + words;
   std::vector<int64_t> mine(static_cast<size_t>(kListed * entry), 0);
   for (int i = 0; i < kListed; ++i) mine[static_cast<size_t>(i * entry)] = -1;
-  std::set<int64_t> steps;
-  for (int64_t step : own_steps(dir_, me)) steps.insert(step);
-  for (int r = 0; r < n; ++r)
-    if (!holders_.empty() && holders_[static_cast<size_t>(r)] == me)
-      for (int64_t step : steps_with(dir_, file_name(r, true))) steps.insert(step);
+  const std::vector<int64_t> steps = step_dirs();
   int listed = 0;
   int64_t other_layout = -1;  // the newest own part of another layout
-  for (auto it = steps.rbegin(); it != steps.rend() && listed < kListed; ++it) {
+  const uint64_t layout = layout_key(s_);
+  for (auto it = steps.begin(); it != steps.end() && listed < kListed; ++it) {
     const int64_t step = *it;
     if (step <= after) break;
     int64_t* e = &mine[static_cast<size_t>(listed * entry)];
     uint64_t id = 0;
     bool any = false;
     for (int r = 0; r < n; ++r) {
-      const bool own = r == me;
-      if (!own && (holders_.empty() || holders_[static_cast<size_t>(r)] != me)) continue;
+      const std::string path = copy_path(step, r);
       Header h{};
-      if (!read_header(path_of(step, r, !own), &h) || h.step != step) continue;
-      if (own && (run_id == 0 || h.run_id == run_id) && (h.world != n || !same_layout(h, s_))) {
+      if (path.empty() || !read_header(path, &h) || h.step != step) continue;
+      if (r == me && (run_id == 0 || h.run_id == run_id) && (h.world != n || !same_layout(h, s_))) {
         other_layout = std::max(other_layout, step);  // this run's, of another layout
         continue;
       }
-      if (h.rank != r || h.world != n || (run_id != 0 && h.run_id != run_id) ||
-          (any && h.run_id != id))
+      if (std::memcmp(h.magic, kMagic, 8) != 0 || h.layout != layout || h.rank != r ||
+          h.world != n || (run_id != 0 && h.run_id != run_id) || (any && h.run_id != id))
         continue;
       id = h.run_id;
       any = true;
@@ -482,7 +526,7 @@ absl::StatusOr<std::string> LocalCheckpoints::fetch(int64_t step) {
   absl::Status st;
   for (int r = 0; r < n; ++r) {
     if (providers_[static_cast<size_t>(r)] != me || r == me) continue;
-    absl::StatusOr<std::string> bytes = fs::read_file(path_of(step, r, true));
+    absl::StatusOr<std::string> bytes = fs::read_file(copy_path(step, r));
     if (!bytes.ok()) {
       st = bytes.status();
       bytes = std::string();
@@ -511,7 +555,7 @@ absl::StatusOr<std::string> LocalCheckpoints::fetch(int64_t step) {
     mine.resize(static_cast<size_t>(std::max<int64_t>(all[static_cast<size_t>(from) * n + me], 0)));
     return mine;
   }
-  return fs::read_file(part_path(step));
+  return fs::read_file(copy_path(step, me));
 }
 
 absl::Status LocalCheckpoints::load(int64_t step) {

@@ -84,7 +84,10 @@ class LocalCheckpoints {
  private:
   std::string part_path(int64_t step) const;  // this rank's own part
   std::string path_of(int64_t step, int rank, bool replica) const;
-  int holder() const;  // the rank holding this rank's replica, or -1
+  // Rank `rank`'s part of `step` in this node's directory: its own file or a replica; "" if none.
+  std::string copy_path(int64_t step, int rank) const;
+  std::vector<int64_t> step_dirs() const;  // the steps of this node's directory, newest first
+  int holder() const;                      // the rank holding this rank's replica, or -1
   void commit(bool written);
   absl::Status write_replicas();  // collective: each part to its holder, written there
   // Collective: this rank's part of `step` from whoever newest() chose to provide it.
@@ -97,6 +100,7 @@ class LocalCheckpoints {
   // which rank provides each rank's part.
   std::vector<int> holders_;
   bool replicas_ = false;
+  bool node_leader_ = false;  // the first rank of this node
   std::vector<int> providers_;
   std::string why_not_;
   // The write in flight: its buffer (header, state, masters, m, v; reused), its step, whether the

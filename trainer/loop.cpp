@@ -214,6 +214,7 @@ int train_loop_steps(Session& s) {
     l.local.settle(false);  // a local part written by every rank counts from here
     if (l.local.due(l.m.step) && l.guard.skipped_in_a_row() == 0) l.local.save();
   }
+  l.local.settle(true);  // a finished run's last local part counts
   std::printf("done: %lld steps, last loss %.4f, %s\n", static_cast<long long>(s.state.step),
               l.m.loss, format_duration(seconds_since(l.start)).c_str());
   return kExitOk;
