@@ -5,6 +5,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
+
 #include <cerrno>
 #include <cstdio>
 #include <ctime>
@@ -175,21 +177,31 @@ absl::StatusOr<std::string> read_file(const std::string& path) {
   return out;
 }
 
+uint32_t crc32_of(std::string_view bytes, uint32_t crc) {
+  uLong c = crc;
+  while (!bytes.empty()) {
+    const size_t n = std::min<size_t>(bytes.size(), size_t{1} << 30);
+    c = crc32(c, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(n));
+    bytes.remove_prefix(n);
+  }
+  return static_cast<uint32_t>(c);
+}
+
 absl::StatusOr<FileDigest> digest_file(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return errno_status(errno, "cannot open", path);
   std::vector<unsigned char> buf(kReadChunk);
   FileDigest d;
-  uLong crc = crc32(0L, Z_NULL, 0);
   for (;;) {
     ssize_t n = ::read(fd.get(), buf.data(), buf.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return errno_status(errno, "cannot read", path);
     if (n == 0) break;
-    crc = crc32(crc, buf.data(), static_cast<uInt>(n));
+    d.crc32 = crc32_of(
+        std::string_view(reinterpret_cast<const char*>(buf.data()), static_cast<size_t>(n)),
+        d.crc32);
     d.bytes += static_cast<uint64_t>(n);
   }
-  d.crc32 = static_cast<uint32_t>(crc);
   return d;
 }
 

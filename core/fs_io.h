@@ -67,6 +67,9 @@ absl::Status exchange_paths(const std::string& a, const std::string& b);
 // Whole file as a string; NotFound when it does not exist.
 absl::StatusOr<std::string> read_file(const std::string& path);
 
+// The zlib crc32 of `bytes`, continuing `crc` (0 to start): any length (zlib's counts are 32-bit).
+uint32_t crc32_of(std::string_view bytes, uint32_t crc = 0);
+
 // Size and zlib crc32 of a file's bytes.
 struct FileDigest {
   uint64_t bytes = 0;

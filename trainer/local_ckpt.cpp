@@ -1,7 +1,5 @@
 #include "trainer/local_ckpt.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -98,17 +96,6 @@ void put_f32(std::vector<char>& out, size_t* at, Tensor t) {
   TR_ASSERT(*at + t.nbytes() <= out.size(), "the local checkpoint's buffer is too small");
   copy_tensor(Tensor(out.data() + *at, DType::f32, Device::cpu, {t.numel()}), t);
   *at += t.nbytes();
-}
-
-uint32_t crc_of(const char* p, size_t n) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  while (n > 0) {
-    const auto chunk = static_cast<uInt>(std::min<size_t>(n, size_t{1} << 30));
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(p), chunk);
-    p += chunk;
-    n -= chunk;
-  }
-  return static_cast<uint32_t>(crc);
 }
 
 // The header of the part at `path`, if it reads as one.
@@ -312,7 +299,8 @@ void LocalCheckpoints::save() {
   writer_ = std::thread([this, path = part_path(step)] {
     Header head{};
     std::memcpy(&head, buffer_.data(), sizeof(Header));
-    head.crc = crc_of(buffer_.data() + sizeof(Header), used_ - sizeof(Header));
+    head.crc =
+        fs::crc32_of(std::string_view(buffer_.data() + sizeof(Header), used_ - sizeof(Header)));
     std::memcpy(buffer_.data(), &head, sizeof(Header));
     absl::Status st = fs::make_dirs(stdfs::path(path).parent_path().string());
     if (st.ok())
@@ -544,15 +532,16 @@ absl::StatusOr<std::string> LocalCheckpoints::fetch(int64_t step) {
     sends.push_back({to[i], out[i].data(), sizes[static_cast<size_t>(to[i])]});
   const int from = providers_[static_cast<size_t>(me)];
   std::string mine;
+  const int64_t size =
+      from == me ? 0 : std::max<int64_t>(all[static_cast<size_t>(from) * n + me], 0);
   if (from != me) {
-    const int64_t size = all[static_cast<size_t>(from) * n + me];
-    mine.resize(static_cast<size_t>(std::max<int64_t>(size, 0) + 7) / 8 * 8);
-    recvs.push_back({from, mine.data(), std::max<int64_t>(size, 0)});
+    mine.resize(static_cast<size_t>(size + 7) / 8 * 8);
+    recvs.push_back({from, mine.data(), size});
   }
   exchange_bytes(world, sends, recvs);
   if (!st.ok()) return st;
   if (from != me) {
-    mine.resize(static_cast<size_t>(std::max<int64_t>(all[static_cast<size_t>(from) * n + me], 0)));
+    mine.resize(static_cast<size_t>(size));
     return mine;
   }
   return fs::read_file(copy_path(step, me));
@@ -579,7 +568,7 @@ absl::Status LocalCheckpoints::load(int64_t step) {
       why = "written by another layout";
     else if (h.state_bytes < 0 || bytes->size() != want)
       why = absl::StrCat(bytes->size(), " bytes where its header says ", want);
-    else if (crc_of(bytes->data() + sizeof(Header), bytes->size() - sizeof(Header)) != h.crc)
+    else if (fs::crc32_of(std::string_view(*bytes).substr(sizeof(Header))) != h.crc)
       why = "its crc32 does not match";
   }
   if (!why.empty())

@@ -47,7 +47,7 @@ DistributedOptimizer::DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& 
       reducer_(g.dp, ctx, params.layout().total, shards, zero1) {
   const ParamLayout& layout = params.layout();
   const bool separate =
-      DistributedOptimizer::separate_masters(params.compute_dtype(), separate_masters);
+      DistributedOptimizer::keeps_separate_masters(params.compute_dtype(), separate_masters);
   TR_ASSERT(!separate || params.grad_dtype() == DType::f32, "separate masters are fp32");
   const bool sharded = separate && shards.dp() > 1;
   TR_ASSERT(!sharded || (reducer_.zero1() && shards.capacity() == layout.capacity),

@@ -83,7 +83,7 @@ class DistributedOptimizer final : public ParamEvents {
   }
 
   // Whether a rank computing in `compute` keeps separate fp32 masters (`asked`: also on f32).
-  static bool separate_masters(DType compute, bool asked) {
+  static bool keeps_separate_masters(DType compute, bool asked) {
     return asked || compute != ParamBuffer::grad_dtype(compute);
   }
   // Bytes of fp32 masters a rank keeps beside its compute weights: 0 without separate masters,

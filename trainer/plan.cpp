@@ -110,7 +110,7 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
   ParamBuffer params = make_param_buffer(dims, options, device);
   const Qwen2Model model(dims, options, params, Ctx{device});
   const bool separate =
-      DistributedOptimizer::separate_masters(options.dtype, options.separate_compute_copy);
+      DistributedOptimizer::keeps_separate_masters(options.dtype, options.separate_compute_copy);
   const WeightMemory w = weight_memory(
       params,
       DistributedOptimizer::master_bytes(params.layout().capacity, options.shards, separate));
