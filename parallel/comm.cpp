@@ -3,30 +3,81 @@
 #include <cstring>
 
 namespace tr {
+
+const char* CommOp::name() const {
+  switch (kind) {
+    case all_reduce:
+      return "all_reduce";
+    case all_gather:
+      return "all_gather";
+    case reduce_scatter:
+      return "reduce_scatter";
+    case broadcast:
+      return "broadcast";
+    case send:
+      return "send";
+    case recv:
+      return "recv";
+    case exchange:
+      return "exchange";
+    case barrier:
+      return "barrier";
+  }
+  return "?";
+}
+
+void check_comm_op(const CommOp& op, int size) {
+  if (op.kind == CommOp::all_gather)
+    TR_ASSERT(op.out.numel() == op.in.numel() * size && op.out.dtype == op.in.dtype,
+              "all_gather: out " + op.out.shape_str() + " must be " + std::to_string(size) +
+                  " x in " + op.in.shape_str());
+  if (op.kind == CommOp::reduce_scatter)
+    TR_ASSERT(op.in.numel() == op.out.numel() * size && op.out.dtype == op.in.dtype,
+              "reduce_scatter: in " + op.in.shape_str() + " must be " + std::to_string(size) +
+                  " x out " + op.out.shape_str());
+}
+
+bool gathers_in_place(const CommOp& op, int rank) {
+  return op.in.data == static_cast<char*>(op.out.data) + rank * op.in.nbytes();
+}
+
 namespace {
 
+// Every operation of a group of one completes when started.
 class SelfComm final : public Comm {
  public:
   explicit SelfComm(std::string name) : name_(std::move(name)) {}
   int rank() const override { return 0; }
   int size() const override { return 1; }
   const std::string& name() const override { return name_; }
-  void all_reduce(Tensor, ReduceOp) override {}
-  void all_gather(Tensor out, Tensor in) override { copy(out, in); }
-  void reduce_scatter(Tensor out, Tensor in, ReduceOp) override { copy(out, in); }
-  void broadcast(Tensor, int root) override { TR_ASSERT(root == 0, "broadcast root out of range"); }
-  void send(Tensor, int) override { TR_ASSERT(false, "send within a group of one rank"); }
-  void recv(Tensor, int) override { TR_ASSERT(false, "recv within a group of one rank"); }
-  void exchange(std::span<const P2P> ops) override {
-    TR_ASSERT(ops.empty(), "exchange within a group of one rank");
+
+  Ticket start(const CommOp& op, Lane) override {
+    check_comm_op(op, 1);
+    switch (op.kind) {
+      case CommOp::all_gather:
+      case CommOp::reduce_scatter:
+        if (op.out.data != op.in.data) std::memcpy(op.out.data, op.in.data, op.in.nbytes());
+        break;
+      case CommOp::broadcast:
+        TR_ASSERT(op.peer == 0, "broadcast root out of range");
+        break;
+      case CommOp::send:
+      case CommOp::recv:
+        TR_ASSERT(false, std::string(op.name()) + " within a group of one rank");
+        break;
+      case CommOp::exchange:
+        TR_ASSERT(op.p2p.empty(), "exchange within a group of one rank");
+        break;
+      case CommOp::all_reduce:
+      case CommOp::barrier:
+        break;
+    }
+    return kDone;
   }
-  void barrier() override {}
+  void wait(Ticket) override {}
+  void wait_all() override {}
 
  private:
-  static void copy(Tensor out, Tensor in) {
-    TR_ASSERT(out.nbytes() == in.nbytes(), "self collective: sizes differ");
-    if (out.data != in.data) std::memcpy(out.data, in.data, in.nbytes());
-  }
   std::string name_;
 };
 

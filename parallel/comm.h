@@ -2,6 +2,14 @@
 // two implementations: MPI (host buffers; the CPU backend and bootstrap) here, NCCL (device
 // buffers on a stream) with the CUDA backend. Buffers are Tensors; every rank of the group
 // must call a collective with the same shapes, dtype and order.
+//
+// One model for every operation: start(op, lane) returns a ticket, wait(ticket) completes it.
+// An operation started in Lane::in_order is complete for the host and for later work on the
+// compute stream when start returns (on GPUs: queued on the compute stream itself), so its
+// ticket is kDone; one started in Lane::beside overlaps what follows (on GPUs: the
+// communicator's side stream, after the work already queued on the compute stream; with MPI:
+// a non-blocking call) and its buffers may be neither read nor written until its wait. The
+// named forms below (all_reduce, ..., all_gather_start) are this base class's start and wait.
 #pragma once
 
 #include <cstdint>
@@ -23,59 +31,82 @@ struct P2P {
   int peer;
 };
 
+// One operation, described once for every backend.
+struct CommOp {
+  enum Kind { all_reduce, all_gather, reduce_scatter, broadcast, send, recv, exchange, barrier };
+  explicit CommOp(Kind k, Tensor o = {}, Tensor i = {}, ReduceOp r = ReduceOp::sum, int p = 0,
+                  std::span<const P2P> ops = {})
+      : kind(k), out(o), in(i), op(r), peer(p), p2p(ops) {}
+  Kind kind;
+  // all_reduce, broadcast, send, recv: the buffer. all_gather: out [size * n, ...] = the
+  // concatenation over ranks (rank order) of in [n, ...]; `in` may be this rank's own block of
+  // `out` (in place). reduce_scatter: out [n, ...] = this rank's n-row block of (op over ranks
+  // of in [size * n, ...]).
+  Tensor out, in;
+  ReduceOp op = ReduceOp::sum;
+  int peer = 0;              // broadcast: the root; send, recv: the other rank
+  std::span<const P2P> p2p;  // exchange: posted together (no send/recv ordering deadlock)
+  const char* name() const;
+};
+
+enum class Lane { in_order, beside };
+
 class Comm {
  public:
+  using Ticket = int64_t;
+  static constexpr Ticket kDone = -1;  // completed when started
+
   virtual ~Comm() = default;
   virtual int rank() const = 0;  // rank within this group
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;  // "world", "tp", "dp", "pp" (for error messages)
 
-  // buf = op over ranks of buf, in place.
-  virtual void all_reduce(Tensor buf, ReduceOp op) = 0;
-  // out [size * n, ...] = concatenation over ranks (rank order) of in [n, ...]. `in` may be
-  // this rank's own block of `out` (in place).
-  virtual void all_gather(Tensor out, Tensor in) = 0;
-  // out [n, ...] = rank's n-row block of (op over ranks of in [size * n, ...]).
-  virtual void reduce_scatter(Tensor out, Tensor in, ReduceOp op) = 0;
-  // buf on every rank = buf of `root`.
-  virtual void broadcast(Tensor buf, int root) = 0;
-  virtual void send(Tensor buf, int peer) = 0;
-  virtual void recv(Tensor buf, int peer) = 0;
-  // All of `ops` posted together, returning when every one has completed (no ordering
-  // deadlock between a send and a recv with the same peer).
-  virtual void exchange(std::span<const P2P> ops) = 0;
-  virtual void barrier() = 0;
+  // Starts `op`. Every rank must start the same operations in the same order, whichever lane.
+  virtual Ticket start(const CommOp& op, Lane lane) = 0;
+  // Completes one started operation: the host and later work on the compute stream see its
+  // result (on GPUs the compute stream waits; the host does not). Waiting on kDone, or on a
+  // ticket already completed, does nothing.
+  virtual void wait(Ticket ticket) = 0;
+  // Completes every started operation.
+  virtual void wait_all() = 0;
 
-  // Asynchronous all-reduce, for gradient buckets that overlap the backward pass: starts
-  // buf = op over ranks of buf; `buf` must be neither read nor written until wait_all().
-  // Every rank must start the same buffers in the same order. On GPUs it runs on the
-  // communicator's own stream, after the work already queued on the compute stream. The
-  // default completes at once.
-  virtual void all_reduce_start(Tensor buf, ReduceOp op) { all_reduce(buf, op); }
-  // Asynchronous reduce-scatter (ZeRO-1's gradient buckets): starts reduce_scatter(out, in, op);
-  // neither may be touched until wait_all(). Same ordering rules as all_reduce_start. The
-  // default completes at once.
-  virtual void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) {
-    reduce_scatter(out, in, op);
+  // buf = op over ranks of buf, in place.
+  void all_reduce(Tensor buf, ReduceOp op) { run(CommOp(CommOp::all_reduce, buf, {}, op)); }
+  void all_gather(Tensor out, Tensor in) { run(CommOp(CommOp::all_gather, out, in)); }
+  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) {
+    run(CommOp(CommOp::reduce_scatter, out, in, op));
   }
-  // Asynchronous all-gather (ZeRO-1's weight buckets, overlapping the next forward): starts
-  // all_gather(out, in) and returns its ticket. Neither buffer may be touched until wait(ticket)
-  // or wait_all(). Same ordering rules as all_reduce_start; on GPUs it runs on the side stream
-  // too. A negative ticket means it completed at once (as the default does).
-  virtual int64_t all_gather_start(Tensor out, Tensor in) {
-    all_gather(out, in);
-    return -1;
+  // buf on every rank = buf of `root`.
+  void broadcast(Tensor buf, int root) { run(CommOp(CommOp::broadcast, buf, {}, {}, root)); }
+  void send(Tensor buf, int peer) { run(CommOp(CommOp::send, buf, {}, {}, peer)); }
+  void recv(Tensor buf, int peer) { run(CommOp(CommOp::recv, buf, {}, {}, peer)); }
+  // All of `ops` posted together, returning when every one has completed.
+  void exchange(std::span<const P2P> ops) { run(CommOp(CommOp::exchange, {}, {}, {}, 0, ops)); }
+  void barrier() { run(CommOp(CommOp::barrier)); }
+
+  // The overlapped forms the gradient and weight buckets use (Lane::beside).
+  Ticket all_reduce_start(Tensor buf, ReduceOp op) {
+    return start(CommOp(CommOp::all_reduce, buf, {}, op), Lane::beside);
   }
-  // Completes the all_gather_start() of `ticket`: the host and later work on the compute stream
-  // see its result (on GPUs the compute stream waits; the host does not).
-  virtual void wait(int64_t /*ticket*/) {}
-  // Completes every started operation: the host and later work on the compute stream see
-  // their results.
-  virtual void wait_all() {}
+  Ticket reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) {
+    return start(CommOp(CommOp::reduce_scatter, out, in, op), Lane::beside);
+  }
+  Ticket all_gather_start(Tensor out, Tensor in) {
+    return start(CommOp(CommOp::all_gather, out, in), Lane::beside);
+  }
+
+ private:
+  void run(const CommOp& op) { wait(start(op, Lane::in_order)); }
 };
 
 // The group of just this process (size 1): every collective is the identity. Used by a lone
 // process without a launcher, and for axes of size 1.
 std::unique_ptr<Comm> make_self_comm(const std::string& name);
+
+// Checks an operation's shapes against a group of `size` ranks (one line naming the operation
+// and the shapes when they do not fit); whether an all-gather's `in` is rank `rank`'s own block
+// of its `out` (in place).
+void check_comm_op(const CommOp& op, int size);
+bool gathers_in_place(const CommOp& op, int rank);
 
 }  // namespace tr

@@ -88,10 +88,13 @@ void GradReducer::start_bucket(Tensor grads, int64_t b) {
     g = lp_grads_;
     shard = lp_shard_;
   }
-  if (!zero1_) return dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);
-  // ZeRO-1: the bucket's reduce-scatter, piece r of its sum into rank r's shard.
-  dp_->reduce_scatter_start(shard.slice(shards_.shard_offset(b), shards_.piece(b)),
-                            g.slice(lo, hi - lo), ReduceOp::sum);
+  // Completed by finish()'s wait_all. ZeRO-1: the bucket's reduce-scatter, piece r of its sum
+  // into rank r's shard.
+  if (!zero1_)
+    dp_->all_reduce_start(g.slice(lo, hi - lo), ReduceOp::sum);
+  else
+    dp_->reduce_scatter_start(shard.slice(shards_.shard_offset(b), shards_.piece(b)),
+                              g.slice(lo, hi - lo), ReduceOp::sum);
 }
 
 void GradReducer::finish(Tensor grads) {
@@ -109,7 +112,7 @@ void GradReducer::finish(Tensor grads) {
   }
   dp_->wait_all();
   // wait_all completed any weight bucket still gathering too.
-  std::fill(gather_ticket_.begin(), gather_ticket_.end(), -1);
+  std::fill(gather_ticket_.begin(), gather_ticket_.end(), Comm::kDone);
   gathering_ = 0;
   if (!lp_grads_.empty()) {  // the bf16 sums back into fp32
     if (zero1_)
@@ -126,15 +129,15 @@ void GradReducer::gather_weights(Tensor weights) {
   TR_ASSERT(weights.numel() == shards_.capacity(), "gather_weights: ZeRO-1's [capacity] weights");
   finish_weights();
   const int64_t n = shards_.buckets();
-  gather_ticket_.assign(static_cast<size_t>(n), -1);
+  gather_ticket_.assign(static_cast<size_t>(n), Comm::kDone);
   gathering_ = 0;
   for (int64_t b = 0; b < n; ++b) {
     const auto [lo, hi] = shards_.bucket(b);
     gather_ticket_[b] =
         dp_->all_gather_start(weights.slice(lo, hi - lo),
                               weights.slice(shards_.piece_begin(b, dp_->rank()), shards_.piece(b)));
-    // A gather that completed at once (host tensors on NCCL: ticket -1) has nothing to wait for.
-    if (gather_ticket_[b] >= 0) ++gathering_;
+    // A gather that completed at once (a group of one) has nothing to wait for.
+    if (gather_ticket_[b] != Comm::kDone) ++gathering_;
   }
   waited_in_forward_ = 0;
   if (!overlap_gather_) finish_weights();
@@ -144,9 +147,9 @@ void GradReducer::wait_weights(int64_t begin, int64_t end) {
   if (gathering_ == 0 || begin >= end) return;
   const int64_t last = std::min((end - 1) / bucket_elems_, shards_.buckets() - 1);
   for (int64_t b = begin / bucket_elems_; b <= last; ++b) {
-    if (gather_ticket_[b] < 0) continue;
+    if (gather_ticket_[b] == Comm::kDone) continue;
     dp_->wait(gather_ticket_[b]);
-    gather_ticket_[b] = -1;
+    gather_ticket_[b] = Comm::kDone;
     --gathering_;
     ++waited_in_forward_;
   }
@@ -154,10 +157,10 @@ void GradReducer::wait_weights(int64_t begin, int64_t end) {
 
 void GradReducer::finish_weights() {
   if (gathering_ == 0) return;
-  for (int64_t& t : gather_ticket_) {
-    if (t < 0) continue;
+  for (Comm::Ticket& t : gather_ticket_) {
+    if (t == Comm::kDone) continue;
     dp_->wait(t);
-    t = -1;
+    t = Comm::kDone;
   }
   gathering_ = 0;
 }

@@ -97,8 +97,8 @@ class GradReducer {
   std::vector<int64_t> bucket_final_;  // final elements of each bucket this step
   std::vector<bool> bucket_started_;
   int early_buckets_ = 0;
-  std::vector<int64_t> gather_ticket_;  // per weight bucket: its all-gather's ticket, or -1
-  int64_t gathering_ = 0;               // weight buckets not yet completed
+  std::vector<Comm::Ticket> gather_ticket_;  // per weight bucket: its all-gather's, or kDone
+  int64_t gathering_ = 0;                    // weight buckets not yet completed
   int waited_in_forward_ = 0;
 };
 

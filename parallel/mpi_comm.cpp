@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -197,140 +198,146 @@ class MpiComm final : public Comm {
   const std::string& name() const override { return name_; }
   MPI_Comm handle() const { return comm_; }
 
-  void all_reduce(Tensor buf, ReduceOp op) override {
-    Watched w("all_reduce", name_, rank_, size_);
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype),
-                            mpi_op(op, buf.dtype), comm_),
-              name_);
-  }
-  void all_gather(Tensor out, Tensor in) override {
-    const bool in_place = gather_in_place(out, in);
-    Watched w("all_gather", name_, rank_, size_);
-    MPI_CHECK(MPI_Allgather(in_place ? MPI_IN_PLACE : in.data, count_of(in), mpi_type(in.dtype),
-                            out.data, count_of(in), mpi_type(in.dtype), comm_),
-              name_);
-  }
-  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    check_scatter(out, in);
-    Watched w("reduce_scatter", name_, rank_, size_);
-    MPI_CHECK(MPI_Reduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
-                                       mpi_op(op, in.dtype), comm_),
-              name_);
-  }
-  void broadcast(Tensor buf, int root) override {
-    Watched w("broadcast", name_, rank_, size_);
-    MPI_CHECK(MPI_Bcast(buf.data, count_of(buf), mpi_type(buf.dtype), root, comm_), name_);
-  }
-  void send(Tensor buf, int peer) override {
-    Watched w("send", name_, rank_, size_);
-    MPI_CHECK(MPI_Send(buf.data, count_of(buf), mpi_type(buf.dtype), peer, kTag, comm_), name_);
-  }
-  void recv(Tensor buf, int peer) override {
-    Watched w("recv", name_, rank_, size_);
-    MPI_CHECK(MPI_Recv(buf.data, count_of(buf), mpi_type(buf.dtype), peer, kTag, comm_,
-                       MPI_STATUS_IGNORE),
-              name_);
-  }
-  void exchange(std::span<const P2P> ops) override {
-    std::vector<MPI_Request> reqs(ops.size());
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const P2P& p = ops[i];
-      if (p.kind == P2P::send)
-        MPI_CHECK(MPI_Isend(p.buf.data, count_of(p.buf), mpi_type(p.buf.dtype), p.peer, kTag, comm_,
-                            &reqs[i]),
-                  name_);
-      else
-        MPI_CHECK(MPI_Irecv(p.buf.data, count_of(p.buf), mpi_type(p.buf.dtype), p.peer, kTag, comm_,
-                            &reqs[i]),
-                  name_);
+  // In order: the blocking MPI call (MPI's own algorithms for each, which the bit-identity
+  // tests pin down). Beside: its non-blocking twin, completed by wait or wait_all.
+  Ticket start(const CommOp& op, Lane lane) override {
+    check_comm_op(op, size_);
+    const bool now = lane == Lane::in_order;
+    const size_t first = reqs_.size();
+    std::optional<Watched> watched;
+    if (now && op.kind != CommOp::exchange) watched.emplace(op.name(), name_, rank_, size_);
+    const Tensor& b = op.out;
+    // Each call checked on its own line, so that a failure names the MPI function.
+#define TR_MPI(expr) MPI_CHECK(expr, name_)
+    switch (op.kind) {
+      case CommOp::all_reduce: {
+        const int n = count_of(b);
+        const MPI_Datatype t = mpi_type(b.dtype);
+        const MPI_Op o = mpi_op(op.op, b.dtype);
+        if (now)
+          TR_MPI(MPI_Allreduce(MPI_IN_PLACE, b.data, n, t, o, comm_));
+        else
+          TR_MPI(MPI_Iallreduce(MPI_IN_PLACE, b.data, n, t, o, comm_, request()));
+        break;
+      }
+      case CommOp::all_gather: {
+        const void* in = gathers_in_place(op, rank_) ? MPI_IN_PLACE : op.in.data;
+        const int n = count_of(op.in);
+        const MPI_Datatype t = mpi_type(op.in.dtype);
+        if (now)
+          TR_MPI(MPI_Allgather(in, n, t, b.data, n, t, comm_));
+        else
+          TR_MPI(MPI_Iallgather(in, n, t, b.data, n, t, comm_, request()));
+        break;
+      }
+      case CommOp::reduce_scatter: {
+        const int n = count_of(b);
+        const MPI_Datatype t = mpi_type(op.in.dtype);
+        const MPI_Op o = mpi_op(op.op, op.in.dtype);
+        if (now)
+          TR_MPI(MPI_Reduce_scatter_block(op.in.data, b.data, n, t, o, comm_));
+        else
+          TR_MPI(MPI_Ireduce_scatter_block(op.in.data, b.data, n, t, o, comm_, request()));
+        break;
+      }
+      case CommOp::broadcast: {
+        const int n = count_of(b);
+        const MPI_Datatype t = mpi_type(b.dtype);
+        if (now)
+          TR_MPI(MPI_Bcast(b.data, n, t, op.peer, comm_));
+        else
+          TR_MPI(MPI_Ibcast(b.data, n, t, op.peer, comm_, request()));
+        break;
+      }
+      case CommOp::send: {
+        const int n = count_of(b);
+        const MPI_Datatype t = mpi_type(b.dtype);
+        if (now)
+          TR_MPI(MPI_Send(b.data, n, t, op.peer, kTag, comm_));
+        else
+          TR_MPI(MPI_Isend(b.data, n, t, op.peer, kTag, comm_, request()));
+        break;
+      }
+      case CommOp::recv: {
+        const int n = count_of(b);
+        const MPI_Datatype t = mpi_type(b.dtype);
+        if (now)
+          TR_MPI(MPI_Recv(b.data, n, t, op.peer, kTag, comm_, MPI_STATUS_IGNORE));
+        else
+          TR_MPI(MPI_Irecv(b.data, n, t, op.peer, kTag, comm_, request()));
+        break;
+      }
+      case CommOp::exchange:  // posted together either way; in order waits for them here
+        for (const P2P& p : op.p2p) {
+          const int n = count_of(p.buf);
+          const MPI_Datatype t = mpi_type(p.buf.dtype);
+          if (p.kind == P2P::send)
+            TR_MPI(MPI_Isend(p.buf.data, n, t, p.peer, kTag, comm_, request()));
+          else
+            TR_MPI(MPI_Irecv(p.buf.data, n, t, p.peer, kTag, comm_, request()));
+        }
+        if (now) {
+          Watched w("exchange", name_, rank_, size_);
+          TR_MPI(MPI_Waitall(static_cast<int>(reqs_.size() - first), reqs_.data() + first,
+                             MPI_STATUSES_IGNORE));
+          reqs_.resize(first);
+        }
+        break;
+      case CommOp::barrier:
+        if (now)
+          TR_MPI(MPI_Barrier(comm_));
+        else
+          TR_MPI(MPI_Ibarrier(comm_, request()));
+        break;
     }
-    Watched w("exchange", name_, rank_, size_);
-    MPI_CHECK(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), name_);
+#undef TR_MPI
+    if (now) return kDone;
+    progress(first);
+    tickets_.push_back({first, reqs_.size() - first});
+    return ticket_base_ + static_cast<Ticket>(tickets_.size()) - 1;
   }
-  void barrier() override {
-    Watched w("barrier", name_, rank_, size_);
-    MPI_CHECK(MPI_Barrier(comm_), name_);
-  }
-  void all_reduce_start(Tensor buf, ReduceOp op) override {
-    MPI_Request req;
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data, count_of(buf), mpi_type(buf.dtype),
-                             mpi_op(op, buf.dtype), comm_, &req),
-              name_);
-    progress();
-    pending_.push_back(req);
-  }
-  void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
-    check_scatter(out, in);
-    MPI_Request req;
-    MPI_CHECK(MPI_Ireduce_scatter_block(in.data, out.data, count_of(out), mpi_type(in.dtype),
-                                        mpi_op(op, in.dtype), comm_, &req),
-              name_);
-    progress();
-    pending_.push_back(req);
-  }
-  int64_t all_gather_start(Tensor out, Tensor in) override {
-    const bool in_place = gather_in_place(out, in);
-    MPI_Request req;
-    MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in.data, count_of(in), mpi_type(in.dtype),
-                             out.data, count_of(in), mpi_type(in.dtype), comm_, &req),
-              name_);
-    progress();
-    gathers_.push_back(req);
-    return gather_base_ + static_cast<int64_t>(gathers_.size()) - 1;
-  }
-  void wait(int64_t ticket) override {
-    const int64_t k = ticket - gather_base_;
-    if (k < 0 || k >= static_cast<int64_t>(gathers_.size())) return;  // completed by wait_all
+  void wait(Ticket ticket) override {
+    const Ticket k = ticket - ticket_base_;
+    if (k < 0 || k >= static_cast<Ticket>(tickets_.size())) return;  // done, or by wait_all
+    const Started& t = tickets_[static_cast<size_t>(k)];
     Watched w("wait", name_, rank_, size_);
-    MPI_CHECK(MPI_Wait(&gathers_[static_cast<size_t>(k)], MPI_STATUS_IGNORE), name_);
+    MPI_CHECK(MPI_Waitall(static_cast<int>(t.count), reqs_.data() + t.first, MPI_STATUSES_IGNORE),
+              name_);
   }
   void wait_all() override {
     Watched w("wait_all", name_, rank_, size_);
-    MPI_CHECK(MPI_Waitall(static_cast<int>(pending_.size()), pending_.data(), MPI_STATUSES_IGNORE),
+    MPI_CHECK(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               name_);
-    MPI_CHECK(MPI_Waitall(static_cast<int>(gathers_.size()), gathers_.data(), MPI_STATUSES_IGNORE),
-              name_);
-    pending_.clear();
-    gather_base_ += static_cast<int64_t>(gathers_.size());
-    gathers_.clear();
+    reqs_.clear();
+    ticket_base_ += static_cast<Ticket>(tickets_.size());
+    tickets_.clear();
   }
 
  private:
-  void check_scatter(const Tensor& out, const Tensor& in) const {
-    TR_ASSERT(in.numel() == out.numel() * size_ && out.dtype == in.dtype,
-              "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size_) +
-                  " x out " + out.shape_str());
-  }
-  // Checks an all-gather's shapes; whether `in` is this rank's block of `out` (in place, e.g.
-  // ZeRO-1's weight all-gather).
-  bool gather_in_place(const Tensor& out, const Tensor& in) const {
-    TR_ASSERT(out.numel() == in.numel() * size_ && out.dtype == in.dtype,
-              "all_gather: out " + out.shape_str() + " must be " + std::to_string(size_) +
-                  " x in " + in.shape_str());
-    return in.data == static_cast<char*>(out.data) + rank_ * in.nbytes();
-  }
+  struct Started {
+    size_t first, count;  // its requests in reqs_
+  };
 
-  // Open MPI progresses non-blocking collectives inside MPI calls: a started operation gives
-  // the earlier ones a turn. Reductions are completed by wait_all() (kept in pending_),
-  // all-gathers by wait(ticket) or wait_all() (kept in gathers_).
-  void progress() {
+  // A new request slot for a non-blocking call (used at once: the next push may move it).
+  MPI_Request* request() {
+    reqs_.push_back(MPI_REQUEST_NULL);
+    return &reqs_.back();
+  }
+  // Open MPI progresses non-blocking operations inside MPI calls: a newly started one gives the
+  // earlier ones (requests before `first`) a turn.
+  void progress(size_t first) {
     int done = 0;
-    if (!pending_.empty())
-      MPI_CHECK(MPI_Testall(static_cast<int>(pending_.size()), pending_.data(), &done,
-                            MPI_STATUSES_IGNORE),
-                name_);
-    if (!gathers_.empty())
-      MPI_CHECK(MPI_Testall(static_cast<int>(gathers_.size()), gathers_.data(), &done,
-                            MPI_STATUSES_IGNORE),
+    if (first > 0)
+      MPI_CHECK(MPI_Testall(static_cast<int>(first), reqs_.data(), &done, MPI_STATUSES_IGNORE),
                 name_);
   }
 
   static constexpr int kTag = 7;
   MPI_Comm comm_;
   std::string name_;
-  std::vector<MPI_Request> pending_;  // started by all_reduce_start / reduce_scatter_start
-  std::vector<MPI_Request> gathers_;  // started by all_gather_start, ticket gather_base_ + index
-  int64_t gather_base_ = 0;
+  std::vector<MPI_Request> reqs_;  // every started operation's, completed ones MPI_REQUEST_NULL
+  std::vector<Started> tickets_;   // ticket ticket_base_ + k is tickets_[k]
+  Ticket ticket_base_ = 0;
   int rank_ = 0, size_ = 1;
 };
 

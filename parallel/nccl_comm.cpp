@@ -105,113 +105,49 @@ class NcclComm final : public Comm {
   int size() const override { return boot_->size(); }
   const std::string& name() const override { return boot_->name(); }
 
-  void all_reduce(Tensor buf, ReduceOp op) override {
-    if (host(buf)) return boot_->all_reduce(buf, op);
-    run("all_reduce", [&] {
-      return ncclAllReduce(buf.data, buf.data, buf.numel(), nccl_type(buf.dtype), nccl_op(op),
-                           comm_, stream_);
-    });
-  }
-  void all_gather(Tensor out, Tensor in) override {
-    if (host(out) && host(in)) return boot_->all_gather(out, in);
-    check_gather(out, in);
-    run("all_gather", [&] {  // in place when `in` is this rank's block of `out`
-      return ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, stream_);
-    });
-  }
-  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    if (host(out) && host(in)) return boot_->reduce_scatter(out, in, op);
-    check_scatter(out, in);
-    run("reduce_scatter", [&] {
-      return ncclReduceScatter(in.data, out.data, out.numel(), nccl_type(in.dtype), nccl_op(op),
-                               comm_, stream_);
-    });
-  }
-  void broadcast(Tensor buf, int root) override {
-    if (host(buf)) return boot_->broadcast(buf, root);
-    run("broadcast", [&] {
-      return ncclBroadcast(buf.data, buf.data, buf.numel(), nccl_type(buf.dtype), root, comm_,
-                           stream_);
-    });
-  }
-  void send(Tensor buf, int peer) override {
-    if (host(buf)) return boot_->send(buf, peer);
-    run("send", [&] {
-      return ncclSend(buf.data, buf.numel(), nccl_type(buf.dtype), peer, comm_, stream_);
-    });
-  }
-  void recv(Tensor buf, int peer) override {
-    if (host(buf)) return boot_->recv(buf, peer);
-    run("recv", [&] {
-      return ncclRecv(buf.data, buf.numel(), nccl_type(buf.dtype), peer, comm_, stream_);
-    });
-  }
-  void exchange(std::span<const P2P> ops) override {
-    if (ops.empty()) return;
-    const bool on_host = host(ops[0].buf);
-    for (const P2P& p : ops)
-      TR_ASSERT(host(p.buf) == on_host, "exchange mixes host and device buffers");
-    if (on_host) return boot_->exchange(ops);
-    run("exchange", [&] {
-      NCCL_CHECK(ncclGroupStart(), what_ + " exchange");
-      for (const P2P& p : ops) {
-        const ncclResult_t r = p.kind == P2P::send
-                                   ? ncclSend(p.buf.data, p.buf.numel(), nccl_type(p.buf.dtype),
-                                              p.peer, comm_, stream_)
-                                   : ncclRecv(p.buf.data, p.buf.numel(), nccl_type(p.buf.dtype),
-                                              p.peer, comm_, stream_);
-        NCCL_CHECK(r, what_ + " exchange");
-      }
-      return ncclGroupEnd();
-    });
-  }
-  void barrier() override {
-    CUDA_OK(cudaStreamSynchronize(stream_));
-    boot_->barrier();
-  }
-  // On the side stream, after everything queued on the compute stream so far.
-  void all_reduce_start(Tensor buf, ReduceOp op) override {
-    if (host(buf)) return boot_->all_reduce_start(buf, op);
-    run_side("all_reduce (overlapped)", [&] {
-      return ncclAllReduce(buf.data, buf.data, buf.numel(), nccl_type(buf.dtype), nccl_op(op),
-                           comm_, side_);
-    });
-  }
-  void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
-    if (host(out) && host(in)) return boot_->reduce_scatter_start(out, in, op);
-    check_scatter(out, in);
-    run_side("reduce_scatter (overlapped)", [&] {
-      return ncclReduceScatter(in.data, out.data, out.numel(), nccl_type(in.dtype), nccl_op(op),
-                               comm_, side_);
-    });
-  }
-  // On the side stream too; each ticket's completion is an event recorded after it there.
-  int64_t all_gather_start(Tensor out, Tensor in) override {
-    if (host(out) && host(in)) {  // complete at once: tickets here are the device's
-      boot_->all_gather(out, in);
-      return -1;
+  // Host buffers go to the bootstrap communicator. In order: queued on the compute stream.
+  // Beside: on the side stream (made on first use) after everything queued on the compute
+  // stream so far; its ticket completes with an event recorded after it there.
+  Ticket start(const CommOp& op, Lane lane) override {
+    if (on_host(op)) return host_ticket(boot_->start(op, lane));
+    check_comm_op(op, size());
+    if (op.kind == CommOp::barrier) {
+      CUDA_OK(cudaStreamSynchronize(stream_));
+      boot_->barrier();
+      return kDone;
     }
-    check_gather(out, in);
-    run_side("all_gather (overlapped)", [&] {
-      return ncclAllGather(in.data, out.data, in.numel(), nccl_type(in.dtype), comm_, side_);
-    });
-    if (ticket_events_.size() == gathers_started_) {
+    if (lane == Lane::in_order) {
+      run(op.name(), stream_, false, [&] { return enqueue(op, stream_); });
+      return kDone;
+    }
+    cudaStream_t side = side_stream();
+    CUDA_OK(cudaEventRecord(ready_, stream_));
+    CUDA_OK(cudaStreamWaitEvent(side, ready_, 0));
+    run(op.name(), side, true, [&] { return enqueue(op, side); });
+    side_pending_ = true;
+    if (ticket_events_.size() == device_tickets_) {
       cudaEvent_t e;
       CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       ticket_events_.push_back(e);
     }
-    CUDA_OK(cudaEventRecord(ticket_events_[gathers_started_], side_));
-    return gather_base_ + static_cast<int64_t>(gathers_started_++);
+    CUDA_OK(cudaEventRecord(ticket_events_[device_tickets_], side));
+    tickets_.push_back({ticket_events_[device_tickets_++], kDone});
+    return ticket_base_ + static_cast<Ticket>(tickets_.size()) - 1;
   }
-  void wait(int64_t ticket) override {
-    const int64_t k = ticket - gather_base_;
-    if (k < 0 || k >= static_cast<int64_t>(gathers_started_)) return;  // joined by wait_all
-    CUDA_OK(cudaStreamWaitEvent(stream_, ticket_events_[static_cast<size_t>(k)], 0));
+  void wait(Ticket ticket) override {
+    const Ticket k = ticket - ticket_base_;
+    if (k < 0 || k >= static_cast<Ticket>(tickets_.size())) return;  // done, or by wait_all
+    const Started& t = tickets_[static_cast<size_t>(k)];
+    if (t.event != nullptr)
+      CUDA_OK(cudaStreamWaitEvent(stream_, t.event, 0));
+    else
+      boot_->wait(t.host);
   }
   void wait_all() override {
     boot_->wait_all();
-    gather_base_ += static_cast<int64_t>(gathers_started_);
-    gathers_started_ = 0;  // the events are recorded afresh by the next tickets
+    ticket_base_ += static_cast<Ticket>(tickets_.size());
+    tickets_.clear();
+    device_tickets_ = 0;  // the events are recorded afresh by the next tickets
     if (!side_pending_) return;
     CUDA_OK(cudaEventRecord(side_done_, side_));
     CUDA_OK(cudaStreamWaitEvent(stream_, side_done_, 0));
@@ -222,46 +158,92 @@ class NcclComm final : public Comm {
   struct Pending {
     cudaEvent_t event;
     const char* op;
+    bool beside;
     Clock::time_point queued;
+  };
+  struct Started {
+    cudaEvent_t event;  // a device operation's completion on the side stream
+    Ticket host;        // otherwise the bootstrap communicator's ticket
   };
 
   static bool host(const Tensor& t) { return t.device == Device::cpu; }
-  void check_scatter(const Tensor& out, const Tensor& in) const {
-    TR_ASSERT(
-        in.numel() == out.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),
-        "reduce_scatter: in " + in.shape_str() + " must be " + std::to_string(size()) + " x out " +
-            out.shape_str() + ", both on the device");
+  // Whether `op` moves host buffers (the bootstrap's); a mix of host and device is an error.
+  bool on_host(const CommOp& op) const {
+    bool any = false, all = true;
+    auto see = [&](const Tensor& t) {
+      any = any || host(t);
+      all = all && host(t);
+    };
+    switch (op.kind) {
+      case CommOp::barrier:
+        return false;
+      case CommOp::exchange:
+        if (op.p2p.empty()) return true;
+        for (const P2P& p : op.p2p) see(p.buf);
+        break;
+      case CommOp::all_gather:
+      case CommOp::reduce_scatter:
+        see(op.in);
+        [[fallthrough]];
+      default:
+        see(op.out);
+    }
+    TR_ASSERT(all || !any,
+              std::string(op.name()) + " in group " + name() + " mixes host and device buffers");
+    return all;
   }
-  void check_gather(const Tensor& out, const Tensor& in) const {
-    TR_ASSERT(
-        out.numel() == in.numel() * size() && out.dtype == in.dtype && !host(out) && !host(in),
-        "all_gather: out " + out.shape_str() + " must be " + std::to_string(size()) + " x in " +
-            in.shape_str() + ", both on the device");
+  Ticket host_ticket(Ticket boot) {
+    if (boot == kDone) return kDone;
+    tickets_.push_back({nullptr, boot});
+    return ticket_base_ + static_cast<Ticket>(tickets_.size()) - 1;
   }
-
-  // Queues `call` on the side stream (made on first use) after everything queued on the
-  // compute stream so far; wait_all() joins it back.
-  template <class F>
-  void run_side(const char* op, F&& call) {
+  cudaStream_t side_stream() {
     if (side_ == nullptr) {
       CUDA_OK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
       CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
       CUDA_OK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
     }
-    CUDA_OK(cudaEventRecord(ready_, stream_));
-    CUDA_OK(cudaStreamWaitEvent(side_, ready_, 0));
-    run(op, side_, std::forward<F>(call));
-    side_pending_ = true;
+    return side_;
+  }
+
+  // The NCCL call (or group) of `op` on stream `s`.
+  ncclResult_t enqueue(const CommOp& op, cudaStream_t s) {
+    const Tensor& b = op.out;
+    switch (op.kind) {
+      case CommOp::all_reduce:
+        return ncclAllReduce(b.data, b.data, b.numel(), nccl_type(b.dtype), nccl_op(op.op), comm_,
+                             s);
+      case CommOp::all_gather:  // in place when `in` is this rank's block of `out`
+        return ncclAllGather(op.in.data, b.data, op.in.numel(), nccl_type(op.in.dtype), comm_, s);
+      case CommOp::reduce_scatter:
+        return ncclReduceScatter(op.in.data, b.data, b.numel(), nccl_type(op.in.dtype),
+                                 nccl_op(op.op), comm_, s);
+      case CommOp::broadcast:
+        return ncclBroadcast(b.data, b.data, b.numel(), nccl_type(b.dtype), op.peer, comm_, s);
+      case CommOp::send:
+        return ncclSend(b.data, b.numel(), nccl_type(b.dtype), op.peer, comm_, s);
+      case CommOp::recv:
+        return ncclRecv(b.data, b.numel(), nccl_type(b.dtype), op.peer, comm_, s);
+      case CommOp::exchange:
+        NCCL_CHECK(ncclGroupStart(), what_ + " exchange");
+        for (const P2P& p : op.p2p) {
+          const ncclResult_t r =
+              p.kind == P2P::send
+                  ? ncclSend(p.buf.data, p.buf.numel(), nccl_type(p.buf.dtype), p.peer, comm_, s)
+                  : ncclRecv(p.buf.data, p.buf.numel(), nccl_type(p.buf.dtype), p.peer, comm_, s);
+          NCCL_CHECK(r, what_ + " exchange");
+        }
+        return ncclGroupEnd();
+      case CommOp::barrier:
+        break;
+    }
+    return ncclSuccess;
   }
 
   // Queues one NCCL call (or group), waits until NCCL has accepted it, and hands its
   // completion event to the watchdog.
   template <class F>
-  void run(const char* op, F&& call) {
-    run(op, stream_, std::forward<F>(call));
-  }
-  template <class F>
-  void run(const char* op, cudaStream_t stream, F&& call) {
+  void run(const char* op, cudaStream_t stream, bool beside, F&& call) {
     NCCL_CHECK(call(), what_ + " " + op);
     settle(op);
     if (timeout_s_ <= 0) return;
@@ -274,7 +256,7 @@ class NcclComm final : public Comm {
       free_events_.pop_back();
     }
     CUDA_OK(cudaEventRecord(e, stream));
-    pending_.push_back({e, op, Clock::now()});
+    pending_.push_back({e, op, beside, Clock::now()});
   }
 
   // Non-blocking communicators: poll until the last call left the ncclInProgress state.
@@ -315,7 +297,7 @@ class NcclComm final : public Comm {
           char detail[96];
           std::snprintf(detail, sizeof detail, "not finished after %.0f s (parallel.timeout_s)",
                         waited);
-          fail(p.op, detail);
+          fail(std::string(p.op) + (p.beside ? " (overlapped)" : ""), detail);
         }
         break;
       }
@@ -325,7 +307,7 @@ class NcclComm final : public Comm {
   // Once per process (the main thread and the watchdog may both get here): ncclCommAbort
   // (non-blocking here, so it cannot hang on a dead peer), then one line and the job ends with
   // kExitCommTimeout through end_job's MPI_Abort.
-  [[noreturn]] void fail(const char* op, const std::string& why) {
+  [[noreturn]] void fail(const std::string& op, const std::string& why) {
     static std::atomic<bool> failing{false};
     if (failing.exchange(true))
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the other thread ends it
@@ -344,14 +326,15 @@ class NcclComm final : public Comm {
   std::string what_;
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
-  // all_reduce_start's stream and events: made on first use.
+  // Lane::beside's stream and events: made on first use.
   cudaStream_t side_ = nullptr;
   cudaEvent_t ready_ = nullptr, side_done_ = nullptr;
   bool side_pending_ = false;
-  // all_gather_start's tickets: ticket gather_base_ + k completes with ticket_events_[k].
+  // Ticket ticket_base_ + k is tickets_[k]; device tickets use ticket_events_[0, device_tickets_).
+  std::vector<Started> tickets_;
   std::vector<cudaEvent_t> ticket_events_;
-  size_t gathers_started_ = 0;
-  int64_t gather_base_ = 0;
+  size_t device_tickets_ = 0;
+  Ticket ticket_base_ = 0;
   std::thread watchdog_;
   std::atomic<bool> stop_{false};
   std::mutex mu_;

@@ -19,67 +19,74 @@ class StagingComm final : public Comm {
   int size() const override { return host_->size(); }
   const std::string& name() const override { return host_->name(); }
 
-  void all_reduce(Tensor buf, ReduceOp op) override {
-    if (!staged(buf)) return host_->all_reduce(buf, op);
-    Tensor h = stage_in(0, buf, /*widen=*/true);
-    host_->all_reduce(h, op);
-    stage_out(buf, h);
-  }
-  void all_gather(Tensor out, Tensor in) override {
-    if (!staged(out) && !staged(in)) return host_->all_gather(out, in);
-    // `in` may be a block of `out` (in place): it is copied before `out` is written.
-    Tensor h_in = stage_in(0, in, false);
-    Tensor h_out = stage(1, out, false);
-    host_->all_gather(h_out, h_in);
-    stage_out(out, h_out);
-  }
-  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    if (!staged(out) && !staged(in)) return host_->reduce_scatter(out, in, op);
-    Tensor h_in = stage_in(0, in, true);
-    Tensor h_out = stage(1, out, true);
-    host_->reduce_scatter(h_out, h_in, op);
-    stage_out(out, h_out);
-  }
-  void broadcast(Tensor buf, int root) override {
-    if (!staged(buf)) return host_->broadcast(buf, root);
-    Tensor h = stage_in(0, buf, false);
-    host_->broadcast(h, root);
-    stage_out(buf, h);
-  }
-  void send(Tensor buf, int peer) override {
-    if (!staged(buf)) return host_->send(buf, peer);
-    host_->send(stage_in(0, buf, false), peer);
-  }
-  void recv(Tensor buf, int peer) override {
-    if (!staged(buf)) return host_->recv(buf, peer);
-    Tensor h = stage(0, buf, false);
-    host_->recv(h, peer);
-    stage_out(buf, h);
-  }
-  void exchange(std::span<const P2P> ops) override {
-    std::vector<P2P> host_ops(ops.begin(), ops.end());
-    for (size_t i = 0; i < ops.size(); ++i) {
-      if (!staged(ops[i].buf)) continue;
-      host_ops[i].buf =
-          ops[i].kind == P2P::send ? stage_in(i, ops[i].buf, false) : stage(i, ops[i].buf, false);
+  // Operations on staged tensors complete in order whichever lane they were started in.
+  Ticket start(const CommOp& op, Lane lane) override {
+    if (!touches_staged(op)) return host_->start(op, lane);
+    CommOp h = op;
+    std::vector<P2P> host_ops;
+    switch (op.kind) {
+      case CommOp::all_reduce:
+        h.out = stage_in(0, op.out, /*widen=*/true);
+        break;
+      case CommOp::all_gather:
+        // `in` may be a block of `out` (in place): it is copied before `out` is written.
+        h.in = stage_in(0, op.in, false);
+        h.out = stage(1, op.out, false);
+        break;
+      case CommOp::reduce_scatter:
+        h.in = stage_in(0, op.in, true);
+        h.out = stage(1, op.out, true);
+        break;
+      case CommOp::broadcast:
+      case CommOp::send:
+        h.out = stage_in(0, op.out, false);
+        break;
+      case CommOp::recv:
+        h.out = stage(0, op.out, false);
+        break;
+      case CommOp::exchange:
+        host_ops.assign(op.p2p.begin(), op.p2p.end());
+        for (size_t i = 0; i < host_ops.size(); ++i) {
+          const P2P& p = op.p2p[i];
+          if (!staged(p.buf)) continue;
+          host_ops[i].buf =
+              p.kind == P2P::send ? stage_in(i, p.buf, false) : stage(i, p.buf, false);
+        }
+        h.p2p = host_ops;
+        break;
+      case CommOp::barrier:
+        break;
     }
-    host_->exchange(host_ops);
-    for (size_t i = 0; i < ops.size(); ++i)
-      if (ops[i].kind == P2P::recv && staged(ops[i].buf)) stage_out(ops[i].buf, host_ops[i].buf);
+    host_->wait(host_->start(h, Lane::in_order));
+    if (op.kind == CommOp::exchange) {
+      for (size_t i = 0; i < host_ops.size(); ++i)
+        if (host_ops[i].kind == P2P::recv && staged(op.p2p[i].buf))
+          stage_out(op.p2p[i].buf, host_ops[i].buf);
+    } else if (op.kind != CommOp::send && op.kind != CommOp::barrier) {
+      stage_out(op.out, h.out);
+    }
+    return kDone;
   }
-  void barrier() override { host_->barrier(); }
-  void all_reduce_start(Tensor buf, ReduceOp op) override {
-    if (!staged(buf)) return host_->all_reduce_start(buf, op);
-    all_reduce(buf, op);  // staged: complete at once
-  }
-  void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
-    if (!staged(out) && !staged(in)) return host_->reduce_scatter_start(out, in, op);
-    reduce_scatter(out, in, op);  // staged: complete at once
-  }
+  void wait(Ticket ticket) override { host_->wait(ticket); }
   void wait_all() override { host_->wait_all(); }
 
  private:
   bool staged(const Tensor& t) const { return all_ || t.device != Device::cpu; }
+  bool touches_staged(const CommOp& op) const {
+    switch (op.kind) {
+      case CommOp::barrier:
+        return false;
+      case CommOp::exchange:
+        for (const P2P& p : op.p2p)
+          if (staged(p.buf)) return true;
+        return false;
+      case CommOp::all_gather:
+      case CommOp::reduce_scatter:
+        return staged(op.out) || staged(op.in);
+      default:
+        return staged(op.out);
+    }
+  }
 
   // A flat host tensor in staging slot `slot` for t's elements: f32 for bf16 when `widen`
   // (reductions), t's own dtype otherwise.

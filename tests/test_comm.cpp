@@ -150,6 +150,46 @@ TEST_CASE("comm: all-gathers started together complete by ticket", "[comm]") {
   w->barrier();
 }
 
+// Every operation may be started beside the compute and completed by its ticket, with the
+// result of the same operation run in order: broadcast, a ring exchange, send/recv pairs and
+// a barrier, started together and waited in reverse.
+TEST_CASE("comm: every operation started beside completes by its ticket", "[comm]") {
+  auto w = world_comm();
+  const int r = w->rank(), n = w->size();
+  std::vector<float> b = {static_cast<float>(r == 0 ? 7 + n : -r)}, b_now = b;
+  std::vector<Comm::Ticket> tickets;
+  tickets.push_back(w->start(CommOp(CommOp::broadcast, host(b), {}, {}, 0), Lane::beside));
+  w->broadcast(host(b_now), 0);
+  std::vector<float> mine = {10.0f * r}, from_left = {-1.0f};
+  std::vector<P2P> ring;
+  if (n > 1)
+    ring = {{P2P::send, host(mine), (r + 1) % n}, {P2P::recv, host(from_left), (r + n - 1) % n}};
+  tickets.push_back(w->start(CommOp(CommOp::exchange, {}, {}, {}, 0, ring), Lane::beside));
+  // Pairs (0,1), (2,3), ...: the even rank sends its rank + 0.5, the odd one receives it.
+  std::vector<float> pair = {r + 0.5f};
+  const bool paired = n > 1 && (r % 2 == 1 || r + 1 < n);
+  if (paired) {
+    const bool sender = r % 2 == 0;
+    tickets.push_back(w->start(
+        CommOp(sender ? CommOp::send : CommOp::recv, host(pair), {}, {}, sender ? r + 1 : r - 1),
+        Lane::beside));
+  }
+  tickets.push_back(w->start(CommOp(CommOp::barrier), Lane::beside));
+  if (n > 1) {
+    for (Comm::Ticket t : tickets) CHECK(t != Comm::kDone);  // truly started, not run
+  }
+  for (auto t = tickets.rbegin(); t != tickets.rend(); ++t) w->wait(*t);
+  CHECK(b[0] == 7 + n);
+  CHECK(b == b_now);
+  if (n > 1) CHECK(from_left[0] == 10.0f * ((r + n - 1) % n));
+  if (paired && r % 2 == 1) CHECK(pair[0] == r - 1 + 0.5f);
+  // In order, the same ticket is kDone: complete when start returns.
+  std::vector<float> s = {1.0f};
+  CHECK(w->start(CommOp(CommOp::all_reduce, host(s)), Lane::in_order) == Comm::kDone);
+  CHECK(s[0] == n);
+  w->wait_all();
+}
+
 // ZeRO-1's layout: every bucket cut into dp equal pieces, each element owned by exactly one
 // rank, each rank's runs a bijection onto its shard with bucket b's piece at lo_b / dp, and the
 // runs of a sub-range the restriction of the whole.

@@ -118,40 +118,10 @@ class TimedComm final : public Comm {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   const std::string& name() const override { return inner_->name(); }
-  void all_reduce(Tensor buf, ReduceOp op) override {
-    timed([&] { inner_->all_reduce(buf, op); });
+  Ticket start(const CommOp& op, Lane lane) override {
+    return timed([&] { return inner_->start(op, lane); });
   }
-  void all_gather(Tensor out, Tensor in) override {
-    timed([&] { inner_->all_gather(out, in); });
-  }
-  void reduce_scatter(Tensor out, Tensor in, ReduceOp op) override {
-    timed([&] { inner_->reduce_scatter(out, in, op); });
-  }
-  void broadcast(Tensor buf, int root) override {
-    timed([&] { inner_->broadcast(buf, root); });
-  }
-  void send(Tensor buf, int peer) override {
-    timed([&] { inner_->send(buf, peer); });
-  }
-  void recv(Tensor buf, int peer) override {
-    timed([&] { inner_->recv(buf, peer); });
-  }
-  void exchange(std::span<const P2P> ops) override {
-    timed([&] { inner_->exchange(ops); });
-  }
-  void barrier() override {
-    timed([&] { inner_->barrier(); });
-  }
-  void all_reduce_start(Tensor buf, ReduceOp op) override {
-    timed([&] { inner_->all_reduce_start(buf, op); });
-  }
-  void reduce_scatter_start(Tensor out, Tensor in, ReduceOp op) override {
-    timed([&] { inner_->reduce_scatter_start(out, in, op); });
-  }
-  int64_t all_gather_start(Tensor out, Tensor in) override {
-    return timed([&] { return inner_->all_gather_start(out, in); });
-  }
-  void wait(int64_t ticket) override {
+  void wait(Ticket ticket) override {
     timed([&] { inner_->wait(ticket); });
   }
   void wait_all() override {
