@@ -207,95 +207,77 @@ class MpiComm final : public Comm {
     std::optional<Watched> watched;
     if (now && op.kind != CommOp::exchange) watched.emplace(op.name(), name_, rank_, size_);
     const Tensor& b = op.out;
-    // Each call checked on its own line, so that a failure names the MPI function.
-#define TR_MPI(expr) MPI_CHECK(expr, name_)
+    // The buffer's elements and type (an all-gather's: its input's).
+    const bool buffer = op.kind != CommOp::exchange && op.kind != CommOp::barrier;
+    const Tensor& unit = op.kind == CommOp::all_gather ? op.in : b;
+    const int n = buffer ? count_of(unit) : 0;
+    const MPI_Datatype t = mpi_type(unit.dtype);
+    const MPI_Op o = mpi_op(op.op, b.dtype);
+    // The blocking call now, or its non-blocking twin with a new request; each checked on its
+    // own, so that a failure names the MPI function.
+#define TR_MPI_CALL(blocking, non_blocking, ...)              \
+  do {                                                        \
+    if (now)                                                  \
+      MPI_CHECK(blocking(__VA_ARGS__), name_);                \
+    else                                                      \
+      MPI_CHECK(non_blocking(__VA_ARGS__, request()), name_); \
+  } while (0)
     switch (op.kind) {
-      case CommOp::all_reduce: {
-        const int n = count_of(b);
-        const MPI_Datatype t = mpi_type(b.dtype);
-        const MPI_Op o = mpi_op(op.op, b.dtype);
-        if (now)
-          TR_MPI(MPI_Allreduce(MPI_IN_PLACE, b.data, n, t, o, comm_));
-        else
-          TR_MPI(MPI_Iallreduce(MPI_IN_PLACE, b.data, n, t, o, comm_, request()));
+      case CommOp::all_reduce:
+        TR_MPI_CALL(MPI_Allreduce, MPI_Iallreduce, MPI_IN_PLACE, b.data, n, t, o, comm_);
         break;
-      }
       case CommOp::all_gather: {
         const void* in = gathers_in_place(op, rank_) ? MPI_IN_PLACE : op.in.data;
-        const int n = count_of(op.in);
-        const MPI_Datatype t = mpi_type(op.in.dtype);
-        if (now)
-          TR_MPI(MPI_Allgather(in, n, t, b.data, n, t, comm_));
-        else
-          TR_MPI(MPI_Iallgather(in, n, t, b.data, n, t, comm_, request()));
+        TR_MPI_CALL(MPI_Allgather, MPI_Iallgather, in, n, t, b.data, n, t, comm_);
         break;
       }
-      case CommOp::reduce_scatter: {
-        const int n = count_of(b);
-        const MPI_Datatype t = mpi_type(op.in.dtype);
-        const MPI_Op o = mpi_op(op.op, op.in.dtype);
-        if (now)
-          TR_MPI(MPI_Reduce_scatter_block(op.in.data, b.data, n, t, o, comm_));
-        else
-          TR_MPI(MPI_Ireduce_scatter_block(op.in.data, b.data, n, t, o, comm_, request()));
+      case CommOp::reduce_scatter:
+        TR_MPI_CALL(MPI_Reduce_scatter_block, MPI_Ireduce_scatter_block, op.in.data, b.data, n, t,
+                    o, comm_);
         break;
-      }
-      case CommOp::broadcast: {
-        const int n = count_of(b);
-        const MPI_Datatype t = mpi_type(b.dtype);
-        if (now)
-          TR_MPI(MPI_Bcast(b.data, n, t, op.peer, comm_));
-        else
-          TR_MPI(MPI_Ibcast(b.data, n, t, op.peer, comm_, request()));
+      case CommOp::broadcast:
+        TR_MPI_CALL(MPI_Bcast, MPI_Ibcast, b.data, n, t, op.peer, comm_);
         break;
-      }
-      case CommOp::send: {
-        const int n = count_of(b);
-        const MPI_Datatype t = mpi_type(b.dtype);
-        if (now)
-          TR_MPI(MPI_Send(b.data, n, t, op.peer, kTag, comm_));
-        else
-          TR_MPI(MPI_Isend(b.data, n, t, op.peer, kTag, comm_, request()));
+      case CommOp::send:
+        TR_MPI_CALL(MPI_Send, MPI_Isend, b.data, n, t, op.peer, kTag, comm_);
         break;
-      }
-      case CommOp::recv: {
-        const int n = count_of(b);
-        const MPI_Datatype t = mpi_type(b.dtype);
+      case CommOp::recv:
         if (now)
-          TR_MPI(MPI_Recv(b.data, n, t, op.peer, kTag, comm_, MPI_STATUS_IGNORE));
+          MPI_CHECK(MPI_Recv(b.data, n, t, op.peer, kTag, comm_, MPI_STATUS_IGNORE), name_);
         else
-          TR_MPI(MPI_Irecv(b.data, n, t, op.peer, kTag, comm_, request()));
+          MPI_CHECK(MPI_Irecv(b.data, n, t, op.peer, kTag, comm_, request()), name_);
         break;
-      }
       case CommOp::exchange:  // posted together either way; in order waits for them here
         for (const P2P& p : op.p2p) {
-          const int n = count_of(p.buf);
-          const MPI_Datatype t = mpi_type(p.buf.dtype);
+          const int k = count_of(p.buf);
+          const MPI_Datatype pt = mpi_type(p.buf.dtype);
           if (p.kind == P2P::send)
-            TR_MPI(MPI_Isend(p.buf.data, n, t, p.peer, kTag, comm_, request()));
+            MPI_CHECK(MPI_Isend(p.buf.data, k, pt, p.peer, kTag, comm_, request()), name_);
           else
-            TR_MPI(MPI_Irecv(p.buf.data, n, t, p.peer, kTag, comm_, request()));
+            MPI_CHECK(MPI_Irecv(p.buf.data, k, pt, p.peer, kTag, comm_, request()), name_);
         }
         if (now) {
           Watched w("exchange", name_, rank_, size_);
-          TR_MPI(MPI_Waitall(static_cast<int>(reqs_.size() - first), reqs_.data() + first,
-                             MPI_STATUSES_IGNORE));
+          MPI_CHECK(MPI_Waitall(static_cast<int>(reqs_.size() - first), reqs_.data() + first,
+                                MPI_STATUSES_IGNORE),
+                    name_);
           reqs_.resize(first);
         }
         break;
       case CommOp::barrier:
         if (now)
-          TR_MPI(MPI_Barrier(comm_));
+          MPI_CHECK(MPI_Barrier(comm_), name_);
         else
-          TR_MPI(MPI_Ibarrier(comm_, request()));
+          MPI_CHECK(MPI_Ibarrier(comm_, request()), name_);
         break;
     }
-#undef TR_MPI
+#undef TR_MPI_CALL
     if (now) return kDone;
     progress(first);
     tickets_.push_back({first, reqs_.size() - first});
     return ticket_base_ + static_cast<Ticket>(tickets_.size()) - 1;
   }
+
   void wait(Ticket ticket) override {
     const Ticket k = ticket - ticket_base_;
     if (k < 0 || k >= static_cast<Ticket>(tickets_.size())) return;  // done, or by wait_all

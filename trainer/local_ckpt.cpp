@@ -107,6 +107,12 @@ bool read_header(const std::string& path, Header* h) {
   return ok;
 }
 
+// held()'s list: the newest kListed steps, each as [step, run id, bit set over the ranks].
+constexpr int kListed = 8;
+int held_entry(int ranks) {
+  return 2 + (ranks + 63) / 64;
+}
+
 // A part's file name: rank R's own part, or the replica of rank R's part another rank holds.
 std::string file_name(int rank, bool replica) {
   return absl::StrFormat("%s_%05d.bin", replica ? "replica" : "rank", rank);
@@ -414,21 +420,14 @@ void LocalCheckpoints::commit(bool written) {
       }
 }
 
-int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
-  Comm& world = *s_.groups.world;
-  const int n = world.size(), me = s_.topo().rank;
-  // Each rank lists its newest steps with the parts it can provide of each: every part or
-  // replica its node's directory holds (whoever wrote it: after a requeue onto other nodes the
-  // copies are wherever the old node names put them), as a bit set over the ranks. Every rank
-  // then picks the same step: the newest one whose every part someone provides, all of one run
-  // (and of `run_id` when given).
-  constexpr int kListed = 8;
-  const int words = (n + 63) / 64, entry = 2 + words;
+std::vector<int64_t> LocalCheckpoints::held(int64_t after, uint64_t run_id,
+                                            int64_t* other_layout) const {
+  const int n = s_.groups.world->size(), me = s_.topo().rank;
+  const int entry = held_entry(n);
   std::vector<int64_t> mine(static_cast<size_t>(kListed * entry), 0);
   for (int i = 0; i < kListed; ++i) mine[static_cast<size_t>(i * entry)] = -1;
   const std::vector<int64_t> steps = step_dirs();
   int listed = 0;
-  int64_t other_layout = -1;  // the newest own part of another layout
   const uint64_t layout = layout_key(s_);
   for (auto it = steps.begin(); it != steps.end() && listed < kListed; ++it) {
     const int64_t step = *it;
@@ -441,7 +440,7 @@ int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
       Header h{};
       if (path.empty() || !read_header(path, &h) || h.step != step) continue;
       if (r == me && (run_id == 0 || h.run_id == run_id) && (h.world != n || !same_layout(h, s_))) {
-        other_layout = std::max(other_layout, step);  // this run's, of another layout
+        *other_layout = std::max(*other_layout, step);  // this run's, of another layout
         continue;
       }
       if (std::memcmp(h.magic, kMagic, 8) != 0 || h.layout != layout || h.rank != r ||
@@ -456,6 +455,17 @@ int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
     e[1] = static_cast<int64_t>(id);
     ++listed;
   }
+  return mine;
+}
+
+int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
+  Comm& world = *s_.groups.world;
+  const int n = world.size();
+  const int entry = held_entry(n);
+  // Every rank picks the same step: the newest one whose every part someone holds, all of one
+  // run (and of `run_id` when given).
+  int64_t other_layout = -1;  // the newest own part of another layout
+  std::vector<int64_t> mine = held(after, run_id, &other_layout);
   std::vector<int64_t> all(mine.size() * static_cast<size_t>(n));
   world.all_gather(
       Tensor(all.data(), DType::i64, Device::cpu, {static_cast<int64_t>(all.size())}),

@@ -87,7 +87,12 @@ class LocalCheckpoints {
   // Rank `rank`'s part of `step` in this node's directory: its own file or a replica; "" if none.
   std::string copy_path(int64_t step, int rank) const;
   std::vector<int64_t> step_dirs() const;  // the steps of this node's directory, newest first
-  int holder() const;                      // the rank holding this rank's replica, or -1
+  // This rank's newest steps after `after` (of run `run_id` unless 0) with the parts it can
+  // provide of each: every part or replica its node's directory holds (whoever wrote it: after
+  // a requeue onto other nodes the copies are wherever the old node names put them), as a bit
+  // set over the ranks. `other_layout`: raised to the newest own part of another layout.
+  std::vector<int64_t> held(int64_t after, uint64_t run_id, int64_t* other_layout) const;
+  int holder() const;  // the rank holding this rank's replica, or -1
   void commit(bool written);
   absl::Status write_replicas();  // collective: each part to its holder, written there
   // Collective: this rank's part of `step` from whoever newest() chose to provide it.
