@@ -836,7 +836,8 @@ TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks
   CHECK(f.persistent.stall_s ==
         Approx(cfg.checkpoint.async ? rank / st.host_copy_bw : p->checkpoint_bytes / 40e9));
   CHECK(f.local.stall_s == Approx(rank / st.host_copy_bw));
-  CHECK(f.local.write_s == Approx(std::max(8 * rank / st.local_disk_bw, rank / 50e9)));
+  // The node's disk takes its 8 ranks' parts and the replicas it holds for another node's.
+  CHECK(f.local.write_s == Approx(std::max(2 * 8 * rank / st.local_disk_bw, rank / 50e9)));
   // Checkpoint.interval: 500 steps; a failure loses the restart, the load, half an interval and
   // the write on average.
   const IntervalChoice& c = f.persistent_configured;
@@ -870,6 +871,19 @@ TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks
         Approx(1 - persistent_stall - f.local.stall_s / (10 * t + f.local.stall_s) - lost10 / M));
   CHECK(format_failures(g).find("local, checkpoint.local_interval: every 10 steps") !=
         std::string::npos);
+  CHECK(format_failures(g).find("local save (node-local, a replica on another node)") !=
+        std::string::npos);
+  // Two replicas: the node's disk writes three times its parts, each rank sends two copies.
+  const FailurePlan two = plan_failures(plan_config({"checkpoint.local_replicas=2"}), *p, 2400, st);
+  CHECK(two.local_replicas == 2);
+  CHECK(two.local.write_s == Approx(std::max(3 * 8 * rank / st.local_disk_bw, 2 * rank / 50e9)));
+  CHECK(format_failures(two).find("local save (node-local, 2 replicas on other nodes)") !=
+        std::string::npos);
+  CHECK(nlohmann::json::parse(failures_json(two))["local_replicas"] == 2);
+  const FailurePlan none =
+      plan_failures(plan_config({"checkpoint.local_replicas=0"}), *p, 2400, st);
+  CHECK(none.local.write_s == Approx(8 * rank / st.local_disk_bw));
+  CHECK(format_failures(none).find("local save (node-local, no replica)") != std::string::npos);
 }
 
 // The start-up memory check counts the saves' host memory: an asynchronous save's buffer (the
@@ -890,8 +904,15 @@ TEST_CASE("memory check: the saves' host buffers and tmpfs parts are counted", "
   CHECK(save_host_bytes(local, topo, true) == part);
   const Config shm = plan_config({"checkpoint.async=false", "checkpoint.local_interval=10",
                                   "checkpoint.local_dir=/dev/shm", "checkpoint.local_keep=2"});
-  CHECK(save_host_bytes(shm, topo, true) == 4 * part);        // the buffer, 2 kept, 1 being written
-  CHECK(save_host_bytes(shm, topo, true, true) == 7 * part);  // and as many replicas
+  CHECK(save_host_bytes(shm, topo, true) == 4 * part);  // the buffer, 2 kept, 1 being written
+  // A job of 16 nodes: as many replicas of other nodes' parts, checkpoint.local_replicas times.
+  CHECK(save_host_bytes(shm, topo, true, 16) == 7 * part);
+  const Config two = plan_config({"checkpoint.async=false", "checkpoint.local_interval=10",
+                                  "checkpoint.local_dir=/dev/shm", "checkpoint.local_keep=2",
+                                  "checkpoint.local_replicas=2"});
+  CHECK(save_host_bytes(two, topo, true, 16) == 10 * part);
+  CHECK(save_host_bytes(two, topo, true, 2) == 7 * part);  // one other node: one replica
+  CHECK(save_host_bytes(two, topo, true, 1) == 4 * part);  // no other node
   // And the check says so: a host too small for the local saves alone.
   absl::StatusOr<RunFacts> facts = run_facts(shm, 128, 0);
   REQUIRE(facts.ok());

@@ -810,6 +810,61 @@ TEST_CASE("reliability: a lost node's ranks resume from their replicas on the ne
   CHECK(fresh.output.find("resumed from") == std::string::npos);
 }
 
+// checkpoint.local_replicas: 4 ranks as 4 nodes. With 2 replicas (on the next two nodes) two
+// adjacent nodes lost together lose no part: the run resumes from the local step, bit-identical.
+// With 0 no replica is written, and a lost node's part has no copy left: one line says so.
+TEST_CASE("reliability: local_replicas 2 survives two adjacent lost nodes, 0 writes none",
+          "[cli][mpi]") {
+  RunDir two(8, ""), ref(8, ""), none(8, "");
+  auto launch = [](const RunDir& d, const std::string& replicas, const std::string& env) {
+    return run_cmd(env + " " + test::kOneThread + " " + TR_MPIRUN +
+                   " 4 sh -c 'TR_NODE_NAME=n$OMPI_COMM_WORLD_RANK exec " + TR_TRAINER_BIN +
+                   " --config " + d.config +
+                   " --set parallel.tp=2 --set checkpoint.interval=0 --set parallel.timeout_s=3"
+                   " --set checkpoint.local_interval=2 --set checkpoint.local_replicas=" +
+                   replicas + " --set checkpoint.local_dir=" + (d.dir / "local") + "'");
+  };
+  auto lose_node = [](const RunDir& d, const std::string& node) {
+    size_t removed = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(d.dir / "local"))
+      if (e.is_directory() && e.path().filename() == node) {
+        removed = std::filesystem::remove_all(e.path());
+        break;
+      }
+    return removed;
+  };
+  auto files_named = [](const RunDir& d, const std::string& prefix) {
+    int n = 0;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(d.dir / "local"))
+      n += e.path().filename().string().starts_with(prefix);
+    return n;
+  };
+  for (const RunDir* d : {&two, &none})
+    CHECK(launch(*d, d == &two ? "2" : "0", "TR_TEST_FAULT=hang:7:1:1").exit_code ==
+          kExitCommTimeout);
+  // Two replicas of each of 4 parts, for each kept step (steps 2 and 4 at least).
+  CHECK(files_named(two, "replica_") >= 2 * 4 * 2);
+  CHECK(files_named(none, "replica_") == 0);
+  CHECK(files_named(none, "rank_") >= 4 * 2);
+  CHECK(lose_node(two, "n1") > 0);
+  CHECK(lose_node(two, "n2") > 0);
+  const CmdResult resumed = launch(two, "2", "");
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK((resumed_step(resumed.output) == 4 || resumed_step(resumed.output) == 6));
+  CHECK(resumed.output.find("resumed from the local checkpoint of step ") != std::string::npos);
+  REQUIRE(launch(ref, "2", "").exit_code == 0);
+  test::check_same_checkpoint(two.config, two.dir / "ckpt/step_00000008", ref.config,
+                              ref.dir / "ckpt/step_00000008");
+  CHECK(lose_node(none, "n1") > 0);
+  const CmdResult fresh = launch(none, "0", "");
+  INFO(fresh.output);
+  REQUIRE(fresh.exit_code == 0);
+  CHECK(fresh.output.find(" has no copy left of the part of rank 1 (its node lost it; "
+                          "checkpoint.local_replicas=0 keeps no other copy)") != std::string::npos);
+  CHECK(fresh.output.find("resumed from") == std::string::npos);
+}
+
 // Issue 29's chaos run: tp 2 x pp 2 x dp 2 on 8 ranks as 4 "nodes" of 2, a local checkpoint
 // every 2 steps and a persistent one every 10. Ten faults at seeded random steps: a rank hangs
 // (the job ends after parallel.timeout_s, no rank saves), every third fault takes the rank's

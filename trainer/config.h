@@ -2,6 +2,7 @@
 // (the table in docs/config.md is generated from the same registry by `trainer --help-config`).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -107,10 +108,17 @@ struct CheckpointConfig {
   // Node-local checkpoints (trainer/local_ckpt.h): every local_interval steps (0 = off) each rank
   // writes its own part of the training state to local_dir (node-local: tmpfs or NVMe), keeping
   // the newest local_keep; --resume auto takes one when it is newer than the newest persistent
-  // checkpoint and every rank has its part.
+  // checkpoint and every rank has its part. Each part also goes to local_replicas other nodes
+  // (the next ones in the ring of nodes), so that a lost node's parts survive.
   int64_t local_interval = 0;
   std::string local_dir = "/dev/shm/trainer-local";
   int64_t local_keep = 2;
+  int64_t local_replicas = 1;
+  // The replicas of each part a job of `nodes` nodes keeps: local_replicas, at most one on each
+  // other node.
+  int local_replicas_on(int nodes) const {
+    return static_cast<int>(std::clamp<int64_t>(local_replicas, 0, std::max(nodes - 1, 0)));
+  }
 };
 
 struct LogConfig {

@@ -216,20 +216,24 @@ LocalCheckpoints::LocalCheckpoints(Session& s) : s_(s) {
   const std::string& here = node_of[static_cast<size_t>(s.topo().rank)];
   node_leader_ = std::find(node_of.begin(), node_of.end(), here) - node_of.begin() ==
                  static_cast<std::ptrdiff_t>(s.topo().rank);
-  // Rank r's replica holder: on the next node in the ring, the rank at r's place there (modulo
-  // that node's ranks). One node: no replicas.
-  holders_.assign(static_cast<size_t>(world.size()), -1);
-  if (nodes.size() < 2) return;
-  replicas_ = true;
-  for (size_t k = 0; k < nodes.size(); ++k) {
-    const std::vector<int>& next = ranks_of[(k + 1) % nodes.size()];
-    for (size_t i = 0; i < ranks_of[k].size(); ++i)
-      holders_[static_cast<size_t>(ranks_of[k][i])] = next[i % next.size()];
-  }
+  // Rank r's replica holders: on each of the next checkpoint.local_replicas nodes in the ring,
+  // the rank at r's place there (modulo that node's ranks). One node: no replicas.
+  holders_.assign(static_cast<size_t>(world.size()), {});
+  replicas_ = s.cfg.checkpoint.local_replicas_on(static_cast<int>(nodes.size()));
+  for (size_t k = 0; k < nodes.size(); ++k)
+    for (int j = 1; j <= replicas_; ++j) {
+      const std::vector<int>& next = ranks_of[(k + static_cast<size_t>(j)) % nodes.size()];
+      for (size_t i = 0; i < ranks_of[k].size(); ++i)
+        holders_[static_cast<size_t>(ranks_of[k][i])].push_back(next[i % next.size()]);
+    }
 }
 
-int LocalCheckpoints::holder() const {
-  return holders_.empty() ? -1 : holders_[static_cast<size_t>(s_.topo().rank)];
+std::vector<int> LocalCheckpoints::sources() const {
+  std::vector<int> out;
+  for (size_t r = 0; r < holders_.size(); ++r)
+    if (std::find(holders_[r].begin(), holders_[r].end(), s_.topo().rank) != holders_[r].end())
+      out.push_back(static_cast<int>(r));
+  return out;
 }
 
 std::string LocalCheckpoints::path_of(int64_t step, int rank, bool replica) const {
@@ -340,11 +344,10 @@ absl::Status LocalCheckpoints::write_replicas() {
   world.all_gather(Tensor(sizes.data(), DType::i64, Device::cpu, {world.size()}),
                    Tensor(&mine, DType::i64, Device::cpu, {1}));
   std::vector<Transfer> sends, recvs;
-  if (holder() >= 0) sends.push_back({holder(), buffer_.data(), mine});
+  for (int h : holders_[static_cast<size_t>(me)]) sends.push_back({h, buffer_.data(), mine});
   std::vector<std::pair<int, std::vector<char>>> got;
-  for (int r = 0; r < world.size(); ++r)
-    if (holders_[static_cast<size_t>(r)] == me)
-      got.emplace_back(r, std::vector<char>(static_cast<size_t>((sizes[r] + 7) / 8 * 8)));
+  for (int r : sources())
+    got.emplace_back(r, std::vector<char>(static_cast<size_t>((sizes[r] + 7) / 8 * 8)));
   for (auto& [r, bytes] : got) recvs.push_back({r, bytes.data(), sizes[r]});
   exchange_bytes(world, sends, recvs);
   absl::Status st;
@@ -363,14 +366,12 @@ void LocalCheckpoints::commit(bool written) {
   const Topology& t = s_.topo();
   const std::string path = part_path(step_);
   Comm& world = *s_.groups.world;
-  // Each part goes to its holder on the next node, then counts only once every rank has its
+  // Each part goes to its holders on the next nodes, then counts only once every rank has its
   // own part and every replica: then each renames its own files.
   absl::Status st = write_status_;
   const bool everywhere = all_ok(world, written);
-  std::vector<int> sources;  // the ranks whose replicas this rank holds
-  for (size_t r = 0; r < holders_.size(); ++r)
-    if (holders_[r] == t.rank) sources.push_back(static_cast<int>(r));
-  if (everywhere && replicas_) st = write_replicas();
+  const std::vector<int> sources = this->sources();
+  if (everywhere && replicas_ > 0) st = write_replicas();
   const bool replicated = all_ok(world, everywhere && st.ok());
   if (replicated) {
     st = fs::rename_path(path + ".tmp", path);
@@ -494,12 +495,18 @@ int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
         std::vector<std::string> lost;
         for (int r = 0; r < n; ++r)
           if (provider[static_cast<size_t>(r)] < 0) lost.push_back(std::to_string(r));
-        why_not_ = !one_run ? absl::StrCat("the local checkpoint of step ", *it,
-                                           " holds parts of two runs")
-                            : absl::StrCat("the local checkpoint of step ", *it,
-                                           " has no copy left of the part of rank",
-                                           lost.size() == 1 ? " " : "s ", absl::StrJoin(lost, ", "),
-                                           " (its node and its replica's holder lost both)");
+        why_not_ =
+            !one_run
+                ? absl::StrCat("the local checkpoint of step ", *it, " holds parts of two runs")
+                : absl::StrCat("the local checkpoint of step ", *it,
+                               " has no copy left of the part of rank",
+                               lost.size() == 1 ? " " : "s ", absl::StrJoin(lost, ", "),
+                               replicas_ == 0   ? " (its node lost it; "
+                                                  "checkpoint.local_replicas=0 keeps no "
+                                                  "other copy)"
+                               : replicas_ == 1 ? " (its node and its replica's holder lost both)"
+                                                : " (its node and its replicas' holders lost "
+                                                  "them all)");
       }
       continue;
     }
@@ -609,10 +616,10 @@ absl::Status LocalCheckpoints::load(int64_t step) {
 }
 
 void LocalCheckpoints::discard_own() {
-  const int me = s_.topo().rank;
-  for (int r = 0; r < static_cast<int>(holders_.size()) || r == me; ++r) {
-    const bool replica = r != me;
-    if (replica && holders_[static_cast<size_t>(r)] != me) continue;
+  std::vector<int> mine = sources();
+  mine.push_back(s_.topo().rank);
+  for (int r : mine) {
+    const bool replica = r != s_.topo().rank;
     const std::string name = file_name(r, replica);
     for (int64_t step : steps_with(dir_, name)) remove_part(path_of(step, r, replica));
     for (int64_t step : steps_with(dir_, name + ".tmp"))

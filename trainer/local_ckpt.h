@@ -9,7 +9,8 @@
 //
 // where <key> names the run's checkpoint.dir (a run owns its checkpoint.dir) and <node> is the
 // node's name (the host name, or TR_NODE_NAME). With two nodes or more each part also goes to its
-// holder: the rank at the same place on the next node in the ring of nodes (by first rank).
+// holders: the rank at the same place on each of the next checkpoint.local_replicas nodes in the
+// ring of nodes (by first rank).
 // Parts and replicas are written as *.tmp and renamed at the first step boundary where every rank
 // has written its part and every holder its replicas (settle), so a file that exists belongs to
 // a checkpoint that is whole. Each file carries the layout and a crc32 of its payload; a load
@@ -92,19 +93,19 @@ class LocalCheckpoints {
   // a requeue onto other nodes the copies are wherever the old node names put them), as a bit
   // set over the ranks. `other_layout`: raised to the newest own part of another layout.
   std::vector<int64_t> held(int64_t after, uint64_t run_id, int64_t* other_layout) const;
-  int holder() const;  // the rank holding this rank's replica, or -1
+  std::vector<int> sources() const;  // the ranks whose replicas this rank holds
   void commit(bool written);
-  absl::Status write_replicas();  // collective: each part to its holder, written there
+  absl::Status write_replicas();  // collective: each part to its holders, written there
   // Collective: this rank's part of `step` from whoever newest() chose to provide it.
   absl::StatusOr<std::string> fetch(int64_t step);
   Session& s_;
   std::string node_;  // this rank's node (TR_NODE_NAME, else the host name)
   std::string dir_;   // <local_dir>/<checkpoint.dir's key>/<node>
-  // Per world rank: the rank holding its replica (on the next node in the ring; -1 with one
-  // node); whether there are replicas (two nodes or more); and for the step newest() chose,
-  // which rank provides each rank's part.
-  std::vector<int> holders_;
-  bool replicas_ = false;
+  // Per world rank: the ranks holding its replicas (on the next nodes in the ring; none with one
+  // node or checkpoint.local_replicas 0); whether there are replicas; and for the step newest()
+  // chose, which rank provides each rank's part.
+  std::vector<std::vector<int>> holders_;
+  int replicas_ = 0;
   bool node_leader_ = false;  // the first rank of this node
   std::vector<int> providers_;
   std::string why_not_;

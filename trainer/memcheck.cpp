@@ -67,8 +67,7 @@ double host_memory_available() {
   return avail;
 }
 
-double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_masters,
-                       bool replicas) {
+double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_masters, int nodes) {
   const CheckpointConfig& c = cfg.checkpoint;
   double bytes = c.async ? checkpoint_bytes(cfg, topo) / topo.world : 0;  // the blocks it owns
   if (c.local_interval > 0) {
@@ -77,7 +76,7 @@ double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_ma
     constexpr long kTmpfsMagic = 0x01021994;
     struct statfs fs {};
     if (statfs(c.local_dir.c_str(), &fs) == 0 && static_cast<long>(fs.f_type) == kTmpfsMagic)
-      bytes += static_cast<double>(c.local_keep + 1) * part * (replicas ? 2 : 1);
+      bytes += static_cast<double>(c.local_keep + 1) * part * (1 + c.local_replicas_on(nodes));
   }
   return bytes;
 }
@@ -88,8 +87,9 @@ absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device devic
   const Topology& topo = facts.topo;
   const StageMemory m = rank_memory(cfg, facts, device, separate_compute_copy, loss_chunk);
   const double data = loader_bytes(cfg, topo);
-  const double saves = save_host_bytes(cfg, topo, device == Device::cuda || separate_compute_copy,
-                                       budget.ranks_on_host < topo.world);
+  const int nodes = (topo.world + budget.ranks_on_host - 1) / std::max(budget.ranks_on_host, 1);
+  const double saves =
+      save_host_bytes(cfg, topo, device == Device::cuda || separate_compute_copy, nodes);
   const std::string saves_part = saves > 0 ? absl::StrCat(", saves ", gib(saves)) : "";
   const std::string parts = absl::StrCat(
       "weights ", gib(m.weights + m.compute_copy), ", gradients ", gib(m.grads), ", optimizer ",

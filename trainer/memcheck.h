@@ -27,10 +27,10 @@ double host_memory_available();
 // Host memory a rank's saves hold besides the model: an asynchronous save's buffer (the blocks
 // the rank owns, about 1/world of a checkpoint), the local saves' buffer (its part:
 // rank_state_bytes) and, when checkpoint.local_dir is a tmpfs (memory), the parts kept there
-// (checkpoint.local_keep and one being written), twice with `replicas` (the job spans nodes:
-// each rank also holds another's).
+// (checkpoint.local_keep and one being written) with the replicas of other nodes' parts a job
+// of `nodes` nodes keeps there (checkpoint.local_replicas_on).
 double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_masters,
-                       bool replicas = false);
+                       int nodes = 1);
 
 // OK, or InvalidArgument naming the memory, the parts of the need, and what to change.
 absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device device,

@@ -50,12 +50,14 @@ FailurePlan plan_failures(const Config& cfg, const Plan& plan, double mtbf_hours
   f.persistent.write_s = plan.checkpoint_bytes / s.storage_bw;
   f.persistent.stall_s = cfg.checkpoint.async ? rank / s.host_copy_bw : f.persistent.write_s;
   f.persistent.load_s = plan.checkpoint_bytes / s.storage_bw;
-  // Local: the copy to host memory, then in the background the node's parts to its disk and
-  // each part to its replica holder on another node (over the rank's NIC); a replaced node
-  // reads its parts back from their replicas.
+  // Local: the copy to host memory, then in the background the node's parts and the replicas it
+  // holds to its disk, and each part to its replica holders on other nodes (over the rank's NIC);
+  // a replaced node reads its parts back from their replicas.
+  const int replicas = f.local_replicas = cfg.checkpoint.local_replicas_on(plan.nodes);
   f.local.bytes_per_rank = rank;
   f.local.stall_s = rank / s.host_copy_bw;
-  f.local.write_s = std::max(node / s.local_disk_bw, rank / plan.gpu.network_bw);
+  f.local.write_s =
+      std::max(node * (1 + replicas) / s.local_disk_bw, rank * replicas / plan.gpu.network_bw);
   f.local.load_s = std::max(node / s.local_disk_bw, rank / plan.gpu.network_bw);
   const double step_s = plan.step_s;
   const int64_t configured = cfg.checkpoint.interval > 0 ? cfg.checkpoint.interval : 0;
@@ -121,10 +123,15 @@ std::string format_failures(const FailurePlan& f) {
   if (f.persistent_configured.steps > 0)
     out += choice_line("persistent, checkpoint.interval:", f.persistent_configured);
   out += choice_line("persistent, Young/Daly:", f.persistent_young);
+  const std::string replicas = f.local_replicas == 0 ? "no replica"
+                               : f.local_replicas == 1
+                                   ? "a replica on another node"
+                                   : absl::StrCat(f.local_replicas, " replicas on other nodes");
   absl::StrAppendFormat(&out,
-                        "  local save (node-local, a replica on another node): stall %.2f s, "
-                        "committed after %s, loaded in %s\n",
-                        f.local.stall_s, duration(f.local.write_s), duration(f.local.load_s));
+                        "  local save (node-local, %s): stall %.2f s, committed after %s, loaded "
+                        "in %s\n",
+                        replicas, f.local.stall_s, duration(f.local.write_s),
+                        duration(f.local.load_s));
   if (f.local_configured.steps > 0)
     out += choice_line("local, checkpoint.local_interval:", f.local_configured);
   out += choice_line("local, Young/Daly, beside the persistent saves:", f.local_young);
@@ -137,6 +144,7 @@ std::string failures_json(const FailurePlan& f) {
                       {"restart_s", f.storage.restart_s},
                       {"persistent", cost_json(f.persistent)},
                       {"local", cost_json(f.local)},
+                      {"local_replicas", f.local_replicas},
                       {"persistent_young", choice_json(f.persistent_young)},
                       {"local_young", choice_json(f.local_young)}};
   if (f.persistent_configured.steps > 0)

@@ -39,7 +39,8 @@ struct IntervalChoice {
 struct FailurePlan {
   double mtbf_hours_per_node = 0, job_mtbf_s = 0;
   StorageSpec storage;
-  SaveCost persistent, local;  // to checkpoint.dir; node-local with a replica on another node
+  SaveCost persistent, local;  // to checkpoint.dir; node-local with its replicas on other nodes
+  int local_replicas = 0;      // each local part's copies on other nodes
   IntervalChoice persistent_configured;  // checkpoint.interval alone
   IntervalChoice persistent_young;       // Young/Daly's interval for persistent saves alone
   // Local saves at checkpoint.local_interval (steps 0: none configured) and at Young/Daly's

@@ -259,8 +259,8 @@ absl::Status check_checkpoint_dir(const Session& r) {
 
 // With node-local checkpoints, checkpoint.local_dir can be made on this rank's node and has room
 // for the parts its ranks keep there: checkpoint.local_keep of them and one being written
-// (rank_state_bytes each; GPU ranks keep separate masters), and as many replicas when the job
-// spans nodes.
+// (rank_state_bytes each; GPU ranks keep separate masters), and checkpoint.local_replicas times
+// as many replicas of other nodes' parts when the job spans nodes.
 absl::Status check_local_dir(const Session& r) {
   if (r.cfg.checkpoint.local_interval <= 0) return absl::OkStatus();
   const std::string& dir = r.cfg.checkpoint.local_dir;
@@ -276,8 +276,9 @@ absl::Status check_local_dir(const Session& r) {
       static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
   const int ranks_here = r.mpi ? r.mpi->local_size() : 1;
   const double part = rank_state_bytes(r.cfg, r.topo(), r.ctx.device == Device::cuda);
-  // A job over several nodes holds a replica of another rank's part per rank too.
-  const double copies = ranks_here < r.topo().world ? 2 : 1;
+  // A job over several nodes holds replicas of other nodes' parts too.
+  const int nodes = (r.topo().world + ranks_here - 1) / ranks_here;
+  const double copies = 1 + r.cfg.checkpoint.local_replicas_on(nodes);
   const double need =
       static_cast<double>(r.cfg.checkpoint.local_keep + 1) * part * ranks_here * copies;
   const double gib = 1024.0 * 1024.0 * 1024.0;
@@ -288,7 +289,9 @@ absl::Status check_local_dir(const Session& r) {
         "free some space, lower checkpoint.local_keep or choose another checkpoint.local_dir",
         dir, tr::fs::host_name(), free_bytes / gib, need / gib, ranks_here,
         ranks_here == 1 ? "" : "s", static_cast<long long>(r.cfg.checkpoint.local_keep), part / gib,
-        copies > 1 ? ", and as many replicas of other nodes' parts" : ""));
+        copies > 1
+            ? absl::StrFormat(", and %g times as many replicas of other nodes' parts", copies - 1)
+            : ""));
   return absl::OkStatus();
 }
 
