@@ -866,77 +866,108 @@ TEST_CASE("reliability: local_replicas 2 survives two adjacent lost nodes, 0 wri
 }
 
 // Issue 29's chaos run: tp 2 x pp 2 x dp 2 on 8 ranks as 4 "nodes" of 2, a local checkpoint
-// every 2 steps and a persistent one every 10. Ten faults at seeded random steps: a rank hangs
-// (the job ends after parallel.timeout_s, no rank saves), every third fault takes the rank's
-// node's local directory with it, one takes two adjacent nodes'. Each restart with --resume
-// auto (the next fault's launch, or the last) resumes at most local_interval + 1 steps before
-// the fault (a local part counts once the next step has run; a persistent checkpoint as new is
-// taken instead), or, with two adjacent nodes gone, from the persistent checkpoint with a line
-// saying why; the final weights and Adam states are
-// bit for bit those of a run never interrupted.
+// every 2 steps and a persistent one every 10. Ten faults at seeded random steps, in turn: a
+// rank hangs (the job ends after parallel.timeout_s, no rank saves); a rank is killed (kill -9,
+// and its node's local directory goes with it); the launcher is killed (kill -9 of mpirun once
+// the step is logged, then the ranks, as a scheduler ends the job's processes). One kill takes
+// two adjacent nodes' directories. Each restart with --resume auto (the next fault's launch, or
+// the last) resumes at most local_interval + 1 steps before the last step logged (a local part
+// counts once the next step has run; a persistent checkpoint as new is taken instead), or, with
+// two adjacent nodes gone, from the persistent checkpoint with a line saying why; the final
+// weights and Adam states are bit for bit those of a run never interrupted.
 TEST_CASE("reliability: a chaos run of ten faults ends bit-identical to an uninterrupted one",
           "[cli][mpi]") {
   RunDir run(40, ""), ref(40, "");
-  auto launch = [](const RunDir& d, const std::string& env) {
-    return run_cmd(env + " " + test::kOneThread + " " + TR_MPIRUN +
-                   " 8 sh -c 'TR_NODE_NAME=n$((OMPI_COMM_WORLD_RANK / 2)) exec " + TR_TRAINER_BIN +
-                   " --config " + d.config +
-                   " --set parallel.tp=2 --set parallel.pp=2 --set parallel.timeout_s=2"
-                   " --set checkpoint.interval=10 --set checkpoint.local_interval=2"
-                   " --set checkpoint.local_dir=" +
-                   (d.dir / "local") + "'");
+  auto command = [](const RunDir& d, const std::string& env) {
+    return env + " " + test::kOneThread + " " + TR_MPIRUN +
+           " 8 sh -c 'TR_NODE_NAME=n$((OMPI_COMM_WORLD_RANK / 2)) exec " + TR_TRAINER_BIN +
+           " --config " + d.config +
+           " --set parallel.tp=2 --set parallel.pp=2 --set parallel.timeout_s=2"
+           " --set checkpoint.interval=10 --set checkpoint.local_interval=2 --set log.interval=1"
+           " --set checkpoint.local_dir=" +
+           (d.dir / "local") + "'";
+  };
+  auto launch = [&](const RunDir& d, const std::string& env) { return run_cmd(command(d, env)); };
+  // mpirun started in the background and killed (kill -9) once step `at` is logged; then every
+  // rank of the run, as the scheduler would (the ranks outlive their launcher for a while).
+  auto kill_launcher = [&](const RunDir& d, int64_t at) {
+    test::write_file(d.dir / "launch.sh", "exec env " + command(d, "") + "\n");
+    test::write_file(
+        d.dir / "kill.sh",
+        "sh " + (d.dir / "launch.sh") + " & pid=$!\n" +
+            "while kill -0 $pid 2>/dev/null && ! grep -qs '\"step\":" + std::to_string(at) + ",' " +
+            (d.dir / "log/metrics.jsonl") + "; do sleep 0.02; done\n" +
+            "kill -9 $pid; pkill -9 -f " + d.config + "; wait $pid\n");
+    return run_cmd("sh " + (d.dir / "kill.sh"));
   };
   // Removes the local directory of node `n`.
   auto lose_node = [&](int n) {
+    std::string name = "n";
+    name += std::to_string(n);
     std::vector<std::filesystem::path> dirs;
     for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
-      if (e.is_directory() && e.path().filename() == "n" + std::to_string(n))
+      if (e.is_directory() && e.path().filename() == name)
         dirs.push_back(e.path());
     for (const auto& d : dirs) std::filesystem::remove_all(d);
   };
   std::mt19937 rng(29);
-  int64_t hang = 0;
+  int64_t last = 0;  // the last step the run logged before the fault
   int from_local = 0, from_persistent = 0;
   bool two_nodes = false;
-  // What the launch after a fault at `hang` says of its resume.
+  // What the launch after a fault says of its resume.
   auto check_resume = [&](const CmdResult& r) {
-    if (hang == 0) return;
+    if (last == 0) return;
     const int64_t resumed = resumed_step(r.output);
-    INFO("after the fault at step " << hang << ": resumed at " << resumed);
-    if (two_nodes) {
-      CHECK(r.output.find("has no copy left of the part of rank") != std::string::npos);
-      CHECK(resumed % 10 == 0);  // a persistent checkpoint (or the start)
-    } else {                     // the local checkpoint, or a persistent one as new
-      CHECK(resumed >= hang - 1 - 3);
+    INFO("after the fault past step " << last << ": resumed at " << resumed);
+    if (two_nodes) {  // a persistent checkpoint (or the start), with a line when a local step
+                      // was newer
+      CHECK(resumed % 10 == 0);
+      CHECK((r.output.find("has no copy left of the part of rank") != std::string::npos ||
+             resumed >= last - 3));
+      CHECK(r.output.find("resumed from the local checkpoint") == std::string::npos);
+    } else {  // the local checkpoint, or a persistent one as new
+      CHECK(resumed >= last - 3);
       ++(r.output.find("resumed from the local checkpoint of step ") != std::string::npos
              ? from_local
              : from_persistent);
     }
-    CHECK(resumed <= hang - 1);
+    CHECK(resumed <= last);
   };
   for (int fault = 0; fault < 10; ++fault) {
-    const int64_t at = hang + 1 + static_cast<int64_t>(rng() % 3);  // past the resume point
+    const int64_t at = last + 2 + static_cast<int64_t>(rng() % 3);  // past the resume point
     const int rank = static_cast<int>(rng() % 8);
-    const CmdResult hung =
-        launch(run, "TR_TEST_FAULT=hang:" + std::to_string(at) + ":1:" + std::to_string(rank));
-    INFO("fault " << fault << ": rank " << rank << " hangs at step " << at << "\n" << hung.output);
-    REQUIRE(hung.exit_code == kExitCommTimeout);
-    check_resume(hung);
-    hang = at;
+    const char* kinds[] = {"hang", "kill", "launcher"};
+    const std::string kind = kinds[fault % 3];
+    const CmdResult r = kind == "launcher"
+                            ? kill_launcher(run, at)
+                            : launch(run, "TR_TEST_FAULT=" + kind + ":" + std::to_string(at) +
+                                              ":1:" + std::to_string(rank));
+    INFO("fault " << fault << ": " << kind << " of rank " << rank << " at step " << at << "\n"
+                  << r.output);
+    if (kind == "hang")
+      REQUIRE(r.exit_code == kExitCommTimeout);
+    else
+      REQUIRE(r.exit_code != 0);
+    check_resume(r);
+    last = run.metrics().back()["step"].get<int64_t>();
+    if (kind == "launcher")
+      CHECK(last >= at);
+    else  // the faulty step never ends (and the one before may end unlogged on rank 0)
+      CHECK((last == at - 1 || last == at - 2));
     two_nodes = fault == 7;
     if (two_nodes) {
       lose_node(rank / 2);
       lose_node((rank / 2 + 1) % 4);
-    } else if (fault % 3 == 1) {
+    } else if (kind == "kill") {
       lose_node(rank / 2);
     }
   }
-  const CmdResult last = launch(run, "");
-  INFO(last.output);
-  REQUIRE(last.exit_code == 0);
-  check_resume(last);
-  // Most restarts took a local checkpoint (5 of the 9 without the fallback in a quiet run; the
-  // others found a persistent one as new, or a local write not yet committed left it older).
+  const CmdResult end = launch(run, "");
+  INFO(end.output);
+  REQUIRE(end.exit_code == 0);
+  check_resume(end);
+  // Most restarts took a local checkpoint (the others found a persistent one as new, or a local
+  // write not yet committed left it older).
   CHECK(from_local + from_persistent == 9);
   CHECK(from_local >= 3);
   REQUIRE(launch(ref, "").exit_code == 0);

@@ -25,7 +25,7 @@ absl::StatusOr<FaultInjector> FaultInjector::from_switches() {
             (parts.size() < 3 || absl::SimpleAtoi(parts[2], &f.count_)) &&
             (parts.size() < 4 || absl::SimpleAtod(parts[3], &f.arg_));
   f.kind_ = parts[0];
-  const char* kinds[] = {"grad_nan", "loss_nan", "loss_spike", "hang", "slow", "sigterm"};
+  const char* kinds[] = {"grad_nan", "loss_nan", "loss_spike", "hang", "kill", "slow", "sigterm"};
   if (!ok || std::find(std::begin(kinds), std::end(kinds), f.kind_) == std::end(kinds))
     return absl::InvalidArgumentError(
         absl::StrCat("TR_TEST_FAULT='", env,
@@ -44,6 +44,7 @@ bool FaultInjector::on(int64_t step, const char* kind, int rank) const {
 
 void FaultInjector::at_step_start(int64_t step, int rank) const {
   if (on(step, "hang", rank)) std::raise(SIGSTOP);
+  if (on(step, "kill", rank)) std::raise(SIGKILL);
   if (on(step, "slow", rank)) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   if (on(step, "sigterm", rank)) std::raise(SIGTERM);
 }

@@ -2,6 +2,7 @@
 // KIND:STEP[:COUNT[:ARG]] makes steps STEP .. STEP+COUNT-1 go wrong, as a faulty GPU or a
 // diverging run would:
 //   hang        world rank ARG stops itself (SIGSTOP, as `kill -STOP` does) at the step's start
+//   kill        world rank ARG kills itself (SIGKILL, as `kill -9` does) at the step's start
 //   slow        world rank ARG sleeps 0.1 s in each step (a straggler)
 //   sigterm     world rank ARG raises SIGTERM once the step has begun (after the step-start
 //               agreement), so that a stop poll inside the step sees it first
@@ -26,7 +27,7 @@ class FaultInjector {
   static absl::StatusOr<FaultInjector> from_switches();
 
   // The hook points, in the order a step reaches them; `rank` is the caller's world rank.
-  void at_step_start(int64_t step, int rank) const;         // hang, slow, sigterm act here
+  void at_step_start(int64_t step, int rank) const;  // hang, kill, slow, sigterm act here
   bool nan_in_reduced_grads(int64_t step, int rank) const;  // grad_nan
   bool nan_loss(int64_t step, int rank) const;              // loss_nan
   double loss_factor(int64_t step) const;                   // loss_spike's ARG, else 1
