@@ -108,17 +108,21 @@ namespace {
 
 MpiWatchdog* g_watchdog = nullptr;  // the MpiRuntime's, once watch() was called
 
-// Marks one blocking MPI call for the watchdog, for its whole duration.
+// Marks one blocking MPI call for the watchdog `dog` (none: unwatched), for its whole duration.
 class Watched {
  public:
-  Watched(const char* op, const std::string& group, int rank, int size) {
-    if (g_watchdog) g_watchdog->begin(op, &group, rank, size);
+  Watched(MpiWatchdog* dog, const char* op, const std::string& group, int rank, int size)
+      : dog_(dog) {
+    if (dog_) dog_->begin(op, &group, rank, size);
   }
   ~Watched() {
-    if (g_watchdog) g_watchdog->end();
+    if (dog_) dog_->end();
   }
   Watched(const Watched&) = delete;
   Watched& operator=(const Watched&) = delete;
+
+ private:
+  MpiWatchdog* dog_;
 };
 
 MPI_Datatype mpi_type(DType dtype) {
@@ -183,7 +187,8 @@ void abort_all_ranks(int code) {
 
 class MpiComm final : public Comm {
  public:
-  MpiComm(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+  MpiComm(MPI_Comm comm, std::string name, bool watched = true)
+      : comm_(comm), name_(std::move(name)), watched_(watched) {
     MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), name_);
     MPI_CHECK(MPI_Comm_rank(comm_, &rank_), name_);
     MPI_CHECK(MPI_Comm_size(comm_, &size_), name_);
@@ -205,7 +210,7 @@ class MpiComm final : public Comm {
     const bool now = lane == Lane::in_order;
     const size_t first = reqs_.size();
     std::optional<Watched> watched;
-    if (now && op.kind != CommOp::exchange) watched.emplace(op.name(), name_, rank_, size_);
+    if (now && op.kind != CommOp::exchange) watched.emplace(dog(), op.name(), name_, rank_, size_);
     const Tensor& b = op.out;
     // The buffer's elements and type (an all-gather's: its input's).
     const bool buffer = op.kind != CommOp::exchange && op.kind != CommOp::barrier;
@@ -257,7 +262,7 @@ class MpiComm final : public Comm {
             MPI_CHECK(MPI_Irecv(p.buf.data, k, pt, p.peer, kTag, comm_, request()), name_);
         }
         if (now) {
-          Watched w("exchange", name_, rank_, size_);
+          Watched w(dog(), "exchange", name_, rank_, size_);
           MPI_CHECK(MPI_Waitall(static_cast<int>(reqs_.size() - first), reqs_.data() + first,
                                 MPI_STATUSES_IGNORE),
                     name_);
@@ -282,12 +287,12 @@ class MpiComm final : public Comm {
     const Ticket k = ticket - ticket_base_;
     if (k < 0 || k >= static_cast<Ticket>(tickets_.size())) return;  // done, or by wait_all
     const Started& t = tickets_[static_cast<size_t>(k)];
-    Watched w("wait", name_, rank_, size_);
+    Watched w(dog(), "wait", name_, rank_, size_);
     MPI_CHECK(MPI_Waitall(static_cast<int>(t.count), reqs_.data() + t.first, MPI_STATUSES_IGNORE),
               name_);
   }
   void wait_all() override {
-    Watched w("wait_all", name_, rank_, size_);
+    Watched w(dog(), "wait_all", name_, rank_, size_);
     MPI_CHECK(MPI_Waitall(static_cast<int>(reqs_.size()), reqs_.data(), MPI_STATUSES_IGNORE),
               name_);
     reqs_.clear();
@@ -296,6 +301,9 @@ class MpiComm final : public Comm {
   }
 
  private:
+  MpiWatchdog* dog() const {
+    return watched_ ? g_watchdog : nullptr;
+  }
   struct Started {
     size_t first, count;  // its requests in reqs_
   };
@@ -321,6 +329,7 @@ class MpiComm final : public Comm {
   std::vector<Started> tickets_;   // ticket ticket_base_ + k is tickets_[k]
   Ticket ticket_base_ = 0;
   int rank_ = 0, size_ = 1;
+  bool watched_;
 };
 
 }  // namespace
@@ -377,12 +386,13 @@ std::unique_ptr<Comm> make_mpi_world(const std::string& name) {
   return std::make_unique<MpiComm>(MPI_COMM_WORLD, name);
 }
 
-std::unique_ptr<Comm> split_mpi_comm(Comm& parent, int color, int key, const std::string& name) {
+std::unique_ptr<Comm> split_mpi_comm(Comm& parent, int color, int key, const std::string& name,
+                                     bool watched) {
   auto* p = dynamic_cast<MpiComm*>(&parent);
   TR_ASSERT(p != nullptr, "split_mpi_comm needs an MPI communicator");
   MPI_Comm child;
   MPI_CHECK(MPI_Comm_split(p->handle(), color, key, &child), parent.name());
-  return std::make_unique<MpiComm>(child, name);
+  return std::make_unique<MpiComm>(child, name, watched);
 }
 
 }  // namespace tr

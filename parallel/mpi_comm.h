@@ -60,7 +60,9 @@ double mpi_blocked_seconds();
 // All ranks of MPI_COMM_WORLD.
 std::unique_ptr<Comm> make_mpi_world(const std::string& name = "world");
 // Splits `parent` (an MPI comm from this file): ranks with the same color form a group,
-// ordered by key. Collective over `parent`.
-std::unique_ptr<Comm> split_mpi_comm(Comm& parent, int color, int key, const std::string& name);
+// ordered by key. Collective over `parent`. The watchdog follows the main thread's blocking
+// calls, one at a time: a communicator another thread uses is made unwatched (`watched` false).
+std::unique_ptr<Comm> split_mpi_comm(Comm& parent, int color, int key, const std::string& name,
+                                     bool watched = true);
 
 }  // namespace tr

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -12,11 +13,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/check.h"
 #include "core/clock.h"
+#include "core/exit_codes.h"
 #include "core/fs_io.h"
 #include "core/hash.h"
 #include "core/switches.h"
 #include "kernels/ops.h"
+#include "parallel/mpi_comm.h"
 #include "trainer/agree.h"
 
 namespace tr {
@@ -226,6 +230,11 @@ LocalCheckpoints::LocalCheckpoints(Session& s) : s_(s) {
       for (size_t i = 0; i < ranks_of[k].size(); ++i)
         holders_[static_cast<size_t>(ranks_of[k][i])].push_back(next[i % next.size()]);
     }
+  // The writer threads exchange the replicas over a communicator of their own (unwatched: the
+  // watchdog follows the main thread), beside the training thread's collectives.
+  if (replicas_ > 0)
+    replica_comm_ = split_mpi_comm(*make_mpi_world(), 0, s.topo().rank, "local checkpoint",
+                                   /*watched=*/false);
 }
 
 std::vector<int> LocalCheckpoints::sources() const {
@@ -264,7 +273,7 @@ std::string LocalCheckpoints::part_path(int64_t step) const {
 }
 
 LocalCheckpoints::~LocalCheckpoints() {
-  if (writer_.joinable()) writer_.join();
+  if (writer_.joinable()) await_writer();
   if (in_flight_) remove_part(part_path(step_) + ".tmp");  // never committed
 }
 
@@ -315,6 +324,10 @@ void LocalCheckpoints::save() {
     absl::Status st = fs::make_dirs(stdfs::path(path).parent_path().string());
     if (st.ok())
       st = fs::write_file_durable(path + ".tmp", std::string_view(buffer_.data(), used_));
+    if (replicas_ > 0) {  // every writer takes part, whatever its own write did
+      const absl::Status sent = write_replicas();
+      if (st.ok()) st = sent;
+    }
     write_status_ = st;
     written_ = true;
   });
@@ -324,7 +337,7 @@ void LocalCheckpoints::save() {
 void LocalCheckpoints::settle(bool wait) {
   if (!in_flight_) return;
   const auto t0 = Clock::now();
-  if (wait) writer_.join();
+  if (wait) await_writer();
   // Every rank's thread done? (One 4-byte all-reduce per step boundary while in flight.)
   if (!all_ok(*s_.groups.world, written_.load())) {
     stall_s_ += seconds_since(t0);
@@ -335,8 +348,25 @@ void LocalCheckpoints::settle(bool wait) {
   in_flight_ = false;
 }
 
+void LocalCheckpoints::await_writer() {
+  // A writer exchanging replicas waits for the other ranks' writers: a rank that hangs would
+  // hold this one here, out of the MPI watchdog's sight, so the wait has a limit.
+  const double limit = std::max(s_.cfg.checkpoint.save_timeout_s, s_.cfg.parallel.timeout_s);
+  const auto t0 = Clock::now();
+  while (!written_.load()) {
+    if (seconds_since(t0) > limit)
+      end_job(kExitCommTimeout,
+              absl::StrFormat("rank %d: the local checkpoint of step %d is unfinished after %.0f "
+                              "s (checkpoint.save_timeout_s): a rank of the job is hung, stopped "
+                              "or dead; ending the job with exit code %d",
+                              s_.topo().rank, step_, limit, kExitCommTimeout));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  writer_.join();
+}
+
 absl::Status LocalCheckpoints::write_replicas() {
-  Comm& world = *s_.groups.world;
+  Comm& world = *replica_comm_;
   const int me = s_.topo().rank;
   // Every part's size, so that each holder knows what it receives.
   std::vector<int64_t> sizes(static_cast<size_t>(world.size()));
@@ -366,13 +396,11 @@ void LocalCheckpoints::commit(bool written) {
   const Topology& t = s_.topo();
   const std::string path = part_path(step_);
   Comm& world = *s_.groups.world;
-  // Each part goes to its holders on the next nodes, then counts only once every rank has its
-  // own part and every replica: then each renames its own files.
+  // The part counts only once every rank has its own part and every holder its replicas (the
+  // writers sent them): then each renames its own files.
   absl::Status st = write_status_;
-  const bool everywhere = all_ok(world, written);
   const std::vector<int> sources = this->sources();
-  if (everywhere && replicas_ > 0) st = write_replicas();
-  const bool replicated = all_ok(world, everywhere && st.ok());
+  const bool replicated = all_ok(world, written);
   if (replicated) {
     st = fs::rename_path(path + ".tmp", path);
     for (int r : sources)

@@ -95,7 +95,11 @@ class LocalCheckpoints {
   std::vector<int64_t> held(int64_t after, uint64_t run_id, int64_t* other_layout) const;
   std::vector<int> sources() const;  // the ranks whose replicas this rank holds
   void commit(bool written);
-  absl::Status write_replicas();  // collective: each part to its holders, written there
+  // Collective over the writer threads: each part to its holders, written there.
+  absl::Status write_replicas();
+  // Waits for the writer thread; ends the job when it is not done within
+  // checkpoint.save_timeout_s (a hung rank's writer never sends its replicas).
+  void await_writer();
   // Collective: this rank's part of `step` from whoever newest() chose to provide it.
   absl::StatusOr<std::string> fetch(int64_t step);
   Session& s_;
@@ -106,7 +110,8 @@ class LocalCheckpoints {
   // chose, which rank provides each rank's part.
   std::vector<std::vector<int>> holders_;
   int replicas_ = 0;
-  bool node_leader_ = false;  // the first rank of this node
+  std::unique_ptr<Comm> replica_comm_;  // the writer threads' (with replicas)
+  bool node_leader_ = false;            // the first rank of this node
   std::vector<int> providers_;
   std::string why_not_;
   // The write in flight: its buffer (header, state, masters, m, v; reused), its step, whether the
