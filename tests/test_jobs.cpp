@@ -448,6 +448,60 @@ TEST_CASE("jobs: train.sbatch stops on USR1, saves, requeues and resumes to the 
   CHECK(*ckpt::find_latest(run.dir / "ckpt") == run.dir / "ckpt/step_00001500");
 }
 
+// Issue 29 under Slurm: train.sbatch with node-local checkpoints on 4 tasks as 2 "nodes", a rank
+// that hangs in the first start (the job ends with exit 5, and the script requeues it), and a
+// node list that changed on the requeue: the first start's tasks were on n0 and n1, the second's
+// are on n1 and n2 (TR_NODE_NAME from SLURM_PROCID and SLURM_RESTART_COUNT), so n0's parts live
+// on only as the replicas n1 holds and n2 starts empty. The second start resumes from the local
+// checkpoint, its n2 ranks receiving their parts from n1's replicas, and ends bit-identical to an
+// uninterrupted run.
+TEST_CASE("jobs: a requeued job on a changed node list resumes from the replicas", "[.slurm]") {
+  RunDir run(8), ref(8);
+  const std::string out = run.dir / "job.out", wrapper = run.dir / "trainer.sh";
+  test::write_file(wrapper, std::string("#!/bin/sh\n") +
+                                "restart=${SLURM_RESTART_COUNT:-0}\n"
+                                "export TR_NODE_NAME=n$((SLURM_PROCID / 2 + restart))\n"
+                                "[ \"$restart\" = 0 ] && export TR_TEST_FAULT=hang:7:1:1\n"
+                                "exec " +
+                                TR_TRAINER_BIN + " \"$@\"\n");
+  std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
+  auto sets = [](const RunDir& d) {
+    return " --set parallel.tp=2 --set checkpoint.interval=0 --set parallel.timeout_s=3"
+           " --set checkpoint.local_interval=2 --set checkpoint.local_dir=" +
+           (d.dir / "local");
+  };
+  CmdResult sub = run_cmd("TRAINER=" + wrapper + " SRUN_ARGS=--overcommit " + test::kOneThread +
+                          " sbatch --parsable --requeue -n 4 --overcommit -o " + out + " " +
+                          TR_SOURCE_DIR + "/tools/slurm/train.sbatch " + run.config + sets(run));
+  INFO(sub.output);
+  REQUIRE(sub.exit_code == 0);
+  const std::string job = sub.output.substr(0, sub.output.find_first_of(";\n"));
+  const auto t0 = std::chrono::steady_clock::now();
+  // Slurm holds a requeued job for about two minutes (its BeginTime): release it at once. The
+  // job leaves the queue for a moment while it is requeued, so the end is the script's last line.
+  auto ended = [&] {
+    const std::string text = test::read_file(out);
+    return text.find("train.sbatch: finished") != std::string::npos ||
+           text.find("not requeued") != std::string::npos;
+  };
+  for (std::string state; !ended() || !run_cmd("squeue -h -j " + job).output.empty();) {
+    REQUIRE(seconds_since(t0) < 150);
+    state = run_cmd("squeue -h -o %T:%r -j " + job).output;
+    if (state.starts_with("PENDING:BeginTime"))
+      run_cmd("scontrol update JobId=" + job + " StartTime=now");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  const std::string text = test::read_file(out);
+  INFO(text);
+  CHECK(text.find("train.sbatch: trainer exit 5; requeueing job " + job) != std::string::npos);
+  CHECK(text.find("train.sbatch: job " + job + " start 2 ") != std::string::npos);
+  CHECK(text.find("resumed from the local checkpoint of step ") != std::string::npos);
+  CHECK(text.find("train.sbatch: finished") != std::string::npos);
+  REQUIRE(ref.mpirun(4, sets(ref)).exit_code == 0);
+  test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
+                              ref.dir / "ckpt/step_00000008");
+}
+
 // train.sbatch's decision after the job step ends, with stand-ins for srun (exits with the code
 // under test) and scontrol (records the requeue): every ending but 0, 2 and 4 requeues, a killed
 // rank's 137 included, within the restart budget, and the log says how many restarts.
