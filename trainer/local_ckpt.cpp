@@ -136,10 +136,17 @@ LocalCheckpoints::~LocalCheckpoints() {
 }
 
 void LocalCheckpoints::prepare() {
-  if (!enabled() || !buffer_.empty()) return;
+  if (!enabled() || buffer_.bytes() > 0) return;
   const size_t f32 = sizeof(float);
-  buffer_.resize(sizeof(Header) + kStateRoom +
-                 f32 * static_cast<size_t>(s_.opt->masters().numel() + 2 * s_.opt->state_elems()));
+  reserve(sizeof(Header) + kStateRoom +
+          f32 * static_cast<size_t>(s_.opt->masters().numel() + 2 * s_.opt->state_elems()));
+}
+
+void LocalCheckpoints::reserve(size_t bytes) {
+  // Page-locked on a GPU, so that the copy from the device runs at the bus's speed; touched
+  // here, so that a save does not fault its pages in.
+  buffer_ = s_.ctx.device == Device::cuda ? Buffer::pinned(bytes) : Buffer(bytes, Device::cpu);
+  std::memset(buffer_.data(), 0, bytes);
 }
 
 void LocalCheckpoints::save() {
@@ -162,9 +169,9 @@ void LocalCheckpoints::save() {
   prepare();
   const size_t need =
       sizeof(Header) + state.size() + sizeof(float) * static_cast<size_t>(h.masters + 2 * h.states);
-  if (buffer_.size() < need) buffer_.resize(need);  // a longer state than planned for
-  std::memcpy(buffer_.data(), &h, sizeof(Header));
-  std::memcpy(buffer_.data() + sizeof(Header), state.data(), state.size());
+  if (buffer_.bytes() < need) reserve(need);  // a longer state than planned for
+  std::memcpy(data(), &h, sizeof(Header));
+  std::memcpy(data() + sizeof(Header), state.data(), state.size());
   used_ = sizeof(Header) + state.size();
   put_f32(buffer_, &used_, s_.opt->masters());
   put_f32(buffer_, &used_, s_.opt->exp_avg());
@@ -175,13 +182,11 @@ void LocalCheckpoints::save() {
   started_ = unix_time();
   writer_ = std::thread([this, path = part_path(step)] {
     Header head{};
-    std::memcpy(&head, buffer_.data(), sizeof(Header));
-    head.crc =
-        fs::crc32_of(std::string_view(buffer_.data() + sizeof(Header), used_ - sizeof(Header)));
-    std::memcpy(buffer_.data(), &head, sizeof(Header));
+    std::memcpy(&head, data(), sizeof(Header));
+    head.crc = fs::crc32_of(std::string_view(data() + sizeof(Header), used_ - sizeof(Header)));
+    std::memcpy(data(), &head, sizeof(Header));
     absl::Status st = fs::make_dirs(stdfs::path(path).parent_path().string());
-    if (st.ok())
-      st = fs::write_file_durable(path + ".tmp", std::string_view(buffer_.data(), used_));
+    if (st.ok()) st = fs::write_file_durable(path + ".tmp", std::string_view(data(), used_));
     if (replicas_ > 0) {  // every writer takes part, whatever its own write did
       const absl::Status sent = write_replicas();
       if (st.ok()) st = sent;
@@ -232,7 +237,7 @@ absl::Status LocalCheckpoints::write_replicas() {
   world.all_gather(Tensor(sizes.data(), DType::i64, Device::cpu, {world.size()}),
                    Tensor(&mine, DType::i64, Device::cpu, {1}));
   std::vector<Transfer> sends, recvs;
-  for (int h : holders_[static_cast<size_t>(me)]) sends.push_back({h, buffer_.data(), mine});
+  for (int h : holders_[static_cast<size_t>(me)]) sends.push_back({h, data(), mine});
   std::vector<std::pair<int, std::vector<char>>> got;
   for (int r : sources())
     got.emplace_back(r, std::vector<char>(static_cast<size_t>((sizes[r] + 7) / 8 * 8)));

@@ -116,8 +116,10 @@ class LocalCheckpoints {
   std::string why_not_;
   // The write in flight: its buffer (header, state, masters, m, v; reused), its step, whether the
   // thread is done and how it went, and the loop's time in save() and settle() for it.
-  std::vector<char> buffer_;
+  Buffer buffer_;    // host memory, pinned on a GPU
   size_t used_ = 0;  // bytes of buffer_ the part fills
+  char* data() const { return static_cast<char*>(buffer_.data()); }
+  void reserve(size_t bytes);  // a buffer of `bytes`, its pages touched
   int64_t step_ = -1;
   std::thread writer_;
   std::atomic<bool> written_{false};

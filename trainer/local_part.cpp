@@ -60,10 +60,11 @@ ckpt::TrainState state_of(const nlohmann::json& j) {
   return st;
 }
 
-void put_f32(std::vector<char>& out, size_t* at, Tensor t) {
+void put_f32(const Buffer& out, size_t* at, Tensor t) {
   TR_ASSERT(t.dtype == DType::f32, "local checkpoints hold f32 masters and moments");
-  TR_ASSERT(*at + t.nbytes() <= out.size(), "the local checkpoint's buffer is too small");
-  copy_tensor(Tensor(out.data() + *at, DType::f32, Device::cpu, {t.numel()}), t);
+  TR_ASSERT(*at + t.nbytes() <= out.bytes(), "the local checkpoint's buffer is too small");
+  copy_tensor(Tensor(static_cast<char*>(out.data()) + *at, DType::f32, Device::cpu, {t.numel()}),
+              t);
   *at += t.nbytes();
 }
 

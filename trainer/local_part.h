@@ -38,8 +38,8 @@ uint64_t layout_key(const Session& s);
 bool same_layout(const Header& h, const Session& s);
 nlohmann::json state_json(const ckpt::TrainState& st);
 ckpt::TrainState state_of(const nlohmann::json& j);
-// An f32 tensor's bytes copied to `out` at `*at`, which advances.
-void put_f32(std::vector<char>& out, size_t* at, Tensor t);
+// An f32 tensor's bytes copied to `out` (host memory) at `*at`, which advances.
+void put_f32(const Buffer& out, size_t* at, Tensor t);
 // The header of the part at `path`, if it reads as one.
 bool read_header(const std::string& path, Header* h);
 
