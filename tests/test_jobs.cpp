@@ -411,6 +411,27 @@ TEST_CASE("jobs: a stopped rank under srun ends the job after parallel.timeout_s
   CHECK(no_process_left(run.dir.path()));
 }
 
+// Waits until train.sbatch's job `job` (output file `out`) has ended for good: its last line
+// says finished or not requeued, and it has left the queue. Slurm holds a requeued job for about
+// two minutes (its BeginTime); it is released after 2 s instead (slurmd refuses to start a job
+// within the second its credential was revoked by the requeue: "Job credential revoked").
+void wait_for_requeued_job(const std::string& job, const std::string& out,
+                           std::chrono::steady_clock::time_point t0) {
+  auto ended = [&] {
+    const std::string text = test::read_file(out);
+    return text.find("train.sbatch: finished") != std::string::npos ||
+           text.find("not requeued") != std::string::npos;
+  };
+  while (!ended() || !run_cmd("squeue -h -j " + job).output.empty()) {
+    REQUIRE(seconds_since(t0) < 150);
+    if (run_cmd("squeue -h -o %T:%r -j " + job).output.starts_with("PENDING:BeginTime")) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      run_cmd("scontrol update JobId=" + job + " StartTime=now");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
 // tools/slurm/train.sbatch: a USR1 to the batch script (what --signal=B:USR1@T sends) reaches
 // the trainer through the script and srun; the trainer saves and exits 3; the script requeues
 // the job, which resumes with --resume auto and finishes.
@@ -429,13 +450,7 @@ TEST_CASE("jobs: train.sbatch stops on USR1, saves, requeues and resumes to the 
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   REQUIRE(run_cmd("scancel --batch --signal=USR1 " + job).exit_code == 0);
-  // Slurm holds a requeued job for about two minutes (its BeginTime): release it at once.
-  for (std::string state; !(state = run_cmd("squeue -h -o %T:%r -j " + job).output).empty();) {
-    REQUIRE(seconds_since(t0) < 120);
-    if (state.starts_with("PENDING:BeginTime"))
-      run_cmd("scontrol update JobId=" + job + " StartTime=now");
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  wait_for_requeued_job(job, out, t0);
   const std::string text = test::read_file(out);
   INFO(text);
   CHECK(text.find("train.sbatch: SIGUSR1: asking the trainer to save and stop") !=
@@ -477,20 +492,7 @@ TEST_CASE("jobs: a requeued job on a changed node list resumes from the replicas
   REQUIRE(sub.exit_code == 0);
   const std::string job = sub.output.substr(0, sub.output.find_first_of(";\n"));
   const auto t0 = std::chrono::steady_clock::now();
-  // Slurm holds a requeued job for about two minutes (its BeginTime): release it at once. The
-  // job leaves the queue for a moment while it is requeued, so the end is the script's last line.
-  auto ended = [&] {
-    const std::string text = test::read_file(out);
-    return text.find("train.sbatch: finished") != std::string::npos ||
-           text.find("not requeued") != std::string::npos;
-  };
-  for (std::string state; !ended() || !run_cmd("squeue -h -j " + job).output.empty();) {
-    REQUIRE(seconds_since(t0) < 150);
-    state = run_cmd("squeue -h -o %T:%r -j " + job).output;
-    if (state.starts_with("PENDING:BeginTime"))
-      run_cmd("scontrol update JobId=" + job + " StartTime=now");
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
+  wait_for_requeued_job(job, out, t0);
   const std::string text = test::read_file(out);
   INFO(text);
   CHECK(text.find("train.sbatch: trainer exit 5; requeueing job " + job) != std::string::npos);
