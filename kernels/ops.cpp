@@ -232,24 +232,31 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
 }
 
 namespace {
-void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len, float theta) {
+void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len,
+                const Rope& rope) {
   c.same_float_dtype({x});
   TR_ASSERT(x.ndim == 3 && x.shape[2] % 2 == 0, c.describe("x must be [T, heads, even hd]"));
-  TR_ASSERT(n_rope_heads >= 0 && n_rope_heads <= x.shape[1] && seq_len > 0 &&
-                x.shape[0] % seq_len == 0 && theta > 0.0f,
-            c.describe("n_rope_heads=" + std::to_string(n_rope_heads) +
-                       " seq_len=" + std::to_string(seq_len) + " theta=" + std::to_string(theta)));
+  TR_ASSERT(
+      n_rope_heads >= 0 && n_rope_heads <= x.shape[1] && seq_len > 0 && x.shape[0] % seq_len == 0 &&
+          rope.theta > 0 && rope.attention_factor > 0 &&
+          (!rope.yarn || (rope.factor >= 1 && rope.original_max_position > 0)),
+      c.describe("n_rope_heads=" + std::to_string(n_rope_heads) +
+                 " seq_len=" + std::to_string(seq_len) + " theta=" + std::to_string(rope.theta) +
+                 (rope.yarn
+                      ? " yarn factor=" + std::to_string(rope.factor) +
+                            " original_max_position=" + std::to_string(rope.original_max_position)
+                      : "")));
 }
 }  // namespace
 
-void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta) {
-  check_rope(OpCheck(ctx, "rope_fwd", {{"x", x}}), x, n_rope_heads, seq_len, theta);
-  TR_DISPATCH(rope_fwd, x, n_rope_heads, seq_len, theta);
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope) {
+  check_rope(OpCheck(ctx, "rope_fwd", {{"x", x}}), x, n_rope_heads, seq_len, rope);
+  TR_DISPATCH(rope_fwd, x, n_rope_heads, seq_len, rope);
 }
 
-void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta) {
-  check_rope(OpCheck(ctx, "rope_bwd", {{"dx", dx}}), dx, n_rope_heads, seq_len, theta);
-  TR_DISPATCH(rope_bwd, dx, n_rope_heads, seq_len, theta);
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope) {
+  check_rope(OpCheck(ctx, "rope_bwd", {{"dx", dx}}), dx, n_rope_heads, seq_len, rope);
+  TR_DISPATCH(rope_bwd, dx, n_rope_heads, seq_len, rope);
 }
 
 namespace {

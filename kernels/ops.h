@@ -18,6 +18,7 @@
 
 #include "core/ctx.h"
 #include "core/tensor.h"
+#include "kernels/rope.h"
 
 namespace tr {
 
@@ -55,10 +56,11 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
 
 // ---- rotary embedding (Qwen2 / HF "rotate_half": element i pairs with i + hd/2) ----
 // In place on x [T, n_heads_total, hd]: heads [0, n_rope_heads) of token t are rotated by
-// angle pos * theta^(-2i/hd) with pos = t % seq_len; the other heads are left untouched.
-void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta);
-// In place on dx (same layout): the inverse rotation (the gradient of a rotation).
-void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta);
+// angle pos * rope.inv_freq(hd)[i] with pos = t % seq_len and scaled by rope.attention_factor;
+// the other heads are left untouched.
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope);
+// In place on dx (same layout): the gradient, the inverse rotation with the same scale.
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope);
 
 // ---- causal GQA attention, scale hd^-0.5 ----
 // qkv [T, (nh + 2*nkv) * hd]: per token the nh query heads, then nkv key heads, then nkv value

@@ -405,17 +405,20 @@ TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
       for (Shape s :
            {Shape{8, 3, 2, 8, 4}, Shape{64, 18, 16, 64, 32}, Shape{4096, 10, 9, 128, 4096}}) {
         if (large(s.tokens * s.heads * s.hd)) continue;
-        std::vector<float> x = random_values(s.tokens * s.heads * s.hd, rng, dt);
-        std::vector<float> fwd = x, bwd = x;
-        rope_fwd(cpu_ctx, host(fwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, 1e6f);
-        rope_bwd(cpu_ctx, host(bwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, 1e6f);
-        Dev a(dt, {s.tokens, s.heads, s.hd}, x), b(dt, {s.tokens, s.heads, s.hd}, x);
-        rope_fwd(g.ctx, a.t, s.rope_heads, s.seq_len, 1e6f);
-        rope_bwd(g.ctx, b.t, s.rope_heads, s.seq_len, 1e6f);
-        const std::string what =
-            std::string(dtype_name(dt)) + " hd=" + std::to_string(s.hd) + " TR_ROPE_FP64=" + fp64;
-        check_close(a.download(), fwd, dt, "rope_fwd " + what);
-        check_close(b.download(), bwd, dt, "rope_bwd " + what);
+        // Plain, and YaRN over a quarter of the sequence (Qwen2.5's 32K -> 128K, scaled down).
+        for (const Rope& rope : {Rope::plain(1e6), Rope::yarn_of(1e6, 4.0, s.seq_len / 4.0)}) {
+          std::vector<float> x = random_values(s.tokens * s.heads * s.hd, rng, dt);
+          std::vector<float> fwd = x, bwd = x;
+          rope_fwd(cpu_ctx, host(fwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, rope);
+          rope_bwd(cpu_ctx, host(bwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, rope);
+          Dev a(dt, {s.tokens, s.heads, s.hd}, x), b(dt, {s.tokens, s.heads, s.hd}, x);
+          rope_fwd(g.ctx, a.t, s.rope_heads, s.seq_len, rope);
+          rope_bwd(g.ctx, b.t, s.rope_heads, s.seq_len, rope);
+          const std::string what = std::string(dtype_name(dt)) + " hd=" + std::to_string(s.hd) +
+                                   " TR_ROPE_FP64=" + fp64 + (rope.yarn ? " yarn" : "");
+          check_close(a.download(), fwd, dt, "rope_fwd " + what);
+          check_close(b.download(), bwd, dt, "rope_bwd " + what);
+        }
       }
     }
     // Two launches (forward, backward) per dtype and shape took the fp64 path, or none did.

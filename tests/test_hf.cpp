@@ -292,6 +292,68 @@ TEST_CASE("cli: export-hf, then model.init_from starts those weights under any l
   }
 }
 
+// model.rope_scaling (YaRN) as Hugging Face spells it: a run trains with it, the resolved config
+// and export-hf's config.json carry it (both transformers spellings), model.init_from takes the
+// export only with the same rope_scaling, and malformed blocks are one line each.
+TEST_CASE("cli: a YaRN model exports its rope_scaling and imports only with the same", "[cli]") {
+  const std::string yarn =
+      " --set 'model.rope_scaling={type: yarn, factor: 4, original_max_position_embeddings: 16}'";
+  RunDir trained(1);
+  {
+    CmdResult r = trained.trainer(kNoWarmup + yarn);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  CHECK(test::read_file(trained.dir / "log/config.yaml")
+            .find("rope_scaling: {type: yarn, factor: 4.0, original_max_position_embeddings: 16, "
+                  "beta_fast: 32.0, beta_slow: 1.0, attention_factor: 0.0, truncate: true}") !=
+        std::string::npos);
+  const std::string hf = trained.dir / "hf";
+  REQUIRE(export_hf(trained, "step_00000001", hf, "--dtype fp32").exit_code == 0);
+  const nlohmann::json config = nlohmann::json::parse(test::read_file(hf + "/config.json"));
+  INFO(config.dump());
+  CHECK(config["rope_scaling"]["type"] == "yarn");
+  CHECK(config["rope_scaling"]["factor"] == 4.0);
+  CHECK(config["rope_scaling"]["original_max_position_embeddings"] == 16);
+  CHECK(config["rope_parameters"]["rope_type"] == "yarn");
+  CHECK(config["rope_parameters"]["factor"] == 4.0);
+  CHECK_FALSE(config["rope_parameters"].contains("attention_factor"));  // from the factor
+  {
+    RunDir run(1);
+    CmdResult r = run.trainer(kFrozen + kNoWarmup + yarn + " --set model.init_from=" + hf);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("initialised from " + hf) != std::string::npos);
+  }
+  {
+    RunDir run(1);
+    CmdResult r = run.trainer(kFrozen + kNoWarmup + " --set model.init_from=" + hf);
+    INFO(r.output);
+    CHECK(r.exit_code == kExitBadInput);
+    CHECK(r.output.find("config.json has rope_scaling {type: yarn, factor: 4, "
+                        "original_max_position_embeddings: 16, beta_fast: 32, beta_slow: 1, "
+                        "attention_factor: 0, truncate: true} but model.rope_scaling is none; set "
+                        "model.rope_scaling to {type: yarn") != std::string::npos);
+  }
+  const struct {
+    std::string value, error;
+  } bad[] = {
+      {"{type: linear, factor: 2}", "model.rope_scaling.type must be yarn or none (got 'linear')"},
+      {"{type: yarn, factor: 4}",
+       "model.rope_scaling: yarn needs factor >= 1 (got 4), "
+       "original_max_position_embeddings > 0 (got 0)"},
+      {"{type: yarn, factr: 4}", "model.rope_scaling: unknown key 'factr'; did you mean 'factor'?"},
+      {"4",
+       "model.rope_scaling: expected none or {type: yarn, factor: F, "
+       "original_max_position_embeddings: N}, got '4'"}};
+  for (const auto& b : bad) {
+    CmdResult r = trained.trainer("--dry-run --set 'model.rope_scaling=" + b.value + "'");
+    INFO(b.value << "\n" << r.output);
+    CHECK(r.exit_code == kExitBadInput);
+    CHECK(r.output.find("error: " + b.error) != std::string::npos);
+  }
+}
+
 TEST_CASE("cli: bad model.init_from and export-hf input is one error line and exit 2", "[cli]") {
   RunDir trained(1);
   {

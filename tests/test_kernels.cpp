@@ -295,7 +295,7 @@ TEST_CASE("kernels: rope_fwd rotates only the first n_rope_heads heads by the HF
     HostTensor x(dt, {2 * seq, heads, hd});
     for (int64_t i = 0; i < x.size(); ++i) x.set(i, static_cast<double>(i % 7) - 3.0);
     const std::vector<double> x0 = x.values();
-    rope_fwd(ctx, x.t, rope_heads, seq, theta);
+    rope_fwd(ctx, x.t, rope_heads, seq, Rope::plain(theta));
     for (int64_t t = 0; t < 2 * seq; ++t) {
       for (int64_t h = 0; h < heads; ++h) {
         for (int64_t i = 0; i < hd / 2; ++i) {
@@ -310,27 +310,65 @@ TEST_CASE("kernels: rope_fwd rotates only the first n_rope_heads heads by the HF
   }
 }
 
+// rope_bwd is the transpose of rope_fwd: with a scale s (YaRN's attention factor) their product
+// is s^2 times the identity, and rope_bwd is the finite-difference gradient, plain and YaRN.
 TEST_CASE("kernels: rope_bwd inverts rope_fwd and matches finite differences", "[kernels]") {
   std::mt19937 rng(5);
   const int seq = 4, rope_heads = 3;
-  const float theta = 10000.0f;
-  HostTensor x(DType::f64, {2 * seq, 4, 8}), y(DType::f64, {2 * seq, 4, 8}),
-      dx(DType::f64, {2 * seq, 4, 8});
-  randomize(x, rng);
-  y.assign(x.values());
-  rope_fwd(ctx, y.t, rope_heads, seq, theta);
-  rope_bwd(ctx, y.t, rope_heads, seq, theta);
-  CHECK(rel_err(y.values(), x.values()) < kF64Tol);
-
-  const std::vector<double> g = random_values(x.size(), rng);
-  auto loss = [&] {
+  const double theta = 10000.0;
+  for (const Rope& rope : {Rope::plain(theta), Rope::yarn_of(theta, 4.0, 3.0)}) {
+    INFO("yarn " << rope.yarn);
+    HostTensor x(DType::f64, {2 * seq, 4, 8}), y(DType::f64, {2 * seq, 4, 8}),
+        dx(DType::f64, {2 * seq, 4, 8});
+    randomize(x, rng);
     y.assign(x.values());
-    rope_fwd(ctx, y.t, rope_heads, seq, theta);
-    return weighted_sum(y, g);
-  };
-  dx.assign(g);
-  rope_bwd(ctx, dx.t, rope_heads, seq, theta);
-  CHECK(rel_err(dx.values(), numeric_grad(x, loss)) < kFdTol);
+    rope_fwd(ctx, y.t, rope_heads, seq, rope);
+    rope_bwd(ctx, y.t, rope_heads, seq, rope);
+    std::vector<double> want = x.values();
+    const double s2 = rope.attention_factor * rope.attention_factor;
+    for (int64_t i = 0; i < x.size(); ++i)
+      if (i / 8 % 4 < rope_heads) want[i] *= s2;  // heads past rope_heads are untouched
+    CHECK(rel_err(y.values(), want) < kF64Tol);
+
+    const std::vector<double> g = random_values(x.size(), rng);
+    auto loss = [&] {
+      y.assign(x.values());
+      rope_fwd(ctx, y.t, rope_heads, seq, rope);
+      return weighted_sum(y, g);
+    };
+    dx.assign(g);
+    rope_bwd(ctx, dx.t, rope_heads, seq, rope);
+    CHECK(rel_err(dx.values(), numeric_grad(x, loss)) < kFdTol);
+  }
+}
+
+// YaRN's frequencies in closed form (the values transformers 5 computes for this case): hd 8,
+// theta 10000, trained on 16 positions, factor 4. The correction range is pairs [0, 1] (beta_fast
+// 32 gives -1.1, floored and clamped to 0; beta_slow 1 gives 0.41, ceiled to 1), so pair 0 keeps
+// its frequency and pairs 1-3 turn 4 times slower; cos and sin scale by 0.1 ln 4 + 1.
+TEST_CASE("kernels: YaRN's frequencies and attention factor", "[kernels]") {
+  const Rope y = Rope::yarn_of(10000, 4.0, 16);
+  const std::vector<double> f = y.inv_freq(8);
+  REQUIRE(f.size() == 4);
+  CHECK(f[0] == Approx(1.0));
+  CHECK(f[1] == Approx(0.1 / 4));
+  CHECK(f[2] == Approx(0.01 / 4));
+  CHECK(f[3] == Approx(0.001 / 4));
+  CHECK(y.attention_factor == Approx(0.1 * std::log(4.0) + 1));
+  // Plain RoPE, and YaRN with factor 1, give theta^(-2i/hd); a given attention_factor stands.
+  for (const Rope& r : {Rope::plain(10000), Rope::yarn_of(10000, 1.0, 16)}) {
+    const std::vector<double> p = r.inv_freq(8);
+    for (int i = 0; i < 4; ++i) CHECK(p[i] == Approx(std::pow(10000.0, -2.0 * i / 8)));
+    CHECK(r.attention_factor == 1.0);
+  }
+  CHECK(Rope::yarn_of(10000, 4.0, 16, 32, 1, 1.5).attention_factor == 1.5);
+  // A wider ramp (trained on 4096 positions, hd 128): frequencies fall monotonically, fast pairs
+  // untouched, the slowest divided by the factor.
+  const Rope wide = Rope::yarn_of(1e6, 4.0, 4096);
+  const std::vector<double> w = wide.inv_freq(128), plain = Rope::plain(1e6).inv_freq(128);
+  CHECK(w[0] == plain[0]);
+  CHECK(w[63] == Approx(plain[63] / 4));
+  for (int i = 1; i < 64; ++i) CHECK(w[i] < w[i - 1]);
 }
 
 // ---------------------------------------------------------------- attention

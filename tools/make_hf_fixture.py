@@ -27,13 +27,20 @@ def our_name(hf_name):
     return hf_name.removeprefix("model.").replace(".", "/")
 
 
-def make(path, tied, seed):
+def make(path, tied, seed, yarn=None):
+    """yarn: None, or (factor, original_max_position_embeddings) for YaRN rope scaling."""
     torch.manual_seed(seed)
     cfg = Qwen2Config(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
                       attention_dropout=0.0, use_sliding_window=False)
-    # transformers 5 keeps theta in rope_parameters; set both spellings.
+    # transformers 5 keeps theta (and the scaling) in rope_parameters; set both spellings.
     if getattr(cfg, "rope_parameters", None) is not None:
         cfg.rope_parameters["rope_theta"] = ROPE_THETA
+        if yarn:
+            cfg.rope_parameters.update(rope_type="yarn", factor=yarn[0],
+                                       original_max_position_embeddings=yarn[1])
+    elif yarn:
+        cfg.rope_scaling = dict(type="yarn", factor=yarn[0],
+                                original_max_position_embeddings=yarn[1])
     model = Qwen2ForCausalLM._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
     model = model.double().eval()
     with torch.no_grad():
@@ -52,6 +59,9 @@ def make(path, tied, seed):
             f.attrs[k] = v
         f.attrs["head_dim"] = SHAPE["hidden_size"] // SHAPE["num_attention_heads"]
         f.attrs["rope_theta"] = ROPE_THETA
+        if yarn:
+            f.attrs["yarn_factor"] = float(yarn[0])
+            f.attrs["yarn_original_max_position_embeddings"] = int(yarn[1])
         f.attrs["tie_word_embeddings"] = int(tied)
         f.attrs["batch"], f.attrs["seq_len"] = BATCH, SEQ
         f.attrs["transformers_version"] = __import__("transformers").__version__
@@ -69,3 +79,5 @@ if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures"
     make(f"{out}/qwen2_tiny_tied.h5", True, 1)
     make(f"{out}/qwen2_tiny_untied.h5", False, 2)
+    # YaRN over a trained context of 16: the ramp keeps pair 0 and slows pairs 1-3 fourfold.
+    make(f"{out}/qwen2_tiny_yarn.h5", False, 3, yarn=(4.0, 16))

@@ -143,6 +143,64 @@ Status parse_sources(const YAML::Node& n, const std::string& name, std::vector<D
   return absl::OkStatus();
 }
 
+// model.rope_scaling: none (or null), or a mapping as Hugging Face's config.json has it.
+Status parse_rope_scaling(const YAML::Node& n, const std::string& name, RopeScaling* out) {
+  RopeScaling r;
+  if (n.IsNull() || (n.IsScalar() && n.Scalar() == "none")) {
+    *out = r;
+    return absl::OkStatus();
+  }
+  if (!n.IsMap())
+    return InvalidArgumentError(absl::StrCat(
+        name,
+        ": expected none or {type: yarn, factor: F, original_max_position_embeddings: N}, got ",
+        scalar_text(n)));
+  const std::vector<std::string> keys = {
+      "type",      "rope_type",        "factor",   "beta_fast",
+      "beta_slow", "attention_factor", "truncate", "original_max_position_embeddings"};
+  for (const auto& kv : n) {
+    const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    if (std::find(keys.begin(), keys.end(), k) == keys.end())
+      return InvalidArgumentError(absl::StrCat(
+          name, ": unknown key '", k, "'",
+          suggest(k, keys).empty() ? absl::StrCat("; keys: ", absl::StrJoin(keys, ", "))
+                                   : suggest(k, keys)));
+    const std::string where = absl::StrCat(name, ".", k);
+    try {
+      if (k == "type" || k == "rope_type")
+        r.type = kv.second.as<std::string>();
+      else if (k == "factor")
+        r.factor = kv.second.as<double>();
+      else if (k == "original_max_position_embeddings")
+        r.original_max_position_embeddings = kv.second.as<int64_t>();
+      else if (k == "beta_fast")
+        r.beta_fast = kv.second.as<double>();
+      else if (k == "beta_slow")
+        r.beta_slow = kv.second.as<double>();
+      else if (k == "attention_factor")
+        r.attention_factor = kv.second.as<double>();
+      else
+        r.truncate = kv.second.as<bool>();
+    } catch (const YAML::Exception&) {
+      return InvalidArgumentError(absl::StrCat(where, ": expected a ",
+                                               k == "truncate" ? "bool" : "value", ", got ",
+                                               scalar_text(kv.second)));
+    }
+  }
+  if (r.type != "yarn" && r.type != "none")
+    return InvalidArgumentError(
+        absl::StrCat(name, ".type must be yarn or none (got '", r.type,
+                     "'); other Hugging Face rope types are not supported"));
+  if (r.type == "yarn" && !(r.factor >= 1 && r.original_max_position_embeddings > 0 &&
+                            r.beta_fast > 0 && r.beta_slow > 0 && r.attention_factor >= 0))
+    return InvalidArgumentError(absl::StrCat(
+        name, ": yarn needs factor >= 1 (got ", fmt_double(r.factor),
+        "), original_max_position_embeddings > 0 (got ", r.original_max_position_embeddings,
+        "), beta_fast and beta_slow > 0 and attention_factor >= 0"));
+  *out = r;
+  return absl::OkStatus();
+}
+
 Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
   const std::string name = absl::StrCat(f.section, ".", f.key);
   void* p = f.member(cfg);
@@ -185,6 +243,8 @@ Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
       }
       case Kind::Sources:
         return parse_sources(n, name, static_cast<std::vector<DataSource>*>(p));
+      case Kind::RopeScaling:
+        return parse_rope_scaling(n, name, static_cast<RopeScaling*>(p));
       case Kind::IntList: {
         if (!n.IsSequence() && !n.IsNull()) throw YAML::Exception(YAML::Mark(), "");
         std::vector<int64_t> v;
@@ -380,6 +440,21 @@ void emit_field(YAML::Emitter& out, const Field& f, Config& c) {
     case Kind::IntList:
       out << YAML::Flow << *static_cast<std::vector<int64_t>*>(p);
       break;
+    case Kind::RopeScaling: {
+      const RopeScaling& r = *static_cast<RopeScaling*>(p);
+      if (r.type != "yarn") {
+        out << "none";
+        break;
+      }
+      out << YAML::Flow << YAML::BeginMap << YAML::Key << "type" << YAML::Value << r.type
+          << YAML::Key << "factor" << YAML::Value << yaml_float(r.factor) << YAML::Key
+          << "original_max_position_embeddings" << YAML::Value << r.original_max_position_embeddings
+          << YAML::Key << "beta_fast" << YAML::Value << yaml_float(r.beta_fast) << YAML::Key
+          << "beta_slow" << YAML::Value << yaml_float(r.beta_slow) << YAML::Key
+          << "attention_factor" << YAML::Value << yaml_float(r.attention_factor) << YAML::Key
+          << "truncate" << YAML::Value << r.truncate << YAML::EndMap;
+      break;
+    }
   }
 }
 
@@ -399,6 +474,8 @@ const char* kind_name(Kind k) {
       return "list";
     case Kind::IntList:
       return "list of int";
+    case Kind::RopeScaling:
+      return "none or map";
   }
   return "?";
 }

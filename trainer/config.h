@@ -8,8 +8,22 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/rope.h"
 
 namespace tr {
+
+// model.rope_scaling, as Hugging Face's config.json spells it: {type: yarn, factor: 4.0,
+// original_max_position_embeddings: 32768} (beta_fast 32, beta_slow 1, attention_factor
+// 0.1 ln(factor) + 1 and truncate true unless given).
+struct RopeScaling {
+  std::string type = "none";  // none | yarn
+  double factor = 1;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32, beta_slow = 1;
+  double attention_factor = 0;  // 0: from factor
+  bool truncate = true;
+  bool operator==(const RopeScaling&) const = default;
+};
 
 struct ModelConfig {
   std::string preset;             // "" or a Qwen2.5 preset name; explicit fields override it
@@ -22,12 +36,22 @@ struct ModelConfig {
   int64_t vocab_size = 0;  // real vocabulary; padded to a multiple of 128*tp internally
   int64_t max_seq_len = 0;
   double rope_theta = 1e6;
+  // Hugging Face's rope_scaling: none, or YaRN's context extension (kernels/rope.h).
+  RopeScaling rope_scaling;
   double rms_norm_eps = 1e-6;
   bool tie_embeddings = false;
   double init_std = 0.02;  // std of the normal init of matrices and the embedding
   // A Hugging Face model directory (config.json + safetensors) whose weights start a fresh run
   // instead of the random init; a resumed run ignores it. See trainer/hf.h.
   std::string init_from;
+  // The rotary embedding these fields describe.
+  Rope rope() const {
+    if (rope_scaling.type != "yarn") return Rope::plain(rope_theta);
+    const RopeScaling& y = rope_scaling;
+    return Rope::yarn_of(rope_theta, y.factor,
+                         static_cast<double>(y.original_max_position_embeddings), y.beta_fast,
+                         y.beta_slow, y.attention_factor, y.truncate);
+  }
 };
 
 struct ParallelConfig {

@@ -22,6 +22,10 @@ const std::vector<Field>& fields() {
                "vocabulary size (padded to a multiple of 128*tp internally)"),
       TR_FIELD(model, max_seq_len, Int, 1, 1 << 24, "longest sequence the model accepts (tokens)"),
       TR_FIELD(model, rope_theta, Float, 1e-300, kInf, "RoPE base theta"),
+      TR_FIELD(model, rope_scaling, RopeScaling, 0, 0,
+               "none, or Hugging Face's YaRN block: {type: yarn, factor: F, "
+               "original_max_position_embeddings: N} (and optionally beta_fast 32, beta_slow 1, "
+               "attention_factor 0.1 ln F + 1, truncate true)"),
       TR_FIELD(model, rms_norm_eps, Float, 1e-30, 1, "RMSNorm epsilon (used in fp32)"),
       TR_FIELD(model, tie_embeddings, Bool, 0, 0, "LM head shares the input embedding"),
       TR_FIELD(model, init_std, Float, 0, 10,

@@ -10,7 +10,7 @@
 
 namespace tr::config_detail {
 
-enum class Kind { Int, IntOrAuto, Float, Bool, String, Sources, IntList };
+enum class Kind { Int, IntOrAuto, Float, Bool, String, Sources, IntList, RopeScaling };
 
 struct Field {
   const char* section;

@@ -30,8 +30,58 @@ std::string shape_str(const std::vector<int64_t>& s) {
 struct HfShape {
   int64_t hidden = 0, inter = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
   double rope_theta = 10000, eps = 1e-6;
+  RopeScaling rope_scaling;
   bool tied = false;
 };
+
+// A rope_scaling (transformers 4) or rope_parameters (transformers 5) object: default/none, or
+// YaRN with its fields; `where` names it in errors.
+absl::StatusOr<RopeScaling> read_rope_scaling(const json& r, const std::string& where) {
+  RopeScaling out;
+  const std::string type = r.contains("rope_type") ? r["rope_type"].dump()
+                           : r.contains("type")    ? r["type"].dump()
+                                                   : "\"default\"";
+  if (type == "\"default\"") return out;
+  if (type != "\"yarn\"")
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has rope type ", type, "; the trainer supports plain RoPE (default) and yarn"));
+  out.type = "yarn";
+  auto number = [&](const char* key, double* v) -> absl::Status {
+    if (!r.contains(key) || r[key].is_null()) return absl::OkStatus();
+    if (!r[key].is_number())
+      return absl::InvalidArgumentError(absl::StrCat(where, ".", key, " is not a number"));
+    *v = r[key].get<double>();
+    return absl::OkStatus();
+  };
+  double original = 0;
+  for (auto [key, v] : {std::pair{"factor", &out.factor},
+                        {"beta_fast", &out.beta_fast},
+                        {"beta_slow", &out.beta_slow},
+                        {"attention_factor", &out.attention_factor},
+                        {"original_max_position_embeddings", &original}})
+    if (absl::Status st = number(key, v); !st.ok()) return st;
+  out.original_max_position_embeddings = static_cast<int64_t>(original);
+  if (r.contains("truncate") && r["truncate"].is_boolean()) out.truncate = r["truncate"];
+  if (r.contains("mscale") || r.contains("mscale_all_dim"))
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has mscale or mscale_all_dim (DeepSeek's YaRN); not supported"));
+  if (out.original_max_position_embeddings <= 0 || out.factor < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ": yarn needs factor >= 1 and original_max_position_embeddings (the trained "
+                     "context length)"));
+  return out;
+}
+
+// model.rope_scaling as one line for messages.
+std::string rope_scaling_text(const RopeScaling& r) {
+  if (r.type != "yarn") return "none";
+  return absl::StrFormat(
+      "{type: yarn, factor: %g, original_max_position_embeddings: %d, beta_fast: %g, "
+      "beta_slow: %g, attention_factor: %g, truncate: %s}",
+      r.factor, r.original_max_position_embeddings, r.beta_fast, r.beta_slow, r.attention_factor,
+      r.truncate ? "true" : "false");
+}
 
 absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
   const std::string path = fs::join(dir, "config.json");
@@ -55,10 +105,12 @@ absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
     return bad(absl::StrCat("hidden_act is ", j["hidden_act"].dump(), "; Qwen2 uses silu"));
   if (j.value("use_sliding_window", false))
     return bad("use_sliding_window is true; the trainer attends over the whole sequence");
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
-    return bad(absl::StrCat("rope_scaling is ", j["rope_scaling"].dump(),
-                            "; only plain RoPE is supported"));
   HfShape s;
+  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+    absl::StatusOr<RopeScaling> r = read_rope_scaling(j["rope_scaling"], path + ": rope_scaling");
+    if (!r.ok()) return r.status();
+    s.rope_scaling = *r;
+  }
   auto int_field = [&](const char* key, int64_t* out, bool required) -> absl::Status {
     if (!j.contains(key) || j[key].is_null()) {
       if (required) return bad(absl::StrCat("has no \"", key, "\""));
@@ -84,9 +136,9 @@ absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
     s.rope_theta = j["rope_theta"].get<double>();
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     const json& r = j["rope_parameters"];
-    if (r.contains("rope_type") && r["rope_type"] != "default")
-      return bad(absl::StrCat("rope_parameters.rope_type is ", r["rope_type"].dump(),
-                              "; only plain RoPE (default) is supported"));
+    absl::StatusOr<RopeScaling> scaling = read_rope_scaling(r, path + ": rope_parameters");
+    if (!scaling.ok()) return scaling.status();
+    if (scaling->type == "yarn") s.rope_scaling = *scaling;
     if (r.contains("rope_theta") && r["rope_theta"].is_number())
       s.rope_theta = r["rope_theta"].get<double>();
   }
@@ -121,6 +173,9 @@ absl::Status check_hf_config(const std::string& dir, const ModelConfig& m) {
   if (!same(s->rope_theta, m.rope_theta))
     return differ("rope_theta", absl::StrFormat("%g", s->rope_theta), "rope_theta",
                   absl::StrFormat("%g", m.rope_theta));
+  if (!(s->rope_scaling == m.rope_scaling))
+    return differ("rope_scaling", rope_scaling_text(s->rope_scaling), "rope_scaling",
+                  rope_scaling_text(m.rope_scaling));
   if (!same(s->eps, m.rms_norm_eps))
     return differ("rms_norm_eps", absl::StrFormat("%g", s->eps), "rms_norm_eps",
                   absl::StrFormat("%g", m.rms_norm_eps));
@@ -176,6 +231,18 @@ std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
   j["rope_theta"] = m.rope_theta;
   j["rope_parameters"] = {{"rope_theta", m.rope_theta}, {"rope_type", "default"}};
   j["rope_scaling"] = nullptr;
+  if (const RopeScaling& r = m.rope_scaling; r.type == "yarn") {
+    ordered_json y = {{"factor", r.factor},
+                      {"original_max_position_embeddings", r.original_max_position_embeddings},
+                      {"beta_fast", r.beta_fast},
+                      {"beta_slow", r.beta_slow},
+                      {"truncate", r.truncate}};
+    if (r.attention_factor > 0) y["attention_factor"] = r.attention_factor;
+    j["rope_scaling"] = y;
+    j["rope_scaling"]["type"] = "yarn";
+    j["rope_parameters"].update(y);
+    j["rope_parameters"]["rope_type"] = "yarn";
+  }
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = m.init_std;

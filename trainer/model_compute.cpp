@@ -147,7 +147,7 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
   Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
   rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_),
-           d.theta);
+           d.rope);
   attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
                 static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
                 static_cast<int>(d.head_dim));
@@ -264,7 +264,7 @@ void Qwen2Model::backward_stage(int slot, Tensor tokens, bool last_of_step) {
                   static_cast<int>(seq_len_), static_cast<int>(d.heads),
                   static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim));
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
-             static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.theta);
+             static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.rope);
     linear_bwd(ctx_, full_or(a.dln), g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w, gw);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
     rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true,

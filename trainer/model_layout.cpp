@@ -39,7 +39,7 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
   d.tp_rank = topo.tp_rank;
   d.sequence_parallel = sequence_parallel && topo.tp > 1;
   d.eps = static_cast<float>(m.rms_norm_eps);
-  d.theta = static_cast<float>(m.rope_theta);
+  d.rope = m.rope();
   d.tied = m.tie_embeddings;
   return d;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/rope.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
 
@@ -32,7 +33,8 @@ struct ModelDims {
   // and pp > 1, its own copy of embed_tokens, kept equal by an all-reduce of the gradients).
   int64_t first_layer = 0;
   bool first_stage = true, last_stage = true;
-  float eps, theta;
+  float eps;
+  Rope rope;  // model.rope_theta and model.rope_scaling
   bool tied;
   // Activation recomputation (train.recompute): the first `recompute_full` layers of this stage
   // keep only their input and run their forward again in backward; with `recompute_selective`

@@ -1,5 +1,6 @@
 // Rotary embedding as in Hugging Face Qwen2 ("rotate_half"): element i of a head pairs with
-// element i + hd/2 and the pair turns by angle pos * theta^(-2i/hd), computed in double.
+// element i + hd/2 and the pair turns by angle pos * inv_freq[i] (kernels/rope.h), computed in
+// double, scaled by the attention factor.
 #include <cmath>
 #include <vector>
 
@@ -9,20 +10,20 @@ namespace tr::cpu {
 namespace {
 
 // In place on x [T, n_heads_total, hd]: heads [0, n_rope_heads) of token t turn by
-// sign * angle(t % seq_len); sign = -1 is the inverse rotation, which is also the gradient.
+// sign * angle(t % seq_len); sign = -1 is the inverse rotation, which (with the same scale) is
+// also the gradient.
 template <class T>
-void rope_rotate(Tensor x, int n_rope_heads, int seq_len, float theta, double sign) {
+void rope_rotate(Tensor x, int n_rope_heads, int seq_len, const Rope& rope, double sign) {
   const int64_t n_tok = x.dim(0), n_heads = x.dim(1), hd = x.dim(2), half = hd / 2;
-  std::vector<double> inv_freq(half);  // [hd/2]
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = std::pow(static_cast<double>(theta), -2.0 * i / static_cast<double>(hd));
+  const std::vector<double> inv_freq = rope.inv_freq(static_cast<int>(hd));  // [hd/2]
+  const double scale = rope.attention_factor;
   std::vector<double> cos_t(half), sin_t(half);  // [hd/2] for the current token
   T* data = x.ptr<T>();
   for (int64_t t = 0; t < n_tok; ++t) {
     const double pos = static_cast<double>(t % seq_len);
     for (int64_t i = 0; i < half; ++i) {
-      cos_t[i] = std::cos(pos * inv_freq[i]);
-      sin_t[i] = sign * std::sin(pos * inv_freq[i]);
+      cos_t[i] = scale * std::cos(pos * inv_freq[i]);
+      sin_t[i] = scale * sign * std::sin(pos * inv_freq[i]);
     }
     for (int64_t h = 0; h < n_rope_heads; ++h) {
       T* head = data + (t * n_heads + h) * hd;
@@ -37,15 +38,15 @@ void rope_rotate(Tensor x, int n_rope_heads, int seq_len, float theta, double si
 
 }  // namespace
 
-void rope_fwd(Ctx&, Tensor x, int n_rope_heads, int seq_len, float theta) {
+void rope_fwd(Ctx&, Tensor x, int n_rope_heads, int seq_len, const Rope& rope) {
   dispatch_float(x.dtype, "rope_fwd", [&](auto tag) {
-    rope_rotate<decltype(tag)>(x, n_rope_heads, seq_len, theta, 1.0);
+    rope_rotate<decltype(tag)>(x, n_rope_heads, seq_len, rope, 1.0);
   });
 }
 
-void rope_bwd(Ctx&, Tensor dx, int n_rope_heads, int seq_len, float theta) {
+void rope_bwd(Ctx&, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope) {
   dispatch_float(dx.dtype, "rope_bwd", [&](auto tag) {
-    rope_rotate<decltype(tag)>(dx, n_rope_heads, seq_len, theta, -1.0);
+    rope_rotate<decltype(tag)>(dx, n_rope_heads, seq_len, rope, -1.0);
   });
 }
 

@@ -1,8 +1,9 @@
 // Rotary embedding in place (HF rotate_half: element i pairs with i + hd/2).
 //
-// The step's kernel reads cos and sin of pos * theta^(-2i/hd) from an fp32 table [seq_len, hd/2]
-// made once per (seq_len, hd, theta) in double and rounded (the CPU reference's angles), and
-// rotates in fp32 with 16-byte loads where the head's halves allow them: no fp64 in the step.
+// The step's kernel reads cos and sin of pos * inv_freq[i] (kernels/rope.h: plain RoPE or YaRN),
+// times the attention factor, from an fp32 table [seq_len, hd/2] made once per (seq_len, hd,
+// rope) in double and rounded (the CPU reference's values), and rotates in fp32 with 16-byte
+// loads where the head's halves allow them: no fp64 in the step.
 // TR_ROPE_FP64=1 selects the first kernel (angle and rotation in double per pair, one element
 // per thread), to bisect a GPU failure until the table kernel has run on one.
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/switches.h"
 #include "kernels/cuda/common.cuh"
@@ -25,7 +27,7 @@ constexpr int kThreads = 256;
 // -angle (sign -1, the backward). The first kernel: fp64 per pair.
 template <class T>
 __global__ void rope_kernel_fp64(T* x, int64_t tokens, int n_total, int n_rope, int hd, int seq_len,
-                                 double log_theta, double sign) {
+                                 const double* inv_freq, double scale, double sign) {
   const int half = hd / 2;
   const int64_t pairs = tokens * n_rope * half;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < pairs;
@@ -33,10 +35,10 @@ __global__ void rope_kernel_fp64(T* x, int64_t tokens, int n_total, int n_rope, 
     const int i = static_cast<int>(idx % half);
     const int h = static_cast<int>(idx / half % n_rope);
     const int64_t t = idx / (int64_t{half} * n_rope);
-    const double inv_freq = exp(-2.0 * i / hd * log_theta);
     double s, c;
-    sincos(static_cast<double>(t % seq_len) * inv_freq, &s, &c);
-    s *= sign;
+    sincos(static_cast<double>(t % seq_len) * inv_freq[i], &s, &c);
+    s *= sign * scale;
+    c *= scale;
     T* head = x + (t * n_total + h) * hd;
     const double a = to_f(head[i]), b = to_f(head[i + half]);
     head[i] = from_f<T>(static_cast<float>(a * c - b * s));
@@ -44,16 +46,17 @@ __global__ void rope_kernel_fp64(T* x, int64_t tokens, int n_total, int n_rope, 
   }
 }
 
-// table [seq_len, half, 2]: cos and sin of pos * theta^(-2i/hd), in double, rounded once.
-__global__ void rope_table_kernel(float2* table, int seq_len, int half, int hd, double log_theta) {
+// table [seq_len, half, 2]: cos and sin of pos * inv_freq[i] times scale, in double, rounded once.
+__global__ void rope_table_kernel(float2* table, int seq_len, int half, const double* inv_freq,
+                                  double scale) {
   const int64_t n = int64_t{seq_len} * half;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < n;
        idx += int64_t{gridDim.x} * blockDim.x) {
     const int i = static_cast<int>(idx % half);
     const int64_t pos = idx / half;
     double s, c;
-    sincos(static_cast<double>(pos) * exp(-2.0 * i / hd * log_theta), &s, &c);
-    table[idx] = make_float2(static_cast<float>(c), static_cast<float>(s));
+    sincos(static_cast<double>(pos) * inv_freq[i], &s, &c);
+    table[idx] = make_float2(static_cast<float>(scale * c), static_cast<float>(scale * s));
   }
 }
 
@@ -85,27 +88,55 @@ __global__ void rope_kernel(T* x, const float2* table, int64_t tokens, int n_tot
   }
 }
 
-// The table of (seq_len, hd, theta), made on first use and kept (a few MiB at most).
-const float2* rope_table(Ctx& ctx, int seq_len, int hd, float theta) {
+// A rope's frequencies on the device and its table for one seq_len, made on first use and kept
+// (a few MiB at most).
+struct RopeTables {
+  Buffer inv_freq;              // double [hd/2]
+  std::map<int, Buffer> table;  // by seq_len: float2 [seq_len, hd/2]
+};
+
+using RopeKey = std::tuple<int, double, bool, double, double, double, double, bool, double>;
+
+RopeTables& rope_tables(Ctx& ctx, int hd, const Rope& r) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, float>, Buffer> tables;
+  static std::map<RopeKey, RopeTables> all;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(seq_len, hd, theta);
-  auto it = tables.find(key);
-  if (it == tables.end()) {
+  const RopeKey key{
+      hd,          r.theta,     r.yarn,     r.factor,          r.original_max_position,
+      r.beta_fast, r.beta_slow, r.truncate, r.attention_factor};
+  auto it = all.find(key);
+  if (it == all.end()) {
+    const std::vector<double> f = r.inv_freq(hd);
+    RopeTables t;
+    t.inv_freq = Buffer(f.size() * sizeof(double), Device::cuda);
+    CUDA_CHECK(cudaMemcpyAsync(t.inv_freq.data(), f.data(), f.size() * sizeof(double),
+                               cudaMemcpyHostToDevice, stream_of(ctx)));
+    CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));  // `f` is freed on return
+    it = all.emplace(key, std::move(t)).first;
+  }
+  return it->second;
+}
+
+const float2* rope_table(Ctx& ctx, int seq_len, int hd, const Rope& r) {
+  RopeTables& t = rope_tables(ctx, hd, r);
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = t.table.find(seq_len);
+  if (it == t.table.end()) {
     const int half = hd / 2;
     Buffer b(static_cast<size_t>(seq_len) * half * sizeof(float2), Device::cuda);
     const int64_t n = int64_t{seq_len} * half;
     rope_table_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream_of(ctx)>>>(
-        static_cast<float2*>(b.data()), seq_len, half, hd, std::log(static_cast<double>(theta)));
+        static_cast<float2*>(b.data()), seq_len, half,
+        static_cast<const double*>(t.inv_freq.data()), r.attention_factor);
     CUDA_CHECK_LAUNCH();
-    it = tables.emplace(key, std::move(b)).first;
+    it = t.table.emplace(seq_len, std::move(b)).first;
   }
   return static_cast<const float2*>(it->second.data());
 }
 
-void rope(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta, double sign,
-          const char* op) {
+void rotate(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& r, double sign,
+            const char* op) {
   const int64_t tokens = x.shape[0];
   const int n_total = static_cast<int>(x.shape[1]), hd = static_cast<int>(x.shape[2]);
   const int64_t pairs = tokens * n_rope_heads * (hd / 2);
@@ -115,12 +146,13 @@ void rope(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta, double
       using T = decltype(tag);
       rope_kernel_fp64<T><<<grid_stride_blocks(pairs, kThreads), kThreads, 0, stream_of(ctx)>>>(
           x.ptr<T>(), tokens, n_total, n_rope_heads, hd, seq_len,
-          std::log(static_cast<double>(theta)), sign);
+          static_cast<const double*>(rope_tables(ctx, hd, r).inv_freq.data()), r.attention_factor,
+          sign);
     });
     CUDA_CHECK_LAUNCH();
     return;
   }
-  const float2* table = rope_table(ctx, seq_len, hd, theta);
+  const float2* table = rope_table(ctx, seq_len, hd, r);
   dispatch_float(x.dtype, op, [&](auto tag) {
     using T = decltype(tag);
     constexpr int N = kPack<T>;
@@ -139,12 +171,12 @@ void rope(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta, double
 
 }  // namespace
 
-void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, float theta) {
-  rope(ctx, x, n_rope_heads, seq_len, theta, 1.0, "rope_fwd");
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope) {
+  rotate(ctx, x, n_rope_heads, seq_len, rope, 1.0, "rope_fwd");
 }
 
-void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, float theta) {
-  rope(ctx, dx, n_rope_heads, seq_len, theta, -1.0, "rope_bwd");
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope) {
+  rotate(ctx, dx, n_rope_heads, seq_len, rope, -1.0, "rope_bwd");
 }
 
 }  // namespace tr::cuda
