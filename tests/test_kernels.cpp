@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/cpu/chunk_attention.h"
 #include "kernels/ops.h"
 #include "kernels/versions.h"
+#include "parallel/context_parallel.h"
 #include "tests/test_util.h"
 
 namespace tr {
@@ -847,6 +849,167 @@ TEST_CASE("versions: a GPU library built for another CUDA major is refused by na
   LibraryVersions no_nccl = ok;
   no_nccl.nccl = 0;
   CHECK(describe(no_nccl).find("NCCL") == std::string::npos);
+}
+
+// ---------------------------------------------------------------- context-parallel attention
+
+// The rows `pos` of a [S, heads, hd] array, as a tensor [pos.size(), heads, hd].
+HostTensor rows_of(const std::vector<double>& x, const std::vector<int64_t>& pos, int64_t heads,
+                   int64_t hd) {
+  HostTensor t(DType::f64, {static_cast<int64_t>(pos.size()), heads, hd});
+  for (size_t i = 0; i < pos.size(); ++i)
+    for (int64_t e = 0; e < heads * hd; ++e)
+      t.set(static_cast<int64_t>(i) * heads * hd + e, x[pos[i] * heads * hd + e]);
+  return t;
+}
+
+// One sequence's causal attention as context parallelism computes it: each of `cp` ranks holds
+// two chunks of queries (cp_positions) and meets every rank's key/value chunks in `order(r)`,
+// merging the partials; the backward sends each rank's dk, dv shares back to the chunk's owner.
+struct ChunkedAttention {
+  ChunkedAttention(int64_t S_, int64_t nh_, int64_t nkv_, int64_t hd_, int cp_)
+      : S(S_), nh(nh_), nkv(nkv_), hd(hd_), cp(cp_) {}
+  int64_t S, nh, nkv, hd;
+  int cp;
+  std::vector<double> q, k, v;               // [S, nh, hd], [S, nkv, hd] x 2, by global position
+  std::vector<double> out, lse, dq, dk, dv;  // the same layouts; lse [nh, S]
+
+  void run(const std::vector<double>& dout, const std::function<int(int, int)>& source) {
+    out.assign(q.size(), 0), dq.assign(q.size(), 0), lse.assign(nh * S, 0);
+    dk.assign(k.size(), 0), dv.assign(v.size(), 0);
+    for (int r = 0; r < cp; ++r) {
+      const std::vector<int64_t> qp = cp_positions(S, cp, r);
+      const int64_t n = static_cast<int64_t>(qp.size());
+      HostTensor qr = rows_of(q, qp, nh, hd), o(DType::f64, {n, nh, hd}), l(DType::f64, {nh, n});
+      l.fill(-std::numeric_limits<double>::infinity());  // nothing seen yet
+      for (int t = 0; t < cp; ++t) {
+        const std::vector<int64_t> kp = cp_positions(S, cp, source(r, t));
+        HostTensor ks = rows_of(k, kp, nkv, hd), vs = rows_of(v, kp, nkv, hd);
+        HostTensor po(DType::f64, {n, nh, hd}), pl(DType::f64, {nh, n});
+        cpu::chunk_attention_fwd(po.t, pl.t, qr.t, ks.t, vs.t, qp, kp);
+        cpu::attention_merge(o.t, l.t, po.t, pl.t);
+      }
+      HostTensor dor = rows_of(dout, qp, nh, hd), dqr(DType::f64, {n, nh, hd});
+      for (int t = 0; t < cp; ++t) {
+        const std::vector<int64_t> kp = cp_positions(S, cp, source(r, t));
+        const int64_t m = static_cast<int64_t>(kp.size());
+        HostTensor ks = rows_of(k, kp, nkv, hd), vs = rows_of(v, kp, nkv, hd);
+        HostTensor dks(DType::f64, {m, nkv, hd}), dvs(DType::f64, {m, nkv, hd});
+        cpu::chunk_attention_bwd(dqr.t, dks.t, dvs.t, dor.t, o.t, l.t, qr.t, ks.t, vs.t, qp, kp);
+        for (int64_t j = 0; j < m; ++j)  // back to the owner of these keys
+          for (int64_t e = 0; e < nkv * hd; ++e) {
+            dk[kp[j] * nkv * hd + e] += dks.get(j * nkv * hd + e);
+            dv[kp[j] * nkv * hd + e] += dvs.get(j * nkv * hd + e);
+          }
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t e = 0; e < nh * hd; ++e) {
+          out[qp[i] * nh * hd + e] = o.get(i * nh * hd + e);
+          dq[qp[i] * nh * hd + e] = dqr.get(i * nh * hd + e);
+        }
+        for (int64_t h = 0; h < nh; ++h) lse[h * S + qp[i]] = l.get(h * n + i);
+      }
+    }
+  }
+};
+
+TEST_CASE("cp: each rank's two chunks balance the causal work", "[kernels]") {
+  CHECK(cp_positions(8, 2, 0) == std::vector<int64_t>{0, 1, 6, 7});
+  CHECK(cp_positions(8, 2, 1) == std::vector<int64_t>{2, 3, 4, 5});
+  for (int cp : {1, 2, 4}) {
+    std::vector<int> seen(16, 0);
+    int64_t work0 = -1;
+    for (int r = 0; r < cp; ++r) {
+      int64_t work = 0;  // keys visible to the rank's queries
+      for (int64_t p : cp_positions(16, cp, r)) {
+        ++seen[p];
+        work += p + 1;
+      }
+      if (work0 < 0) work0 = work;
+      CHECK(work == work0);
+    }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 16);
+  }
+}
+
+// Chunked attention with the log-sum-exp merge is the whole sequence's attention: outputs, lse
+// and dq, dk, dv against attention_fwd/bwd over the sequence, for cp 1, 2 and 3 and both
+// exchange orders (all-gather: every rank meets the chunks in rank order; ring: rank r meets
+// r, r - 1, ..., as a ring passes them), in fp64.
+TEST_CASE("cp: chunked attention with the lse merge equals whole-sequence attention", "[kernels]") {
+  std::mt19937 rng(30);
+  const int64_t S = 12, nh = 4, nkv = 2, hd = 8, row = (nh + 2 * nkv) * hd;
+  HostTensor qkv(DType::f64, {S, row}), out(DType::f64, {S, nh * hd}), lse(DType::f64, {1, nh, S});
+  HostTensor dout(DType::f64, {S, nh * hd}), dqkv(DType::f64, {S, row});
+  randomize(qkv, rng);
+  randomize(dout, rng);
+  attention_fwd(ctx, out.t, lse.t, qkv.t, 1, S, nh, nkv, hd);
+  attention_bwd(ctx, dqkv.t, dout.t, out.t, lse.t, qkv.t, 1, S, nh, nkv, hd);
+  // Split qkv (and dqkv) into q [S, nh, hd], k, v [S, nkv, hd].
+  auto split = [&](const HostTensor& x, int64_t from, int64_t heads) {
+    std::vector<double> y(S * heads * hd);
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t e = 0; e < heads * hd; ++e) y[s * heads * hd + e] = x.get(s * row + from + e);
+    return y;
+  };
+  for (int cp : {1, 2, 3}) {
+    for (bool ring : {false, true}) {
+      INFO("cp " << cp << (ring ? " ring" : " all-gather"));
+      ChunkedAttention c(S, nh, nkv, hd, cp);
+      c.q = split(qkv, 0, nh), c.k = split(qkv, nh * hd, nkv);
+      c.v = split(qkv, (nh + nkv) * hd, nkv);
+      c.run(dout.values(), [&](int r, int t) { return ring ? (r - t + cp) % cp : t; });
+      CHECK(rel_err(c.out, out.values()) < kF64Tol);
+      CHECK(rel_err(c.lse, lse.values()) < kF64Tol);
+      CHECK(rel_err(c.dq, split(dqkv, 0, nh)) < 1e-10);
+      CHECK(rel_err(c.dk, split(dqkv, nh * hd, nkv)) < 1e-10);
+      CHECK(rel_err(c.dv, split(dqkv, (nh + nkv) * hd, nkv)) < 1e-10);
+    }
+  }
+}
+
+// The chunked backward is the gradient of the chunked forward (finite differences, fp64, cp 2,
+// ring order), and a merge with a chunk that sees nothing changes nothing.
+TEST_CASE("cp: chunked attention's backward matches finite differences", "[kernels]") {
+  std::mt19937 rng(31);
+  const int64_t S = 8, nh = 2, nkv = 1, hd = 4;
+  ChunkedAttention c(S, nh, nkv, hd, 2);
+  c.q = random_values(S * nh * hd, rng), c.k = random_values(S * nkv * hd, rng),
+  c.v = random_values(S * nkv * hd, rng);
+  const std::vector<double> g = random_values(S * nh * hd, rng);
+  auto ring = [](int r, int t) { return (r - t + 2) % 2; };
+  c.run(g, ring);
+  const std::vector<double> dq = c.dq, dk = c.dk, dv = c.dv;
+  for (std::vector<double>* x : {&c.q, &c.k, &c.v}) {
+    std::vector<double> num(x->size());
+    for (size_t i = 0; i < x->size(); ++i) {
+      const double x0 = (*x)[i], h = 1e-5;
+      double f[2];
+      for (int s = 0; s < 2; ++s) {
+        (*x)[i] = x0 + (s ? -h : h);
+        c.run(g, ring);
+        f[s] = 0;
+        for (size_t j = 0; j < g.size(); ++j) f[s] += g[j] * c.out[j];
+      }
+      (*x)[i] = x0;
+      num[i] = (f[0] - f[1]) / (2 * h);
+    }
+    CHECK(rel_err(x == &c.q ? dq : x == &c.k ? dk : dv, num) < kFdTol);
+  }
+  // Keys all after the queries: lse -inf, out 0, and merging it leaves a result as it was.
+  const std::vector<int64_t> early = {0, 1}, late = {5, 6};
+  HostTensor q(DType::f64, {2, nh, hd}), k(DType::f64, {2, nkv, hd}), v(DType::f64, {2, nkv, hd});
+  randomize(q, rng), randomize(k, rng), randomize(v, rng);
+  HostTensor o(DType::f64, {2, nh, hd}), l(DType::f64, {nh, 2}), o2(DType::f64, {2, nh, hd}),
+      l2(DType::f64, {nh, 2});
+  cpu::chunk_attention_fwd(o.t, l.t, q.t, k.t, v.t, early, early);
+  const std::vector<double> o_before = o.values(), l_before = l.values();
+  cpu::chunk_attention_fwd(o2.t, l2.t, q.t, k.t, v.t, early, late);
+  for (int64_t i = 0; i < l2.size(); ++i) CHECK(std::isinf(l2.get(i)));
+  for (int64_t i = 0; i < o2.size(); ++i) CHECK(o2.get(i) == 0.0);
+  cpu::attention_merge(o.t, l.t, o2.t, l2.t);
+  CHECK(o.values() == o_before);
+  CHECK(l.values() == l_before);
 }
 
 }  // namespace

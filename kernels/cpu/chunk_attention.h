@@ -1,0 +1,37 @@
+// Causal GQA attention in chunks, the CPU reference for context parallelism (parallel.cp): each
+// rank holds query chunks and meets the sequence's key/value chunks one at a time (all-gathered
+// or passed around a ring). A chunk's partial result is its softmax-weighted values with the
+// log-sum-exp of its scaled scores; partials merge by their log-sum-exps into exactly the
+// attention over the union of the chunks. The backward takes the merged output and log-sum-exp
+// and gives each chunk's share of dq, dk and dv (flash-attention's dS = P (dP - rowsum(dO O))),
+// so dk and dv can be sent back to the rank that owns the chunk.
+//
+// Layouts: q, out, dq, dout [Sq, nh, hd]; k, v, dk, dv [Sk, nkv, hd]; lse [nh, Sq] (f64 with f64
+// tensors, f32 otherwise). Query head h reads KV head h / (nh / nkv); scale hd^-0.5. Positions
+// are global token positions within the sequence: key j is visible to query i when
+// k_pos[j] <= q_pos[i].
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "core/tensor.h"
+
+namespace tr::cpu {
+
+// out, lse ASSIGNED: the attention of every query over this key chunk's visible keys; a query
+// that sees none gets out 0 and lse -inf.
+void chunk_attention_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
+                         std::span<const int64_t> q_pos, std::span<const int64_t> k_pos);
+
+// (out, lse) becomes the merge of itself with (out2, lse2): lse = log(e^lse + e^lse2) and out
+// the two weighted by e^(lse_i - lse). Merging in any order gives the same result up to rounding.
+void attention_merge(Tensor out, Tensor lse, Tensor out2, Tensor lse2);
+
+// This key chunk's share of the gradients, given the merged out and lse of the queries: dq, dk
+// and dv ACCUMULATE (summed over the key chunks for dq, over the query chunks for dk and dv).
+void chunk_attention_bwd(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                         Tensor q, Tensor k, Tensor v, std::span<const int64_t> q_pos,
+                         std::span<const int64_t> k_pos);
+
+}  // namespace tr::cpu
