@@ -232,9 +232,18 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
 }
 
 namespace {
-void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len,
-                const Rope& rope) {
+void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len, const Rope& rope,
+                const Tensor& positions) {
   c.same_float_dtype({x});
+  if (!positions.empty()) {
+    TR_ASSERT(positions.dtype == DType::i32 && positions.ndim == 1 && positions.numel() > 0 &&
+                  x.ndim == 3 && x.shape[0] % positions.numel() == 0,
+              c.describe("positions must be i32 [L] with L dividing the tokens"));
+    if (positions.device == Device::cpu)
+      for (int64_t i = 0; i < positions.numel(); ++i)
+        TR_ASSERT(positions.ptr<int32_t>()[i] >= 0 && positions.ptr<int32_t>()[i] < seq_len,
+                  c.describe("positions must lie in [0, seq_len)"));
+  }
   TR_ASSERT(x.ndim == 3 && x.shape[2] % 2 == 0, c.describe("x must be [T, heads, even hd]"));
   TR_ASSERT(
       n_rope_heads >= 0 && n_rope_heads <= x.shape[1] && seq_len > 0 && x.shape[0] % seq_len == 0 &&
@@ -249,14 +258,18 @@ void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len
 }
 }  // namespace
 
-void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope) {
-  check_rope(OpCheck(ctx, "rope_fwd", {{"x", x}}), x, n_rope_heads, seq_len, rope);
-  TR_DISPATCH(rope_fwd, x, n_rope_heads, seq_len, rope);
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope,
+              Tensor positions) {
+  check_rope(OpCheck(ctx, "rope_fwd", {{"x", x}, optional("positions", positions)}), x,
+             n_rope_heads, seq_len, rope, positions);
+  TR_DISPATCH(rope_fwd, x, n_rope_heads, seq_len, rope, positions);
 }
 
-void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope) {
-  check_rope(OpCheck(ctx, "rope_bwd", {{"dx", dx}}), dx, n_rope_heads, seq_len, rope);
-  TR_DISPATCH(rope_bwd, dx, n_rope_heads, seq_len, rope);
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope,
+              Tensor positions) {
+  check_rope(OpCheck(ctx, "rope_bwd", {{"dx", dx}, optional("positions", positions)}), dx,
+             n_rope_heads, seq_len, rope, positions);
+  TR_DISPATCH(rope_bwd, dx, n_rope_heads, seq_len, rope, positions);
 }
 
 namespace {

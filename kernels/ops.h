@@ -56,11 +56,15 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
 
 // ---- rotary embedding (Qwen2 / HF "rotate_half": element i pairs with i + hd/2) ----
 // In place on x [T, n_heads_total, hd]: heads [0, n_rope_heads) of token t are rotated by
-// angle pos * rope.inv_freq(hd)[i] with pos = t % seq_len and scaled by rope.attention_factor;
-// the other heads are left untouched.
-void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope);
+// angle pos * rope.inv_freq(hd)[i] and scaled by rope.attention_factor; the other heads are left
+// untouched. pos = t % seq_len, or with `positions` (i32 [L] on ctx's device, L dividing T: the
+// positions of one sequence's tokens this rank holds, as under context parallelism)
+// positions[t % L], each in [0, seq_len).
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope,
+              Tensor positions = {});
 // In place on dx (same layout): the gradient, the inverse rotation with the same scale.
-void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope);
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope,
+              Tensor positions = {});
 
 // ---- causal GQA attention, scale hd^-0.5 ----
 // qkv [T, (nh + 2*nkv) * hd]: per token the nh query heads, then nkv key heads, then nkv value

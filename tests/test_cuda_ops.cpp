@@ -418,6 +418,17 @@ TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
                                    " TR_ROPE_FP64=" + fp64 + (rope.yarn ? " yarn" : "");
           check_close(a.download(), fwd, dt, "rope_fwd " + what);
           check_close(b.download(), bwd, dt, "rope_bwd " + what);
+          // With positions (each sequence's tokens in reverse, as a permutation stands for a
+          // context-parallel rank's chunks).
+          std::vector<int32_t> rev(static_cast<size_t>(s.seq_len));
+          for (int i = 0; i < s.seq_len; ++i) rev[i] = s.seq_len - 1 - i;
+          const std::vector<float> rev_f(rev.begin(), rev.end());
+          std::vector<float> pf = x;
+          rope_fwd(cpu_ctx, host(pf, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, rope,
+                   Tensor(rev.data(), DType::i32, Device::cpu, {s.seq_len}));
+          Dev p(dt, {s.tokens, s.heads, s.hd}, x), d_rev(DType::i32, {s.seq_len}, rev_f);
+          rope_fwd(g.ctx, p.t, s.rope_heads, s.seq_len, rope, d_rev.t);
+          check_close(p.download(), pf, dt, "rope_fwd with positions " + what);
         }
       }
     }

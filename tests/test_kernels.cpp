@@ -344,6 +344,40 @@ TEST_CASE("kernels: rope_bwd inverts rope_fwd and matches finite differences", "
   }
 }
 
+// With positions (a context-parallel rank's tokens of each sequence), a token turns by its
+// position's angle: rotating a rank's rows equals rotating whole sequences and taking its rows,
+// plain and YaRN, forward and backward, for two sequences of 8 tokens.
+TEST_CASE("kernels: rope with positions rotates by each token's position", "[kernels]") {
+  std::mt19937 rng(6);
+  const int64_t S = 8, B = 2, heads = 3, hd = 8;
+  const int rope_heads = 2;
+  for (const Rope& rope : {Rope::plain(10000), Rope::yarn_of(10000, 4.0, 2)}) {
+    for (bool bwd : {false, true}) {
+      HostTensor whole(DType::f64, {B * S, heads, hd});
+      randomize(whole, rng);
+      const std::vector<double> x = whole.values();
+      (bwd ? rope_bwd : rope_fwd)(ctx, whole.t, rope_heads, S, rope, Tensor());
+      for (int r = 0; r < 2; ++r) {
+        const std::vector<int64_t> p = cp_positions(S, 2, r);
+        std::vector<int32_t> pos(p.begin(), p.end());
+        const int64_t L = static_cast<int64_t>(pos.size());
+        HostTensor mine(DType::f64, {B * L, heads, hd});
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < L; ++i)
+            for (int64_t e = 0; e < heads * hd; ++e)
+              mine.set((b * L + i) * heads * hd + e, x[(b * S + p[i]) * heads * hd + e]);
+        (bwd ? rope_bwd : rope_fwd)(ctx, mine.t, rope_heads, S, rope,
+                                    Tensor(pos.data(), DType::i32, Device::cpu, {L}));
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t i = 0; i < L; ++i)
+            for (int64_t e = 0; e < heads * hd; ++e)
+              CHECK(mine.get((b * L + i) * heads * hd + e) ==
+                    Approx(whole.get((b * S + p[i]) * heads * hd + e)).epsilon(1e-14));
+      }
+    }
+  }
+}
+
 // YaRN's frequencies in closed form (the values transformers 5 computes for this case): hd 8,
 // theta 10000, trained on 16 positions, factor 4. The correction range is pairs [0, 1] (beta_fast
 // 32 gives -1.1, floored and clamped to 0; beta_slow 1 gives 0.41, ceiled to 1), so pair 0 keeps

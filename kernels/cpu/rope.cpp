@@ -10,17 +10,19 @@ namespace tr::cpu {
 namespace {
 
 // In place on x [T, n_heads_total, hd]: heads [0, n_rope_heads) of token t turn by
-// sign * angle(t % seq_len); sign = -1 is the inverse rotation, which (with the same scale) is
-// also the gradient.
+// sign * angle(its position: t % seq_len, or positions[t % L]); sign = -1 is the inverse rotation,
+// which (with the same scale) is also the gradient.
 template <class T>
-void rope_rotate(Tensor x, int n_rope_heads, int seq_len, const Rope& rope, double sign) {
+void rope_rotate(Tensor x, int n_rope_heads, int seq_len, const Rope& rope, Tensor positions,
+                 double sign) {
   const int64_t n_tok = x.dim(0), n_heads = x.dim(1), hd = x.dim(2), half = hd / 2;
   const std::vector<double> inv_freq = rope.inv_freq(static_cast<int>(hd));  // [hd/2]
   const double scale = rope.attention_factor;
   std::vector<double> cos_t(half), sin_t(half);  // [hd/2] for the current token
   T* data = x.ptr<T>();
   for (int64_t t = 0; t < n_tok; ++t) {
-    const double pos = static_cast<double>(t % seq_len);
+    const double pos = static_cast<double>(
+        positions.empty() ? t % seq_len : positions.ptr<int32_t>()[t % positions.numel()]);
     for (int64_t i = 0; i < half; ++i) {
       cos_t[i] = scale * std::cos(pos * inv_freq[i]);
       sin_t[i] = scale * sign * std::sin(pos * inv_freq[i]);
@@ -38,15 +40,15 @@ void rope_rotate(Tensor x, int n_rope_heads, int seq_len, const Rope& rope, doub
 
 }  // namespace
 
-void rope_fwd(Ctx&, Tensor x, int n_rope_heads, int seq_len, const Rope& rope) {
+void rope_fwd(Ctx&, Tensor x, int n_rope_heads, int seq_len, const Rope& rope, Tensor positions) {
   dispatch_float(x.dtype, "rope_fwd", [&](auto tag) {
-    rope_rotate<decltype(tag)>(x, n_rope_heads, seq_len, rope, 1.0);
+    rope_rotate<decltype(tag)>(x, n_rope_heads, seq_len, rope, positions, 1.0);
   });
 }
 
-void rope_bwd(Ctx&, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope) {
+void rope_bwd(Ctx&, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope, Tensor positions) {
   dispatch_float(dx.dtype, "rope_bwd", [&](auto tag) {
-    rope_rotate<decltype(tag)>(dx, n_rope_heads, seq_len, rope, -1.0);
+    rope_rotate<decltype(tag)>(dx, n_rope_heads, seq_len, rope, positions, -1.0);
   });
 }
 

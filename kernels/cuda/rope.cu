@@ -27,7 +27,8 @@ constexpr int kThreads = 256;
 // -angle (sign -1, the backward). The first kernel: fp64 per pair.
 template <class T>
 __global__ void rope_kernel_fp64(T* x, int64_t tokens, int n_total, int n_rope, int hd, int seq_len,
-                                 const double* inv_freq, double scale, double sign) {
+                                 const int32_t* positions, int n_positions, const double* inv_freq,
+                                 double scale, double sign) {
   const int half = hd / 2;
   const int64_t pairs = tokens * n_rope * half;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < pairs;
@@ -36,7 +37,8 @@ __global__ void rope_kernel_fp64(T* x, int64_t tokens, int n_total, int n_rope, 
     const int h = static_cast<int>(idx / half % n_rope);
     const int64_t t = idx / (int64_t{half} * n_rope);
     double s, c;
-    sincos(static_cast<double>(t % seq_len) * inv_freq[i], &s, &c);
+    const int64_t pos = positions ? positions[t % n_positions] : t % seq_len;
+    sincos(static_cast<double>(pos) * inv_freq[i], &s, &c);
     s *= sign * scale;
     c *= scale;
     T* head = x + (t * n_total + h) * hd;
@@ -64,7 +66,8 @@ __global__ void rope_table_kernel(float2* table, int seq_len, int half, const do
 // loads of each half of the head, the rotation in fp32 from the table.
 template <class T, int N>
 __global__ void rope_kernel(T* x, const float2* table, int64_t tokens, int n_total, int n_rope,
-                            int hd, int seq_len, float sign) {
+                            int hd, int seq_len, const int32_t* positions, int n_positions,
+                            float sign) {
   const int half = hd / 2, groups = half / N;
   const int64_t work = tokens * n_rope * groups;
   for (int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; idx < work;
@@ -73,7 +76,8 @@ __global__ void rope_kernel(T* x, const float2* table, int64_t tokens, int n_tot
     const int h = static_cast<int>(idx / groups % n_rope);
     const int64_t t = idx / (int64_t{groups} * n_rope);
     T* head = x + (t * n_total + h) * hd;
-    const float2* cs = table + (t % seq_len) * half + i;
+    const int64_t pos = positions ? positions[t % n_positions] : t % seq_len;
+    const float2* cs = table + pos * half + i;
     const Pack<T, N> pa = load_pack<T, N>(head + i), pb = load_pack<T, N>(head + i + half);
     Pack<T, N> oa, ob;
 #pragma unroll
@@ -135,8 +139,10 @@ const float2* rope_table(Ctx& ctx, int seq_len, int hd, const Rope& r) {
   return static_cast<const float2*>(it->second.data());
 }
 
-void rotate(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& r, double sign,
-            const char* op) {
+void rotate(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& r, Tensor positions,
+            double sign, const char* op) {
+  const int32_t* pos = positions.empty() ? nullptr : positions.ptr<int32_t>();
+  const int n_pos = static_cast<int>(positions.empty() ? 0 : positions.numel());
   const int64_t tokens = x.shape[0];
   const int n_total = static_cast<int>(x.shape[1]), hd = static_cast<int>(x.shape[2]);
   const int64_t pairs = tokens * n_rope_heads * (hd / 2);
@@ -145,7 +151,7 @@ void rotate(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& r, do
     dispatch_float(x.dtype, op, [&](auto tag) {
       using T = decltype(tag);
       rope_kernel_fp64<T><<<grid_stride_blocks(pairs, kThreads), kThreads, 0, stream_of(ctx)>>>(
-          x.ptr<T>(), tokens, n_total, n_rope_heads, hd, seq_len,
+          x.ptr<T>(), tokens, n_total, n_rope_heads, hd, seq_len, pos, n_pos,
           static_cast<const double*>(rope_tables(ctx, hd, r).inv_freq.data()), r.attention_factor,
           sign);
     });
@@ -160,10 +166,12 @@ void rotate(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& r, do
     if ((hd / 2) % N == 0 && packable(hd, sizeof(T), {x.data})) {
       const int64_t work = pairs / N;
       rope_kernel<T, N><<<grid_stride_blocks(work, kThreads), kThreads, 0, stream_of(ctx)>>>(
-          x.ptr<T>(), table, tokens, n_total, n_rope_heads, hd, seq_len, static_cast<float>(sign));
+          x.ptr<T>(), table, tokens, n_total, n_rope_heads, hd, seq_len, pos, n_pos,
+          static_cast<float>(sign));
     } else {
       rope_kernel<T, 1><<<grid_stride_blocks(pairs, kThreads), kThreads, 0, stream_of(ctx)>>>(
-          x.ptr<T>(), table, tokens, n_total, n_rope_heads, hd, seq_len, static_cast<float>(sign));
+          x.ptr<T>(), table, tokens, n_total, n_rope_heads, hd, seq_len, pos, n_pos,
+          static_cast<float>(sign));
     }
   });
   CUDA_CHECK_LAUNCH();
@@ -171,12 +179,14 @@ void rotate(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& r, do
 
 }  // namespace
 
-void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope) {
-  rotate(ctx, x, n_rope_heads, seq_len, rope, 1.0, "rope_fwd");
+void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rope,
+              Tensor positions) {
+  rotate(ctx, x, n_rope_heads, seq_len, rope, positions, 1.0, "rope_fwd");
 }
 
-void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope) {
-  rotate(ctx, dx, n_rope_heads, seq_len, rope, -1.0, "rope_bwd");
+void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope,
+              Tensor positions) {
+  rotate(ctx, dx, n_rope_heads, seq_len, rope, positions, -1.0, "rope_bwd");
 }
 
 }  // namespace tr::cuda
