@@ -16,15 +16,8 @@
 #include "trainer/config_fields.h"
 
 namespace tr {
-namespace {
 
-using absl::InvalidArgumentError;
-using absl::Status;
-using config_detail::Field;
-using config_detail::fields;
-using config_detail::Kind;
-using config_detail::kMaxI;
-using config_detail::section_names;
+namespace config_detail {
 
 // ---- "did you mean" ----
 size_t edit_distance(const std::string& a, const std::string& b) {
@@ -49,6 +42,27 @@ std::string suggest(const std::string& word, const std::vector<std::string>& can
   return best.empty() ? "" : absl::StrCat("; did you mean '", best, "'?");
 }
 
+std::string scalar_text(const YAML::Node& n) {
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  if (n.IsSequence()) return "a list";
+  if (n.IsMap()) return "a mapping";
+  return "nothing";
+}
+
+}  // namespace config_detail
+
+namespace {
+
+using absl::InvalidArgumentError;
+using absl::Status;
+using config_detail::Field;
+using config_detail::fields;
+using config_detail::Kind;
+using config_detail::kMaxI;
+using config_detail::scalar_text;
+using config_detail::section_names;
+using config_detail::suggest;
+
 std::vector<std::string> keys_of(const std::string& section) {
   std::vector<std::string> k;
   for (const auto& f : fields())
@@ -57,12 +71,6 @@ std::vector<std::string> keys_of(const std::string& section) {
 }
 
 // ---- scalar parsing ----
-std::string scalar_text(const YAML::Node& n) {
-  if (n.IsScalar()) return "'" + n.Scalar() + "'";
-  if (n.IsSequence()) return "a list";
-  if (n.IsMap()) return "a mapping";
-  return "nothing";
-}
 
 std::string fmt_double(double v) {
   char buf[64];
@@ -143,64 +151,6 @@ Status parse_sources(const YAML::Node& n, const std::string& name, std::vector<D
   return absl::OkStatus();
 }
 
-// model.rope_scaling: none (or null), or a mapping as Hugging Face's config.json has it.
-Status parse_rope_scaling(const YAML::Node& n, const std::string& name, RopeScaling* out) {
-  RopeScaling r;
-  if (n.IsNull() || (n.IsScalar() && n.Scalar() == "none")) {
-    *out = r;
-    return absl::OkStatus();
-  }
-  if (!n.IsMap())
-    return InvalidArgumentError(absl::StrCat(
-        name,
-        ": expected none or {type: yarn, factor: F, original_max_position_embeddings: N}, got ",
-        scalar_text(n)));
-  const std::vector<std::string> keys = {
-      "type",      "rope_type",        "factor",   "beta_fast",
-      "beta_slow", "attention_factor", "truncate", "original_max_position_embeddings"};
-  for (const auto& kv : n) {
-    const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "";
-    if (std::find(keys.begin(), keys.end(), k) == keys.end())
-      return InvalidArgumentError(absl::StrCat(
-          name, ": unknown key '", k, "'",
-          suggest(k, keys).empty() ? absl::StrCat("; keys: ", absl::StrJoin(keys, ", "))
-                                   : suggest(k, keys)));
-    const std::string where = absl::StrCat(name, ".", k);
-    try {
-      if (k == "type" || k == "rope_type")
-        r.type = kv.second.as<std::string>();
-      else if (k == "factor")
-        r.factor = kv.second.as<double>();
-      else if (k == "original_max_position_embeddings")
-        r.original_max_position_embeddings = kv.second.as<int64_t>();
-      else if (k == "beta_fast")
-        r.beta_fast = kv.second.as<double>();
-      else if (k == "beta_slow")
-        r.beta_slow = kv.second.as<double>();
-      else if (k == "attention_factor")
-        r.attention_factor = kv.second.as<double>();
-      else
-        r.truncate = kv.second.as<bool>();
-    } catch (const YAML::Exception&) {
-      return InvalidArgumentError(absl::StrCat(where, ": expected a ",
-                                               k == "truncate" ? "bool" : "value", ", got ",
-                                               scalar_text(kv.second)));
-    }
-  }
-  if (r.type != "yarn" && r.type != "none")
-    return InvalidArgumentError(
-        absl::StrCat(name, ".type must be yarn or none (got '", r.type,
-                     "'); other Hugging Face rope types are not supported"));
-  if (r.type == "yarn" && !(r.factor >= 1 && r.original_max_position_embeddings > 0 &&
-                            r.beta_fast > 0 && r.beta_slow > 0 && r.attention_factor >= 0))
-    return InvalidArgumentError(absl::StrCat(
-        name, ": yarn needs factor >= 1 (got ", fmt_double(r.factor),
-        "), original_max_position_embeddings > 0 (got ", r.original_max_position_embeddings,
-        "), beta_fast and beta_slow > 0 and attention_factor >= 0"));
-  *out = r;
-  return absl::OkStatus();
-}
-
 Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
   const std::string name = absl::StrCat(f.section, ".", f.key);
   void* p = f.member(cfg);
@@ -244,7 +194,7 @@ Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
       case Kind::Sources:
         return parse_sources(n, name, static_cast<std::vector<DataSource>*>(p));
       case Kind::RopeScaling:
-        return parse_rope_scaling(n, name, static_cast<RopeScaling*>(p));
+        return config_detail::parse_rope_scaling(n, name, static_cast<RopeScaling*>(p));
       case Kind::IntList: {
         if (!n.IsSequence() && !n.IsNull()) throw YAML::Exception(YAML::Mark(), "");
         std::vector<int64_t> v;
@@ -268,44 +218,6 @@ Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
     return InvalidArgumentError(absl::StrCat(name, ": expected ", want, ", got ", scalar_text(n)));
   }
   return absl::OkStatus();
-}
-
-// ---- presets (Hugging Face config.json of the Qwen2.5 base models) ----
-struct Preset {
-  const char* name;
-  int64_t hidden, inter, layers, heads, kv, hd, vocab;
-  double eps;
-  bool tied;
-};
-constexpr Preset kPresets[] = {
-    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 64, 151936, 1e-6, true},
-    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 128, 151936, 1e-6, true},
-    {"qwen2.5-3b", 2048, 11008, 36, 16, 2, 128, 151936, 1e-6, true},
-    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 128, 152064, 1e-6, false},
-    {"qwen2.5-14b", 5120, 13824, 48, 40, 8, 128, 152064, 1e-5, false},
-    {"qwen2.5-32b", 5120, 27648, 64, 40, 8, 128, 152064, 1e-5, false},
-    {"qwen2.5-72b", 8192, 29568, 80, 64, 8, 128, 152064, 1e-5, false},
-};
-
-Status apply_preset(const std::string& name, ModelConfig* m) {
-  for (const Preset& p : kPresets) {
-    if (name != p.name) continue;
-    m->hidden_size = p.hidden;
-    m->intermediate_size = p.inter;
-    m->num_layers = p.layers;
-    m->num_heads = p.heads;
-    m->num_kv_heads = p.kv;
-    m->head_dim = p.hd;
-    m->vocab_size = p.vocab;
-    m->max_seq_len = 32768;
-    m->rope_theta = 1e6;
-    m->rms_norm_eps = p.eps;
-    m->tie_embeddings = p.tied;
-    return absl::OkStatus();
-  }
-  return InvalidArgumentError(absl::StrCat(
-      "model.preset '", name, "' is unknown; known presets: ", absl::StrJoin(preset_names(), ", "),
-      suggest(name, preset_names())));
 }
 
 // ---- overrides: "section.key=value", value parsed as YAML ----
@@ -554,7 +466,7 @@ Status parse_root(const YAML::Node& root, const std::string& origin, Config* cfg
         !st.ok())
       return st;
     if (!cfg->model.preset.empty())
-      if (Status st = apply_preset(cfg->model.preset, &cfg->model); !st.ok()) return st;
+      if (Status st = apply_model_preset(cfg->model.preset, &cfg->model); !st.ok()) return st;
   }
   for (const Field& f : fields()) {
     if (std::string(f.key) == "preset") continue;
@@ -566,12 +478,6 @@ Status parse_root(const YAML::Node& root, const std::string& origin, Config* cfg
 }
 
 }  // namespace
-
-std::vector<std::string> preset_names() {
-  std::vector<std::string> n;
-  for (const Preset& p : kPresets) n.push_back(p.name);
-  return n;
-}
 
 absl::StatusOr<Config> parse_config(const std::string& yaml_text,
                                     const std::vector<std::string>& sets,

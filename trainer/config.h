@@ -23,6 +23,10 @@ struct RopeScaling {
   double attention_factor = 0;  // 0: from factor
   bool truncate = true;
   bool operator==(const RopeScaling&) const = default;
+  // Why the block is not one the trainer runs (": ..." or ".type ..." after its key's name), or
+  // "" when it is.
+  std::string problem() const;
+  std::string text() const;  // as one line for messages: none, or {type: yarn, ...}
 };
 
 struct ModelConfig {
@@ -186,5 +190,7 @@ std::vector<std::string> config_differences(const std::string& before_yaml,
 std::string config_docs_markdown();
 // Names of the built-in model presets.
 std::vector<std::string> preset_names();
+// Fills every model field of `m` with preset `name`'s shapes (trainer/model_config.cpp).
+absl::Status apply_model_preset(const std::string& name, ModelConfig* m);
 
 }  // namespace tr

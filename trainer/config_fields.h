@@ -8,6 +8,10 @@
 
 #include "trainer/config.h"
 
+namespace YAML {
+class Node;
+}
+
 namespace tr::config_detail {
 
 enum class Kind { Int, IntOrAuto, Float, Bool, String, Sources, IntList, RopeScaling };
@@ -24,6 +28,14 @@ struct Field {
 
 constexpr double kInf = 1e300;
 constexpr double kMaxI = 9.0e18;
+
+// A YAML node as it reads in an error message.
+std::string scalar_text(const YAML::Node& n);
+// model.rope_scaling's value (trainer/model_config.cpp).
+absl::Status parse_rope_scaling(const YAML::Node& n, const std::string& name, RopeScaling* out);
+
+// " (did you mean 'x'?)"-style hint for `word` among `candidates`, or "".
+std::string suggest(const std::string& word, const std::vector<std::string>& candidates);
 
 // Every key, in the order of docs/config.md and of the resolved YAML.
 const std::vector<Field>& fields();

@@ -65,22 +65,9 @@ absl::StatusOr<RopeScaling> read_rope_scaling(const json& r, const std::string& 
   if (r.contains("mscale") || r.contains("mscale_all_dim"))
     return absl::InvalidArgumentError(
         absl::StrCat(where, " has mscale or mscale_all_dim (DeepSeek's YaRN); not supported"));
-  if (out.original_max_position_embeddings <= 0 || out.factor < 1)
-    return absl::InvalidArgumentError(
-        absl::StrCat(where,
-                     ": yarn needs factor >= 1 and original_max_position_embeddings (the trained "
-                     "context length)"));
+  if (const std::string why = out.problem(); !why.empty())
+    return absl::InvalidArgumentError(absl::StrCat(where, why));
   return out;
-}
-
-// model.rope_scaling as one line for messages.
-std::string rope_scaling_text(const RopeScaling& r) {
-  if (r.type != "yarn") return "none";
-  return absl::StrFormat(
-      "{type: yarn, factor: %g, original_max_position_embeddings: %d, beta_fast: %g, "
-      "beta_slow: %g, attention_factor: %g, truncate: %s}",
-      r.factor, r.original_max_position_embeddings, r.beta_fast, r.beta_slow, r.attention_factor,
-      r.truncate ? "true" : "false");
 }
 
 absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
@@ -174,8 +161,7 @@ absl::Status check_hf_config(const std::string& dir, const ModelConfig& m) {
     return differ("rope_theta", absl::StrFormat("%g", s->rope_theta), "rope_theta",
                   absl::StrFormat("%g", m.rope_theta));
   if (!(s->rope_scaling == m.rope_scaling))
-    return differ("rope_scaling", rope_scaling_text(s->rope_scaling), "rope_scaling",
-                  rope_scaling_text(m.rope_scaling));
+    return differ("rope_scaling", s->rope_scaling.text(), "rope_scaling", m.rope_scaling.text());
   if (!same(s->eps, m.rms_norm_eps))
     return differ("rms_norm_eps", absl::StrFormat("%g", s->eps), "rms_norm_eps",
                   absl::StrFormat("%g", m.rms_norm_eps));
