@@ -906,8 +906,7 @@ TEST_CASE("reliability: a chaos run of ten faults ends bit-identical to an unint
     name += std::to_string(n);
     std::vector<std::filesystem::path> dirs;
     for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
-      if (e.is_directory() && e.path().filename() == name)
-        dirs.push_back(e.path());
+      if (e.is_directory() && e.path().filename() == name) dirs.push_back(e.path());
     for (const auto& d : dirs) std::filesystem::remove_all(d);
   };
   std::mt19937 rng(29);

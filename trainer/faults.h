@@ -27,7 +27,7 @@ class FaultInjector {
   static absl::StatusOr<FaultInjector> from_switches();
 
   // The hook points, in the order a step reaches them; `rank` is the caller's world rank.
-  void at_step_start(int64_t step, int rank) const;  // hang, kill, slow, sigterm act here
+  void at_step_start(int64_t step, int rank) const;         // hang, kill, slow, sigterm act here
   bool nan_in_reduced_grads(int64_t step, int rank) const;  // grad_nan
   bool nan_loss(int64_t step, int rank) const;              // loss_nan
   double loss_factor(int64_t step) const;                   // loss_spike's ARG, else 1

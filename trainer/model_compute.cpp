@@ -146,8 +146,7 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   Acts::Layer& L = S.layers[l];
   linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
   Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
-  rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_),
-           d.rope);
+  rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.rope);
   attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
                 static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
                 static_cast<int>(d.head_dim));
