@@ -5,14 +5,19 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "core/bf16.h"
+#include "kernels/cpu/chunk_attention.h"
+#include "parallel/context_parallel.h"
+#include "parallel/cp_attention.h"
 #include "parallel/dp_shards.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/groups.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
+#include "tests/test_util.h"
 
 namespace tr {
 namespace {
@@ -188,6 +193,66 @@ TEST_CASE("comm: every operation started beside completes by its ticket", "[comm
   CHECK(w->start(CommOp(CommOp::all_reduce, host(s)), Lane::in_order) == Comm::kDone);
   CHECK(s[0] == n);
   w->wait_all();
+}
+
+// Context-parallel attention over the world as one CP group: each rank's chunks of a 48-token
+// sequence give exactly the whole sequence's outputs, lse and gradients (fp64), by all-gather
+// and by ring.
+TEST_CASE("comm: context-parallel attention equals the whole sequence's", "[comm]") {
+  auto w = world_comm();
+  const int r = w->rank(), n = w->size();
+  const int64_t S = 48, nh = 4, nkv = 2, hd = 8;  // 48 tokens: 2 cp chunks for cp 1 to 8
+  std::mt19937 rng(16);                           // the same sequence on every rank
+  std::uniform_real_distribution<double> u(-1, 1);
+  auto random = [&](int64_t count) {
+    std::vector<double> x(static_cast<size_t>(count));
+    for (double& e : x) e = u(rng);
+    return x;
+  };
+  std::vector<double> q = random(S * nh * hd), k = random(S * nkv * hd), v = random(S * nkv * hd),
+                      dout = random(S * nh * hd);
+  auto t64 = [](std::vector<double>& x, int64_t rows, int64_t heads) {
+    return Tensor(x.data(), DType::f64, Device::cpu, {rows, heads, hd});
+  };
+  // The whole sequence on one rank.
+  std::vector<int64_t> all(S);
+  for (int64_t i = 0; i < S; ++i) all[i] = i;
+  std::vector<double> out(q.size()), lse(nh * S, -INFINITY), dq(q.size()), dk(k.size()),
+      dv(v.size());
+  cpu::chunk_attention_fwd(t64(out, S, nh), Tensor(lse.data(), DType::f64, Device::cpu, {nh, S}),
+                           t64(q, S, nh), t64(k, S, nkv), t64(v, S, nkv), all, all);
+  cpu::chunk_attention_bwd(t64(dq, S, nh), t64(dk, S, nkv), t64(dv, S, nkv), t64(dout, S, nh),
+                           t64(out, S, nh), Tensor(lse.data(), DType::f64, Device::cpu, {nh, S}),
+                           t64(q, S, nh), t64(k, S, nkv), t64(v, S, nkv), all, all);
+  const std::vector<int64_t> pos = cp_positions(S, n, r);
+  const int64_t L = static_cast<int64_t>(pos.size());
+  auto rows = [&](const std::vector<double>& x, int64_t heads) {
+    std::vector<double> y(static_cast<size_t>(L * heads * hd));
+    for (int64_t i = 0; i < L; ++i)
+      std::copy_n(x.begin() + pos[i] * heads * hd, heads * hd, y.begin() + i * heads * hd);
+    return y;
+  };
+  auto lse_rows = [&] {
+    std::vector<double> y(static_cast<size_t>(nh * L));
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t i = 0; i < L; ++i) y[h * L + i] = lse[h * S + pos[i]];
+    return y;
+  };
+  for (CpExchange how : {CpExchange::all_gather, CpExchange::ring}) {
+    INFO((how == CpExchange::ring ? "ring" : "all-gather") << " over " << n << " ranks");
+    std::vector<double> lq = rows(q, nh), lk = rows(k, nkv), lv = rows(v, nkv), ld = rows(dout, nh);
+    std::vector<double> lo(lq.size()), ll(nh * L), gq(lq.size()), gk(lk.size()), gv(lv.size());
+    const Tensor lse_t(ll.data(), DType::f64, Device::cpu, {nh, L});
+    cp_attention_fwd(*w, how, t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv),
+                     t64(lv, L, nkv), S);
+    CHECK(test::rel_err(lo, rows(out, nh)) < 1e-12);
+    CHECK(test::rel_err(ll, lse_rows()) < 1e-12);
+    cp_attention_bwd(*w, how, t64(gq, L, nh), t64(gk, L, nkv), t64(gv, L, nkv), t64(ld, L, nh),
+                     t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv), t64(lv, L, nkv), S);
+    CHECK(test::rel_err(gq, rows(dq, nh)) < 1e-10);
+    CHECK(test::rel_err(gk, rows(dk, nkv)) < 1e-10);
+    CHECK(test::rel_err(gv, rows(dv, nkv)) < 1e-10);
+  }
 }
 
 // ZeRO-1's layout: every bucket cut into dp equal pieces, each element owned by exactly one
