@@ -195,14 +195,14 @@ TEST_CASE("comm: every operation started beside completes by its ticket", "[comm
   w->wait_all();
 }
 
-// Context-parallel attention over the world as one CP group: each rank's chunks of a 48-token
+// Context-parallel attention over the world as one CP group: each rank's chunks of a 6 n-token
 // sequence give exactly the whole sequence's outputs, lse and gradients (fp64), by all-gather
 // and by ring.
 TEST_CASE("comm: context-parallel attention equals the whole sequence's", "[comm]") {
   auto w = world_comm();
   const int r = w->rank(), n = w->size();
-  const int64_t S = 48, nh = 4, nkv = 2, hd = 8;  // 48 tokens: 2 cp chunks for cp 1 to 8
-  std::mt19937 rng(16);                           // the same sequence on every rank
+  const int64_t S = 6 * n, nh = 4, nkv = 2, hd = 8;  // two chunks of 3 tokens per rank
+  std::mt19937 rng(16);                              // the same sequence on every rank
   std::uniform_real_distribution<double> u(-1, 1);
   auto random = [&](int64_t count) {
     std::vector<double> x(static_cast<size_t>(count));
