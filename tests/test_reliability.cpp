@@ -633,6 +633,17 @@ int64_t resumed_step(const std::string& out) {
   return 0;
 }
 
+// A lost node: every directory named `node` under the run's checkpoint.local_dir removed (its
+// own parts and the replicas it held). Returns the files and directories removed.
+size_t lose_node(const RunDir& run, const std::string& node) {
+  std::vector<std::filesystem::path> dirs;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
+    if (e.is_directory() && e.path().filename() == node) dirs.push_back(e.path());
+  size_t removed = 0;
+  for (const auto& d : dirs) removed += std::filesystem::remove_all(d);
+  return removed;
+}
+
 // Node-local checkpoints: a run killed (kill -9 while step 17 hangs) resumes from its newest local
 // checkpoint (step 15, or 12 when 15's background write had not been committed; every 3 steps)
 // rather than the persistent one (step 10), and ends bit for bit where a run never killed ends;
@@ -766,13 +777,7 @@ TEST_CASE("reliability: a lost node's ranks resume from their replicas on the ne
     CHECK(hung.exit_code == kExitCommTimeout);
   }
   // Node n1's parts (and the replicas it held for n0) are gone.
-  size_t removed = 0;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
-    if (e.is_directory() && e.path().filename() == "n1") {
-      removed = std::filesystem::remove_all(e.path());
-      break;
-    }
-  CHECK(removed > 0);
+  CHECK(lose_node(run, "n1") > 0);
   const CmdResult resumed = launch(run, sets + (run.dir / "local"), "");
   INFO(resumed.output);
   REQUIRE(resumed.exit_code == 0);
@@ -792,11 +797,7 @@ TEST_CASE("reliability: a lost node's ranks resume from their replicas on the ne
                               ref.dir / "ckpt/step_00000008");
   // Both copies of n1's parts gone (its directory, and n0's replicas of them): no local step is
   // whole; one line says why, and the run starts again from step 0 (no persistent checkpoint).
-  for (const auto& e : std::filesystem::recursive_directory_iterator(gone.dir / "local"))
-    if (e.is_directory() && e.path().filename() == "n1") {
-      std::filesystem::remove_all(e.path());
-      break;
-    }
+  CHECK(lose_node(gone, "n1") > 0);
   std::vector<std::filesystem::path> replicas;
   for (const auto& e : std::filesystem::recursive_directory_iterator(gone.dir / "local"))
     if (e.path().filename().string().starts_with("replica_")) replicas.push_back(e.path());
@@ -823,15 +824,6 @@ TEST_CASE("reliability: local_replicas 2 survives two adjacent lost nodes, 0 wri
                    " --set parallel.tp=2 --set checkpoint.interval=0 --set parallel.timeout_s=3"
                    " --set checkpoint.local_interval=2 --set checkpoint.local_replicas=" +
                    replicas + " --set checkpoint.local_dir=" + (d.dir / "local") + "'");
-  };
-  auto lose_node = [](const RunDir& d, const std::string& node) {
-    size_t removed = 0;
-    for (const auto& e : std::filesystem::recursive_directory_iterator(d.dir / "local"))
-      if (e.is_directory() && e.path().filename() == node) {
-        removed = std::filesystem::remove_all(e.path());
-        break;
-      }
-    return removed;
   };
   auto files_named = [](const RunDir& d, const std::string& prefix) {
     int n = 0;
@@ -900,14 +892,11 @@ TEST_CASE("reliability: a chaos run of ten faults ends bit-identical to an unint
             "kill -9 $pid; pkill -9 -f " + d.config + "; wait $pid\n");
     return run_cmd("sh " + (d.dir / "kill.sh"));
   };
-  // Removes the local directory of node `n`.
-  auto lose_node = [&](int n) {
+  // The local directory of node n<k> lost.
+  auto lose = [&](int k) {
     std::string name = "n";
-    name += std::to_string(n);
-    std::vector<std::filesystem::path> dirs;
-    for (const auto& e : std::filesystem::recursive_directory_iterator(run.dir / "local"))
-      if (e.is_directory() && e.path().filename() == name) dirs.push_back(e.path());
-    for (const auto& d : dirs) std::filesystem::remove_all(d);
+    name += std::to_string(k);
+    lose_node(run, name);
   };
   std::mt19937 rng(29);
   int64_t last = 0;  // the last step the run logged before the fault
@@ -955,10 +944,10 @@ TEST_CASE("reliability: a chaos run of ten faults ends bit-identical to an unint
       CHECK((last == at - 1 || last == at - 2));
     two_nodes = fault == 7;
     if (two_nodes) {
-      lose_node(rank / 2);
-      lose_node((rank / 2 + 1) % 4);
+      lose(rank / 2);
+      lose((rank / 2 + 1) % 4);
     } else if (kind == "kill") {
-      lose_node(rank / 2);
+      lose(rank / 2);
     }
   }
   const CmdResult end = launch(run, "");

@@ -101,10 +101,11 @@ struct RopeTables {
 
 using RopeKey = std::tuple<int, double, bool, double, double, double, double, bool, double>;
 
-RopeTables& rope_tables(Ctx& ctx, int hd, const Rope& r) {
-  static std::mutex mu;
+std::mutex g_rope_mu;  // guards every RopeTables
+
+// The tables of (hd, r); the caller holds g_rope_mu.
+RopeTables& rope_tables_locked(Ctx& ctx, int hd, const Rope& r) {
   static std::map<RopeKey, RopeTables> all;
-  std::lock_guard<std::mutex> lock(mu);
   const RopeKey key{
       hd,          r.theta,     r.yarn,     r.factor,          r.original_max_position,
       r.beta_fast, r.beta_slow, r.truncate, r.attention_factor};
@@ -121,10 +122,14 @@ RopeTables& rope_tables(Ctx& ctx, int hd, const Rope& r) {
   return it->second;
 }
 
+const double* rope_inv_freq(Ctx& ctx, int hd, const Rope& r) {
+  std::lock_guard<std::mutex> lock(g_rope_mu);
+  return static_cast<const double*>(rope_tables_locked(ctx, hd, r).inv_freq.data());
+}
+
 const float2* rope_table(Ctx& ctx, int seq_len, int hd, const Rope& r) {
-  RopeTables& t = rope_tables(ctx, hd, r);
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(g_rope_mu);
+  RopeTables& t = rope_tables_locked(ctx, hd, r);
   auto it = t.table.find(seq_len);
   if (it == t.table.end()) {
     const int half = hd / 2;
@@ -152,8 +157,7 @@ void rotate(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& r, Te
       using T = decltype(tag);
       rope_kernel_fp64<T><<<grid_stride_blocks(pairs, kThreads), kThreads, 0, stream_of(ctx)>>>(
           x.ptr<T>(), tokens, n_total, n_rope_heads, hd, seq_len, pos, n_pos,
-          static_cast<const double*>(rope_tables(ctx, hd, r).inv_freq.data()), r.attention_factor,
-          sign);
+          rope_inv_freq(ctx, hd, r), r.attention_factor, sign);
     });
     CUDA_CHECK_LAUNCH();
     return;
