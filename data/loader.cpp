@@ -26,6 +26,9 @@ absl::Status validate_loader_options(const LoaderOptions& o) {
                o.micro_batch * o.dp_size);
   if (o.consumed_samples < 0)
     return bad("data: consumed_samples is ", o.consumed_samples, "; it must be >= 0");
+  for (int64_t p : o.positions)
+    if (p < 0 || p >= o.seq_len)
+      return bad("data: position ", p, " is outside a sample of seq_len ", o.seq_len);
   if (o.prefetch_steps < 1)
     return bad("data: prefetch_steps is ", o.prefetch_steps, "; it must be >= 1");
   return absl::OkStatus();
@@ -36,6 +39,8 @@ absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const Loader
   const int64_t per_rank = options.global_batch / options.dp_size;
   const int64_t seq = options.seq_len;
   const int64_t mb = options.micro_batch;
+  const std::vector<int64_t>& keep = options.positions;
+  const int64_t L = keep.empty() ? seq : static_cast<int64_t>(keep.size());
   StepBatch step;
   step.consumed_before = consumed;
   step.sample_ids.resize(per_rank);
@@ -47,12 +52,19 @@ absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const Loader
     if (auto st = space.read(k, sample, options.vocab_size); !st.ok()) return st;
     MicroBatch& m = step.micro_batches[j / mb];
     if (m.inputs.empty()) {
-      m.inputs.resize(mb * seq);
-      m.targets.resize(mb * seq);
+      m.inputs.resize(mb * L);
+      m.targets.resize(mb * L);
     }
-    const int64_t row = (j % mb) * seq;
-    std::copy(sample.begin(), sample.end() - 1, m.inputs.begin() + row);
-    std::copy(sample.begin() + 1, sample.end(), m.targets.begin() + row);
+    const int64_t row = (j % mb) * L;
+    if (keep.empty()) {
+      std::copy(sample.begin(), sample.end() - 1, m.inputs.begin() + row);
+      std::copy(sample.begin() + 1, sample.end(), m.targets.begin() + row);
+      continue;
+    }
+    for (int64_t i = 0; i < L; ++i) {
+      m.inputs[row + i] = sample[keep[i]];
+      m.targets[row + i] = sample[keep[i] + 1];
+    }
   }
   return step;
 }

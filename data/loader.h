@@ -41,15 +41,20 @@ struct LoaderOptions {
   int64_t micro_batch = 0;       // samples per micro-batch on one rank
   int64_t consumed_samples = 0;  // resumable state: global samples already trained on
   int64_t vocab_size = 0;        // > 0: token ids must be < vocab_size (checked on read)
+  // Context parallelism: the positions of each sample this rank keeps, in the order it holds
+  // them (parallel/context_parallel.h); its micro-batches hold those tokens of every sample.
+  // Empty = all seq_len of them.
+  std::vector<int64_t> positions;
   int prefetch_steps = 2;        // steps prepared ahead by the background thread (>= 1)
 };
 
 // Checks the batch arithmetic; errors name the offending option.
 absl::Status validate_loader_options(const LoaderOptions& options);
 
+// L = seq_len, or the number of LoaderOptions::positions.
 struct MicroBatch {
-  std::vector<int32_t> inputs;   // [micro_batch * seq_len]: sample tokens t[:-1]
-  std::vector<int32_t> targets;  // [micro_batch * seq_len]: sample tokens t[1:]
+  std::vector<int32_t> inputs;   // [micro_batch * L]: sample tokens t[:-1] (at the positions)
+  std::vector<int32_t> targets;  // [micro_batch * L]: sample tokens t[1:] (at the positions)
 };
 
 struct StepBatch {

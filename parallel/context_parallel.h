@@ -8,6 +8,10 @@
 
 namespace tr {
 
+// How a CP group's attention meets the other ranks' keys and values (parallel.cp_comm;
+// parallel/cp_attention.h): all-gathered once, or passed around the ring.
+enum class CpExchange { all_gather, ring };
+
 // The global positions of CP rank `rank`'s tokens of a sequence of `seq_len`, in the order the
 // rank holds them (its first chunk, then its second). seq_len must divide by 2 * cp.
 std::vector<int64_t> cp_positions(int64_t seq_len, int cp, int rank);

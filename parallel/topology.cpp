@@ -4,39 +4,46 @@
 
 namespace tr {
 
-absl::StatusOr<Topology> Topology::make(int world, int rank, int tp, int pp, int dp) {
+absl::StatusOr<Topology> Topology::make(int world, int rank, int tp, int pp, int dp, int cp) {
   if (world < 1 || rank < 0 || rank >= world)
     return absl::InvalidArgumentError(absl::StrFormat("invalid rank %d of world %d", rank, world));
   if (tp < 1) return absl::InvalidArgumentError("parallel.tp must be >= 1");
   if (pp < 1) return absl::InvalidArgumentError("parallel.pp must be >= 1");
+  if (cp < 1) return absl::InvalidArgumentError("parallel.cp must be >= 1");
+  // "tp 2 x pp 2" or "tp 2 x cp 2 x pp 2": cp is named where it is used.
+  const std::string axes = cp > 1 ? absl::StrFormat("tp %d x cp %d x pp %d", tp, cp, pp)
+                                  : absl::StrFormat("tp %d x pp %d", tp, pp);
+  const std::string keys = cp > 1 ? "parallel.tp/cp/pp" : "parallel.tp/pp";
+  const int fixed = tp * cp * pp;
   if (dp <= 0) {
-    if (world % (tp * pp) != 0)
+    if (world % fixed != 0)
       return absl::InvalidArgumentError(absl::StrFormat(
-          "parallel layout: world size %d is not divisible by tp %d x pp %d = %d; launch a "
-          "multiple of %d ranks or change parallel.tp/pp",
-          world, tp, pp, tp * pp, tp * pp));
-    dp = world / (tp * pp);
+          "parallel layout: world size %d is not divisible by %s = %d; launch a "
+          "multiple of %d ranks or change %s",
+          world, axes, fixed, fixed, keys));
+    dp = world / fixed;
   }
-  if (tp * pp * dp != world)
+  if (fixed * dp != world)
     return absl::InvalidArgumentError(absl::StrFormat(
-        "parallel layout: tp %d x pp %d x dp %d = %d ranks but this run has %d process%s; "
-        "launch %d ranks (srun -n %d) or change parallel.tp/pp/dp",
-        tp, pp, dp, tp * pp * dp, world, world == 1 ? "" : "es", tp * pp * dp, tp * pp * dp));
+        "parallel layout: %s x dp %d = %d ranks but this run has %d process%s; "
+        "launch %d ranks (srun -n %d) or change %s/dp",
+        axes, dp, fixed * dp, world, world == 1 ? "" : "es", fixed * dp, fixed * dp, keys));
   Topology t;
   t.world = world;
-  t.rank = rank;
   t.tp = tp;
+  t.cp = cp;
   t.pp = pp;
   t.dp = dp;
-  t.tp_rank = rank % tp;
-  t.dp_rank = (rank / tp) % dp;
-  t.pp_rank = rank / (tp * dp);
-  return t;
+  return t.of_rank(rank);
 }
 
 std::string Topology::describe() const {
-  return absl::StrFormat("world %d = tp %d x dp %d x pp %d; rank %d = (tp %d, dp %d, pp %d)", world,
-                         tp, dp, pp, rank, tp_rank, dp_rank, pp_rank);
+  if (cp == 1)
+    return absl::StrFormat("world %d = tp %d x dp %d x pp %d; rank %d = (tp %d, dp %d, pp %d)",
+                           world, tp, dp, pp, rank, tp_rank, dp_rank, pp_rank);
+  return absl::StrFormat(
+      "world %d = tp %d x cp %d x dp %d x pp %d; rank %d = (tp %d, cp %d, dp %d, pp %d)", world, tp,
+      cp, dp, pp, rank, tp_rank, cp_rank, dp_rank, pp_rank);
 }
 
 }  // namespace tr

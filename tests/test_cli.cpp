@@ -411,7 +411,7 @@ TEST_CASE("cli: the step-time breakdown adds up to the step time under tp2 x pp2
   const std::vector<nlohmann::json> steps = run.metrics();
   REQUIRE(steps.size() == 6);
   const char* phases[] = {"time_forward_s", "time_backward_s", "time_pipeline_wait_s",
-                          "time_tp_comm_s", "time_dp_wait_s",  "time_optimizer_s",
+                          "time_tp_comm_s", "time_cp_comm_s", "time_dp_wait_s",  "time_optimizer_s",
                           "time_other_s",   "data_wait_s"};
   std::map<std::string, double> total;
   for (const nlohmann::json& j : steps) {
@@ -685,11 +685,82 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
   }
 }
 
+// Context parallelism (parallel.cp) over MPI ranks, both exchanges, alone and with tensor and
+// pipeline parallelism, sequence parallelism and ZeRO-1: every step's loss and gradient norm,
+// the validation loss and the final weights and Adam states after 20 steps match one rank to
+// relative 1e-5. Prints the table's rows.
+TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][mpi]") {
+  const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
+                                          "model.head_dim=8", "model.num_layers=4"};
+  std::string args =
+      "--set train.micro_batch=2 --set train.eval_interval=10 --set train.eval_steps=2";
+  for (const std::string& kv : shape) args += " --set " + kv;
+  RunDir one(20);
+  REQUIRE(one.trainer(args).exit_code == 0);
+  struct Case {
+    int tp, cp, pp, dp;
+    std::string how;
+    std::string more = "";
+    std::string env = "";
+  };
+  const std::string sp_zero1 = " --set parallel.sequence_parallel=true --set parallel.zero1=true";
+  const Case cases[] = {
+      {1, 2, 1, 1, "allgather"},
+      {1, 2, 1, 1, "ring"},
+      {1, 4, 1, 1, "allgather"},
+      {1, 4, 1, 1, "ring"},
+      {2, 2, 2, 1, "allgather", sp_zero1},
+      {2, 2, 2, 1, "ring", sp_zero1},
+      // ZeRO-1's shards over dp x cp with sharded fp32 masters, as on GPUs.
+      {1, 2, 1, 2, "ring", " --set parallel.zero1=true", "TR_TEST_COMPUTE_COPY=1"}};
+  std::printf("layout (tp,cp,pp,dp)                 loss at step 20     relative difference\n");
+  for (const Case& c : cases) {
+    RunDir run(20);
+    const int ranks = c.tp * c.cp * c.pp * c.dp;
+    const std::string extra = " --set parallel.tp=" + std::to_string(c.tp) +
+                              " --set parallel.cp=" + std::to_string(c.cp) +
+                              " --set parallel.pp=" + std::to_string(c.pp) +
+                              " --set parallel.cp_comm=" + c.how + c.more;
+    const std::string layout = "tp " + std::to_string(c.tp) + " x cp " + std::to_string(c.cp) +
+                               " x dp " + std::to_string(c.dp) + " x pp " + std::to_string(c.pp);
+    CmdResult r = run.mpirun(ranks, args + extra, c.env);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("world " + std::to_string(ranks) + " = " + layout) != std::string::npos);
+    std::vector<nlohmann::json> a = one.metrics(), b = run.metrics();
+    REQUIRE(a.size() == 20);
+    REQUIRE(b.size() == 20);
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO(layout << extra << ": step " << i + 1);
+      CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
+      CHECK(std::abs(b[i]["grad_norm"].get<double>() / a[i]["grad_norm"].get<double>() - 1) < 1e-5);
+      CHECK(b[i]["tokens"] == a[i]["tokens"]);
+    }
+    std::vector<nlohmann::json> ea = one.metrics("val_loss"), eb = run.metrics("val_loss");
+    REQUIRE(eb.size() == 2);
+    CHECK(std::abs(eb[1]["val_loss"].get<double>() / ea[1]["val_loss"].get<double>() - 1) < 1e-5);
+    CkptTensors x = read_checkpoint(one.config, one.dir / "ckpt/step_00000020", shape);
+    CkptTensors y = read_checkpoint(run.config, run.dir / "ckpt/step_00000020", shape);
+    CHECK(test::rel_err(y.p, x.p) < 1e-5);
+    CHECK(test::rel_err(y.m, x.m) < 1e-5);
+    CHECK(test::rel_err(y.v, x.v) < 1e-5);
+    CHECK(y.state.consumed_samples == 160);
+    const double la = a.back()["loss"].get<double>(), lb = b.back()["loss"].get<double>();
+    const std::string label = "+" + c.how + (c.more.find("sequence") != std::string::npos
+                                                 ? "+seq-par+zero1"
+                                                 : (c.more.empty() ? "" : "+zero1")) +
+                              (c.env.empty() ? "" : "+sharded-masters");
+    std::printf("(%d,%d,%d,%d)%-28s%.9f  %.2e\n", c.tp, c.cp, c.pp, c.dp, label.c_str(), lb,
+                std::abs(lb / la - 1));
+  }
+}
+
 // Save under one data-parallel layout, resume under another: the next losses match an
 // uninterrupted single-rank run (checkpoints hold global tensors; the sample order is global).
 // The issue's reshard test: save at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 after 5 steps, resume
-// at (4, 1, 2), at (1, 2, 4) without ZeRO-1 and at (1, 1, 1): the next 5 losses and the final
-// weights match an uninterrupted single-rank run.
+// at (4, 1, 2), at (1, 2, 4) without ZeRO-1 and at (1, 1, 1), and between context-parallel
+// sizes (saved at cp 2, resumed at cp 1 and cp 4): the next 5 losses and the final weights match
+// an uninterrupted single-rank run.
 TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layouts",
           "[cli][mpi]") {
   const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
@@ -720,7 +791,13 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
         // Sharded masters in pieces of many buckets, resumed at another dp and bucket size.
         Case{4, " --set parallel.zero1=true --set parallel.dp_bucket_elems=5000", copy, copy,
              " --set parallel.tp=2 --set parallel.pp=2 --set parallel.zero1=true"
-             " --set parallel.dp_bucket_elems=3000"}}) {
+             " --set parallel.dp_bucket_elems=3000"},
+        // Context parallelism: saved at cp 2 (ZeRO-1 over dp x cp), resumed at cp 1 and cp 4.
+        Case{1, "", "", "", " --set parallel.tp=2 --set parallel.cp=2 --set parallel.zero1=true"},
+        Case{8, " --set parallel.tp=2 --set parallel.cp=4", "", "",
+             " --set parallel.tp=2 --set parallel.cp=2 --set parallel.zero1=true"},
+        Case{8, " --set parallel.cp=4 --set parallel.zero1=true", copy, copy,
+             " --set parallel.cp=2 --set parallel.pp=2 --set parallel.zero1=true"}}) {
     RunDir run(10);
     INFO("saved with" << c.saved << " " << c.save_env << ", resumed with" << c.layout << " "
                       << c.resume_env);
@@ -1074,6 +1151,14 @@ TEST_CASE("cli: train.backend=cuda without a usable GPU is one error line and ex
   CHECK(r.output.find("error: rank 0: " + message) != std::string::npos);
   CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
   CHECK_FALSE(fs::exists(run.dir / "ckpt"));
+  // Context parallelism has no GPU attention yet: refused before any device is looked for.
+  const CmdResult cp = run.mpirun(2, "--set train.backend=cuda --set parallel.cp=2");
+  INFO(cp.output);
+  CHECK(cp.exit_code == 2);
+  CHECK(cp.output.find("error: rank 0: parallel.cp 2 runs on CPU ranks only in this version (no "
+                       "GPU chunk attention yet); set train.backend=cpu or parallel.cp=1\n") !=
+        std::string::npos);
+  CHECK_FALSE(fs::exists(run.dir / "ckpt"));
 }
 
 // `trainer plan` and the trainer refuse the same layouts with the same line: the planner's
@@ -1093,7 +1178,15 @@ TEST_CASE("cli: trainer plan and trainer --dry-run reject the same layouts", "[c
       {2,
        "--set parallel.tp=2 --set parallel.sequence_parallel=true --set train.micro_batch=1 "
        "--set data.seq_len=31",
-       "parallel.sequence_parallel: train.micro_batch x data.seq_len = 31 tokens do not split"}};
+       "parallel.sequence_parallel: train.micro_batch x data.seq_len = 31 tokens do not split"},
+      {4, "--set parallel.tp=2 --set parallel.cp=2", ""},
+      {6, "--set parallel.tp=2 --set parallel.cp=2",
+       "parallel layout: world size 6 is not divisible by tp 2 x cp 2 x pp 1 = 4"},
+      {8,
+       "--set parallel.tp=4 --set parallel.cp=2 --set model.num_kv_heads=4 "
+       "--set parallel.sequence_parallel=true --set train.micro_batch=1 --set data.seq_len=36",
+       "parallel.sequence_parallel: train.micro_batch x data.seq_len / cp = 18 tokens do not "
+       "split over parallel.tp 4"}};
   for (const Case& c : cases) {
     INFO(c.world << " ranks, " << c.sets);
     const CmdResult plan =

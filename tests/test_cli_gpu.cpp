@@ -58,7 +58,7 @@ TEST_CASE("cli gpu: train.backend=cuda trains on a GPU like the CPU", "[gpu]") {
     INFO("step " << i + 1 << ": " << l.dump());
     double parts = l["data_wait_s"].get<double>();
     for (const char* k : {"time_forward_s", "time_backward_s", "time_pipeline_wait_s",
-                          "time_tp_comm_s", "time_dp_wait_s", "time_optimizer_s", "time_other_s"})
+                          "time_tp_comm_s", "time_cp_comm_s", "time_dp_wait_s", "time_optimizer_s", "time_other_s"})
       parts += l[k].get<double>();
     CHECK(std::abs(parts / l["step_time_s"].get<double>() - 1) < 0.05);
     CHECK(l["time_forward_s"].get<double>() > 0);

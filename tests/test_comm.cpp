@@ -243,11 +243,15 @@ TEST_CASE("comm: context-parallel attention equals the whole sequence's", "[comm
     std::vector<double> lq = rows(q, nh), lk = rows(k, nkv), lv = rows(v, nkv), ld = rows(dout, nh);
     std::vector<double> lo(lq.size()), ll(nh * L), gq(lq.size()), gk(lk.size()), gv(lv.size());
     const Tensor lse_t(ll.data(), DType::f64, Device::cpu, {nh, L});
-    cp_attention_fwd(*w, how, t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv),
+    Arena measure = Arena::planner(Device::cpu);
+    CpScratch::alloc(measure, how, n, L, nh, nkv, hd, DType::f64);
+    Arena arena(measure.used(), Device::cpu);
+    const CpScratch sc = CpScratch::alloc(arena, how, n, L, nh, nkv, hd, DType::f64);
+    cp_attention_fwd(*w, how, sc, t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv),
                      t64(lv, L, nkv), S);
     CHECK(test::rel_err(lo, rows(out, nh)) < 1e-12);
     CHECK(test::rel_err(ll, lse_rows()) < 1e-12);
-    cp_attention_bwd(*w, how, t64(gq, L, nh), t64(gk, L, nkv), t64(gv, L, nkv), t64(ld, L, nh),
+    cp_attention_bwd(*w, how, sc, t64(gq, L, nh), t64(gk, L, nkv), t64(gv, L, nkv), t64(ld, L, nh),
                      t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv), t64(lv, L, nkv), S);
     CHECK(test::rel_err(gq, rows(dq, nh)) < 1e-10);
     CHECK(test::rel_err(gk, rows(dk, nkv)) < 1e-10);
@@ -371,20 +375,23 @@ TEST_CASE("comm: grouped send/recv around a ring", "[comm]") {
   }
 }
 
-TEST_CASE("comm: tp, dp and pp groups follow the rank layout", "[comm]") {
+TEST_CASE("comm: tp, cp, dp and pp groups follow the rank layout", "[comm]") {
   auto w = world_comm();
   const int n = w->size();
-  const int tp = n % 2 == 0 ? 2 : 1, pp = n % 8 == 0 ? 2 : 1;
-  absl::StatusOr<Topology> t = Topology::make(n, w->rank(), tp, pp, 0);
+  // 2: tp 2; 4: tp 2 x cp 2; 8: tp 2 x cp 2 x dp 2; 16: and pp 2.
+  const int tp = n % 2 == 0 ? 2 : 1, cp = n % 4 == 0 ? 2 : 1, pp = n % 16 == 0 ? 2 : 1;
+  absl::StatusOr<Topology> t = Topology::make(n, w->rank(), tp, pp, 0, cp);
   REQUIRE(t.ok());
   ProcessGroups g = make_groups(*t, std::move(w));
   // As GPU ranks with parallel.comm=mpi build them: host tensors pass straight through.
   use_device_comms(g, /*nccl=*/false, nullptr, 0);
   CHECK(g.tp->size() == t->tp);
-  CHECK(g.dp->size() == t->dp);
+  CHECK(g.cp->size() == t->cp);
+  CHECK(g.dp_cp->size() == t->dp * t->cp);
   CHECK(g.pp->size() == t->pp);
   CHECK(g.tp->rank() == t->tp_rank);
-  CHECK(g.dp->rank() == t->dp_rank);
+  CHECK(g.cp->rank() == t->cp_rank);
+  CHECK(g.dp_cp->rank() == t->cp_rank + t->cp * t->dp_rank);
   CHECK(g.pp->rank() == t->pp_rank);
   // Sum of the world ranks in each group, in closed form from rank_at().
   auto group_sum = [&](Comm& c) {
@@ -392,15 +399,18 @@ TEST_CASE("comm: tp, dp and pp groups follow the rank layout", "[comm]") {
     c.all_reduce(host(v), ReduceOp::sum);
     return v[0];
   };
-  float want_tp = 0, want_dp = 0, want_pp = 0;
-  for (int i = 0; i < t->tp; ++i) want_tp += t->rank_at(i, t->dp_rank, t->pp_rank);
-  for (int i = 0; i < t->dp; ++i) want_dp += t->rank_at(t->tp_rank, i, t->pp_rank);
-  for (int i = 0; i < t->pp; ++i) want_pp += t->rank_at(t->tp_rank, t->dp_rank, i);
+  float want_tp = 0, want_cp = 0, want_dp_cp = 0, want_pp = 0;
+  for (int i = 0; i < t->tp; ++i) want_tp += t->rank_at(i, t->dp_rank, t->pp_rank, t->cp_rank);
+  for (int i = 0; i < t->cp; ++i) want_cp += t->rank_at(t->tp_rank, t->dp_rank, t->pp_rank, i);
+  for (int i = 0; i < t->dp; ++i)
+    for (int j = 0; j < t->cp; ++j) want_dp_cp += t->rank_at(t->tp_rank, i, t->pp_rank, j);
+  for (int i = 0; i < t->pp; ++i) want_pp += t->rank_at(t->tp_rank, t->dp_rank, i, t->cp_rank);
   CHECK(group_sum(*g.tp) == want_tp);
-  CHECK(group_sum(*g.dp) == want_dp);
+  CHECK(group_sum(*g.cp) == want_cp);
+  CHECK(group_sum(*g.dp_cp) == want_dp_cp);
   CHECK(group_sum(*g.pp) == want_pp);
   // Every other op on every group, with the group rank as the value.
-  for (Comm* c : {g.tp.get(), g.dp.get(), g.pp.get(), g.embed.get()}) {
+  for (Comm* c : {g.tp.get(), g.cp.get(), g.dp_cp.get(), g.pp.get(), g.embed.get()}) {
     INFO("group " << c->name());
     const int r = c->rank(), n = c->size();
     std::vector<float> mx = {static_cast<float>(r)};

@@ -105,6 +105,12 @@ TEST_CASE("config: cross-field checks", "[config]") {
         "train.eval_interval is 5 but data.valid is empty; add data.valid or set "
         "train.eval_interval=0");
   CHECK(error_of(kBase, {"optim.min_lr=1"}) == "optim.min_lr 1 exceeds optim.lr 3e-04");
+  CHECK(error_of(kBase, {"data.seq_len=36", "parallel.cp=4"}) ==
+        "data.seq_len 36 does not split into 2 x parallel.cp = 8 equal chunks; make it a multiple "
+        "of 8 or change parallel.cp");
+  CHECK(parse_config(kBase, {"data.seq_len=40", "parallel.cp=4"}).ok());
+  CHECK(error_of(kBase, {"parallel.cp_comm=alltoall"}).find(
+            "parallel.cp_comm must be one of allgather|ring (got 'alltoall')") != std::string::npos);
 }
 
 TEST_CASE("config: --set overrides and its errors", "[config]") {
@@ -284,8 +290,8 @@ TEST_CASE("metrics: a step line's keys are the documented ones", "[config]") {
     sizes.push_back(j.size());
   }
   CHECK(sizes[0] == 4);   // event, step, time, startup_s
-  CHECK(sizes[1] == 22);  // the plain CPU step
-  CHECK(sizes[2] == 22 + 7);
+  CHECK(sizes[1] == 23);  // the plain CPU step
+  CHECK(sizes[2] == 23 + 7);
   CHECK(sizes[3] == 4);  // event, step, code, time  // skipped, slowest_rank/busy/median, mfu,
                          // device_mem, attention_bwd
 }
@@ -347,7 +353,7 @@ TEST_CASE("optim: learning-rate schedules", "[config]") {
   CHECK(lr_at(o, 110, 110) == Approx(0.1));
 }
 
-TEST_CASE("topology: rank layout is tp fastest, then dp, then pp", "[config]") {
+TEST_CASE("topology: rank layout is tp fastest, then cp, then dp, then pp", "[config]") {
   absl::StatusOr<Topology> t = Topology::make(16, 13, 2, 2, 0);
   REQUIRE(t.ok());
   CHECK(t->dp == 4);
@@ -367,6 +373,25 @@ TEST_CASE("topology: rank layout is tp fastest, then dp, then pp", "[config]") {
         "parallel layout: tp 2 x pp 2 x dp 3 = 12 ranks but this run has 8 processes; launch 12 "
         "ranks (srun -n 12) "
         "or change parallel.tp/pp/dp");
+  // 32 ranks = tp 2 x cp 2 x dp 4 x pp 2: rank 29 = 1 + 2 * (0 + 2 * (3 + 4 * 1)).
+  t = Topology::make(32, 29, 2, 2, 0, 2);
+  REQUIRE(t.ok());
+  CHECK(t->dp == 4);
+  CHECK(t->tp_rank == 1);
+  CHECK(t->cp_rank == 0);
+  CHECK(t->dp_rank == 3);
+  CHECK(t->pp_rank == 1);
+  CHECK(t->rank_at(1, 3, 1, 0) == 29);
+  CHECK(t->dp_cp() == 8);
+  CHECK(t->dp_cp_rank() == 6);
+  CHECK(t->of_rank(31).cp_rank == 1);
+  CHECK(t->describe() ==
+        "world 32 = tp 2 x cp 2 x dp 4 x pp 2; rank 29 = (tp 1, cp 0, dp 3, pp 1)");
+  bad = Topology::make(8, 0, 2, 1, 0, 3);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()) ==
+        "parallel layout: world size 8 is not divisible by tp 2 x cp 3 x pp 1 = 6; launch a "
+        "multiple of 6 ranks or change parallel.tp/cp/pp");
 }
 
 }  // namespace

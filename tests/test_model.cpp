@@ -773,6 +773,46 @@ TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand",
   }
 }
 
+// Context parallelism in the planner: each stage's activations are what a real model of the
+// layout allocates (its 1/cp of every sequence, plus the CP exchange's scratch), at cp 1, 2, 4
+// and both exchanges.
+TEST_CASE("plan: context parallelism's activation memory is the real model's", "[model]") {
+  const std::vector<std::string> small = {
+      "model.preset=",          "model.hidden_size=64", "model.intermediate_size=128",
+      "model.num_layers=4",     "model.num_heads=4",    "model.num_kv_heads=2",
+      "model.head_dim=16",      "model.vocab_size=1000", "parallel.tp=2",
+      "parallel.pp=2",          "parallel.dp=1",         "parallel.sequence_parallel=true",
+      "data.seq_len=64",        "train.global_batch=8",  "train.micro_batch=2"};
+  double acts_cp1 = 0;
+  for (int cp : {1, 2, 4})
+    for (const char* how : {"allgather", "ring"}) {
+      std::vector<std::string> sets = small;
+      sets.push_back("parallel.cp=" + std::to_string(cp));
+      sets.push_back(std::string("parallel.cp_comm=") + how);
+      const Config cfg = plan_config(sets);
+      INFO("cp " << cp << " " << how);
+      absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 1, 4 * cp);
+      INFO(p.status().message());
+      REQUIRE(p.ok());
+      for (int stage = 0; stage < 2; ++stage) {
+        const Topology topo =
+            Topology::make(4 * cp, 0, 2, 2, 1, cp)->of_rank(stage * 2 * cp + 2 * (cp - 1));
+        REQUIRE(topo.cp_rank == cp - 1);
+        const ModelDims dims = ModelDims::from(cfg, topo);
+        const ModelOptions options = {.batch = 2, .seq_len = 64, .dtype = DType::bf16,
+                                      .slots = 2 - stage};
+        ParamBuffer buffer = make_param_buffer(dims, options, Device::cpu);
+        const Qwen2Model real(dims, options, buffer, Ctx{});
+        CHECK(real.tokens_per_micro_batch() == 2 * 64 / cp);
+        CHECK(p->stages[stage].activations == static_cast<double>(real.activation_bytes()));
+      }
+      const double acts = p->stages[0].activations;
+      if (cp == 1) acts_cp1 = acts;
+      // Every [T, ...] buffer holds 1/cp of the tokens; the scratch adds a little.
+      if (cp > 1) CHECK(acts < acts_cp1 / cp * 1.2);
+    }
+}
+
 // The layout rules that need the world size live in run_facts() (trainer/facts.h), which the
 // trainer's start-up and the planner both call: over a grid of layouts, batches and world
 // sizes, `trainer plan` (make_plan) and every rank's start-up accept the same layouts and

@@ -60,7 +60,9 @@ struct ModelConfig {
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1;
-  int64_t dp = 0;                        // 0 = auto (world / (tp*pp)); written "auto" in YAML
+  int64_t cp = 1;                        // context parallel: ranks splitting each sequence
+  std::string cp_comm = "allgather";     // allgather | ring: how CP attention meets K and V
+  int64_t dp = 0;                        // 0 = auto (world / (tp*cp*pp)); written "auto" in YAML
   std::vector<int64_t> pipeline_layers;  // layers per stage; empty = num_layers / pp each
   bool sequence_parallel = false;
   bool zero1 = false;

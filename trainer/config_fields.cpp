@@ -36,19 +36,29 @@ const std::vector<Field>& fields() {
                "run ignores it; '' = random init"),
       TR_FIELD(parallel, tp, Int, 1, 1024, "tensor-parallel ranks"),
       TR_FIELD(parallel, pp, Int, 1, 1024, "pipeline-parallel stages"),
+      TR_FIELD(parallel, cp, Int, 1, 1024,
+               "context-parallel ranks: each sequence is cut into 2*cp chunks and each rank of a "
+               "CP group holds two of them (chunks r and 2*cp-1-r, for equal causal work); "
+               "data.seq_len must divide by 2*cp"),
+      TR_FIELD(parallel, cp_comm, String, 0, 0,
+               "how a CP group's attention meets the other ranks' keys and values: allgather "
+               "(K and V gathered once per layer; cheap under GQA) or ring (K and V passed "
+               "around the group, cp-1 times)",
+               {"allgather", "ring"}),
       TR_FIELD(parallel, dp, IntOrAuto, 0, 1 << 20,
-               "data-parallel ranks, or auto = world / (tp*pp)"),
+               "data-parallel ranks, or auto = world / (tp*cp*pp)"),
       TR_FIELD(parallel, pipeline_layers, IntList, 1, 4096,
                "layers of each pipeline stage, e.g. [18, 22, 22, 18]; [] = num_layers / pp each"),
       TR_FIELD(parallel, sequence_parallel, Bool, 0, 0,
                "shard norms and residuals along the sequence within TP"),
       TR_FIELD(parallel, zero1, Bool, 0, 0,
                "distributed optimizer: each DP rank keeps the Adam states and (on GPUs) the fp32 "
-               "master weights of its 1/dp of every bucket of the parameters; gradients are "
-               "reduce-scattered, the updated bf16 weights all-gathered, bucket by bucket"),
+               "master weights of its 1/dp of every bucket of the parameters (1/(dp*cp) with "
+               "context parallelism); gradients are reduce-scattered, the updated bf16 weights "
+               "all-gathered, bucket by bucket"),
       TR_FIELD(parallel, dp_bucket_elems, Int, 1, kMaxI,
                "parameter elements per data-parallel bucket (gradient reduction; with zero1 also "
-               "the weight all-gather, rounded up to a multiple of 4*dp)"),
+               "the weight all-gather, rounded up to a multiple of 4*dp*cp)"),
       TR_FIELD(parallel, overlap_dp, Bool, 0, 0,
                "start each bucket's reduction as soon as backward has finished its gradients "
                "(with sequence_parallel, each layer's norm gradients are summed over TP as "

@@ -19,8 +19,9 @@ RunFacts RunFacts::of_rank(int rank) const {
 
 absl::StatusOr<RunFacts> run_facts(const Config& cfg, int world, int rank) {
   const ParallelConfig& p = cfg.parallel;
-  absl::StatusOr<Topology> topo = Topology::make(world, rank, static_cast<int>(p.tp),
-                                                 static_cast<int>(p.pp), static_cast<int>(p.dp));
+  absl::StatusOr<Topology> topo =
+      Topology::make(world, rank, static_cast<int>(p.tp), static_cast<int>(p.pp),
+                     static_cast<int>(p.dp), static_cast<int>(p.cp));
   if (!topo.ok()) return topo.status();
   const TrainConfig& t = cfg.train;
   const int64_t per_step = t.micro_batch * topo->dp;
@@ -29,13 +30,14 @@ absl::StatusOr<RunFacts> run_facts(const Config& cfg, int world, int rank) {
         "train.global_batch ", t.global_batch, " is not divisible by train.micro_batch ",
         t.micro_batch, " x dp ", topo->dp, " = ", per_step, "; make it a multiple of ", per_step,
         " or change parallel.dp / the number of ranks"));
-  // Sequence parallelism splits each micro-batch's tokens over the TP ranks.
-  const int64_t tokens = t.micro_batch * cfg.data.seq_len;
+  // Sequence parallelism splits each micro-batch's tokens on this rank (its 1/cp of every
+  // sequence) over the TP ranks.
+  const int64_t tokens = t.micro_batch * cfg.data.seq_len / topo->cp;
   if (p.sequence_parallel && topo->tp > 1 && tokens % topo->tp != 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel.sequence_parallel: train.micro_batch x data.seq_len = ", tokens,
-                     " tokens do not split over parallel.tp ", topo->tp,
-                     "; change data.seq_len or micro_batch"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.sequence_parallel: train.micro_batch x data.seq_len", topo->cp > 1 ? " / cp" : "",
+        " = ", tokens, " tokens do not split over parallel.tp ", topo->tp,
+        "; change data.seq_len or micro_batch"));
   RunFacts f;
   f.topo = *topo;
   f.zero1 = zero1_on(cfg, f.topo);

@@ -34,11 +34,12 @@ bool read_number(const std::string& path, double* out) {
 }
 
 // The bytes the data loaders hold: each keeps its prefetched steps and the one in use, of this
-// rank's samples (inputs and targets as int32, the sample ids).
+// rank's samples (inputs and targets of its 1/cp of each sequence as int32, the sample ids).
 double loader_bytes(const Config& cfg, const Topology& topo) {
   constexpr double kSteps = 2 + 1;  // LoaderOptions::prefetch_steps and the step in use
   const double samples = static_cast<double>(cfg.train.global_batch) / topo.dp;
-  const double per_step = samples * (2.0 * static_cast<double>(cfg.data.seq_len) * 4 + 8);
+  const double tokens = static_cast<double>(cfg.data.seq_len) / topo.cp;
+  const double per_step = samples * (2.0 * tokens * 4 + 8);
   const int loaders = cfg.train.eval_interval > 0 ? 2 : 1;
   return loaders * kSteps * per_step;
 }

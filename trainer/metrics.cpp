@@ -182,6 +182,9 @@ const std::vector<MetricKey>& metric_keys() {
        "sum over them)",
        phase_seconds<Phase::pipeline_wait>},
       {"time_tp_comm_s", "step", "s", "tensor-parallel collectives", phase_seconds<Phase::tp_comm>},
+      {"time_cp_comm_s", "step", "s",
+       "context parallelism's exchange of keys, values and their gradients (0 with parallel.cp 1)",
+       phase_seconds<Phase::cp_comm>},
       {"time_dp_wait_s", "step", "s",
        "the data-parallel gradient reduction and ZeRO-1's weight all-gather, as far as the step "
        "waits for them, and the tied embedding's gradient sum",

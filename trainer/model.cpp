@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/switches.h"
 #include "kernels/ops.h"
+#include "parallel/context_parallel.h"
 #include "parallel/tp_region.h"
 #include "trainer/init.h"
 #include "trainer/model_acts.h"
@@ -20,13 +21,18 @@ ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& o, Devi
 Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer& params, Ctx ctx)
     : dims_(dims),
       batch_(o.batch),
-      seq_len_(o.seq_len),
+      seq_len_(o.seq_len / dims.cp),
+      seq_total_(o.seq_len),
       slots_(o.slots),
       ctx_(ctx),
       dtype_(o.dtype),
       sdtype_(o.dtype == DType::f64 ? DType::f64 : DType::f32),
       params_(params) {
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
+  TR_ASSERT(dims.cp == 1 || o.seq_len % (2 * dims.cp) == 0,
+            "context parallelism cuts each sequence into 2 x cp equal chunks");
+  TR_ASSERT(dims.cp == 1 || ctx.device == Device::cpu || o.plan_only,
+            "context parallelism's attention runs on CPU ranks only");
   TR_ASSERT(params.compute_dtype() == dtype_ && params.device() == ctx.device,
             "the parameter buffer must hold the model's compute dtype on its device");
   TR_ASSERT(ParamLayout::make(dims_, o.flat_multiple).capacity == params.layout().capacity,
@@ -64,8 +70,13 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
   if (plan_only) return;
   act_arena_ = std::make_unique<Arena>(plan.used(), ctx.device);
   alloc_acts(*act_arena_);
+  if (dims_.cp > 1) {
+    const std::vector<int64_t> at = cp_positions(seq_total_, dims_.cp, dims_.cp_rank);
+    std::vector<int32_t> host(at.begin(), at.end());
+    copy_tensor(a_->positions, Tensor(host.data(), DType::i32, Device::cpu, {seq_len_}));
+  }
   // Attention's plans and workspace now, not in the first step.
-  if (dims_.layers > 0)
+  if (dims_.layers > 0 && dims_.cp == 1)
     attention_ = attention_prepare(ctx_, static_cast<int>(batch_), static_cast<int>(seq_len_),
                                    static_cast<int>(dims_.heads), static_cast<int>(dims_.kv_heads),
                                    static_cast<int>(dims_.head_dim));
@@ -142,6 +153,13 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     a_->all_stats = ar.alloc(sdtype_, {d.tp * C * 3});
   }
   a_->losses = ar.alloc(sdtype_, {C});
+  if (d.cp > 1) {
+    const int64_t S = seq_len_, nh = d.heads, nkv = d.kv_heads, hd = d.head_dim;
+    a_->positions = ar.alloc(DType::i32, {S});
+    for (Tensor* t : {&a_->q, &a_->dq}) *t = ar.alloc(dtype_, {S, nh, hd});
+    for (Tensor* t : {&a_->k, &a_->v, &a_->dk, &a_->dv}) *t = ar.alloc(dtype_, {S, nkv, hd});
+    a_->cp = CpScratch::alloc(ar, d.cp_exchange, d.cp, S, nh, nkv, hd, dtype_);
+  }
 }
 
 void Qwen2Model::begin_step_grads() {

@@ -89,12 +89,15 @@ class Qwen2Model {
   int64_t loss_chunk() const { return chunk_; }  // tokens per loss chunk
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
+  // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
+  void set_cp_comm(Comm* cp) { cp_ = cp; }
   // The one subscriber to what the model reports about the flat buffer as it runs (the
   // distributed optimizer), set once; null = none.
   void set_param_events(ParamEvents* events) { events_ = events; }
 
   const ModelDims& dims() const { return dims_; }
   Ctx ctx() const { return ctx_; }
+  // Tokens of a micro-batch on this rank: batch x its seq_len / cp tokens of each sequence.
   int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
   ParamBuffer& params() const { return params_; }
   const ParamLayout& layout() const { return params_.layout(); }
@@ -107,7 +110,8 @@ class Qwen2Model {
   void begin_step_grads();
 
   // Pipeline stages, one micro-batch at a time in activation slot `slot`; `tokens` and `targets`
-  // are i32 [batch * seq_len] where the ops read them (trainer/step_io.h):
+  // are i32 [tokens_per_micro_batch()] where the ops read them (trainer/step_io.h; under context
+  // parallelism this rank's positions of each sequence, parallel/context_parallel.h):
   // forward_stage embeds `tokens` on the first stage, else starts from stage_input(slot) (the
   // previous stage's output); stage_loss (last stage) adds the LM head and the loss (its sum
   // added to `loss_sum`, f64 [1] on the device: no host sync), and with `grad` the head's
@@ -152,15 +156,24 @@ class Qwen2Model {
   // Layer l of micro-batch slot `slot` from its normed input (ln1, all-gathered) to its SwiGLU
   // output (act).
   void layer_fwd(int slot, int64_t l);
+  // Attention of layer l over the micro-batch, and its backward into dqkv: the whole sequence
+  // here, or (cp > 1, model_cp.cpp) each sequence over the CP group.
+  void attention_fwd_of(int slot, int64_t l);
+  void attention_bwd_of(int slot, int64_t l);
+  void context_attention_fwd(int slot, int64_t l);
+  void context_attention_bwd(int slot, int64_t l);
   // Before layer l's backward: its activations that recomputation dropped, again.
   void recompute_layer(int slot, int64_t l);
   void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
 
   ModelDims dims_;
-  int64_t batch_, seq_len_;
+  int64_t batch_;
+  int64_t seq_len_;    // tokens of each sequence on this rank (seq_total_ / cp)
+  int64_t seq_total_;  // tokens of each sequence
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
   int slots_ = 1;
   Comm* tp_ = nullptr;
+  Comm* cp_ = nullptr;
   ParamEvents* events_ = nullptr;
   void need(const Tensor& w);  // events_->weights_needed over the flat range of w (a view of w_)
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)

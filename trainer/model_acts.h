@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "parallel/cp_attention.h"
 #include "trainer/model.h"
 
 namespace tr {
@@ -55,6 +56,13 @@ struct Qwen2Model::Acts {
   Tensor full;        // [T, H] all-gathered or not yet reduce-scattered
   Tensor ln_local;    // [Tl, H] norm output before its all-gather
   Tensor dlnf_local;  // [Tl, H]
+  // Context parallelism (cp > 1; S = seq_len / cp tokens of one sequence on this rank): their
+  // positions in the sequence (i32 [S], for RoPE), and one sequence's q, k, v and gradients
+  // unpacked from the qkv rows for the CP group's attention ([S, nh, hd], [S, nkv, hd]), and
+  // the scratch of its exchange.
+  Tensor positions;
+  Tensor q, k, v, dq, dk, dv;
+  CpScratch cp;  // the CP group's exchange buffers (parallel/cp_attention.h)
 };
 
 }  // namespace tr

@@ -146,16 +146,33 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   Acts::Layer& L = S.layers[l];
   linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
   Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
-  rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.rope);
-  attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
-                static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
-                static_cast<int>(d.head_dim));
+  rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_),
+           d.rope, a.positions);
+  attention_fwd_of(slot, l);
   linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
   reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
   add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, S.resid[l], a.tmp, w.ln2, d.eps);
   gather_tokens(a.ln_local, L.ln2);
   linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
   swiglu_fwd(ctx_, L.act, L.gateup);
+}
+
+void Qwen2Model::attention_fwd_of(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  if (d.cp > 1) return context_attention_fwd(slot, l);
+  const Acts::Layer& L = a_->slots[slot].layers[l];
+  attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
+                static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
+                static_cast<int>(d.head_dim));
+}
+
+void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  if (d.cp > 1) return context_attention_bwd(slot, l);
+  const Acts::Layer& L = a_->slots[slot].layers[l];
+  attention_bwd(ctx_, a_->dqkv, a_->datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
+                static_cast<int>(seq_len_), static_cast<int>(d.heads),
+                static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim));
 }
 
 void Qwen2Model::recompute_layer(int slot, int64_t l) {
@@ -259,11 +276,10 @@ void Qwen2Model::backward_stage(int slot, Tensor tokens, bool last_of_step) {
     // dres now holds d x_mid
     // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
     linear_bwd(ctx_, a.datt, g.o_w, Tensor(), gather_tokens(a.dres, a.full), L.att, w.o_w, gw);
-    attention_bwd(ctx_, a.dqkv, a.datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
-                  static_cast<int>(seq_len_), static_cast<int>(d.heads),
-                  static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim));
+    attention_bwd_of(slot, l);
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
-             static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_len_), d.rope);
+             static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_), d.rope,
+             a.positions);
     linear_bwd(ctx_, full_or(a.dln), g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w, gw);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
     rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true,

@@ -38,6 +38,8 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
   d.tp = topo.tp;
   d.tp_rank = topo.tp_rank;
   d.sequence_parallel = sequence_parallel && topo.tp > 1;
+  d.cp = topo.cp;
+  d.cp_rank = topo.cp_rank;
   d.eps = static_cast<float>(m.rms_norm_eps);
   d.rope = m.rope();
   d.tied = m.tie_embeddings;
@@ -46,6 +48,7 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
 
 ModelDims ModelDims::from(const Config& c, const Topology& topo) {
   ModelDims d = from(c.model, topo, c.parallel.sequence_parallel, c.parallel.pipeline_layers);
+  d.cp_exchange = c.parallel.cp_comm == "ring" ? CpExchange::ring : CpExchange::all_gather;
   const TrainConfig& t = c.train;
   d.recompute_selective = t.recompute == "selective";
   if (t.recompute == "full") {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/rope.h"
+#include "parallel/context_parallel.h"
 #include "parallel/topology.h"
 #include "trainer/config.h"
 
@@ -28,6 +29,12 @@ struct ModelDims {
   // holds T / tp tokens; all-gather before the column-parallel layers, reduce-scatter after
   // the row-parallel ones.
   bool sequence_parallel = false;
+  // Context parallelism (parallel.cp): this rank holds seq_len / cp tokens of every sequence,
+  // chunks cp_rank and 2 cp - 1 - cp_rank (parallel/context_parallel.h); attention meets the
+  // CP group's other chunks by `cp_exchange`. Everything but attention and RoPE's positions is
+  // per token and does not know.
+  int cp = 1, cp_rank = 0;
+  CpExchange cp_exchange = CpExchange::all_gather;
   // Pipeline stage: layers [first_layer, first_layer + layers) of the model. The first stage
   // holds the input embedding, the last the final norm and the LM head (with tied embeddings
   // and pp > 1, its own copy of embed_tokens, kept equal by an all-reduce of the gradients).

@@ -1,7 +1,7 @@
 // Where a step's time goes: each part of the step runs under one phase, and a phase clock
 // charges the wall time to whichever phase is current (the innermost: a TP collective inside a
 // forward is TP time, not forward time), so the phases add up to the step time exactly. The
-// communicators of the tp, pp and dp groups charge their calls to their phase themselves
+// communicators of the tp, cp, pp and dp groups charge their calls to their phase themselves
 // (timed_comm), the step code marks forward, backward, optimizer and data wait.
 //
 // The clock's timers are the host's: on the CPU backend they measure the work. On GPUs the host
@@ -27,11 +27,12 @@ enum class Phase : int {
   backward,       // their backward
   pipeline_wait,  // sending and receiving activations and gradients between stages
   tp_comm,        // tensor-parallel collectives
+  cp_comm,        // context parallelism's exchange of keys and values (and their gradients)
   dp_wait,        // the data-parallel gradient reduction and ZeRO-1's weight all-gather, as
                   // far as the step waits for them (the overlapped part is charged elsewhere)
   optimizer,      // clipping and the update
 };
-inline constexpr int kPhases = 8;
+inline constexpr int kPhases = 9;
 
 // This thread's phase clock (the training thread's is the one the step reads).
 class PhaseClock {

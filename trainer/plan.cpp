@@ -125,17 +125,18 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
   // AdamW's m and v of this rank's range; the GradReducer's reduced gradient shard (ZeRO-1)
   // and bf16 staging: their own counts.
   const DType reduce = grad_reduce_dtype(par);
+  const int replicas = st.dp_cp();  // ZeRO-1 shards over dp x cp
   m.optimizer_without_zero1 =
-      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, st.dp, false) +
-                          GradReducer::staging_bytes(capacity, st.dp, false, reduce));
+      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, replicas, false) +
+                          GradReducer::staging_bytes(capacity, replicas, false, reduce));
   m.optimizer =
-      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, st.dp, zero1) +
-                          GradReducer::shard_bytes(capacity, st.dp, zero1) +
-                          GradReducer::staging_bytes(capacity, st.dp, zero1, reduce));
+      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, replicas, zero1) +
+                          GradReducer::shard_bytes(capacity, replicas, zero1) +
+                          GradReducer::staging_bytes(capacity, replicas, zero1, reduce));
   if (device == Device::cuda) {
     m.workspace =
         static_cast<double>(kCudaWorkspaceBytes +
-                            StepIO::device_bytes(facts.micro_batches, t.micro_batch * seq, device));
+                            StepIO::device_bytes(facts.micro_batches, t.micro_batch * seq / st.cp, device));
     m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
   }
   return m;

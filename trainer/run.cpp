@@ -262,7 +262,8 @@ absl::Status build_model(Session& r) {
   r.params = std::make_unique<ParamBuffer>(make_param_buffer(dims, options, r.ctx.device));
   r.model = std::make_unique<Qwen2Model>(dims, options, *r.params, r.ctx);
   r.model->set_tp_comm(r.groups.tp.get());
-  const OptimizerGroups groups{r.groups.dp.get(), r.groups.tp.get(), r.groups.pp.get(),
+  r.model->set_cp_comm(r.groups.cp.get());
+  const OptimizerGroups groups{r.groups.dp_cp.get(), r.groups.tp.get(), r.groups.pp.get(),
                                r.facts.tied_embedding_copies() ? r.groups.embed.get() : nullptr};
   r.opt = std::make_unique<DistributedOptimizer>(r.cfg.optim, *r.params, r.ctx, groups, zero1,
                                                  options.shards, options.separate_compute_copy);
@@ -310,7 +311,8 @@ void make_step_groups(Session& r) {
                      r.cfg.parallel.timeout_s);
   r.groups.tp = timed_comm(std::move(r.groups.tp), Phase::tp_comm);
   r.groups.pp = timed_comm(std::move(r.groups.pp), Phase::pipeline_wait);
-  r.groups.dp = timed_comm(std::move(r.groups.dp), Phase::dp_wait);
+  r.groups.cp = timed_comm(std::move(r.groups.cp), Phase::cp_comm);
+  r.groups.dp_cp = timed_comm(std::move(r.groups.dp_cp), Phase::dp_wait);
   r.groups.embed = timed_comm(std::move(r.groups.embed), Phase::dp_wait);
 }
 

@@ -20,6 +20,7 @@ std::string layout_json(const Session& s) {
   nlohmann::json j = {{"world", s.topo().world},
                       {"tp", s.topo().tp},
                       {"pp", s.topo().pp},
+                      {"cp", s.topo().cp},
                       {"dp", s.topo().dp},
                       {"backend", s.cfg.train.backend},
                       {"zero1", s.cfg.parallel.zero1},

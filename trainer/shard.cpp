@@ -74,10 +74,11 @@ TensorRef local_block(const ParamInfo& p, TensorSetId set, float* data) {
   return one.empty() ? empty_block(p) : std::move(one.front().ref);
 }
 
-// Without ZeRO-1: this dp rank's contiguous 1/dp of the flat buffer, the range of every set it
-// writes (the buffers are whole on every dp rank).
+// Without ZeRO-1: this replica's contiguous 1/(dp x cp) of the flat buffer, the range of every
+// set it writes (the buffers are whole on every replica).
 std::pair<int64_t, int64_t> dp_range(const ParamLayout& l, const Topology& t) {
-  const int64_t size = (l.capacity + t.dp - 1) / t.dp, begin = std::min(size * t.dp_rank, l.total);
+  const int64_t n = t.dp_cp();
+  const int64_t size = (l.capacity + n - 1) / n, begin = std::min(size * t.dp_cp_rank(), l.total);
   return {begin, std::min(begin + size, l.total)};
 }
 
@@ -100,15 +101,15 @@ std::pair<int64_t, int64_t> overlap(const ParamInfo& p, const ShardRun& r) {
 DpShards dp_shards(const Config& cfg, const Topology& topo) {
   const int64_t capacity = rank_layout(cfg, topo).capacity;
   if (!zero1_on(cfg, topo)) return DpShards(capacity, capacity + 1, 1, 0);
-  return DpShards(capacity, cfg.parallel.dp_bucket_elems, topo.dp, topo.dp_rank);
+  return DpShards(capacity, cfg.parallel.dp_bucket_elems, topo.dp_cp(), topo.dp_cp_rank());
 }
 
 bool zero1_on(const Config& cfg, const Topology& t) {
-  return cfg.parallel.zero1 && t.dp > 1;
+  return cfg.parallel.zero1 && t.dp_cp() > 1;
 }
 
 int64_t flat_multiple(const Config& cfg, const Topology& topo) {
-  return zero1_on(cfg, topo) ? DpShards::capacity_multiple(topo.dp) : 1;
+  return zero1_on(cfg, topo) ? DpShards::capacity_multiple(topo.dp_cp()) : 1;
 }
 
 ParamLayout rank_layout(const Config& cfg, const Topology& topo) {
@@ -177,7 +178,7 @@ double checkpoint_bytes(const Config& cfg, const Topology& topo) {
 double rank_state_bytes(const Config& cfg, const Topology& topo, bool separate_masters) {
   const auto capacity = static_cast<double>(rank_layout(cfg, topo).capacity);
   const bool zero1 = zero1_on(cfg, topo);
-  const double shard = zero1 ? capacity / topo.dp : capacity;
+  const double shard = zero1 ? capacity / topo.dp_cp() : capacity;
   return sizeof(float) * ((separate_masters ? shard : capacity) + 2 * shard);
 }
 
@@ -233,7 +234,7 @@ absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Top
   ckpt::LoadTarget dst{refs[0], refs[1], refs[2], /*subset=*/false, /*check_crc=*/false};
   if (absl::Status st = ckpt::load(dir, dst, state, config_yaml); !st.ok()) return st;
   if (!zero1) return absl::OkStatus();
-  const int64_t shard = layout.capacity / topo.dp;
+  const int64_t shard = layout.capacity / topo.dp_cp();
   std::fill(exp_avg, exp_avg + shard, 0.0f);
   std::fill(exp_avg_sq, exp_avg_sq + shard, 0.0f);
   for (size_t k = 0; k < layout.tensors.size(); ++k) {

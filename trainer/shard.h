@@ -5,9 +5,10 @@
 // of the config and the rank's place in the grid, so the coordinator knows every rank's blocks
 // without being told. Loading reads only the blocks a rank needs, under any layout.
 //
-// Ownership: the (tp, pp) position's slice of each tensor is replicated over dp, so each dp
-// rank writes its 1/dp of the flat buffer (under ZeRO-1 exactly the shard whose Adam states it
-// keeps: its piece of every bucket), for the weights and both Adam moments: a 72B checkpoint is
+// Ownership: the (tp, pp) position's slice of each tensor is replicated over dp x cp
+// (Topology::dp_cp), so each replica writes its 1/(dp x cp) of the flat buffer (under ZeRO-1
+// exactly the shard whose Adam states it keeps: its piece of every bucket), for the weights and
+// both Adam moments: a 72B checkpoint is
 // written by every rank in equal parts. A run cuts a tensor into at most three rectangles
 // (partial row, full rows, partial row). Replicated tensors (the norms) are written by TP rank 0
 // only, the last stage's copy of a tied embedding by nobody (the first stage has it), vocabulary
@@ -23,19 +24,19 @@
 
 namespace tr {
 
-// ZeRO-1 is on: parallel.zero1 with more than one data-parallel rank. Then each dp rank keeps
-// the Adam states (and, with a separate compute copy, the fp32 masters) of its shard of the
-// flat buffer, whose capacity is a multiple of DpShards::capacity_multiple(dp).
+// ZeRO-1 is on: parallel.zero1 with more than one replica of the weights (dp x cp). Then each
+// keeps the Adam states (and, with a separate compute copy, the fp32 masters) of its shard of the
+// flat buffer, whose capacity is a multiple of DpShards::capacity_multiple(dp x cp).
 bool zero1_on(const Config& cfg, const Topology& topo);
 
 // What the rank's flat buffers are padded to a multiple of (Qwen2Model's flat_multiple): 1, or
-// under ZeRO-1 DpShards::capacity_multiple(dp).
+// under ZeRO-1 DpShards::capacity_multiple(dp x cp).
 int64_t flat_multiple(const Config& cfg, const Topology& topo);
 
 // The parameter layout of the rank at `topo` under `cfg` (as build_model makes it).
 ParamLayout rank_layout(const Config& cfg, const Topology& topo);
 
-// ZeRO-1's shards for the rank at `topo` (parallel/dp_shards.h: piece dp_rank of every bucket of
+// ZeRO-1's shards for the rank at `topo` (parallel/dp_shards.h: piece dp_cp_rank of every bucket of
 // parallel.dp_bucket_elems, rounded up by DpShards::round_bucket), or one rank's whole buffer
 // without ZeRO-1. The model's masters, AdamW's states, the gradient reduction and the checkpoint's
 // ownership all follow them.

@@ -20,6 +20,7 @@
 #include "data/id_check.h"
 #include "data/shard_meta.h"
 #include "kernels/ops.h"
+#include "parallel/context_parallel.h"
 #include "trainer/hf.h"
 #include "trainer/memcheck.h"
 #include "trainer/shard.h"
@@ -44,6 +45,13 @@ absl::Status resolve_backend(Session& r) {
     b = "cpu";
     return absl::OkStatus();
   }
+  // Context parallelism's chunked attention exists on CPU ranks only so far (the reference of
+  // parallel/cp_attention.h); the GPU's (cuDNN on chunks with its statistics) is not built.
+  if (r.cfg.parallel.cp > 1)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.cp ", r.cfg.parallel.cp,
+        " runs on CPU ranks only in this version (no GPU chunk attention yet); set "
+        "train.backend=cpu or parallel.cp=1"));
 #ifdef TRAINER_HAVE_CUDA
   if (!cuda::device_available())
     return absl::InvalidArgumentError(
@@ -85,6 +93,7 @@ absl::StatusOr<data::LoaderOptions> loader_options(const Session& r,
   o.shuffle = shuffle;
   o.dp_rank = r.topo().dp_rank;
   o.dp_size = r.topo().dp;
+  if (r.topo().cp > 1) o.positions = cp_positions(o.seq_len, r.topo().cp, r.topo().cp_rank);
   o.global_batch = r.cfg.train.global_batch;
   o.micro_batch = r.cfg.train.micro_batch;
   o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume

@@ -77,7 +77,7 @@ StepScalars read_step_scalars(Session& s, StepMetrics& m, const FaultInjector& f
   StepScalars out;
   out.own_loss_bad = !std::isfinite(loss_sum);
   all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
-  all_reduce_sum(*s.groups.dp, &loss_sum, 1);
+  all_reduce_sum(*s.groups.dp_cp, &loss_sum, 1);
   out.loss_sum = loss_sum;
   m.grad_norm = s.opt->global_norm(own_squares);
   return out;
@@ -201,7 +201,7 @@ StepOutcome evaluate(Session& s, double* val_loss) {
       sums[1] += static_cast<double>(mb.targets.size());
   }
   all_reduce_sum(*s.groups.pp, sums, 1);  // the loss lives on the last stage
-  all_reduce_sum(*s.groups.dp, sums, 2);
+  all_reduce_sum(*s.groups.dp_cp, sums, 2);
   *val_loss = sums[0] / sums[1];
   return {};
 }
