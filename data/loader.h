@@ -45,7 +45,7 @@ struct LoaderOptions {
   // them (parallel/context_parallel.h); its micro-batches hold those tokens of every sample.
   // Empty = all seq_len of them.
   std::vector<int64_t> positions;
-  int prefetch_steps = 2;        // steps prepared ahead by the background thread (>= 1)
+  int prefetch_steps = 2;  // steps prepared ahead by the background thread (>= 1)
 };
 
 // Checks the batch arithmetic; errors name the offending option.

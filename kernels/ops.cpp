@@ -247,8 +247,8 @@ void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len
   TR_ASSERT(x.ndim == 3 && x.shape[2] % 2 == 0, c.describe("x must be [T, heads, even hd]"));
   TR_ASSERT(
       n_rope_heads >= 0 && n_rope_heads <= x.shape[1] && seq_len > 0 &&
-          (!positions.empty() || x.shape[0] % seq_len == 0) &&
-          rope.theta > 0 && rope.attention_factor > 0 &&
+          (!positions.empty() || x.shape[0] % seq_len == 0) && rope.theta > 0 &&
+          rope.attention_factor > 0 &&
           (!rope.yarn || (rope.factor >= 1 && rope.original_max_position > 0)),
       c.describe("n_rope_heads=" + std::to_string(n_rope_heads) +
                  " seq_len=" + std::to_string(seq_len) + " theta=" + std::to_string(rope.theta) +

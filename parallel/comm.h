@@ -84,7 +84,7 @@ class Comm {
   void exchange(std::span<const P2P> ops) { run(CommOp(CommOp::exchange, {}, {}, {}, 0, ops)); }
   void barrier() { run(CommOp(CommOp::barrier)); }
 
-  // The overlapped forms the gradient and weight buckets use (Lane::beside).
+  // The overlapped forms the gradient and weight buckets and the CP ring use (Lane::beside).
   Ticket all_reduce_start(Tensor buf, ReduceOp op) {
     return start(CommOp(CommOp::all_reduce, buf, {}, op), Lane::beside);
   }
@@ -93,6 +93,9 @@ class Comm {
   }
   Ticket all_gather_start(Tensor out, Tensor in) {
     return start(CommOp(CommOp::all_gather, out, in), Lane::beside);
+  }
+  Ticket exchange_start(std::span<const P2P> ops) {
+    return start(CommOp(CommOp::exchange, {}, {}, {}, 0, ops), Lane::beside);
   }
 
  private:

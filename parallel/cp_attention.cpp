@@ -76,18 +76,23 @@ void cp_attention_fwd(Comm& cp, CpExchange how, const CpScratch& sc, Tensor out,
     for (int s = 0; s < n; ++s) meet(block(sc.k, s, L), block(sc.v, s, L), s);
     return;
   }
-  // Ring: step t holds rank (r - t)'s chunk, then passes it to the next rank.
+  // Ring: step t holds rank (r - t)'s chunk and passes it on to the next rank while its
+  // attention runs (both only read it), receiving the next one.
   Tensor kc = sc.k, vc = sc.v, kn = sc.k_next, vn = sc.v_next;
   std::memcpy(kc.data, k.data, k.nbytes());
   std::memcpy(vc.data, v.data, v.nbytes());
   for (int t = 0; t < n; ++t) {
-    meet(kc, vc, (r - t + n) % n);
-    if (t == n - 1) break;
+    if (t == n - 1) {
+      meet(kc, vc, (r - t + n) % n);
+      break;
+    }
     const P2P ops[] = {{P2P::send, kc, (r + 1) % n},
                        {P2P::send, vc, (r + 1) % n},
                        {P2P::recv, kn, (r - 1 + n) % n},
                        {P2P::recv, vn, (r - 1 + n) % n}};
-    cp.exchange(ops);
+    const Comm::Ticket pass = cp.exchange_start(ops);
+    meet(kc, vc, (r - t + n) % n);
+    cp.wait(pass);
     std::swap(kc, kn);
     std::swap(vc, vn);
   }
@@ -116,22 +121,29 @@ void cp_attention_bwd(Comm& cp, CpExchange how, const CpScratch& sc, Tensor dq, 
     return;
   }
   // Ring: each chunk travels with its dk, dv accumulators; after n steps and one more pass they
-  // are back at their owner.
+  // are back at their owner. K and V pass on while the chunk's backward runs; dK and dV only
+  // after it (it writes them).
   Tensor kc = sc.k, vc = sc.v, dkc = sc.dk, dvc = sc.dv;
   Tensor kn = sc.k_next, vn = sc.v_next, dkn = sc.dk_next, dvn = sc.dv_next;
   std::memcpy(kc.data, k.data, k.nbytes());
   std::memcpy(vc.data, v.data, v.nbytes());
   zero(dkc);
   zero(dvc);
+  const int next = (r + 1) % n, prev = (r - 1 + n) % n;
   for (int t = 0; t < n; ++t) {
+    Comm::Ticket pass = Comm::kDone;
+    const P2P kv[] = {
+        {P2P::send, kc, next}, {P2P::send, vc, next}, {P2P::recv, kn, prev}, {P2P::recv, vn, prev}};
+    if (n > 1 && t < n - 1) pass = cp.exchange_start(kv);  // the last step's K, V stay
     cpu::chunk_attention_bwd(dq, dkc, dvc, dout, out, lse, q, kc, vc, mine,
                              cp_positions(seq_len, n, (r - t + n) % n));
     if (n == 1) break;
-    const int next = (r + 1) % n, prev = (r - 1 + n) % n;
-    const P2P ops[] = {{P2P::send, kc, next},  {P2P::send, vc, next}, {P2P::send, dkc, next},
-                       {P2P::send, dvc, next}, {P2P::recv, kn, prev}, {P2P::recv, vn, prev},
-                       {P2P::recv, dkn, prev}, {P2P::recv, dvn, prev}};
-    cp.exchange(ops);
+    const P2P grads[] = {{P2P::send, dkc, next},
+                         {P2P::send, dvc, next},
+                         {P2P::recv, dkn, prev},
+                         {P2P::recv, dvn, prev}};
+    cp.exchange(grads);
+    cp.wait(pass);
     std::swap(kc, kn), std::swap(vc, vn), std::swap(dkc, dkn), std::swap(dvc, dvn);
   }
   // After n steps and n passes each chunk's accumulators are home (with n == 1, never left).

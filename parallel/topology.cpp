@@ -17,10 +17,10 @@ absl::StatusOr<Topology> Topology::make(int world, int rank, int tp, int pp, int
   const int fixed = tp * cp * pp;
   if (dp <= 0) {
     if (world % fixed != 0)
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "parallel layout: world size %d is not divisible by %s = %d; launch a "
-          "multiple of %d ranks or change %s",
-          world, axes, fixed, fixed, keys));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("parallel layout: world size %d is not divisible by %s = %d; launch a "
+                          "multiple of %d ranks or change %s",
+                          world, axes, fixed, fixed, keys));
     dp = world / fixed;
   }
   if (fixed * dp != world)

@@ -17,7 +17,7 @@ namespace tr {
 
 struct Topology {
   int world = 1, rank = 0;
-  int tp = 1, cp = 1, dp = 1, pp = 1;                       // axis sizes
+  int tp = 1, cp = 1, dp = 1, pp = 1;                      // axis sizes
   int tp_rank = 0, cp_rank = 0, dp_rank = 0, pp_rank = 0;  // this rank's coordinates
 
   // dp <= 0 means "auto": world / (tp * cp * pp). Errors name the numbers that do not fit.

@@ -396,23 +396,24 @@ TEST_CASE("cli: every step waits for the device once, under every layout", "[cli
 }
 
 // Where the step's time goes (trainer/phases.h): rank 0's phases add up to its step time, and
-// under tp 2 x pp 2 x dp 2 every one of forward, backward, the pipeline's exchanges, the TP
-// collectives, the DP reduction and the optimizer takes some of it.
-TEST_CASE("cli: the step-time breakdown adds up to the step time under tp2 x pp2 x dp2",
+// under tp 2 x cp 2 x pp 2 every one of forward, backward, the pipeline's exchanges, the TP
+// collectives, the CP exchange, the gradient reduction (over the CP group's replicas) and the
+// optimizer takes some of it.
+TEST_CASE("cli: the step-time breakdown adds up to the step time under tp2 x cp2 x pp2",
           "[cli][mpi]") {
   RunDir run(6);
   const CmdResult r =
       run.mpirun(8,
                  " --set model.num_heads=8 --set model.num_kv_heads=4 --set model.head_dim=8"
                  " --set model.num_layers=4 --set train.micro_batch=1"
-                 " --set parallel.tp=2 --set parallel.pp=2");
+                 " --set parallel.tp=2 --set parallel.cp=2 --set parallel.pp=2");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   const std::vector<nlohmann::json> steps = run.metrics();
   REQUIRE(steps.size() == 6);
-  const char* phases[] = {"time_forward_s", "time_backward_s", "time_pipeline_wait_s",
-                          "time_tp_comm_s", "time_cp_comm_s", "time_dp_wait_s",  "time_optimizer_s",
-                          "time_other_s",   "data_wait_s"};
+  const char* phases[] = {"time_forward_s",   "time_backward_s", "time_pipeline_wait_s",
+                          "time_tp_comm_s",   "time_cp_comm_s",  "time_dp_wait_s",
+                          "time_optimizer_s", "time_other_s",    "data_wait_s"};
   std::map<std::string, double> total;
   for (const nlohmann::json& j : steps) {
     double sum = 0;
@@ -746,10 +747,11 @@ TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][
     CHECK(test::rel_err(y.v, x.v) < 1e-5);
     CHECK(y.state.consumed_samples == 160);
     const double la = a.back()["loss"].get<double>(), lb = b.back()["loss"].get<double>();
-    const std::string label = "+" + c.how + (c.more.find("sequence") != std::string::npos
-                                                 ? "+seq-par+zero1"
-                                                 : (c.more.empty() ? "" : "+zero1")) +
-                              (c.env.empty() ? "" : "+sharded-masters");
+    const std::string label =
+        "+" + c.how +
+        (c.more.find("sequence") != std::string::npos ? "+seq-par+zero1"
+                                                      : (c.more.empty() ? "" : "+zero1")) +
+        (c.env.empty() ? "" : "+sharded-masters");
     std::printf("(%d,%d,%d,%d)%-28s%.9f  %.2e\n", c.tp, c.cp, c.pp, c.dp, label.c_str(), lb,
                 std::abs(lb / la - 1));
   }

@@ -109,8 +109,9 @@ TEST_CASE("config: cross-field checks", "[config]") {
         "data.seq_len 36 does not split into 2 x parallel.cp = 8 equal chunks; make it a multiple "
         "of 8 or change parallel.cp");
   CHECK(parse_config(kBase, {"data.seq_len=40", "parallel.cp=4"}).ok());
-  CHECK(error_of(kBase, {"parallel.cp_comm=alltoall"}).find(
-            "parallel.cp_comm must be one of allgather|ring (got 'alltoall')") != std::string::npos);
+  CHECK(error_of(kBase, {"parallel.cp_comm=alltoall"})
+            .find("parallel.cp_comm must be one of allgather|ring (got 'alltoall')") !=
+        std::string::npos);
 }
 
 TEST_CASE("config: --set overrides and its errors", "[config]") {

@@ -778,11 +778,11 @@ TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand",
 // and both exchanges.
 TEST_CASE("plan: context parallelism's activation memory is the real model's", "[model]") {
   const std::vector<std::string> small = {
-      "model.preset=",          "model.hidden_size=64", "model.intermediate_size=128",
-      "model.num_layers=4",     "model.num_heads=4",    "model.num_kv_heads=2",
-      "model.head_dim=16",      "model.vocab_size=1000", "parallel.tp=2",
-      "parallel.pp=2",          "parallel.dp=1",         "parallel.sequence_parallel=true",
-      "data.seq_len=64",        "train.global_batch=8",  "train.micro_batch=2"};
+      "model.preset=",      "model.hidden_size=64",  "model.intermediate_size=128",
+      "model.num_layers=4", "model.num_heads=4",     "model.num_kv_heads=2",
+      "model.head_dim=16",  "model.vocab_size=1000", "parallel.tp=2",
+      "parallel.pp=2",      "parallel.dp=1",         "parallel.sequence_parallel=true",
+      "data.seq_len=64",    "train.global_batch=8",  "train.micro_batch=2"};
   double acts_cp1 = 0;
   for (int cp : {1, 2, 4})
     for (const char* how : {"allgather", "ring"}) {
@@ -799,8 +799,8 @@ TEST_CASE("plan: context parallelism's activation memory is the real model's", "
             Topology::make(4 * cp, 0, 2, 2, 1, cp)->of_rank(stage * 2 * cp + 2 * (cp - 1));
         REQUIRE(topo.cp_rank == cp - 1);
         const ModelDims dims = ModelDims::from(cfg, topo);
-        const ModelOptions options = {.batch = 2, .seq_len = 64, .dtype = DType::bf16,
-                                      .slots = 2 - stage};
+        const ModelOptions options = {
+            .batch = 2, .seq_len = 64, .dtype = DType::bf16, .slots = 2 - stage};
         ParamBuffer buffer = make_param_buffer(dims, options, Device::cpu);
         const Qwen2Model real(dims, options, buffer, Ctx{});
         CHECK(real.tokens_per_micro_batch() == 2 * 64 / cp);
@@ -811,6 +811,83 @@ TEST_CASE("plan: context parallelism's activation memory is the real model's", "
       // Every [T, ...] buffer holds 1/cp of the tokens; the scratch adds a little.
       if (cp > 1) CHECK(acts < acts_cp1 / cp * 1.2);
     }
+}
+
+// The CP exchange's bytes per GPU per step by hand for both methods (trainer/plan.cpp's
+// cp_bytes_per_step), and the cp the planner names for a sequence that does not fit.
+TEST_CASE("plan: context parallelism's traffic by hand, and the cp a long sequence needs",
+          "[model]") {
+  // tp 2 x cp 2 x pp 2, seq 64: each rank's chunk of K is 32 tokens of 1 KV head of 16 in bf16,
+  // c = 1024 bytes; 8 / (2 x dp 1) = 4 micro-batches of 2 sequences; 2 layers per stage.
+  const std::vector<std::string> small = {
+      "model.preset=",        "model.hidden_size=64",  "model.intermediate_size=128",
+      "model.num_layers=4",   "model.num_heads=4",     "model.num_kv_heads=2",
+      "model.head_dim=16",    "model.vocab_size=1000", "parallel.tp=2",
+      "parallel.pp=2",        "parallel.cp=2",         "data.seq_len=64",
+      "train.global_batch=8", "train.micro_batch=2"};
+  const double c = 1024, sequences = 8, layers = 2;
+  std::vector<std::string> sets = small;
+  sets.push_back("parallel.cp_comm=allgather");
+  absl::StatusOr<Plan> gather = make_plan(plan_config(sets), *gpu_spec("h100"), 1, 8);
+  REQUIRE(gather.ok());
+  // Forward gathers K and V (2 (cp - 1) c), backward again and reduce-scatters dK, dV.
+  CHECK(gather->cp_bytes == Approx(sequences * layers * (2 * c + 2 * c + 2 * c)));
+  CHECK(gather->cp_beside_bytes == 0);
+  CHECK(gather->cp_s == Approx(gather->cp_comm_s));
+  sets.back() = "parallel.cp_comm=ring";
+  absl::StatusOr<Plan> ring = make_plan(plan_config(sets), *gpu_spec("h100"), 1, 8);
+  REQUIRE(ring.ok());
+  // K and V round the ring in forward and backward, dK and dV cp = 2 passes home.
+  CHECK(ring->cp_bytes == Approx(sequences * layers * (2 * c + 2 * c + 4 * c)));
+  CHECK(ring->cp_beside_bytes == Approx(sequences * layers * 4 * c));
+  CHECK(ring->cp_s < ring->cp_comm_s);     // this tiny attention still hides some of it
+  sets.push_back("train.recompute=full");  // the forward's K/V exchange again
+  absl::StatusOr<Plan> rc = make_plan(plan_config(sets), *gpu_spec("h100"), 1, 8);
+  REQUIRE(rc.ok());
+  CHECK(rc->cp_bytes - ring->cp_bytes == Approx(sequences * layers * 2 * c));
+  CHECK(format_plan(plan_config(sets), *ring)
+            .find("context parallel: cp 2 (ring), 32 tokens of each sequence per GPU") !=
+        std::string::npos);
+  // Qwen2.5-72B at 32K tokens on 16 nodes of H100: activations do not fit at cp 1 (nor 2); the
+  // plan names cp 4.
+  const Config big =
+      *load_config(std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml",
+                   {"data.seq_len=32768", "train.global_batch=128", "train.recompute=none"});
+  absl::StatusOr<Plan> p = make_plan(big, *gpu_spec("h100"), 16, 8);
+  REQUIRE(p.ok());
+  CHECK_FALSE(p->fits);
+  CHECK(p->cp_needed == 4);
+  CHECK(format_plan(big, *p).find("long context: parallel.cp=4 would fit on these 128 GPUs") !=
+        std::string::npos);
+}
+
+// The long-context configs (docs/parallelism.md) fit 16 nodes of H100 and of B300 as their
+// headers say, with YaRN where the sequence passes the 32K Qwen2.5 was trained at.
+TEST_CASE("plan: the 32K and 128K configs fit 16 nodes of H100 and B300", "[model]") {
+  struct Case {
+    const char* file;
+    int64_t seq, cp;
+    double h100_gib;
+  };
+  for (const Case& c :
+       {Case{"qwen2.5-7b-32k", 32768, 2, 39.1}, Case{"qwen2.5-72b-32k", 32768, 2, 69.3},
+        Case{"qwen2.5-72b-128k", 131072, 8, 69.3}}) {
+    INFO(c.file);
+    absl::StatusOr<Config> cfg =
+        load_config(std::string(TR_SOURCE_DIR) + "/configs/" + c.file + ".yaml", {});
+    REQUIRE(cfg.ok());
+    CHECK(cfg->data.seq_len == c.seq);
+    CHECK(cfg->parallel.cp == c.cp);
+    CHECK((cfg->model.rope_scaling.type == "yarn") == (c.seq > 32768));
+    for (const char* gpu : {"h100", "b300"}) {
+      absl::StatusOr<Plan> p = make_plan(*cfg, *gpu_spec(gpu), 16, 8);
+      REQUIRE(p.ok());
+      CHECK(p->fits);
+      double worst = 0;
+      for (const StageMemory& m : p->stages) worst = std::max(worst, m.total());
+      CHECK(worst / (1 << 30) == Approx(c.h100_gib).margin(0.05));  // the layout's, either GPU
+    }
+  }
 }
 
 // The layout rules that need the world size live in run_facts() (trainer/facts.h), which the

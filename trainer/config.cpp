@@ -286,9 +286,8 @@ Status validate(const Config& c) {
   if (c.data.seq_len > m.max_seq_len)
     return err("data.seq_len ", c.data.seq_len, " exceeds model.max_seq_len ", m.max_seq_len);
   if (p.cp > 1 && c.data.seq_len % (2 * p.cp) != 0)
-    return err("data.seq_len ", c.data.seq_len, " does not split into 2 x parallel.cp = ",
-               2 * p.cp, " equal chunks; make it a multiple of ", 2 * p.cp,
-               " or change parallel.cp");
+    return err("data.seq_len ", c.data.seq_len, " does not split into 2 x parallel.cp = ", 2 * p.cp,
+               " equal chunks; make it a multiple of ", 2 * p.cp, " or change parallel.cp");
   const TrainConfig& t = c.train;
   if (t.global_batch == 0) return err("train.global_batch is not set");
   // The batch against micro_batch x dp needs the world size (parallel.dp auto): run_facts()

@@ -171,8 +171,8 @@ void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
   if (d.cp > 1) return context_attention_bwd(slot, l);
   const Acts::Layer& L = a_->slots[slot].layers[l];
   attention_bwd(ctx_, a_->dqkv, a_->datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
-                static_cast<int>(seq_len_), static_cast<int>(d.heads),
-                static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim));
+                static_cast<int>(seq_len_), static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
+                static_cast<int>(d.head_dim));
 }
 
 void Qwen2Model::recompute_layer(int slot, int64_t l) {

@@ -59,9 +59,10 @@ void Qwen2Model::context_attention_bwd(int slot, int64_t l) {
     copy_heads(rows, heads, 0, a.q, false);
     copy_heads(rows, heads, nh, a.k, false);
     copy_heads(rows, heads, nh + nkv, a.v, false);
-    cp_attention_bwd(*cp_, d.cp_exchange, a.cp, a.dq, a.dk, a.dv, a.datt.slice(b * S, S).view({S, nh, hd}),
-                     L.att.slice(b * S, S).view({S, nh, hd}), L.lse.slice(b, 1).view({nh, S}),
-                     a.q, a.k, a.v, seq_total_);
+    cp_attention_bwd(*cp_, d.cp_exchange, a.cp, a.dq, a.dk, a.dv,
+                     a.datt.slice(b * S, S).view({S, nh, hd}),
+                     L.att.slice(b * S, S).view({S, nh, hd}), L.lse.slice(b, 1).view({nh, S}), a.q,
+                     a.k, a.v, seq_total_);
     copy_heads(drows, heads, 0, a.dq, true);
     copy_heads(drows, heads, nh, a.dk, true);
     copy_heads(drows, heads, nh + nkv, a.dv, true);

@@ -49,9 +49,9 @@ PhaseClock& phase_clock() {
 
 ScopedPhase::ScopedPhase(Phase p) : prev_(phase_clock().enter(p)) {
 #ifdef TRAINER_HAVE_CUDA
-  static const char* const names[kPhases] = {
-      "other",         "data wait",     "forward", "backward", "pipeline wait",
-      "tp collective", "cp collective", "dp wait", "optimizer"};
+  static const char* const names[kPhases] = {"other",         "data wait",     "forward",
+                                             "backward",      "pipeline wait", "tp collective",
+                                             "cp collective", "dp wait",       "optimizer"};
   nvtxRangePushA(names[static_cast<int>(p)]);
 #endif
 }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -134,10 +136,11 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
                           GradReducer::shard_bytes(capacity, replicas, zero1) +
                           GradReducer::staging_bytes(capacity, replicas, zero1, reduce));
   if (device == Device::cuda) {
-    m.workspace =
-        static_cast<double>(kCudaWorkspaceBytes +
-                            StepIO::device_bytes(facts.micro_batches, t.micro_batch * seq / st.cp, device));
-    m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq);
+    m.workspace = static_cast<double>(
+        kCudaWorkspaceBytes +
+        StepIO::device_bytes(facts.micro_batches, t.micro_batch * seq / st.cp, device));
+    // cuDNN runs on one rank's tokens of a sequence (its CP chunks).
+    m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq / st.cp);
   }
   return m;
 }
@@ -186,14 +189,42 @@ void plan_flops(const Config& cfg, Plan& plan) {
   plan.bubble = (pp - 1) / (m + pp - 1);
 }
 
+// The CP exchange per GPU per step (bytes sent, bf16): per micro-batch, sequence and layer of
+// the stage, with c = one rank's chunk of K (or V): seq / cp tokens of nkv / tp heads of hd,
+//   all-gather: forward gathers K and V (each rank sends its c to cp - 1 others: 2 (cp - 1) c);
+//               backward gathers them again and reduce-scatters dK and dV: 4 (cp - 1) c;
+//   ring:       forward passes K and V cp - 1 times, backward again: 4 (cp - 1) c, each pass
+//               beside the attention of the chunk in hand; backward also passes dK and dV cp
+//               times (the gradients travel home) after each chunk's backward: 2 cp c.
+// A fully recomputed layer runs its forward's exchange again. Returns {all, the part that runs
+// beside the attention}.
+std::pair<double, double> cp_bytes_per_step(const Config& cfg, const RunFacts& f,
+                                            int64_t recompute_full_layers) {
+  const int cp = f.topo.cp;
+  if (cp == 1) return {0, 0};
+  const ModelConfig& mc = cfg.model;
+  const double c = static_cast<double>(cfg.data.seq_len / cp) *
+                   static_cast<double>(mc.num_kv_heads / f.topo.tp * mc.head_dim) * 2.0;
+  const bool ring = cfg.parallel.cp_comm == "ring";
+  const double kv = 2.0 * (cp - 1) * c;  // one gather or one trip round the ring of K and V
+  const double grads = ring ? 2.0 * cp * c : 2.0 * (cp - 1) * c;
+  const double layers = static_cast<double>(mc.num_layers) / f.topo.pp;
+  const double full = static_cast<double>(recompute_full_layers) / f.topo.pp;
+  const double sequences = static_cast<double>(f.micro_batches * cfg.train.micro_batch);
+  const double kv_all = sequences * kv * (2 * layers + full);
+  const double all = kv_all + sequences * grads * layers;
+  return {all, ring ? kv_all : 0.0};
+}
+
 // Communication per GPU per step (bytes sent), bf16 activations, fp32 gradients.
 void plan_communication(const Config& cfg, Plan& plan) {
   const RunFacts& f = plan.facts;
-  const int pp = f.topo.pp, tp = f.topo.tp, dp = f.topo.dp;
+  const int pp = f.topo.pp, tp = f.topo.tp, dp = f.topo.dp, cp = f.topo.cp;
   const auto m = static_cast<double>(f.micro_batches);
   const double H = static_cast<double>(cfg.model.hidden_size);
-  const double act =
-      static_cast<double>(cfg.train.micro_batch * cfg.data.seq_len) * H * 2.0;  // [T, H] bf16
+  const double tokens =
+      static_cast<double>(cfg.train.micro_batch * cfg.data.seq_len) / cp;  // T on this rank
+  const double act = tokens * H * 2.0;                                     // [T, H] bf16
   const double layers_here = static_cast<double>(cfg.model.num_layers) / pp;
   // Per layer and micro-batch: 2 TP reductions forward (attention, MLP) and 2 backward; with
   // sequence parallelism each is a reduce-scatter + all-gather pair of the same volume.
@@ -212,8 +243,11 @@ void plan_communication(const Config& cfg, Plan& plan) {
   // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
   // compute copy all-gathered.
   const double reduced = grads / 4 * dtype_size(grad_reduce_dtype(cfg.parallel));  // on the wire
-  plan.dp_bytes = f.zero1 ? ring_half(reduced, dp) + ring_half(plan.stages[0].compute_copy, dp)
-                          : ring_all_reduce(reduced, dp);
+  plan.dp_bytes =
+      f.zero1 ? ring_half(reduced, dp * cp) + ring_half(plan.stages[0].compute_copy, dp * cp)
+              : ring_all_reduce(reduced, dp * cp);
+  std::tie(plan.cp_bytes, plan.cp_beside_bytes) =
+      cp_bytes_per_step(cfg, f, plan.recompute_full_layers);
 }
 
 // Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication (TP
@@ -231,15 +265,22 @@ void plan_time(Plan& plan) {
   const bool multi_node = plan.world > plan.gpus_per_node;
   plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw);
   plan.dp_s = plan.dp_bytes / (multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw);
-  plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s;
+  // CP groups are the next-closest ranks after TP: inside a node while tp x cp GPUs fit in one.
+  const int cp = plan.facts.topo.cp;
+  const double cp_bw = tp * cp <= plan.gpus_per_node ? gpu.nvlink_bw : gpu.network_bw;
+  const double attention_s = (plan.flops_per_token_full - plan.flops_per_token_causal) *
+                             tokens_step / plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency);
+  plan.cp_comm_s = plan.cp_bytes / cp_bw;
+  const double beside_s = plan.cp_beside_bytes / cp_bw;
+  plan.cp_s = plan.cp_comm_s - beside_s + std::max(0.0, beside_s - attention_s);
+  plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s + plan.cp_s;
   plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;
   plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;
 }
 
-}  // namespace
-
-absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
-                               int gpus_per_node) {
+// The plan itself (make_plan without its search for a cp that fits).
+absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
+                                int gpus_per_node) {
   if (nodes < 1 || gpus_per_node < 1)
     return absl::InvalidArgumentError(
         absl::StrCat("--nodes ", nodes, " and --gpus-per-node ", gpus_per_node, " must be >= 1"));
@@ -255,6 +296,30 @@ absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
   plan_flops(cfg, plan);
   plan_communication(cfg, plan);
   plan_time(plan);
+  return plan;
+}
+
+// The smallest parallel.cp above cfg's, doubling, whose plan on the same GPUs (dp auto) is a
+// valid layout that fits; 0 = none.
+int cp_that_fits(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node) {
+  const int64_t fixed = cfg.parallel.tp * cfg.parallel.pp;
+  for (int64_t cp = cfg.parallel.cp * 2; fixed * cp <= int64_t{nodes} * gpus_per_node; cp *= 2) {
+    if (cfg.data.seq_len % (2 * cp) != 0) break;  // config.cpp's rule: nor will a larger cp
+    Config c = cfg;
+    c.parallel.cp = cp;
+    c.parallel.dp = 0;
+    absl::StatusOr<Plan> p = build_plan(c, gpu, nodes, gpus_per_node);
+    if (p.ok() && p->fits) return static_cast<int>(cp);
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
+                               int gpus_per_node) {
+  absl::StatusOr<Plan> plan = build_plan(cfg, gpu, nodes, gpus_per_node);
+  if (plan.ok() && !plan->fits) plan->cp_needed = cp_that_fits(cfg, gpu, nodes, gpus_per_node);
   return plan;
 }
 
@@ -309,11 +374,12 @@ std::string format_plan(const Config& cfg, const Plan& p) {
   const Topology& t = p.facts.topo;
   absl::StrAppendFormat(
       &out,
-      "plan: %d nodes x %d %s = %d GPUs; tp %d x pp %d x dp %d%s%s; "
+      "plan: %d nodes x %d %s = %d GPUs; tp %d x %spp %d x dp %d%s%s; "
       "%.3gB parameters; %d micro-batches of %d x %d tokens per step\n",
-      p.nodes, p.gpus_per_node, p.gpu.name, p.world, t.tp, t.pp, t.dp,
-      p.facts.zero1 ? ", zero1" : "", p.facts.sequence_parallel ? ", sequence parallel" : "",
-      p.params_total / 1e9, p.facts.micro_batches, cfg.train.micro_batch, cfg.data.seq_len);
+      p.nodes, p.gpus_per_node, p.gpu.name, p.world, t.tp,
+      t.cp > 1 ? absl::StrCat("cp ", t.cp, " x ") : "", t.pp, t.dp, p.facts.zero1 ? ", zero1" : "",
+      p.facts.sequence_parallel ? ", sequence parallel" : "", p.params_total / 1e9,
+      p.facts.micro_batches, cfg.train.micro_batch, cfg.data.seq_len);
   absl::StrAppendFormat(&out,
                         "checkpoint: %.1f GiB per save (fp32 weights, Adam m and v); "
                         "checkpoint.keep_last=%d keeps %d on disk, one more during a save\n",
@@ -323,7 +389,7 @@ std::string format_plan(const Config& cfg, const Plan& p) {
   absl::StrAppendFormat(&out,
                         "loss: chunks of %d tokens of the %d in a micro-batch (at most %.2g GiB "
                         "of bf16 logits per chunk on the last stage)\n",
-                        last.loss_chunk_tokens, cfg.train.micro_batch * cfg.data.seq_len,
+                        last.loss_chunk_tokens, cfg.train.micro_batch * cfg.data.seq_len / t.cp,
                         last.loss_chunk_logits / kGiB);
   format_memory(out, p);
   absl::StrAppendFormat(&out,
@@ -344,14 +410,28 @@ std::string format_plan(const Config& cfg, const Plan& p) {
         100 * p.recompute_flops_per_token / p.flops_per_token_causal);
   absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (1F1B, %d micro-batches)\n",
                         100 * p.bubble, p.facts.micro_batches);
+  const std::string cp_traffic = t.cp > 1 ? absl::StrFormat(", cp %.2f GB", p.cp_bytes / 1e9) : "";
   absl::StrAppendFormat(&out,
-                        "communication per GPU per step: tp %.2f GB, pp %.2f GB, dp %.2f GB\n",
-                        p.tp_bytes / 1e9, p.pp_bytes / 1e9, p.dp_bytes / 1e9);
+                        "communication per GPU per step: tp %.2f GB, pp %.2f GB, dp %.2f GB%s\n",
+                        p.tp_bytes / 1e9, p.pp_bytes / 1e9, p.dp_bytes / 1e9, cp_traffic);
+  if (t.cp > 1)
+    absl::StrAppendFormat(
+        &out,
+        "context parallel: cp %d (%s), %d tokens of each sequence per GPU; the "
+        "K/V exchange takes %.2f s per step, %.2f s of it exposed%s\n",
+        t.cp, cfg.parallel.cp_comm, cfg.data.seq_len / t.cp, p.cp_comm_s, p.cp_s,
+        cfg.parallel.cp_comm == "ring" ? " (the K/V passes run beside the chunk attention)" : "");
+  if (!p.fits && p.cp_needed > 0)
+    absl::StrAppendFormat(&out,
+                          "long context: parallel.cp=%d would fit on these %d GPUs (dp auto); "
+                          "try trainer plan --set parallel.cp=%d\n",
+                          p.cp_needed, p.world, p.cp_needed);
+  const std::string cp_time = t.cp > 1 ? absl::StrFormat(", cp %.2f", p.cp_s) : "";
   absl::StrAppendFormat(&out,
-                        "predicted step %.2f s (compute %.2f, tp %.2f, pp %.2f, dp %.2f, no "
+                        "predicted step %.2f s (compute %.2f, tp %.2f, pp %.2f, dp %.2f%s, no "
                         "overlap): %.0f tokens/s/GPU, MFU %.1f%%\n",
-                        p.step_s, p.compute_s, p.tp_s, p.pp_s, p.dp_s, p.tokens_per_s_per_gpu,
-                        100 * p.mfu);
+                        p.step_s, p.compute_s, p.tp_s, p.pp_s, p.dp_s, cp_time,
+                        p.tokens_per_s_per_gpu, 100 * p.mfu);
   return out;
 }
 
@@ -398,6 +478,10 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"tp", p.facts.topo.tp},
                             {"pp", p.facts.topo.pp},
                             {"dp", p.facts.topo.dp},
+                            {"cp", p.facts.topo.cp},
+                            {"cp_comm", cfg.parallel.cp_comm},
+                            {"cp_bytes", p.cp_bytes},
+                            {"cp_needed", p.cp_needed},
                             {"micro_batches", p.facts.micro_batches},
                             {"params", p.params_total},
                             {"checkpoint_gib", p.checkpoint_bytes / kGiB},

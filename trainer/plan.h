@@ -61,7 +61,17 @@ struct Plan {
   int64_t recompute_full_layers = 0;
   double bubble = 0;                                // (pp - 1) / (m + pp - 1) of each step idle
   double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per GPU per step, sent
+  // Context parallelism's K/V exchange per GPU per step (parallel.cp_comm), sent, and the part
+  // of it that runs beside the attention (the ring's K/V passes).
+  double cp_bytes = 0, cp_beside_bytes = 0;
   double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+  // The CP exchange's time, and the part of it the step waits for: all of it for the
+  // all-gather (attention waits for the gathered K and V); for the ring, its dK/dV passes and
+  // what of its K/V passes the attention does not cover.
+  double cp_comm_s = 0, cp_s = 0;
+  // When the plan does not fit: the smallest parallel.cp (doubling from this one, dp auto on the
+  // same GPUs) whose plan fits; 0 = none up to the GPU count.
+  int cp_needed = 0;
   double tokens_per_s_per_gpu = 0, mfu = 0;
   bool fits = true;
 };
