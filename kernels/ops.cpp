@@ -308,6 +308,73 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
               head_dim);
 }
 
+namespace {
+// q [C, nh, hd], k and v [Ck, nkv, hd] with nkv dividing nh; a causal block is square.
+void check_block(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  OP_CHECK(c, q.ndim == 3 && k.ndim == 3 && v.same_shape(k) && q.shape[2] == k.shape[2] &&
+                  k.shape[1] > 0 && q.shape[1] % k.shape[1] == 0 &&
+                  (!causal || q.shape[0] == k.shape[0]));
+}
+bool is_block_lse(const Tensor& lse, const Tensor& q) {
+  return lse.dtype == stat_dtype(q.dtype) && lse.numel() == q.shape[0] * q.shape[1];
+}
+}  // namespace
+
+void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
+                         bool causal) {
+  const OpCheck c(ctx, "attention_block_fwd",
+                  {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
+  c.same_float_dtype({out, q, k, v});
+  check_block(c, q, k, v, causal);
+  OP_CHECK(c, out.same_shape(q) && is_block_lse(lse, q));
+  TR_DISPATCH(attention_block_fwd, out, lse, q, k, v, causal);
+}
+
+void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
+                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal) {
+  const OpCheck c(ctx, "attention_block_bwd",
+                  {{"dq", dq},
+                   {"dk", dk},
+                   {"dv", dv},
+                   {"dout", dout},
+                   {"out", out},
+                   {"lse", lse},
+                   {"q", q},
+                   {"k", k}});
+  c.same_float_dtype({dq, dk, dv, dout, out, q, k, v});
+  check_block(c, q, k, v, causal);
+  OP_CHECK(c, dq.same_shape(q) && dout.same_shape(q) && out.same_shape(q) && dk.same_shape(k) &&
+                  dv.same_shape(k) && is_block_lse(lse, q));
+  TR_DISPATCH(attention_block_bwd, dq, dk, dv, dout, out, lse, q, k, v, causal);
+}
+
+void attention_merge(Ctx& ctx, Tensor out, Tensor lse, Tensor out2, Tensor lse2) {
+  const OpCheck c(ctx, "attention_merge",
+                  {{"out", out}, {"lse", lse}, {"out2", out2}, {"lse2", lse2}});
+  c.same_float_dtype({out, out2});
+  OP_CHECK(c, out.ndim == 3 && out.same_shape(out2) && is_block_lse(lse, out) &&
+                  is_block_lse(lse2, out));
+  TR_DISPATCH(attention_merge, out, lse, out2, lse2);
+}
+
+void qkv_split(Ctx& ctx, Tensor q, Tensor k, Tensor v, Tensor qkv) {
+  const OpCheck c(ctx, "qkv_split", {{"q", q}, {"k", k}, {"v", v}, {"qkv", qkv}});
+  c.same_float_dtype({q, k, v, qkv});
+  OP_CHECK(c, q.ndim == 3 && k.ndim == 3 && v.same_shape(k) && k.shape[0] == q.shape[0] &&
+                  k.shape[2] == q.shape[2] &&
+                  is_matrix(qkv, q.shape[0], (q.shape[1] + 2 * k.shape[1]) * q.shape[2]));
+  TR_DISPATCH(qkv_split, q, k, v, qkv);
+}
+
+void qkv_join(Ctx& ctx, Tensor dqkv, Tensor dq, Tensor dk, Tensor dv) {
+  const OpCheck c(ctx, "qkv_join", {{"dqkv", dqkv}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
+  c.same_float_dtype({dqkv, dq, dk, dv});
+  OP_CHECK(c, dq.ndim == 3 && dk.ndim == 3 && dv.same_shape(dk) && dk.shape[0] == dq.shape[0] &&
+                  dk.shape[2] == dq.shape[2] &&
+                  is_matrix(dqkv, dq.shape[0], (dq.shape[1] + 2 * dk.shape[1]) * dq.shape[2]));
+  TR_DISPATCH(qkv_join, dqkv, dq, dk, dv);
+}
+
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup) {
   const OpCheck c(ctx, "swiglu_fwd", {{"out", out}, {"gateup", gateup}});
   c.same_float_dtype({out, gateup});

@@ -77,6 +77,27 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim);
 
+// ---- attention in blocks (context parallelism: parallel/cp_attention.h) ----
+// One query block of a sequence against one key block: q, out [C, nh, hd]; k, v [Ck, nkv, hd];
+// lse [nh, C] (f32, or f64 for f64 ops). Every key is visible (the key block lies before the
+// query block), or with `causal` (the same block: C == Ck) key j is visible to query i when
+// j <= i. out and lse ASSIGNED: the block's partial attention and the log-sum-exp of its scaled
+// scores.
+void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
+                         bool causal);
+// This block's share of the gradients, given the query rows' merged out and lse (over all their
+// blocks) and dout: dq [C, nh, hd], dk, dv [Ck, nkv, hd] ASSIGNED.
+void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
+                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal);
+// (out, lse) becomes the merge of itself with (out2, lse2), both [C, nh, hd] and [nh, C]:
+// lse = log(e^lse + e^lse2), out the two weighted by e^(lse_i - lse). The attention over two
+// sets of keys from the attention over each.
+void attention_merge(Ctx& ctx, Tensor out, Tensor lse, Tensor out2, Tensor lse2);
+// q [L, nh, hd], k, v [L, nkv, hd] ASSIGNED from packed rows qkv [L, (nh + 2 nkv) hd].
+void qkv_split(Ctx& ctx, Tensor q, Tensor k, Tensor v, Tensor qkv);
+// dqkv [L, (nh + 2 nkv) hd] ASSIGNED from dq, dk, dv (the inverse of qkv_split).
+void qkv_join(Ctx& ctx, Tensor dqkv, Tensor dq, Tensor dk, Tensor dv);
+
 // Builds what attention of this shape needs before the first step (cuDNN's graphs and their
 // workspace on CUDA) and says what it built: the bytes of workspace it holds for it (0 on the
 // CPU), and whether the backward is deterministic (on CUDA ctx.deterministic asks for it; cuDNN

@@ -1,12 +1,11 @@
 #include "parallel/cp_attention.h"
 
-#include <cstring>
-#include <limits>
-#include <vector>
+#include <algorithm>
+#include <string>
+#include <utility>
 
 #include "core/check.h"
-#include "kernels/cpu/chunk_attention.h"
-#include "parallel/context_parallel.h"
+#include "kernels/ops.h"
 
 namespace tr {
 namespace {
@@ -15,41 +14,98 @@ DType stat_dtype(DType d) {
   return d == DType::f64 ? DType::f64 : DType::f32;
 }
 
-void fill_neg_inf(Tensor lse) {
-  for (int64_t i = 0; i < lse.numel(); ++i) {
-    if (lse.dtype == DType::f64)
-      lse.ptr<double>()[i] = -std::numeric_limits<double>::infinity();
-    else
-      lse.ptr<float>()[i] = -std::numeric_limits<float>::infinity();
-  }
+// The index (of the sequence's 2 cp chunks) of CP rank `rank`'s chunk `which`: 0 its early one,
+// 1 its late one (parallel/context_parallel.h).
+int chunk_index(int cp, int rank, int which) {
+  return which == 0 ? rank : 2 * cp - 1 - rank;
 }
 
-void zero(Tensor t) {
-  std::memset(t.data, 0, t.nbytes());
-}
-
-// Rank `s`'s block of a gathered [cp * L, ...] tensor.
-Tensor block(Tensor all, int s, int64_t rows) {
-  return all.slice(s * rows, rows);
-}
+// One rank's tensors as its two chunks: x [L, ...] -> chunk a's [C, ...] rows; lse [2, nh, C].
+struct Chunks {
+  int64_t C, nh;
+  Tensor of(Tensor x, int a) const { return x.slice(a * C, C); }
+  Tensor lse(Tensor l, int a) const { return l.view({2, nh, C}).slice(a, 1).view({nh, C}); }
+};
 
 void check(const Comm& cp, const CpScratch& scratch, const Tensor& q, const Tensor& k,
            int64_t seq_len) {
-  TR_ASSERT(q.ndim == 3 && k.ndim == 3 && q.device == Device::cpu &&
-                q.shape[0] * cp.size() == seq_len && k.shape[0] == q.shape[0],
+  TR_ASSERT(q.ndim == 3 && k.ndim == 3 && q.shape[0] * cp.size() == seq_len &&
+                k.shape[0] == q.shape[0] && q.shape[0] % 2 == 0,
             "cp attention: every rank holds seq_len / cp = " +
-                std::to_string(seq_len / std::max(cp.size(), 1)) + " tokens of q, k and v");
-  TR_ASSERT(scratch.part.numel() == q.numel() && scratch.k.shape[1] == k.shape[1],
+                std::to_string(seq_len / std::max(cp.size(), 1)) +
+                " tokens (two chunks) of q, k and v");
+  TR_ASSERT(2 * scratch.part.numel() == q.numel() && scratch.k.shape[1] == k.shape[1],
             "cp attention: scratch of another shape");
 }
+
+// Rank `s`'s rows of a gathered [cp L, ...] tensor.
+Tensor rows_of(Tensor all, int s, int64_t L) {
+  return all.slice(s * L, L);
+}
+
+// The forward's blocks. The rank's own chunks first: each query chunk's causal diagonal assigns
+// its out and lse, then the late chunk meets the early one; every later block is merged in.
+struct Forward {
+  Ctx& ctx;
+  const CpScratch& sc;
+  Chunks ch;
+  int n, r;
+  Tensor out, lse, q;
+
+  void block(int a, Tensor k, Tensor v) {
+    attention_block_fwd(ctx, sc.part, sc.part_lse, ch.of(q, a), k, v, /*causal=*/false);
+    attention_merge(ctx, ch.of(out, a), ch.lse(lse, a), sc.part, sc.part_lse);
+  }
+  void own(Tensor k, Tensor v) {
+    for (int a : {0, 1})
+      attention_block_fwd(ctx, ch.of(out, a), ch.lse(lse, a), ch.of(q, a), ch.of(k, a), ch.of(v, a),
+                          /*causal=*/true);
+    block(1, ch.of(k, 0), ch.of(v, 0));
+  }
+  // Rank s's chunks (s != r), those before each query chunk.
+  void other(Tensor k, Tensor v, int s) {
+    for (int b : {0, 1})
+      for (int a : {0, 1})
+        if (chunk_index(n, s, b) < chunk_index(n, r, a)) block(a, ch.of(k, b), ch.of(v, b));
+  }
+};
+
+// The backward's blocks: every visible (query chunk, key chunk) pair's share, added to dq and to
+// the key chunk's dk, dv accumulators.
+struct Backward {
+  Ctx& ctx;
+  const CpScratch& sc;
+  Chunks ch;
+  int n, r;
+  Tensor dq, dout, out, lse, q;
+
+  // Rank s's chunks k, v [L, nkv, hd], accumulating into dk, dv (the same shape).
+  void source(Tensor k, Tensor v, Tensor dk, Tensor dv, int s) {
+    for (int b : {0, 1})
+      for (int a : {0, 1}) {
+        const int kc = chunk_index(n, s, b), qc = chunk_index(n, r, a);
+        if (kc > qc) continue;
+        attention_block_bwd(ctx, sc.dq_part, sc.dk_part, sc.dv_part, ch.of(dout, a), ch.of(out, a),
+                            ch.lse(lse, a), ch.of(q, a), ch.of(k, b), ch.of(v, b),
+                            /*causal=*/kc == qc);
+        add(ctx, ch.of(dq, a), ch.of(dq, a), sc.dq_part);
+        add(ctx, ch.of(dk, b), ch.of(dk, b), sc.dk_part);
+        add(ctx, ch.of(dv, b), ch.of(dv, b), sc.dv_part);
+      }
+  }
+};
 
 }  // namespace
 
 CpScratch CpScratch::alloc(Arena& ar, CpExchange how, int cp, int64_t L, int64_t nh, int64_t nkv,
                            int64_t hd, DType dtype) {
+  const int64_t C = L / 2;
   CpScratch s;
-  s.part = ar.alloc(dtype, {L, nh, hd});
-  s.part_lse = ar.alloc(stat_dtype(dtype), {nh, L});
+  s.part = ar.alloc(dtype, {C, nh, hd});
+  s.part_lse = ar.alloc(stat_dtype(dtype), {nh, C});
+  s.dq_part = ar.alloc(dtype, {C, nh, hd});
+  s.dk_part = ar.alloc(dtype, {C, nkv, hd});
+  s.dv_part = ar.alloc(dtype, {C, nkv, hd});
   const int64_t rows = how == CpExchange::all_gather ? cp * L : L;
   for (Tensor* t : {&s.k, &s.v, &s.dk, &s.dv}) *t = ar.alloc(dtype, {rows, nkv, hd});
   if (how == CpExchange::ring)
@@ -58,85 +114,80 @@ CpScratch CpScratch::alloc(Arena& ar, CpExchange how, int cp, int64_t L, int64_t
   return s;
 }
 
-void cp_attention_fwd(Comm& cp, CpExchange how, const CpScratch& sc, Tensor out, Tensor lse,
-                      Tensor q, Tensor k, Tensor v, int64_t seq_len) {
+void cp_attention_fwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& sc, Tensor out,
+                      Tensor lse, Tensor q, Tensor k, Tensor v, int64_t seq_len) {
   check(cp, sc, q, k, seq_len);
   const int n = cp.size(), r = cp.rank();
   const int64_t L = q.shape[0];
-  const std::vector<int64_t> mine = cp_positions(seq_len, n, r);
-  zero(out);
-  fill_neg_inf(lse);
-  auto meet = [&](Tensor ks, Tensor vs, int s) {
-    cpu::chunk_attention_fwd(sc.part, sc.part_lse, q, ks, vs, mine, cp_positions(seq_len, n, s));
-    cpu::attention_merge(out, lse, sc.part, sc.part_lse);
-  };
+  Forward f{ctx, sc, {L / 2, q.shape[1]}, n, r, out, lse, q};
   if (how == CpExchange::all_gather) {
     cp.all_gather(sc.k, k);
     cp.all_gather(sc.v, v);
-    for (int s = 0; s < n; ++s) meet(block(sc.k, s, L), block(sc.v, s, L), s);
+    f.own(k, v);
+    for (int s = 0; s < n; ++s)
+      if (s != r) f.other(rows_of(sc.k, s, L), rows_of(sc.v, s, L), s);
     return;
   }
-  // Ring: step t holds rank (r - t)'s chunk and passes it on to the next rank while its
-  // attention runs (both only read it), receiving the next one.
+  // Ring: step t holds rank (r - t)'s chunks and passes them on to the next rank while their
+  // attention runs (both only read them), receiving the next ones.
   Tensor kc = sc.k, vc = sc.v, kn = sc.k_next, vn = sc.v_next;
-  std::memcpy(kc.data, k.data, k.nbytes());
-  std::memcpy(vc.data, v.data, v.nbytes());
+  cast(ctx, kc, k);
+  cast(ctx, vc, v);
   for (int t = 0; t < n; ++t) {
-    if (t == n - 1) {
-      meet(kc, vc, (r - t + n) % n);
-      break;
-    }
+    Comm::Ticket pass = Comm::kDone;
     const P2P ops[] = {{P2P::send, kc, (r + 1) % n},
                        {P2P::send, vc, (r + 1) % n},
                        {P2P::recv, kn, (r - 1 + n) % n},
                        {P2P::recv, vn, (r - 1 + n) % n}};
-    const Comm::Ticket pass = cp.exchange_start(ops);
-    meet(kc, vc, (r - t + n) % n);
+    if (t < n - 1) pass = cp.exchange_start(ops);
+    if (t == 0)
+      f.own(k, v);
+    else
+      f.other(kc, vc, (r - t + n) % n);
+    if (t == n - 1) break;
     cp.wait(pass);
     std::swap(kc, kn);
     std::swap(vc, vn);
   }
 }
 
-void cp_attention_bwd(Comm& cp, CpExchange how, const CpScratch& sc, Tensor dq, Tensor dk,
+void cp_attention_bwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& sc, Tensor dq, Tensor dk,
                       Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
                       int64_t seq_len) {
   check(cp, sc, q, k, seq_len);
   const int n = cp.size(), r = cp.rank();
   const int64_t L = q.shape[0];
-  const std::vector<int64_t> mine = cp_positions(seq_len, n, r);
-  zero(dq);
+  Backward b{ctx, sc, {L / 2, q.shape[1]}, n, r, dq, dout, out, lse, q};
+  zero_(ctx, dq);
   if (how == CpExchange::all_gather) {
     cp.all_gather(sc.k, k);
     cp.all_gather(sc.v, v);
-    zero(sc.dk);
-    zero(sc.dv);
+    zero_(ctx, sc.dk);
+    zero_(ctx, sc.dv);
     for (int s = 0; s < n; ++s)
-      cpu::chunk_attention_bwd(dq, block(sc.dk, s, L), block(sc.dv, s, L), dout, out, lse, q,
-                               block(sc.k, s, L), block(sc.v, s, L), mine,
-                               cp_positions(seq_len, n, s));
-    // Each owner's dk, dv: the sum of every rank's share of its chunk.
+      b.source(rows_of(sc.k, s, L), rows_of(sc.v, s, L), rows_of(sc.dk, s, L), rows_of(sc.dv, s, L),
+               s);
+    // Each owner's dk, dv: the sum of every rank's share of its chunks.
     cp.reduce_scatter(dk, sc.dk, ReduceOp::sum);
     cp.reduce_scatter(dv, sc.dv, ReduceOp::sum);
     return;
   }
-  // Ring: each chunk travels with its dk, dv accumulators; after n steps and one more pass they
-  // are back at their owner. K and V pass on while the chunk's backward runs; dK and dV only
-  // after it (it writes them).
+  // Ring: each rank's chunks travel with their dk, dv accumulators and are home after n passes
+  // of the accumulators. K and V pass on while the chunks' backward runs; dK and dV only after
+  // it (it writes them).
   Tensor kc = sc.k, vc = sc.v, dkc = sc.dk, dvc = sc.dv;
   Tensor kn = sc.k_next, vn = sc.v_next, dkn = sc.dk_next, dvn = sc.dv_next;
-  std::memcpy(kc.data, k.data, k.nbytes());
-  std::memcpy(vc.data, v.data, v.nbytes());
-  zero(dkc);
-  zero(dvc);
+  cast(ctx, kc, k);
+  cast(ctx, vc, v);
+  zero_(ctx, dkc);
+  zero_(ctx, dvc);
   const int next = (r + 1) % n, prev = (r - 1 + n) % n;
   for (int t = 0; t < n; ++t) {
     Comm::Ticket pass = Comm::kDone;
     const P2P kv[] = {
         {P2P::send, kc, next}, {P2P::send, vc, next}, {P2P::recv, kn, prev}, {P2P::recv, vn, prev}};
-    if (n > 1 && t < n - 1) pass = cp.exchange_start(kv);  // the last step's K, V stay
-    cpu::chunk_attention_bwd(dq, dkc, dvc, dout, out, lse, q, kc, vc, mine,
-                             cp_positions(seq_len, n, (r - t + n) % n));
+    if (t < n - 1) pass = cp.exchange_start(kv);  // the last step's K, V go no further
+    b.source(kc, vc, dkc, dvc, (r - t + n) % n);
     if (n == 1) break;
     const P2P grads[] = {{P2P::send, dkc, next},
                          {P2P::send, dvc, next},
@@ -146,9 +197,8 @@ void cp_attention_bwd(Comm& cp, CpExchange how, const CpScratch& sc, Tensor dq, 
     cp.wait(pass);
     std::swap(kc, kn), std::swap(vc, vn), std::swap(dkc, dkn), std::swap(dvc, dvn);
   }
-  // After n steps and n passes each chunk's accumulators are home (with n == 1, never left).
-  std::memcpy(dk.data, dkc.data, dk.nbytes());
-  std::memcpy(dv.data, dvc.data, dv.nbytes());
+  cast(ctx, dk, dkc);
+  cast(ctx, dv, dvc);
 }
 
 }  // namespace tr

@@ -1153,14 +1153,6 @@ TEST_CASE("cli: train.backend=cuda without a usable GPU is one error line and ex
   CHECK(r.output.find("error: rank 0: " + message) != std::string::npos);
   CHECK(r.output.find("error:") == r.output.rfind("error:"));  // printed once, not per rank
   CHECK_FALSE(fs::exists(run.dir / "ckpt"));
-  // Context parallelism has no GPU attention yet: refused before any device is looked for.
-  const CmdResult cp = run.mpirun(2, "--set train.backend=cuda --set parallel.cp=2");
-  INFO(cp.output);
-  CHECK(cp.exit_code == 2);
-  CHECK(cp.output.find("error: rank 0: parallel.cp 2 runs on CPU ranks only in this version (no "
-                       "GPU chunk attention yet); set train.backend=cpu or parallel.cp=1\n") !=
-        std::string::npos);
-  CHECK_FALSE(fs::exists(run.dir / "ckpt"));
 }
 
 // `trainer plan` and the trainer refuse the same layouts with the same line: the planner's

@@ -232,10 +232,12 @@ TEST_CASE("comm: context-parallel attention equals the whole sequence's", "[comm
       std::copy_n(x.begin() + pos[i] * heads * hd, heads * hd, y.begin() + i * heads * hd);
     return y;
   };
-  auto lse_rows = [&] {
+  auto lse_rows = [&] {  // cp_attention's order: [2 chunks, nh, L / 2]
     std::vector<double> y(static_cast<size_t>(nh * L));
-    for (int64_t h = 0; h < nh; ++h)
-      for (int64_t i = 0; i < L; ++i) y[h * L + i] = lse[h * S + pos[i]];
+    const int64_t C = L / 2;
+    for (int64_t a = 0; a < 2; ++a)
+      for (int64_t h = 0; h < nh; ++h)
+        for (int64_t i = 0; i < C; ++i) y[(a * nh + h) * C + i] = lse[h * S + pos[a * C + i]];
     return y;
   };
   for (CpExchange how : {CpExchange::all_gather, CpExchange::ring}) {
@@ -247,12 +249,14 @@ TEST_CASE("comm: context-parallel attention equals the whole sequence's", "[comm
     CpScratch::alloc(measure, how, n, L, nh, nkv, hd, DType::f64);
     Arena arena(measure.used(), Device::cpu);
     const CpScratch sc = CpScratch::alloc(arena, how, n, L, nh, nkv, hd, DType::f64);
-    cp_attention_fwd(*w, how, sc, t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv),
+    Ctx host;
+    cp_attention_fwd(host, *w, how, sc, t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv),
                      t64(lv, L, nkv), S);
     CHECK(test::rel_err(lo, rows(out, nh)) < 1e-12);
     CHECK(test::rel_err(ll, lse_rows()) < 1e-12);
-    cp_attention_bwd(*w, how, sc, t64(gq, L, nh), t64(gk, L, nkv), t64(gv, L, nkv), t64(ld, L, nh),
-                     t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv), t64(lv, L, nkv), S);
+    cp_attention_bwd(host, *w, how, sc, t64(gq, L, nh), t64(gk, L, nkv), t64(gv, L, nkv),
+                     t64(ld, L, nh), t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv),
+                     t64(lv, L, nkv), S);
     CHECK(test::rel_err(gq, rows(dq, nh)) < 1e-10);
     CHECK(test::rel_err(gk, rows(dk, nkv)) < 1e-10);
     CHECK(test::rel_err(gv, rows(dv, nkv)) < 1e-10);

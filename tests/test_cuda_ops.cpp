@@ -388,6 +388,70 @@ TEST_CASE("cuda: cuDNN causal GQA attention, forward and both backwards, matches
   }
 }
 
+// Context parallelism's ops: cuDNN on blocks (a query block over a key block before it, and the
+// causal diagonal), the log-sum-exp merge, and the qkv split and join, against the CPU.
+TEST_CASE("cuda: attention blocks, their merge and the qkv split match the CPU", "[gpu]") {
+  GpuCtx g;
+  std::mt19937 rng(30);
+  struct Shape {
+    int64_t C, nh, nkv, hd;
+  };
+  // The tiny model's chunks (cp 2 of 32 tokens: 8); 0.5B's heads; 72B at tp 8 with 4K chunks.
+  for (Shape s : {Shape{8, 4, 2, 16}, Shape{64, 14, 2, 64}, Shape{4096, 8, 1, 128}}) {
+    if (large(s.C * s.nh * s.hd)) continue;
+    const DType dt = DType::bf16;
+    const std::string what = "C=" + std::to_string(s.C) + " nh=" + std::to_string(s.nh) +
+                             " nkv=" + std::to_string(s.nkv) + " hd=" + std::to_string(s.hd);
+    const int64_t Q = s.C * s.nh * s.hd, K = s.C * s.nkv * s.hd, n = s.nh * s.C;
+    std::vector<float> q = random_values(Q, rng, dt, -2, 2), k = random_values(K, rng, dt, -2, 2),
+                       v = random_values(K, rng, dt), dout = random_values(Q, rng, dt);
+    auto hq = [&](std::vector<float>& x) { return host(x, {s.C, s.nh, s.hd}); };
+    auto hk = [&](std::vector<float>& x) { return host(x, {s.C, s.nkv, s.hd}); };
+    Dev d_q(dt, {s.C, s.nh, s.hd}, q), d_k(dt, {s.C, s.nkv, s.hd}, k),
+        d_v(dt, {s.C, s.nkv, s.hd}, v), d_dout(dt, {s.C, s.nh, s.hd}, dout);
+    for (bool causal : {true, false}) {
+      INFO(what << (causal ? " causal" : " all visible"));
+      std::vector<float> out(Q), lse(n), dq(Q), dk(K), dv(K);
+      attention_block_fwd(cpu_ctx, hq(out), host(lse, {s.nh, s.C}), hq(q), hk(k), hk(v), causal);
+      Dev d_out(dt, {s.C, s.nh, s.hd}), d_lse(DType::f32, {s.nh, s.C});
+      attention_block_fwd(g.ctx, d_out.t, d_lse.t, d_q.t, d_k.t, d_v.t, causal);
+      std::vector<float> gpu_out = d_out.download();
+      check_close(gpu_out, out, dt, "block out");
+      CHECK(test::rel_err(d_lse.download(), lse) < 1e-3);
+      attention_block_bwd(cpu_ctx, hq(dq), hk(dk), hk(dv), hq(dout), hq(gpu_out),
+                          host(lse, {s.nh, s.C}), hq(q), hk(k), hk(v), causal);
+      Dev d_dq(dt, {s.C, s.nh, s.hd}), d_dk(dt, {s.C, s.nkv, s.hd}), d_dv(dt, {s.C, s.nkv, s.hd});
+      attention_block_bwd(g.ctx, d_dq.t, d_dk.t, d_dv.t, d_dout.t, d_out.t, d_lse.t, d_q.t, d_k.t,
+                          d_v.t, causal);
+      check_close(d_dq.download(), dq, dt, "block dq");
+      check_close(d_dk.download(), dk, dt, "block dk");
+      check_close(d_dv.download(), dv, dt, "block dv");
+    }
+    // The merge of two partials (the second's lse partly -inf: a row that saw no key).
+    std::vector<float> o1 = random_values(Q, rng, dt), o2 = random_values(Q, rng, dt),
+                       l1 = random_values(n, rng, DType::f32, -3, 3),
+                       l2 = random_values(n, rng, DType::f32, -3, 3);
+    for (int64_t i = 0; i < n; i += 7) l2[i] = -std::numeric_limits<float>::infinity();
+    Dev d_o1(dt, {s.C, s.nh, s.hd}, o1), d_o2(dt, {s.C, s.nh, s.hd}, o2),
+        d_l1(DType::f32, {s.nh, s.C}, l1), d_l2(DType::f32, {s.nh, s.C}, l2);
+    attention_merge(cpu_ctx, hq(o1), host(l1, {s.nh, s.C}), hq(o2), host(l2, {s.nh, s.C}));
+    attention_merge(g.ctx, d_o1.t, d_l1.t, d_o2.t, d_l2.t);
+    check_close(d_o1.download(), o1, dt, "merged out " + what);
+    CHECK(test::rel_err(d_l1.download(), l1) < 1e-6);
+    // Split then join: the packed rows back, exactly.
+    const int64_t W = (s.nh + 2 * s.nkv) * s.hd;
+    std::vector<float> rows = random_values(s.C * W, rng, dt);
+    Dev d_rows(dt, {s.C, W}, rows), d_back(dt, {s.C, W});
+    qkv_split(g.ctx, d_q.t, d_k.t, d_v.t, d_rows.t);
+    std::vector<float> cq(Q), ck(K), cv(K);
+    qkv_split(cpu_ctx, hq(cq), hk(ck), hk(cv), host(rows, {s.C, W}));
+    CHECK(d_q.download() == cq);
+    CHECK(d_v.download() == cv);
+    qkv_join(g.ctx, d_back.t, d_q.t, d_k.t, d_v.t);
+    CHECK(d_back.download() == rows);
+  }
+}
+
 // Both kernels: the fp32 table one (the default) and the fp64 one (TR_ROPE_FP64=1), which a
 // counter shows ran.
 TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {

@@ -921,7 +921,7 @@ struct ChunkedAttention {
         HostTensor ks = rows_of(k, kp, nkv, hd), vs = rows_of(v, kp, nkv, hd);
         HostTensor po(DType::f64, {n, nh, hd}), pl(DType::f64, {nh, n});
         cpu::chunk_attention_fwd(po.t, pl.t, qr.t, ks.t, vs.t, qp, kp);
-        cpu::attention_merge(o.t, l.t, po.t, pl.t);
+        attention_merge(ctx, o.t, l.t, po.t, pl.t);
       }
       HostTensor dor = rows_of(dout, qp, nh, hd), dqr(DType::f64, {n, nh, hd});
       for (int t = 0; t < cp; ++t) {
@@ -1041,7 +1041,7 @@ TEST_CASE("cp: chunked attention's backward matches finite differences", "[kerne
   cpu::chunk_attention_fwd(o2.t, l2.t, q.t, k.t, v.t, early, late);
   for (int64_t i = 0; i < l2.size(); ++i) CHECK(std::isinf(l2.get(i)));
   for (int64_t i = 0; i < o2.size(); ++i) CHECK(o2.get(i) == 0.0);
-  cpu::attention_merge(o.t, l.t, o2.t, l2.t);
+  attention_merge(ctx, o.t, l.t, o2.t, l2.t);
   CHECK(o.values() == o_before);
   CHECK(l.values() == l_before);
 }

@@ -31,8 +31,6 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
   TR_ASSERT(dims.cp == 1 || o.seq_len % (2 * dims.cp) == 0,
             "context parallelism cuts each sequence into 2 x cp equal chunks");
-  TR_ASSERT(dims.cp == 1 || ctx.device == Device::cpu || o.plan_only,
-            "context parallelism's attention runs on CPU ranks only");
   TR_ASSERT(params.compute_dtype() == dtype_ && params.device() == ctx.device,
             "the parameter buffer must hold the model's compute dtype on its device");
   TR_ASSERT(ParamLayout::make(dims_, o.flat_multiple).capacity == params.layout().capacity,

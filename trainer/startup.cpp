@@ -45,13 +45,6 @@ absl::Status resolve_backend(Session& r) {
     b = "cpu";
     return absl::OkStatus();
   }
-  // Context parallelism's chunked attention exists on CPU ranks only so far (the reference of
-  // parallel/cp_attention.h); the GPU's (cuDNN on chunks with its statistics) is not built.
-  if (r.cfg.parallel.cp > 1)
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel.cp ", r.cfg.parallel.cp,
-                     " runs on CPU ranks only in this version (no GPU chunk attention yet); set "
-                     "train.backend=cpu or parallel.cp=1"));
 #ifdef TRAINER_HAVE_CUDA
   if (!cuda::device_available())
     return absl::InvalidArgumentError(

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -141,10 +142,7 @@ void chunk_attention_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
   });
 }
 
-void attention_merge(Tensor out, Tensor lse, Tensor out2, Tensor lse2) {
-  TR_ASSERT(out.ndim == 3 && out.same_shape(out2) && lse.numel() == out.shape[0] * out.shape[1] &&
-                lse2.numel() == lse.numel(),
-            "attention_merge: two [Sq, nh, hd] outputs with their [nh, Sq] log-sum-exps");
+void attention_merge(Ctx&, Tensor out, Tensor lse, Tensor out2, Tensor lse2) {
   dispatch(out.dtype, "attention_merge",
            [&](auto t, auto l) { merge<decltype(t), decltype(l)>(out, lse, out2, lse2); });
 }
@@ -159,6 +157,59 @@ void chunk_attention_bwd(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor ou
   dispatch(q.dtype, "chunk_attention_bwd", [&](auto t, auto l) {
     bwd<decltype(t), decltype(l)>(d, dq, dk, dv, dout, out, lse, q, k, v, q_pos, k_pos);
   });
+}
+
+namespace {
+
+// Positions that make a block of the sequence what attention_block_* says: the keys before
+// every query (all visible), or the same positions (the causal diagonal).
+struct BlockPositions {
+  std::vector<int64_t> q, k;
+  BlockPositions(int64_t sq, int64_t sk, bool causal) : q(sq), k(sk) {
+    for (int64_t i = 0; i < sq; ++i) q[i] = causal ? i : sk + i;
+    for (int64_t j = 0; j < sk; ++j) k[j] = j;
+  }
+};
+
+// Heads [first, first + part.shape[1]) of every row of qkv [L, heads * hd] and part [L, n, hd]:
+// copied into part, or (`join`) from it.
+void copy_heads(Tensor qkv, int64_t first, Tensor part, bool join) {
+  const int64_t L = part.shape[0], n = part.shape[1], hd = part.shape[2];
+  const int64_t width = qkv.shape[1];
+  const size_t es = dtype_size(part.dtype), span = static_cast<size_t>(n * hd) * es;
+  for (int64_t t = 0; t < L; ++t) {
+    char* row = static_cast<char*>(qkv.data) + static_cast<size_t>(t * width + first * hd) * es;
+    char* own = static_cast<char*>(part.data) + static_cast<size_t>(t) * span;
+    std::memcpy(join ? row : own, join ? own : row, span);
+  }
+}
+
+}  // namespace
+
+void attention_block_fwd(Ctx&, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, bool causal) {
+  const BlockPositions p(q.shape[0], k.shape[0], causal);
+  chunk_attention_fwd(out, lse, q, k, v, p.q, p.k);
+}
+
+void attention_block_bwd(Ctx&, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                         Tensor q, Tensor k, Tensor v, bool causal) {
+  for (Tensor* t : {&dq, &dk, &dv}) std::memset(t->data, 0, t->nbytes());
+  const BlockPositions p(q.shape[0], k.shape[0], causal);
+  chunk_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, p.q, p.k);
+}
+
+void qkv_split(Ctx&, Tensor q, Tensor k, Tensor v, Tensor qkv) {
+  const int64_t nh = q.shape[1], nkv = k.shape[1];
+  copy_heads(qkv, 0, q, false);
+  copy_heads(qkv, nh, k, false);
+  copy_heads(qkv, nh + nkv, v, false);
+}
+
+void qkv_join(Ctx&, Tensor dqkv, Tensor dq, Tensor dk, Tensor dv) {
+  const int64_t nh = dq.shape[1], nkv = dk.shape[1];
+  copy_heads(dqkv, 0, dq, true);
+  copy_heads(dqkv, nh, dk, true);
+  copy_heads(dqkv, nh + nkv, dv, true);
 }
 
 }  // namespace tr::cpu

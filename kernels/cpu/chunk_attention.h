@@ -24,9 +24,10 @@ namespace tr::cpu {
 void chunk_attention_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
                          std::span<const int64_t> q_pos, std::span<const int64_t> k_pos);
 
-// (out, lse) becomes the merge of itself with (out2, lse2): lse = log(e^lse + e^lse2) and out
-// the two weighted by e^(lse_i - lse). Merging in any order gives the same result up to rounding.
-void attention_merge(Tensor out, Tensor lse, Tensor out2, Tensor lse2);
+// The merge of two partials is the backend op attention_merge (kernels/ops.h): lse =
+// log(e^lse + e^lse2) and out the two weighted by e^(lse_i - lse); any order gives the same
+// result up to rounding. The blocks of a causal sequence (attention_block_fwd/bwd) are these
+// functions at positions that make every key visible, or the causal diagonal.
 
 // This key chunk's share of the gradients, given the merged out and lse of the queries: dq, dk
 // and dv ACCUMULATE (summed over the key chunks for dq, over the query chunks for dk and dv).

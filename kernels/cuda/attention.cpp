@@ -43,16 +43,28 @@ namespace {
 namespace fe = cudnn_frontend;
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
+// A graph's shape. The model's attention reads the packed qkv rows of `batch` sequences of
+// `seq` tokens, causal. Context parallelism's blocks (`blocks`, batch 1) read a query block of
+// `seq` tokens [seq, nh, hd] against a key block of `seq_kv` [seq_kv, nkv, hd], contiguous, with
+// every key visible or (`causal`, seq == seq_kv) the causal diagonal.
 struct AttnKey {
   int64_t batch, seq, nh, nkv, hd;
   bool backward;
   bool deterministic = true;  // backward only
-  auto tie() const { return std::tie(batch, seq, nh, nkv, hd, backward, deterministic); }
+  bool blocks = false;
+  int64_t seq_kv = 0;  // blocks only
+  bool causal = true;
+  auto tie() const {
+    return std::tie(batch, seq, nh, nkv, hd, backward, deterministic, blocks, seq_kv, causal);
+  }
   bool operator<(const AttnKey& o) const { return tie() < o.tie(); }
   std::string describe() const {
-    return "batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " +
-           std::to_string(nh) + " heads, " + std::to_string(nkv) + " KV heads of " +
-           std::to_string(hd);
+    const std::string heads = std::to_string(nh) + " heads, " + std::to_string(nkv) +
+                              " KV heads of " + std::to_string(hd);
+    if (blocks)
+      return "a block of " + std::to_string(seq) + " queries over " + std::to_string(seq_kv) +
+             (causal ? " keys (causal), " : " keys (all visible), ") + heads;
+    return "batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " + heads;
   }
 };
 
@@ -130,9 +142,8 @@ const AttnGraph& Cudnn::graph(const AttnKey& key) {
     const char* mode = !key.backward       ? "forward"
                        : key.deterministic ? "deterministic backward"
                                            : "backward";
-    end_job(kExitFailure, "cuDNN " + std::to_string(version) +
-                              " cannot build the causal GQA attention " + mode + " for " +
-                              key.describe() + " (" + error +
+    end_job(kExitFailure, "cuDNN " + std::to_string(version) + " cannot build the GQA attention " +
+                              mode + " for " + key.describe() + " (" + error +
                               "); another cuDNN version, or another head count or sequence "
                               "length, may be supported");
   }
@@ -151,10 +162,16 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, std::string* error) {
 
 std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, std::string* error) {
   const int64_t B = key.batch, S = key.seq, nh = key.nh, nkv = key.nkv, hd = key.hd;
+  const int64_t Sk = key.blocks ? key.seq_kv : S;
   const int64_t W = (nh + 2 * nkv) * hd;  // qkv row width
-  const std::vector<int64_t> q_dim{B, nh, S, hd}, kv_dim{B, nkv, S, hd};
-  const std::vector<int64_t> qkv_stride{S * W, hd, W, 1};
+  const std::vector<int64_t> q_dim{B, nh, S, hd}, kv_dim{B, nkv, Sk, hd};
   const std::vector<int64_t> o_stride{S * nh * hd, hd, nh * hd, 1};
+  // Packed rows: Q, K and V (and their gradients) are strided views of one [T, W] row block;
+  // blocks: q and its gradient as out, k and v [Sk, nkv, hd] contiguous.
+  const std::vector<int64_t> q_stride =
+      key.blocks ? o_stride : std::vector<int64_t>{S * W, hd, W, 1};
+  const std::vector<int64_t> kv_stride =
+      key.blocks ? std::vector<int64_t>{Sk * nkv * hd, hd, nkv * hd, 1} : q_stride;
   const std::vector<int64_t> stats_dim{B, nh, S, 1}, stats_stride{nh * S, S, 1, 1};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
@@ -168,14 +185,14 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
                    const std::vector<int64_t>& stride) {
     return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(dim).set_stride(stride));
   };
-  a.q = input("Q", q_dim, qkv_stride);
-  a.k = input("K", kv_dim, qkv_stride);
-  a.v = input("V", kv_dim, qkv_stride);
+  a.q = input("Q", q_dim, q_stride);
+  a.k = input("K", kv_dim, kv_stride);
+  a.v = input("V", kv_dim, kv_stride);
   if (!key.backward) {
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("sdpa_fwd")
                     .set_generate_stats(true)
-                    .set_causal_mask(true)
+                    .set_causal_mask(key.causal)
                     .set_attn_scale(scale);
     auto [o, stats] = g.sdpa(a.q, a.k, a.v, opts);
     o->set_output(true).set_dim(q_dim).set_stride(o_stride);
@@ -195,13 +212,13 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
                            .set_data_type(fe::DataType_t::FLOAT));
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("sdpa_bwd")
-                    .set_causal_mask(true)
+                    .set_causal_mask(key.causal)
                     .set_attn_scale(scale)
                     .set_deterministic_algorithm(key.deterministic);
     auto [dq, dk, dv] = g.sdpa_backward(a.q, a.k, a.v, a.o, a.dout, a.stats, opts);
-    dq->set_output(true).set_dim(q_dim).set_stride(qkv_stride);
-    dk->set_output(true).set_dim(kv_dim).set_stride(qkv_stride);
-    dv->set_output(true).set_dim(kv_dim).set_stride(qkv_stride);
+    dq->set_output(true).set_dim(q_dim).set_stride(q_stride);
+    dk->set_output(true).set_dim(kv_dim).set_stride(kv_stride);
+    dv->set_output(true).set_dim(kv_dim).set_stride(kv_stride);
     a.dq = dq;
     a.dk = dk;
     a.dv = dv;
@@ -285,6 +302,37 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
       {a.q, base},     {a.k, base + k_at},   {a.v, base + v_at},
       {a.o, out.data}, {a.dout, dout.data},  {a.stats, lse.data},
       {a.dq, dbase},   {a.dk, dbase + k_at}, {a.dv, dbase + v_at}};
+  run(ctx, a, pack);
+}
+
+// Context parallelism's blocks (kernels/ops.h): one sequence's query block against a key block,
+// through graphs of their own shape (the chunk length is the same for every block of a run, so
+// a run builds at most four: forward and backward, causal and not).
+void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
+                         bool causal) {
+  check_bf16(q, "attention_block_fwd");
+  AttnKey key{1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], /*backward=*/false};
+  key.blocks = true;
+  key.seq_kv = k.shape[0];
+  key.causal = causal;
+  const AttnGraph& a = Cudnn::get().graph(key);
+  std::unordered_map<TensorPtr, void*> pack = {
+      {a.q, q.data}, {a.k, k.data}, {a.v, v.data}, {a.o, out.data}, {a.stats, lse.data}};
+  run(ctx, a, pack);
+}
+
+void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
+                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal) {
+  check_bf16(q, "attention_block_bwd");
+  AttnKey key{1,          q.shape[0],        q.shape[1],       k.shape[1],
+              q.shape[2], /*backward=*/true, ctx.deterministic};
+  key.blocks = true;
+  key.seq_kv = k.shape[0];
+  key.causal = causal;
+  const AttnGraph& a = Cudnn::get().graph(key);
+  std::unordered_map<TensorPtr, void*> pack = {
+      {a.q, q.data},       {a.k, k.data},   {a.v, v.data},   {a.o, out.data}, {a.dout, dout.data},
+      {a.stats, lse.data}, {a.dq, dq.data}, {a.dk, dk.data}, {a.dv, dv.data}};
   run(ctx, a, pack);
 }
 
