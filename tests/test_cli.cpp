@@ -33,6 +33,44 @@ using test::run_cmd;
 using test::RunDir;
 using test::TempDir;
 
+// The layout tests' model: 8 heads and 4 KV heads (so tp 4 divides them) of dim 8, and 4 layers
+// (so pp 4 divides them).
+const std::vector<std::string> kLayoutShape = {"model.num_heads=8", "model.num_kv_heads=4",
+                                               "model.head_dim=8", "model.num_layers=4"};
+
+// `base` with kLayoutShape's --set flags.
+std::string with_layout_shape(std::string base) {
+  for (const std::string& kv : kLayoutShape) base += " --set " + kv;
+  return base;
+}
+
+// `run` trained as `one` did, under another layout: every step's loss and gradient norm, the
+// last validation loss and the final checkpoint's weights and Adam states within relative 1e-5,
+// and the samples consumed.
+void expect_same_training(const RunDir& one, const RunDir& run, int steps, int64_t samples,
+                          const std::string& what) {
+  std::vector<nlohmann::json> a = one.metrics(), b = run.metrics();
+  REQUIRE(a.size() == static_cast<size_t>(steps));
+  REQUIRE(b.size() == static_cast<size_t>(steps));
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(what << ": step " << i + 1);
+    CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
+    CHECK(std::abs(b[i]["grad_norm"].get<double>() / a[i]["grad_norm"].get<double>() - 1) < 1e-5);
+    CHECK(b[i]["tokens"] == a[i]["tokens"]);
+  }
+  std::vector<nlohmann::json> ea = one.metrics("val_loss"), eb = run.metrics("val_loss");
+  REQUIRE(eb.size() == 2);
+  CHECK(std::abs(eb[1]["val_loss"].get<double>() / ea[1]["val_loss"].get<double>() - 1) < 1e-5);
+  char last[32];
+  std::snprintf(last, sizeof last, "ckpt/step_%08d", steps);
+  CkptTensors x = read_checkpoint(one.config, one.dir / std::string(last), kLayoutShape);
+  CkptTensors y = read_checkpoint(run.config, run.dir / std::string(last), kLayoutShape);
+  CHECK(test::rel_err(y.p, x.p) < 1e-5);
+  CHECK(test::rel_err(y.m, x.m) < 1e-5);
+  CHECK(test::rel_err(y.v, x.v) < 1e-5);
+  CHECK(y.state.consumed_samples == samples);
+}
+
 TEST_CASE("cli: the tiny model's loss falls below a bound", "[cli]") {
   RunDir run(150);
   CmdResult r = run.trainer();
@@ -282,10 +320,9 @@ TEST_CASE(
       CHECK(b[i]["loss"].get<double>() == a[i]["loss"].get<double>());
       CHECK(b[i]["grad_norm"].get<double>() == a[i]["grad_norm"].get<double>());
     }
-    const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
-                                            "model.head_dim=8", "model.num_layers=4"};
-    const CkptTensors x = read_checkpoint(none.config, none.dir / "ckpt/step_00000003", shape);
-    const CkptTensors y = read_checkpoint(run.config, run.dir / "ckpt/step_00000003", shape);
+    const CkptTensors x =
+        read_checkpoint(none.config, none.dir / "ckpt/step_00000003", kLayoutShape);
+    const CkptTensors y = read_checkpoint(run.config, run.dir / "ckpt/step_00000003", kLayoutShape);
     CHECK(x.p == y.p);
     CHECK(x.m == y.m);
     CHECK(x.v == y.v);
@@ -600,12 +637,8 @@ TEST_CASE("cli: the two-pass vocab-parallel loss matches the three-pass one", "[
 // final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
 TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match one rank",
           "[cli][mpi]") {
-  // 8 heads and 4 KV heads (so tp 4 divides them) of dim 8, and 4 layers (so pp 4 divides them).
-  const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
-                                          "model.head_dim=8", "model.num_layers=4"};
-  std::string args =
-      "--set train.micro_batch=2 --set train.eval_interval=5 --set train.eval_steps=2";
-  for (const std::string& kv : shape) args += " --set " + kv;
+  const std::string args = with_layout_shape(
+      "--set train.micro_batch=2 --set train.eval_interval=5 --set train.eval_steps=2");
   RunDir one(10);
   REQUIRE(one.trainer(args).exit_code == 0);
   struct Case {
@@ -656,23 +689,8 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(r.output.find("world " + std::to_string(ranks) + " = " + layout) != std::string::npos);
+    expect_same_training(one, *run, 10, 80, layout + extra);
     std::vector<nlohmann::json> a = one.metrics(), b = run->metrics();
-    REQUIRE(a.size() == 10);
-    REQUIRE(b.size() == 10);
-    for (size_t i = 0; i < a.size(); ++i) {
-      INFO(layout << extra << ": step " << i + 1);
-      CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
-      CHECK(std::abs(b[i]["grad_norm"].get<double>() / a[i]["grad_norm"].get<double>() - 1) < 1e-5);
-    }
-    std::vector<nlohmann::json> ea = one.metrics("val_loss"), eb = run->metrics("val_loss");
-    REQUIRE(eb.size() == 2);
-    CHECK(std::abs(eb[1]["val_loss"].get<double>() / ea[1]["val_loss"].get<double>() - 1) < 1e-5);
-    CkptTensors x = read_checkpoint(one.config, one.dir / "ckpt/step_00000010", shape);
-    CkptTensors y = read_checkpoint(run->config, run->dir / "ckpt/step_00000010", shape);
-    CHECK(test::rel_err(y.p, x.p) < 1e-5);
-    CHECK(test::rel_err(y.m, x.m) < 1e-5);
-    CHECK(test::rel_err(y.v, x.v) < 1e-5);
-    CHECK(y.state.consumed_samples == 80);
     const double la = a.back()["loss"].get<double>(), lb = b.back()["loss"].get<double>();
     std::string label = std::string(c.zero1 ? "+zero1" : "") + (c.sp ? "+seq-par" : "");
     if (c.more.find("micro_batch") != std::string::npos) label += "+mb4";
@@ -691,16 +709,14 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
 // the validation loss and the final weights and Adam states after 20 steps match one rank to
 // relative 1e-5. Prints the table's rows.
 TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][mpi]") {
-  const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
-                                          "model.head_dim=8", "model.num_layers=4"};
-  std::string args =
-      "--set train.micro_batch=2 --set train.eval_interval=10 --set train.eval_steps=2";
-  for (const std::string& kv : shape) args += " --set " + kv;
+  const std::string args = with_layout_shape(
+      "--set train.micro_batch=2 --set train.eval_interval=10 --set train.eval_steps=2");
   RunDir one(20);
   REQUIRE(one.trainer(args).exit_code == 0);
   struct Case {
     int tp, cp, pp, dp;
     std::string how;
+    std::string label = "";  // the table's name for `more` and `env`
     std::string more = "";
     std::string env = "";
   };
@@ -710,11 +726,14 @@ TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][
       {1, 2, 1, 1, "ring"},
       {1, 4, 1, 1, "allgather"},
       {1, 4, 1, 1, "ring"},
-      {2, 2, 2, 1, "allgather", sp_zero1},
-      {2, 2, 2, 1, "ring", sp_zero1},
+      // With recomputation, whose forward again exchanges K and V.
+      {2, 2, 2, 1, "allgather", "+seq-par+zero1+rc-full", sp_zero1 + " --set train.recompute=full"},
+      {2, 2, 2, 1, "ring", "+seq-par+zero1+rc-sel", sp_zero1 + " --set train.recompute=selective"},
       // ZeRO-1's shards over dp x cp with sharded fp32 masters, as on GPUs.
-      {1, 2, 1, 2, "ring", " --set parallel.zero1=true", "TR_TEST_COMPUTE_COPY=1"}};
-  std::printf("layout (tp,cp,pp,dp)                 loss at step 20     relative difference\n");
+      {1, 2, 1, 2, "ring", "+zero1+sharded-masters", " --set parallel.zero1=true",
+       "TR_TEST_COMPUTE_COPY=1"}};
+  std::printf(
+      "layout (tp,cp,pp,dp)                       loss at step 20     relative difference\n");
   for (const Case& c : cases) {
     RunDir run(20);
     const int ranks = c.tp * c.cp * c.pp * c.dp;
@@ -728,32 +747,11 @@ TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     CHECK(r.output.find("world " + std::to_string(ranks) + " = " + layout) != std::string::npos);
+    expect_same_training(one, run, 20, 160, layout + extra);
     std::vector<nlohmann::json> a = one.metrics(), b = run.metrics();
-    REQUIRE(a.size() == 20);
-    REQUIRE(b.size() == 20);
-    for (size_t i = 0; i < a.size(); ++i) {
-      INFO(layout << extra << ": step " << i + 1);
-      CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
-      CHECK(std::abs(b[i]["grad_norm"].get<double>() / a[i]["grad_norm"].get<double>() - 1) < 1e-5);
-      CHECK(b[i]["tokens"] == a[i]["tokens"]);
-    }
-    std::vector<nlohmann::json> ea = one.metrics("val_loss"), eb = run.metrics("val_loss");
-    REQUIRE(eb.size() == 2);
-    CHECK(std::abs(eb[1]["val_loss"].get<double>() / ea[1]["val_loss"].get<double>() - 1) < 1e-5);
-    CkptTensors x = read_checkpoint(one.config, one.dir / "ckpt/step_00000020", shape);
-    CkptTensors y = read_checkpoint(run.config, run.dir / "ckpt/step_00000020", shape);
-    CHECK(test::rel_err(y.p, x.p) < 1e-5);
-    CHECK(test::rel_err(y.m, x.m) < 1e-5);
-    CHECK(test::rel_err(y.v, x.v) < 1e-5);
-    CHECK(y.state.consumed_samples == 160);
     const double la = a.back()["loss"].get<double>(), lb = b.back()["loss"].get<double>();
-    const std::string label =
-        "+" + c.how +
-        (c.more.find("sequence") != std::string::npos ? "+seq-par+zero1"
-                                                      : (c.more.empty() ? "" : "+zero1")) +
-        (c.env.empty() ? "" : "+sharded-masters");
-    std::printf("(%d,%d,%d,%d)%-28s%.9f  %.2e\n", c.tp, c.cp, c.pp, c.dp, label.c_str(), lb,
-                std::abs(lb / la - 1));
+    std::printf("(%d,%d,%d,%d)%-34s%.9f  %.2e\n", c.tp, c.cp, c.pp, c.dp,
+                ("+" + c.how + c.label).c_str(), lb, std::abs(lb / la - 1));
   }
 }
 
@@ -765,10 +763,9 @@ TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][
 // an uninterrupted single-rank run.
 TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layouts",
           "[cli][mpi]") {
-  const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
-                                          "model.head_dim=8", "model.num_layers=4"};
-  std::string args = "--set train.micro_batch=1 --set checkpoint.interval=5";
-  for (const std::string& kv : shape) args += " --set " + kv;
+  const std::vector<std::string>& shape = kLayoutShape;
+  const std::string args =
+      with_layout_shape("--set train.micro_batch=1 --set checkpoint.interval=5");
   RunDir straight(10);
   REQUIRE(straight.trainer(args).exit_code == 0);
   const std::vector<nlohmann::json> want = straight.metrics();
