@@ -357,21 +357,26 @@ void attention_merge(Ctx& ctx, Tensor out, Tensor lse, Tensor out2, Tensor lse2)
   TR_DISPATCH(attention_merge, out, lse, out2, lse2);
 }
 
-void qkv_split(Ctx& ctx, Tensor q, Tensor k, Tensor v, Tensor qkv) {
-  const OpCheck c(ctx, "qkv_split", {{"q", q}, {"k", k}, {"v", v}, {"qkv", qkv}});
-  c.same_float_dtype({q, k, v, qkv});
+namespace {
+// q [L, nh, hd], k and v [L, nkv, hd] as the heads of packed rows [L, (nh + 2 nkv) hd].
+void check_qkv_parts(const OpCheck& c, const Tensor& q, const Tensor& k, const Tensor& v,
+                     const Tensor& packed) {
+  c.same_float_dtype({q, k, v, packed});
   OP_CHECK(c, q.ndim == 3 && k.ndim == 3 && v.same_shape(k) && k.shape[0] == q.shape[0] &&
                   k.shape[2] == q.shape[2] &&
-                  is_matrix(qkv, q.shape[0], (q.shape[1] + 2 * k.shape[1]) * q.shape[2]));
+                  is_matrix(packed, q.shape[0], (q.shape[1] + 2 * k.shape[1]) * q.shape[2]));
+}
+}  // namespace
+
+void qkv_split(Ctx& ctx, Tensor q, Tensor k, Tensor v, Tensor qkv) {
+  check_qkv_parts(OpCheck(ctx, "qkv_split", {{"q", q}, {"k", k}, {"v", v}, {"qkv", qkv}}), q, k, v,
+                  qkv);
   TR_DISPATCH(qkv_split, q, k, v, qkv);
 }
 
 void qkv_join(Ctx& ctx, Tensor dqkv, Tensor dq, Tensor dk, Tensor dv) {
-  const OpCheck c(ctx, "qkv_join", {{"dqkv", dqkv}, {"dq", dq}, {"dk", dk}, {"dv", dv}});
-  c.same_float_dtype({dqkv, dq, dk, dv});
-  OP_CHECK(c, dq.ndim == 3 && dk.ndim == 3 && dv.same_shape(dk) && dk.shape[0] == dq.shape[0] &&
-                  dk.shape[2] == dq.shape[2] &&
-                  is_matrix(dqkv, dq.shape[0], (dq.shape[1] + 2 * dk.shape[1]) * dq.shape[2]));
+  check_qkv_parts(OpCheck(ctx, "qkv_join", {{"dqkv", dqkv}, {"dq", dq}, {"dk", dk}, {"dv", dv}}),
+                  dq, dk, dv, dqkv);
   TR_DISPATCH(qkv_join, dqkv, dq, dk, dv);
 }
 
