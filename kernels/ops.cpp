@@ -589,12 +589,13 @@ void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v
 }
 
 AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                                int head_dim) {
+                                int head_dim, int cp_chunk) {
 #ifdef TRAINER_HAVE_CUDA
   if (ctx.device == Device::cuda)
-    return cuda::attention_prepare(ctx, batch, seq_len, n_heads, n_kv_heads, head_dim);
+    return cuda::attention_prepare(ctx, batch, seq_len, n_heads, n_kv_heads, head_dim, cp_chunk);
 #endif
-  (void)ctx, (void)batch, (void)seq_len, (void)n_heads, (void)n_kv_heads, (void)head_dim;
+  (void)ctx, (void)batch, (void)seq_len, (void)n_heads, (void)n_kv_heads, (void)head_dim,
+      (void)cp_chunk;
   return {};
 }
 

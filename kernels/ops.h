@@ -101,13 +101,15 @@ void qkv_join(Ctx& ctx, Tensor dqkv, Tensor dq, Tensor dk, Tensor dv);
 // Builds what attention of this shape needs before the first step (cuDNN's graphs and their
 // workspace on CUDA) and says what it built: the bytes of workspace it holds for it (0 on the
 // CPU), and whether the backward is deterministic (on CUDA ctx.deterministic asks for it; cuDNN
-// may only build the other mode, with a warning; the CPU's always is).
+// may only build the other mode, with a warning; the CPU's always is). With cp_chunk > 0
+// (context parallelism) it builds the graphs of attention_block_fwd/bwd on blocks of cp_chunk
+// tokens, causal and not, instead of the whole sequence's (batch and seq_len unused).
 struct AttentionPlan {
   size_t workspace_bytes = 0;
   bool deterministic_bwd = true;
 };
 AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                                int head_dim);
+                                int head_dim, int cp_chunk = 0);
 
 // ---- SwiGLU: out[T,I] = silu(gate) * up, gateup [T, 2I] = [gate | up] per row ----
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);

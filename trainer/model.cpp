@@ -73,11 +73,13 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
     std::vector<int32_t> host(at.begin(), at.end());
     copy_tensor(a_->positions, Tensor(host.data(), DType::i32, Device::cpu, {seq_len_}));
   }
-  // Attention's plans and workspace now, not in the first step.
-  if (dims_.layers > 0 && dims_.cp == 1)
+  // Attention's plans and workspace now, not in the first step (under context parallelism,
+  // those of its blocks: half of this rank's tokens of a sequence).
+  if (dims_.layers > 0)
     attention_ = attention_prepare(ctx_, static_cast<int>(batch_), static_cast<int>(seq_len_),
                                    static_cast<int>(dims_.heads), static_cast<int>(dims_.kv_heads),
-                                   static_cast<int>(dims_.head_dim));
+                                   static_cast<int>(dims_.head_dim),
+                                   dims_.cp > 1 ? static_cast<int>(seq_len_ / 2) : 0);
 }
 
 void Qwen2Model::alloc_acts(Arena& ar) {

@@ -256,15 +256,28 @@ void run(Ctx& ctx, const AttnGraph& a, std::unordered_map<TensorPtr, void*>& pac
 }  // namespace
 
 AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                                int head_dim) {
+                                int head_dim, int cp_chunk) {
   Cudnn& c = Cudnn::get();
-  const AttnGraph& fwd =
-      c.graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false});
-  const AttnGraph& bwd = c.graph(
-      {batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic});
-  const int64_t bytes = std::max(fwd.workspace, bwd.workspace);
+  int64_t bytes = 0;
+  bool deterministic = true;
+  for (bool causal : {true, false}) {
+    for (bool backward : {false, true}) {
+      AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, backward, ctx.deterministic};
+      if (cp_chunk > 0) {
+        key.batch = 1;
+        key.seq = key.seq_kv = cp_chunk;
+        key.blocks = true;
+        key.causal = causal;
+      }
+      if (!backward) key.deterministic = true;  // the forward's key, as its callers spell it
+      const AttnGraph& g = c.graph(key);
+      bytes = std::max(bytes, g.workspace);
+      if (backward) deterministic = deterministic && g.deterministic;
+    }
+    if (cp_chunk == 0) break;  // the whole sequence's graphs are causal only
+  }
   c.workspace(bytes, static_cast<cudaStream_t>(ctx.stream));
-  return {static_cast<size_t>(bytes), bwd.deterministic};
+  return {static_cast<size_t>(bytes), deterministic};
 }
 
 bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
