@@ -21,17 +21,29 @@
 
 namespace tr {
 
+// What context parallelism accumulates in for compute dtype `dtype`: f32 under bf16 (so that up
+// to 2 cp partial outputs, and dq, dk, dv over every block and ring pass, are summed in fp32 and
+// rounded once, as the model's gradients are), else the compute dtype itself.
+DType cp_accumulator_dtype(DType dtype);
+
 // The memory cp_attention_fwd and _bwd work in, for a rank's L = 2 C tokens with nh query and nkv
 // KV heads of hd: carved from the caller's arena (the model's, so that the planner counts it).
+// `acc` is the accumulators' dtype (cp_accumulator_dtype; tests may pick another); where it is
+// the compute dtype the *_acc tensors are empty and the outputs accumulate in place.
 struct CpScratch {
+  DType acc = DType::f32;
   Tensor part, part_lse;             // one block's partial attention: [C, nh, hd], [nh, C]
   Tensor dq_part, dk_part, dv_part;  // one block's gradients: [C, nh, hd], [C, nkv, hd] x 2
-  // all-gather: every rank's K, V and their dK, dV shares, [cp L, nkv, hd];
-  // ring: the chunks in hand, [L, nkv, hd] (and their dK, dV accumulators)
-  Tensor k, v, dk, dv;
-  Tensor k_next, v_next, dk_next, dv_next;  // ring: the chunks arriving, [L, nkv, hd]
+  // The same in acc, and the accumulators: out [L, nh, hd], lse [2, nh, C], dq [L, nh, hd].
+  Tensor part_acc, part_lse_acc, dq_part_acc, dk_part_acc, dv_part_acc;
+  Tensor out_acc, lse_acc, dq_acc;
+  // all-gather: every rank's K and V [cp L, nkv, hd], their dK, dV shares in acc, and this rank's
+  // reduce-scattered sums [L, nkv, hd] in acc; ring: the chunks in hand [L, nkv, hd] and their
+  // dK, dV accumulators in acc, and the ones arriving.
+  Tensor k, v, dk, dv, dk_home, dv_home;
+  Tensor k_next, v_next, dk_next, dv_next;
   static CpScratch alloc(Arena& arena, CpExchange how, int cp, int64_t L, int64_t nh, int64_t nkv,
-                         int64_t hd, DType dtype);
+                         int64_t hd, DType dtype, DType acc);
 };
 
 // out [L, nh, hd] and lse (f32, f64 for f64 tensors; [2, nh, C]: each chunk's statistics in

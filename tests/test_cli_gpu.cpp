@@ -184,10 +184,11 @@ void need_gpus(int n) {
   std::exit(77);
 }
 
-// NCCL between GPUs (one rank per GPU): tensor parallel with sequence parallelism, and data
+// NCCL between GPUs (one rank per GPU): tensor parallel with sequence parallelism, data
 // parallel with ZeRO-1 (weight all-gather overlapping the forward) and bf16 gradient reduction,
-// each against one GPU rank within bf16 tolerance.
-TEST_CASE("cli gpu: tp 2 and dp 2 over NCCL between two GPUs match one GPU rank", "[gpu][mpi]") {
+// and context parallel by both exchanges, each against one GPU rank within bf16 tolerance.
+TEST_CASE("cli gpu: tp 2, dp 2 and cp 2 over NCCL between two GPUs match one GPU rank",
+          "[gpu][mpi]") {
   need_gpus(2);
   const std::string shape = " --set train.backend=cuda --set model.num_layers=4";
   RunDir one(10);
@@ -199,7 +200,10 @@ TEST_CASE("cli gpu: tp 2 and dp 2 over NCCL between two GPUs match one GPU rank"
   for (const std::string& layout :
        {std::string(" --set parallel.tp=2 --set parallel.sequence_parallel=true"),
         std::string(" --set parallel.zero1=true --set parallel.overlap_param_gather=true"
-                    " --set parallel.grad_reduce_dtype=bf16")}) {
+                    " --set parallel.grad_reduce_dtype=bf16"),
+        // The ring's K/V passes on NCCL's side stream beside the attention, dK/dV in order.
+        std::string(" --set parallel.cp=2 --set parallel.cp_comm=ring"),
+        std::string(" --set parallel.cp=2 --set parallel.cp_comm=allgather")}) {
     RunDir two(10);
     CmdResult m = two.mpirun(2, shape + layout);
     INFO(layout << "\n" << m.output);

@@ -17,6 +17,7 @@
 #include "parallel/groups.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
+#include "tests/host_tensor.h"
 #include "tests/test_util.h"
 
 namespace tr {
@@ -240,27 +241,40 @@ TEST_CASE("comm: context-parallel attention equals the whole sequence's", "[comm
         for (int64_t i = 0; i < C; ++i) y[(a * nh + h) * C + i] = lse[h * S + pos[a * C + i]];
     return y;
   };
-  for (CpExchange how : {CpExchange::all_gather, CpExchange::ring}) {
-    INFO((how == CpExchange::ring ? "ring" : "all-gather") << " over " << n << " ranks");
-    std::vector<double> lq = rows(q, nh), lk = rows(k, nkv), lv = rows(v, nkv), ld = rows(dout, nh);
-    std::vector<double> lo(lq.size()), ll(nh * L), gq(lq.size()), gk(lk.size()), gv(lv.size());
-    const Tensor lse_t(ll.data(), DType::f64, Device::cpu, {nh, L});
-    Arena measure = Arena::planner(Device::cpu);
-    CpScratch::alloc(measure, how, n, L, nh, nkv, hd, DType::f64);
-    Arena arena(measure.used(), Device::cpu);
-    const CpScratch sc = CpScratch::alloc(arena, how, n, L, nh, nkv, hd, DType::f64);
-    Ctx host;
-    cp_attention_fwd(host, *w, how, sc, t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv),
-                     t64(lv, L, nkv), S);
-    CHECK(test::rel_err(lo, rows(out, nh)) < 1e-12);
-    CHECK(test::rel_err(ll, lse_rows()) < 1e-12);
-    cp_attention_bwd(host, *w, how, sc, t64(gq, L, nh), t64(gk, L, nkv), t64(gv, L, nkv),
-                     t64(ld, L, nh), t64(lo, L, nh), lse_t, t64(lq, L, nh), t64(lk, L, nkv),
-                     t64(lv, L, nkv), S);
-    CHECK(test::rel_err(gq, rows(dq, nh)) < 1e-10);
-    CHECK(test::rel_err(gk, rows(dk, nkv)) < 1e-10);
-    CHECK(test::rel_err(gv, rows(dv, nkv)) < 1e-10);
-  }
+  // Each method in f64, and in f32 with f64 accumulators (the path bf16 takes on GPUs with f32
+  // ones: every partial and gradient share cast into the accumulators, which are cast back once).
+  struct Mode {
+    DType dtype, acc;
+    double tol_out, tol_grad;
+  };
+  for (CpExchange how : {CpExchange::all_gather, CpExchange::ring})
+    for (const Mode& m :
+         {Mode{DType::f64, DType::f64, 1e-12, 1e-10}, Mode{DType::f32, DType::f64, 1e-6, 1e-5}}) {
+      INFO((how == CpExchange::ring ? "ring" : "all-gather")
+           << " over " << n << " ranks, " << dtype_name(m.dtype) << " with " << dtype_name(m.acc)
+           << " accumulators");
+      // This rank's rows of the sequence, and room for the results, in m.dtype.
+      std::vector<test::HostTensor> in;
+      for (auto [x, heads] : {std::pair{&q, nh}, {&k, nkv}, {&v, nkv}, {&dout, nh}})
+        in.emplace_back(m.dtype, std::initializer_list<int64_t>{L, heads, hd}, rows(*x, heads));
+      test::HostTensor lo(m.dtype, {L, nh, hd}),
+          ll(m.dtype == DType::f64 ? DType::f64 : DType::f32, {nh, L});
+      test::HostTensor gq(m.dtype, {L, nh, hd}), gk(m.dtype, {L, nkv, hd}),
+          gv(m.dtype, {L, nkv, hd});
+      Arena measure = Arena::planner(Device::cpu);
+      CpScratch::alloc(measure, how, n, L, nh, nkv, hd, m.dtype, m.acc);
+      Arena arena(measure.used(), Device::cpu);
+      const CpScratch sc = CpScratch::alloc(arena, how, n, L, nh, nkv, hd, m.dtype, m.acc);
+      Ctx host;
+      cp_attention_fwd(host, *w, how, sc, lo.t, ll.t, in[0].t, in[1].t, in[2].t, S);
+      CHECK(test::rel_err(lo.values(), rows(out, nh)) < m.tol_out);
+      CHECK(test::rel_err(ll.values(), lse_rows()) < m.tol_out);
+      cp_attention_bwd(host, *w, how, sc, gq.t, gk.t, gv.t, in[3].t, lo.t, ll.t, in[0].t, in[1].t,
+                       in[2].t, S);
+      CHECK(test::rel_err(gq.values(), rows(dq, nh)) < m.tol_grad);
+      CHECK(test::rel_err(gk.values(), rows(dk, nkv)) < m.tol_grad);
+      CHECK(test::rel_err(gv.values(), rows(dv, nkv)) < m.tol_grad);
+    }
 }
 
 // ZeRO-1's layout: every bucket cut into dp equal pieces, each element owned by exactly one

@@ -16,6 +16,7 @@
 #include "kernels/ops.h"
 #include "kernels/versions.h"
 #include "parallel/context_parallel.h"
+#include "tests/host_tensor.h"
 #include "tests/test_util.h"
 
 namespace tr {
@@ -27,52 +28,7 @@ constexpr double kF64Tol = 1e-12;
 
 Ctx ctx;  // CPU
 
-// Zero-filled host tensor that owns its memory; values read and written as double.
-struct HostTensor {
-  Buffer buf;
-  Tensor t;
-  HostTensor(DType dtype, std::initializer_list<int64_t> shape)
-      : t(nullptr, dtype, Device::cpu, shape) {
-    buf = Buffer(std::max<size_t>(t.nbytes(), 1), Device::cpu);
-    std::memset(buf.data(), 0, t.nbytes());
-    t.data = buf.data();
-  }
-  int64_t size() const { return t.numel(); }
-  double get(int64_t i) const {
-    switch (t.dtype) {
-      case DType::f32:
-        return t.ptr<float>()[i];
-      case DType::f64:
-        return t.ptr<double>()[i];
-      default:
-        return t.ptr<int32_t>()[i];
-    }
-  }
-  void set(int64_t i, double v) {
-    switch (t.dtype) {
-      case DType::f32:
-        t.ptr<float>()[i] = static_cast<float>(v);
-        break;
-      case DType::f64:
-        t.ptr<double>()[i] = v;
-        break;
-      default:
-        t.ptr<int32_t>()[i] = static_cast<int32_t>(v);
-    }
-  }
-  std::vector<double> values() const {
-    std::vector<double> v(size());
-    for (int64_t i = 0; i < size(); ++i) v[i] = get(i);
-    return v;
-  }
-  void assign(const std::vector<double>& v) {
-    REQUIRE(static_cast<int64_t>(v.size()) == size());
-    for (int64_t i = 0; i < size(); ++i) set(i, v[i]);
-  }
-  void fill(double v) {
-    for (int64_t i = 0; i < size(); ++i) set(i, v);
-  }
-};
+using test::HostTensor;
 
 std::vector<double> random_values(int64_t n, std::mt19937& rng, double lo = -1.0, double hi = 1.0) {
   std::uniform_real_distribution<double> dist(lo, hi);

@@ -158,7 +158,8 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     a_->positions = ar.alloc(DType::i32, {S});
     for (Tensor* t : {&a_->q, &a_->dq}) *t = ar.alloc(dtype_, {S, nh, hd});
     for (Tensor* t : {&a_->k, &a_->v, &a_->dk, &a_->dv}) *t = ar.alloc(dtype_, {S, nkv, hd});
-    a_->cp = CpScratch::alloc(ar, d.cp_exchange, d.cp, S, nh, nkv, hd, dtype_);
+    a_->cp = CpScratch::alloc(ar, d.cp_exchange, d.cp, S, nh, nkv, hd, dtype_,
+                              cp_accumulator_dtype(dtype_));
   }
 }
 

@@ -84,7 +84,7 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
       s.model->backward_stage(slot, s.io->inputs(a.micro_batch), a.micro_batch == m - 1);
     }
   }
-  if (trace && s.topo().tp_rank == 0 && s.topo().dp_rank == 0)
+  if (trace && s.topo().tp_rank == 0 && s.topo().cp_rank == 0 && s.topo().dp_rank == 0)
     std::fprintf(stderr, "pipeline stage %d executed: %s\n", s.topo().pp_rank, executed.c_str());
   return run;
 }

@@ -139,8 +139,10 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
     m.workspace = static_cast<double>(
         kCudaWorkspaceBytes +
         StepIO::device_bytes(facts.micro_batches, t.micro_batch * seq / st.cp, device));
-    // cuDNN runs on one rank's tokens of a sequence (its CP chunks).
-    m.attention_workspace = attention_workspace_estimate(t.micro_batch, dims.heads, seq / st.cp);
+    // Under context parallelism cuDNN runs on one sequence's blocks of seq / (2 cp) tokens.
+    m.attention_workspace = st.cp > 1
+                                ? attention_workspace_estimate(1, dims.heads, seq / (2 * st.cp))
+                                : attention_workspace_estimate(t.micro_batch, dims.heads, seq);
   }
   return m;
 }
@@ -189,13 +191,15 @@ void plan_flops(const Config& cfg, Plan& plan) {
   plan.bubble = (pp - 1) / (m + pp - 1);
 }
 
-// The CP exchange per GPU per step (bytes sent, bf16): per micro-batch, sequence and layer of
-// the stage, with c = one rank's chunk of K (or V): seq / cp tokens of nkv / tp heads of hd,
+// The CP exchange per GPU per step (bytes sent): per micro-batch, sequence and layer of the
+// stage, with c = one rank's K (or V) in bf16: seq / cp tokens of nkv / tp heads of hd; dK and dV
+// travel in their fp32 accumulators (cp_accumulator_dtype), 2 c each:
 //   all-gather: forward gathers K and V (each rank sends its c to cp - 1 others: 2 (cp - 1) c);
-//               backward gathers them again and reduce-scatters dK and dV: 4 (cp - 1) c;
+//               backward gathers them again (2 (cp - 1) c) and reduce-scatters dK and dV
+//               (4 (cp - 1) c);
 //   ring:       forward passes K and V cp - 1 times, backward again: 4 (cp - 1) c, each pass
 //               beside the attention of the chunk in hand; backward also passes dK and dV cp
-//               times (the gradients travel home) after each chunk's backward: 2 cp c.
+//               times (the gradients travel home) after each chunk's backward: 4 cp c.
 // A fully recomputed layer runs its forward's exchange again. Returns {all, the part that runs
 // beside the attention}.
 std::pair<double, double> cp_bytes_per_step(const Config& cfg, const RunFacts& f,
@@ -207,7 +211,7 @@ std::pair<double, double> cp_bytes_per_step(const Config& cfg, const RunFacts& f
                    static_cast<double>(mc.num_kv_heads / f.topo.tp * mc.head_dim) * 2.0;
   const bool ring = cfg.parallel.cp_comm == "ring";
   const double kv = 2.0 * (cp - 1) * c;  // one gather or one trip round the ring of K and V
-  const double grads = ring ? 2.0 * cp * c : 2.0 * (cp - 1) * c;
+  const double grads = 2.0 * (ring ? 2.0 * cp * c : 2.0 * (cp - 1) * c);  // fp32
   const double layers = static_cast<double>(mc.num_layers) / f.topo.pp;
   const double full = static_cast<double>(recompute_full_layers) / f.topo.pp;
   const double sequences = static_cast<double>(f.micro_batches * cfg.train.micro_batch);

@@ -27,7 +27,8 @@ __global__ void merge_kernel(T* out, float* lse, const T* out2, const float* lse
   const T* o2 = out2 + (i * nh + h) * hd;
   for (int64_t e = threadIdx.x; e < hd; e += blockDim.x)
     o[e] = from_f<T>(wa * to_f(o[e]) + wb * to_f(o2[e]));
-  if (threadIdx.x == 0) lse[h * C + i] = l;  // every thread read it above
+  __syncthreads();  // every thread has read lse[h * C + i] (the early return is the block's)
+  if (threadIdx.x == 0) lse[h * C + i] = l;
 }
 
 // Between packed rows [L, (nh + 2 nkv) hd] and q [L, nh, hd], k, v [L, nkv, hd]: element idx of
@@ -64,6 +65,8 @@ void split_or_join(Ctx& ctx, Tensor packed, Tensor q, Tensor k, Tensor v, const 
 }  // namespace
 
 void attention_merge(Ctx& ctx, Tensor out, Tensor lse, Tensor out2, Tensor lse2) {
+  TR_ASSERT(lse.dtype == DType::f32 && lse2.dtype == DType::f32,
+            "attention_merge on CUDA: f32 statistics (bf16 or f32 outputs)");
   const int64_t C = out.shape[0], nh = out.shape[1], hd = out.shape[2];
   if (C * nh == 0) return;
   dispatch_float(out.dtype, "attention_merge", [&](auto tag) {
