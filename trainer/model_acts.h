@@ -18,7 +18,7 @@ struct Qwen2Model::Acts {
     Tensor rstd1;   // [Tl]
     Tensor qkv;     // [T, (nh + 2 nkv) hd], rope applied to q and k
     Tensor att;     // [T, nh hd] attention output before o_proj
-    Tensor lse;     // [B, nh, S]
+    Tensor lse;     // [B, nh, S] (under context parallelism each sequence's [2, nh, S / 2])
     Tensor x_mid;   // [Tl, H] residual after attention
     Tensor ln2;     // [T, H]
     Tensor rstd2;   // [Tl]
