@@ -84,11 +84,6 @@ class OpCheck {
   int n_ = 0;
 };
 
-// Dtype of saved statistics and per-row losses (rstd, lse, losses): f64 for f64 ops, else f32.
-DType stat_dtype(DType dtype) {
-  return dtype == DType::f64 ? DType::f64 : DType::f32;
-}
-
 bool is_matrix(const Tensor& t, int64_t rows, int64_t cols) {
   return t.ndim == 2 && t.shape[0] == rows && t.shape[1] == cols;
 }
@@ -97,6 +92,10 @@ bool is_vector(const Tensor& t, int64_t n) {
 }
 
 }  // namespace
+
+DType stat_dtype(DType dtype) {
+  return dtype == DType::f64 ? DType::f64 : DType::f32;
+}
 
 // Every backend defines every op of kernels/backend_ops.inc: taking each one's address makes a
 // missing definition a link error here, not a failure when some path first calls it.

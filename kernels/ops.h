@@ -22,6 +22,10 @@
 
 namespace tr {
 
+// The dtype of saved statistics and per-row losses (rstd, lse, losses) for ops computing in
+// `dtype`: f64 for f64, else f32.
+DType stat_dtype(DType dtype);
+
 // How a backward op writes a parameter gradient: added to what the buffer holds, or assigned.
 // Assigning gives the same bits as adding to zeros.
 enum class GradWrite : uint8_t { add, assign };

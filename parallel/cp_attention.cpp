@@ -10,10 +10,6 @@
 namespace tr {
 namespace {
 
-DType stat_dtype(DType d) {
-  return d == DType::f64 ? DType::f64 : DType::f32;
-}
-
 // The index (of the sequence's 2 cp chunks) of CP rank `rank`'s chunk `which`: 0 its early one,
 // 1 its late one (parallel/context_parallel.h).
 int chunk_index(int cp, int rank, int which) {

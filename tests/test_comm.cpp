@@ -10,6 +10,7 @@
 
 #include "core/bf16.h"
 #include "kernels/cpu/chunk_attention.h"
+#include "kernels/ops.h"
 #include "parallel/context_parallel.h"
 #include "parallel/cp_attention.h"
 #include "parallel/dp_shards.h"
@@ -257,8 +258,7 @@ TEST_CASE("comm: context-parallel attention equals the whole sequence's", "[comm
       std::vector<test::HostTensor> in;
       for (auto [x, heads] : {std::pair{&q, nh}, {&k, nkv}, {&v, nkv}, {&dout, nh}})
         in.emplace_back(m.dtype, std::initializer_list<int64_t>{L, heads, hd}, rows(*x, heads));
-      test::HostTensor lo(m.dtype, {L, nh, hd}),
-          ll(m.dtype == DType::f64 ? DType::f64 : DType::f32, {nh, L});
+      test::HostTensor lo(m.dtype, {L, nh, hd}), ll(stat_dtype(m.dtype), {nh, L});
       test::HostTensor gq(m.dtype, {L, nh, hd}), gk(m.dtype, {L, nkv, hd}),
           gv(m.dtype, {L, nkv, hd});
       Arena measure = Arena::planner(Device::cpu);

@@ -26,7 +26,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
       slots_(o.slots),
       ctx_(ctx),
       dtype_(o.dtype),
-      sdtype_(o.dtype == DType::f64 ? DType::f64 : DType::f32),
+      sdtype_(stat_dtype(o.dtype)),
       params_(params) {
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
   TR_ASSERT(dims.cp == 1 || o.seq_len % (2 * dims.cp) == 0,
