@@ -59,6 +59,9 @@ const std::array<SwitchInfo, kSettings> kSettingTable = {{
     {"TR_NODE_NAME", SwitchKind::test,
      "NAME: this process's node for the node-local checkpoints instead of the host name (so that "
      "CPU tests run several nodes on one machine)"},
+    {"TR_SOURCE_DIR", SwitchKind::test,
+     "PATH: the source tree whose configs, docs, tools and fixtures the tests read, instead of "
+     "the nearest one above the test executable (a build moved elsewhere: tools/gpu_pack.sh)"},
 }};
 
 struct Registry {

@@ -38,6 +38,7 @@ enum class Setting : int {
   test_fault,         // TR_TEST_FAULT
   test_crash_point,   // TR_TEST_CRASH_POINT
   node_name,          // TR_NODE_NAME
+  test_source_dir,    // TR_SOURCE_DIR
   count_
 };
 

@@ -61,18 +61,18 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
 )" + extra);
   }
   CmdResult trainer(const std::string& args = "", const std::string& env = "") const {
-    return run_cmd(env + " " + TR_TRAINER_BIN + " --config " + config + " " + args);
+    return run_cmd(env + " " + tr::test::trainer_bin() + " --config " + config + " " + args);
   }
   // The trainer on `ranks` ranks of the test suite's own Slurm (tests/slurm/local_slurm.sh).
   CmdResult srun(int ranks, const std::string& args = "", const std::string& env = "") const {
     return run_cmd(env + " " + kOneThread + " srun --overcommit --mpi=pmix -n " +
-                   std::to_string(ranks) + " " + TR_TRAINER_BIN + " --config " + config + " " +
-                   args);
+                   std::to_string(ranks) + " " + tr::test::trainer_bin() + " --config " + config +
+                   " " + args);
   }
   // The trainer on `ranks` MPI ranks of this machine.
   CmdResult mpirun(int ranks, const std::string& args = "", const std::string& env = "") const {
-    return run_cmd(env + " " + kOneThread + " " + TR_MPIRUN + " " + std::to_string(ranks) + " " +
-                   TR_TRAINER_BIN + " --config " + config + " " + args);
+    return run_cmd(env + " " + kOneThread + " " + tr::test::mpirun() + " " + std::to_string(ranks) +
+                   " " + tr::test::trainer_bin() + " --config " + config + " " + args);
   }
   // Shell: waits until metrics.jsonl has a step line (its start event comes before any step).
   std::string wait_for_a_step() const {
@@ -82,15 +82,15 @@ log: {dir: )" + (dir / "log") + R"(, interval: 5}
   // background; once it logs a step it gets SIGsig (`sig` as kill names it: TERM, USR1) and is
   // waited for, as a job that Slurm or a user stops.
   CmdResult signal_when_training(const std::string& launch, const std::string& sig) const {
-    return run_cmd("sh -c '" + launch + " " + TR_TRAINER_BIN + " --config " + config +
+    return run_cmd("sh -c '" + launch + " " + tr::test::trainer_bin() + " --config " + config +
                    " & pid=$!; " + wait_for_a_step() + " kill -" + sig + " $pid; wait $pid'");
   }
   // While a trainer of this run is training (it has logged a step), a second one with `args`:
   // its output, then "second=<its exit code>"; the first is stopped with SIGTERM after.
   CmdResult second_trainer_while_training(const std::string& args) const {
-    return run_cmd("sh -c '" + std::string(TR_TRAINER_BIN) + " --config " + config +
-                   " >/dev/null 2>&1 & pid=$!; " + wait_for_a_step() + " " + TR_TRAINER_BIN +
-                   " --config " + config + " " + args +
+    return run_cmd("sh -c '" + tr::test::trainer_bin() + " --config " + config +
+                   " >/dev/null 2>&1 & pid=$!; " + wait_for_a_step() + " " +
+                   tr::test::trainer_bin() + " --config " + config + " " + args +
                    "; echo second=$?; kill -TERM $pid; wait $pid'");
   }
   // The lines of log/metrics.jsonl that have `key` ("loss": steps, "val_loss": evaluations), by

@@ -169,8 +169,8 @@ TEST_CASE("cli: data-parallel buckets overlap backward and change no bit", "[cli
   const std::vector<nlohmann::json> want = run.metrics();
   std::filesystem::remove_all(run.dir / "ckpt");
   std::filesystem::remove_all(run.dir / "log");
-  CmdResult on = run_cmd(std::string(kOneThread) + " TR_TRACE_DP=1 " + TR_MPIRUN + " 4 " +
-                         TR_TRAINER_BIN + " --config " + run.config + args);
+  CmdResult on = run_cmd(std::string(kOneThread) + " TR_TRACE_DP=1 " + tr::test::mpirun() + " 4 " +
+                         tr::test::trainer_bin() + " --config " + run.config + args);
   INFO(on.output);
   REQUIRE(on.exit_code == 0);
   const std::vector<nlohmann::json> got = run.metrics();
@@ -194,8 +194,8 @@ TEST_CASE("cli: data-parallel buckets overlap backward and change no bit", "[cli
   const auto zero1 = [&](const std::string& overlap) {
     std::filesystem::remove_all(run.dir / "ckpt");
     std::filesystem::remove_all(run.dir / "log");
-    CmdResult z = run_cmd(std::string(kOneThread) + " TR_TRACE_DP=1 " + TR_MPIRUN + " 4 " +
-                          TR_TRAINER_BIN + " --config " + run.config + args +
+    CmdResult z = run_cmd(std::string(kOneThread) + " TR_TRACE_DP=1 " + tr::test::mpirun() + " 4 " +
+                          tr::test::trainer_bin() + " --config " + run.config + args +
                           " --set parallel.zero1=true --set parallel.overlap_dp=" + overlap);
     INFO(z.output);
     REQUIRE(z.exit_code == 0);
@@ -270,8 +270,8 @@ TEST_CASE("cli: under sequence parallelism DP buckets start during backward and 
   REQUIRE(off.exit_code == 0);
   const std::vector<nlohmann::json> want = run.metrics();
   RunDir again(6);
-  CmdResult on = run_cmd(std::string(kOneThread) + " TR_TRACE_DP=1 " + TR_MPIRUN + " 4 " +
-                         TR_TRAINER_BIN + " --config " + again.config + args);
+  CmdResult on = run_cmd(std::string(kOneThread) + " TR_TRACE_DP=1 " + tr::test::mpirun() + " 4 " +
+                         tr::test::trainer_bin() + " --config " + again.config + args);
   INFO(on.output);
   REQUIRE(on.exit_code == 0);
   const std::vector<nlohmann::json> got = again.metrics();
@@ -828,12 +828,13 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
 TEST_CASE("cli: each pipeline stage executes the textbook 1F1B order", "[cli][mpi]") {
   RunDir run(1);
   auto executed = [&](int pp, int micro_batch) {
-    CmdResult r = run_cmd(
-        std::string(kOneThread) + " TR_TRACE_PIPELINE=1 " + TR_MPIRUN + " " + std::to_string(pp) +
-        " " + TR_TRAINER_BIN + " --config " + run.config + " --resume none --set checkpoint.dir=" +
-        (run.dir / ("ck" + std::to_string(pp * 10 + micro_batch))) +
-        " --set optim.warmup_steps=0 --set model.num_layers=4 --set parallel.pp=" +
-        std::to_string(pp) + " --set train.micro_batch=" + std::to_string(micro_batch));
+    CmdResult r =
+        run_cmd(std::string(kOneThread) + " TR_TRACE_PIPELINE=1 " + tr::test::mpirun() + " " +
+                std::to_string(pp) + " " + tr::test::trainer_bin() + " --config " + run.config +
+                " --resume none --set checkpoint.dir=" +
+                (run.dir / ("ck" + std::to_string(pp * 10 + micro_batch))) +
+                " --set optim.warmup_steps=0 --set model.num_layers=4 --set parallel.pp=" +
+                std::to_string(pp) + " --set train.micro_batch=" + std::to_string(micro_batch));
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
     std::vector<std::string> order(pp);
@@ -872,10 +873,10 @@ TEST_CASE("cli: bad validation data on one rank ends every rank", "[cli][mpi]") 
     REQUIRE((*w)->add_document(toks).ok());
     REQUIRE((*w)->finish().ok());
   }
-  CmdResult r =
-      run_cmd(std::string(kOneThread) + " timeout 120 " + TR_MPIRUN + " 2 " + TR_TRAINER_BIN +
-              " --config " + run.config + " --set 'data.valid=[{path: " + (run.dir / "badvalid") +
-              "}]' --set train.eval_interval=1 --set train.eval_steps=1");
+  CmdResult r = run_cmd(std::string(kOneThread) + " timeout 120 " + tr::test::mpirun() + " 2 " +
+                        tr::test::trainer_bin() + " --config " + run.config +
+                        " --set 'data.valid=[{path: " + (run.dir / "badvalid") +
+                        "}]' --set train.eval_interval=1 --set train.eval_steps=1");
   INFO(r.output);
   CHECK(r.exit_code == 2);  // 124 would be the timeout: a hang
   CHECK(r.output.find("error: rank 0: token 200 of " + (run.dir / "badvalid.bin") +
@@ -927,7 +928,7 @@ TEST_CASE("cli: srun -n 4 with tp 2 x dp 2 matches one rank", "[.slurm]") {
   REQUIRE(b.size() == 10);
   for (size_t i = 0; i < a.size(); ++i)
     CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
-  r = run_cmd("srun --overcommit -n 2 " + std::string(TR_TRAINER_BIN) + " --config " +
+  r = run_cmd("srun --overcommit -n 2 " + tr::test::trainer_bin() + " --config " +
               four.config);  // no PMI
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: started by srun with 2 tasks but without PMI") != std::string::npos);
@@ -985,10 +986,10 @@ TEST_CASE("cli: bad config values exit 2 naming the key", "[cli]") {
   expect_bad_input(run.trainer("--set train.steps=many"),
                    "train.steps: expected an integer, got 'many'");
   expect_bad_input(run.trainer("--set optim.lr=-0.5"), "optim.lr must be in [0, 10] (got -0.5)");
-  expect_bad_input(run_cmd(std::string(TR_TRAINER_BIN) + " --config " + (run.dir / "nope.yaml")),
+  expect_bad_input(run_cmd(tr::test::trainer_bin() + " --config " + (run.dir / "nope.yaml")),
                    "config file '" + (run.dir / "nope.yaml") + "' cannot be read; check --config");
   expect_bad_input(run.trainer("--bogus"), "unknown argument '--bogus'; see --help");
-  expect_bad_input(run_cmd(TR_TRAINER_BIN), "--config FILE is required; see --help");
+  expect_bad_input(run_cmd(tr::test::trainer_bin()), "--config FILE is required; see --help");
   // A log.dir that cannot be one (a file is there) is found before checkpoint.dir is created.
   test::write_file(run.dir / "afile", "x");
   expect_bad_input(run.trainer("--set log.dir=" + (run.dir / "afile")),
@@ -1113,11 +1114,11 @@ TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
 // a CUDA build the GPU libraries it was built with and finds.
 TEST_CASE("cli: trainer --version names the commit, the build and the GPU libraries",
           "[cli][cpu-build]") {
-  const CmdResult r = run_cmd(std::string(TR_TRAINER_BIN) + " --version 2>&1");
+  const CmdResult r = run_cmd(tr::test::trainer_bin() + " --version 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   const CmdResult git =
-      run_cmd("git -C " + std::string(TR_SOURCE_DIR) + " describe --always --tags 2>/dev/null");
+      run_cmd("git -C " + tr::test::source_dir() + " describe --always --tags 2>/dev/null");
   const std::string commit =
       git.exit_code == 0 ? git.output.substr(0, git.output.find('\n')) : "unknown";
   CHECK(r.output.rfind("trainer " + commit, 0) == 0);  // "-dirty" may follow
@@ -1129,7 +1130,7 @@ TEST_CASE("cli: trainer --version names the commit, the build and the GPU librar
   CHECK(r.output.find("backend cpu; built without CUDA") != std::string::npos);
 #endif
   // Like --help, it needs no config.
-  CHECK(run_cmd(std::string(TR_TRAINER_BIN) + " --version --config /nonexistent").exit_code == 0);
+  CHECK(run_cmd(tr::test::trainer_bin() + " --version --config /nonexistent").exit_code == 0);
 }
 
 // train.backend=cuda where no GPU can be used is one clear line and exit 2: in a build without
@@ -1181,7 +1182,7 @@ TEST_CASE("cli: trainer plan and trainer --dry-run reject the same layouts", "[c
   for (const Case& c : cases) {
     INFO(c.world << " ranks, " << c.sets);
     const CmdResult plan =
-        run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + run.config + " " + c.sets +
+        run_cmd(tr::test::trainer_bin() + " plan --config " + run.config + " " + c.sets +
                 " --nodes " + std::to_string(c.world) + " --gpus-per-node 1 2>&1");
     const CmdResult dry = run.mpirun(c.world, "--dry-run " + c.sets);
     if (c.error.empty()) {
@@ -1201,50 +1202,49 @@ TEST_CASE("cli: trainer plan and trainer --dry-run reject the same layouts", "[c
 
 TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error line and exit 2",
           "[cli]") {
-  const std::string cfg = std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml";
-  CmdResult r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg +
-                        " --gpu b300 --nodes 16 2>&1");
+  const std::string cfg = tr::test::source_dir() + "/configs/qwen2.5-72b.yaml";
+  CmdResult r =
+      run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --gpu b300 --nodes 16 2>&1");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("plan: 16 nodes x 8 b300 = 128 GPUs; tp 8 x pp 2 x dp 8, zero1") !=
         std::string::npos);
   CHECK(r.output.find("verdict: fits") != std::string::npos);
   CHECK(r.output.find("tokens/s/GPU, MFU") != std::string::npos);
-  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --gpu v100 2>&1");
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --gpu v100 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output == "error: --gpu v100 is unknown; known: h100, h200, b200, b300, a100\n");
-  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --nodes 3 2>&1");
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 3 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: parallel layout") != std::string::npos);
   // The hardware table overridden from YAML (name and GEMM efficiency here).
   test::TempDir dir;
   test::write_file(dir / "hw.yaml", "name: slow-h100\ngemm_efficiency: 0.35\n");
-  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --nodes 16 --hardware " +
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 --hardware " +
               (dir / "hw.yaml") + " 2>&1");
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("x 8 slow-h100 = 128 GPUs") != std::string::npos);
   test::write_file(dir / "bad.yaml", "netwrk: 3\n");
-  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --hardware " +
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --hardware " +
               (dir / "bad.yaml") + " 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("unknown key 'netwrk'; known: name, peak_bf16_tflops") != std::string::npos);
   // --mtbf-hours: what failures cost, with the cluster's storage from the same file.
   test::write_file(dir / "storage.yaml", "storage_gbps: 40\nrestart_s: 600\n");
-  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg +
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg +
               " --nodes 16 --mtbf-hours 2400 --hardware " + (dir / "storage.yaml") + " 2>&1");
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("storage_gbps 40, restart_s 600)") != std::string::npos);
   CHECK(r.output.find("local, Young/Daly, beside the persistent saves: every") !=
         std::string::npos);
-  r = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + cfg + " --mtbf-hours 0 2>&1");
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --mtbf-hours 0 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: --mtbf-hours '0' is not a positive number of hours") !=
         std::string::npos);
 }
 
 TEST_CASE("cli: trainer plan --json agrees with the text plan", "[cli]") {
-  const std::string cmd = std::string(TR_TRAINER_BIN) + " plan --config " +
-                          std::string(TR_SOURCE_DIR) +
+  const std::string cmd = tr::test::trainer_bin() + " plan --config " + tr::test::source_dir() +
                           "/configs/qwen2.5-72b.yaml --gpu b300 --nodes 16";
   CmdResult text = run_cmd(cmd + " 2>&1");
   CmdResult js = run_cmd(cmd + " --json 2>&1");

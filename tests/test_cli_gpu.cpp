@@ -240,9 +240,9 @@ TEST_CASE("cli gpu: a stopped rank ends an NCCL job after parallel.timeout_s, ex
 // preflight's collectives over NCCL at two ranks (one per GPU): every op correct.
 TEST_CASE("cli gpu: preflight's NCCL collectives on two GPUs are all correct", "[gpu][mpi]") {
   need_gpus(2);
-  CmdResult r =
-      test::run_cmd(std::string(test::kOneThread) + " " + TR_MPIRUN + " 2 " + TR_PREFLIGHT_BIN +
-                    " --backend cuda --min-bytes 1K --max-bytes 1M --iters 3 --warmup 1");
+  CmdResult r = test::run_cmd(std::string(test::kOneThread) + " " + tr::test::mpirun() + " 2 " +
+                              tr::test::preflight_bin() +
+                              " --backend cuda --min-bytes 1K --max-bytes 1M --iters 3 --warmup 1");
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("preflight: passed") != std::string::npos);

@@ -208,7 +208,7 @@ sys.exit(1 if bad else 0)
 TEST_CASE("config: preset files carry the built-in shapes", "[config]") {
   for (const std::string& name : preset_names()) {
     INFO(name);
-    const std::string path = std::string(TR_SOURCE_DIR) + "/configs/" + name + ".yaml";
+    const std::string path = tr::test::source_dir() + "/configs/" + name + ".yaml";
     absl::StatusOr<Config> file = load_config(path, {});
     REQUIRE(file.ok());
     // The preset alone (no explicit fields) must give the same model section.
@@ -231,7 +231,7 @@ TEST_CASE("config: preset files carry the built-in shapes", "[config]") {
     CHECK(a.tie_embeddings == b.tie_embeddings);
   }
   absl::StatusOr<Config> c72 =
-      load_config(std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml", {});
+      load_config(tr::test::source_dir() + "/configs/qwen2.5-72b.yaml", {});
   REQUIRE(c72.ok());
   CHECK(c72->model.hidden_size == 8192);
   CHECK(c72->model.num_layers == 80);
@@ -244,13 +244,13 @@ TEST_CASE("config: preset files carry the built-in shapes", "[config]") {
 }
 
 TEST_CASE("config: docs/config.md holds the generated key table", "[config]") {
-  const std::string doc = test::read_file(std::string(TR_SOURCE_DIR) + "/docs/config.md");
+  const std::string doc = test::read_file(tr::test::source_dir() + "/docs/config.md");
   INFO("regenerate with: build/trainer/trainer --help-config");
   CHECK(doc.find(config_docs_markdown()) != std::string::npos);
 }
 
 TEST_CASE("metrics: docs/metrics.md holds the generated key table", "[config]") {
-  const std::string doc = test::read_file(std::string(TR_SOURCE_DIR) + "/docs/metrics.md");
+  const std::string doc = test::read_file(tr::test::source_dir() + "/docs/metrics.md");
   INFO("regenerate with: build/trainer/trainer --help-metrics");
   CHECK(doc.find(metrics_docs_markdown()) != std::string::npos);
 }
@@ -298,7 +298,7 @@ TEST_CASE("metrics: a step line's keys are the documented ones", "[config]") {
 }
 
 TEST_CASE("config: docs/debug.md holds the generated switch table", "[config]") {
-  const std::string doc = test::read_file(std::string(TR_SOURCE_DIR) + "/docs/debug.md");
+  const std::string doc = test::read_file(tr::test::source_dir() + "/docs/debug.md");
   INFO("regenerate with: build/trainer/trainer --help-switches");
   CHECK(doc.find(switch_docs_markdown()) != std::string::npos);
 }

@@ -18,6 +18,7 @@
 #include "data/token_source.h"
 #include "data/tokenizer.h"
 #include "data/writer.h"
+#include "tests/test_util.h"
 
 namespace fs = std::filesystem;
 using namespace tr::data;
@@ -605,7 +606,7 @@ TEST_CASE("data: prepare_data tool writes a readable dataset") {
   std::ofstream(dir / "in/sub/a.jsonl") << "{\"text\": \"ok\", \"id\": 3}\n";
   // Runs the tool; returns (exit code, stdout + stderr).
   auto run = [&](const std::string& args) {
-    FILE* p = popen((std::string(TR_PREPARE_DATA_BIN) + " " + args + " 2>&1").c_str(), "r");
+    FILE* p = popen((tr::test::prepare_data_bin() + " " + args + " 2>&1").c_str(), "r");
     REQUIRE(p != nullptr);
     std::string out;
     char buf[512];

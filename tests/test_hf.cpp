@@ -211,7 +211,7 @@ TEST_CASE("safetensors: a sharded model directory through its index", "[safetens
 // The trained weights of `run`'s checkpoint `step` exported to `out`.
 CmdResult export_hf(const RunDir& run, const std::string& step, const std::string& out,
                     const std::string& args = "") {
-  return run_cmd(std::string(TR_TRAINER_BIN) + " export-hf --checkpoint " +
+  return run_cmd(tr::test::trainer_bin() + " export-hf --checkpoint " +
                  (run.dir / ("ckpt/" + step)) + " --out " + out + " " + args);
 }
 
@@ -404,7 +404,7 @@ TEST_CASE("cli: bad model.init_from and export-hf input is one error line and ex
 
   // export-hf: no such checkpoint, an --out that holds files, a bad --dtype.
   auto exp = [&](const std::string& args) {
-    return run_cmd(std::string(TR_TRAINER_BIN) + " export-hf " + args);
+    return run_cmd(tr::test::trainer_bin() + " export-hf " + args);
   };
   expect_bad_input(exp("--checkpoint " + (run.dir / "none") + " --out " + (run.dir / "o")),
                    run.dir / "none");

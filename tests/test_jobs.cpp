@@ -111,8 +111,8 @@ TEST_CASE("jobs: a signal within a step stops at a micro-batch boundary, saves, 
 // ranks a second later: README). The ranks save the step they are in and exit 3; so does mpirun.
 TEST_CASE("jobs: SIGUSR1 to mpirun saves the last step on every rank and exits 3", "[cli][mpi]") {
   RunDir run(100000);
-  CmdResult r =
-      run.signal_when_training(std::string(test::kOneThread) + " " + TR_MPIRUN + " 2", "USR1");
+  CmdResult r = run.signal_when_training(
+      std::string(test::kOneThread) + " " + tr::test::mpirun() + " 2", "USR1");
   INFO(r.output);
   REQUIRE(r.exit_code == kExitStopped);
   CHECK(r.output.find("stopped by signal 10 (User defined signal 1) ") != std::string::npos);
@@ -127,8 +127,8 @@ TEST_CASE("jobs: a stop signal during evaluation saves the last step and exits 3
   const std::string log = run.dir / "log/metrics.jsonl";
   const auto t0 = std::chrono::steady_clock::now();
   CmdResult r =
-      run_cmd("sh -c '" + std::string(test::kOneThread) + " " + TR_MPIRUN + " 2 " + TR_TRAINER_BIN +
-              " --config " + run.config +
+      run_cmd("sh -c '" + std::string(test::kOneThread) + " " + tr::test::mpirun() + " 2 " +
+              tr::test::trainer_bin() + " --config " + run.config +
               " --set train.eval_interval=5 --set train.eval_steps=1000000 & pid=$!; until grep -q "
               "step.:5, " +
               log + " 2>/dev/null; do sleep 0.05; done; sleep 1; kill -USR1 $pid; wait $pid'");
@@ -244,7 +244,7 @@ TEST_CASE("jobs: a run too large for memory is refused at start-up, a failed all
   // 2 GB of address space (the CUDA build's libraries need about 1): the start-up check passes
   // (it sees the host's memory), the activations' allocation (a few GB) fails.
   CmdResult r = run_cmd("timeout 120 sh -c 'ulimit -v 2000000; " + std::string(test::kOneThread) +
-                        " " + TR_TRAINER_BIN + " --config " + run.config +
+                        " " + tr::test::trainer_bin() + " --config " + run.config +
                         " --set train.micro_batch=8192 --set train.global_batch=8192'");
   INFO(r.output);
   CHECK(r.exit_code == kExitFailure);
@@ -438,9 +438,10 @@ void wait_for_requeued_job(const std::string& job, const std::string& out,
 TEST_CASE("jobs: train.sbatch stops on USR1, saves, requeues and resumes to the end", "[.slurm]") {
   RunDir run(1500);
   const std::string out = run.dir / "job.out", log = run.dir / "log/metrics.jsonl";
-  CmdResult sub = run_cmd(std::string("TRAINER=") + TR_TRAINER_BIN + " SRUN_ARGS=--overcommit " +
-                          test::kOneThread + " sbatch --parsable --requeue -n 2 --overcommit -o " +
-                          out + " " + TR_SOURCE_DIR + "/tools/slurm/train.sbatch " + run.config);
+  CmdResult sub =
+      run_cmd(std::string("TRAINER=") + tr::test::trainer_bin() + " SRUN_ARGS=--overcommit " +
+              test::kOneThread + " sbatch --parsable --requeue -n 2 --overcommit -o " + out + " " +
+              tr::test::source_dir() + "/tools/slurm/train.sbatch " + run.config);
   INFO(sub.output);
   REQUIRE(sub.exit_code == 0);
   const std::string job = sub.output.substr(0, sub.output.find_first_of(";\n"));
@@ -478,16 +479,17 @@ TEST_CASE("jobs: a requeued job on a changed node list resumes from the replicas
                                 "export TR_NODE_NAME=n$((SLURM_PROCID / 2 + restart))\n"
                                 "[ \"$restart\" = 0 ] && export TR_TEST_FAULT=hang:7:1:1\n"
                                 "exec " +
-                                TR_TRAINER_BIN + " \"$@\"\n");
+                                tr::test::trainer_bin() + " \"$@\"\n");
   std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
   auto sets = [](const RunDir& d) {
     return " --set parallel.tp=2 --set checkpoint.interval=0 --set parallel.timeout_s=3"
            " --set checkpoint.local_interval=2 --set checkpoint.local_dir=" +
            (d.dir / "local");
   };
-  CmdResult sub = run_cmd("TRAINER=" + wrapper + " SRUN_ARGS=--overcommit " + test::kOneThread +
-                          " sbatch --parsable --requeue -n 4 --overcommit -o " + out + " " +
-                          TR_SOURCE_DIR + "/tools/slurm/train.sbatch " + run.config + sets(run));
+  CmdResult sub =
+      run_cmd("TRAINER=" + wrapper + " SRUN_ARGS=--overcommit " + test::kOneThread +
+              " sbatch --parsable --requeue -n 4 --overcommit -o " + out + " " +
+              tr::test::source_dir() + "/tools/slurm/train.sbatch " + run.config + sets(run));
   INFO(sub.output);
   REQUIRE(sub.exit_code == 0);
   const std::string job = sub.output.substr(0, sub.output.find_first_of(";\n"));
@@ -518,7 +520,7 @@ TEST_CASE("jobs: train.sbatch requeues every ending but finished, bad input and 
     std::filesystem::remove(bin / "calls");
     return run_cmd("PATH=" + bin.path() + ":$PATH FAKE_RC=" + std::to_string(rc) +
                    " SLURM_JOB_ID=77 SLURM_RESTART_COUNT=" + std::to_string(restarts) +
-                   " TRAIN_MAX_REQUEUES=3 bash " + TR_SOURCE_DIR +
+                   " TRAIN_MAX_REQUEUES=3 bash " + tr::test::source_dir() +
                    "/tools/slurm/train.sbatch cfg.yaml");
   };
   for (int rc : {1, 3, 5, 6, 137, 139}) {

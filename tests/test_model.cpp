@@ -84,7 +84,7 @@ T read_attr(hid_t file, const char* name) {
 
 template <class T>
 void check_parity(const std::string& fixture, DType dtype, double tol) {
-  H5File f(std::string(TR_SOURCE_DIR) + "/tests/fixtures/" + fixture);
+  H5File f(tr::test::source_dir() + "/tests/fixtures/" + fixture);
   REQUIRE(f.id >= 0);
   ModelConfig mc;
   mc.hidden_size = read_attr(f.id, "hidden_size");
@@ -379,7 +379,7 @@ std::vector<int64_t> check_ownership(const tr::Config& cfg, const tr::Topology& 
 
 tr::Config config_with(const std::vector<std::string>& sets) {
   absl::StatusOr<tr::Config> cfg =
-      tr::load_config(std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml", sets);
+      tr::load_config(tr::test::source_dir() + "/configs/qwen2.5-72b.yaml", sets);
   INFO(cfg.status().message());
   REQUIRE(cfg.ok());
   return *cfg;
@@ -604,7 +604,7 @@ namespace {
 
 Config plan_config(const std::vector<std::string>& sets) {
   absl::StatusOr<Config> cfg =
-      load_config(std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml", sets);
+      load_config(tr::test::source_dir() + "/configs/qwen2.5-72b.yaml", sets);
   INFO(cfg.status().message());
   REQUIRE(cfg.ok());
   return *cfg;
@@ -852,7 +852,7 @@ TEST_CASE("plan: context parallelism's traffic by hand, and the cp a long sequen
   // Qwen2.5-72B at 32K tokens on 16 nodes of H100: activations do not fit at cp 1 (nor 2); the
   // plan names cp 4.
   const Config big =
-      *load_config(std::string(TR_SOURCE_DIR) + "/configs/qwen2.5-72b.yaml",
+      *load_config(tr::test::source_dir() + "/configs/qwen2.5-72b.yaml",
                    {"data.seq_len=32768", "train.global_batch=128", "train.recompute=none"});
   absl::StatusOr<Plan> p = make_plan(big, *gpu_spec("h100"), 16, 8);
   REQUIRE(p.ok());
@@ -875,7 +875,7 @@ TEST_CASE("plan: the 32K and 128K configs fit 16 nodes of H100 and B300", "[mode
         Case{"qwen2.5-72b-128k", 131072, 8, 66.5}}) {
     INFO(c.file);
     absl::StatusOr<Config> cfg =
-        load_config(std::string(TR_SOURCE_DIR) + "/configs/" + c.file + ".yaml", {});
+        load_config(tr::test::source_dir() + "/configs/" + c.file + ".yaml", {});
     REQUIRE(cfg.ok());
     CHECK(cfg->data.seq_len == c.seq);
     CHECK(cfg->parallel.cp == c.cp);
@@ -1032,7 +1032,7 @@ TEST_CASE("memory check: the saves' host buffers and tmpfs parts are counted", "
   CHECK(part == 12.0 * static_cast<double>(rank_layout(plain, topo).capacity) / 8);
   // The source checkout is on a disk, not a tmpfs: only the buffer counts.
   const Config local = plan_config({"checkpoint.async=false", "checkpoint.local_interval=10",
-                                    std::string("checkpoint.local_dir=") + TR_SOURCE_DIR,
+                                    std::string("checkpoint.local_dir=") + tr::test::source_dir(),
                                     "checkpoint.local_keep=2"});
   CHECK(save_host_bytes(local, topo, true) == part);
   const Config shm = plan_config({"checkpoint.async=false", "checkpoint.local_interval=10",

@@ -655,11 +655,10 @@ TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit
   RunDir run(20, ""), ref(20, "");
   const std::string local = " --set checkpoint.local_interval=3 --set checkpoint.local_dir=";
   const std::string sets = local + (run.dir / "local");
-  const CmdResult killed =
-      run_cmd("sh -c 'TR_TEST_FAULT=hang:17 " + std::string(TR_TRAINER_BIN) + " --config " +
-              run.config + sets +
-              " >/dev/null 2>&1 & pid=$!; while [ \"$(ps -o stat= -p $pid | cut -c1)\" != T ]; "
-              "do sleep 0.05; done; kill -9 $pid; wait $pid'");
+  const CmdResult killed = run_cmd(
+      "sh -c 'TR_TEST_FAULT=hang:17 " + tr::test::trainer_bin() + " --config " + run.config + sets +
+      " >/dev/null 2>&1 & pid=$!; while [ \"$(ps -o stat= -p $pid | cut -c1)\" != T ]; "
+      "do sleep 0.05; done; kill -9 $pid; wait $pid'");
   CHECK(killed.exit_code == 128 + SIGKILL);
   const CmdResult resumed = run.trainer(sets);
   INFO(resumed.output);
@@ -763,10 +762,10 @@ TEST_CASE("reliability: a lost node's ranks resume from their replicas on the ne
   // job came back with its ranks on each other's nodes.
   auto launch = [](const RunDir& d, const std::string& args, const std::string& env,
                    int first = 0) {
-    return run_cmd(env + " " + test::kOneThread + " " + TR_MPIRUN +
+    return run_cmd(env + " " + test::kOneThread + " " + tr::test::mpirun() +
                    " 4 sh -c 'TR_NODE_NAME=n$(((OMPI_COMM_WORLD_RANK / 2 + " +
-                   std::to_string(first) + ") % 2)) exec " + TR_TRAINER_BIN + " --config " +
-                   d.config + " " + args + "'");
+                   std::to_string(first) + ") % 2)) exec " + tr::test::trainer_bin() +
+                   " --config " + d.config + " " + args + "'");
   };
   const std::string sets =
       " --set parallel.tp=2 --set checkpoint.interval=0 --set checkpoint.local_interval=2"
@@ -818,8 +817,8 @@ TEST_CASE("reliability: local_replicas 2 survives two adjacent lost nodes, 0 wri
           "[cli][mpi]") {
   RunDir two(8, ""), ref(8, ""), none(8, "");
   auto launch = [](const RunDir& d, const std::string& replicas, const std::string& env) {
-    return run_cmd(env + " " + test::kOneThread + " " + TR_MPIRUN +
-                   " 4 sh -c 'TR_NODE_NAME=n$OMPI_COMM_WORLD_RANK exec " + TR_TRAINER_BIN +
+    return run_cmd(env + " " + test::kOneThread + " " + tr::test::mpirun() +
+                   " 4 sh -c 'TR_NODE_NAME=n$OMPI_COMM_WORLD_RANK exec " + tr::test::trainer_bin() +
                    " --config " + d.config +
                    " --set parallel.tp=2 --set checkpoint.interval=0 --set parallel.timeout_s=3"
                    " --set checkpoint.local_interval=2 --set checkpoint.local_replicas=" +
@@ -871,8 +870,8 @@ TEST_CASE("reliability: a chaos run of ten faults ends bit-identical to an unint
           "[cli][mpi]") {
   RunDir run(40, ""), ref(40, "");
   auto command = [](const RunDir& d, const std::string& env) {
-    return env + " " + test::kOneThread + " " + TR_MPIRUN +
-           " 8 sh -c 'TR_NODE_NAME=n$((OMPI_COMM_WORLD_RANK / 2)) exec " + TR_TRAINER_BIN +
+    return env + " " + test::kOneThread + " " + tr::test::mpirun() +
+           " 8 sh -c 'TR_NODE_NAME=n$((OMPI_COMM_WORLD_RANK / 2)) exec " + tr::test::trainer_bin() +
            " --config " + d.config +
            " --set parallel.tp=2 --set parallel.pp=2 --set parallel.timeout_s=2"
            " --set checkpoint.interval=10 --set checkpoint.local_interval=2 --set log.interval=1"
@@ -974,8 +973,8 @@ TEST_CASE("reliability: tools/goodput counts the steps two kill -9s cost", "[cli
   // logged, the checkpoint of the last multiple of 5 committed).
   auto killed_at = [&](int hang) {
     return run_cmd(
-        "sh -c 'TR_TEST_FAULT=hang:" + std::to_string(hang) + " " + TR_TRAINER_BIN + " --config " +
-        run.config + every5 +
+        "sh -c 'TR_TEST_FAULT=hang:" + std::to_string(hang) + " " + tr::test::trainer_bin() +
+        " --config " + run.config + every5 +
         " >/dev/null 2>&1 & pid=$!; while [ \"$(ps -o stat= -p $pid | cut -c1)\" != T ]; "
         "do sleep 0.05; done; kill -9 $pid; wait $pid'");
   };
@@ -984,8 +983,8 @@ TEST_CASE("reliability: tools/goodput counts the steps two kill -9s cost", "[cli
   const CmdResult last = run.trainer(every5);       // resumed at 15: 16-20
   INFO(last.output);
   REQUIRE(last.exit_code == 0);
-  const std::string tool = std::string(TR_SOURCE_DIR) + "/tools/goodput";
-  const std::string python = TR_PYTHON;
+  const std::string tool = tr::test::source_dir() + "/tools/goodput";
+  const std::string python = tr::test::python_bin();
   const CmdResult r = run_cmd(python + " " + tool + " --json " + (run.dir / "log"));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);

@@ -152,7 +152,7 @@ TEST_CASE("tokenizer: the trainer refuses data whose tokenizer does not fit the 
   test::write_file(jsonl, lines);
   test::write_file(hf, small_tokenizer().dump());
   auto prepare = [&](const std::string& prefix, const std::string& tok) {
-    test::CmdResult r = test::run_cmd(std::string(TR_PREPARE_DATA_BIN) + " --output " + prefix +
+    test::CmdResult r = test::run_cmd(tr::test::prepare_data_bin() + " --output " + prefix +
                                       " --tokenizer " + tok + " " + jsonl);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);

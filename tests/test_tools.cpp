@@ -15,8 +15,8 @@ using test::CmdResult;
 using test::run_cmd;
 
 CmdResult preflight(int ranks, const std::string& args) {
-  return run_cmd(std::string("OMP_NUM_THREADS=1 ") + TR_MPIRUN + " " + std::to_string(ranks) + " " +
-                 TR_PREFLIGHT_BIN + " " + args);
+  return run_cmd(std::string("OMP_NUM_THREADS=1 ") + tr::test::mpirun() + " " +
+                 std::to_string(ranks) + " " + tr::test::preflight_bin() + " " + args);
 }
 
 struct Table {
@@ -104,7 +104,7 @@ TEST_CASE("preflight: a wrong element and a missed threshold fail the run, namin
 }
 
 TEST_CASE("preflight: bad flags are one line and exit 2", "[tools]") {
-  const std::string bin = TR_PREFLIGHT_BIN;
+  const std::string bin = tr::test::preflight_bin();
   CmdResult r = run_cmd(bin + " --expect speed=3");
   CHECK(r.exit_code == 2);
   CHECK(r.output ==
@@ -120,7 +120,7 @@ TEST_CASE("preflight: bad flags are one line and exit 2", "[tools]") {
 
 TEST_CASE("preflight: one process names the GPU table's thresholds", "[tools]") {
   // An H100's table applied to the CPU: the GEMM and memory checks fail against it, by name.
-  CmdResult r = run_cmd(std::string(TR_PREFLIGHT_BIN) + " --gpu h100 --gemm 64 --mem-bytes 1M");
+  CmdResult r = run_cmd(tr::test::preflight_bin() + " --gpu h100 --gemm 64 --mem-bytes 1M");
   INFO(r.output);
   CHECK(r.exit_code == 1);
   CHECK(r.output.find("FAIL gemm TFLOP/s") != std::string::npos);
@@ -133,10 +133,10 @@ TEST_CASE("preflight: one process names the GPU table's thresholds", "[tools]") 
 TEST_CASE("tools: the PyTorch baseline's FLOPs per token are the trainer's", "[tools]") {
   for (const std::string preset : {"qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"}) {
     INFO(preset);
-    CmdResult torch = run_cmd("python3 " + std::string(TR_SOURCE_DIR) +
-                              "/tools/torch_baseline.py --describe --trainer " + TR_TRAINER_BIN +
-                              " --preset " + preset + " --seq-len 4096 2>/dev/null");
-    CmdResult plan = run_cmd(std::string(TR_TRAINER_BIN) + " plan --config " + TR_SOURCE_DIR +
+    CmdResult torch = run_cmd(
+        "python3 " + tr::test::source_dir() + "/tools/torch_baseline.py --describe --trainer " +
+        tr::test::trainer_bin() + " --preset " + preset + " --seq-len 4096 2>/dev/null");
+    CmdResult plan = run_cmd(tr::test::trainer_bin() + " plan --config " + tr::test::source_dir() +
                              "/configs/" + preset + ".yaml --set data.seq_len=4096 --json");
     REQUIRE(torch.exit_code == 0);
     REQUIRE(plan.exit_code == 0);

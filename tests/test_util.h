@@ -3,16 +3,95 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "core/switches.h"
+
 namespace tr::test {
+
+// Where the tests find the project's files and programs. Found at run time, never baked in at
+// configure time, so that a build moved elsewhere (tools/gpu_pack.sh's pack, unpacked on a GPU
+// machine beside another checkout) runs as it does in place:
+//   build_dir():  the build the running test belongs to; tests live in <build>/tests/;
+//   source_dir(): TR_SOURCE_DIR, else the nearest directory above the test executable that
+//                 holds configs/tiny.yaml and tests/fixtures/ (the checkout, from build/tests/
+//                 or from .gpu/pack/tests/);
+//   the programs: where CMake lays them out in a build (<build>/trainer/trainer,
+//                 <build>/tools/prepare_data, <build>/tools/preflight);
+//   python3 and mpiexec: what CMake found (TR_PYTHON_FOUND, TR_MPIEXEC_FOUND) where that file
+//                 exists, else the first on PATH.
+inline const std::filesystem::path& build_dir() {
+  static const std::filesystem::path dir =
+      std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path();
+  return dir;
+}
+
+inline const std::string& source_dir() {
+  static const std::string dir = [] {
+    if (std::string set = setting(Setting::test_source_dir); !set.empty()) return set;
+    const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+    for (std::filesystem::path d = exe.parent_path(); d != d.parent_path(); d = d.parent_path())
+      if (std::filesystem::exists(d / "configs/tiny.yaml") &&
+          std::filesystem::is_directory(d / "tests/fixtures"))
+        return d.string();
+    std::fprintf(stderr, "test: no source tree (configs/tiny.yaml) above %s; set TR_SOURCE_DIR\n",
+                 exe.c_str());
+    std::exit(2);
+  }();
+  return dir;
+}
+
+inline const std::string& trainer_bin() {
+  static const std::string bin = (build_dir() / "trainer/trainer").string();
+  return bin;
+}
+inline const std::string& prepare_data_bin() {
+  static const std::string bin = (build_dir() / "tools/prepare_data").string();
+  return bin;
+}
+inline const std::string& preflight_bin() {
+  static const std::string bin = (build_dir() / "tools/preflight").string();
+  return bin;
+}
+
+// `found` if that file exists, else the first of `names` on PATH, else `found` (whose failure to
+// start then names it).
+inline std::string program(const std::string& found, std::initializer_list<const char*> names) {
+  if (std::filesystem::exists(found)) return found;
+  const std::string path = launcher_env("PATH").value_or("/usr/bin:/bin");
+  for (const char* name : names)
+    for (size_t at = 0; at <= path.size();) {
+      const size_t end = std::min(path.find(':', at), path.size());
+      const std::filesystem::path candidate =
+          std::filesystem::path(path.substr(at, end - at)) / name;
+      if (end > at && std::filesystem::exists(candidate)) return candidate.string();
+      at = end + 1;
+    }
+  return found;
+}
+
+inline const std::string& python_bin() {
+  static const std::string bin = program(TR_PYTHON_FOUND, {"python3"});
+  return bin;
+}
+
+// mpiexec with the flags every multi-rank test launch uses, ending in the rank-count flag:
+// append " N program ...".
+inline const std::string& mpirun() {
+  static const std::string cmd =
+      program(TR_MPIEXEC_FOUND, {"mpiexec", "mpirun", "mpiexec.openmpi"}) +
+      " --oversubscribe --allow-run-as-root -n";
+  return cmd;
+}
 
 // ‖a − b‖ / ‖b‖ over n elements: the relative error every numeric test bounds (STYLE.md).
 // NaN when b is all zeros, so that no bound passes by accident.

@@ -1,119 +1,311 @@
 #!/usr/bin/env bash
-# On the GPU machine (see ../shared/gpu/README.md; carry .gpu and .deps/cudnn-frontend, which
-# ../shared/gpu/prepare.sh and tools/install_deps.sh fill; not the rest of .deps, whose test
-# venvs are gigabytes). prepare.sh's list lacks some of our packages; name them:
-#   ../shared/gpu/prepare.sh .gpu libpcre2-dev libutf8proc-dev libutf8proc2 libprotobuf-dev \
-#     libprotobuf32 protobuf-compiler libprotoc32 libboost1.74-dev       # about 13 MB more
-# It builds for the GPU present
-# (CMAKE_CUDA_ARCHITECTURES=native, or $GPU_ARCH; if build-gpu is not there yet), then runs the
-# chosen stages and writes $OUT/summary.txt (the results) and $OUT/logs.tar.gz (every log): two
-# files, within what the device tool brings back.
+# The GPU window's one command (docs/gpu.md). Runs stages in order against a prebuilt pack
+# (tools/gpu_pack.sh), keeps its own clock, skips a stage that would not finish in what is left,
+# and after every stage appends its result to $OUT/summary.txt and prints it, so that a command
+# cut off at its limit still returns every stage before.
 #
-#   bash .gpu/setup.sh && source /tmp/gpu-env.sh && bash tools/gpu_check.sh [STAGE ...]
+#   bash tools/gpu_check.sh [--budget SECONDS] [--build DIR] [--out DIR] STAGE...
 #
-# Stages (default: tests bench preflight; each fits one 10-minute call after the build):
-#   tests      the gpu-labelled op tests (every CUDA op against the CPU reference), once more
-#              under compute-sanitizer memcheck and racecheck (small shapes) with cuDNN's and
-#              cuBLASLt's own logging on, so a refused graph or GEMM says why; the end-to-end GPU
-#              training tests (one GPU; 8 ranks sharing it through parallel.comm=mpi, against one
-#              rank; with 2+ GPUs also NCCL between them, else those report skipped; when they
-#              fail, again under each kernel switch of docs/debug.md, to name the culprit); then
-#              the CPU suite
-#   bench      tools/bench.sh for 0.5B and 1.5B at seq 4096 (docs/PERFORMANCE.md)
-#   preflight  tools/preflight on this GPU: NCCL collectives of one rank, GEMM, HBM copy
-#   compare    tools/compare_torch.sh: our trainer against the PyTorch baseline (0.5B, 1.5B)
+#   --budget  seconds the whole run may take (default 540: a 10-minute call with room to spare)
+#   --build   the build to run: default the pack (.gpu/pack.tar.xz, unpacked into build-packed/),
+#             else build-gpu/, else build/
+#   --out     where summary.txt and logs.tar.gz go (default $OUT, else gpu-out/)
+#
+# STAGE, or a set of them ("first" = probe ops e2e bench preflight memcheck):
+#   probe      the GPU, driver and CUDA, the cuDNN/cuBLASLt/NCCL the trainer loads, trainer
+#              --version; unpacks .gpu/debs first (tools/gpu_setup.sh). If the binaries do not
+#              load, one line why, then builds them here (build-gpu/) and goes on with that build
+#   ops        the CUDA op tests against the CPU reference, 4 at a time, a limit per test, with
+#              cuDNN's and cuBLASLt's error logging on
+#   e2e        a smoke run of the trainer on the GPU (head_dim 64), then the end-to-end GPU tests
+#   bench      tools/bench.sh: Qwen2.5-1.5B, then 0.5B, at seq 4096
+#   preflight  the GEMM and memory ceilings of this GPU (tools/preflight)
+#   memcheck   compute-sanitizer memcheck over the op tests of our own kernels, small shapes
+#   bisect     the GPU training test again under each kernel switch of docs/debug.md
+#   cpu        the pack's CPU tests (every in-process case), 8 at a time
+#   compare    tools/compare_torch.sh: the trainer against PyTorch (0.5B, 1.5B)
+# A failing test reports its first error line. Without a GPU the stages that need one say so
+# (tests/tools/test_gpu_check.sh runs this script so on every CI run).
 set -uo pipefail
-out=${OUT:-gpu-out}
-work=/tmp/gpu-check
-mkdir -p "$out" "$work"
-stages=("$@")
-((${#stages[@]})) || stages=(tests bench preflight)
-summary=$work/summary.txt
-{
-  date -u +"%Y-%m-%d %H:%M UTC"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  nvcc --version | tail -1
-  git rev-parse --short HEAD 2>/dev/null
-} >>"$summary" 2>&1
-finish() {
-  tar -czf "$out/logs.tar.gz" -C "$work" --exclude='*.bin' --exclude='*.idx' --exclude='*.h5' . 2>/dev/null
-  cp "$summary" "$out/summary.txt"
-  cat "$summary"
-}
-trap finish EXIT
-
-if [ ! -f build-gpu/build.ninja ]; then
-  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_CUDA_ARCHITECTURES="${GPU_ARCH:-native}" \
-    >"$work/configure.log" 2>&1 || { echo "configure failed" >>"$summary"; tail -30 "$work/configure.log" >>"$summary"; exit 1; }
-fi
-start=$(date +%s)
-cmake --build build-gpu -j"$(nproc)" >"$work/build.log" 2>&1 || {
-  echo "build failed" >>"$summary"; grep -E "error|FAILED" -A3 "$work/build.log" | head -60 >>"$summary"; exit 1; }
-echo "build: $(( $(date +%s) - start )) s" >>"$summary"
-
-for stage in "${stages[@]}"; do
-  case $stage in
-    tests)
-      # cuDNN and cuBLASLt say why they refuse a graph or a GEMM (on stderr, into the logs).
-      export CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr CUBLASLT_LOG_LEVEL=2
-      ( cd build-gpu && ctest -L gpu -E "^cli gpu:" --output-on-failure ) >"$work/ctest-gpu.log" 2>&1
-      echo "gpu op tests (rc $?):" >>"$summary"
-      grep -E "tests passed|Failed|Skipped|relative error" "$work/ctest-gpu.log" | head -40 >>"$summary"
-      # For each failing test, its first error line (ctest prints a failed test's output right
-      # after its status line).
-      awk '/Test +#[0-9]+: .*\*\*\*(Failed|Exception)/ { name = $0; sub(/.*Test +#[0-9]+: /, "", name);
-             sub(/ +\.+.*/, "", name); want = 1; next }
-           /Test +#[0-9]+: / { want = 0 }
-           want && /FAILED|[Ee]rror|ERROR/ { print "  FAILED " name ": " $0; want = 0 }' \
-        "$work/ctest-gpu.log" | head -20 >>"$summary"
-      # The op tests under compute-sanitizer, small shapes only: out-of-bounds and misaligned
-      # accesses, then shared-memory races (each tool bounded in time).
-      if command -v compute-sanitizer >/dev/null 2>&1; then
-        for tool in memcheck racecheck; do
-          TR_TEST_SMALL_SHAPES=1 timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-            build-gpu/tests/test_cuda_ops >"$work/sanitizer-$tool.log" 2>&1
-          echo "compute-sanitizer $tool (rc $?): $(grep -m1 -E "ERROR SUMMARY|test cases" "$work/sanitizer-$tool.log")" >>"$summary"
-          grep -m3 -E "^========= (Invalid|Race|Error)" "$work/sanitizer-$tool.log" >>"$summary"
-        done
-      else
-        echo "compute-sanitizer: not found on PATH" >>"$summary"
-      fi
-      ( cd build-gpu && ctest -R "^cli gpu:" --output-on-failure ) >"$work/ctest-e2e.log" 2>&1
-      e2e=$?
-      echo "end-to-end GPU training on $(nvidia-smi -L | wc -l) GPU(s) (rc $e2e):" >>"$summary"
-      grep -E "tests passed|Failed|Skipped|skipped:|loss" "$work/ctest-e2e.log" | head -40 >>"$summary"
-      if [ "$e2e" != 0 ]; then  # bisect: each kernel switch (docs/debug.md), then all at once
-        all="TR_LOSS_CHUNK_TOKENS=110 $(build-gpu/trainer/trainer --help-switches |
-          sed -nE 's/^\| `(TR_[A-Z0-9_]+=1)` \| kernel \|.*/\1/p' | tr '\n' ' ')"
-        for sw in $all "$all"; do
-          ( cd build-gpu && env $sw ctest -R "^cli gpu:" ) >"$work/bisect.log" 2>&1
-          echo "  with $sw: rc $? $(grep -E "tests passed" "$work/bisect.log")" >>"$summary"
-        done
-      fi
-      ( cd build-gpu && OMP_NUM_THREADS=1 ctest -j8 -LE "gpu|slurm|python" ) >"$work/ctest-cpu.log" 2>&1
-      echo "cpu suite (rc $?): $(grep -E "tests passed" "$work/ctest-cpu.log")" >>"$summary"
-      ;;
-    bench)
-      for preset in qwen2.5-0.5b qwen2.5-1.5b; do
-        bash tools/bench.sh --preset "$preset" --seq-len 4096 --micro-batch 1 --global-batch 8 \
-          --steps 20 --build build-gpu --out "$work/bench-$preset" >"$work/bench-$preset.md" 2>&1
-        echo "bench $preset (rc $?):" >>"$summary"
-        cat "$work/bench-$preset.md" >>"$summary"
-      done
-      ;;
-    preflight)
-      build-gpu/tools/preflight --backend cuda --max-bytes 256M >"$work/preflight.txt" 2>&1
-      echo "preflight (rc $?):" >>"$summary"
-      cat "$work/preflight.txt" >>"$summary"
-      ;;
-    compare)
-      bash tools/compare_torch.sh --presets "qwen2.5-0.5b qwen2.5-1.5b" --seq-len 4096 \
-        --micro-batch 1 --global-batch 8 --steps 20 --warmup 3 --build build-gpu \
-        --out "$work/compare" >"$work/compare.log" 2>&1
-      echo "compare with PyTorch (rc $?):" >>"$summary"
-      cat "$work/compare/compare.md" >>"$summary" 2>/dev/null || tail -30 "$work/compare.log" >>"$summary"
-      ;;
-    *) echo "gpu_check.sh: unknown stage '$stage' (tests, bench, preflight, compare)" >>"$summary"; exit 2 ;;
+cd "$(dirname "$0")/.." || exit 2
+root=$PWD
+budget=540 build="" out=${OUT:-gpu-out}
+stages=()
+while (($#)); do
+  case $1 in
+    --budget) budget=$2; shift 2 ;;
+    --build) build=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    first) stages+=(probe ops e2e bench preflight memcheck); shift ;;
+    probe | ops | e2e | bench | preflight | memcheck | bisect | cpu | compare) stages+=("$1"); shift ;;
+    *) echo "gpu_check.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+((${#stages[@]})) || { echo "gpu_check.sh: name a stage, or 'first' (see the header of $0)" >&2; exit 2; }
+[ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
+# The pack (tools/gpu_pack.sh) is unpacked into build-packed/ (ignored, so never carried back)
+# when that is missing or older than the pack.
+unpack() {
+  [ -x build-packed/trainer/trainer ] && [ ! .gpu/pack.tar.xz -nt build-packed/trainer/trainer ] && return
+  rm -rf build-packed && mkdir -p build-packed || return 1
+  if command -v xz >/dev/null; then
+    tar -xmJf .gpu/pack.tar.xz -C build-packed
+  else
+    python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' .gpu/pack.tar.xz build-packed
+  fi
+}
+if [ -z "$build" ]; then
+  if [ -f .gpu/pack.tar.xz ]; then
+    unpack || { echo "gpu_check.sh: could not unpack .gpu/pack.tar.xz into build-packed/" >&2; exit 2; }
+  fi
+  for build in build-packed build-gpu build; do [ -x "$build/trainer/trainer" ] && break; done
+fi
+build=$(cd "$build" 2>/dev/null && pwd) || { echo "gpu_check.sh: no build at '$build'" >&2; exit 2; }
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+work=$(mktemp -d /tmp/gpu-check.XXXXXX)
+summary=$out/summary.txt
+: >"$summary"
+start=$(date +%s)
+deadline=$((start + budget))
+gpu=0
+
+# Seconds a stage needs at least to tell us something (a stage gets all that is left, and each
+# test its own limit within it). The "would not finish" skip compares these with the clock.
+declare -A need=([probe]=10 [ops]=60 [e2e]=120 [bench]=120 [preflight]=30 [memcheck]=60
+                 [bisect]=240 [cpu]=120 [compare]=300)
+
+say() { echo "$*" | tee -a "$summary"; }
+left() { echo $((deadline - $(date +%s))); }
+# Everything so far back to $OUT: the summary is appended as it goes; the logs are re-packed
+# after each stage, so a run killed at its limit still returns those of the stages before.
+save_logs() {
+  tar -czf "$out/logs.tar.gz.part" -C "$work" --exclude='*.bin' --exclude='*.idx' \
+    --exclude='*.h5' --exclude='ckpt' --exclude='data' . 2>/dev/null &&
+    mv "$out/logs.tar.gz.part" "$out/logs.tar.gz"
+}
+trap 'save_logs; rm -rf "$work"' EXIT
+
+# first_error LOG: the first line that says what went wrong, as one line (Catch2's "FAILED:"
+# with its expression and expansion; else the first error-looking line).
+first_error() {
+  awk '/: FAILED:$/ { loc = $0; getline e; getline w; getline x; gsub(/^ +/, "", e); gsub(/^ +/, "", x)
+                      print loc " " e " (" x ")"; exit }
+       /[Ee]rror|ERROR|FATAL|what\(\)|Aborted|terminate/ { if (!first) first = $0 }
+       END { if (!loc && first) print first }' "$1" | cut -c1-400
+}
+
+# run_cases STAGE BINARY SPEC JOBS LIMIT: each Catch2 case of BINARY that SPEC selects as a
+# process of its own, JOBS at a time, each stopped after LIMIT seconds; one line per case that
+# did not pass, then the counts.
+run_cases() {
+  local stage=$1 bin=$2 spec=$3 jobs=$4 limit=$5 dir=$work/$1 i=0 t0
+  t0=$(date +%s)
+  mkdir -p "$dir"
+  "$bin" --list-test-names-only "$spec" 2>/dev/null | sed '/^$/d' >"$dir/cases.txt"
+  local -a cases
+  mapfile -t cases <"$dir/cases.txt"
+  for i in "${!cases[@]}"; do
+    while (($(jobs -rp | wc -l) >= jobs)); do wait -n; done
+    # Catch2 test specs: ',' '[' ']' and '\' are special in a name.
+    local name=${cases[$i]} escaped
+    escaped=$(printf '%s' "$name" | sed 's/[][,\\]/\\&/g')
+    (timeout -k 5 "$limit" "$bin" --warn NoTests "$escaped" >"$dir/$i.log" 2>&1; echo $? >"$dir/$i.rc") &
+  done
+  wait
+  local passed=0 failed=0 skipped=0 rc why
+  for i in "${!cases[@]}"; do
+    rc=$(cat "$dir/$i.rc" 2>/dev/null || echo lost)
+    case $rc in
+      0) passed=$((passed + 1)) ;;
+      77) skipped=$((skipped + 1)); why=$(grep -m1 '^skipped:' "$dir/$i.log") ;;
+      124 | 137) failed=$((failed + 1)); say "  TIMEOUT ($limit s) ${cases[$i]}" ;;
+      *) failed=$((failed + 1)); say "  FAILED (rc $rc) ${cases[$i]}: $(first_error "$dir/$i.log")" ;;
+    esac
+  done
+  [ ${#cases[@]} -gt 0 ] || failed=1
+  say "$stage: $passed passed, $failed failed, $skipped skipped of ${#cases[@]} in $(($(date +%s) - t0)) s${why:+ (${why})}"
+}
+
+# Libraries the programs link that this machine cannot find, as "libX.so.N ...".
+missing_libraries() {
+  ldd "$build/trainer/trainer" "$build"/tests/test_cuda_ops 2>/dev/null | awk '/not found/ { print $1 }' |
+    sort -u | tr '\n' ' '
+}
+
+# The pack's Debian packages and the cuDNN/NCCL of PyTorch's wheels, on a machine that lacks them.
+setup_env() {
+  if [ -f /tmp/gpu-env.sh ] || { [ -d .gpu/debs ] && bash tools/gpu_setup.sh .gpu/debs >"$work/setup.log" 2>&1; }; then
+    [ -f "$work/setup.log" ] && say "setup: $(tail -1 "$work/setup.log")"
+    # shellcheck disable=SC1091
+    source /tmp/gpu-env.sh
+  fi
+}
+
+# The library file (with its version) the trainer loads for each GPU library.
+gpu_libraries() {
+  ldd "$build/trainer/trainer" 2>/dev/null | awk '/cudart|cublasLt|cudnn|nccl/ { print $3 }' |
+    while read -r so; do [ -e "$so" ] && readlink -f "$so"; done | tr '\n' ' '
+}
+
+# Builds the targets a window runs on this machine, for its GPU (the fallback when the pack's
+# binaries do not load), into build-gpu/.
+build_here() {
+  local t0 dev=.gpu/dev-debs
+  t0=$(date +%s)
+  [ -d "$dev" ] && bash tools/gpu_setup.sh "$dev" >>"$work/setup.log" 2>&1
+  if [ -f .gpu/cudnn-frontend.tar.xz ]; then
+    mkdir -p "$work/cudnn-frontend" && tar -xJf .gpu/cudnn-frontend.tar.xz -C "$work/cudnn-frontend" &&
+      export CUDNN_FRONTEND_INCLUDE=$work/cudnn-frontend/include
+  fi
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRAINER_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${GPU_ARCH:-native}" >"$work/configure.log" 2>&1 &&
+    timeout $(($(left) - 10)) cmake --build build-gpu -j"$(nproc)" --target \
+      trainer prepare_data preflight test_cuda_ops test_cli_gpu >"$work/build.log" 2>&1
+  local rc=$?
+  if [ $rc = 0 ]; then
+    build=$root/build-gpu
+    say "probe: built here in $(($(date +%s) - t0)) s; going on with build-gpu/"
+  else
+    say "probe: the build here failed (rc $rc): $(cat "$work/configure.log" "$work/build.log" 2>/dev/null |
+      grep -m1 -E 'error|Error|FAILED|not found')"
+  fi
+  return $rc
+}
+
+stage_probe() {
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    gpu=$(nvidia-smi -L | wc -l)
+    say "probe: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1) x$gpu"
+  else
+    say "probe: no GPU (nvidia-smi $(command -v nvidia-smi >/dev/null && echo 'sees no device' || echo 'not found'))"
+  fi
+  [ -n "$(missing_libraries)" ] && setup_env
+  say "probe: nvcc $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'not found'); build $build"
+  local missing
+  missing=$(missing_libraries)
+  if [ -n "$missing" ]; then
+    say "probe: the binaries do not load: ${missing}not found; building here"
+    build_here || return 1
+  fi
+  say "probe: loads $(gpu_libraries)"
+  say "probe: trainer --version: $("$build/trainer/trainer" --version 2>&1 | head -3 | tr '\n' ' ')"
+}
+
+stage_ops() {
+  [ -x "$build/tests/test_cuda_ops" ] || { say "ops: skipped, $build has no CUDA op tests (built without CUDA)"; return; }
+  # cuDNN and cuBLASLt say why they refuse a graph or a GEMM (on stderr, into the logs).
+  CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr CUBLASLT_LOG_LEVEL=2 \
+    run_cases ops "$build/tests/test_cuda_ops" "~[.]" 4 $(($(left) < 120 ? $(left) - 5 : 120))
+}
+
+# A few steps of a small model (head_dim 64, which every cuDNN accepts) on the GPU: when the
+# end-to-end tests (head_dim 16) fail and this passes, the shape is the problem, not the wiring.
+smoke() {
+  local dir=$work/smoke
+  mkdir -p "$dir"
+  "$build/tools/prepare_data" --output "$dir/data" --synthetic 200000 --vocab 512 >"$dir/prepare.log" 2>&1
+  cat >"$dir/smoke.yaml" <<YAML
+model: {hidden_size: 256, intermediate_size: 512, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        head_dim: 64, vocab_size: 512, max_seq_len: 256, tie_embeddings: true}
+data: {train: [{path: $dir/data}], valid: [], seq_len: 256}
+train: {steps: 10, global_batch: 8, micro_batch: 4, eval_interval: 0, backend: cuda}
+checkpoint: {dir: $dir/ckpt, interval: 0}
+log: {dir: $dir/log, interval: 1}
+YAML
+  timeout 90 "$build/trainer/trainer" --config "$dir/smoke.yaml" --resume none >"$dir/trainer.log" 2>&1
+  local rc=$?
+  if [ $rc = 0 ]; then
+    say "e2e: smoke (head_dim 64, 10 steps on cuda): loss $(grep -o '"loss":[0-9.e+-]*' "$dir/log/metrics.jsonl" |
+      sed -n '1p;$p' | cut -d: -f2 | tr '\n' ' ' | sed 's/ $//; s/ / -> /')"
+  else
+    say "e2e: smoke (head_dim 64) FAILED (rc $rc): $(first_error "$dir/trainer.log")"
+  fi
+}
+
+stage_e2e() {
+  ((gpu > 0)) && smoke
+  CUDNN_LOGERR_DBG=1 CUDNN_LOGDEST_DBG=stderr \
+    run_cases e2e "$build/tests/test_cli_gpu" "~[.]" 2 $(($(left) < 200 ? $(left) - 5 : 200))
+}
+
+stage_bench() {
+  local preset
+  for preset in qwen2.5-1.5b qwen2.5-0.5b; do
+    if (($(left) < 60)); then say "bench $preset: skipped, $(left) s left"; continue; fi
+    timeout $(($(left) - 5)) bash tools/bench.sh --preset "$preset" --seq-len 4096 --micro-batch 1 \
+      --global-batch 8 --steps 20 --build "$build" --out "$work/bench-$preset" >"$work/bench-$preset.md" 2>&1
+    say "bench $preset (rc $?):"
+    grep -E '^\||^\(' "$work/bench-$preset.md" | tee -a "$summary"
+    grep -qE '^\|' "$work/bench-$preset.md" || say "  $(first_error "$work/bench-$preset/trainer.log" 2>/dev/null || tail -1 "$work/bench-$preset.md")"
+  done
+}
+
+stage_preflight() {
+  timeout $(($(left) - 5)) "$build/tools/preflight" --backend cuda --max-bytes 256M >"$work/preflight.txt" 2>&1
+  say "preflight (rc $?):"
+  tee -a "$summary" <"$work/preflight.txt"
+}
+
+stage_memcheck() {
+  command -v compute-sanitizer >/dev/null || { say "memcheck: skipped, compute-sanitizer not on PATH"; return; }
+  # Our own kernels only: the cases that run cuDNN or cuBLASLt are left out.
+  TR_TEST_SMALL_SHAPES=1 timeout $(($(left) - 5)) compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$build/tests/test_cuda_ops" "~[.]" "~*cuDNN*" "~*cuBLASLt*" "~*attention blocks*" >"$work/memcheck.log" 2>&1
+  local rc=$?
+  say "memcheck (rc $rc): $(grep -m1 -E 'ERROR SUMMARY|Device not supported|test cases' "$work/memcheck.log")"
+  grep -m3 -E '^========= (Invalid|Error|Program hit)' "$work/memcheck.log" | tee -a "$summary"
+}
+
+stage_bisect() {
+  local switches sw
+  switches=$("$build/trainer/trainer" --help-switches | sed -nE 's/^\| `(TR_[A-Z0-9_]+=1)` \| kernel \|.*/\1/p')
+  for sw in "" $switches TR_LOSS_CHUNK_TOKENS=110; do
+    if (($(left) < 40)); then say "bisect: stopped, $(left) s left"; return; fi
+    # shellcheck disable=SC2086 # $sw is empty or one VAR=1 word
+    env $sw timeout 120 "$build/tests/test_cli_gpu" "cli gpu: train.backend=cuda trains on a GPU like the CPU" \
+      >"$work/bisect.log" 2>&1
+    local rc=$?
+    say "bisect ${sw:-(no switch)}: rc $rc $([ $rc != 0 ] && first_error "$work/bisect.log")"
+  done
+}
+
+stage_cpu() {
+  local bin
+  for bin in "$build"/tests/test_*; do
+    case ${bin##*/} in test_cuda_ops | test_cli_gpu | *.*) continue ;; esac
+    [ -x "$bin" ] && [ -n "$("$bin" --list-test-names-only "~[.]~[cli]" 2>/dev/null | sed '/^$/d')" ] || continue
+    if (($(left) < 30)); then say "cpu ${bin##*/}: skipped, $(left) s left"; continue; fi
+    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 run_cases "cpu ${bin##*/}" "$bin" "~[.]~[cli]" 8 \
+      $(($(left) < 300 ? $(left) - 5 : 300))
+  done
+}
+
+stage_compare() {
+  timeout $(($(left) - 5)) bash tools/compare_torch.sh --presets "qwen2.5-0.5b qwen2.5-1.5b" --seq-len 4096 \
+    --micro-batch 1 --global-batch 8 --steps 20 --warmup 3 --build "$build" \
+    --out "$work/compare" >"$work/compare.log" 2>&1
+  say "compare with PyTorch (rc $?):"
+  tee -a "$summary" <"$work/compare/compare.md" 2>/dev/null || tail -30 "$work/compare.log" | tee -a "$summary"
+}
+
+say "gpu_check: $(date -u +'%Y-%m-%d %H:%M UTC') $(git rev-parse --short HEAD 2>/dev/null); budget ${budget} s;" \
+  "stages $(for s in "${stages[@]}"; do printf '%s (>= %s s) ' "$s" "${need[$s]}"; done)"
+# The stages that run without a GPU: probe, the op and end-to-end tests (each case then says
+# "skipped: no CUDA device" itself) and the CPU tests.
+runs_without_gpu() { case $1 in probe | ops | e2e | cpu) return 0 ;; *) return 1 ;; esac; }
+for stage in "${stages[@]}"; do
+  t0=$(date +%s)
+  if ((gpu == 0)) && ! runs_without_gpu "$stage"; then
+    say "$stage: skipped, no GPU"
+  elif (($(left) < need[$stage])); then
+    say "$stage: skipped, would not finish: needs ${need[$stage]} s, $(left) s left"
+  elif ! "stage_$stage" && [ "$stage" = probe ]; then
+    say "probe: failed; the stages after it need a loadable build, stopping"
+    break
+  else
+    echo "($stage: $(($(date +%s) - t0)) s, $(left) s left)" >>"$summary"
+  fi
+  save_logs
+done
+say "gpu_check: done in $(($(date +%s) - start)) s"

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The GPU window's scripts on a machine without a GPU, so that a scripting error never costs
+# GPU time: tools/gpu_check.sh's staging, clock, summary and skips (the dry run of `first`), a
+# run killed mid-stage returning the stages before it, and tools/gpu_pack.sh's pack moved into
+# another directory, whose CPU tests pass there reading that directory's files.
+#
+#   test_gpu_check.sh BUILD_DIR WORK_DIR
+set -euo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+build=$(cd "$1" && pwd)
+work=$2
+rm -rf "$work"
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+fail() {
+  echo "FAIL: $*"
+  exit 1
+}
+# expect FILE REGEX: FILE has a line matching REGEX (extended).
+expect() { grep -qE "$2" "$1" || { cat "$1"; fail "no line matching '$2' in $1"; }; }
+
+echo "== the dry run of 'first': every stage reports, each GPU stage skipped and why"
+bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/first" first >"$work/first.log" 2>&1 ||
+  { cat "$work/first.log"; fail "gpu_check.sh first exited $?"; }
+s=$work/first/summary.txt
+expect "$s" "budget 540 s; stages probe \(>= [0-9]+ s\) ops \(>= [0-9]+ s\) e2e \(>= [0-9]+ s\) bench \(>= [0-9]+ s\) preflight \(>= [0-9]+ s\) memcheck \(>= [0-9]+ s\)"
+expect "$s" "^probe: no GPU \(nvidia-smi (not found|sees no device)\)"
+expect "$s" "^probe: trainer --version: trainer "
+if grep -q '^TRAINER_HAVE_CUDA:INTERNAL=ON$' "$build/CMakeCache.txt"; then
+  expect "$s" "^ops: 0 passed, 0 failed, ([1-9][0-9]*) skipped of \1 in [0-9]+ s \(skipped: no CUDA device\)$"
+else
+  expect "$s" "^ops: skipped, .* has no CUDA op tests"
+fi
+expect "$s" "^e2e: 0 passed, 0 failed, ([1-9][0-9]*) skipped of \1 in [0-9]+ s \(skipped: "
+for stage in bench preflight memcheck; do expect "$s" "^$stage: skipped, no GPU$"; done
+expect "$s" "^gpu_check: done in [0-9]+ s$"
+cmp -s <(grep -v '^(' "$s") <(grep -vE '^\(' "$work/first.log") || fail "what was printed differs from summary.txt"
+tar -tzf "$work/first/logs.tar.gz" | grep -q "ops/cases.txt" || fail "logs.tar.gz lacks the op tests' logs"
+
+echo "== the clock: a stage that would not finish in what is left is skipped, saying so"
+bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/short" --budget 30 ops cpu >/dev/null 2>&1
+expect "$work/short/summary.txt" "^ops: skipped, would not finish: needs 60 s, (2[0-9]|30) s left$"
+expect "$work/short/summary.txt" "^cpu: skipped, would not finish: needs 120 s, (2[0-9]|30) s left$"
+
+echo "== cut off mid-stage by kill -9: the summary and logs of the stages before it are there"
+# A build whose one test hangs once it has started (and says so), so the kill lands mid-stage.
+fake=$work/fake-build
+mkdir -p "$fake/trainer" "$fake/tests"
+printf '#!/bin/sh\necho "trainer fake-build"\n' >"$fake/trainer/trainer"
+printf '#!/bin/sh\ncase "$1" in --list*) echo "a case that hangs" ;; *) touch %s; exec sleep 300 ;; esac\n' \
+  "$work/started" >"$fake/tests/test_hangs"
+chmod +x "$fake/trainer/trainer" "$fake/tests/test_hangs"
+# In a process group of its own (its id in $work/pgid), so that one kill takes every process.
+setsid sh -c 'echo $$ >"$1"; shift; exec bash "$@"' sh "$work/pgid" "$src/tools/gpu_check.sh" \
+  --build "$fake" --out "$work/cut" probe cpu >/dev/null 2>&1 &
+for _ in $(seq 300); do [ -e "$work/started" ] && break; sleep 0.1; done
+pgid=$(cat "$work/pgid")
+[ -e "$work/started" ] || { kill -9 -- -"$pgid"; fail "the hanging test never started"; }
+kill -9 -- -"$pgid"
+wait 2>/dev/null || true
+expect "$work/cut/summary.txt" "^probe: trainer --version: trainer fake-build"
+grep -q "^gpu_check: done" "$work/cut/summary.txt" && fail "the killed run claims it finished"
+tar -tzf "$work/cut/logs.tar.gz" >/dev/null || fail "no logs.tar.gz from the stages before the kill"
+
+echo "== the pack, moved: its CPU tests pass in another directory, reading that directory's files"
+moved=$work/moved
+mkdir -p "$moved"
+(cd "$src" && git ls-files -z --cached --others --exclude-standard | xargs -0 tar -cf - 2>/dev/null) |
+  tar -xf - -C "$moved"
+XZ_LEVEL=-0 bash "$moved/tools/gpu_pack.sh" --from-build "$build" --no-debs >"$work/pack.log" 2>&1 ||
+  { cat "$work/pack.log"; fail "gpu_pack.sh --from-build failed"; }
+expect "$work/pack.log" "^gpu_pack.sh: pack [0-9.]+ MiB \+ tree [0-9.]+ MiB = [0-9.]+ MiB of the 64 MiB carried$"
+rm -rf "$moved/build-packed"  # gpu_check.sh unpacks the pack itself, as on the GPU machine
+bash "$moved/tools/gpu_check.sh" --out "$work/moved-out" cpu >/dev/null 2>&1
+m=$work/moved-out/summary.txt
+expect "$m" "^probe: .*build $moved/build-packed$"
+for t in test_config test_model test_kernels test_data test_checkpoint; do
+  expect "$m" "^cpu $t: [1-9][0-9]* passed, 0 failed, 0 skipped of [1-9][0-9]* in "
+done
+grep -E "^cpu .* [1-9][0-9]* failed" "$m" && fail "a packed CPU test failed in the moved tree"
+# The packed tests read the moved tree's files: spoil its docs/debug.md and the case that reads it
+# fails; TR_SOURCE_DIR pointing at the checkout makes it pass again.
+case_name="config: docs/debug.md holds the generated switch table"
+"$moved/build-packed/tests/test_config" "$case_name" >/dev/null || fail "'$case_name' fails in the moved tree"
+echo "spoilt" >"$moved/docs/debug.md"
+"$moved/build-packed/tests/test_config" "$case_name" >/dev/null &&
+  fail "the packed test did not read the moved tree's docs/debug.md"
+TR_SOURCE_DIR=$src "$moved/build-packed/tests/test_config" "$case_name" >/dev/null ||
+  fail "TR_SOURCE_DIR=$src did not take the packed test back to the checkout"
+rm -rf "$work"
+echo "test_gpu_check: passed"
