@@ -94,8 +94,8 @@ fi
 
 # What the device tool carries: the tracked and untracked-but-not-ignored files, plus the pack.
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
-if git rev-parse --git-dir >/dev/null 2>&1; then
-  tree_bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null |
+if [ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$PWD" ]; then
+  tree_bytes=$(git ls-files -z --cached --others --exclude-standard | xargs -0r stat -c %s 2>/dev/null |
     awk '{ s += $1 } END { print s + 0 }')
 else  # a copy of the tree without git: all but the pack and build folders
   tree_bytes=$(find . -path "./${dest#./}" -prune -o -path './build*' -prune -o -type f -printf '%s\n' |
