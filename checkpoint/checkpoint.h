@@ -94,6 +94,11 @@ struct TensorRef {
   int64_t block_numel() const;  // elements in `data`
 };
 
+// "" when every value of `t`'s data (the whole tensor or its block) is finite; otherwise what is
+// wrong, to follow the tensor's name in an error: how many values are NaN or infinite and the
+// first one's element index.
+std::string non_finite(const TensorRef& t);
+
 // Everything besides tensors that a resumed run needs to continue bit-exactly.
 struct TrainState {
   int64_t step = 0;              // optimizer steps completed

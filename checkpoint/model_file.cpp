@@ -106,22 +106,6 @@ absl::Status check_sources(hid_t file, const std::string& path, const std::strin
   return absl::OkStatus();
 }
 
-// "" when every value of `t`'s data (the whole tensor or its block) is finite; otherwise what is
-// wrong: how many values are NaN or infinite and the first one's element index in the data.
-std::string non_finite(const TensorRef& t) {
-  const int64_t n = t.block_numel();
-  int64_t bad = 0, first = -1;
-  for (int64_t i = 0; i < n; ++i) {
-    if (std::isfinite(t.data[i])) continue;
-    if (bad++ == 0) first = i;
-  }
-  if (bad == 0) return "";
-  return absl::StrCat("holds ", bad, " non-finite value", bad == 1 ? "" : "s",
-                      " (NaN or Inf; the first at element ", first,
-                      t.whole() ? "" : absl::StrCat(" of the block at ", h5::shape_str(t.start)),
-                      ")");
-}
-
 // A tensor about to be saved must be finite: a checkpoint is never committed poisoned.
 absl::Status check_finite_for_save(const std::string& ds, const TensorRef& t) {
   const std::string bad = non_finite(t);
@@ -197,6 +181,20 @@ absl::Status close_checkpoint_file(Handle& file, const std::string& path) {
 }
 
 }  // namespace
+
+std::string non_finite(const TensorRef& t) {
+  const int64_t n = t.block_numel();
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(t.data[i])) continue;
+    if (bad++ == 0) first = i;
+  }
+  if (bad == 0) return "";
+  return absl::StrCat("holds ", bad, " non-finite value", bad == 1 ? "" : "s",
+                      " (NaN or Inf; the first at element ", first,
+                      t.whole() ? "" : absl::StrCat(" of the block at ", h5::shape_str(t.start)),
+                      ")");
+}
 
 absl::Status check_block(const TensorRef& t) {
   if (t.whole()) return absl::OkStatus();

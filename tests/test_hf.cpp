@@ -1,12 +1,15 @@
 // Hugging Face interop without Python: safetensors read and written by checkpoint/safetensors.h,
 // and the trainer's model.init_from and `trainer export-hf` end to end. The transformers oracle
 // (its loss on imported and exported models) is tests/tools/test_hf.py.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -16,7 +19,10 @@
 #include "core/bf16.h"
 #include "core/exit_codes.h"
 #include "tests/cli_util.h"
+#include "tests/mutate.h"
 #include "tests/test_util.h"
+#include "trainer/hf.h"
+#include "trainer/shard.h"
 
 namespace tr {
 namespace {
@@ -368,6 +374,38 @@ TEST_CASE("cli: bad model.init_from and export-hf input is one error line and ex
     return run.trainer("--set model.init_from=" + dir + kNoWarmup + more);
   };
   expect_bad_input(init(run.dir / "nowhere"), "config.json cannot be read");
+  // A config.json that is a directory; a rope_scaling that is no block.
+  const std::string odd = run.dir / "odd";
+  sfs::copy(hf, odd);
+  sfs::remove(odd + "/config.json");
+  sfs::create_directory(odd + "/config.json");
+  expect_bad_input(init(odd), "config.json cannot be read (no such file, or not a file)");
+  sfs::remove(odd + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(test::read_file(hf + "/config.json"));
+  config["rope_scaling"] = "yes";
+  test::write_file(odd + "/config.json", config.dump());
+  expect_bad_input(init(odd), "\"rope_scaling\" is \"yes\"; it must be null or an object");
+  config["rope_scaling"] = nullptr;
+  config["model_type"] = 7;
+  test::write_file(odd + "/config.json", config.dump());
+  expect_bad_input(init(odd), "config.json: a field has the wrong JSON type");
+  // A weight that is NaN, or infinite: refused at import, naming the tensor and the file.
+  sfs::copy_file(hf + "/config.json", odd + "/config.json", sfs::copy_options::overwrite_existing);
+  for (const float poison : {std::nanf(""), -INFINITY}) {
+    absl::StatusOr<st::Reader> full = st::Reader::open(hf);
+    REQUIRE(full.ok());
+    std::vector<st::WriteEntry> all;
+    std::map<std::string, std::vector<float>> values;
+    for (const st::Entry& t : full->tensors()) {
+      all.push_back({t.name, ElemType::f32, t.shape});
+      values[t.name] = read_all(*full, t.name);
+    }
+    values["model.layers.1.mlp.up_proj.weight"][5] = poison;
+    write(odd + "/model.safetensors", all, values);
+    expect_bad_input(init(odd), "tensor model.layers.1.mlp.up_proj.weight in " + odd +
+                                    "/model.safetensors holds 1 non-finite value (NaN or Inf; "
+                                    "the first at element 5");
+  }
   expect_bad_input(init(hf, " --set model.intermediate_size=64"),
                    "config.json has intermediate_size 128 but model.intermediate_size is 64");
   expect_bad_input(init(hf, " --set model.tie_embeddings=false"),
@@ -414,6 +452,212 @@ TEST_CASE("cli: bad model.init_from and export-hf input is one error line and ex
   CHECK(test::read_file(hf + "/config.json") == before);
   expect_bad_input(exp("--checkpoint x --out y --dtype fp8"), "--dtype 'fp8' is not one of");
   expect_bad_input(exp("--out y"), "export-hf needs --checkpoint STEP_DIR and --out DIR");
+
+  // A write that fails (files capped at a few KiB, as a full disk would stop them): exit 1, one
+  // line naming the file, and nothing left behind.
+  const std::string full = run.dir / "full";
+  const CmdResult capped = run_cmd("sh -c 'trap \"\" XFSZ; ulimit -f 8; exec " +
+                                   tr::test::trainer_bin() + " export-hf --checkpoint " +
+                                   (trained.dir / "ckpt/step_00000001") + " --out " + full + "'");
+  INFO(capped.output);
+  CHECK(capped.exit_code == kExitFailure);
+  CHECK(capped.output.find("error: ") == 0);
+  CHECK(capped.output.find(full + ".tmp/model.safetensors") != std::string::npos);
+  CHECK(std::count(capped.output.begin(), capped.output.end(), '\n') == 1);
+  CHECK_FALSE(sfs::exists(full));
+  CHECK_FALSE(sfs::exists(full + ".tmp"));
+}
+
+// The fuzz tests' model: RunDir's tiny Qwen2 (tests/cli_util.h), and a Hugging Face directory
+// of it written here (config.json as transformers spells it; model.safetensors of seeded weights,
+// in F32, BF16 and F16).
+const char kTinyModel[] = R"(
+model: {hidden_size: 64, intermediate_size: 128, num_layers: 2, num_heads: 4, num_kv_heads: 2,
+        head_dim: 16, vocab_size: 257, max_seq_len: 64, rope_theta: 10000, tie_embeddings: true}
+data: {train: [{path: unused}], seq_len: 32}
+train: {steps: 1, global_batch: 8, micro_batch: 4}
+)";
+
+std::string tiny_config_json() {
+  nlohmann::json j = {{"architectures", {"Qwen2ForCausalLM"}},
+                      {"model_type", "qwen2"},
+                      {"hidden_size", 64},
+                      {"intermediate_size", 128},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"head_dim", 16},
+                      {"vocab_size", 257},
+                      {"hidden_act", "silu"},
+                      {"rms_norm_eps", 1e-6},
+                      {"rope_theta", 10000.0},
+                      {"rope_scaling", nullptr},
+                      {"tie_word_embeddings", true},
+                      {"use_sliding_window", false},
+                      {"torch_dtype", "float32"}};
+  return j.dump(2);
+}
+
+std::string tiny_safetensors(const Config& cfg) {
+  const absl::StatusOr<Topology> one = Topology::make(1, 0, 1, 1, 1);
+  REQUIRE(one.ok());
+  std::mt19937 rng(3);
+  std::vector<st::WriteEntry> entries;
+  std::map<std::string, std::vector<float>> values;
+  const ElemType types[] = {ElemType::f32, ElemType::bf16, ElemType::f16};
+  for (const ckpt::TensorRef& t : model_tensors(cfg, *one)) {
+    entries.push_back({hf_name(t.name), types[entries.size() % 3], t.shape});
+    std::vector<float>& v = values[hf_name(t.name)];
+    v.resize(static_cast<size_t>(t.block_numel()));
+    for (float& x : v) x = std::uniform_real_distribution<float>(-0.1f, 0.1f)(rng);
+  }
+  TempDir dir;
+  write(dir / "m.safetensors", entries, values);
+  return test::read_file(dir / "m.safetensors");
+}
+
+// The tensors of a safetensors file's bytes as floats, decoded here independently of
+// checkpoint/safetensors.h; empty when the bytes are not a well-formed file.
+std::map<std::string, std::vector<float>> decode_safetensors(const std::string& bytes) {
+  std::map<std::string, std::vector<float>> out;
+  if (bytes.size() < 8) return {};
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  if (n > bytes.size() - 8) return {};
+  const nlohmann::json h = nlohmann::json::parse(bytes.substr(8, n), nullptr, false);
+  if (!h.is_object()) return {};
+  const size_t data = 8 + n;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const nlohmann::json& e = it.value();
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("data_offsets")) return {};
+    const std::string dtype = e["dtype"].is_string() ? e["dtype"].get<std::string>() : "";
+    const int width = dtype == "F32" ? 4 : dtype == "BF16" || dtype == "F16" ? 2 : 0;
+    const uint64_t begin = e["data_offsets"][0].get<uint64_t>(),
+                   end = e["data_offsets"][1].get<uint64_t>();
+    if (width == 0 || begin > end || data + end > bytes.size()) return {};
+    std::vector<float>& v = out[it.key()];
+    for (uint64_t at = data + begin; at + width <= data + end; at += width) {
+      if (dtype == "F32") {
+        float x;
+        std::memcpy(&x, bytes.data() + at, 4);
+        v.push_back(x);
+      } else {
+        uint16_t u;
+        std::memcpy(&u, bytes.data() + at, 2);
+        _Float16 x;
+        std::memcpy(&x, &u, 2);
+        v.push_back(dtype == "BF16" ? bf16_to_f32(u) : static_cast<float>(x));
+      }
+    }
+  }
+  return out;
+}
+
+// model.init_from reads what other tools wrote: a few hundred seeded mutations of a config.json
+// and a safetensors file (bytes, JSON structure, the header's length, the data) each import
+// exactly what the file says (checked against the decoder above) or are refused as bad input
+// with one line; no mutation throws or crashes.
+TEST_CASE("hf: damaged config.json and safetensors files import exactly or are one error line",
+          "[hf]") {
+  absl::StatusOr<Config> cfg = parse_config(kTinyModel, {});
+  INFO(cfg.status().message());
+  REQUIRE(cfg.ok());
+  TempDir dir;
+  cfg->model.init_from = dir.path();
+  const absl::StatusOr<Topology> one = Topology::make(1, 0, 1, 1, 1);
+  REQUIRE(one.ok());
+  const std::string good_config = tiny_config_json(), good_weights = tiny_safetensors(*cfg);
+  uint64_t header = 0;
+  std::memcpy(&header, good_weights.data(), 8);
+  std::vector<float> params(static_cast<size_t>(rank_layout(*cfg, *one).total));
+  std::mt19937 rng(41);
+  int imported = 0, refused = 0;
+  for (int i = 0; i < 400; ++i) {
+    std::string config = good_config, weights = good_weights;
+    switch (i % 6) {
+      case 0:
+        config = test::mutate_bytes(config, rng);
+        break;
+      case 1:
+        config = test::mutate_json(nlohmann::json::parse(config), rng).dump();
+        break;
+      case 2:  // the header's text
+        weights = test::mutate_bytes(weights, rng, 8, 8 + header);
+        break;
+      case 3: {  // the header's structure, its length kept true
+        std::string h =
+            test::mutate_json(nlohmann::json::parse(weights.substr(8, header)), rng).dump();
+        h.append((8 - h.size() % 8) % 8, ' ');
+        const uint64_t n = h.size();
+        weights =
+            std::string(reinterpret_cast<const char*>(&n), 8) + h + weights.substr(8 + header);
+        break;
+      }
+      case 4:  // the length, or the data
+        weights = rng() % 4 == 0 ? test::mutate_bytes(weights, rng, 0, 8)
+                                 : test::mutate_bytes(weights, rng, 8 + header);
+        break;
+      default:  // a byte of the data, in place
+        weights[8 + header + rng() % (weights.size() - 8 - header)] = static_cast<char>(rng());
+    }
+    test::write_file(dir / "config.json", config);
+    test::write_file(dir / "model.safetensors", weights);
+    INFO("mutation " << i);
+    absl::Status status;
+    try {
+      absl::StatusOr<st::Reader> r = open_hf_model(dir.path(), *cfg, *one);
+      status = r.ok() ? load_hf_rank_part(*r, *cfg, *one, params.data()) : r.status();
+    } catch (const std::exception& e) {
+      FAIL("mutation " << i << " threw: " << e.what());
+    }
+    if (!status.ok()) {
+      ++refused;
+      INFO(status.message());
+      CHECK(status.code() == absl::StatusCode::kInvalidArgument);  // exit 2, not 1
+      CHECK(std::string(status.message()).find('\n') == std::string::npos);
+      CHECK_FALSE(status.message().empty());
+      continue;
+    }
+    ++imported;
+    const std::map<std::string, std::vector<float>> want = decode_safetensors(weights);
+    for (const ckpt::TensorRef& b : rank_param_blocks(*cfg, *one, params.data())) {
+      INFO(b.name);
+      REQUIRE(want.count(hf_name(b.name)) == 1);
+      CHECK(std::equal(b.data, b.data + b.block_numel(), want.at(hf_name(b.name)).begin(),
+                       want.at(hf_name(b.name)).end()));
+    }
+  }
+  CHECK(imported >= 50);  // both outcomes were exercised
+  CHECK(refused >= 100);
+}
+
+// The same kind of damage through the processes: trainer --dry-run with model.init_from ends in
+// exit 0 or exit 2 with one error line, never a signal, an abort or exit 1.
+TEST_CASE("cli: damaged Hugging Face files through the trainer: exit 0, or 2 with one line",
+          "[cli]") {
+  absl::StatusOr<Config> cfg = parse_config(kTinyModel, {});
+  INFO(cfg.status().message());
+  REQUIRE(cfg.ok());
+  RunDir run(1);
+  const std::string hf = run.dir / "hf";
+  sfs::create_directories(hf);
+  const std::string weights = tiny_safetensors(*cfg);
+  std::mt19937 rng(43);
+  int exit2 = 0;
+  for (int i = 0; i < 8; ++i) {
+    test::write_file(hf + "/config.json",
+                     test::mutate_json(nlohmann::json::parse(tiny_config_json()), rng).dump());
+    test::write_file(hf + "/model.safetensors", i % 2 ? test::mutate_bytes(weights, rng) : weights);
+    const CmdResult r = run.trainer("--dry-run --set model.init_from=" + hf);
+    INFO("mutation " << i << "\n" << r.output);
+    REQUIRE((r.exit_code == 0 || r.exit_code == kExitBadInput));
+    if (r.exit_code == kExitBadInput) {
+      ++exit2;
+      expect_bad_input(r, "");
+    }
+  }
+  CHECK(exit2 >= 2);
 }
 
 }  // namespace

@@ -70,17 +70,9 @@ absl::StatusOr<RopeScaling> read_rope_scaling(const json& r, const std::string& 
   return out;
 }
 
-absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
-  const std::string path = fs::join(dir, "config.json");
-  std::ifstream in(path);
-  if (!in)
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.init_from: ", path,
-                     " cannot be read; pass a Hugging Face model directory "
-                     "(save_pretrained's output: config.json and safetensors)"));
-  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object())
-    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
+// The fields of a config.json object at `path` (read_hf_config's body: a value of another JSON
+// type than asked for throws, and read_hf_config turns that into one error line).
+absl::StatusOr<HfShape> read_hf_fields(const json& j, const std::string& path) {
   auto bad = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
   };
@@ -93,6 +85,11 @@ absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
   if (j.value("use_sliding_window", false))
     return bad("use_sliding_window is true; the trainer attends over the whole sequence");
   HfShape s;
+  // rope_scaling and rope_parameters: null (absent) or a block; anything else is refused.
+  for (const char* key : {"rope_scaling", "rope_parameters"})
+    if (j.contains(key) && !j[key].is_null() && !j[key].is_object())
+      return bad(absl::StrCat("\"", key, "\" is ", j[key].dump(),
+                              "; it must be null or an object such as {\"type\": \"yarn\", ...}"));
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     absl::StatusOr<RopeScaling> r = read_rope_scaling(j["rope_scaling"], path + ": rope_scaling");
     if (!r.ok()) return r.status();
@@ -133,6 +130,27 @@ absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
     s.eps = j["rms_norm_eps"].get<double>();
   s.tied = j.value("tie_word_embeddings", false);
   return s;
+}
+
+absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
+  const std::string path = fs::join(dir, "config.json");
+  std::error_code ec;
+  std::ifstream in;
+  if (sfs::is_regular_file(path, ec)) in.open(path);
+  if (!in.is_open() || !in)
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.init_from: ", path,
+                     " cannot be read (no such file, or not a file); pass a Hugging Face model "
+                     "directory (save_pretrained's output: config.json and safetensors)"));
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object())
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
+  try {
+    return read_hf_fields(j, path);
+  } catch (const json::exception& e) {  // a field of another type than Qwen2's config has
+    return absl::InvalidArgumentError(absl::StrCat(path, ": a field has the wrong JSON type (",
+                                                   e.what(), "); is it a Qwen2 config.json?"));
+  }
 }
 
 absl::Status check_hf_config(const std::string& dir, const ModelConfig& m) {
@@ -193,8 +211,8 @@ int64_t end_of_text_id(const std::string& tokenizer_json) {
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("added_tokens") || !j["added_tokens"].is_array()) return -1;
   for (const json& t : j["added_tokens"])
-    if (t.is_object() && t.value("content", "") == "<|endoftext|>" && t.contains("id") &&
-        t["id"].is_number_integer())
+    if (t.is_object() && t.contains("content") && t["content"] == "<|endoftext|>" &&
+        t.contains("id") && t["id"].is_number_integer())
       return t["id"].get<int64_t>();
   return -1;
 }
@@ -255,8 +273,14 @@ std::string generation_config_json(int64_t eos) {
   return j.dump(2) + "\n";
 }
 
+// A failure to write an export's file (a full disk, a quota, permissions) is a failure of the
+// run (exit 1), not bad input: the status as internal, with its message.
+absl::Status written(absl::Status st) {
+  return st.ok() ? st : absl::InternalError(st.message());
+}
+
 absl::Status write_text(const std::string& path, const std::string& text) {
-  return fs::write_file_durable(path, text);
+  return written(fs::write_file_durable(path, text));
 }
 
 }  // namespace
@@ -306,6 +330,10 @@ absl::Status load_hf_rank_part(const st::Reader& model, const Config& cfg, const
     const st::Entry* e = model.find(hf_name(b.name));
     TR_ASSERT(e != nullptr, "open_hf_model checked every tensor");
     if (absl::Status st = model.read_f32(*e, b.start, b.extent, b.data); !st.ok()) return st;
+    if (const std::string bad = ckpt::non_finite(b); !bad.empty())
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.init_from ", cfg.model.init_from, ": tensor ", e->name, " in ",
+                       model.file_path(e->file), " ", bad, "; training cannot start from it"));
   }
   return absl::OkStatus();
 }
@@ -350,7 +378,7 @@ absl::StatusOr<std::map<std::string, std::string>> write_weights(const std::stri
                                     : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
     absl::StatusOr<st::Writer> w =
         st::Writer::create(fs::join(dir, file), shards.files[i], {{"format", "pt"}});
-    if (!w.ok()) return w.status();
+    if (!w.ok()) return written(w.status());
     std::vector<float> buf;
     for (const st::WriteEntry& e : w->order()) {
       int64_t numel = 1;
@@ -359,10 +387,10 @@ absl::StatusOr<std::map<std::string, std::string>> write_weights(const std::stri
       ckpt::TensorRef ref(shards.ours_of.at(e.name), e.shape, buf.data());
       ckpt::LoadTarget one{{&ref, 1}, {}, {}, /*subset=*/true, /*check_crc=*/false};
       if (absl::Status st = ckpt::load(checkpoint, one, nullptr, nullptr); !st.ok()) return st;
-      if (absl::Status st = w->append(buf); !st.ok()) return st;
+      if (absl::Status st = w->append(buf); !st.ok()) return written(st);
       where[e.name] = file;
     }
-    if (absl::Status st = w->finish(); !st.ok()) return st;
+    if (absl::Status st = w->finish(); !st.ok()) return written(st);
   }
   if (n == 1) return where;
   ordered_json weight_map = ordered_json::object();
@@ -395,6 +423,29 @@ absl::Status copy_tokenizer(const std::string& dir, const std::string& tokenizer
   return absl::OkStatus();
 }
 
+// Every file of the export into `tmp` (created here), made durable; the file of each tensor.
+absl::StatusOr<std::map<std::string, std::string>> write_export(const std::string& tmp,
+                                                                const ExportOptions& o,
+                                                                const ModelConfig& m,
+                                                                const ExportShards& shards,
+                                                                int64_t eos) {
+  if (absl::Status st = fs::make_dirs(tmp); !st.ok()) return written(st);
+  absl::StatusOr<std::map<std::string, std::string>> where =
+      write_weights(tmp, shards, o.checkpoint);
+  if (!where.ok()) return where.status();
+  if (absl::Status st = write_text(fs::join(tmp, "config.json"), config_json(m, o.dtype, eos));
+      !st.ok())
+    return st;
+  if (absl::Status st =
+          write_text(fs::join(tmp, "generation_config.json"), generation_config_json(eos));
+      !st.ok())
+    return st;
+  if (!o.tokenizer.empty())
+    if (absl::Status st = copy_tokenizer(tmp, o.tokenizer); !st.ok()) return st;
+  if (absl::Status st = fs::fsync_path(tmp); !st.ok()) return written(st);
+  return where;
+}
+
 }  // namespace
 
 absl::Status export_hf(const ExportOptions& o) {
@@ -413,29 +464,21 @@ absl::Status export_hf(const ExportOptions& o) {
   const ModelConfig& m = cfg->model;
   const int64_t eos = o.tokenizer.empty() ? -1 : end_of_text_id(o.tokenizer);
   const ExportShards shards = plan_export(*cfg, o);
-  // Everything is written into OUT.tmp, then renamed: a failed export leaves no OUT.
+  // Everything is written into OUT.tmp, then renamed: a failed export leaves no OUT, and removes
+  // the OUT.tmp it began.
   const std::string tmp = o.out + ".tmp";
-  if (absl::Status st = fs::remove_all(tmp); !st.ok()) return st;
-  if (absl::Status st = fs::make_dirs(tmp); !st.ok()) return st;
-  absl::StatusOr<std::map<std::string, std::string>> where =
-      write_weights(tmp, shards, o.checkpoint);
-  if (!where.ok()) return where.status();
-  if (absl::Status st = write_text(fs::join(tmp, "config.json"), config_json(m, o.dtype, eos));
-      !st.ok())
-    return st;
-  if (absl::Status st =
-          write_text(fs::join(tmp, "generation_config.json"), generation_config_json(eos));
-      !st.ok())
-    return st;
-  if (!o.tokenizer.empty())
-    if (absl::Status st = copy_tokenizer(tmp, o.tokenizer); !st.ok()) return st;
-  if (absl::Status st = fs::fsync_path(tmp); !st.ok()) return st;
+  if (absl::Status st = fs::remove_all(tmp); !st.ok()) return written(st);
+  absl::StatusOr<std::map<std::string, std::string>> where = write_export(tmp, o, m, shards, eos);
+  if (!where.ok()) {
+    (void)fs::remove_all(tmp);
+    return where.status();
+  }
   if (sfs::exists(o.out, ec)) sfs::remove(o.out, ec);  // the empty directory checked above
   sfs::rename(tmp, o.out, ec);
   if (ec)
     return absl::InternalError(
         absl::StrCat("cannot rename ", tmp, " to ", o.out, ": ", ec.message()));
-  if (absl::Status st = fs::fsync_parent(o.out); !st.ok()) return st;
+  if (absl::Status st = fs::fsync_parent(o.out); !st.ok()) return written(st);
   const size_t n = shards.files.size();
   std::printf("exported %s to %s: %zu tensors in %zu file%s, %.3g GiB %s, vocabulary %lld\n",
               o.checkpoint.c_str(), o.out.c_str(), where->size(), n, n == 1 ? "" : "s",
