@@ -9,6 +9,7 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <unordered_map>
 #include <utility>
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace tr::data {
@@ -130,6 +132,8 @@ class HfBpeTokenizer final : public Tokenizer {
   absl::Status read_vocab(const json& model, const std::string& path, int32_t* max_id);
   absl::Status read_merges(const json& model, const std::string& path);
   absl::Status read_added_tokens(const json& j, const std::string& path, int32_t* max_id);
+  // All of them in order (a value of another JSON type than asked for throws).
+  absl::Status read_sections(const json& j, const std::string& path);
   static constexpr size_t kCacheEntries = 1 << 18;
 
   std::string name_;
@@ -145,6 +149,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::unordered_map<int32_t, size_t> added_index_;
   int32_t eod_ = -1;
   int64_t vocab_size_ = 0;
+  int64_t added_count_ = 0;  // entries of tokenizer.json's added_tokens, while loading
 };
 
 uint64_t pair_key(int32_t a, int32_t b) {
@@ -155,6 +160,12 @@ absl::Status unsupported(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(
       "tokenizer '", path, "': ", what,
       "; supported: byte-level BPE tokenizer.json files (GPT-2, Qwen2/2.5, Llama 3 style)"));
+}
+
+// A tokenizer.json entry that no tokenizer could have written: which, and that it is damaged.
+absl::Status bad_entry(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("tokenizer '", path, "': ", what, "; the file is damaged or hand-edited"));
 }
 
 absl::Status HfBpeTokenizer::read_model_flags(const json& model, const std::string& path) {
@@ -218,15 +229,27 @@ absl::Status HfBpeTokenizer::read_vocab(const json& model, const std::string& pa
   if (!model.contains("vocab") || !model["vocab"].is_object())
     return unsupported(path, "no model.vocab");
   const std::unordered_map<int32_t, uint8_t> byte_of = byte_of_char();
+  // Ids number the tokens from 0: none reaches the count of vocabulary entries and added tokens.
+  const int64_t limit = static_cast<int64_t>(model["vocab"].size()) + added_count_;
   for (const auto& [token, id_json] : model["vocab"].items()) {
     absl::StatusOr<std::string> bytes = to_bytes(token, byte_of);
     if (!bytes.ok()) return unsupported(path, std::string(bytes.status().message()));
-    const int32_t id = id_json.get<int32_t>();
-    if (id < 0) return unsupported(path, absl::StrCat("negative id for '", token, "'"));
-    *max_id = std::max(*max_id, id);
-    if (static_cast<size_t>(id) >= bytes_of_.size()) bytes_of_.resize(id + 1);
-    bytes_of_[id] = *bytes;
-    id_of_[*bytes] = id;
+    if (!id_json.is_number_integer())
+      return bad_entry(path, absl::StrCat("vocabulary entry '", token, "' has id ", id_json.dump(),
+                                          ", not an integer"));
+    const int64_t id = id_json.get<int64_t>();
+    if (id < 0 || id >= limit)
+      return bad_entry(path, absl::StrCat("vocabulary entry '", token, "' has id ", id,
+                                          ", outside 0..", limit - 1, " (ids number its ", limit,
+                                          " entries and added tokens from 0)"));
+    *max_id = std::max(*max_id, static_cast<int32_t>(id));
+    if (static_cast<size_t>(id) >= bytes_of_.size()) bytes_of_.resize(static_cast<size_t>(id) + 1);
+    std::string& slot = bytes_of_[static_cast<size_t>(id)];
+    if (!slot.empty())
+      return bad_entry(path, absl::StrCat("vocabulary entries '", absl::CHexEscape(slot), "' and '",
+                                          token, "' share id ", id));
+    slot = *bytes;
+    id_of_[*bytes] = static_cast<int32_t>(id);
   }
   for (int b = 0; b < 256; ++b) {
     auto it = id_of_.find(std::string(1, static_cast<char>(b)));
@@ -270,6 +293,12 @@ absl::Status HfBpeTokenizer::read_merges(const json& model, const std::string& p
 absl::Status HfBpeTokenizer::read_added_tokens(const json& j, const std::string& path,
                                                int32_t* max_id) {
   for (const json& a : j.value("added_tokens", json::array())) {
+    if (!a.is_object() || !a.contains("content") || !a["content"].is_string())
+      return bad_entry(path, absl::StrCat("added token ", a.dump(), " has no \"content\" string"));
+    if (!a.contains("id") || !a["id"].is_number_integer())
+      return bad_entry(path,
+                       absl::StrCat("added token '", a["content"].get<std::string>(), "' has id ",
+                                    a.value("id", json()).dump(), ", not an integer"));
     for (const char* flag : {"lstrip", "rstrip", "single_word"})
       if (a.value(flag, false))
         return unsupported(
@@ -277,8 +306,22 @@ absl::Status HfBpeTokenizer::read_added_tokens(const json& j, const std::string&
     if (a.value("normalized", false) && a.value("content", "") != nfc(a.value("content", "")))
       return unsupported(path, absl::StrCat("normalized added token '", a.value("content", ""),
                                             "' that NFC changes"));
-    AddedToken tok{a.value("content", ""), a.value("id", -1), a.value("special", false)};
-    if (tok.content.empty() || tok.id < 0) return unsupported(path, "an empty added token");
+    const int64_t id = a["id"].get<int64_t>();
+    if (id < 0 || id >= std::numeric_limits<int32_t>::max())
+      return bad_entry(path, absl::StrCat("added token '", a["content"].get<std::string>(),
+                                          "' has id ", id, ", outside 0..2^31-2"));
+    AddedToken tok{a["content"].get<std::string>(), static_cast<int32_t>(id),
+                   a.value("special", false)};
+    if (tok.content.empty()) return unsupported(path, "an empty added token");
+    for (const AddedToken& other : added_)
+      if (other.id == tok.id)
+        return bad_entry(path, absl::StrCat("added tokens '", other.content, "' and '", tok.content,
+                                            "' share id ", id));
+    // An added token may repeat a vocabulary entry (GPT-2's <|endoftext|>), not take another's id.
+    if (static_cast<size_t>(id) < bytes_of_.size() && !bytes_of_[static_cast<size_t>(id)].empty() &&
+        bytes_of_[static_cast<size_t>(id)] != tok.content)
+      return bad_entry(path, absl::StrCat("added token '", tok.content, "' has id ", id,
+                                          ", which is another vocabulary entry's"));
     *max_id = std::max(*max_id, tok.id);
     added_.push_back(std::move(tok));
   }
@@ -289,6 +332,22 @@ absl::Status HfBpeTokenizer::read_added_tokens(const json& j, const std::string&
     added_index_[added_[i].id] = i;
     added_first_[static_cast<unsigned char>(added_[i].content[0])] = true;
   }
+  return absl::OkStatus();
+}
+
+absl::Status HfBpeTokenizer::read_sections(const json& j, const std::string& path) {
+  const json& model = j.value("model", json::object());
+  if (!model.is_object()) return unsupported(path, "\"model\" is not an object");
+  added_count_ = j.contains("added_tokens") && j["added_tokens"].is_array()
+                     ? static_cast<int64_t>(j["added_tokens"].size())
+                     : 0;
+  int32_t max_id = -1;
+  if (absl::Status st = read_model_flags(model, path); !st.ok()) return st;
+  if (absl::Status st = read_pre_tokenizer(j, path); !st.ok()) return st;
+  if (absl::Status st = read_vocab(model, path, &max_id); !st.ok()) return st;
+  if (absl::Status st = read_merges(model, path); !st.ok()) return st;
+  if (absl::Status st = read_added_tokens(j, path, &max_id); !st.ok()) return st;
+  vocab_size_ = max_id + 1;
   return absl::OkStatus();
 }
 
@@ -303,14 +362,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::strin
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer file '", path, "' is not valid JSON"));
   auto t = std::make_unique<HfBpeTokenizer>();
-  const json& model = j.value("model", json::object());
-  int32_t max_id = -1;
-  if (absl::Status st = t->read_model_flags(model, path); !st.ok()) return st;
-  if (absl::Status st = t->read_pre_tokenizer(j, path); !st.ok()) return st;
-  if (absl::Status st = t->read_vocab(model, path, &max_id); !st.ok()) return st;
-  if (absl::Status st = t->read_merges(model, path); !st.ok()) return st;
-  if (absl::Status st = t->read_added_tokens(j, path, &max_id); !st.ok()) return st;
-  t->vocab_size_ = max_id + 1;
+  try {
+    if (absl::Status st = t->read_sections(j, path); !st.ok()) return st;
+  } catch (const json::exception& e) {  // a field of another JSON type than the format's
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokenizer '", path, "': a field has the wrong JSON type (", e.what(),
+                     "); the file is damaged or not a Hugging Face tokenizer.json"));
+  }
   const std::string eod = eod_token.empty() ? "<|endoftext|>" : eod_token;
   for (const AddedToken& a : t->added_)
     if (a.content == eod) t->eod_ = a.id;

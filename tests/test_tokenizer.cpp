@@ -4,6 +4,7 @@
 // `tokenizers` package on Qwen2.5's real tokenizer.
 #include <catch2/catch.hpp>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "data/hf_tokenizer.h"
 #include "data/shard_meta.h"
 #include "tests/cli_util.h"
+#include "tests/mutate.h"
 #include "tests/test_util.h"
 
 namespace tr::data {
@@ -139,6 +141,49 @@ TEST_CASE("tokenizer: what the reader does not implement is one error naming it"
              Catch::Contains("cannot read tokenizer file '/nonexistent/tokenizer.json'"));
 }
 
+// Entries no tokenizer writes (an id that is a string, two tokens sharing an id, an id past the
+// vocabulary, a value of the wrong JSON type) are one error naming the entry, not a crash.
+TEST_CASE("tokenizer: a damaged tokenizer.json is one error naming the entry", "[data]") {
+  auto error_of = [](const nlohmann::json& j) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = load(j);
+    if (t.ok()) return std::string("ok");
+    CHECK(t.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(t.status().message());
+  };
+  nlohmann::json j = small_tokenizer();
+  j["added_tokens"][1]["id"] = "261";
+  CHECK_THAT(error_of(j), Catch::Contains("added token '<x>' has id \"261\", not an integer"));
+  j = small_tokenizer();
+  j["model"]["vocab"]["ll"] = 256;
+  CHECK_THAT(error_of(j), Catch::Contains("vocabulary entries 'he' and 'll' share id 256"));
+  j = small_tokenizer();
+  j["model"]["vocab"]["hell"] = int64_t{1} << 40;
+  CHECK_THAT(error_of(j), Catch::Contains("vocabulary entry 'hell' has id 1099511627776, outside "
+                                          "0..261 (ids number its 262 entries and added tokens "
+                                          "from 0)"));
+  j = small_tokenizer();
+  j["model"]["vocab"]["hell"] = "258";
+  CHECK_THAT(error_of(j),
+             Catch::Contains("vocabulary entry 'hell' has id \"258\", not an integer"));
+  j = small_tokenizer();
+  j["added_tokens"][1]["id"] = 260;
+  CHECK_THAT(error_of(j), Catch::Contains("added tokens '<|endoftext|>' and '<x>' share id 260"));
+  j = small_tokenizer();
+  j["added_tokens"][1]["id"] = 257;
+  CHECK_THAT(error_of(j), Catch::Contains("added token '<x>' has id 257, which is another "
+                                          "vocabulary entry's"));
+  j = small_tokenizer();
+  j["model"]["type"] = 5;
+  CHECK_THAT(error_of(j), Catch::Contains("a field has the wrong JSON type"));
+  j = small_tokenizer();
+  j["model"]["merges"][0] = nlohmann::json::array({1, 2});
+  CHECK_THAT(error_of(j), Catch::Contains("a field has the wrong JSON type"));
+  // GPT-2's form: an added token repeating its vocabulary entry, same id, is fine.
+  j = small_tokenizer();
+  j["model"]["vocab"]["<|endoftext|>"] = 260;
+  CHECK(error_of(j) == "ok");
+}
+
 // prepare_data records the tokenizer beside the dataset (PREFIX.meta.json); the trainer
 // refuses, with exit 2 and one line, ids that do not fit model.vocab_size, byte data under a
 // preset (unless data.allow_byte_tokenizer), and datasets of two tokenizers.
@@ -191,6 +236,82 @@ TEST_CASE("tokenizer: the trainer refuses data whose tokenizer does not fit the 
                              run.dir / "train" + " by tok.json");
   prepare(run.dir / "valid", hf);
   CHECK(run.trainer("--dry-run --set model.vocab_size=262").exit_code == 0);
+}
+
+// A few hundred seeded mutations of a tokenizer.json (bytes and JSON structure): each loads into
+// a tokenizer that encodes and decodes text faithfully, or is refused as bad input with one
+// line; none throws or crashes.
+TEST_CASE("tokenizer: damaged tokenizer.json files load faithfully or are one error line",
+          "[data]") {
+  const std::string good = small_tokenizer().dump();
+  const std::string text = "hello world, well done!";  // no digits: the mutations write those
+  std::mt19937 rng(47);
+  int loaded = 0, refused = 0;
+  for (int i = 0; i < 400; ++i) {
+    // Bytes; the structure anywhere; the structure outside the vocabulary (whose 262 entries
+    // would otherwise take most of the mutations).
+    std::string bytes;
+    if (i % 3 == 0) {
+      bytes = test::mutate_bytes(good, rng);
+    } else if (i % 3 == 1) {
+      bytes = test::mutate_json(small_tokenizer(), rng).dump();
+    } else {
+      nlohmann::json j = small_tokenizer();
+      const nlohmann::json vocab = j["model"]["vocab"];
+      j["model"].erase("vocab");
+      j = test::mutate_json(j, rng);
+      if (j.is_object() && j.contains("model") && j["model"].is_object())
+        j["model"]["vocab"] = vocab;
+      bytes = j.dump();
+    }
+    INFO("mutation " << i << ": " << bytes.substr(0, 2000));
+    static test::TempDir dir;
+    test::write_file(dir / "tokenizer.json", bytes);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> t = absl::InternalError("not run");
+    try {
+      t = load_hf_tokenizer(dir / "tokenizer.json", "");
+    } catch (const std::exception& e) {
+      FAIL("mutation " << i << " threw: " << e.what());
+    }
+    if (!t.ok()) {
+      ++refused;
+      INFO(t.status().message());
+      CHECK(t.status().code() == absl::StatusCode::kInvalidArgument);
+      CHECK(std::string(t.status().message()).find('\n') == std::string::npos);
+      continue;
+    }
+    ++loaded;
+    const std::vector<int32_t> ids = (*t)->encode(text);
+    for (int32_t id : ids) CHECK((id >= 0 && id < (*t)->vocab_size()));
+    CHECK((*t)->decode(ids) == text);
+  }
+  CHECK(loaded >= 20);  // both outcomes were exercised (most damage is refused)
+  CHECK(refused >= 100);
+}
+
+// The same through prepare_data: exit 0, or exit 2 with one error line; never a signal or an
+// abort.
+TEST_CASE("cli: damaged tokenizer.json files through prepare_data: exit 0, or 2 with one line",
+          "[cli]") {
+  test::TempDir dir;
+  test::write_file(dir / "in.jsonl", "{\"text\": \"hello world\"}\n");
+  std::mt19937 rng(53);
+  int exit2 = 0;
+  for (int i = 0; i < 10; ++i) {
+    nlohmann::json j = test::mutate_json(small_tokenizer(), rng);
+    if (i == 0) j["added_tokens"][1]["id"] = "261";  // the crash this test was written for
+    test::write_file(dir / "tokenizer.json", j.dump());
+    const test::CmdResult r =
+        test::run_cmd(tr::test::prepare_data_bin() + " --output " + (dir / "out") +
+                      " --tokenizer " + (dir / "tokenizer.json") + " " + (dir / "in.jsonl"));
+    INFO("mutation " << i << "\n" << r.output);
+    REQUIRE((r.exit_code == 0 || r.exit_code == 2));
+    if (r.exit_code == 2) {
+      ++exit2;
+      test::expect_bad_input(r, "tokenizer");
+    }
+  }
+  CHECK(exit2 >= 2);
 }
 
 }  // namespace
