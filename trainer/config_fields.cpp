@@ -159,7 +159,7 @@ const std::vector<Field>& fields() {
       TR_FIELD(checkpoint, local_replicas, Int, 0, 64,
                "copies of each rank's local part held on other nodes (the next ones in the ring "
                "of nodes), so that losing that many nodes in a row loses no part; at most the "
-               "job's nodes - 1; 0 = none"),
+               "job's nodes - 1 (more is lowered to that, with a note); 0 = none"),
       TR_FIELD(log, dir, String, 0, 0, "run directory: metrics.jsonl and the resolved config"),
       TR_FIELD(log, interval, Int, 1, kMaxI,
                "steps between console log lines (and straggler reports)"),

@@ -82,6 +82,12 @@ LocalCheckpoints::LocalCheckpoints(Session& s) : s_(s) {
   // the rank at r's place there (modulo that node's ranks). One node: no replicas.
   holders_.assign(static_cast<size_t>(world.size()), {});
   replicas_ = s.cfg.checkpoint.local_replicas_on(static_cast<int>(nodes.size()));
+  if (s.logger() && replicas_ < s.cfg.checkpoint.local_replicas)
+    std::printf(
+        "note: checkpoint.local_replicas=%lld, but the other nodes of this job are %d: keeping "
+        "%d cop%s of each part on them\n",
+        static_cast<long long>(s.cfg.checkpoint.local_replicas), static_cast<int>(nodes.size()) - 1,
+        replicas_, replicas_ == 1 ? "y" : "ies");
   for (size_t k = 0; k < nodes.size(); ++k)
     for (int j = 1; j <= replicas_; ++j) {
       const std::vector<int>& next = ranks_of[(k + static_cast<size_t>(j)) % nodes.size()];
