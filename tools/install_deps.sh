@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages the trainer needs to build, test and run the demo.
 # Idempotent: packages already present are skipped; safe to run again.
+#   tools/install_deps.sh [--build-only]
+# --build-only: what building and running trainer and prepare_data needs (the demo), without the
+# test suite's tools (Catch2, Slurm and munge, the Python packages, the HDF5 tools, the cuDNN
+# frontend).
 set -euo pipefail
+build_only=0
+[ "${1:-}" = "--build-only" ] && build_only=1
 pkgs=(
   build-essential cmake ninja-build pkg-config ccache
-  libyaml-cpp-dev libhdf5-dev hdf5-tools libabsl-dev catch2
+  libyaml-cpp-dev libhdf5-dev libabsl-dev
   libopenmpi-dev openmpi-bin libopenblas-dev nlohmann-json3-dev zlib1g-dev
-  slurm-wlm munge
-  python3 python3-yaml python3-matplotlib python3-venv procps
   libpcre2-dev libutf8proc-dev
-  libprotobuf-dev protobuf-compiler libboost-dev
+  libprotobuf-dev protobuf-compiler libboost-dev procps
+)
+((build_only)) || pkgs+=(
+  hdf5-tools catch2 slurm-wlm munge
+  python3 python3-yaml python3-matplotlib python3-venv
 )
 missing=()
 for p in "${pkgs[@]}"; do
@@ -29,7 +37,8 @@ fi
 # machine, which reaches no registry).
 frontend_version=1.32.0
 frontend_dir="$(cd "$(dirname "$0")/.." && pwd)/.deps/cudnn-frontend"
-if command -v nvcc >/dev/null 2>&1 && [ ! -f "$frontend_dir/$frontend_version/include/cudnn_frontend.h" ]; then
+if ((!build_only)) && command -v nvcc >/dev/null 2>&1 &&
+  [ ! -f "$frontend_dir/$frontend_version/include/cudnn_frontend.h" ]; then
   if ! python3 -m pip --version >/dev/null 2>&1; then
     sudo_cmd=()
     [ "$(id -u)" -ne 0 ] && sudo_cmd=(sudo)

@@ -33,7 +33,7 @@ build_and_test() {
   local dir=$1 filter=$2 start
   shift 2
   start=$(date +%s)
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=ON "$@" >/dev/null
   cmake --build "$dir" -j"$(nproc)"
   local backend=cpu
   has_cuda "$dir" && backend=cuda
