@@ -1,5 +1,6 @@
 #include "core/hardware.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -23,7 +24,7 @@ const std::vector<GpuSpec>& gpu_table() {
 absl::StatusOr<GpuSpec> gpu_spec(const std::string& name) {
   std::vector<std::string> names;
   for (const GpuSpec& g : gpu_table()) {
-    if (g.name == name) return g;
+    if (absl::AsciiStrToLower(name) == g.name) return g;  // H100 or h100
     names.push_back(g.name);
   }
   return absl::InvalidArgumentError(

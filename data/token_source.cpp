@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -108,12 +109,21 @@ int32_t peek_magic(const std::string& path) {
   return load<int32_t>(file->data());
 }
 
-std::string not_found_message(const std::string& path) {
-  return absl::StrCat("data path '", path, "' not found: expected ", path, ".bin + ", path,
-                      ".idx (Megatron) or an llm.c shard file");
+// " (relative to the working directory DIR)" for a relative path; "" for an absolute one.
+std::string relative_note(const std::string& path) {
+  if (path.empty() || path[0] == '/') return "";
+  std::error_code ec;
+  return absl::StrCat(" (a relative path: from the working directory ",
+                      std::filesystem::current_path(ec).string(), ")");
 }
 
-// Fields of a Megatron .idx header (REFERENCE.md), validated against the file size.
+std::string not_found_message(const std::string& path) {
+  return absl::StrCat("data path '", path, "' not found", relative_note(path), ": expected ", path,
+                      ".bin + ", path, ".idx (Megatron) or an llm.c shard file");
+}
+
+// Fields of a Megatron .idx header (data/formats.h has the layout), validated against the file
+// size.
 struct IdxHeader {
   TokenDType dtype;
   uint64_t num_seqs;     // S
@@ -306,7 +316,10 @@ absl::StatusOr<std::unique_ptr<TokenSource>> TokenSource::open(const std::string
     return absl::InvalidArgumentError(
         absl::StrCat("data file '", path, "' is neither a Megatron prefix (no ", path,
                      ".idx) nor an llm.c shard (header magic ", magic, ", expected ", kLlmcMagicV1,
-                     " or ", kLlmcMagicV7, ")"));
+                     " or ", kLlmcMagicV7,
+                     "); if it is text or JSONL, tokenize it first: prepare_data --output PREFIX "
+                     "[--format text] [--tokenizer tokenizer.json] ",
+                     path, ", then give PREFIX as the path"));
   }
   if (path_exists(path))
     return absl::InvalidArgumentError(

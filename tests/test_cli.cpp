@@ -17,6 +17,7 @@
 #include "core/exit_codes.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
+#include "trainer/agree.h"
 #include "trainer/config.h"
 #include "trainer/model.h"
 
@@ -154,6 +155,31 @@ TEST_CASE("cli: SIGTERM saves the last applied step and exits 3", "[cli]") {
   REQUIRE(r.exit_code == kExitStopped);
   CHECK(r.output.find("stopped by signal 15 (Terminated) ") != std::string::npos);
   test::check_latest_is_last_logged_step(run);
+}
+
+// Ctrl-C: the first says at once what will happen and saves as SIGTERM does; a second, while the
+// stop is under way, ends the process at once without saving (here the handler is called twice
+// in a child process, so that the second lands inside the first's stop every time).
+TEST_CASE("cli: Ctrl-C says what it will do, and a second one stops without saving", "[cli]") {
+  RunDir run(100000);
+  const CmdResult r = run.signal_when_training("", "INT");
+  INFO(r.output);
+  REQUIRE(r.exit_code == kExitStopped);
+  CHECK(r.output.find("trainer: stop requested: finishing the current micro-batch, then saving the "
+                      "last applied step and exiting with code 3 (Ctrl-C again: stop now, "
+                      "without saving)\n") != std::string::npos);
+  test::check_latest_is_last_logged_step(run);
+  const pid_t child = fork();
+  if (child == 0) {
+    on_stop_signal(SIGINT);
+    if (g_stop_signal != SIGINT) _exit(1);
+    on_stop_signal(SIGINT);
+    _exit(2);  // not reached: the second exits
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 128 + SIGINT);
 }
 
 // With buckets small enough, the DP all-reduce of the layers' buckets starts during the last
@@ -1084,11 +1110,16 @@ TEST_CASE("cli: bad checkpoints exit 2 and are left as they were", "[cli]") {
   REQUIRE(run.trainer().exit_code == 0);
   const std::string step = run.dir / "ckpt/step_00000010";
   SECTION("checkpoint from a different model shape") {
-    expect_bad_input(run.trainer("--set model.hidden_size=32 --set train.steps=20"),
-                     "checkpoint file " + step +
-                         "/model.h5: tensor 'embed_tokens/weight' (/model/embed_tokens/weight) has "
-                         "shape [257,64] in the checkpoint but the model expects [257,32]: the "
-                         "checkpoint is from a different model shape");
+    const CmdResult r = run.trainer("--set model.hidden_size=32 --set train.steps=20");
+    expect_bad_input(r, "checkpoint file " + step +
+                            "/model.h5: tensor 'embed_tokens/weight' (/model/embed_tokens/weight) "
+                            "has shape [257,64] in the checkpoint but the model expects [257,32]: "
+                            "the checkpoint is from a different model shape");
+    // ...and which field changed, with the fix.
+    expect_bad_input(r,
+                     "; this run's model differs from the checkpoint's (model.hidden_size: 64 "
+                     "-> 32): set those fields back to the checkpoint's, or give this model a "
+                     "new checkpoint.dir");
   }
   SECTION("truncated checkpoint file") {
     fs::resize_file(step + "/model.h5", fs::file_size(step + "/model.h5") / 2);

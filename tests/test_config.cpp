@@ -105,6 +105,9 @@ TEST_CASE("config: cross-field checks", "[config]") {
         "train.eval_interval is 5 but data.valid is empty; add data.valid or set "
         "train.eval_interval=0");
   CHECK(error_of(kBase, {"optim.min_lr=1"}) == "optim.min_lr 1 exceeds optim.lr 3e-04");
+  CHECK(error_of(kBase, {"optim.warmup_steps=20"}) ==
+        "optim.warmup_steps 20 exceeds train.steps 10; set optim.warmup_steps to at most 10 (a "
+        "tenth, 1, is common) or raise train.steps");
   CHECK(error_of(kBase, {"data.seq_len=36", "parallel.cp=4"}) ==
         "data.seq_len 36 does not split into 2 x parallel.cp = 8 equal chunks; make it a multiple "
         "of 8 or change parallel.cp");

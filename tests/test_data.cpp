@@ -304,6 +304,12 @@ TEST_CASE("data: format detection and explicit formats") {
   CHECK(open_error(dir / "meg") == "data path '" + dir / "meg" + "': found " + dir / "meg.idx" +
                                        " but " + dir / "meg.bin" + " is missing");
   CHECK_THAT(open_error(dir.path), Catch::Contains("is a directory"));
+  // Text or JSONL given as data: the message says how to tokenize it.
+  std::ofstream(dir / "corpus.jsonl") << "{\"text\": \"hello\"}\n";
+  CHECK_THAT(open_error(dir / "corpus.jsonl"),
+             Catch::Contains("; if it is text or JSONL, tokenize it first: prepare_data --output "
+                             "PREFIX [--format text] [--tokenizer tokenizer.json] " +
+                             dir / "corpus.jsonl" + ", then give PREFIX as the path"));
   CHECK(parse_source_format("llmc").value() == SourceFormat::llmc);
   CHECK_FALSE(parse_source_format("hdf5").ok());
 }
@@ -520,6 +526,11 @@ TEST_CASE("data: error for a missing path") {
   CHECK(open_error("/nonexistent/x") ==
         "data path '/nonexistent/x' not found: expected /nonexistent/x.bin + /nonexistent/x.idx "
         "(Megatron) or an llm.c shard file");
+  // A relative path says where it was looked for.
+  CHECK(open_error("nonexistent/x") ==
+        "data path 'nonexistent/x' not found (a relative path: from the working directory " +
+            fs::current_path().string() +
+            "): expected nonexistent/x.bin + nonexistent/x.idx (Megatron) or an llm.c shard file");
 }
 
 TEST_CASE("data: error for a bad .idx magic") {

@@ -1074,6 +1074,7 @@ TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[
   CHECK(format_plan(cfg, *small).find("verdict: does not fit: stage 0 needs") != std::string::npos);
   CHECK(gpu_spec("v100").status().message() ==
         "--gpu v100 is unknown; known: h100, h200, b200, b300, a100");
+  CHECK(gpu_spec("H100")->name == "h100");  // as the device calls itself
   // MFU on a GPU: its CUDA device name picks the row (the longest key it contains).
   CHECK(gpu_of_device("NVIDIA H100 80GB HBM3")->name == "h100");
   CHECK(gpu_of_device("NVIDIA GH200 480GB")->name == "h200");

@@ -1,5 +1,7 @@
 #include "trainer/agree.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
@@ -9,7 +11,29 @@
 namespace tr {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_stop_notice = 1;
+namespace {
+volatile std::sig_atomic_t g_interrupts = 0;  // SIGINTs this process received
+
+// write(2) of a literal: all a signal handler may do to print.
+template <size_t N>
+void say_now(const char (&text)[N]) {
+  if (g_stop_notice) (void)!write(STDERR_FILENO, text, N - 1);
+}
+}  // namespace
+
 extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT) g_interrupts = g_interrupts + 1;
+  if (sig == SIGINT && g_interrupts >= 2) {
+    say_now(
+        "trainer: Ctrl-C again: stopping now, without saving; the last committed checkpoint "
+        "stands\n");
+    _exit(128 + SIGINT);
+  }
+  if (g_stop_signal == 0)
+    say_now(
+        "trainer: stop requested: finishing the current micro-batch, then saving the last "
+        "applied step and exiting with code 3 (Ctrl-C again: stop now, without saving)\n");
   g_stop_signal = sig;
 }
 

@@ -15,7 +15,12 @@ namespace tr {
 // preemption, or the --signal of the job); the ranks agree on it at the next micro-batch
 // boundary (stop polls) or step boundary, save the last applied step and exit kExitStopped.
 extern volatile std::sig_atomic_t g_stop_signal;
+// The handler of those signals. The first says at once, on stderr, what will happen (when
+// g_stop_notice: world rank 0, or a lone process); a second SIGINT (Ctrl-C again) while the
+// stop is under way ends the process at once with 128 + SIGINT, without saving: the last
+// committed checkpoint stands.
 extern "C" void on_stop_signal(int sig);
+extern volatile std::sig_atomic_t g_stop_notice;
 
 // A stop signal agreed by the ranks (the max of theirs; 0 = none) becomes this rank's too, so
 // that every rank reports and acts on the same one. Returns whether one was agreed.

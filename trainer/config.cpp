@@ -315,7 +315,9 @@ Status validate(const Config& c) {
   if (o.min_lr > o.lr)
     return err("optim.min_lr ", fmt_double(o.min_lr), " exceeds optim.lr ", fmt_double(o.lr));
   if (o.warmup_steps > t.steps)
-    return err("optim.warmup_steps ", o.warmup_steps, " exceeds train.steps ", t.steps);
+    return err("optim.warmup_steps ", o.warmup_steps, " exceeds train.steps ", t.steps,
+               "; set optim.warmup_steps to at most ", t.steps, " (a tenth, ",
+               std::max<int64_t>(t.steps / 10, 1), ", is common) or raise train.steps");
   if (c.checkpoint.dir.empty()) return err("checkpoint.dir must not be empty");
   if (c.log.dir.empty()) return err("log.dir must not be empty");
   return absl::OkStatus();

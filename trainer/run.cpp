@@ -76,6 +76,21 @@ absl::Status settle_checkpoint_dir(Session& r) {
   return absl::OkStatus();
 }
 
+// After a load failed: the model.* keys where this run differs from the checkpoint's config
+// (its config.yaml), with the fix, to follow the error; "" when the model is the same.
+std::string model_changes(const std::string& path, const Config& cfg) {
+  const absl::StatusOr<std::string> stored = tr::fs::read_file(tr::fs::join(path, "config.yaml"));
+  std::vector<std::string> changed;
+  if (stored.ok())
+    for (const std::string& d : config_differences(*stored, to_yaml(cfg)))
+      if (d.starts_with("model.")) changed.push_back(d);
+  if (changed.empty()) return "";
+  return absl::StrCat("; this run's model differs from the checkpoint's (",
+                      absl::StrJoin(changed, ", "),
+                      "): set those fields back to the checkpoint's, or give this model a new "
+                      "checkpoint.dir");
+}
+
 // Every rank reads only its part: its TP slice of its stage's weights and, of those, its
 // ZeRO-1 range of the Adam states (the files were verified in check_inputs).
 absl::Status load_checkpoint(Session& r, const std::string& path) {
@@ -97,7 +112,7 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
   if (absl::Status st = load_rank_part(path, r.cfg, r.topo(), weights.data(), into[0], into[1],
                                        &r.state, &stored_yaml);
       !st.ok())
-    return st;
+    return absl::Status(st.code(), absl::StrCat(st.message(), model_changes(path, r.cfg)));
   r.opt->weights_from_host(weights);
   for (int i = 0; i < 2; ++i)
     if (!staged[i].empty())
@@ -428,7 +443,10 @@ int run(const CliOptions& opts) {
   }
   if (launched_by_mpi_launcher()) r.mpi = std::make_unique<MpiRuntime>(nullptr, nullptr);
   r.groups.world = r.mpi ? make_mpi_world() : make_self_comm("world");
-  if (r.groups.world->rank() != 0) (void)!std::freopen("/dev/null", "w", stdout);  // rank 0 logs
+  if (r.groups.world->rank() != 0) {  // rank 0 logs, and says what a stop signal will do
+    (void)!std::freopen("/dev/null", "w", stdout);
+    g_stop_notice = 0;
+  }
   absl::Status st = check_inputs(r);
   // A checkpoint.dir held by a live trainer is busy, not bad input: a retry may succeed.
   if (int code = agree_on_exit(*r.groups.world,
