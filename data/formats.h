@@ -1,4 +1,5 @@
-// On-disk constants of the token file formats we read and write (REFERENCE.md).
+// On-disk constants of the token file formats we read and write, as Megatron-LM's
+// indexed_dataset.py and llm.c's dataloader define them (docs/data.md).
 // Megatron indexed dataset: PREFIX.bin (tokens back to back) + PREFIX.idx:
 //   [0,9) magic "MMIDIDX\0\0" | [9,17) u64 version 1 | [17] u8 dtype code |
 //   [18,26) u64 S sequences | [26,34) u64 D doc-index entries |

@@ -224,7 +224,7 @@ TEST_CASE("jobs: a full disk during a save is one line and exit 1, and the last 
 }
 
 // A run that cannot fit this host's memory is bad input at start-up, with the numbers (also in a
-// dry run, which used to abort allocating); an allocation that fails anyway (here under an
+// dry run, which allocates nothing); an allocation that fails anyway (here under an
 // address-space limit the start-up check cannot see) is one line and exit 1, and the run's lock
 // is gone with it.
 TEST_CASE("jobs: a run too large for memory is refused at start-up, a failed allocation is exit 1",
