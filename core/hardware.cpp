@@ -7,7 +7,6 @@
 namespace tr {
 
 const std::vector<GpuSpec>& gpu_table() {
-  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   // Dense bf16 peaks and bandwidths of the SXM parts; 400 Gb/s NICs per H100/H200 GPU, 800 Gb/s
   // per B200/B300 GPU and 200 Gb/s per A100 GPU (the usual InfiniBand/RoCE builds); GEMM
   // efficiency from the published training anchors (45-50% MFU end to end).

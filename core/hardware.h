@@ -10,6 +10,8 @@
 
 namespace tr {
 
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // bytes
+
 struct GpuSpec {
   std::string name;        // the planner's --gpu name: "h100"
   std::string device_key;  // found in the CUDA device name of this part: "H100"

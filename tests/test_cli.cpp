@@ -1231,6 +1231,53 @@ TEST_CASE("cli: trainer plan and trainer --dry-run reject the same layouts", "[c
   }
 }
 
+// The 72B job checked on a login node: config, layout, data and each stage's memory for 128 ranks
+// of H100, in one process without a GPU; missing data, a world that does not fit the layout and
+// one too small for the memory are one line each.
+TEST_CASE("cli: trainer --dry-run --world 128 --gpu h100 checks the 72B job without a GPU",
+          "[cli]") {
+  test::TempDir dir;
+  const std::string cfg = tr::test::source_dir() + "/configs/qwen2.5-72b.yaml";
+  auto dry = [&](const std::string& args) {
+    return run_cmd("cd " + dir.path() + " && " + tr::test::trainer_bin() + " --config " + cfg +
+                   " --dry-run " + args);
+  };
+  // The preset's data, datasets/qwen/..., from the working directory: not there yet.
+  expect_bad_input(dry("--world 128 --gpu h100"),
+                   "data path 'datasets/qwen/train_text_document' not found (a relative path: "
+                   "from the working directory ");
+  std::filesystem::create_directories(dir / "datasets/qwen");
+  for (const char* part : {"train", "valid"}) {
+    const CmdResult made =
+        run_cmd(tr::test::prepare_data_bin() + " --output " + (dir / "datasets/qwen/") + part +
+                "_text_document --synthetic 300000 --vocab 151643");
+    REQUIRE(made.exit_code == 0);
+  }
+  const CmdResult ok = dry("--world 128 --gpu H100");
+  INFO(ok.output);
+  REQUIRE(ok.exit_code == 0);
+  CHECK(ok.output.find("plan: 16 nodes x 8 h100 = 128 GPUs; tp 8 x pp 2 x dp 8, zero1") !=
+        std::string::npos);
+  CHECK(ok.output.find("verdict: fits: stage ") != std::string::npos);
+  CHECK(ok.output.find("data: every token id of 2 file(s) is below vocab_size 152064") !=
+        std::string::npos);
+  CHECK(ok.output.find("dry run for 128 ranks of h100: config, layout, data and memory check "
+                       "out") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "runs"));  // nothing written
+  CHECK_FALSE(std::filesystem::exists(dir / "checkpoints"));
+  expect_bad_input(dry("--world 100"),
+                   "--world 100 is not a whole number of nodes of "
+                   "--gpus-per-node 8");
+  expect_bad_input(dry("--world 120"), "parallel layout");
+  expect_bad_input(dry("--world 16 --gpu h100"), "16 ranks of h100: the run does not fit: stage ");
+  // The flags belong together.
+  expect_bad_input(run_cmd(tr::test::trainer_bin() + " --config " + cfg + " --world 8"),
+                   "--world N checks a job of N ranks without launching them; give it with "
+                   "--dry-run");
+  expect_bad_input(run_cmd(tr::test::trainer_bin() + " --config " + cfg + " --dry-run --gpu b300"),
+                   "--gpu and --gpus-per-node go with --dry-run --world N (or with trainer plan)");
+}
+
 TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error line and exit 2",
           "[cli]") {
   const std::string cfg = tr::test::source_dir() + "/configs/qwen2.5-72b.yaml";

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/switches.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
@@ -1081,6 +1082,59 @@ TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[
   CHECK(gpu_of_device("NVIDIA B300 SXM6 AC")->name == "b300");
   CHECK(gpu_of_device("NVIDIA A100-SXM4-80GB")->peak_bf16_flops == 312e12);
   CHECK(gpu_of_device("Tesla V100-SXM2-32GB") == nullptr);
+}
+
+// The plan names the largest part of its predicted step (compute, the bubble, or a parallel
+// dimension's communication), and --suggest ranks the layouts of the same GPUs that fit.
+TEST_CASE("plan: the bottleneck is the step's largest part, and --suggest ranks layouts that fit",
+          "[model]") {
+  const Config cfg = plan_config({});  // the 72B job: tp 8 x pp 2, zero1
+  absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 16, 8);
+  REQUIRE(p.ok());
+  const double m = p->facts.micro_batches, stretch = (m + p->facts.topo.pp - 1) / m;
+  const std::vector<std::pair<std::string, double>> parts = {
+      {"compute", p->compute_s / stretch},
+      {"the pipeline bubble", p->compute_s - p->compute_s / stretch},
+      {"tensor-parallel communication", p->tp_s},
+      {"pipeline sends", p->pp_s},
+      {"the data-parallel gradient reduction", p->dp_s},
+      {"context-parallel exchange", p->cp_s}};
+  const auto largest = std::max_element(parts.begin(), parts.end(),
+                                        [](auto& a, auto& b) { return a.second < b.second; });
+  const std::string line = plan_bottleneck(*p);
+  INFO(line);
+  CHECK(line.starts_with("bottleneck: " + largest->first + ", "));
+  CHECK(format_plan(cfg, *p).find(line) != std::string::npos);
+
+  absl::StatusOr<std::string> table = suggest_layouts(cfg, *gpu_spec("h100"), 16, 8, 20);
+  REQUIRE(table.ok());
+  INFO(*table);
+  // Rows "| rank | tp | pp | dp | memory | tokens/s/GPU | MFU | bottleneck |", fastest first,
+  // each fitting the 80 GiB, the preset's own tp 8 x pp 2 among them.
+  std::vector<double> speeds;
+  bool preset = false;
+  for (const std::string& row : std::vector<std::string>(absl::StrSplit(*table, '\n'))) {
+    const std::vector<std::string> cells = absl::StrSplit(row, " | ");
+    if (cells.size() < 8 || !std::isdigit(static_cast<unsigned char>(cells[0].back()))) continue;
+    const int tp = std::stoi(cells[1]), pp = std::stoi(cells[2]), dp = std::stoi(cells[3]);
+    CHECK(tp * pp * dp == 128);
+    CHECK(std::stod(cells[4]) <= 80.0);
+    CHECK((std::stod(cells[4]) > 0.95 * 80) == (cells[4].find("(tight)") != std::string::npos));
+    speeds.push_back(std::stod(cells[5]));
+    if (tp == 8 && pp == 2) {
+      preset = true;
+      CHECK(row.find("<- this config's tp and pp") != std::string::npos);
+      CHECK(std::abs(speeds.back() - p->tokens_per_s_per_gpu) < 1.0);
+    }
+  }
+  CHECK(speeds.size() >= 3);
+  CHECK(std::is_sorted(speeds.rbegin(), speeds.rend()));
+  CHECK(preset);
+  // Too few GPUs for any layout: one line with the fix.
+  absl::StatusOr<std::string> none = suggest_layouts(cfg, *gpu_spec("h100"), 1, 8);
+  REQUIRE_FALSE(none.ok());
+  CHECK_THAT(std::string(none.status().message()),
+             Catch::StartsWith("no layout of 8 h100 GPUs fits this model ("));
 }
 
 }  // namespace

@@ -24,6 +24,10 @@ std::string usage() {
          "  --force           also resume a checkpoint of another run (train.seed, data.seed or\n"
          "                    data.train differ), and start over with --resume none\n"
          "  --dry-run         validate config and data, print the plan and memory, then exit\n"
+         "  --dry-run --world N [--gpu G] [--gpus-per-node P]\n"
+         "                    the same for a job of N ranks on GPUs of type G (default h100), in\n"
+         "                    this one process and without a GPU (a login node): the layout, the\n"
+         "                    data (every file and token id) and each stage's memory (the plan)\n"
          "  --help-config     print every config key with its type, default and meaning\n"
          "  --help-switches   print the TR_* debug and bisect switches (docs/debug.md)\n"
          "  --help-metrics    print every key of metrics.jsonl with its unit (docs/metrics.md)\n"
@@ -32,7 +36,7 @@ std::string usage() {
          "\n"
          "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300|a100]\n"
          "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--mtbf-hours H]\n"
-         "               [--json]\n"
+         "               [--json] [--suggest]\n"
          "  per-GPU memory, FLOPs per token, pipeline bubble, communication per step and a\n"
          "  predicted step time, tokens/s/GPU and MFU, without a GPU (defaults: h100, 1 node,\n"
          "  8 GPUs per node; FILE overrides the GPU's numbers: peak_bf16_tflops, memory_gib,\n"
@@ -40,7 +44,9 @@ std::string usage() {
          "  --mtbf-hours: host_copy_gbps, local_disk_gbps, storage_gbps, restart_s). With\n"
          "  --mtbf-hours (one node's mean time between failures) also the work a failure loses,\n"
          "  the goodput of the checkpoint intervals and Young/Daly's intervals for persistent\n"
-         "  and node-local saves (docs/checkpoints.md); --json prints one JSON object)\n"
+         "  and node-local saves (docs/checkpoints.md); --json prints one JSON object). The\n"
+         "  plan names what limits the step; --suggest adds the layouts (tp, pp, dp auto) of\n"
+         "  these GPUs that fit, ranked by predicted tokens/s/GPU\n"
          "\n"
          "       trainer export-hf --checkpoint STEP_DIR --out DIR [--dtype bf16|fp32]\n"
          "               [--tokenizer tokenizer.json] [--max-shard-gib G]\n"
@@ -87,10 +93,19 @@ Status add_set(CliOptions& o, const std::string& v) {
   o.sets.push_back(v);  // --set=a.b=c keeps everything after the first '='
   return Status();
 }
+Status set_world(CliOptions& o, const std::string& v) {
+  return positive_int("--world", v, &o.world);
+}
+Status set_gpu(CliOptions& o, const std::string& v) {
+  o.gpu = v;
+  o.gpu_given = true;
+  return Status();
+}
 Status set_nodes(CliOptions& o, const std::string& v) {
   return positive_int("--nodes", v, &o.nodes);
 }
 Status set_gpus_per_node(CliOptions& o, const std::string& v) {
+  o.gpu_given = true;
   return positive_int("--gpus-per-node", v, &o.gpus_per_node);
 }
 Status set_mtbf_hours(CliOptions& o, const std::string& v) {
@@ -126,10 +141,12 @@ const Flag kFlags[] = {
     {"--set", Cmd::any, nullptr, nullptr, add_set},
     {"--resume", Cmd::any, nullptr, nullptr, set_resume},
     {"--json", Cmd::plan, &CliOptions::json},
+    {"--suggest", Cmd::plan, &CliOptions::suggest},
     {"--hardware", Cmd::plan, nullptr, &CliOptions::hardware},
-    {"--gpu", Cmd::plan, nullptr, &CliOptions::gpu},
+    {"--world", Cmd::any, nullptr, nullptr, set_world},
+    {"--gpu", Cmd::any, nullptr, nullptr, set_gpu},
     {"--nodes", Cmd::plan, nullptr, nullptr, set_nodes},
-    {"--gpus-per-node", Cmd::plan, nullptr, nullptr, set_gpus_per_node},
+    {"--gpus-per-node", Cmd::any, nullptr, nullptr, set_gpus_per_node},
     {"--mtbf-hours", Cmd::plan, nullptr, nullptr, set_mtbf_hours},
     {"--checkpoint", Cmd::export_hf, nullptr, &CliOptions::checkpoint},
     {"--out", Cmd::export_hf, nullptr, &CliOptions::out},
@@ -195,6 +212,16 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
   if (!o.help && !o.version && !o.help_config && !o.help_switches && !o.help_metrics &&
       o.config.empty())
     return InvalidArgumentError("--config FILE is required; see --help");
+  if (o.plan && o.suggest && o.json)
+    return InvalidArgumentError("--suggest prints a table; give it without --json");
+  if (o.plan && o.world > 0)
+    return InvalidArgumentError("trainer plan counts GPUs with --nodes and --gpus-per-node");
+  if (!o.plan && o.world > 0 && !o.dry_run)
+    return InvalidArgumentError(
+        "--world N checks a job of N ranks without launching them; give it with --dry-run");
+  if (!o.plan && o.world == 0 && o.gpu_given)
+    return InvalidArgumentError(
+        "--gpu and --gpus-per-node go with --dry-run --world N (or with trainer plan)");
   return o;
 }
 

@@ -14,6 +14,10 @@ struct CliOptions {
   std::vector<std::string> sets;  // --set section.key=value, in order
   std::string resume = "auto";    // --resume auto | none | PATH
   bool dry_run = false;           // --dry-run: validate, print the plan, exit
+  // --dry-run --world N [--gpu G] [--gpus-per-node P]: the checks of a run of N ranks on that GPU
+  // (config, layout, data, memory by the planner), in one process and without a device.
+  int world = 0;
+  bool gpu_given = false;  // --gpu or --gpus-per-node given (trainer plan, or with --world)
   // --force: with --resume none, start over in a checkpoint.dir that holds checkpoints (moved
   // aside); on resume, accept a checkpoint written by another run (seeds or data differ).
   bool force = false;
@@ -29,6 +33,7 @@ struct CliOptions {
   int gpus_per_node = 8;     // --gpus-per-node G
   std::string hardware;      // --hardware FILE: YAML overrides of the GPU's numbers
   bool json = false;         // --json: the plan as one JSON object
+  bool suggest = false;      // --suggest: the layouts that fit, ranked by predicted speed
   double mtbf_hours = 0;     // --mtbf-hours H: a node's mean time between failures (0: none)
   // trainer export-hf --checkpoint DIR --out DIR [--dtype bf16|fp32] [--tokenizer FILE]
   //                   [--max-shard-gib G]: a checkpoint as a Hugging Face model directory.

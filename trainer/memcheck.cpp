@@ -16,8 +16,6 @@
 namespace tr {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 std::string gib(double bytes) {
   return bytes >= kGiB ? absl::StrFormat("%.1f GiB", bytes / kGiB)
                        : absl::StrFormat("%.1f MiB", bytes / (1024.0 * 1024.0));

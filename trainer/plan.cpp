@@ -21,8 +21,6 @@
 namespace tr {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 // cuDNN's deterministic flash-attention backward keeps a dP buffer of batch x heads x
 // pad64(seq)^2 bf16 (cuDNN < 9.25); the forward needs far less. An estimate, not a reading.
 double attention_workspace_estimate(int64_t batch, int64_t heads, int64_t seq) {
@@ -436,6 +434,7 @@ std::string format_plan(const Config& cfg, const Plan& p) {
                         "overlap): %.0f tokens/s/GPU, MFU %.1f%%\n",
                         p.step_s, p.compute_s, p.tp_s, p.pp_s, p.dp_s, cp_time,
                         p.tokens_per_s_per_gpu, 100 * p.mfu);
+  absl::StrAppend(&out, plan_bottleneck(p));
   return out;
 }
 

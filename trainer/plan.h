@@ -86,4 +86,13 @@ std::string format_plan(const Config& cfg, const Plan& plan);
 // in GiB, FLOPs, bubble, communication bytes and the prediction.
 std::string plan_json(const Config& cfg, const Plan& plan);
 
+// One line (in format_plan): the largest part of the predicted step (compute, the pipeline
+// bubble, or tp, pp, dp or cp communication), its share, what would shrink it, and the next.
+std::string plan_bottleneck(const Plan& plan);
+// trainer plan --suggest: the layouts of `cfg`'s model on these GPUs that fit (every tp and pp
+// that divide it, dp auto, ZeRO-1; the config's cp, micro-batch and recompute), the `best`
+// fastest by predicted tokens/s/GPU as a Markdown table; an error naming the fix when none fits.
+absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gpu, int nodes,
+                                            int gpus_per_node, int best = 8);
+
 }  // namespace tr

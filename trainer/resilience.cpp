@@ -11,8 +11,6 @@
 namespace tr {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 // The choice of `steps` per save for saves costing `cost`; `other_stall` is the share of time
 // other saves already take (persistent ones beside local ones).
 IntervalChoice choose(int64_t steps, double step_s, const SaveCost& cost, double mtbf_s,

@@ -408,6 +408,16 @@ int run_plan(const CliOptions& opts) {
       out += format_failures(f);
     }
   }
+  if (opts.suggest) {
+    absl::StatusOr<std::string> table = suggest_layouts(*cfg, *gpu, opts.nodes, opts.gpus_per_node);
+    if (!table.ok()) {
+      std::fputs(out.c_str(), stdout);
+      std::fflush(stdout);
+      std::fprintf(stderr, "error: %s\n", std::string(table.status().message()).c_str());
+      return kExitBadInput;
+    }
+    out += *table;
+  }
   std::fputs(out.c_str(), stdout);
   return kExitOk;
 }
@@ -425,7 +435,26 @@ int run_export_hf(const CliOptions& opts) {
   return st.code() == absl::StatusCode::kInternal ? kExitFailure : kExitBadInput;
 }
 
+namespace {
+
+// trainer --dry-run --world N: a job's checks without its ranks (trainer/startup.h).
+int run_dry_world(const CliOptions& opts) {
+  Session r;
+  r.opts = opts;
+  r.groups.world = make_self_comm("world");
+  const absl::StatusOr<GpuSpec> gpu = gpu_spec(opts.gpu);
+  const absl::Status st =
+      gpu.ok() ? check_inputs_for_world(r, opts.world, *gpu, opts.gpus_per_node) : gpu.status();
+  if (st.ok()) return kExitOk;
+  std::fflush(stdout);
+  std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
+  return kExitBadInput;
+}
+
+}  // namespace
+
 int run(const CliOptions& opts) {
+  if (opts.dry_run && opts.world > 0) return run_dry_world(opts);
   // From the start, so that a stop during set-up is acted on before the first step instead of
   // killing the rank. SIGUSR1/SIGUSR2: what Slurm's --signal sends, and what mpirun and srun
   // pass on to every rank without ending the job.

@@ -23,6 +23,7 @@
 #include "parallel/context_parallel.h"
 #include "trainer/hf.h"
 #include "trainer/memcheck.h"
+#include "trainer/plan.h"
 #include "trainer/shard.h"
 
 #ifdef TRAINER_HAVE_CUDA
@@ -435,6 +436,58 @@ absl::Status check_inputs(Session& r) {
     if (absl::Status st = check_local_dir(r); !st.ok()) return st;
   }
   if (world.rank() == 0 && !r.opts.dry_run) return lock_run_dirs(r, *ids_checked);
+  return absl::OkStatus();
+}
+
+absl::Status check_inputs_for_world(Session& r, int world, const GpuSpec& gpu, int gpus_per_node) {
+  absl::StatusOr<Config> cfg = load_config(r.opts.config, r.opts.sets);
+  if (!cfg.ok()) return cfg.status();
+  r.cfg = *cfg;
+  if (world % gpus_per_node != 0 && world > gpus_per_node)
+    return absl::InvalidArgumentError(absl::StrCat("--world ", world,
+                                                   " is not a whole number of nodes of "
+                                                   "--gpus-per-node ",
+                                                   gpus_per_node));
+  const int per_node = std::min(world, gpus_per_node);
+  absl::StatusOr<RunFacts> facts = run_facts(r.cfg, world, 0);  // world rank 0's view
+  if (!facts.ok()) return facts.status();
+  r.facts = *facts;
+  absl::StatusOr<std::string> resume = resume_path(r);
+  if (!resume.ok()) return resume.status();
+  r.resume_from = *resume;
+  if (!r.resume_from.empty())
+    if (absl::Status st = ckpt::verify(r.resume_from); !st.ok()) return st;
+  if (!r.cfg.model.init_from.empty() && r.resume_from.empty())
+    if (absl::StatusOr<st::Reader> hf = open_hf_model(r.cfg.model.init_from, r.cfg, r.topo());
+        !hf.ok())
+      return hf.status();
+  if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
+  absl::StatusOr<data::LoaderOptions> batch = loader_options(r, r.cfg.data.train, true);
+  if (!batch.ok()) return batch.status();
+  if (absl::Status st = data::validate_loader_options(*batch); !st.ok()) return st;
+  for (const auto& [sources, shuffle] :
+       {std::pair{&r.cfg.data.train, true}, std::pair{&r.cfg.data.valid, false}}) {
+    if (!shuffle && r.cfg.train.eval_interval <= 0) continue;
+    if (absl::StatusOr<std::unique_ptr<data::DataLoader>> l = make_loader(r, *sources, shuffle);
+        !l.ok())
+      return l.status();
+  }
+  if (absl::StatusOr<std::string> ids = check_all_token_ids(r); !ids.ok()) return ids.status();
+  absl::StatusOr<Plan> plan = make_plan(r.cfg, gpu, world / per_node, per_node);
+  if (!plan.ok()) return plan.status();
+  const std::string text = format_plan(r.cfg, *plan);
+  if (!plan->fits) {
+    const size_t at = text.find("verdict: does not fit: ");
+    const std::string verdict =
+        at == std::string::npos ? "" : text.substr(at + 23, text.find('\n', at) - at - 23);
+    return absl::InvalidArgumentError(absl::StrCat(
+        world, " ranks of ", gpu.name, ": the run does not fit: ", verdict,
+        plan->cp_needed > 0 ? absl::StrCat("; parallel.cp=", plan->cp_needed, " would fit") : "",
+        "; trainer plan --config ", r.opts.config, " --gpu ", gpu.name, " --nodes ",
+        world / per_node, " shows each stage"));
+  }
+  std::printf("%sdry run for %d ranks of %s: config, layout, data and memory check out\n",
+              text.c_str(), world, gpu.name.c_str());
   return absl::OkStatus();
 }
 
