@@ -177,7 +177,8 @@ def bad_input(work, common, tiny_out, tiny_args, tiny_csv):
 def shipped_72b_layouts(work, trainer_args):
     """5: configs/sweeps/qwen2.5-72b-layouts.yaml (docs/sweep.md): on 16 x 8 H100 the planner
     keeps exactly tp 4 with pp 4 + zero1, and tp 8 with pp 1 + zero1, pp 2 + zero1, pp 4 and
-    pp 4 + zero1; the dry run launches nothing."""
+    pp 4 + zero1, lists them first and fastest first, flags pp 1's 79.7 GiB of 80 as tight and
+    names the best; the dry run launches nothing."""
     out = os.path.join(work, "72b")
     p = sweep([os.path.join(ROOT, "configs", "sweeps", "qwen2.5-72b-layouts.yaml"), "--dry-run",
                "--out", out, *trainer_args])
@@ -186,9 +187,20 @@ def shipped_72b_layouts(work, trainer_args):
     check(len(names) == 12 and len(verdicts) == 12, "72B sweep: 12 runs with a verdict each",
           p.stdout)
     fits = [n for n, v in zip(names, verdicts) if v == "fits"]
-    check(fits == ["006-tp4-pp4-zero1-true", "008-tp8-pp1-zero1-true", "010-tp8-pp2-zero1-true",
-                   "011-tp8-pp4-zero1-false", "012-tp8-pp4-zero1-true"],
+    check(sorted(fits) == ["006-tp4-pp4-zero1-true", "008-tp8-pp1-zero1-true",
+                           "010-tp8-pp2-zero1-true", "011-tp8-pp4-zero1-false",
+                           "012-tp8-pp4-zero1-true"],
           f"72B sweep: fitting layouts {fits}", p.stdout)
+    # Those that fit first, fastest predicted first; the best named; a tight margin flagged.
+    check(names[:len(fits)] == fits, "72B sweep: the fitting layouts are listed first", p.stdout)
+    speeds = [float(x) for x in re.findall(r"predicted (\d+) tokens/s/GPU", p.stdout)]
+    check(len(speeds) == 5 and speeds == sorted(speeds, reverse=True),
+          f"72B sweep: sorted by predicted speed {speeds}", p.stdout)
+    check(f"sweep: best by the plan: {fits[0]} ({speeds[0]:.0f} tokens/s/GPU predicted)"
+          in p.stdout, "72B sweep: names the best point", p.stdout)
+    check(re.search(r"008-tp8-pp1-zero1-true .*\n.*\n    plan: fits: 79.7 GiB of 80 GiB \(tight: "
+                    r"0.4% to spare\)", p.stdout) is not None,
+          "72B sweep: 79.7 GiB of 80 is flagged tight", p.stdout)
     check(all(v == "skipped" for v, n in zip(verdicts, names) if n not in fits),
           "72B sweep: every other layout skipped by the plan", p.stdout)
     check(not os.path.exists(out), "72B sweep: --dry-run created its output directory")
