@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -180,6 +181,64 @@ TEST_CASE("cli: Ctrl-C says what it will do, and a second one stops without savi
   REQUIRE(waitpid(child, &status, 0) == child);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 128 + SIGINT);
+}
+
+// log.trace_steps: a Chrome trace of steps 2 and 3 on 4 ranks (tp 2 x pp 2): every rank a
+// process named by its coordinates, every traced step a span, and its phases (forward, backward,
+// pipeline wait, TP collectives, ...) adding up to the step time rank 0 logged.
+TEST_CASE("cli: log.trace_steps writes every rank's phases as one Chrome trace", "[cli][mpi]") {
+  RunDir run(6);
+  const CmdResult r = run.mpirun(4,
+                                 " --set parallel.tp=2 --set parallel.pp=2 --set log.interval=1"
+                                 " --set 'log.trace_steps=[2, 3]'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("trace: steps 2-3 of 4 of 4 ranks in " + (run.dir / "log/trace.json")) !=
+        std::string::npos);
+  const nlohmann::json trace = nlohmann::json::parse(test::read_file(run.dir / "log/trace.json"));
+  const std::set<std::string> phases = {"other",         "data wait",     "forward",
+                                        "backward",      "pipeline wait", "tp collective",
+                                        "cp collective", "dp wait",       "optimizer"};
+  std::map<int, std::string> names;
+  std::map<std::pair<int, int>, double> phase_us, span_us;  // (rank, step)
+  std::map<int, std::set<std::string>> seen;
+  for (const nlohmann::json& e : trace["traceEvents"]) {
+    const int pid = e["pid"];
+    if (e["ph"] == "M") {
+      if (e["name"] == "process_name") names[pid] = e["args"]["name"];
+      continue;
+    }
+    REQUIRE(e["ph"] == "X");
+    const int step = e["args"]["step"];
+    CHECK((step == 2 || step == 3));
+    CHECK(e["dur"].get<double>() >= 0);
+    if (e["tid"] == 1) {
+      span_us[{pid, step}] += e["dur"].get<double>();
+    } else {
+      CHECK(phases.count(e["name"].get<std::string>()) == 1);
+      phase_us[{pid, step}] += e["dur"].get<double>();
+      seen[pid].insert(e["name"].get<std::string>());
+    }
+  }
+  REQUIRE(names.size() == 4);
+  CHECK(names[3] == "rank 3 (tp 1, cp 0, dp 0, pp 1)");
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    for (const char* p : {"forward", "backward", "pipeline wait", "tp collective", "optimizer"})
+      CHECK(seen[rank].count(p) == 1);
+    for (int step : {2, 3}) {  // the phases tile the step's span
+      CHECK(phase_us[{rank, step}] > 0);
+      CHECK(std::abs(phase_us[{rank, step}] - span_us[{rank, step}]) <
+            1e-3 * span_us[{rank, step}] + 1.0);
+    }
+  }
+  // ...and on rank 0 the step time it logged (the clock's last charge to the step's end).
+  for (const nlohmann::json& m : run.metrics())
+    if (m["step"] == 2 || m["step"] == 3) {
+      const double logged_us = m["step_time_s"].get<double>() * 1e6;
+      CHECK(std::abs(phase_us[{0, m["step"].get<int>()}] - logged_us) < 0.02 * logged_us + 200);
+    }
+  CHECK(std::filesystem::exists(run.dir / "log/trace/rank_00003.json"));
 }
 
 // With buckets small enough, the DP all-reduce of the layers' buckets starts during the last

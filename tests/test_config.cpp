@@ -105,6 +105,10 @@ TEST_CASE("config: cross-field checks", "[config]") {
         "train.eval_interval is 5 but data.valid is empty; add data.valid or set "
         "train.eval_interval=0");
   CHECK(error_of(kBase, {"optim.min_lr=1"}) == "optim.min_lr 1 exceeds optim.lr 3e-04");
+  CHECK(error_of(kBase, {"log.trace_steps=[3, 2]"}) ==
+        "log.trace_steps is [first, last] with first <= last, e.g. [10, 11]; got 2 values 3 > 2");
+  CHECK(error_of(kBase, {"log.trace_steps=[3]"}) ==
+        "log.trace_steps is [first, last] with first <= last, e.g. [10, 11]; got 1 value");
   CHECK(error_of(kBase, {"optim.warmup_steps=20"}) ==
         "optim.warmup_steps 20 exceeds train.steps 10; set optim.warmup_steps to at most 10 (a "
         "tenth, 1, is common) or raise train.steps");

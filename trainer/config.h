@@ -162,6 +162,9 @@ struct LogConfig {
   // With tensorboard, every other rank too writes an event file, in dir/tb/rank_<r>: its own
   // step time, breakdown and memory (the per-rank series).
   bool tensorboard_all_ranks = false;
+  // [first, last]: the steps whose phases every rank writes as a Chrome trace (trainer/trace.h);
+  // empty = none.
+  std::vector<int64_t> trace_steps;
 };
 
 struct Config {

@@ -172,6 +172,10 @@ const std::vector<Field>& fields() {
       TR_FIELD(log, tensorboard_all_ranks, Bool, 0, 0,
                "with log.tensorboard, every other rank also writes its own event file to "
                "log.dir/tb/rank_<r>: its step time, breakdown and memory"),
+      TR_FIELD(log, trace_steps, IntList, 1, kMaxI,
+               "[first, last]: every rank's phases in those steps (forward and backward per "
+               "micro-batch, collectives, waits, optimizer) as a Chrome trace, "
+               "log.dir/trace.json (chrome://tracing, ui.perfetto.dev); [] = none"),
   };
   return f;
 }

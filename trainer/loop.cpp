@@ -29,6 +29,7 @@
 #include "trainer/saver.h"
 #include "trainer/session.h"
 #include "trainer/step.h"
+#include "trainer/trace.h"
 
 namespace tr {
 
@@ -116,11 +117,13 @@ struct LoopState {
   StepGuard guard;
   Saver saver;
   LocalCheckpoints local;
+  StepTrace trace;
   // The newest checkpoint from before the current run of skipped steps: interval saves pause
   // while steps are being skipped, so a diverging run never pushes its good checkpoints out.
   int64_t before_skips = -1;
   double busy_s = 0;  // this rank's own work since the last straggler report
-  LoopState(Session& s) : guard(s.cfg.train), saver(s), local(s), before_skips(s.last_saved_step) {
+  LoopState(Session& s)
+      : guard(s.cfg.train), saver(s), local(s), trace(s), before_skips(s.last_saved_step) {
     m.total_steps = s.cfg.train.steps;
     m.flops_per_token = s.facts.flops_per_token;
     m.peak_flops = device_info(s.ctx).peak_bf16_flops;
@@ -202,9 +205,11 @@ int train_loop_steps(Session& s) {
   LoopState l(s);
   while (s.state.step < s.cfg.train.steps) {
     const double blocked_before = mpi_blocked_seconds();
+    l.trace.before_step(s.state.step + 1);
     StepOutcome out = train_step(s, l.m, l.guard, *fault);
     if (out.code != kExitOk) return agree_on_exit(*s.groups.world, out.own, out.status);
     if (!out.ran) return stop_and_save(s, l.saver, false);
+    l.trace.after_step(s, l.m.step);
     if (int code = account_step(s, l, blocked_before); code != kExitOk) return code;
     if (l.guard.diverged())  // the same on every rank: the verdicts were agreed
       return agree_on_exit(*s.groups.world, kExitDiverged,

@@ -28,7 +28,15 @@ void PhaseClock::stop() {
 void PhaseClock::charge() {
   const Clock::time_point now = Clock::now();
   s_[static_cast<int>(current_)] += std::chrono::duration<double>(now - since_).count();
+  if (record_ != nullptr && in_step_ && now > since_) record_->push_back({current_, since_, now});
   since_ = now;
+}
+
+const char* phase_name(Phase p) {
+  static const char* const names[kPhases] = {"other",         "data wait",     "forward",
+                                             "backward",      "pipeline wait", "tp collective",
+                                             "cp collective", "dp wait",       "optimizer"};
+  return names[static_cast<int>(p)];
 }
 
 Phase PhaseClock::enter(Phase p) {
@@ -49,10 +57,7 @@ PhaseClock& phase_clock() {
 
 ScopedPhase::ScopedPhase(Phase p) : prev_(phase_clock().enter(p)) {
 #ifdef TRAINER_HAVE_CUDA
-  static const char* const names[kPhases] = {"other",         "data wait",     "forward",
-                                             "backward",      "pipeline wait", "tp collective",
-                                             "cp collective", "dp wait",       "optimizer"};
-  nvtxRangePushA(names[static_cast<int>(p)]);
+  nvtxRangePushA(phase_name(p));
 #endif
 }
 

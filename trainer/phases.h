@@ -14,6 +14,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/ctx.h"
 #include "parallel/comm.h"
@@ -34,6 +35,11 @@ enum class Phase : int {
 };
 inline constexpr int kPhases = 9;
 
+// A phase's name as traces show it ("forward", "tp collective"; NVTX and log.trace_steps).
+const char* phase_name(Phase p);
+
+struct PhaseInterval;
+
 // This thread's phase clock (the training thread's is the one the step reads).
 class PhaseClock {
  public:
@@ -49,6 +55,9 @@ class PhaseClock {
   Phase enter(Phase p);
   // The seconds of each phase since start(), the current one's running time included.
   std::array<double, kPhases> seconds();
+  // While set, each interval a step charges to a phase is appended to `out` (log.trace_steps,
+  // trainer/trace.h); null = none.
+  void record_into(std::vector<PhaseInterval>* out) { record_ = out; }
 
  private:
   void charge();
@@ -57,8 +66,15 @@ class PhaseClock {
   Clock::time_point since_ = Clock::now();
   std::function<void(int)> marker_;
   bool in_step_ = false;
+  std::vector<PhaseInterval>* record_ = nullptr;
 };
 PhaseClock& phase_clock();
+
+// One stretch of a step's time and the phase it was charged to.
+struct PhaseInterval {
+  Phase phase;
+  PhaseClock::Clock::time_point begin, end;
+};
 
 // Runs its scope in phase `p` and restores the phase before it. In a CUDA build the scope is also
 // an NVTX range named after the phase, so that Nsight Systems shows the phases on its timeline.
