@@ -278,7 +278,7 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
   // TensorBoard: every number of the line but the step and the clock.
   for (const auto& [key, value] : j.items())
     if (value.is_number() && key != "step" && key != "time")
-      tb_.scalar(key, m.step, value.get<double>());
+      tb_.scalar(tb_tag(key), m.step, value.get<double>());
   if (!print) return;
   tb_.flush();
   std::string mfu = m.peak_flops > 0
@@ -295,11 +295,23 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
   std::fflush(stdout);
 }
 
+std::string tb_tag(std::string_view key) {
+  const char* section = "train/";
+  if (key.ends_with("_mib"))
+    section = "memory/";
+  else if (key.starts_with("tokens") || key == "tflops_per_rank" || key == "mfu" ||
+           key == "host_syncs" || key == "slowest_rank")
+    section = "perf/";  // tokens_per_s is a rate, not a duration
+  else if (key.starts_with("time_") || key.ends_with("_s"))
+    section = "time/";
+  return std::string(section) + std::string(key);
+}
+
 void MetricsLog::eval(int64_t step, double val_loss, double seconds) {
   nlohmann::json j = {{"step", step}, {"val_loss", val_loss}, {"eval_time_s", seconds}};
   write_line(j.dump());
-  tb_.scalar("val_loss", step, val_loss);
-  tb_.scalar("eval_time_s", step, seconds);
+  tb_.scalar(tb_tag("val_loss"), step, val_loss);
+  tb_.scalar(tb_tag("eval_time_s"), step, seconds);
   tb_.flush();
   std::printf("eval step %lld | val_loss %.4f | %.2fs\n", static_cast<long long>(step), val_loss,
               seconds);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +41,11 @@ struct StepMetrics {
   int slowest_rank = -1;
   double slowest_busy_s = 0, median_busy_s = 0;
 };
+
+// The TensorBoard tag of a metrics.jsonl key, in one of four sections: memory/ (*_mib), time/
+// (the step's breakdown and every other duration, *_s), perf/ (throughput, MFU, host syncs,
+// tokens, the slowest rank) and train/ (loss, lr, grad_norm, val_loss, skipped steps).
+std::string tb_tag(std::string_view key);
 
 class MetricsLog {
  public:

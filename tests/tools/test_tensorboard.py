@@ -112,9 +112,18 @@ log: {{dir: {a.work}/log, interval: 3}}
         raise SystemExit(f"test_tensorboard: EventAccumulator failed:\n{tb.stderr}")
     got = json.loads(tb.stdout)
     failures = []
+    # Tags are grouped into four sections (trainer/metrics.h tb_tag): section/key.
+    sections = {t.split("/", 1)[0] for t in got["scalars"]}
+    if not sections <= {"train", "perf", "memory", "time"} or any("/" not in t for t in got["scalars"]):
+        failures.append(f"tags outside train/, perf/, memory/, time/: {sorted(got['scalars'])}")
+    for tag in ("train/loss", "train/val_loss", "time/time_forward_s", "perf/tokens_per_s",
+                "memory/peak_mem_mib"):
+        if tag not in got["scalars"]:
+            failures.append(f"no tag {tag}")
+    scalars = {t.split("/", 1)[-1]: v for t, v in got["scalars"].items()}
 
     def same(tag, step, want):
-        have = got["scalars"].get(tag, {}).get(str(step))
+        have = scalars.get(tag, {}).get(str(step))
         f32 = struct.unpack("f", struct.pack("f", want))[0]
         if have is None or have != f32:
             failures.append(f"{tag} at step {step}: tensorboard {have}, metrics.jsonl {want}")
@@ -131,7 +140,7 @@ log: {{dir: {a.work}/log, interval: 3}}
         checked += 2
     # No step that the history dropped: each tag has exactly the history's steps.
     for tag in ("loss", "grad_norm", "time_forward_s"):
-        have = sorted(int(s) for s in got["scalars"].get(tag, {}))
+        have = sorted(int(s) for s in scalars.get(tag, {}))
         if have != sorted(steps):
             failures.append(f"{tag}: steps {have}, the history's {sorted(steps)}")
     config = got["text"].get("config", [])
