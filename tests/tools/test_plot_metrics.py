@@ -136,9 +136,14 @@ def test_sweep(tool, work, alpha, beta):
     sweep = os.path.join(work, "sweep")
     rc, out, err = run(tool, [sweep])
     check(rc == 0, f"sweep: exit {rc}\n{out}{err}")
-    check_pngs(sweep, out, CHARTS + ["mfu.png", "breakdown-alpha.png"])
-    check(not os.path.exists(os.path.join(sweep, "breakdown-beta.png")),
+    plots = os.path.join(sweep, "plots")  # a folder of their own, by default
+    check_pngs(plots, out, CHARTS + ["mfu.png", "breakdown-alpha.png"])
+    check(not os.path.exists(os.path.join(plots, "breakdown-beta.png")),
           f"sweep: beta has no breakdown, yet a plot\n{out}")
+    check("| tokens/s/GPU (median) |" in out, f"sweep: a GPU run's table says per GPU\n{out}")
+    check("loss.png: alpha resumed at step 30 (dotted)" in out, f"sweep: no resume mark\n{out}")
+    check("breakdown-alpha.png leaves out what took no time: CP exchange" in out,
+          f"sweep: the unused CP phase is drawn\n{out}")
     rows = check_rows(out, [expected_row("alpha", *alpha), expected_row("beta", *beta)])
     check(sorted(rows) == ["---", "alpha", "beta", "run"], f"sweep: rows {sorted(rows)}\n{out}")
     runs = os.path.join(sweep, "runs")
@@ -157,6 +162,7 @@ def test_single(tool, work, beta):
     check(sorted(os.listdir(out_dir)) == sorted(CHARTS), f"single: {os.listdir(out_dir)}")
     check("mfu.png not written" in out, f"single: no line about the missing mfu\n{out}")
     check("breakdown-*.png not written" in out, f"single: no line about the breakdown\n{out}")
+    check("| tokens/s/rank (median) |" in out, f"single: a CPU run's table says per rank\n{out}")
     check_rows(out, [expected_row("B", *beta)])
 
 
