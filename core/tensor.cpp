@@ -3,7 +3,7 @@
 #include <atomic>
 
 #ifdef TRAINER_HAVE_CUDA
-#include "kernels/cuda/cuda_check.h"
+#include "core/cuda_check.h"
 #endif
 
 #include <cstdlib>

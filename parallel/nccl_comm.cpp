@@ -19,15 +19,13 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cuda_check.h"
 #include "core/exit_codes.h"
 
 #define NCCL_CHECK(expr, what)                                              \
   TR_CHECK_GEN("NCCL", expr, _v == ncclSuccess || _v == ncclInProgress,     \
                std::string(ncclGetErrorString(_v)) + " (" + (what) + "; " + \
                    ncclGetLastError(nullptr) + ")")
-#define CUDA_OK(expr)                           \
-  TR_CHECK_GEN("CUDA", expr, _v == cudaSuccess, \
-               std::string(cudaGetErrorName(_v)) + ": " + cudaGetErrorString(_v))
 
 namespace tr {
 namespace {
@@ -61,7 +59,7 @@ class NcclComm final : public Comm {
         stream_(static_cast<cudaStream_t>(stream)),
         timeout_s_(timeout_s),
         what_("group " + boot_->name()) {
-    CUDA_OK(cudaGetDevice(&device_));
+    CUDA_CHECK(cudaGetDevice(&device_));
     ncclUniqueId id{};
     if (boot_->rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id), what_);
     static_assert(sizeof(id) % sizeof(int32_t) == 0);
@@ -77,11 +75,11 @@ class NcclComm final : public Comm {
     // One collective now, so that NCCL's connections and buffers are set up here, not inside
     // the first step's backward (where the DP buckets' stream runs beside the TP/PP traffic).
     void* one = nullptr;
-    CUDA_OK(cudaMalloc(&one, sizeof(float)));
-    CUDA_OK(cudaMemsetAsync(one, 0, sizeof(float), stream_));
+    CUDA_CHECK(cudaMalloc(&one, sizeof(float)));
+    CUDA_CHECK(cudaMemsetAsync(one, 0, sizeof(float), stream_));
     all_reduce(Tensor(one, DType::f32, Device::cuda, {1}), ReduceOp::sum);
-    CUDA_OK(cudaStreamSynchronize(stream_));
-    CUDA_OK(cudaFree(one));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaFree(one));
   }
   ~NcclComm() override {
     // Drain the streams while the watchdog still watches (a collective stuck at shutdown ends
@@ -112,7 +110,7 @@ class NcclComm final : public Comm {
     if (on_host(op)) return host_ticket(boot_->start(op, lane));
     check_comm_op(op, size());
     if (op.kind == CommOp::barrier) {
-      CUDA_OK(cudaStreamSynchronize(stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
       boot_->barrier();
       return kDone;
     }
@@ -121,16 +119,16 @@ class NcclComm final : public Comm {
       return kDone;
     }
     cudaStream_t side = side_stream();
-    CUDA_OK(cudaEventRecord(ready_, stream_));
-    CUDA_OK(cudaStreamWaitEvent(side, ready_, 0));
+    CUDA_CHECK(cudaEventRecord(ready_, stream_));
+    CUDA_CHECK(cudaStreamWaitEvent(side, ready_, 0));
     run(op.name(), side, true, [&] { return enqueue(op, side); });
     side_pending_ = true;
     if (ticket_events_.size() == device_tickets_) {
       cudaEvent_t e;
-      CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       ticket_events_.push_back(e);
     }
-    CUDA_OK(cudaEventRecord(ticket_events_[device_tickets_], side));
+    CUDA_CHECK(cudaEventRecord(ticket_events_[device_tickets_], side));
     tickets_.push_back({ticket_events_[device_tickets_++], kDone});
     return ticket_base_ + static_cast<Ticket>(tickets_.size()) - 1;
   }
@@ -139,7 +137,7 @@ class NcclComm final : public Comm {
     if (k < 0 || k >= static_cast<Ticket>(tickets_.size())) return;  // done, or by wait_all
     const Started& t = tickets_[static_cast<size_t>(k)];
     if (t.event != nullptr)
-      CUDA_OK(cudaStreamWaitEvent(stream_, t.event, 0));
+      CUDA_CHECK(cudaStreamWaitEvent(stream_, t.event, 0));
     else
       boot_->wait(t.host);
   }
@@ -149,8 +147,8 @@ class NcclComm final : public Comm {
     tickets_.clear();
     device_tickets_ = 0;  // the events are recorded afresh by the next tickets
     if (!side_pending_) return;
-    CUDA_OK(cudaEventRecord(side_done_, side_));
-    CUDA_OK(cudaStreamWaitEvent(stream_, side_done_, 0));
+    CUDA_CHECK(cudaEventRecord(side_done_, side_));
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, side_done_, 0));
     side_pending_ = false;
   }
 
@@ -199,9 +197,9 @@ class NcclComm final : public Comm {
   }
   cudaStream_t side_stream() {
     if (side_ == nullptr) {
-      CUDA_OK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-      CUDA_OK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
-      CUDA_OK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
+      CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
     }
     return side_;
   }
@@ -250,12 +248,12 @@ class NcclComm final : public Comm {
     std::lock_guard<std::mutex> lock(mu_);
     cudaEvent_t e;
     if (free_events_.empty()) {
-      CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     } else {
       e = free_events_.back();
       free_events_.pop_back();
     }
-    CUDA_OK(cudaEventRecord(e, stream));
+    CUDA_CHECK(cudaEventRecord(e, stream));
     pending_.push_back({e, op, beside, Clock::now()});
   }
 
