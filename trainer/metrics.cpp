@@ -249,9 +249,17 @@ const std::vector<MetricKey>& metric_keys() {
 }  // namespace
 
 std::string metrics_docs_markdown() {
-  std::string md = "| key | line | unit | meaning |\n|---|---|---|---|\n";
-  for (const MetricKey& k : metric_keys())
-    absl::StrAppend(&md, "| `", k.name, "` | ", k.line, " | ", k.unit, " | ", k.doc, " |\n");
+  std::string md =
+      "| key | line | unit | TensorBoard and W&B tag | meaning |\n|---|---|---|---|---|\n";
+  for (const MetricKey& k : metric_keys()) {
+    // The numbers of step and evaluation lines are scalars (MetricsLog::step, eval): all but
+    // the step, the clock and the two words (skipped, attention_bwd).
+    const std::string name = k.name, line = k.line;
+    const bool scalar = (line.starts_with("step") || line == "eval") && name != "step" &&
+                        name != "time" && name != "skipped" && name != "attention_bwd";
+    absl::StrAppend(&md, "| `", name, "` | ", line, " | ", k.unit, " | ",
+                    scalar ? absl::StrCat("`", tb_tag(name), "`") : "", " | ", k.doc, " |\n");
+  }
   return md;
 }
 
