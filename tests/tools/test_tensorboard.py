@@ -22,6 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pypi  # noqa: E402
+import tiny_run  # noqa: E402
 
 PINS = ["tensorboard==2.20.0"]
 
@@ -62,17 +63,7 @@ def main():
         f.write("the quick brown fox jumps over the lazy dog. " * 400)
     subprocess.run([a.prepare_data, "--format", "text", "--output",
                     os.path.join(a.work, "data"), text], check=True, capture_output=True)
-    cfg = os.path.join(a.work, "config.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"""
-model: {{hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,
-        head_dim: 8, vocab_size: 257, max_seq_len: 64}}
-data: {{train: [{{path: {a.work}/data}}], valid: [{{path: {a.work}/data}}], seq_len: 16}}
-train: {{steps: 12, global_batch: 4, micro_batch: 2, eval_interval: 4, eval_steps: 1}}
-optim: {{lr: 3.0e-3, warmup_steps: 2}}
-checkpoint: {{dir: {a.work}/ckpt, interval: 5}}
-log: {{dir: {a.work}/log, interval: 3}}
-""")
+    cfg = tiny_run.write_config(a.work, steps=12, checkpoint_interval=5, log_interval=3)
     env = dict(os.environ, OMP_NUM_THREADS="1", TR_TEST_FAULT="hang:9")
     p = subprocess.Popen([a.trainer, "--config", cfg], env=env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)

@@ -24,6 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pypi  # noqa: E402
+import tiny_run  # noqa: E402
 
 PINS = ["wandb==0.31.0"]
 
@@ -91,17 +92,8 @@ def main():
     os.makedirs(a.work)
     subprocess.run([a.prepare_data, "--output", os.path.join(a.work, "data"), "--synthetic",
                     "20000", "--vocab", "257"], check=True, capture_output=True)
-    cfg = os.path.join(a.work, "config.yaml")
-    with open(cfg, "w") as f:
-        f.write(f"""
-model: {{hidden_size: 32, intermediate_size: 64, num_layers: 2, num_heads: 4, num_kv_heads: 2,
-        head_dim: 8, vocab_size: 257, max_seq_len: 64}}
-data: {{train: [{{path: {a.work}/data}}], valid: [{{path: {a.work}/data}}], seq_len: 16}}
-train: {{steps: 8, global_batch: 4, micro_batch: 2, eval_interval: 4, eval_steps: 1}}
-optim: {{lr: 3.0e-3, warmup_steps: 2}}
-checkpoint: {{dir: {a.work}/ckpt, interval: 0}}
-log: {{dir: {a.work}/log, interval: 4, tensorboard: false}}
-""")
+    cfg = tiny_run.write_config(a.work, steps=8, checkpoint_interval=0, log_interval=4,
+                                tensorboard=False)
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_SILENT="true")
     trainer = subprocess.Popen([a.trainer, "--config", cfg], env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
