@@ -22,6 +22,10 @@
 
 namespace tr {
 
+// Bytes of the CUDA ops' workspace (cuBLASLt's 32 MiB plus the reductions' and sorts' scratch):
+// what a GPU rank's device context takes, and what the planner counts.
+inline constexpr size_t kCudaWorkspaceBytes = size_t{256} << 20;
+
 // The dtype of saved statistics and per-row losses (rstd, lse, losses) for ops computing in
 // `dtype`: f64 for f64, else f32.
 DType stat_dtype(DType dtype);

@@ -14,8 +14,8 @@
 #include "parallel/topology.h"
 #include "trainer/model.h"
 #include "trainer/optim.h"
-#include "trainer/session.h"
 #include "trainer/shard.h"
+#include "trainer/step_io.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tr {

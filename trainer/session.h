@@ -26,10 +26,6 @@
 
 namespace tr {
 
-// Bytes of the CUDA ops' workspace (cuBLASLt's 32 MiB plus the reductions' and sorts' scratch);
-// the planner counts the same.
-inline constexpr size_t kCudaWorkspaceBytes = size_t{256} << 20;
-
 struct Session {
   std::unique_ptr<MpiRuntime> mpi;  // first member: finalised after every communicator is gone
   CliOptions opts;
