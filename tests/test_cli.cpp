@@ -1348,6 +1348,15 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
         std::string::npos);
   CHECK(r.output.find("verdict: fits") != std::string::npos);
   CHECK(r.output.find("tokens/s/GPU, MFU") != std::string::npos);
+  CHECK(r.output.find("\nbottleneck: ") != std::string::npos);
+  // --suggest: the layouts of 16 nodes of H100 that fit, ranked (plan: --suggest's own test).
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg +
+              " --gpu h100 --nodes 16 --suggest 2>&1");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("layouts of 16 x 8 h100 that fit, by predicted tokens/s/GPU") !=
+        std::string::npos);
+  CHECK(r.output.find("| 1 | ") != std::string::npos);
+  CHECK(r.output.find("<- this config's tp and pp") != std::string::npos);
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --gpu v100 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output == "error: --gpu v100 is unknown; known: h100, h200, b200, b300, a100\n");
