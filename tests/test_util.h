@@ -24,7 +24,8 @@ namespace tr::test {
 //   build_dir():  the build the running test belongs to; tests live in <build>/tests/;
 //   source_dir(): TR_SOURCE_DIR, else the nearest directory above the test executable that
 //                 holds configs/tiny.yaml and tests/fixtures/ (the checkout, from build/tests/
-//                 or from .gpu/pack/tests/);
+//                 or from build-packed/tests/), else, for a build outside the checkout, the
+//                 checkout CMake configured it from (TR_SOURCE_DIR_CONFIGURED) if it is there;
 //   the programs: where CMake lays them out in a build (<build>/trainer/trainer,
 //                 <build>/tools/prepare_data, <build>/tools/preflight);
 //   python3 and mpiexec: what CMake found (TR_PYTHON_FOUND, TR_MPIEXEC_FOUND) where that file
@@ -39,10 +40,16 @@ inline const std::string& source_dir() {
   static const std::string dir = [] {
     if (std::string set = setting(Setting::test_source_dir); !set.empty()) return set;
     const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe");
+    auto is_checkout = [](const std::filesystem::path& d) {
+      std::error_code ec;
+      return std::filesystem::exists(d / "configs/tiny.yaml", ec) &&
+             std::filesystem::is_directory(d / "tests/fixtures", ec);
+    };
     for (std::filesystem::path d = exe.parent_path(); d != d.parent_path(); d = d.parent_path())
-      if (std::filesystem::exists(d / "configs/tiny.yaml") &&
-          std::filesystem::is_directory(d / "tests/fixtures"))
-        return d.string();
+      if (is_checkout(d)) return d.string();
+#ifdef TR_SOURCE_DIR_CONFIGURED
+    if (is_checkout(TR_SOURCE_DIR_CONFIGURED)) return std::string(TR_SOURCE_DIR_CONFIGURED);
+#endif
     std::fprintf(stderr, "test: no source tree (configs/tiny.yaml) above %s; set TR_SOURCE_DIR\n",
                  exe.c_str());
     std::exit(2);
@@ -66,14 +73,15 @@ inline const std::string& preflight_bin() {
 // `found` if that file exists, else the first of `names` on PATH, else `found` (whose failure to
 // start then names it).
 inline std::string program(const std::string& found, std::initializer_list<const char*> names) {
-  if (std::filesystem::exists(found)) return found;
+  std::error_code ec;
+  if (std::filesystem::exists(found, ec)) return found;
   const std::string path = launcher_env("PATH").value_or("/usr/bin:/bin");
   for (const char* name : names)
     for (size_t at = 0; at <= path.size();) {
       const size_t end = std::min(path.find(':', at), path.size());
       const std::filesystem::path candidate =
           std::filesystem::path(path.substr(at, end - at)) / name;
-      if (end > at && std::filesystem::exists(candidate)) return candidate.string();
+      if (end > at && std::filesystem::exists(candidate, ec)) return candidate.string();
       at = end + 1;
     }
   return found;

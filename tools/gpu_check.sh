@@ -69,6 +69,7 @@ summary=$out/summary.txt
 start=$(date +%s)
 deadline=$((start + budget))
 gpu=0
+any_failed=0
 
 # Seconds a stage needs at least to tell us something (a stage gets all that is left, and each
 # test its own limit within it). The "would not finish" skip compares these with the clock.
@@ -96,8 +97,10 @@ first_error() {
 }
 
 # run_cases STAGE BINARY SPEC JOBS LIMIT: each Catch2 case of BINARY that SPEC selects as a
-# process of its own, JOBS at a time, each stopped after LIMIT seconds; one line per case that
-# did not pass, then the counts.
+# process group of its own, JOBS at a time, each stopped after LIMIT seconds or what is left of
+# the budget (SIGTERM, then SIGKILL to the whole group: a trainer saving on SIGTERM, mpirun's
+# ranks); a case that could not start in the budget says so. One line per case that did not
+# pass, then the counts.
 run_cases() {
   local stage=$1 bin=$2 spec=$3 jobs=$4 limit=$5 dir=$work/$1 i=0 t0
   t0=$(date +%s)
@@ -107,10 +110,16 @@ run_cases() {
   mapfile -t cases <"$dir/cases.txt"
   for i in "${!cases[@]}"; do
     while (($(jobs -rp | wc -l) >= jobs)); do wait -n; done
+    local budget=$(($(left) - 5))
+    ((budget < limit)) || budget=$limit
+    if ((budget < 5)); then echo "not started: the budget ran out" >"$dir/$i.log"; echo 125 >"$dir/$i.rc"; continue; fi
     # Catch2 test specs: ',' '[' ']' and '\' are special in a name.
     local name=${cases[$i]} escaped
     escaped=$(printf '%s' "$name" | sed 's/[][,\\]/\\&/g')
-    (timeout -k 5 "$limit" "$bin" --warn NoTests "$escaped" >"$dir/$i.log" 2>&1; echo $? >"$dir/$i.rc") &
+    (setsid bash -c 'echo $$ >"$1.pgid"; shift; exec "$@"' sh "$dir/$i" timeout -k 10 "$budget" \
+      "$bin" --warn NoTests "$escaped" >"$dir/$i.log" 2>&1
+     echo $? >"$dir/$i.rc"
+     kill -9 -- -"$(cat "$dir/$i.pgid" 2>/dev/null)" 2>/dev/null) &
   done
   wait
   local passed=0 failed=0 skipped=0 rc why
@@ -119,11 +128,13 @@ run_cases() {
     case $rc in
       0) passed=$((passed + 1)) ;;
       77) skipped=$((skipped + 1)); why=$(grep -m1 '^skipped:' "$dir/$i.log") ;;
-      124 | 137) failed=$((failed + 1)); say "  TIMEOUT ($limit s) ${cases[$i]}" ;;
+      125) failed=$((failed + 1)); say "  NOT STARTED (budget) ${cases[$i]}" ;;
+      124 | 137) failed=$((failed + 1)); say "  TIMEOUT ${cases[$i]}" ;;
       *) failed=$((failed + 1)); say "  FAILED (rc $rc) ${cases[$i]}: $(first_error "$dir/$i.log")" ;;
     esac
   done
   [ ${#cases[@]} -gt 0 ] || failed=1
+  ((failed == 0)) || any_failed=1
   say "$stage: $passed passed, $failed failed, $skipped skipped of ${#cases[@]} in $(($(date +%s) - t0)) s${why:+ (${why})}"
 }
 
@@ -160,7 +171,7 @@ build_here() {
   fi
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRAINER_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${GPU_ARCH:-native}" >"$work/configure.log" 2>&1 &&
-    timeout $(($(left) - 10)) cmake --build build-gpu -j"$(nproc)" --target \
+    timeout -k 10 $(($(left) - 10)) cmake --build build-gpu -j"$(nproc)" --target \
       trainer prepare_data preflight test_cuda_ops test_cli_gpu >"$work/build.log" 2>&1
   local rc=$?
   if [ $rc = 0 ]; then
@@ -213,7 +224,7 @@ train: {steps: 10, global_batch: 8, micro_batch: 4, eval_interval: 0, backend: c
 checkpoint: {dir: $dir/ckpt, interval: 0}
 log: {dir: $dir/log, interval: 1}
 YAML
-  timeout 90 "$build/trainer/trainer" --config "$dir/smoke.yaml" --resume none >"$dir/trainer.log" 2>&1
+  timeout -k 10 90 "$build/trainer/trainer" --config "$dir/smoke.yaml" --resume none >"$dir/trainer.log" 2>&1
   local rc=$?
   if [ $rc = 0 ]; then
     say "e2e: smoke (head_dim 64, 10 steps on cuda): loss $(grep -o '"loss":[0-9.e+-]*' "$dir/log/metrics.jsonl" |
@@ -233,7 +244,7 @@ stage_bench() {
   local preset
   for preset in qwen2.5-1.5b qwen2.5-0.5b; do
     if (($(left) < 60)); then say "bench $preset: skipped, $(left) s left"; continue; fi
-    timeout $(($(left) - 5)) bash tools/bench.sh --preset "$preset" --seq-len 4096 --micro-batch 1 \
+    timeout -k 10 $(($(left) - 15)) bash tools/bench.sh --preset "$preset" --seq-len 4096 --micro-batch 1 \
       --global-batch 8 --steps 20 --build "$build" --out "$work/bench-$preset" >"$work/bench-$preset.md" 2>&1
     say "bench $preset (rc $?):"
     grep -E '^\||^\(' "$work/bench-$preset.md" | tee -a "$summary"
@@ -242,7 +253,7 @@ stage_bench() {
 }
 
 stage_preflight() {
-  timeout $(($(left) - 5)) "$build/tools/preflight" --backend cuda --max-bytes 256M >"$work/preflight.txt" 2>&1
+  timeout -k 10 $(($(left) - 15)) "$build/tools/preflight" --backend cuda --max-bytes 256M >"$work/preflight.txt" 2>&1
   say "preflight (rc $?):"
   tee -a "$summary" <"$work/preflight.txt"
 }
@@ -250,7 +261,7 @@ stage_preflight() {
 stage_memcheck() {
   command -v compute-sanitizer >/dev/null || { say "memcheck: skipped, compute-sanitizer not on PATH"; return; }
   # Our own kernels only: the cases that run cuDNN or cuBLASLt are left out.
-  TR_TEST_SMALL_SHAPES=1 timeout $(($(left) - 5)) compute-sanitizer --tool memcheck --error-exitcode 9 \
+  TR_TEST_SMALL_SHAPES=1 timeout -k 10 $(($(left) - 15)) compute-sanitizer --tool memcheck --error-exitcode 9 \
     "$build/tests/test_cuda_ops" "~[.]" "~*cuDNN*" "~*cuBLASLt*" "~*attention blocks*" >"$work/memcheck.log" 2>&1
   local rc=$?
   say "memcheck (rc $rc): $(grep -m1 -E 'ERROR SUMMARY|Device not supported|test cases' "$work/memcheck.log")"
@@ -261,9 +272,9 @@ stage_bisect() {
   local switches sw
   switches=$("$build/trainer/trainer" --help-switches | sed -nE 's/^\| `(TR_[A-Z0-9_]+=1)` \| kernel \|.*/\1/p')
   for sw in "" $switches TR_LOSS_CHUNK_TOKENS=110; do
-    if (($(left) < 40)); then say "bisect: stopped, $(left) s left"; return; fi
+    if (($(left) < 135)); then say "bisect: stopped, $(left) s left"; return; fi
     # shellcheck disable=SC2086 # $sw is empty or one VAR=1 word
-    env $sw timeout 120 "$build/tests/test_cli_gpu" "cli gpu: train.backend=cuda trains on a GPU like the CPU" \
+    env $sw timeout -k 10 120 "$build/tests/test_cli_gpu" "cli gpu: train.backend=cuda trains on a GPU like the CPU" \
       >"$work/bisect.log" 2>&1
     local rc=$?
     say "bisect ${sw:-(no switch)}: rc $rc $([ $rc != 0 ] && first_error "$work/bisect.log")"
@@ -282,7 +293,7 @@ stage_cpu() {
 }
 
 stage_compare() {
-  timeout $(($(left) - 5)) bash tools/compare_torch.sh --presets "qwen2.5-0.5b qwen2.5-1.5b" --seq-len 4096 \
+  timeout -k 10 $(($(left) - 15)) bash tools/compare_torch.sh --presets "qwen2.5-0.5b qwen2.5-1.5b" --seq-len 4096 \
     --micro-batch 1 --global-batch 8 --steps 20 --warmup 3 --build "$build" \
     --out "$work/compare" >"$work/compare.log" 2>&1
   say "compare with PyTorch (rc $?):"
@@ -302,10 +313,12 @@ for stage in "${stages[@]}"; do
     say "$stage: skipped, would not finish: needs ${need[$stage]} s, $(left) s left"
   elif ! "stage_$stage" && [ "$stage" = probe ]; then
     say "probe: failed; the stages after it need a loadable build, stopping"
+    any_failed=1
     break
   else
     echo "($stage: $(($(date +%s) - t0)) s, $(left) s left)" >>"$summary"
   fi
   save_logs
 done
-say "gpu_check: done in $(($(date +%s) - start)) s"
+say "gpu_check: done in $(($(date +%s) - start)) s$( ((any_failed)) && echo ', some tests failed')"
+exit $((any_failed))

@@ -64,8 +64,10 @@ if [ -d .git ] && ! git check-ignore -q "$dest"; then echo "/${dest#./}/" >>.git
 # those every Linux has (glibc, the C++ runtime) and those the GPU machine brings (CUDA, cuDNN,
 # NCCL: the toolkit's and PyTorch's wheels').
 runtime_packages() {
+  # A library of a package that ships it under /lib is found by its /lib name.
   ldd "$staged"/*/* 2>/dev/null | awk '/=> \// { print $3 }' | sort -u | xargs -r readlink -f |
-    xargs -r dpkg -S 2>/dev/null | cut -d: -f1 | sort -u |
+    sort -u | while read -r so; do dpkg -S "$so" 2>/dev/null || dpkg -S "${so#/usr}" 2>/dev/null; done |
+    cut -d: -f1 | tr ',' '\n' | sed 's/^ *//' | sort -u |
     grep -vE '^(libc6|libstdc\+\+6|libgcc-s1|libcudnn|libnccl|cuda-|libcublas|libcudart|libnvjitlink)'
 }
 if ((debs)); then

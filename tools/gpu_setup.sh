@@ -16,7 +16,9 @@ for deb in "$debs"/*.deb; do
     if [ -e "$root/$path" ] && [ ! -d "$root/$path" ]; then clash=$path; break; fi
   done < <(dpkg-deb -c "$deb" | awk '{ print $6 }' | sed 's|^\./||')
   if [ -z "$clash" ]; then
-    dpkg -x "$deb" "$root" && added=$((added + 1))
+    # As dpkg -x, but a directory symlink of the machine's (/lib -> usr/lib on a merged-/usr
+    # system) stays a symlink instead of becoming a directory.
+    dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C "$root" && added=$((added + 1))
   else
     kept=$((kept + 1))
     echo "setup: kept the machine's own ${clash##*/} (skipped $(basename "$deb"))"
@@ -44,9 +46,16 @@ for lib in cudnn nccl; do
   done
   found+=("$lib: $dir")
 done
-for name in mpirun mpiexec; do
+# What Debian's alternatives would have made (dpkg-deb runs no maintainer scripts): Open MPI's
+# launcher and compiler wrappers by their usual names, and OpenBLAS as libopenblas.so.0 (and
+# libblas.so.3, and the link-time names the fallback build looks for) on the library path.
+for name in mpirun mpiexec mpicc mpicxx; do
   command -v "$name" >/dev/null || { [ -x "$root/usr/bin/$name.openmpi" ] && ln -sf "$root/usr/bin/$name.openmpi" "$prefix/bin/$name"; }
 done
+openblas=$root/usr/lib/x86_64-linux-gnu/openblas-pthread
+if [ -d "$openblas" ]; then
+  for so in "$openblas"/lib*.so*; do [ -e "$prefix/lib/$(basename "$so")" ] || ln -sf "$so" "$prefix/lib/"; done
+fi
 cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
 cat >/tmp/gpu-env.sh <<ENV
 export PATH=$prefix/bin:$cuda/bin:\$PATH

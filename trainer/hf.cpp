@@ -465,20 +465,24 @@ absl::Status export_hf(const ExportOptions& o) {
   const int64_t eos = o.tokenizer.empty() ? -1 : end_of_text_id(o.tokenizer);
   const ExportShards shards = plan_export(*cfg, o);
   // Everything is written into OUT.tmp, then renamed: a failed export leaves no OUT, and removes
-  // the OUT.tmp it began.
-  const std::string tmp = o.out + ".tmp";
+  // the OUT.tmp it began (OUT without a trailing '/', so that OUT.tmp is beside it).
+  std::string dest = sfs::path(o.out).lexically_normal().string();
+  if (dest.size() > 1 && dest.ends_with('/')) dest.pop_back();
+  const std::string tmp = dest + ".tmp";
   if (absl::Status st = fs::remove_all(tmp); !st.ok()) return written(st);
   absl::StatusOr<std::map<std::string, std::string>> where = write_export(tmp, o, m, shards, eos);
   if (!where.ok()) {
     (void)fs::remove_all(tmp);
     return where.status();
   }
-  if (sfs::exists(o.out, ec)) sfs::remove(o.out, ec);  // the empty directory checked above
-  sfs::rename(tmp, o.out, ec);
-  if (ec)
+  if (sfs::exists(dest, ec)) sfs::remove(dest, ec);  // the empty directory checked above
+  sfs::rename(tmp, dest, ec);
+  if (ec) {
+    (void)fs::remove_all(tmp);
     return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", o.out, ": ", ec.message()));
-  if (absl::Status st = fs::fsync_parent(o.out); !st.ok()) return written(st);
+        absl::StrCat("cannot rename ", tmp, " to ", dest, ": ", ec.message()));
+  }
+  if (absl::Status st = fs::fsync_parent(dest); !st.ok()) return written(st);
   const size_t n = shards.files.size();
   std::printf("exported %s to %s: %zu tensors in %zu file%s, %.3g GiB %s, vocabulary %lld\n",
               o.checkpoint.c_str(), o.out.c_str(), where->size(), n, n == 1 ? "" : "s",

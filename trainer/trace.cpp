@@ -95,6 +95,10 @@ StepTrace::StepTrace(const Session& s) {
   last_ = std::min(w[1], s.cfg.train.steps);
 }
 
+StepTrace::~StepTrace() {
+  phase_clock().record_into(nullptr);
+}
+
 void StepTrace::before_step(int64_t step) {
   if (first_ <= 0 || written_ || step < first_ || step > last_) return;
   steps_.emplace_back(step, intervals_.size());

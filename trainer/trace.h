@@ -21,6 +21,9 @@ namespace tr {
 class StepTrace {
  public:
   explicit StepTrace(const Session& s);
+  ~StepTrace();  // the phase clock stops recording into this trace (a run ended mid-window)
+  StepTrace(const StepTrace&) = delete;
+  StepTrace& operator=(const StepTrace&) = delete;
   // Before step `step`: records its phases when it is in the window.
   void before_step(int64_t step);
   // After step `step`: stops recording; after the window's last step (or the run's, when that
