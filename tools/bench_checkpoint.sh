@@ -6,7 +6,8 @@
 # the training loop stalled for it: the median over the saves followed by a full interval of
 # training (the final save, and the one just before it, are waited for by the end of the run). Training uses
 # OMP_NUM_THREADS threads (default 1), leaving the other cores to the background writer, as a
-# GPU job leaves the host's cores. Numbers go to docs/checkpoints.md.
+# GPU job leaves the host's cores. Then the disk's own write (fsync) and read bandwidth for a file
+# of the checkpoint's size, beside the sync save's rate. Numbers go to docs/checkpoints.md.
 #
 #   tools/bench_checkpoint.sh [--hidden 1024] [--layers 8] [--steps 37] [--interval 12]
 #                             [--build build] [--out DIR] [--local-dir DIR]
@@ -73,5 +74,36 @@ save = statistics.median(j["seconds"] for j in saves)
 stall = statistics.median(j["stall_s"] for j in saves)
 ratio = stall / save if save > 0 else 1.0
 print(f"| {mode} | {params / 1e6:.0f}M | {size / 2**30:.2f} | {save:.2f} | {stall:.3f} | {ratio:.2f} |")
+if mode == "sync":  # for the disk's line below
+    open(os.path.join(os.path.dirname(path), "save.txt"), "w").write(f"{size} {save}\n")
 PY
 done
+
+# The disk's own bandwidth for a file of the checkpoint's size, where the checkpoints went:
+# written with fsync (as a save commits) and read back bypassing the page cache where the file
+# system allows (O_DIRECT), each the median of 3; and the sync save's rate beside it.
+if [ -f "$out/log-sync/save.txt" ]; then
+  read -r bytes save_s <"$out/log-sync/save.txt"
+  blocks=$(((bytes + (1 << 20) - 1) >> 20))
+  rate() {  # dd's own GB/s figure from its last line, as a number of bytes/s
+    awk '{ for (i = 1; i <= NF; ++i) if ($i ~ /^[kMGT]?B\/s$/) { v = $(i - 1);
+           m = $i ~ /^k/ ? 1e3 : $i ~ /^M/ ? 1e6 : $i ~ /^G/ ? 1e9 : $i ~ /^T/ ? 1e12 : 1; print v * m } }'
+  }
+  writes=() reads=()
+  for _ in 1 2 3; do
+    writes+=("$(dd if=/dev/zero of="$out/disk.bin" bs=1M count="$blocks" conv=fsync 2>&1 | tail -1 | rate)")
+    reads+=("$({ dd if="$out/disk.bin" of=/dev/null bs=1M iflag=direct 2>&1 ||
+               dd if="$out/disk.bin" of=/dev/null bs=1M 2>&1; } | tail -1 | rate)")
+    rm -f "$out/disk.bin"
+  done
+  python3 - "$bytes" "$save_s" "${writes[*]}" "${reads[*]}" <<'PY'
+import statistics, sys
+size, save = int(sys.argv[1]), float(sys.argv[2])
+write = statistics.median(float(x) for x in sys.argv[3].split())
+read = statistics.median(float(x) for x in sys.argv[4].split())
+rate = size / save if save > 0 else 0.0
+print(f"disk: {size / 2**30:.2f} GiB written with fsync at {write / 1e9:.2f} GB/s, read at "
+      f"{read / 1e9:.2f} GB/s (median of 3); the sync save wrote {rate / 1e9:.2f} GB/s, "
+      f"{100 * rate / write:.0f}% of the disk's")
+PY
+fi
