@@ -262,6 +262,7 @@ void plan_time(Plan& plan) {
   const double stretch = (m + pp - 1) / m;  // 1F1B runs m + pp - 1 slots for m micro-batches
   plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /
                    plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
+  plan.bubble_s = plan.compute_s - plan.compute_s / stretch;
   const bool tp_in_node = tp <= plan.gpus_per_node;
   plan.tp_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
   const bool multi_node = plan.world > plan.gpus_per_node;

@@ -65,6 +65,7 @@ struct Plan {
   // of it that runs beside the attention (the ring's K/V passes).
   double cp_bytes = 0, cp_beside_bytes = 0;
   double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+  double bubble_s = 0;  // the part of compute_s the pipeline bubble adds (1F1B's idle slots)
   // The CP exchange's time, and the part of it the step waits for: all of it for the
   // all-gather (attention waits for the gathered K and V); for the ring, its dK/dV passes and
   // what of its K/V passes the attention does not cover.

@@ -20,13 +20,10 @@ struct StepPart {
 };
 
 std::vector<StepPart> step_parts(const Plan& p) {
-  const double m = static_cast<double>(p.facts.micro_batches);
-  const double stretch = (m + p.facts.topo.pp - 1) / m;  // as plan_time counts the bubble
-  const double gemm = p.compute_s / stretch;
   std::vector<StepPart> parts = {
-      {"compute", gemm,
+      {"compute", p.compute_s - p.bubble_s,
        "the GEMMs themselves: fewer recomputed FLOPs (train.recompute) or faster kernels"},
-      {"the pipeline bubble", p.compute_s - gemm,
+      {"the pipeline bubble", p.bubble_s,
        "more micro-batches per step (a larger train.global_batch or a smaller "
        "train.micro_batch) or fewer stages (parallel.pp)"},
       {"tensor-parallel communication", p.tp_s,

@@ -344,6 +344,29 @@ absl::StatusOr<std::string> check_all_token_ids(const Session& r) {
   return ids->cache_json;
 }
 
+// The datasets' tokenizer against the model, and the batch arithmetic of the layout.
+absl::Status check_tokenizer_and_batch(const Session& r) {
+  if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
+  absl::StatusOr<data::LoaderOptions> batch = loader_options(r, r.cfg.data.train, true);
+  if (!batch.ok()) return batch.status();
+  return data::validate_loader_options(*batch);
+}
+
+// The run's loaders (every data file opened and validated; validation's only when evaluating),
+// then every token id (rank 0); returns the id check's record for checkpoint.dir.
+absl::StatusOr<std::string> open_data(Session& r) {
+  absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(r, r.cfg.data.train, true);
+  if (!train.ok()) return train.status();
+  r.train = std::move(*train);
+  if (r.cfg.train.eval_interval > 0) {
+    absl::StatusOr<std::unique_ptr<data::DataLoader>> valid =
+        make_loader(r, r.cfg.data.valid, false);
+    if (!valid.ok()) return valid.status();
+    r.valid = std::move(*valid);
+  }
+  return check_all_token_ids(r);
+}
+
 // Rank 0 takes checkpoint.dir (and log.dir, when that is another directory) for this run, and
 // stores which data files' ids it checked. A directory in use by a live trainer is busy.
 absl::Status lock_run_dirs(Session& r, const std::string& ids_checked) {
@@ -406,27 +429,15 @@ absl::Status check_inputs(Session& r) {
       r.init_from = std::make_unique<st::Reader>(std::move(*hf));
     }
   }
-  if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
-  // Before the loaders prefetch and the model allocates: the batch arithmetic, then whether the
-  // run fits this rank's memory.
-  absl::StatusOr<data::LoaderOptions> batch = loader_options(r, r.cfg.data.train, true);
-  if (!batch.ok()) return batch.status();
-  if (absl::Status st = data::validate_loader_options(*batch); !st.ok()) return st;
+  // Before the loaders prefetch and the model allocates: the data's tokenizer and the batch
+  // arithmetic, then whether the run fits this rank's memory.
+  if (absl::Status st = check_tokenizer_and_batch(r); !st.ok()) return st;
   if (absl::Status st = check_memory(r.cfg, r.facts, r.ctx.device, memory_budget(r),
                                      switch_on(Switch::test_compute_copy),
                                      setting_int(Setting::loss_chunk_tokens));
       !st.ok())
     return st;
-  absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(r, r.cfg.data.train, true);
-  if (!train.ok()) return train.status();
-  r.train = std::move(*train);
-  if (r.cfg.train.eval_interval > 0) {
-    absl::StatusOr<std::unique_ptr<data::DataLoader>> valid =
-        make_loader(r, r.cfg.data.valid, false);
-    if (!valid.ok()) return valid.status();
-    r.valid = std::move(*valid);
-  }
-  absl::StatusOr<std::string> ids_checked = check_all_token_ids(r);
+  absl::StatusOr<std::string> ids_checked = open_data(r);
   if (!ids_checked.ok()) return ids_checked.status();
   // Last, once everything else checked out: rank 0 takes log.dir and checkpoint.dir (a dry run
   // writes nothing). A directory in use by a live trainer is busy (exit 6).
@@ -461,18 +472,8 @@ absl::Status check_inputs_for_world(Session& r, int world, const GpuSpec& gpu, i
     if (absl::StatusOr<st::Reader> hf = open_hf_model(r.cfg.model.init_from, r.cfg, r.topo());
         !hf.ok())
       return hf.status();
-  if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
-  absl::StatusOr<data::LoaderOptions> batch = loader_options(r, r.cfg.data.train, true);
-  if (!batch.ok()) return batch.status();
-  if (absl::Status st = data::validate_loader_options(*batch); !st.ok()) return st;
-  for (const auto& [sources, shuffle] :
-       {std::pair{&r.cfg.data.train, true}, std::pair{&r.cfg.data.valid, false}}) {
-    if (!shuffle && r.cfg.train.eval_interval <= 0) continue;
-    if (absl::StatusOr<std::unique_ptr<data::DataLoader>> l = make_loader(r, *sources, shuffle);
-        !l.ok())
-      return l.status();
-  }
-  if (absl::StatusOr<std::string> ids = check_all_token_ids(r); !ids.ok()) return ids.status();
+  if (absl::Status st = check_tokenizer_and_batch(r); !st.ok()) return st;
+  if (absl::StatusOr<std::string> ids = open_data(r); !ids.ok()) return ids.status();
   absl::StatusOr<Plan> plan = make_plan(r.cfg, gpu, world / per_node, per_node);
   if (!plan.ok()) return plan.status();
   const std::string text = format_plan(r.cfg, *plan);
