@@ -106,7 +106,7 @@ struct TrainState {
   uint64_t rng_state = 0;        // trainer RNG state
   double lr = 0;                 // learning rate of the last step (LR schedule state)
   int64_t tokens_seen = 0;       // training tokens consumed
-  // The step guard (trainer/guard.h), so that a resumed run judges steps as the uninterrupted
+  // The step guard (trainer/step/guard.h), so that a resumed run judges steps as the uninterrupted
   // one would: the losses of the last applied steps (the spike window, oldest first) and the
   // steps skipped in a row and in all. Checkpoints without them read as empty and 0.
   std::vector<double> loss_window;

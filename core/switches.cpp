@@ -52,7 +52,7 @@ const std::array<SwitchInfo, kSettings> kSettingTable = {{
      /*integer=*/true},
     {"TR_TEST_FAULT", SwitchKind::test,
      "KIND:STEP[:COUNT[:ARG]]: injects a fault at STEP for COUNT steps (grad_nan, loss_nan, "
-     "loss_spike, hang, kill, slow, sigterm; trainer/faults.h says what ARG means for each)"},
+     "loss_spike, hang, kill, slow, sigterm; trainer/step/faults.h says what ARG means for each)"},
     {"TR_TEST_CRASH_POINT", SwitchKind::test,
      "STAGE[@N]: dies by SIGKILL at that stage of a checkpoint save's commit (N: of the save of "
      "step N), or after the Nth move of a start-over or roll-back (STAGE move_aside)"},

@@ -13,8 +13,8 @@
 #include "checkpoint/checkpoint.h"
 #include "data/writer.h"
 #include "tests/test_util.h"
-#include "trainer/config.h"
-#include "trainer/model.h"
+#include "trainer/config/config.h"
+#include "trainer/model/model.h"
 
 namespace tr::test {
 

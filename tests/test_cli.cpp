@@ -18,9 +18,9 @@
 #include "core/exit_codes.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
-#include "trainer/agree.h"
-#include "trainer/config.h"
-#include "trainer/model.h"
+#include "trainer/config/config.h"
+#include "trainer/model/model.h"
+#include "trainer/step/agree.h"
 
 namespace tr {
 namespace {
@@ -517,8 +517,8 @@ TEST_CASE("cli: every step waits for the device once, under every layout", "[cli
   }
 }
 
-// Where the step's time goes (trainer/phases.h): rank 0's phases add up to its step time, and
-// under tp 2 x cp 2 x pp 2 every one of forward, backward, the pipeline's exchanges, the TP
+// Where the step's time goes (trainer/obs/step_timing.h): rank 0's phases add up to its step time,
+// and under tp 2 x cp 2 x pp 2 every one of forward, backward, the pipeline's exchanges, the TP
 // collectives, the CP exchange, the gradient reduction (over the CP group's replicas) and the
 // optimizer takes some of it.
 TEST_CASE("cli: the step-time breakdown adds up to the step time under tp2 x cp2 x pp2",

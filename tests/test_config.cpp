@@ -10,10 +10,10 @@
 #include "core/switches.h"
 #include "parallel/topology.h"
 #include "tests/test_util.h"
-#include "trainer/config.h"
-#include "trainer/config_fields.h"
-#include "trainer/metrics.h"
-#include "trainer/optim.h"
+#include "trainer/config/config.h"
+#include "trainer/config/config_fields.h"
+#include "trainer/obs/metrics.h"
+#include "trainer/optim/optim.h"
 
 namespace tr {
 namespace {

@@ -16,8 +16,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "tests/cli_util.h"
-#include "trainer/cli.h"
-#include "trainer/shard.h"
+#include "trainer/config/cli.h"
+#include "trainer/layout/flat_buffers.h"
 
 namespace tr {
 namespace {

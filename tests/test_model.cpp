@@ -16,21 +16,21 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "checkpoint/train/ownership.h"
 #include "core/switches.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
-#include "trainer/config.h"
-#include "trainer/facts.h"
-#include "trainer/init.h"
-#include "trainer/memcheck.h"
-#include "trainer/model.h"
-#include "trainer/optim.h"
-#include "trainer/phases.h"
-#include "trainer/plan.h"
-#include "trainer/resilience.h"
-#include "trainer/session.h"
-#include "trainer/shard.h"
-#include "trainer/step_io.h"
+#include "trainer/config/config.h"
+#include "trainer/layout/run_layout.h"
+#include "trainer/model/init.h"
+#include "trainer/model/model.h"
+#include "trainer/model/step_io.h"
+#include "trainer/obs/step_timing.h"
+#include "trainer/optim/optim.h"
+#include "trainer/plan/memory_fit.h"
+#include "trainer/plan/plan.h"
+#include "trainer/plan/resilience.h"
+#include "trainer/session/session.h"
 
 namespace tr {
 namespace {
@@ -814,7 +814,7 @@ TEST_CASE("plan: context parallelism's activation memory is the real model's", "
     }
 }
 
-// The CP exchange's bytes per GPU per step by hand for both methods (trainer/plan.cpp's
+// The CP exchange's bytes per GPU per step by hand for both methods (trainer/plan/plan.cpp's
 // cp_bytes_per_step), and the cp the planner names for a sequence that does not fit.
 TEST_CASE("plan: context parallelism's traffic by hand, and the cp a long sequence needs",
           "[model]") {
@@ -892,8 +892,8 @@ TEST_CASE("plan: the 32K and 128K configs fit 16 nodes of H100 and B300", "[mode
   }
 }
 
-// The layout rules that need the world size live in run_facts() (trainer/facts.h), which the
-// trainer's start-up and the planner both call: over a grid of layouts, batches and world
+// The layout rules that need the world size live in run_facts() (trainer/layout/run_layout.h),
+// which the trainer's start-up and the planner both call: over a grid of layouts, batches and world
 // sizes, `trainer plan` (make_plan) and every rank's start-up accept the same layouts and
 // reject the others with the same line. The CLI test "cli: trainer plan and trainer --dry-run
 // reject the same layouts" checks the same through both binaries' front doors.
@@ -950,8 +950,8 @@ train: {steps: 10, global_batch: 12, micro_batch: 2}
 
 // trainer plan --mtbf-hours: the 72B job on 16 nodes of H100 with a node failing every 2400 h
 // (about one failure a day on a 100-node cluster). Every number by hand from the first-order
-// model (trainer/resilience.h), and the point of local saves: they cut the work a failure loses
-// to minutes and raise goodput over persistent saves every 500 steps.
+// model (trainer/plan/resilience.h), and the point of local saves: they cut the work a failure
+// loses to minutes and raise goodput over persistent saves every 500 steps.
 TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks the interval",
           "[model]") {
   const Config cfg = plan_config({});

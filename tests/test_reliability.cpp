@@ -1,6 +1,6 @@
 // Reliability of the trainer under faults (issue: nothing poisoned is ever committed, no run
 // overwrites another, no hang outlives its timeout, shutdown always saves): the step guard, and
-// end-to-end runs with faults injected through TR_TEST_FAULT (trainer/loop.cpp).
+// end-to-end runs with faults injected through TR_TEST_FAULT (trainer/run/loop.cpp).
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -27,8 +27,8 @@
 #include "core/exit_codes.h"
 #include "core/fs_io.h"
 #include "tests/cli_util.h"
-#include "trainer/cli.h"
-#include "trainer/guard.h"
+#include "trainer/config/cli.h"
+#include "trainer/step/guard.h"
 
 namespace tr {
 namespace {

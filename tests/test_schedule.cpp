@@ -23,7 +23,7 @@ struct SimResult {
 // (sends at once), and the group completes when each receive finds its message at the front of
 // the link from that peer. A poll_wait completes once every stage has started that poll; when
 // it is poll `stop_poll`, the stage then skips every action on a micro-batch >= stop_poll + lag
-// (the executor's cut, trainer/loop.cpp).
+// (the executor's cut, trainer/run/loop.cpp).
 SimResult simulate(const PipeSchedule& sched, int stop_poll = -1, int lag = 1) {
   const int p = static_cast<int>(sched.size());
   std::vector<std::deque<int>> act(p), grad(p);  // act[s]: s -> s+1; grad[s]: s+1 -> s

@@ -30,8 +30,8 @@
 #include "kernels/ops.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
-#include "trainer/plan.h"
-#include "trainer/run.h"
+#include "trainer/plan/plan.h"
+#include "trainer/run/run.h"
 #ifdef TRAINER_HAVE_CUDA
 #include <cuda_runtime.h>
 

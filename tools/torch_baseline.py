@@ -11,7 +11,7 @@ Qwen2ForCausalLM (SDPA attention), torch.compile, bf16 and fused AdamW, on synth
 
 No network is needed: the model is built from a Qwen2Config with the shapes the trainer resolves
 from configs/<preset>.yaml or --config (`trainer plan --json`, so presets and defaults have one
-home, trainer/config.cpp) and random weights (normal, std
+home, trainer/config/config.cpp) and random weights (normal, std
 model.init_std = 0.02), and the tokens are uniform random ids (seeded). Each step runs
 global/micro micro-batches (gradient accumulation), clips the global gradient norm to 1.0 and
 takes a fused AdamW step (lr 3e-4, betas 0.9/0.95, weight decay 0.1 on matrices only, as ours).

@@ -2,11 +2,11 @@
 #include <cstdio>
 
 #include "core/switches.h"
-#include "trainer/cli.h"
-#include "trainer/config.h"
-#include "trainer/metrics.h"
-#include "trainer/run.h"
-#include "trainer/version.h"
+#include "trainer/config/cli.h"
+#include "trainer/config/config.h"
+#include "trainer/obs/metrics.h"
+#include "trainer/obs/version.h"
+#include "trainer/run/run.h"
 
 int main(int argc, char** argv) {
   if (const absl::Status s = tr::validate_switches(); !s.ok()) {

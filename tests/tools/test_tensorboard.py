@@ -103,7 +103,7 @@ def main():
         raise SystemExit(f"test_tensorboard: EventAccumulator failed:\n{tb.stderr}")
     got = json.loads(tb.stdout)
     failures = []
-    # Tags are grouped into four sections (trainer/metrics.h tb_tag): section/key.
+    # Tags are grouped into four sections (trainer/obs/metrics.h tb_tag): section/key.
     sections = {t.split("/", 1)[0] for t in got["scalars"]}
     if not sections <= {"train", "perf", "memory", "time"} or any("/" not in t for t in got["scalars"]):
         failures.append(f"tags outside train/, perf/, memory/, time/: {sorted(got['scalars'])}")

@@ -1,0 +1,48 @@
+// Hugging Face interop for Qwen2 models: start a run from a model directory that
+// `save_pretrained` wrote (model.init_from), and write one from a checkpoint (trainer export-hf).
+//
+// Our tensor names are the Hugging Face ones without "model." and with '/' for '.':
+// "model.layers.3.mlp.up_proj.weight" is "layers/3/mlp/up_proj/weight", "lm_head.weight" is
+// "lm_head/weight". Shapes are the global ones; a tied model has no lm_head tensor.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "checkpoint/safetensors.h"
+#include "parallel/topology.h"
+#include "trainer/config/config.h"
+
+namespace tr {
+
+// "layers/3/mlp/up_proj/weight" -> "model.layers.3.mlp.up_proj.weight".
+std::string hf_name(const std::string& ours);
+
+// A Hugging Face model directory opened for model.init_from, checked against the run's config:
+// config.json (a Qwen2 causal LM whose shape and numerics equal model.*: one line naming the
+// first field that differs and both values) and the safetensors (every tensor of the model
+// with its global shape, in F32, BF16 or F16; nothing else but rotary caches and the lm_head of
+// a tied model). Cheap: headers only.
+absl::StatusOr<st::Reader> open_hf_model(const std::string& dir, const Config& cfg,
+                                         const Topology& topo);
+
+// Reads this rank's slices of its stage's tensors from `model` into `params` (its flat buffer,
+// fp32); vocabulary padding rows are zeroed.
+absl::Status load_hf_rank_part(const st::Reader& model, const Config& cfg, const Topology& topo,
+                               float* params);
+
+struct ExportOptions {
+  std::string checkpoint;  // a committed step directory
+  std::string out;         // created; must not exist or be empty
+  st::ElemType dtype = st::ElemType::bf16;
+  std::string tokenizer;     // tokenizer.json to copy beside the model ("" = none)
+  double max_shard_gib = 5;  // model.safetensors above this is split, with an index
+};
+
+// trainer export-hf: config.json, generation_config.json, model.safetensors (or shards and
+// model.safetensors.index.json) and the tokenizer files, written tensor by tensor into
+// OUT.tmp and renamed to OUT when complete.
+absl::Status export_hf(const ExportOptions& o);
+
+}  // namespace tr

@@ -1,0 +1,190 @@
+#include "trainer/config/config_fields.h"
+
+namespace tr::config_detail {
+
+#define TR_FIELD(sec, name, kind, lo, hi, doc, ...)                                \
+  Field {                                                                          \
+#sec, #name, Kind::kind, lo, hi, doc,                                          \
+        [](Config & c) -> void* { return &c.sec.name; } __VA_OPT__(, ) __VA_ARGS__ \
+  }
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> f = {
+      TR_FIELD(model, preset, String, 0, 0,
+               "Qwen2.5 preset filling every model field (explicit fields override); '' = none"),
+      TR_FIELD(model, hidden_size, Int, 1, 1 << 20, "hidden size H"),
+      TR_FIELD(model, intermediate_size, Int, 1, 1 << 22, "MLP intermediate size"),
+      TR_FIELD(model, num_layers, Int, 1, 4096, "decoder layers"),
+      TR_FIELD(model, num_heads, Int, 1, 4096, "query heads"),
+      TR_FIELD(model, num_kv_heads, Int, 1, 4096, "key/value heads (GQA); divides num_heads"),
+      TR_FIELD(model, head_dim, Int, 2, 1024, "per-head dimension (even)"),
+      TR_FIELD(model, vocab_size, Int, 2, 1 << 26,
+               "vocabulary size (padded to a multiple of 128*tp internally)"),
+      TR_FIELD(model, max_seq_len, Int, 1, 1 << 24, "longest sequence the model accepts (tokens)"),
+      TR_FIELD(model, rope_theta, Float, 1e-300, kInf, "RoPE base theta"),
+      TR_FIELD(model, rope_scaling, RopeScaling, 0, 0,
+               "none, or Hugging Face's YaRN block: {type: yarn, factor: F, "
+               "original_max_position_embeddings: N} (and optionally beta_fast 32, beta_slow 1, "
+               "attention_factor 0.1 ln F + 1, truncate true)"),
+      TR_FIELD(model, rms_norm_eps, Float, 1e-30, 1, "RMSNorm epsilon (used in fp32)"),
+      TR_FIELD(model, tie_embeddings, Bool, 0, 0, "LM head shares the input embedding"),
+      TR_FIELD(model, init_std, Float, 0, 10,
+               "std of the normal init of matrices and the embedding"),
+      TR_FIELD(model, init_from, String, 0, 0,
+               "Hugging Face model directory (config.json + model.safetensors or its shards) "
+               "whose weights start a fresh run, under any layout; must match model.*; a resumed "
+               "run ignores it; '' = random init"),
+      TR_FIELD(parallel, tp, Int, 1, 1024, "tensor-parallel ranks"),
+      TR_FIELD(parallel, pp, Int, 1, 1024, "pipeline-parallel stages"),
+      TR_FIELD(parallel, cp, Int, 1, 1024,
+               "context-parallel ranks: each sequence is cut into 2*cp chunks and each rank of a "
+               "CP group holds two of them (chunks r and 2*cp-1-r, for equal causal work); "
+               "data.seq_len must divide by 2*cp"),
+      TR_FIELD(parallel, cp_comm, String, 0, 0,
+               "how a CP group's attention meets the other ranks' keys and values: allgather "
+               "(K and V gathered once per layer; cheap under GQA) or ring (K and V passed "
+               "around the group, cp-1 times)",
+               {"allgather", "ring"}),
+      TR_FIELD(parallel, dp, IntOrAuto, 0, 1 << 20,
+               "data-parallel ranks, or auto = world / (tp*cp*pp)"),
+      TR_FIELD(parallel, pipeline_layers, IntList, 1, 4096,
+               "layers of each pipeline stage, e.g. [18, 22, 22, 18]; [] = num_layers / pp each"),
+      TR_FIELD(parallel, sequence_parallel, Bool, 0, 0,
+               "shard norms and residuals along the sequence within TP"),
+      TR_FIELD(parallel, zero1, Bool, 0, 0,
+               "distributed optimizer: each DP rank keeps the Adam states and (on GPUs) the fp32 "
+               "master weights of its 1/dp of every bucket of the parameters (1/(dp*cp) with "
+               "context parallelism); gradients are reduce-scattered, the updated bf16 weights "
+               "all-gathered, bucket by bucket"),
+      TR_FIELD(parallel, dp_bucket_elems, Int, 1, kMaxI,
+               "parameter elements per data-parallel bucket (gradient reduction; with zero1 also "
+               "the weight all-gather, rounded up to a multiple of 4*dp*cp)"),
+      TR_FIELD(parallel, overlap_dp, Bool, 0, 0,
+               "start each bucket's reduction as soon as backward has finished its gradients "
+               "(with sequence_parallel, each layer's norm gradients are summed over TP as "
+               "backward finishes the layer)"),
+      TR_FIELD(parallel, overlap_param_gather, Bool, 0, 0,
+               "with zero1: all-gather the updated weights bucket by bucket during the next "
+               "forward, each layer waiting only for the buckets that hold its weights (false: "
+               "all of them at the end of the update)"),
+      TR_FIELD(parallel, grad_reduce_dtype, String, 0, 0,
+               "type of the data-parallel gradient reduction: fp32 (exact sums of the fp32 "
+               "gradients), or bf16 (each bucket rounded to bf16 and summed in bf16: half the "
+               "traffic; the accumulation over micro-batches stays fp32)",
+               {"fp32", "bf16"}),
+      TR_FIELD(parallel, comm, String, 0, 0,
+               "GPU communication: nccl (one rank per GPU), or mpi (device tensors staged through "
+               "host memory; lets several ranks share one GPU, for tests)",
+               {"nccl", "mpi"}),
+      TR_FIELD(parallel, timeout_s, Float, 0, kInf,
+               "a collective or pipeline exchange unfinished after this many seconds (a rank "
+               "hung, stopped or died) ends the job with exit code 5, on NCCL and MPI; 0 = wait "
+               "forever"),
+      TR_FIELD(data, train, Sources, 0, 0, "training datasets: list of {path: PREFIX, weight: W}"),
+      TR_FIELD(data, valid, Sources, 0, 0,
+               "validation datasets: list of {path: PREFIX, weight: W}"),
+      TR_FIELD(data, seq_len, Int, 1, 1 << 24,
+               "tokens per sample fed to the model (each sample reads seq_len+1)"),
+      TR_FIELD(data, seed, Int, 0, kMaxI, "seed of the sample shuffle"),
+      TR_FIELD(data, format, String, 0, 0, "token file format", {"auto", "megatron", "llmc"}),
+      TR_FIELD(data, allow_byte_tokenizer, Bool, 0, 0,
+               "accept data made by prepare_data's byte tokenizer under a model.preset (refused "
+               "by default: a Qwen model wants its own tokenizer's ids)"),
+      TR_FIELD(train, steps, Int, 1, kMaxI, "optimizer steps to run in total"),
+      TR_FIELD(train, global_batch, Int, 1, kMaxI, "samples per optimizer step over all DP ranks"),
+      TR_FIELD(train, micro_batch, Int, 1, kMaxI, "samples per forward/backward on one rank"),
+      TR_FIELD(train, backend, String, 0, 0,
+               "compute backend: cpu, or cuda (bf16, one GPU per rank; see parallel.comm); "
+               "auto = cpu",
+               {"auto", "cpu", "cuda"}),
+      TR_FIELD(train, deterministic, Bool, 0, 0,
+               "GPU: bit-identical runs (cuDNN's deterministic attention backward, slower); "
+               "false uses the fast non-deterministic one (the CPU is always deterministic)"),
+      TR_FIELD(train, recompute, String, 0, 0,
+               "activation recomputation: none; selective (norm and SwiGLU outputs are "
+               "recomputed in backward, the GEMM and attention results kept); full (a layer keeps "
+               "only its input and runs its forward again in backward)",
+               {"none", "selective", "full"}),
+      TR_FIELD(train, recompute_layers, IntList, 0, 4096,
+               "full: layers recomputed per pipeline stage, the first of each stage's layers; "
+               "[] = all; [n] = n on every stage; or one count per stage"),
+      TR_FIELD(train, seed, Int, 0, kMaxI, "seed of the weight initialisation"),
+      TR_FIELD(train, eval_interval, Int, 0, kMaxI, "steps between validation runs; 0 = never"),
+      TR_FIELD(train, eval_steps, Int, 1, 1000000, "validation batches per evaluation"),
+      TR_FIELD(
+          train, exit_interval, Int, 0, kMaxI,
+          "save a checkpoint and exit (code 3) after a step divisible by this (time-sliced jobs); "
+          "0 = off"),
+      TR_FIELD(train, max_skipped_steps, Int, 1, kMaxI,
+               "steps skipped in a row (non-finite loss or gradient norm, loss spike) after which "
+               "the run stops with exit code 4; 1 = stop at the first"),
+      TR_FIELD(train, spike_factor, Float, 0, kInf,
+               "skip a step whose loss exceeds this times the mean loss of the previous 20 "
+               "accepted steps (of those there are, from the second step on); 0 = off"),
+      TR_FIELD(optim, lr, Float, 0, 10,
+               "peak learning rate (used in fp32); 0 leaves the weights as they are"),
+      TR_FIELD(optim, min_lr, Float, 0, 10, "learning rate at the end of the decay"),
+      TR_FIELD(optim, warmup_steps, Int, 0, kMaxI, "linear warm-up steps from 0 to lr"),
+      TR_FIELD(optim, schedule, String, 0, 0, "decay after warm-up",
+               {"cosine", "linear", "constant", "wsd"}),
+      TR_FIELD(optim, decay_fraction, Float, 1e-300, 1,
+               "wsd: final fraction of steps decaying linearly to min_lr"),
+      TR_FIELD(optim, weight_decay, Float, 0, 10,
+               "AdamW decoupled weight decay (not on norms and biases)"),
+      TR_FIELD(optim, beta1, Float, 0, 0.999999, "AdamW beta1"),
+      TR_FIELD(optim, beta2, Float, 0, 0.999999999, "AdamW beta2"),
+      TR_FIELD(optim, eps, Float, 1e-30, 1, "AdamW epsilon (used in fp32)"),
+      TR_FIELD(optim, grad_clip, Float, 0, kInf, "clip the global gradient norm to this; 0 = off"),
+      TR_FIELD(checkpoint, dir, String, 0, 0,
+               "directory of step_NNNNNNNN/ checkpoints and `latest`"),
+      TR_FIELD(checkpoint, interval, Int, 0, kMaxI,
+               "steps between checkpoints; 0 = only at the end"),
+      TR_FIELD(checkpoint, keep_last, Int, 2, 1 << 20, "committed checkpoints kept (>= 2)"),
+      TR_FIELD(checkpoint, save_timeout_s, Float, 1, kInf,
+               "seconds a save or the start-up load may take (ranks waiting for the slowest disk "
+               "get this long before parallel.timeout_s ends the job); a slower save is warned "
+               "about, as it may not fit a stop signal's grace period"),
+      TR_FIELD(checkpoint, async, Bool, 0, 0,
+               "copy each save to host memory and write it in a background thread while training "
+               "goes on; committed (made latest) at the first step boundary after every rank has "
+               "written its part"),
+      TR_FIELD(checkpoint, local_interval, Int, 0, kMaxI,
+               "steps between node-local checkpoints (each rank's own part in local_dir, for a "
+               "restart that loses minutes; --resume auto takes the newest one every rank has); "
+               "0 = none"),
+      TR_FIELD(checkpoint, local_dir, String, 0, 0,
+               "node-local directory (tmpfs or NVMe) of the local checkpoints, one subdirectory "
+               "per checkpoint.dir"),
+      TR_FIELD(checkpoint, local_keep, Int, 1, 1 << 20, "local checkpoints each rank keeps"),
+      TR_FIELD(checkpoint, local_replicas, Int, 0, 64,
+               "copies of each rank's local part held on other nodes (the next ones in the ring "
+               "of nodes), so that losing that many nodes in a row loses no part; at most the "
+               "job's nodes - 1 (more is lowered to that, with a note); 0 = none"),
+      TR_FIELD(log, dir, String, 0, 0, "run directory: metrics.jsonl and the resolved config"),
+      TR_FIELD(log, interval, Int, 1, kMaxI,
+               "steps between console log lines (and straggler reports)"),
+      TR_FIELD(log, straggler_percent, Float, 0, kInf,
+               "name a rank whose own work per step (step time minus time waiting for other "
+               "ranks) is more than this % over the median rank's; 0 = never"),
+      TR_FIELD(log, tensorboard, Bool, 0, 0,
+               "write TensorBoard event files to log.dir/tb (rank 0): every scalar of "
+               "metrics.jsonl and the resolved config as text (docs/metrics.md)"),
+      TR_FIELD(log, tensorboard_all_ranks, Bool, 0, 0,
+               "with log.tensorboard, every other rank also writes its own event file to "
+               "log.dir/tb/rank_<r>: its step time, breakdown and memory"),
+      TR_FIELD(log, trace_steps, IntList, 1, kMaxI,
+               "[first, last]: every rank's phases in those steps (forward and backward per "
+               "micro-batch, collectives, waits, optimizer) as a Chrome trace, "
+               "log.dir/trace.json (chrome://tracing, ui.perfetto.dev); [] = none"),
+  };
+  return f;
+}
+#undef TR_FIELD
+
+const std::vector<std::string>& section_names() {
+  static const std::vector<std::string> s = {"model", "parallel",   "data", "train",
+                                             "optim", "checkpoint", "log"};
+  return s;
+}
+
+}  // namespace tr::config_detail

@@ -1,0 +1,140 @@
+// The model section's facts: the Qwen2.5 presets and the rope_scaling block's rules.
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "trainer/config/config.h"
+#include "trainer/config/config_fields.h"
+
+namespace tr {
+namespace {
+
+// ---- presets (Hugging Face config.json of the Qwen2.5 base models) ----
+struct Preset {
+  const char* name;
+  int64_t hidden, inter, layers, heads, kv, hd, vocab;
+  double eps;
+  bool tied;
+};
+constexpr Preset kPresets[] = {
+    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 64, 151936, 1e-6, true},
+    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 128, 151936, 1e-6, true},
+    {"qwen2.5-3b", 2048, 11008, 36, 16, 2, 128, 151936, 1e-6, true},
+    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 128, 152064, 1e-6, false},
+    {"qwen2.5-14b", 5120, 13824, 48, 40, 8, 128, 152064, 1e-5, false},
+    {"qwen2.5-32b", 5120, 27648, 64, 40, 8, 128, 152064, 1e-5, false},
+    {"qwen2.5-72b", 8192, 29568, 80, 64, 8, 128, 152064, 1e-5, false},
+};
+
+}  // namespace
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> n;
+  for (const Preset& p : kPresets) n.push_back(p.name);
+  return n;
+}
+
+absl::Status apply_model_preset(const std::string& name, ModelConfig* m) {
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    m->hidden_size = p.hidden;
+    m->intermediate_size = p.inter;
+    m->num_layers = p.layers;
+    m->num_heads = p.heads;
+    m->num_kv_heads = p.kv;
+    m->head_dim = p.hd;
+    m->vocab_size = p.vocab;
+    m->max_seq_len = 32768;
+    m->rope_theta = 1e6;
+    m->rms_norm_eps = p.eps;
+    m->tie_embeddings = p.tied;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model.preset '", name, "' is unknown; known presets: ", absl::StrJoin(preset_names(), ", "),
+      config_detail::suggest(name, preset_names())));
+}
+
+namespace config_detail {
+
+// model.rope_scaling: none (or null), or a mapping as Hugging Face's config.json has it.
+absl::Status parse_rope_scaling(const YAML::Node& n, const std::string& name, RopeScaling* out) {
+  RopeScaling r;
+  if (n.IsNull() || (n.IsScalar() && n.Scalar() == "none")) {
+    *out = r;
+    return absl::OkStatus();
+  }
+  if (!n.IsMap())
+    return absl::InvalidArgumentError(absl::StrCat(
+        name,
+        ": expected none or {type: yarn, factor: F, original_max_position_embeddings: N}, got ",
+        scalar_text(n)));
+  const std::vector<std::string> keys = {
+      "type",      "rope_type",        "factor",   "beta_fast",
+      "beta_slow", "attention_factor", "truncate", "original_max_position_embeddings"};
+  for (const auto& kv : n) {
+    const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    if (std::find(keys.begin(), keys.end(), k) == keys.end())
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": unknown key '", k, "'",
+          suggest(k, keys).empty() ? absl::StrCat("; keys: ", absl::StrJoin(keys, ", "))
+                                   : suggest(k, keys)));
+    const std::string where = absl::StrCat(name, ".", k);
+    try {
+      if (k == "type" || k == "rope_type")
+        r.type = kv.second.as<std::string>();
+      else if (k == "factor")
+        r.factor = kv.second.as<double>();
+      else if (k == "original_max_position_embeddings")
+        r.original_max_position_embeddings = kv.second.as<int64_t>();
+      else if (k == "beta_fast")
+        r.beta_fast = kv.second.as<double>();
+      else if (k == "beta_slow")
+        r.beta_slow = kv.second.as<double>();
+      else if (k == "attention_factor")
+        r.attention_factor = kv.second.as<double>();
+      else
+        r.truncate = kv.second.as<bool>();
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": expected a ",
+                                                     k == "truncate" ? "bool" : "value", ", got ",
+                                                     scalar_text(kv.second)));
+    }
+  }
+  if (const std::string why = r.problem(); !why.empty())
+    return absl::InvalidArgumentError(absl::StrCat(name, why));
+  *out = r;
+  return absl::OkStatus();
+}
+
+}  // namespace config_detail
+
+std::string RopeScaling::problem() const {
+  if (type != "yarn" && type != "none")
+    return absl::StrCat(".type must be yarn or none (got '", type,
+                        "'); other Hugging Face rope types are not supported");
+  if (type == "yarn" && !(factor >= 1 && original_max_position_embeddings > 0 && beta_fast > 0 &&
+                          beta_slow > 0 && attention_factor >= 0))
+    return absl::StrFormat(
+        ": yarn needs factor >= 1 (got %g), original_max_position_embeddings > 0 (got %d), "
+        "beta_fast and beta_slow > 0 and attention_factor >= 0",
+        factor, original_max_position_embeddings);
+  return "";
+}
+
+std::string RopeScaling::text() const {
+  if (type != "yarn") return "none";
+  return absl::StrFormat(
+      "{type: yarn, factor: %g, original_max_position_embeddings: %d, beta_fast: %g, "
+      "beta_slow: %g, attention_factor: %g, truncate: %s}",
+      factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor,
+      truncate ? "true" : "false");
+}
+
+}  // namespace tr

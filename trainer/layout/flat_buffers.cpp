@@ -1,0 +1,54 @@
+#include "trainer/layout/flat_buffers.h"
+
+namespace tr {
+
+DpShards dp_shards(const Config& cfg, const Topology& topo) {
+  const int64_t capacity = rank_layout(cfg, topo).capacity;
+  if (!zero1_on(cfg, topo)) return DpShards(capacity, capacity + 1, 1, 0);
+  return DpShards(capacity, cfg.parallel.dp_bucket_elems, topo.dp_cp(), topo.dp_cp_rank());
+}
+
+bool zero1_on(const Config& cfg, const Topology& t) {
+  return cfg.parallel.zero1 && t.dp_cp() > 1;
+}
+
+int64_t flat_multiple(const Config& cfg, const Topology& topo) {
+  return zero1_on(cfg, topo) ? DpShards::capacity_multiple(topo.dp_cp()) : 1;
+}
+
+ParamLayout rank_layout(const Config& cfg, const Topology& topo) {
+  return ParamLayout::make(ModelDims::from(cfg.model, topo, cfg.parallel.sequence_parallel,
+                                           cfg.parallel.pipeline_layers),
+                           flat_multiple(cfg, topo));
+}
+
+std::vector<ParamInfo> model_params(const Config& cfg, const Topology& topo) {
+  std::vector<ParamInfo> out;
+  for (int stage = 0; stage < topo.pp; ++stage)
+    for (ParamInfo& p : rank_layout(cfg, topo.of_rank(topo.rank_at(0, 0, stage))).tensors)
+      if (!p.tied_copy) out.push_back(std::move(p));
+  return out;
+}
+
+double model_param_count(const Config& cfg, const Topology& topo) {
+  double elems = 0;
+  for (const ParamInfo& p : model_params(cfg, topo)) {
+    double n = 1;
+    for (int64_t d : p.global_shape) n *= static_cast<double>(d);
+    elems += n;
+  }
+  return elems;
+}
+
+double checkpoint_bytes(const Config& cfg, const Topology& topo) {
+  return model_param_count(cfg, topo) * 3 * sizeof(float);  // weights, Adam m, Adam v
+}
+
+double rank_state_bytes(const Config& cfg, const Topology& topo, bool separate_masters) {
+  const auto capacity = static_cast<double>(rank_layout(cfg, topo).capacity);
+  const bool zero1 = zero1_on(cfg, topo);
+  const double shard = zero1 ? capacity / topo.dp_cp() : capacity;
+  return sizeof(float) * ((separate_masters ? shard : capacity) + 2 * shard);
+}
+
+}  // namespace tr

@@ -1,0 +1,80 @@
+#include "trainer/layout/run_layout.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/layout/flat_buffers.h"
+
+namespace tr {
+
+int RunFacts::in_flight() const {
+  return static_cast<int>(std::min<int64_t>(topo.pp - topo.pp_rank, micro_batches));
+}
+
+RunFacts RunFacts::of_rank(int rank) const {
+  RunFacts f = *this;
+  f.topo = topo.of_rank(rank);
+  return f;
+}
+
+absl::StatusOr<RunFacts> run_facts(const Config& cfg, int world, int rank) {
+  const ParallelConfig& p = cfg.parallel;
+  absl::StatusOr<Topology> topo =
+      Topology::make(world, rank, static_cast<int>(p.tp), static_cast<int>(p.pp),
+                     static_cast<int>(p.dp), static_cast<int>(p.cp));
+  if (!topo.ok()) return topo.status();
+  const TrainConfig& t = cfg.train;
+  const int64_t per_step = t.micro_batch * topo->dp;
+  if (t.global_batch % per_step != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.global_batch ", t.global_batch, " is not divisible by train.micro_batch ",
+        t.micro_batch, " x dp ", topo->dp, " = ", per_step, "; make it a multiple of ", per_step,
+        " or change parallel.dp / the number of ranks"));
+  // Sequence parallelism splits each micro-batch's tokens on this rank (its 1/cp of every
+  // sequence) over the TP ranks.
+  const int64_t tokens = t.micro_batch * cfg.data.seq_len / topo->cp;
+  if (p.sequence_parallel && topo->tp > 1 && tokens % topo->tp != 0)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.sequence_parallel: train.micro_batch x data.seq_len", topo->cp > 1 ? " / cp" : "",
+        " = ", tokens, " tokens do not split over parallel.tp ", topo->tp,
+        "; change data.seq_len or micro_batch"));
+  RunFacts f;
+  f.topo = *topo;
+  f.zero1 = zero1_on(cfg, f.topo);
+  f.sequence_parallel = p.sequence_parallel && f.topo.tp > 1;
+  f.micro_batches = t.global_batch / (t.micro_batch * f.topo.dp);
+  f.tokens_per_step = t.global_batch * cfg.data.seq_len;
+  f.flops_per_token = flops_per_token(cfg);
+  f.tied_embeddings = cfg.model.tie_embeddings;
+  return f;
+}
+
+double flops_per_token(const Config& c) {
+  const ModelConfig& m = c.model;
+  const double H = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim);
+  const double q = static_cast<double>(m.num_heads) * hd,
+               kv = static_cast<double>(m.num_kv_heads) * hd;
+  const double per_layer =
+      H * (q + 2 * kv) + q * H + 3 * H * static_cast<double>(m.intermediate_size);
+  const double n_matmul =
+      static_cast<double>(m.num_layers) * per_layer + static_cast<double>(m.vocab_size) * H;
+  return 6 * n_matmul +
+         6 * static_cast<double>(m.num_layers) * static_cast<double>(c.data.seq_len) * q;
+}
+
+ModelOptions model_options(const Config& cfg, const RunFacts& facts, Device device,
+                           bool separate_compute_copy, int64_t loss_chunk, bool plan_only) {
+  ModelOptions o;
+  o.batch = cfg.train.micro_batch;
+  o.seq_len = cfg.data.seq_len;
+  o.dtype = device == Device::cuda ? DType::bf16 : DType::f32;
+  o.loss_chunk = loss_chunk;
+  o.flat_multiple = flat_multiple(cfg, facts.topo);
+  o.slots = facts.in_flight();
+  o.separate_compute_copy = separate_compute_copy;
+  o.plan_only = plan_only;
+  o.shards = dp_shards(cfg, facts.topo);
+  return o;
+}
+
+}  // namespace tr

@@ -1,0 +1,206 @@
+#include "trainer/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/switches.h"
+#include "kernels/ops.h"
+#include "parallel/context_parallel.h"
+#include "parallel/tp_region.h"
+#include "trainer/model/init.h"
+#include "trainer/model/model_acts.h"
+
+namespace tr {
+
+ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& o, Device device) {
+  return ParamBuffer(ParamLayout::make(dims, o.flat_multiple), o.dtype, device, o.plan_only);
+}
+
+Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer& params, Ctx ctx)
+    : dims_(dims),
+      batch_(o.batch),
+      seq_len_(o.seq_len / dims.cp),
+      seq_total_(o.seq_len),
+      slots_(o.slots),
+      ctx_(ctx),
+      dtype_(o.dtype),
+      sdtype_(stat_dtype(o.dtype)),
+      params_(params) {
+  TR_ASSERT(o.slots >= 1, "at least one activation slot");
+  TR_ASSERT(dims.cp == 1 || o.seq_len % (2 * dims.cp) == 0,
+            "context parallelism cuts each sequence into 2 x cp equal chunks");
+  TR_ASSERT(params.compute_dtype() == dtype_ && params.device() == ctx.device,
+            "the parameter buffer must hold the model's compute dtype on its device");
+  TR_ASSERT(ParamLayout::make(dims_, o.flat_multiple).capacity == params.layout().capacity,
+            "the parameter buffer's layout is another model's");
+  const bool plan_only = o.plan_only;
+  const int64_t loss_chunk = o.loss_chunk;
+  if (!plan_only) {
+    w_ = views(params.weights_padded());
+    g_ = views(params.grads_padded());
+    // Each layer's span of the flat gradient buffer (its tensors are contiguous there).
+    const Tensor grads = params.grads_padded();
+    const auto at = [&](const Tensor& t) {
+      return (static_cast<const char*>(t.data) - static_cast<const char*>(grads.data)) /
+             static_cast<int64_t>(dtype_size(grads.dtype));
+    };
+    for (const LayerWeights& g : g_.layers) {
+      int64_t lo = params.layout().total, hi = 0, n = 0;
+      for (const Tensor* t : {&g.ln1, &g.qkv_w, &g.qkv_b, &g.o_w, &g.ln2, &g.gateup_w, &g.down_w}) {
+        lo = std::min(lo, at(*t));
+        hi = std::max(hi, at(*t) + t->numel());
+        n += t->numel();
+      }
+      TR_ASSERT(hi - lo == n, "a layer's gradients are not contiguous in the flat buffer");
+      layer_ranges_.emplace_back(lo, hi);
+    }
+  }
+
+  const int64_t T = batch_ * seq_len_;
+  chunk_ = loss_chunk > 0 ? std::max<int64_t>(1, std::min<int64_t>(T, loss_chunk))
+                          : loss_chunk_tokens(T, dims.vocab_local, dtype_);
+  // Measure the activation buffers, then allocate exactly that once.
+  Arena plan = Arena::planner(ctx.device);
+  alloc_acts(plan);
+  activation_bytes_ = plan.used();
+  if (plan_only) return;
+  act_arena_ = std::make_unique<Arena>(plan.used(), ctx.device);
+  alloc_acts(*act_arena_);
+  if (dims_.cp > 1) {
+    const std::vector<int64_t> at = cp_positions(seq_total_, dims_.cp, dims_.cp_rank);
+    std::vector<int32_t> host(at.begin(), at.end());
+    copy_tensor(a_->positions, Tensor(host.data(), DType::i32, Device::cpu, {seq_len_}));
+  }
+  // Attention's plans and workspace now, not in the first step (under context parallelism,
+  // those of its blocks: half of this rank's tokens of a sequence).
+  if (dims_.layers > 0)
+    attention_ = attention_prepare(ctx_, static_cast<int>(batch_), static_cast<int>(seq_len_),
+                                   static_cast<int>(dims_.heads), static_cast<int>(dims_.kv_heads),
+                                   static_cast<int>(dims_.head_dim),
+                                   dims_.cp > 1 ? static_cast<int>(seq_len_ / 2) : 0);
+}
+
+void Qwen2Model::alloc_acts(Arena& ar) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_, H = d.hidden, Q = d.qkv_out(), A = d.heads * d.head_dim,
+                I = d.inter, C = chunk_;
+  const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
+  a_ = std::make_unique<Acts>();
+  // A layer's buffers: those selective recomputation drops (the norm outputs and the SwiGLU
+  // output), and those every mode but full recomputation keeps per micro-batch.
+  auto recomputed = [&](Acts::Layer& L) {
+    L.ln1 = ar.alloc(dtype_, {T, H});
+    L.ln2 = ar.alloc(dtype_, {T, H});
+    L.act = ar.alloc(dtype_, {T, I});
+  };
+  auto kept = [&](Acts::Layer& L) {
+    L.rstd1 = ar.alloc(sdtype_, {Tl});
+    L.qkv = ar.alloc(dtype_, {T, Q});
+    L.att = ar.alloc(dtype_, {T, A});
+    L.lse = ar.alloc(sdtype_, {batch_, d.heads, seq_len_});
+    L.x_mid = ar.alloc(dtype_, {Tl, H});
+    L.rstd2 = ar.alloc(sdtype_, {Tl});
+    L.gateup = ar.alloc(dtype_, {T, 2 * I});
+  };
+  const int64_t full = std::min(d.recompute_full, d.layers);
+  if (full > 0 || d.recompute_selective) recomputed(a_->rc);
+  if (full > 0) kept(a_->rc);
+  for (int k = 0; k < slots_; ++k) {
+    Acts::Slot& slot = a_->slots.emplace_back();
+    for (int64_t l = 0; l <= d.layers; ++l) slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
+    for (int64_t l = 0; l < d.layers; ++l) {
+      if (l < full) {  // only resid[l] is kept
+        slot.layers.push_back(a_->rc);
+        continue;
+      }
+      Acts::Layer L;
+      if (d.recompute_selective) {
+        L.ln1 = a_->rc.ln1;
+        L.ln2 = a_->rc.ln2;
+        L.act = a_->rc.act;
+      } else {
+        recomputed(L);
+      }
+      kept(L);
+      slot.layers.push_back(L);
+    }
+    if (d.last_stage) {
+      slot.lnf = ar.alloc(dtype_, {T, H});
+      slot.rstdf = ar.alloc(sdtype_, {Tl});
+    }
+  }
+  a_->tmp = ar.alloc(dtype_, {Tl, H});
+  a_->dres = ar.alloc(dtype_, {Tl, H});
+  a_->grad_in = ar.alloc(dtype_, {Tl, H});
+  a_->dln = ar.alloc(dtype_, {Tl, H});
+  a_->dlnf = ar.alloc(dtype_, {T, H});
+  if (d.sequence_parallel) {  // full-sequence twins of the sharded buffers
+    a_->full = ar.alloc(dtype_, {T, H});
+    a_->ln_local = ar.alloc(dtype_, {Tl, H});
+    a_->dlnf_local = ar.alloc(dtype_, {Tl, H});
+  }
+  a_->dqkv = ar.alloc(dtype_, {T, Q});
+  a_->datt = ar.alloc(dtype_, {T, A});
+  a_->dgateup = ar.alloc(dtype_, {T, 2 * I});
+  a_->dact = ar.alloc(dtype_, {T, I});
+  a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
+  a_->row_max = ar.alloc(sdtype_, {C});
+  a_->sums = ar.alloc(sdtype_, {C, 2});
+  if (d.tp > 1) {
+    a_->stats = ar.alloc(sdtype_, {C, 3});
+    a_->all_stats = ar.alloc(sdtype_, {d.tp * C * 3});
+  }
+  a_->losses = ar.alloc(sdtype_, {C});
+  if (d.cp > 1) {
+    const int64_t S = seq_len_, nh = d.heads, nkv = d.kv_heads, hd = d.head_dim;
+    a_->positions = ar.alloc(DType::i32, {S});
+    for (Tensor* t : {&a_->q, &a_->dq}) *t = ar.alloc(dtype_, {S, nh, hd});
+    for (Tensor* t : {&a_->k, &a_->v, &a_->dk, &a_->dv}) *t = ar.alloc(dtype_, {S, nkv, hd});
+    a_->cp = CpScratch::alloc(ar, d.cp_exchange, d.cp, S, nh, nkv, hd, dtype_,
+                              cp_accumulator_dtype(dtype_));
+  }
+}
+
+void Qwen2Model::begin_step_grads() {
+  if (take(Switch::grad_zero)) {
+    zero_(ctx_, params_.grads());
+    head_write_ = body_write_ = GradWrite::add;
+    return;
+  }
+  head_write_ = body_write_ = GradWrite::assign;
+  if (dims_.first_stage && !(dims_.tied && dims_.last_stage)) zero_(ctx_, g_.embed);
+}
+
+Qwen2Model::~Qwen2Model() = default;
+
+Weights Qwen2Model::views(Tensor flat) const {
+  const ModelDims& d = dims_;
+  const int64_t H = d.hidden, Q = d.qkv_out();
+  // Fused views (qkv, gateup) start at their first member and span the adjacent ones.
+  auto at = [&](const std::string& name, std::initializer_list<int64_t> shape) {
+    return flat.at(layout().find(name).offset, shape);
+  };
+  Weights w;
+  if (d.first_stage) w.embed = at("embed_tokens/weight", {d.vocab_local, H});
+  for (int64_t i = d.first_layer; i < d.first_layer + d.layers; ++i) {
+    const std::string p = absl::StrCat("layers/", i, "/");
+    LayerWeights L;
+    L.ln1 = at(p + "input_layernorm/weight", {H});
+    L.qkv_w = at(p + "self_attn/q_proj/weight", {Q, H});
+    L.qkv_b = at(p + "self_attn/q_proj/bias", {Q});
+    L.o_w = at(p + "self_attn/o_proj/weight", {H, d.heads * d.head_dim});
+    L.ln2 = at(p + "post_attention_layernorm/weight", {H});
+    L.gateup_w = at(p + "mlp/gate_proj/weight", {2 * d.inter, H});
+    L.down_w = at(p + "mlp/down_proj/weight", {H, d.inter});
+    w.layers.push_back(L);
+  }
+  if (d.last_stage) {
+    w.norm = at("norm/weight", {H});
+    w.lm_head = at(d.tied ? "embed_tokens/weight" : "lm_head/weight", {d.vocab_local, H});
+  }
+  return w;
+}
+
+}  // namespace tr

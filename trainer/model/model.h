@@ -1,0 +1,198 @@
+// The model room: the Qwen2 model (here; context parallelism's attention in context_parallel.cpp),
+// its parameter layout (model_layout.h) and buffer (param_buffer.h), initialisation (init.h) and
+// the step's staged tokens (step_io.h). It uses the config room only.
+//
+// Qwen2 decoder with explicit forward and backward over preallocated buffers (no autograd). Its
+// weights and gradients are views into a ParamBuffer (trainer/model/param_buffer.h) at the offsets
+// ParamLayout records; the optimizer's state is the optimizer's (trainer/optim/optim.h).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/ctx.h"
+#include "core/tensor.h"
+#include "kernels/ops.h"
+#include "parallel/comm.h"
+#include "parallel/dp_shards.h"
+#include "parallel/topology.h"
+#include "trainer/config/config.h"
+#include "trainer/model/model_layout.h"
+#include "trainer/model/param_buffer.h"
+
+namespace tr {
+
+// Views of one copy of the parameters (weights or gradients) as the model uses them.
+struct LayerWeights {
+  Tensor ln1;       // [H]
+  Tensor qkv_w;     // [(nh + 2 nkv) hd, H]: q_proj, k_proj, v_proj rows back to back
+  Tensor qkv_b;     // [(nh + 2 nkv) hd]
+  Tensor o_w;       // [H, nh hd]
+  Tensor ln2;       // [H]
+  Tensor gateup_w;  // [2I, H]: gate_proj rows then up_proj rows
+  Tensor down_w;    // [H, I]
+};
+struct Weights {
+  Tensor embed;  // [Vl, H] (first stage)
+  std::vector<LayerWeights> layers;
+  Tensor norm;     // [H] (last stage)
+  Tensor lm_head;  // [Vl, H] (last stage); the embedding's memory when tied
+};
+
+// Loss chunks: the LM head and the cross-entropy run over chunks of this many tokens: the whole
+// micro-batch when its logits fit kLossChunkBudgetBytes, else as many tokens as fit, but never
+// fewer than kMinLossChunkTokens (so that the LM head's GEMMs stay compute-bound and its fp32
+// weight gradient is read and written a few times per micro-batch, not dozens). The model and,
+// through it, the planner ask here.
+inline constexpr double kLossChunkBudgetBytes = 2.0 * (1 << 30);
+inline constexpr int64_t kMinLossChunkTokens = 4096;
+int64_t loss_chunk_tokens(int64_t tokens, int64_t vocab_local, DType logits_dtype);
+
+// How a rank's model, its parameter buffer and its optimizer are built besides the shapes; a
+// run's come from model_options() (trainer/layout/run_layout.h), so the trainer and the planner
+// build the same ones.
+struct ModelOptions {
+  int64_t batch = 1, seq_len = 1;  // a micro-batch: samples of seq_len tokens
+  // What the ops compute in (activations and the weights they read). Mixed precision: with
+  // bf16 the master weights and the gradients are f32 and the ops read a bf16 compute copy of
+  // the weights (the optimizer writes it in the same pass as the update); saved statistics
+  // (rstd, lse, losses) are f32. With f32 or f64 the weights are their own masters, unless
+  // `separate_compute_copy` asks for the bf16 layout anyway (to test that plumbing on the CPU).
+  DType dtype = DType::f32;
+  bool separate_compute_copy = false;
+  int64_t loss_chunk = 0;     // tokens per loss chunk; 0 = loss_chunk_tokens()
+  int64_t flat_multiple = 1;  // the flat buffers hold a multiple of this (ZeRO-1's alignment)
+  int slots = 1;  // micro-batches in flight at once (pipeline stages keep their activations)
+  // Allocate nothing: the arenas only measure (for the planner, which sizes a 72B rank on a
+  // laptop); such a model answers activation_bytes() and loss_chunk() and nothing else.
+  bool plan_only = false;
+  // ZeRO-1 (Megatron's distributed optimizer): this rank's share of the flat buffer
+  // (parallel/dp_shards.h; its capacity must be the layout's, so flat_multiple a multiple of
+  // DpShards::capacity_multiple(dp)). With separate masters and more than one shard, the
+  // optimizer keeps the fp32 masters of this rank's shard only (capacity / dp elements, in the
+  // shard's order); the compute copy stays whole. Where the masters are the compute weights
+  // they are whole.
+  DpShards shards = DpShards();
+};
+
+// The parameter buffer a model of `dims` built with `options` computes with: its layout (padded to
+// options.flat_multiple), weights in options.dtype. The trainer holds it in its Session beside the
+// model and the optimizer; tests and the planner beside their model.
+ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& options, Device device);
+
+// The model holds the math and its activations; it reads its weights from and writes its
+// gradients into a ParamBuffer it does not own.
+class Qwen2Model {
+ public:
+  Qwen2Model(const ModelDims& dims, const ModelOptions& options, ParamBuffer& params, Ctx ctx);
+  ~Qwen2Model();
+
+  int64_t loss_chunk() const { return chunk_; }  // tokens per loss chunk
+  // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
+  void set_tp_comm(Comm* tp) { tp_ = tp; }
+  // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
+  void set_cp_comm(Comm* cp) { cp_ = cp; }
+  // The one subscriber to what the model reports about the flat buffer as it runs (the
+  // distributed optimizer), set once; null = none.
+  void set_param_events(ParamEvents* events) { events_ = events; }
+
+  const ModelDims& dims() const { return dims_; }
+  Ctx ctx() const { return ctx_; }
+  // Tokens of a micro-batch on this rank: batch x its seq_len / cp tokens of each sequence.
+  int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
+  ParamBuffer& params() const { return params_; }
+  const ParamLayout& layout() const { return params_.layout(); }
+
+  // Starts a step's gradients without a zeroing pass over them: each parameter gradient's first
+  // write of the step (the LM head's first loss chunk, the first backward_stage) assigns, later
+  // ones add; only what no op assigns (the embedding's scatter, unless the tied LM head on this
+  // stage wrote it first) is zeroed. Without it, backward adds to what grads() holds.
+  // TR_GRAD_ZERO=1 zeroes the whole buffer and adds (to bisect on a GPU).
+  void begin_step_grads();
+
+  // Pipeline stages, one micro-batch at a time in activation slot `slot`; `tokens` and `targets`
+  // are i32 [tokens_per_micro_batch()] where the ops read them (trainer/model/step_io.h; under
+  // context parallelism this rank's positions of each sequence, parallel/context_parallel.h):
+  // forward_stage embeds `tokens` on the first stage, else starts from stage_input(slot) (the
+  // previous stage's output); stage_loss (last stage) adds the LM head and the loss (its sum
+  // added to `loss_sum`, f64 [1] on the device: no host sync), and with `grad` the head's
+  // backward; backward_stage starts from the loss on the last stage, else from recv_grad_buffer()
+  // (the next stage's input gradient), and leaves this stage's input gradient in
+  // send_grad_buffer() (or in the embedding's gradient on the first stage). `last_of_step`: the
+  // step's last backward on this stage, after which each layer's gradients are final; the model
+  // reports each layer to the subscriber as it finishes it (under sequence parallelism having
+  // summed its norms' gradients over TP first).
+  void forward_stage(int slot, Tensor tokens);
+  void stage_loss(int slot, Tensor targets, float grad_scale, bool grad, Tensor loss_sum);
+  void backward_stage(int slot, Tensor tokens, bool last_of_step);
+  Tensor stage_input(int slot) const;   // [T, H]
+  Tensor stage_output(int slot) const;  // [T, H]
+  Tensor recv_grad_buffer() const;      // [T, H]
+  Tensor send_grad_buffer() const;      // [T, H]
+  // After the last backward of a step: with sequence parallelism, sums the gradients of the
+  // replicated tensors (the norms, which each saw only this rank's tokens) over TP, those the
+  // step's last backward has not summed already (it sums each layer's as it finishes it).
+  void sync_replicated_grads();
+
+  // Logits of the last forward's final hidden states for tokens [begin, begin + n): [n, vocab]
+  // (padding dropped). For tests and debugging; runs the LM head again.
+  std::vector<float> logits(int64_t begin, int64_t n);
+  // Bytes of the activation and scratch buffers, by the arena's own accounting (alignment
+  // included); a plan-only model measures them without allocating.
+  size_t activation_bytes() const { return activation_bytes_; }
+  // Bytes of workspace the attention backend holds for this model's shape (cuDNN), 0 on CPU.
+  size_t attention_workspace_bytes() const { return attention_.workspace_bytes; }
+  // Whether attention's backward is deterministic (cuDNN may have built only the other mode).
+  bool attention_bwd_deterministic() const { return attention_.deterministic_bwd; }
+
+ private:
+  struct Acts;
+  Weights views(Tensor flat) const;
+  void alloc_acts(Arena& arena);       // every activation and scratch buffer, in one fixed order
+  Comm* tp_group() const;              // the TP group (asserted set when tp > 1)
+  void tp_sum(Tensor t);               // all-reduce over the TP group (no-op when tp == 1)
+  Tensor full_or(Tensor local) const;  // the [T, H] buffer for a [Tl, H] one
+  void reduce_to_local(Tensor partial, Tensor local);  // end of a TP region
+  Tensor gather_tokens(Tensor local, Tensor full);     // start of a TP region
+  // Layer l of micro-batch slot `slot` from its normed input (ln1, all-gathered) to its SwiGLU
+  // output (act).
+  void layer_fwd(int slot, int64_t l);
+  // Attention of layer l over the micro-batch, and its backward into dqkv: the whole sequence
+  // here, or (cp > 1, model_cp.cpp) each sequence over the CP group.
+  void attention_fwd_of(int slot, int64_t l);
+  void attention_bwd_of(int slot, int64_t l);
+  void context_attention_fwd(int slot, int64_t l);
+  void context_attention_bwd(int slot, int64_t l);
+  // Before layer l's backward: its activations that recomputation dropped, again.
+  void recompute_layer(int slot, int64_t l);
+  void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
+
+  ModelDims dims_;
+  int64_t batch_;
+  int64_t seq_len_;    // tokens of each sequence on this rank (seq_total_ / cp)
+  int64_t seq_total_;  // tokens of each sequence
+  int64_t chunk_ = 0;  // tokens per loss chunk (C)
+  int slots_ = 1;
+  Comm* tp_ = nullptr;
+  Comm* cp_ = nullptr;
+  ParamEvents* events_ = nullptr;
+  void need(const Tensor& w);  // events_->weights_needed over the flat range of w (a view of w_)
+  std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
+  bool layer_norms_summed_ = false;  // this step's layer norm gradients are summed over TP
+  // How the next writes of the LM head's and of the other gradients go (begin_step_grads).
+  GradWrite head_write_ = GradWrite::add, body_write_ = GradWrite::add;
+  Ctx ctx_;
+  DType dtype_;   // compute: activations and the weights the ops read
+  DType sdtype_;  // saved statistics and losses (f32, f64 for f64 compute)
+  ParamBuffer& params_;
+  std::unique_ptr<Arena> act_arena_;
+  size_t activation_bytes_ = 0;
+  AttentionPlan attention_;
+  Weights w_, g_;
+  std::unique_ptr<Acts> a_;
+};
+
+}  // namespace tr

@@ -1,0 +1,68 @@
+// Qwen2Model's activation buffers, shared by its set-up (model.cpp) and its forward and
+// backward (model_compute.cpp). Internal to trainer/.
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/cp_attention.h"
+#include "trainer/model/model.h"
+
+namespace tr {
+
+// Activations kept for backward (one Slot per micro-batch in flight), and scratch shared by
+// all micro-batches. T = batch * seq_len.
+struct Qwen2Model::Acts {
+  struct Layer {
+    Tensor ln1;     // [T, H] input_layernorm output (all-gathered)
+    Tensor rstd1;   // [Tl]
+    Tensor qkv;     // [T, (nh + 2 nkv) hd], rope applied to q and k
+    Tensor att;     // [T, nh hd] attention output before o_proj
+    Tensor lse;     // [B, nh, S] (under context parallelism each sequence's [2, nh, S / 2])
+    Tensor x_mid;   // [Tl, H] residual after attention
+    Tensor ln2;     // [T, H]
+    Tensor rstd2;   // [Tl]
+    Tensor gateup;  // [T, 2I]
+    Tensor act;     // [T, I] silu(gate) * up
+  };
+  // [T, ...] buffers hold the whole micro-batch; [Tl, ...] ones this rank's tokens (Tl = T, or
+  // T / tp with sequence parallelism).
+  struct Slot {
+    std::vector<Layer> layers;
+    std::vector<Tensor> resid;  // L + 1 of [Tl, H]: resid[l] enters layer l
+    Tensor lnf, rstdf;          // [T, H], [Tl] (last stage)
+  };
+  std::vector<Slot> slots;
+  // Activation recomputation: the buffers of the layers' recomputed activations, shared by all
+  // layers and slots (every buffer for fully recomputed layers; ln1, ln2 and act for selective
+  // recomputation). A slot's Layer views them instead of owning them.
+  Layer rc;
+  Tensor tmp;  // [T, H] projection outputs
+  // backward scratch
+  Tensor dres;       // [T, H] running gradient of the residual stream; after backward_stage, the
+                     // stage input's gradient (sent to the previous stage)
+  Tensor grad_in;    // [T, H] the next stage's gradient, received; swapped into dres
+  Tensor dln, dlnf;  // [T, H]
+  Tensor dqkv;       // [T, (nh + 2 nkv) hd]
+  Tensor datt;       // [T, nh hd]
+  Tensor dgateup;    // [T, 2I]
+  Tensor dact;       // [T, I]
+  Tensor logits;     // [C, Vl] one loss chunk; overwritten by its gradient
+  Tensor losses;     // [C]
+  Tensor row_max, sums;     // [C], [C, 2] vocab-parallel cross-entropy statistics
+  Tensor stats, all_stats;  // [C, 3], [tp * C * 3]: this rank's and every TP rank's
+  // Sequence parallelism: the residual stream, norms and their gradients hold Tl = T / tp
+  // tokens per rank; these are the full-sequence buffers around the TP regions.
+  Tensor full;        // [T, H] all-gathered or not yet reduce-scattered
+  Tensor ln_local;    // [Tl, H] norm output before its all-gather
+  Tensor dlnf_local;  // [Tl, H]
+  // Context parallelism (cp > 1; S = seq_len / cp tokens of one sequence on this rank): their
+  // positions in the sequence (i32 [S], for RoPE), and one sequence's q, k, v and gradients
+  // unpacked from the qkv rows for the CP group's attention ([S, nh, hd], [S, nkv, hd]), and
+  // the scratch of its exchange.
+  Tensor positions;
+  Tensor q, k, v, dq, dk, dv;
+  CpScratch cp;  // the CP group's exchange buffers (parallel/cp_attention.h)
+};
+
+}  // namespace tr

@@ -1,0 +1,319 @@
+// Qwen2Model's forward and backward: tensor-parallel regions, the pipeline stage's layers,
+// activation recomputation and the chunked loss.
+#include "trainer/model/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/switches.h"
+#include "kernels/ops.h"
+#include "parallel/tp_region.h"
+#include "trainer/model/init.h"
+#include "trainer/model/model_acts.h"
+
+namespace tr {
+namespace {
+
+// Any floating tensor's values as host floats (copied back from a device first).
+std::vector<float> to_host_floats(Tensor t) {
+  const int64_t n = t.numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  Ctx cpu;
+  if (t.device == Device::cpu) {
+    cast(cpu, Tensor(out.data(), DType::f32, Device::cpu, {n}), t.view({n}));
+    return out;
+  }
+  std::vector<char> raw(t.nbytes());
+  Tensor staged(raw.data(), t.dtype, Device::cpu, {n});
+  copy_tensor(staged, t.view({n}));
+  cast(cpu, Tensor(out.data(), DType::f32, Device::cpu, {n}), staged);
+  return out;
+}
+}  // namespace
+
+Comm* Qwen2Model::tp_group() const {
+  TR_ASSERT(dims_.tp == 1 || (tp_ != nullptr && tp_->size() == dims_.tp),
+            "tensor parallelism needs set_tp_comm()");
+  return tp_;
+}
+
+void Qwen2Model::tp_sum(Tensor t) {
+  tp::sum(tp_group(), t);
+}
+
+// The two ends of a TP region (parallel/tp_region.h). Without sequence parallelism the
+// full-sequence buffer is the local one.
+Tensor Qwen2Model::full_or(Tensor local) const {
+  return dims_.sequence_parallel ? a_->full : local;
+}
+
+void Qwen2Model::reduce_to_local(Tensor partial, Tensor local) {
+  tp::reduce_out(tp_group(), dims_.sequence_parallel, partial, local);
+}
+
+Tensor Qwen2Model::gather_tokens(Tensor local, Tensor full) {
+  return tp::gather_in(tp_group(), dims_.sequence_parallel, local, full);
+}
+
+void Qwen2Model::sync_replicated_grads() {
+  if (!dims_.sequence_parallel) return;
+  // The norms saw only this rank's tokens. Those of the layers were summed already when the
+  // last backward reported each layer final (one all-reduce per tensor either way, so the sums
+  // are the same bits); the final norm's is summed here.
+  for (const ParamInfo& p : layout().tensors)
+    if (p.split_dim < 0 && !(layer_norms_summed_ && p.name.starts_with("layers/")))
+      tp_sum(params_.grad(p));
+  layer_norms_summed_ = false;
+}
+
+Tensor Qwen2Model::stage_input(int slot) const {
+  return a_->slots[slot].resid[0];
+}
+Tensor Qwen2Model::stage_output(int slot) const {
+  return a_->slots[slot].resid[dims_.layers];
+}
+Tensor Qwen2Model::recv_grad_buffer() const {
+  return a_->grad_in;
+}
+Tensor Qwen2Model::send_grad_buffer() const {
+  return a_->dres;
+}
+
+void Qwen2Model::forward_stage(int slot, Tensor tokens) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_;
+  const bool sp = d.sequence_parallel;
+  Acts& a = *a_;
+  Acts::Slot& S = a.slots[slot];
+  if (d.first_stage) {
+    TR_ASSERT(tokens.numel() == T, "forward_stage: a micro-batch's tokens");
+    Tensor emb = full_or(S.resid[0]);
+    need(w_.embed);
+    embedding_fwd(ctx_, emb, tokens, w_.embed, d.vocab_offset);
+    reduce_to_local(emb, S.resid[0]);  // vocab-parallel: each rank contributed its own rows
+  }
+  // Each residual add is fused with the RMSNorm after it: the layer's second norm, and the next
+  // layer's first norm (or the final norm) at the end of a layer.
+  if (d.layers > 0) {
+    need(w_.layers[0].ln1);
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.layers[0].ln1, S.layers[0].rstd1, S.resid[0],
+                w_.layers[0].ln1, d.eps);
+  } else if (d.last_stage) {
+    need(w_.norm);
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.lnf, S.rstdf, S.resid[0], w_.norm, d.eps);
+  }
+  for (int64_t l = 0; l < d.layers; ++l) {
+    const LayerWeights& w = w_.layers[l];
+    Acts::Layer& L = S.layers[l];
+    gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
+    if (events_ != nullptr)
+      events_->weights_needed(layer_ranges_[l].first, layer_ranges_[l].second);
+    layer_fwd(slot, l);
+    linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
+    reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel
+    if (l + 1 < d.layers) {
+      need(w_.layers[l + 1].ln1);
+      add_rmsnorm_fwd(ctx_, S.resid[l + 1], sp ? a.ln_local : S.layers[l + 1].ln1,
+                      S.layers[l + 1].rstd1, L.x_mid, a.tmp, w_.layers[l + 1].ln1, d.eps);
+    } else if (d.last_stage) {
+      need(w_.norm);
+      add_rmsnorm_fwd(ctx_, S.resid[l + 1], sp ? a.ln_local : S.lnf, S.rstdf, L.x_mid, a.tmp,
+                      w_.norm, d.eps);
+    } else {
+      add(ctx_, S.resid[l + 1], L.x_mid, a.tmp);
+    }
+  }
+  if (d.last_stage) gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
+}
+
+void Qwen2Model::need(const Tensor& w) {
+  if (events_ == nullptr) return;
+  const Tensor flat = params_.weights_padded();
+  const int64_t at = (static_cast<const char*>(w.data) - static_cast<const char*>(flat.data)) /
+                     static_cast<int64_t>(dtype_size(dtype_));
+  events_->weights_needed(at, at + w.numel());
+}
+
+void Qwen2Model::layer_fwd(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  Acts::Slot& S = a_->slots[slot];
+  const int64_t T = batch_ * seq_len_;
+  const bool sp = d.sequence_parallel;
+  Acts& a = *a_;
+  const LayerWeights& w = w_.layers[l];
+  Acts::Layer& L = S.layers[l];
+  linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
+  Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
+  rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_),
+           d.rope, a.positions);
+  attention_fwd_of(slot, l);
+  linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
+  reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
+  add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, S.resid[l], a.tmp, w.ln2, d.eps);
+  gather_tokens(a.ln_local, L.ln2);
+  linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
+  swiglu_fwd(ctx_, L.act, L.gateup);
+}
+
+void Qwen2Model::attention_fwd_of(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  if (d.cp > 1) return context_attention_fwd(slot, l);
+  const Acts::Layer& L = a_->slots[slot].layers[l];
+  attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
+                static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
+                static_cast<int>(d.head_dim));
+}
+
+void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  if (d.cp > 1) return context_attention_bwd(slot, l);
+  const Acts::Layer& L = a_->slots[slot].layers[l];
+  attention_bwd(ctx_, a_->dqkv, a_->datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
+                static_cast<int>(seq_len_), static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
+                static_cast<int>(d.head_dim));
+}
+
+void Qwen2Model::recompute_layer(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  Acts::Slot& S = a_->slots[slot];
+  const bool full = l < d.recompute_full;
+  if (!full && !d.recompute_selective) return;
+  const bool sp = d.sequence_parallel;
+  Acts& a = *a_;
+  const LayerWeights& w = w_.layers[l];
+  Acts::Layer& L = S.layers[l];
+  // The forward fused this norm into the previous layer's residual add, which normalises the
+  // stored sum: the same values as normalising the layer's input here.
+  rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln1, L.rstd1, S.resid[l], w.ln1, d.eps);
+  gather_tokens(a.ln_local, L.ln1);
+  if (full) return layer_fwd(slot, l);
+  rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
+  gather_tokens(a.ln_local, L.ln2);
+  swiglu_fwd(ctx_, L.act, L.gateup);
+}
+
+// LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
+// assigned, the LM head gradient accumulated.
+void Qwen2Model::stage_loss(int slot, Tensor targets, float grad_scale, bool grad,
+                            Tensor loss_sum) {
+  TR_ASSERT(dims_.last_stage, "the loss is computed on the last pipeline stage");
+  TR_ASSERT(targets.numel() == batch_ * seq_len_, "stage_loss: a micro-batch's targets");
+  Acts& a = *a_;
+  const Tensor lnf = a.slots[slot].lnf;
+  const int64_t T = batch_ * seq_len_;
+  need(w_.lm_head);
+  for (int64_t begin = 0; begin < T; begin += chunk_) {
+    const int64_t n = std::min(chunk_, T - begin);
+    Tensor logits = a.logits.slice(0, n), losses = a.losses.slice(0, n);
+    Tensor x = lnf.slice(begin, n);
+    linear_fwd(ctx_, logits, x, w_.lm_head, Tensor());
+    chunk_loss(losses, logits, targets.slice(begin, n), grad_scale, grad);
+    accumulate_sum(ctx_, loss_sum, losses);  // on the device: no host sync
+    if (grad) {
+      linear_bwd(ctx_, a.dlnf.slice(begin, n), g_.lm_head, Tensor(), logits, x, w_.lm_head,
+                 head_write_);
+      head_write_ = GradWrite::add;
+    }
+  }
+  // Vocab-parallel LM head: each rank holds its share of d lnf.
+  if (grad) reduce_to_local(a.dlnf, dims_.sequence_parallel ? a.dlnf_local : a.dlnf);
+}
+
+// One chunk's cross-entropy: in one step on a single rank; with the vocabulary split over TP,
+// each rank's statistics of its shard in one pass, all-gathered over TP and combined, then the
+// loss and gradient (TR_XENT_3PASS=1: three passes with the row max and the sums all-reduced in
+// between).
+void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale,
+                            bool grad) {
+  const ModelDims& d = dims_;
+  if (d.tp == 1) {
+    cross_entropy_fwd_bwd(ctx_, losses, logits, targets, d.vocab, grad_scale, grad);
+    return;
+  }
+  const int64_t n = logits.dim(0);
+  Tensor row_max = a_->row_max.slice(0, n), sums = a_->sums.slice(0, n);
+  if (take(Switch::xent_3pass)) {
+    xent_row_max(ctx_, row_max, logits, d.vocab_valid_local());
+    tp_group()->all_reduce(row_max, ReduceOp::max);
+    xent_sums(ctx_, sums, logits, targets, row_max, d.vocab_offset, d.vocab_valid_local());
+    tp_sum(sums);
+  } else {
+    const Tensor stats = a_->stats.slice(0, n);
+    xent_shard_stats(ctx_, stats, logits, targets, d.vocab_offset, d.vocab_valid_local());
+    const Tensor all = a_->all_stats.at(0, {d.tp * n * 3});
+    tp_group()->all_gather(all, stats.view({n * 3}));
+    xent_combine(ctx_, row_max, sums, all.view({d.tp, n, 3}));
+  }
+  xent_loss_grad(ctx_, losses, logits, targets, row_max, sums, d.vocab_offset,
+                 d.vocab_valid_local(), grad_scale, grad);
+}
+
+void Qwen2Model::backward_stage(int slot, Tensor tokens, bool last_of_step) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_;
+  Acts& a = *a_;
+  Acts::Slot& S = a.slots[slot];
+  if (d.last_stage)
+    rmsnorm_bwd(ctx_, a.dres, g_.norm, d.sequence_parallel ? a.dlnf_local : a.dlnf,
+                S.resid[d.layers], w_.norm, S.rstdf, /*accumulate_din=*/false, body_write_);
+  else
+    std::swap(a.dres, a.grad_in);  // the received gradient becomes the running one
+  for (int64_t l = d.layers - 1; l >= 0; --l) {
+    const LayerWeights& w = w_.layers[l];
+    const LayerWeights& g = g_.layers[l];
+    Acts::Layer& L = S.layers[l];
+    recompute_layer(slot, l);
+    // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
+    const GradWrite gw = body_write_;
+    linear_bwd(ctx_, a.dact, g.down_w, Tensor(), gather_tokens(a.dres, a.full), L.act, w.down_w,
+               gw);
+    swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
+    linear_bwd(ctx_, full_or(a.dln), g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w, gw);
+    reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input: every rank's share of d ln2
+    rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true, gw);
+    // dres now holds d x_mid
+    // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
+    linear_bwd(ctx_, a.datt, g.o_w, Tensor(), gather_tokens(a.dres, a.full), L.att, w.o_w, gw);
+    attention_bwd_of(slot, l);
+    rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
+             static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_), d.rope,
+             a.positions);
+    linear_bwd(ctx_, full_or(a.dln), g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w, gw);
+    reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
+    rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true,
+                gw);
+    // dres now holds d resid[l]
+    if (last_of_step) {
+      // The layer's gradients are final; under sequence parallelism its norms' are once summed
+      // over TP, here rather than after backward, so that the DP buckets can start now.
+      if (d.sequence_parallel) {
+        tp_sum(g.ln2);
+        tp_sum(g.ln1);
+      }
+      if (events_ != nullptr) events_->grads_final(layer_ranges_[l].first, layer_ranges_[l].second);
+    }
+  }
+  body_write_ = GradWrite::add;
+  if (last_of_step && d.sequence_parallel) layer_norms_summed_ = true;
+  if (d.first_stage) {
+    TR_ASSERT(tokens.numel() == T, "backward_stage: a micro-batch's tokens");
+    embedding_bwd(ctx_, g_.embed, gather_tokens(a.dres, a.full), tokens, d.vocab_offset);
+  }
+}
+
+std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
+  TR_ASSERT(dims_.tp == 1, "logits() returns the whole vocabulary: tp must be 1");
+  TR_ASSERT(n <= chunk_ && begin + n <= batch_ * seq_len_, "logits range too large");
+  Tensor logits = a_->logits.slice(0, n);
+  linear_fwd(ctx_, logits, a_->slots[0].lnf.slice(begin, n), w_.lm_head, Tensor());
+  const std::vector<float> all = to_host_floats(logits);  // [n, vocab_local]
+  std::vector<float> out(static_cast<size_t>(n * dims_.vocab));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t v = 0; v < dims_.vocab; ++v)
+      out[i * dims_.vocab + v] = all[i * dims_.vocab_local + v];
+  return out;
+}
+
+}  // namespace tr

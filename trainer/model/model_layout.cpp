@@ -1,0 +1,130 @@
+// The model's shapes on one rank and its parameters' layout in the flat buffers.
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/model/model.h"
+
+namespace tr {
+namespace {
+// The vocabulary is padded to a multiple of this times tp (GEMM-friendly shard sizes).
+constexpr int64_t kVocabMultiple = 128;
+}  // namespace
+
+ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool sequence_parallel,
+                          const std::vector<int64_t>& stage_layers) {
+  ModelDims d;
+  d.hidden = m.hidden_size;
+  d.inter = m.intermediate_size / topo.tp;
+  d.layers = m.num_layers / topo.pp;
+  d.first_layer = d.layers * topo.pp_rank;
+  if (!stage_layers.empty()) {
+    TR_ASSERT(static_cast<int>(stage_layers.size()) == topo.pp, "one layer count per stage");
+    d.layers = stage_layers[topo.pp_rank];
+    d.first_layer = 0;
+    for (int s = 0; s < topo.pp_rank; ++s) d.first_layer += stage_layers[s];
+  }
+  d.first_stage = topo.first_stage();
+  d.last_stage = topo.last_stage();
+  d.heads = m.num_heads / topo.tp;
+  d.kv_heads = m.num_kv_heads / topo.tp;
+  d.head_dim = m.head_dim;
+  d.total_layers = m.num_layers;
+  d.vocab = m.vocab_size;
+  const int64_t multiple = kVocabMultiple * topo.tp;
+  d.vocab_padded = (m.vocab_size + multiple - 1) / multiple * multiple;
+  d.vocab_local = d.vocab_padded / topo.tp;
+  d.vocab_offset = d.vocab_local * topo.tp_rank;
+  d.tp = topo.tp;
+  d.tp_rank = topo.tp_rank;
+  d.sequence_parallel = sequence_parallel && topo.tp > 1;
+  d.cp = topo.cp;
+  d.cp_rank = topo.cp_rank;
+  d.eps = static_cast<float>(m.rms_norm_eps);
+  d.rope = m.rope();
+  d.tied = m.tie_embeddings;
+  return d;
+}
+
+ModelDims ModelDims::from(const Config& c, const Topology& topo) {
+  ModelDims d = from(c.model, topo, c.parallel.sequence_parallel, c.parallel.pipeline_layers);
+  d.cp_exchange = c.parallel.cp_comm == "ring" ? CpExchange::ring : CpExchange::all_gather;
+  const TrainConfig& t = c.train;
+  d.recompute_selective = t.recompute == "selective";
+  if (t.recompute == "full") {
+    const std::vector<int64_t>& n = t.recompute_layers;
+    d.recompute_full = n.empty() ? d.layers : n[n.size() == 1 ? 0 : topo.pp_rank];
+  }
+  return d;
+}
+
+ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
+  ParamLayout l;
+  // split: -1 replicated, 0 rows, 1 columns; the global shape multiplies the split dim by tp.
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, int split) {
+    ParamInfo p;
+    p.name = std::move(name);
+    p.shape = shape;
+    p.global_shape = shape;
+    if (split >= 0) {
+      p.global_shape[split] *= d.tp;
+      p.split_dim = split;
+      p.split_offset = shape[split] * d.tp_rank;
+    }
+    p.offset = l.total;
+    p.numel = 1;
+    for (int64_t s : shape) p.numel *= s;
+    p.decay = decay;
+    l.total += p.numel;
+    l.tensors.push_back(std::move(p));
+  };
+  const int64_t H = d.hidden, hd = d.head_dim;
+  auto vocab_table = [&](const std::string& name) {  // vocab-parallel rows; padding not stored
+    add(name, {d.vocab_local, H}, true, 0);
+    l.tensors.back().global_shape[0] = d.vocab;
+  };
+  if (d.first_stage) vocab_table("embed_tokens/weight");
+  for (int64_t i = d.first_layer; i < d.first_layer + d.layers; ++i) {
+    const std::string p = absl::StrCat("layers/", i, "/");
+    add(p + "input_layernorm/weight", {H}, false, -1);
+    // q, k, v adjacent so that [q; k; v] is one [(nh + 2 nkv) hd, H] matrix; biases likewise.
+    // Column-parallel: each TP rank holds whole heads.
+    add(p + "self_attn/q_proj/weight", {d.heads * hd, H}, true, 0);
+    add(p + "self_attn/k_proj/weight", {d.kv_heads * hd, H}, true, 0);
+    add(p + "self_attn/v_proj/weight", {d.kv_heads * hd, H}, true, 0);
+    add(p + "self_attn/q_proj/bias", {d.heads * hd}, false, 0);
+    add(p + "self_attn/k_proj/bias", {d.kv_heads * hd}, false, 0);
+    add(p + "self_attn/v_proj/bias", {d.kv_heads * hd}, false, 0);
+    add(p + "self_attn/o_proj/weight", {H, d.heads * hd}, true, 1);  // row-parallel
+    add(p + "post_attention_layernorm/weight", {H}, false, -1);
+    add(p + "mlp/gate_proj/weight", {d.inter, H}, true, 0);  // gate then up: one [2I, H]
+    add(p + "mlp/up_proj/weight", {d.inter, H}, true, 0);
+    add(p + "mlp/down_proj/weight", {H, d.inter}, true, 1);  // row-parallel
+  }
+  if (d.last_stage) {
+    add("norm/weight", {H}, false, -1);
+    if (!d.tied) {
+      vocab_table("lm_head/weight");
+    } else if (!d.first_stage) {
+      vocab_table("embed_tokens/weight");
+      l.tensors.back().tied_copy = true;
+    }
+  }
+  l.capacity = (l.total + multiple - 1) / multiple * multiple;
+  return l;
+}
+
+const ParamInfo& ParamLayout::find(const std::string& name) const {
+  for (const ParamInfo& p : tensors)
+    if (p.name == name) return p;
+  TR_ASSERT(false, "no parameter named " + name);
+}
+
+int64_t loss_chunk_tokens(int64_t tokens, int64_t vocab_local, DType logits_dtype) {
+  const double row =
+      static_cast<double>(vocab_local) * static_cast<double>(dtype_size(logits_dtype));
+  const auto fit = static_cast<int64_t>(kLossChunkBudgetBytes / row);
+  return std::max<int64_t>(1, std::min(tokens, std::max(fit, kMinLossChunkTokens)));
+}
+
+}  // namespace tr

@@ -1,0 +1,90 @@
+// The model's shapes on one rank and its parameters' layout in the flat buffers
+// (model_layout.cpp): what the model, the parameter buffer, the optimizer, the planner and the
+// checkpoints agree on.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/rope.h"
+#include "parallel/context_parallel.h"
+#include "parallel/topology.h"
+#include "trainer/config/config.h"
+
+namespace tr {
+
+// Shapes of the model as one rank holds it: heads, intermediate size and vocabulary are this
+// rank's tensor-parallel shard.
+struct ModelDims {
+  int64_t hidden, inter, layers, heads, kv_heads, head_dim;
+  int64_t total_layers;  // of the whole model (for the output-projection init scale)
+  int64_t vocab;         // real vocabulary
+  int64_t vocab_padded;  // whole padded vocabulary: a multiple of 128 * tp
+  int64_t vocab_local;   // vocab_padded / tp rows of the embedding and LM head on this rank
+  int64_t vocab_offset;  // first vocabulary id of this rank's rows
+  int tp = 1, tp_rank = 0;
+  // Sequence parallelism (tp > 1): outside the TP regions (norms, residual stream) each TP rank
+  // holds T / tp tokens; all-gather before the column-parallel layers, reduce-scatter after
+  // the row-parallel ones.
+  bool sequence_parallel = false;
+  // Context parallelism (parallel.cp): this rank holds seq_len / cp tokens of every sequence,
+  // chunks cp_rank and 2 cp - 1 - cp_rank (parallel/context_parallel.h); attention meets the
+  // CP group's other chunks by `cp_exchange`. Everything but attention and RoPE's positions is
+  // per token and does not know.
+  int cp = 1, cp_rank = 0;
+  CpExchange cp_exchange = CpExchange::all_gather;
+  // Pipeline stage: layers [first_layer, first_layer + layers) of the model. The first stage
+  // holds the input embedding, the last the final norm and the LM head (with tied embeddings
+  // and pp > 1, its own copy of embed_tokens, kept equal by an all-reduce of the gradients).
+  int64_t first_layer = 0;
+  bool first_stage = true, last_stage = true;
+  float eps;
+  Rope rope;  // model.rope_theta and model.rope_scaling
+  bool tied;
+  // Activation recomputation (train.recompute): the first `recompute_full` layers of this stage
+  // keep only their input and run their forward again in backward; with `recompute_selective`
+  // every layer drops its norm outputs and SwiGLU output and recomputes them in backward.
+  // Gradients are the same bits either way.
+  int64_t recompute_full = 0;
+  bool recompute_selective = false;
+  int64_t qkv_out() const { return (heads + 2 * kv_heads) * head_dim; }
+  // Real (unpadded) vocabulary rows among this rank's vocab_local.
+  int64_t vocab_valid_local() const {
+    return std::clamp<int64_t>(vocab - vocab_offset, 0, vocab_local);
+  }
+
+  // `stage_layers`: layers of each pipeline stage (empty = num_layers / pp each).
+  static ModelDims from(const ModelConfig& m, const Topology& topo, bool sequence_parallel = false,
+                        const std::vector<int64_t>& stage_layers = {});
+  // Everything the run's config says about this rank's model: the above, and recomputation.
+  static ModelDims from(const Config& c, const Topology& topo);
+};
+
+// One parameter tensor: where it lives in the flat buffers and how it is checkpointed.
+struct ParamInfo {
+  std::string name;                   // "layers/0/self_attn/q_proj/weight" (HF name, '/'-separated)
+  std::vector<int64_t> shape;         // as stored on this rank (vocab padded)
+  std::vector<int64_t> global_shape;  // in checkpoints: real vocab, all TP shards
+  int64_t offset = 0;                 // elements into the flat buffers
+  int64_t numel = 0;
+  bool decay = true;  // AdamW weight decay (false for norms and biases)
+  // Tensor parallelism: -1 = replicated on every TP rank; 0 = rows split (column-parallel
+  // layers, vocabulary); 1 = columns split (row-parallel layers). This rank's slice starts at
+  // index `split_offset` of that dimension of the (vocab-padded) global tensor.
+  int split_dim = -1;
+  int64_t split_offset = 0;
+  bool tied_copy = false;  // the last stage's copy of the tied embedding (pp > 1): not saved,
+                           // not counted twice in the gradient norm
+};
+
+struct ParamLayout {
+  std::vector<ParamInfo> tensors;
+  int64_t total = 0;     // elements
+  int64_t capacity = 0;  // total rounded up to `multiple` (ZeRO-1 shards); the tail stays zero
+  static ParamLayout make(const ModelDims& d, int64_t multiple = 1);
+  const ParamInfo& find(const std::string& name) const;
+};
+
+}  // namespace tr

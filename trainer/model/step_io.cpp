@@ -1,0 +1,80 @@
+#include "trainer/model/step_io.h"
+
+#include <cstring>
+
+#include "kernels/ops.h"
+
+namespace tr {
+
+StepIO::StepIO(Ctx ctx) : ctx_(ctx), scalars_buf_(2 * sizeof(double), ctx.device) {
+  scalars_ = Tensor(scalars_buf_.data(), DType::f64, ctx.device, {2});
+  reset();
+}
+
+size_t StepIO::device_bytes(int64_t micro_batches, int64_t tokens, Device device) {
+  const size_t scalars = 2 * sizeof(double);
+  if (device == Device::cpu) return scalars;  // the ops read the host arrays
+  return scalars + 2 * static_cast<size_t>(micro_batches * tokens) * sizeof(int32_t);
+}
+
+void StepIO::stage(const std::vector<const int32_t*>& inputs,
+                   const std::vector<const int32_t*>& targets, int64_t tokens) {
+  inputs_.clear();
+  targets_.clear();
+  auto host_tensor = [&](const int32_t* p) {
+    return Tensor(const_cast<int32_t*>(p), DType::i32, Device::cpu, {tokens});
+  };
+  if (ctx_.device == Device::cpu) {
+    for (const int32_t* p : inputs) inputs_.push_back(host_tensor(p));
+    for (const int32_t* p : targets) targets_.push_back(host_tensor(p));
+    return;
+  }
+  const size_t arrays = inputs.size() + targets.size();
+  const size_t bytes = arrays * static_cast<size_t>(tokens) * sizeof(int32_t);
+  if (dev_.bytes() < bytes) {  // grown at the first step (nothing is in flight then)
+    host_ = Buffer::pinned(bytes);
+    dev_ = Buffer(bytes, ctx_.device);
+  }
+  auto* host = static_cast<int32_t*>(host_.data());
+  auto* dev = static_cast<int32_t*>(dev_.data());
+  size_t i = 0;
+  for (const auto* list : {&inputs, &targets}) {
+    for (const int32_t* p : *list) {
+      std::memcpy(host + i * tokens, p, static_cast<size_t>(tokens) * sizeof(int32_t));
+      (list == &inputs ? inputs_ : targets_)
+          .push_back(Tensor(dev + i * tokens, DType::i32, ctx_.device, {tokens}));
+      ++i;
+    }
+  }
+  const auto n = static_cast<int64_t>(arrays) * tokens;
+  upload_async(ctx_, Tensor(dev, DType::i32, ctx_.device, {n}),
+               Tensor(host, DType::i32, Device::cpu, {n}));
+}
+
+void StepIO::reset() {
+  zero_(ctx_, scalars_);
+}
+
+std::pair<double, double> StepIO::take() {
+  double v[2];
+  read_f64(ctx_, scalars_, v);
+  reset();
+  return {v[0], v[1]};
+}
+
+double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t* targets,
+                        float grad_scale) {
+  TR_ASSERT(model.dims().first_stage && model.dims().last_stage,
+            "forward_backward runs the whole model");
+  // Each call is the last of its step (its layers' norms are summed over TP when it ends), so
+  // under sequence parallelism a second call would sum them again.
+  TR_ASSERT(!model.dims().sequence_parallel, "forward_backward: not under sequence parallelism");
+  StepIO io(model.ctx());
+  io.stage({tokens}, {targets}, model.tokens_per_micro_batch());
+  model.forward_stage(0, io.inputs(0));
+  model.stage_loss(0, io.targets(0), grad_scale, true, io.loss_sum());
+  model.backward_stage(0, io.inputs(0), /*last_of_step=*/true);
+  return io.take().first;
+}
+
+}  // namespace tr

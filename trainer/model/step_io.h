@@ -1,0 +1,56 @@
+// A step's inputs and outputs on the device, owned by the step rather than the model: the token
+// ids and targets of its micro-batches, and the step's two scalars (the loss sum and this rank's
+// squared gradient norm), which the step reads back together in its one host sync.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/ctx.h"
+#include "core/tensor.h"
+#include "trainer/model/model.h"
+
+namespace tr {
+
+class StepIO {
+ public:
+  explicit StepIO(Ctx ctx);
+  // Bytes a step of `micro_batches` micro-batches of `tokens` tokens holds on `device` (the
+  // staged ids and targets, and the scalars); the planner counts them.
+  static size_t device_bytes(int64_t micro_batches, int64_t tokens, Device device);
+
+  // The micro-batches' token ids and targets (`tokens` = batch * seq_len each) to where the ops
+  // read them. On the CPU they are the host arrays themselves (which must outlive their use); on
+  // a device they are copied into pinned host memory and uploaded with one asynchronous copy. The
+  // previous upload from that memory has run by then: the last step's take() waited for the
+  // stream, which holds every earlier copy.
+  void stage(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
+             int64_t tokens);
+  Tensor inputs(size_t micro_batch) const { return inputs_.at(micro_batch); }    // i32 [tokens]
+  Tensor targets(size_t micro_batch) const { return targets_.at(micro_batch); }  // i32 [tokens]
+
+  // f64 [1] each on the device: the sum of the per-token losses the last stage has computed
+  // since the last reset (Qwen2Model::stage_loss adds to it), and this rank's share of the
+  // squared gradient norm (DistributedOptimizer::accumulate_norm).
+  Tensor loss_sum() const { return scalars_.slice(0, 1); }
+  Tensor norm_squares() const { return scalars_.slice(1, 1); }
+  void reset();                      // both 0 (queued on the stream)
+  std::pair<double, double> take();  // both read (one host sync), then reset
+
+ private:
+  Ctx ctx_;
+  Buffer scalars_buf_;
+  Tensor scalars_;     // f64 [2]: loss_sum, norm_squares
+  Buffer host_, dev_;  // the staged arrays: pinned on the host, and on the device
+  std::vector<Tensor> inputs_, targets_;
+};
+
+// One micro-batch through a whole (single-stage) model: forward, loss and backward, gradients
+// ACCUMULATED into the model's buffer scaled by grad_scale; returns the sum of the per-token
+// losses (a host sync). For tests and tools, without sequence parallelism; the trainer's step
+// runs the pipeline.
+double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t* targets,
+                        float grad_scale);
+
+}  // namespace tr

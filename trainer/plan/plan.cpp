@@ -1,0 +1,507 @@
+#include "trainer/plan/plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/tensor.h"
+#include "parallel/topology.h"
+#include "trainer/layout/flat_buffers.h"
+#include "trainer/model/model.h"
+#include "trainer/model/step_io.h"
+#include "trainer/optim/optim.h"
+#include "yaml-cpp/yaml.h"
+
+namespace tr {
+namespace {
+
+// cuDNN's deterministic flash-attention backward keeps a dP buffer of batch x heads x
+// pad64(seq)^2 bf16 (cuDNN < 9.25); the forward needs far less. An estimate, not a reading.
+double attention_workspace_estimate(int64_t batch, int64_t heads, int64_t seq) {
+  const double s = static_cast<double>((seq + 63) / 64 * 64);
+  return static_cast<double>(batch) * static_cast<double>(heads) * s * s * 2.0;
+}
+
+// Bytes one rank sends in a ring all-reduce / reduce-scatter / all-gather of `bytes`.
+double ring_all_reduce(double bytes, int n) {
+  return n > 1 ? 2.0 * (n - 1) / n * bytes : 0.0;
+}
+double ring_half(double bytes, int n) {
+  return n > 1 ? static_cast<double>(n - 1) / n * bytes : 0.0;
+}
+
+}  // namespace
+
+absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
+                                          StorageSpec* storage) {
+  StorageSpec unused;
+  StorageSpec& st = storage != nullptr ? *storage : unused;
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hardware ", path, ": cannot read YAML (", e.what(), ")"));
+  }
+  if (!root.IsMap())
+    return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": expected a mapping"));
+  const std::pair<const char*, std::pair<double*, double>> keys[] = {
+      {"peak_bf16_tflops", {&g.peak_bf16_flops, 1e12}},
+      {"memory_gib", {&g.memory_bytes, kGiB}},
+      {"hbm_tbps", {&g.hbm_bw, 1e12}},
+      {"nvlink_gbps", {&g.nvlink_bw, 1e9}},
+      {"network_gbps", {&g.network_bw, 1e9}},
+      {"gemm_efficiency", {&g.gemm_efficiency, 1.0}},
+      {"host_copy_gbps", {&st.host_copy_bw, 1e9}},
+      {"local_disk_gbps", {&st.local_disk_bw, 1e9}},
+      {"storage_gbps", {&st.storage_bw, 1e9}},
+      {"restart_s", {&st.restart_s, 1.0}}};
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>("");
+    if (key == "name") {
+      g.name = kv.second.as<std::string>("");
+      continue;
+    }
+    bool known = false;
+    for (const auto& [name, target] : keys) {
+      if (key != name) continue;
+      known = true;
+      double v = 0;
+      try {
+        v = kv.second.as<double>();
+      } catch (const YAML::Exception&) {
+        v = -1;
+      }
+      if (!(v > 0) || (key == "gemm_efficiency" && v > 1))
+        return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", key,
+                                                       " must be a positive number",
+                                                       key == "gemm_efficiency" ? " <= 1" : ""));
+      *target.first = v * target.second;
+    }
+    if (!known)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hardware ", path, ": unknown key '", key,
+          "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
+          "gemm_efficiency, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s"));
+  }
+  return g;
+}
+
+StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
+                        bool separate_compute_copy, int64_t loss_chunk) {
+  const Topology& st = facts.topo;
+  const TrainConfig& t = cfg.train;
+  const ParallelConfig& par = cfg.parallel;
+  const int64_t seq = cfg.data.seq_len;
+  const bool zero1 = facts.zero1;
+  const ModelDims dims = ModelDims::from(cfg, st);
+  StageMemory m;
+  m.stage = st.pp_rank;
+  m.in_flight = facts.in_flight();
+  const ModelOptions options =
+      model_options(cfg, facts, device, separate_compute_copy, loss_chunk, /*plan_only=*/true);
+  const DType dtype = options.dtype;
+  ParamBuffer params = make_param_buffer(dims, options, device);
+  const Qwen2Model model(dims, options, params, Ctx{device});
+  const bool separate =
+      DistributedOptimizer::keeps_separate_masters(options.dtype, options.separate_compute_copy);
+  const WeightMemory w = weight_memory(
+      params,
+      DistributedOptimizer::master_bytes(params.layout().capacity, options.shards, separate));
+  m.weights = static_cast<double>(w.masters);
+  m.compute_copy = static_cast<double>(w.compute_copy);
+  m.grads = static_cast<double>(params.grad_bytes());
+  m.activations = static_cast<double>(model.activation_bytes());
+  m.loss_chunk_tokens = model.loss_chunk();
+  m.loss_chunk_logits = static_cast<double>(model.loss_chunk()) *
+                        static_cast<double>(dims.vocab_local) * dtype_size(dtype);
+  const int64_t capacity = params.layout().capacity, total = params.layout().total;
+  // AdamW's m and v of this rank's range; the GradReducer's reduced gradient shard (ZeRO-1)
+  // and bf16 staging: their own counts.
+  const DType reduce = grad_reduce_dtype(par);
+  const int replicas = st.dp_cp();  // ZeRO-1 shards over dp x cp
+  m.optimizer_without_zero1 =
+      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, replicas, false) +
+                          GradReducer::staging_bytes(capacity, replicas, false, reduce));
+  m.optimizer =
+      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, replicas, zero1) +
+                          GradReducer::shard_bytes(capacity, replicas, zero1) +
+                          GradReducer::staging_bytes(capacity, replicas, zero1, reduce));
+  if (device == Device::cuda) {
+    m.workspace = static_cast<double>(
+        kCudaWorkspaceBytes +
+        StepIO::device_bytes(facts.micro_batches, t.micro_batch * seq / st.cp, device));
+    // Under context parallelism cuDNN runs on one sequence's blocks of seq / (2 cp) tokens.
+    m.attention_workspace = st.cp > 1
+                                ? attention_workspace_estimate(1, dims.heads, seq / (2 * st.cp))
+                                : attention_workspace_estimate(t.micro_batch, dims.heads, seq);
+  }
+  return m;
+}
+
+namespace {
+
+// Each stage's memory, measured on its rank (0, 0, stage) as the trainer would build it.
+void plan_memory(const Config& cfg, Plan& plan) {
+  const Topology& topo = plan.facts.topo;
+  for (int stage = 0; stage < topo.pp; ++stage) {
+    const RunFacts sf = plan.facts.of_rank(topo.rank_at(0, 0, stage));
+    const ModelDims dims = ModelDims::from(cfg, sf.topo);
+    plan.recompute_full_layers += std::min(dims.recompute_full, dims.layers);
+    const StageMemory m = rank_memory(cfg, sf, Device::cuda);
+    plan.fits = plan.fits && m.total() <= plan.gpu.memory_bytes;
+    plan.stages.push_back(m);
+  }
+}
+
+// FLOPs per token (model and recomputed), parameters, checkpoint size and the bubble.
+void plan_flops(const Config& cfg, Plan& plan) {
+  const ModelConfig& mc = cfg.model;
+  const int64_t seq = cfg.data.seq_len;
+  const double H = static_cast<double>(mc.hidden_size), L = static_cast<double>(mc.num_layers);
+  const double attn =
+      L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
+  plan.flops_per_token_causal = plan.facts.flops_per_token;
+  plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
+  // A fully recomputed layer runs its forward again up to the SwiGLU: the QKV, O and gate/up
+  // GEMMs (2 flops per weight per token) and causal attention (2 s nh hd per token). Selective
+  // recomputation runs only norms and SwiGLU (elementwise; not counted).
+  const double Q = static_cast<double>((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim),
+               A = static_cast<double>(mc.num_heads * mc.head_dim),
+               I = static_cast<double>(mc.intermediate_size);
+  const double layer_fwd =
+      2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * static_cast<double>(seq) * A;
+  plan.recompute_flops_per_token = static_cast<double>(plan.recompute_full_layers) * layer_fwd;
+  plan.params_total = model_param_count(cfg, plan.facts.topo);
+  plan.checkpoint_bytes = checkpoint_bytes(cfg, plan.facts.topo);
+  const int pp = plan.facts.topo.pp;
+  const auto m = static_cast<double>(plan.facts.micro_batches);
+  plan.bubble = (pp - 1) / (m + pp - 1);
+}
+
+// The CP exchange per GPU per step (bytes sent): per micro-batch, sequence and layer of the
+// stage, with c = one rank's K (or V) in bf16: seq / cp tokens of nkv / tp heads of hd; dK and dV
+// travel in their fp32 accumulators (cp_accumulator_dtype), 2 c each:
+//   all-gather: forward gathers K and V (each rank sends its c to cp - 1 others: 2 (cp - 1) c);
+//               backward gathers them again (2 (cp - 1) c) and reduce-scatters dK and dV
+//               (4 (cp - 1) c);
+//   ring:       forward passes K and V cp - 1 times, backward again: 4 (cp - 1) c, each pass
+//               beside the attention of the chunk in hand; backward also passes dK and dV cp
+//               times (the gradients travel home) after each chunk's backward: 4 cp c.
+// A fully recomputed layer runs its forward's exchange again. Returns {all, the part that runs
+// beside the attention}.
+std::pair<double, double> cp_bytes_per_step(const Config& cfg, const RunFacts& f,
+                                            int64_t recompute_full_layers) {
+  const int cp = f.topo.cp;
+  if (cp == 1) return {0, 0};
+  const ModelConfig& mc = cfg.model;
+  const double c = static_cast<double>(cfg.data.seq_len / cp) *
+                   static_cast<double>(mc.num_kv_heads / f.topo.tp * mc.head_dim) * 2.0;
+  const bool ring = cfg.parallel.cp_comm == "ring";
+  const double kv = 2.0 * (cp - 1) * c;  // one gather or one trip round the ring of K and V
+  const double grads = 2.0 * (ring ? 2.0 * cp * c : 2.0 * (cp - 1) * c);  // fp32
+  const double layers = static_cast<double>(mc.num_layers) / f.topo.pp;
+  const double full = static_cast<double>(recompute_full_layers) / f.topo.pp;
+  const double sequences = static_cast<double>(f.micro_batches * cfg.train.micro_batch);
+  const double kv_all = sequences * kv * (2 * layers + full);
+  const double all = kv_all + sequences * grads * layers;
+  return {all, ring ? kv_all : 0.0};
+}
+
+// Communication per GPU per step (bytes sent), bf16 activations, fp32 gradients.
+void plan_communication(const Config& cfg, Plan& plan) {
+  const RunFacts& f = plan.facts;
+  const int pp = f.topo.pp, tp = f.topo.tp, dp = f.topo.dp, cp = f.topo.cp;
+  const auto m = static_cast<double>(f.micro_batches);
+  const double H = static_cast<double>(cfg.model.hidden_size);
+  const double tokens =
+      static_cast<double>(cfg.train.micro_batch * cfg.data.seq_len) / cp;  // T on this rank
+  const double act = tokens * H * 2.0;                                     // [T, H] bf16
+  const double layers_here = static_cast<double>(cfg.model.num_layers) / pp;
+  // Per layer and micro-batch: 2 TP reductions forward (attention, MLP) and 2 backward; with
+  // sequence parallelism each is a reduce-scatter + all-gather pair of the same volume.
+  plan.tp_bytes = m * layers_here * 4.0 * ring_all_reduce(act, tp);
+  // Recomputation's TP traffic per layer and micro-batch, in all-reduce equivalents (an
+  // all-gather or a reduce-scatter is half of one): full runs the attention's reduction again,
+  // and with sequence parallelism the all-gathers of both norm outputs (selective: only those).
+  const bool sp = f.sequence_parallel;
+  const double rc_full = sp ? 1.5 : 1.0, rc_selective = sp ? 1.0 : 0.0;
+  const double rc_layers_per_stage = static_cast<double>(plan.recompute_full_layers) / pp;
+  plan.tp_bytes += m * ring_all_reduce(act, tp) *
+                   (rc_full * rc_layers_per_stage +
+                    (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
+  plan.pp_bytes = pp > 1 ? m * 2.0 * act / (sp ? tp : 1) : 0;
+  const double grads = static_cast<double>(plan.stages[0].grads);
+  // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
+  // compute copy all-gathered.
+  const double reduced = grads / 4 * dtype_size(grad_reduce_dtype(cfg.parallel));  // on the wire
+  plan.dp_bytes =
+      f.zero1 ? ring_half(reduced, dp * cp) + ring_half(plan.stages[0].compute_copy, dp * cp)
+              : ring_all_reduce(reduced, dp * cp);
+  std::tie(plan.cp_bytes, plan.cp_beside_bytes) =
+      cp_bytes_per_step(cfg, f, plan.recompute_full_layers);
+}
+
+// Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication (TP
+// over NVLink inside a node, PP and DP over the network when they cross nodes).
+void plan_time(Plan& plan) {
+  const GpuSpec& gpu = plan.gpu;
+  const int pp = plan.facts.topo.pp, tp = plan.facts.topo.tp;
+  const double tokens_step = static_cast<double>(plan.facts.tokens_per_step);
+  const auto m = static_cast<double>(plan.facts.micro_batches);
+  const double stretch = (m + pp - 1) / m;  // 1F1B runs m + pp - 1 slots for m micro-batches
+  plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /
+                   plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
+  plan.bubble_s = plan.compute_s - plan.compute_s / stretch;
+  const bool tp_in_node = tp <= plan.gpus_per_node;
+  plan.tp_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
+  const bool multi_node = plan.world > plan.gpus_per_node;
+  plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw);
+  plan.dp_s = plan.dp_bytes / (multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw);
+  // CP groups are the next-closest ranks after TP: inside a node while tp x cp GPUs fit in one.
+  const int cp = plan.facts.topo.cp;
+  const double cp_bw = tp * cp <= plan.gpus_per_node ? gpu.nvlink_bw : gpu.network_bw;
+  const double attention_s = (plan.flops_per_token_full - plan.flops_per_token_causal) *
+                             tokens_step / plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency);
+  plan.cp_comm_s = plan.cp_bytes / cp_bw;
+  const double beside_s = plan.cp_beside_bytes / cp_bw;
+  plan.cp_s = plan.cp_comm_s - beside_s + std::max(0.0, beside_s - attention_s);
+  plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s + plan.cp_s;
+  plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;
+  plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;
+}
+
+// The plan itself (make_plan without its search for a cp that fits).
+absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
+                                int gpus_per_node) {
+  if (nodes < 1 || gpus_per_node < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nodes ", nodes, " and --gpus-per-node ", gpus_per_node, " must be >= 1"));
+  Plan plan;
+  plan.gpu = gpu;
+  plan.nodes = nodes;
+  plan.gpus_per_node = gpus_per_node;
+  plan.world = nodes * gpus_per_node;
+  absl::StatusOr<RunFacts> facts = run_facts(cfg, plan.world, 0);
+  if (!facts.ok()) return facts.status();
+  plan.facts = *facts;
+  plan_memory(cfg, plan);
+  plan_flops(cfg, plan);
+  plan_communication(cfg, plan);
+  plan_time(plan);
+  return plan;
+}
+
+// The smallest parallel.cp above cfg's, doubling, whose plan on the same GPUs (dp auto) is a
+// valid layout that fits; 0 = none.
+int cp_that_fits(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node) {
+  const int64_t fixed = cfg.parallel.tp * cfg.parallel.pp;
+  for (int64_t cp = cfg.parallel.cp * 2; fixed * cp <= int64_t{nodes} * gpus_per_node; cp *= 2) {
+    if (cfg.data.seq_len % (2 * cp) != 0) break;  // config.cpp's rule: nor will a larger cp
+    Config c = cfg;
+    c.parallel.cp = cp;
+    c.parallel.dp = 0;
+    absl::StatusOr<Plan> p = build_plan(c, gpu, nodes, gpus_per_node);
+    if (p.ok() && p->fits) return static_cast<int>(cp);
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
+                               int gpus_per_node) {
+  absl::StatusOr<Plan> plan = build_plan(cfg, gpu, nodes, gpus_per_node);
+  if (plan.ok() && !plan->fits) plan->cp_needed = cp_that_fits(cfg, gpu, nodes, gpus_per_node);
+  return plan;
+}
+
+namespace {
+
+// The memory table (GiB per GPU, a column per stage) and the verdict.
+void format_memory(std::string& out, const Plan& p) {
+  const bool zero1 = p.facts.zero1;
+  absl::StrAppend(&out, "memory per GPU (GiB)     ");
+  for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  stage %-3d", m.stage);
+  absl::StrAppend(&out, "\n");
+  auto row = [&](const char* what, auto get) {
+    absl::StrAppendFormat(&out, "  %-23s", what);
+    for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  %9.2f", get(m) / kGiB);
+    absl::StrAppend(&out, "\n");
+  };
+  row(zero1 ? "weights (fp32, zero1)" : "weights (fp32 master)",
+      [](const StageMemory& m) { return m.weights; });
+  row("compute copy (bf16)", [](const StageMemory& m) { return m.compute_copy; });
+  row("gradients (fp32)", [](const StageMemory& m) { return m.grads; });
+  row(zero1 ? "adam m, v (zero1)" : "adam m, v", [](const StageMemory& m) { return m.optimizer; });
+  row("  (without zero1)", [](const StageMemory& m) { return m.optimizer_without_zero1; });
+  row("activations", [](const StageMemory& m) { return m.activations; });
+  row("workspace", [](const StageMemory& m) { return m.workspace; });
+  row("attention (estimated)", [](const StageMemory& m) { return m.attention_workspace; });
+  row("total", [](const StageMemory& m) { return m.total(); });
+  const auto worst = std::max_element(p.stages.begin(), p.stages.end(),
+                                      [](auto& a, auto& b) { return a.total() < b.total(); });
+  if (p.fits) {
+    absl::StrAppendFormat(&out, "verdict: fits: stage %d needs %.1f GiB of %.0f GiB\n",
+                          worst->stage, worst->total() / kGiB, p.gpu.memory_bytes / kGiB);
+    return;
+  }
+  std::vector<std::pair<double, std::string>> terms = {
+      {worst->weights + worst->compute_copy, "weights"},
+      {worst->grads, "gradients"},
+      {worst->optimizer, "optimizer states"},
+      {worst->activations, "activations"}};
+  std::sort(terms.rbegin(), terms.rend());
+  absl::StrAppendFormat(&out,
+                        "verdict: does not fit: stage %d needs %.1f GiB of %.0f GiB; largest: "
+                        "%s %.1f GiB, %s %.1f GiB\n",
+                        worst->stage, worst->total() / kGiB, p.gpu.memory_bytes / kGiB,
+                        terms[0].second, terms[0].first / kGiB, terms[1].second,
+                        terms[1].first / kGiB);
+}
+
+}  // namespace
+
+std::string format_plan(const Config& cfg, const Plan& p) {
+  std::string out;
+  const Topology& t = p.facts.topo;
+  absl::StrAppendFormat(
+      &out,
+      "plan: %d nodes x %d %s = %d GPUs; tp %d x %spp %d x dp %d%s%s; "
+      "%.3gB parameters; %d micro-batches of %d x %d tokens per step\n",
+      p.nodes, p.gpus_per_node, p.gpu.name, p.world, t.tp,
+      t.cp > 1 ? absl::StrCat("cp ", t.cp, " x ") : "", t.pp, t.dp, p.facts.zero1 ? ", zero1" : "",
+      p.facts.sequence_parallel ? ", sequence parallel" : "", p.params_total / 1e9,
+      p.facts.micro_batches, cfg.train.micro_batch, cfg.data.seq_len);
+  absl::StrAppendFormat(&out,
+                        "checkpoint: %.1f GiB per save (fp32 weights, Adam m and v); "
+                        "checkpoint.keep_last=%d keeps %d on disk, one more during a save\n",
+                        p.checkpoint_bytes / kGiB, cfg.checkpoint.keep_last,
+                        cfg.checkpoint.keep_last);
+  const StageMemory& last = p.stages.back();
+  absl::StrAppendFormat(&out,
+                        "loss: chunks of %d tokens of the %d in a micro-batch (at most %.2g GiB "
+                        "of bf16 logits per chunk on the last stage)\n",
+                        last.loss_chunk_tokens, cfg.train.micro_batch * cfg.data.seq_len / t.cp,
+                        last.loss_chunk_logits / kGiB);
+  format_memory(out, p);
+  absl::StrAppendFormat(&out,
+                        "FLOPs per token: %.4g (causal: 6 N_matmul + 6 L s nh hd, what MFU "
+                        "counts); %.4g counting full attention\n",
+                        p.flops_per_token_causal, p.flops_per_token_full);
+  if (cfg.train.recompute == "selective")
+    absl::StrAppend(&out,
+                    "recompute: selective: norm and SwiGLU outputs recomputed in backward "
+                    "(elementwise work; under sequence parallelism also their all-gathers)\n");
+  if (cfg.train.recompute == "full")
+    absl::StrAppendFormat(
+        &out,
+        "recompute: %s; %d of %d layers in full; %.4g FLOPs per token run again (%.1f%% more "
+        "compute; MFU counts model FLOPs only)\n",
+        cfg.train.recompute, static_cast<int>(p.recompute_full_layers),
+        static_cast<int>(cfg.model.num_layers), p.recompute_flops_per_token,
+        100 * p.recompute_flops_per_token / p.flops_per_token_causal);
+  absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (1F1B, %d micro-batches)\n",
+                        100 * p.bubble, p.facts.micro_batches);
+  const std::string cp_traffic = t.cp > 1 ? absl::StrFormat(", cp %.2f GB", p.cp_bytes / 1e9) : "";
+  absl::StrAppendFormat(&out,
+                        "communication per GPU per step: tp %.2f GB, pp %.2f GB, dp %.2f GB%s\n",
+                        p.tp_bytes / 1e9, p.pp_bytes / 1e9, p.dp_bytes / 1e9, cp_traffic);
+  if (t.cp > 1)
+    absl::StrAppendFormat(
+        &out,
+        "context parallel: cp %d (%s), %d tokens of each sequence per GPU; the "
+        "K/V exchange takes %.2f s per step, %.2f s of it exposed%s\n",
+        t.cp, cfg.parallel.cp_comm, cfg.data.seq_len / t.cp, p.cp_comm_s, p.cp_s,
+        cfg.parallel.cp_comm == "ring" ? " (the K/V passes run beside the chunk attention)" : "");
+  if (!p.fits && p.cp_needed > 0)
+    absl::StrAppendFormat(&out,
+                          "long context: parallel.cp=%d would fit on these %d GPUs (dp auto); "
+                          "try trainer plan --set parallel.cp=%d\n",
+                          p.cp_needed, p.world, p.cp_needed);
+  const std::string cp_time = t.cp > 1 ? absl::StrFormat(", cp %.2f", p.cp_s) : "";
+  absl::StrAppendFormat(&out,
+                        "predicted step %.2f s (compute %.2f, tp %.2f, pp %.2f, dp %.2f%s, no "
+                        "overlap): %.0f tokens/s/GPU, MFU %.1f%%\n",
+                        p.step_s, p.compute_s, p.tp_s, p.pp_s, p.dp_s, cp_time,
+                        p.tokens_per_s_per_gpu, 100 * p.mfu);
+  absl::StrAppend(&out, plan_bottleneck(p));
+  return out;
+}
+
+std::string plan_json(const Config& cfg, const Plan& p) {
+  nlohmann::json stages = nlohmann::json::array();
+  double worst = 0;
+  for (const StageMemory& m : p.stages) {
+    worst = std::max(worst, m.total());
+    stages.push_back({{"stage", m.stage},
+                      {"weights_gib", m.weights / kGiB},
+                      {"compute_copy_gib", m.compute_copy / kGiB},
+                      {"grads_gib", m.grads / kGiB},
+                      {"optimizer_gib", m.optimizer / kGiB},
+                      {"activations_gib", m.activations / kGiB},
+                      {"workspace_gib", (m.workspace + m.attention_workspace) / kGiB},
+                      {"total_gib", m.total() / kGiB}});
+  }
+  // The resolved model and the GPU table, for the Python tools (tools/torch_baseline.py builds
+  // the same model and counts MFU against the same peaks).
+  const ModelConfig& mc = cfg.model;
+  const nlohmann::json model = {
+      {"hidden_size", mc.hidden_size},       {"intermediate_size", mc.intermediate_size},
+      {"num_layers", mc.num_layers},         {"num_heads", mc.num_heads},
+      {"num_kv_heads", mc.num_kv_heads},     {"head_dim", mc.head_dim},
+      {"vocab_size", mc.vocab_size},         {"max_seq_len", mc.max_seq_len},
+      {"rope_theta", mc.rope_theta},         {"rms_norm_eps", mc.rms_norm_eps},
+      {"tie_embeddings", mc.tie_embeddings}, {"init_std", mc.init_std}};
+  nlohmann::json hardware = nlohmann::json::array();
+  for (const GpuSpec& g : gpu_table())
+    hardware.push_back({{"name", g.name},
+                        {"device_key", g.device_key},
+                        {"peak_bf16_flops", g.peak_bf16_flops},
+                        {"memory_gib", g.memory_bytes / kGiB},
+                        {"hbm_bytes_per_s", g.hbm_bw},
+                        {"nvlink_bytes_per_s", g.nvlink_bw},
+                        {"network_bytes_per_s", g.network_bw},
+                        {"gemm_efficiency", g.gemm_efficiency}});
+  const nlohmann::json j = {{"gpu", p.gpu.name},
+                            {"model", model},
+                            {"hardware", hardware},
+                            {"nodes", p.nodes},
+                            {"gpus_per_node", p.gpus_per_node},
+                            {"world", p.world},
+                            {"tp", p.facts.topo.tp},
+                            {"pp", p.facts.topo.pp},
+                            {"dp", p.facts.topo.dp},
+                            {"cp", p.facts.topo.cp},
+                            {"cp_comm", cfg.parallel.cp_comm},
+                            {"cp_bytes", p.cp_bytes},
+                            {"cp_needed", p.cp_needed},
+                            {"micro_batches", p.facts.micro_batches},
+                            {"params", p.params_total},
+                            {"checkpoint_gib", p.checkpoint_bytes / kGiB},
+                            {"loss_chunk_tokens", p.stages.back().loss_chunk_tokens},
+                            {"fits", p.fits},
+                            {"memory_gib", worst / kGiB},
+                            {"gpu_memory_gib", p.gpu.memory_bytes / kGiB},
+                            {"stages", stages},
+                            {"flops_per_token_causal", p.flops_per_token_causal},
+                            {"flops_per_token_full", p.flops_per_token_full},
+                            {"recompute", cfg.train.recompute},
+                            {"recompute_flops_per_token", p.recompute_flops_per_token},
+                            {"bubble", p.bubble},
+                            {"tp_bytes", p.tp_bytes},
+                            {"pp_bytes", p.pp_bytes},
+                            {"dp_bytes", p.dp_bytes},
+                            {"step_s", p.step_s},
+                            {"tokens_per_s_per_gpu", p.tokens_per_s_per_gpu},
+                            {"mfu", p.mfu}};
+  return j.dump() + "\n";
+}
+
+}  // namespace tr

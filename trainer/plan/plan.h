@@ -1,0 +1,103 @@
+// The planner room: `trainer plan` (here, and its advice in plan_advice.cpp), what failures cost
+// (resilience.h) and whether a rank's memory fits (memory_fit.h). It knows nothing of a
+// running job: the session and everything above it are out of its reach.
+//
+// The planner: per-GPU memory, FLOPs, pipeline bubble, communication volume and a predicted
+// step time for a config on a cluster, without touching a GPU. Memory comes from the model's
+// and optimizer's own arena accounting (a plan-only Qwen2Model), so it is what the trainer
+// will allocate, not a separate formula.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/ctx.h"
+#include "core/hardware.h"
+#include "parallel/topology.h"
+#include "trainer/config/config.h"
+#include "trainer/layout/run_layout.h"
+
+namespace tr {
+
+// `base` with the numbers a YAML file sets: any of name, peak_bf16_tflops, memory_gib,
+// hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_efficiency; and, into `storage`
+// when given, host_copy_gbps (per GPU), local_disk_gbps (per node), storage_gbps (the job's),
+// restart_s. Errors name the file and key.
+absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_path,
+                                          StorageSpec* storage = nullptr);
+
+// Bytes per GPU of one pipeline stage (its largest rank).
+struct StageMemory {
+  int stage = 0;
+  double weights = 0, compute_copy = 0, grads = 0, optimizer = 0, optimizer_without_zero1 = 0;
+  double activations = 0;  // the micro-batches 1F1B keeps in flight on this stage, + scratch
+  // cuBLASLt's and the kernels' workspace with the step's staged tokens; cuDNN's (estimated)
+  double workspace = 0, attention_workspace = 0;
+  int in_flight = 1;              // micro-batches whose activations are held
+  int64_t loss_chunk_tokens = 0;  // tokens per LM-head/loss chunk (trainer/model/model.h)
+  double loss_chunk_logits = 0;   // bytes of one chunk's bf16 logits on this stage's rank
+  double total() const {
+    return weights + compute_copy + grads + optimizer + activations + workspace +
+           attention_workspace;
+  }
+};
+
+// The bytes the rank of `facts` allocates for a run of `cfg` on `device` (bf16 compute weights on
+// cuda, f32 on the CPU; `separate_compute_copy` as TR_TEST_COMPUTE_COPY gives CPU ranks),
+// measured from a plan-only model: what the planner prints per stage and what the trainer checks
+// against the memory it has before allocating.
+StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
+                        bool separate_compute_copy = false, int64_t loss_chunk = 0);
+
+struct Plan {
+  int world = 1, nodes = 1, gpus_per_node = 8;
+  RunFacts facts;  // the layout on this many GPUs, seen from rank 0 (micro-batches, zero1, ...)
+  GpuSpec gpu;
+  std::vector<StageMemory> stages;
+  double params_total = 0;            // parameters of the model (real vocabulary)
+  double checkpoint_bytes = 0;        // one checkpoint on disk (trainer/layout/flat_buffers.h)
+  double flops_per_token_causal = 0;  // 6 N_matmul + 6 L s (nh hd): what our MFU counts
+  double flops_per_token_full = 0;    // 6 N_matmul + 12 L s (nh hd): non-causal counting
+  // train.recompute: FLOPs per token run again in backward (not model FLOPs: MFU leaves them
+  // out, so recomputation lowers MFU by the time it takes), and the layers recomputed in full.
+  double recompute_flops_per_token = 0;
+  int64_t recompute_full_layers = 0;
+  double bubble = 0;                                // (pp - 1) / (m + pp - 1) of each step idle
+  double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per GPU per step, sent
+  // Context parallelism's K/V exchange per GPU per step (parallel.cp_comm), sent, and the part
+  // of it that runs beside the attention (the ring's K/V passes).
+  double cp_bytes = 0, cp_beside_bytes = 0;
+  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+  double bubble_s = 0;  // the part of compute_s the pipeline bubble adds (1F1B's idle slots)
+  // The CP exchange's time, and the part of it the step waits for: all of it for the
+  // all-gather (attention waits for the gathered K and V); for the ring, its dK/dV passes and
+  // what of its K/V passes the attention does not cover.
+  double cp_comm_s = 0, cp_s = 0;
+  // When the plan does not fit: the smallest parallel.cp (doubling from this one, dp auto on the
+  // same GPUs) whose plan fits; 0 = none up to the GPU count.
+  int cp_needed = 0;
+  double tokens_per_s_per_gpu = 0, mfu = 0;
+  bool fits = true;
+};
+
+// The plan of `cfg` on `nodes` x `gpus_per_node` GPUs of type `gpu`. parallel.dp auto is
+// resolved from the GPU count; the layout is validated as the trainer does.
+absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node);
+
+// The human-readable report: memory table, verdict, FLOPs, bubble, communication, prediction.
+std::string format_plan(const Config& cfg, const Plan& plan);
+// The same as one JSON object (for tools/sweep and scripts): layout, verdict, per-stage memory
+// in GiB, FLOPs, bubble, communication bytes and the prediction.
+std::string plan_json(const Config& cfg, const Plan& plan);
+
+// One line (in format_plan): the largest part of the predicted step (compute, the pipeline
+// bubble, or tp, pp, dp or cp communication), its share, what would shrink it, and the next.
+std::string plan_bottleneck(const Plan& plan);
+// trainer plan --suggest: the layouts of `cfg`'s model on these GPUs that fit (every tp and pp
+// that divide it, dp auto, ZeRO-1; the config's cp, micro-batch and recompute), the `best`
+// fastest by predicted tokens/s/GPU as a Markdown table; an error naming the fix when none fits.
+absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gpu, int nodes,
+                                            int gpus_per_node, int best = 8);
+
+}  // namespace tr

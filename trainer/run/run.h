@@ -1,0 +1,26 @@
+// The run room, the trainer's top: start-up checks (startup.h), set-up and resume (run.cpp) and
+// the training loop (loop.cpp), using every room below.
+//
+// run(): build everything from the config, resume, train, evaluate, checkpoint.
+#pragma once
+
+#include "absl/status/status.h"
+#include "parallel/comm.h"
+#include "trainer/config/cli.h"
+
+namespace tr {
+
+// NCCL needs one GPU per rank: fails, naming two ranks of one host on the same physical GPU
+// (PCI bus id), when `gpu` (this rank's CUDA device index) is shared. Collective over `world`
+// (host tensors); every rank returns the same status. OK without CUDA or for one rank.
+absl::Status check_gpu_binding(Comm& world, int gpu);
+
+// Returns the process exit code (kExitOk, kExitBadInput, kExitFailure).
+int run(const CliOptions& opts);
+// `trainer plan`: prints the plan of the config (trainer/plan/plan.h); exit 2 on bad input.
+int run_plan(const CliOptions& opts);
+// `trainer export-hf`: a checkpoint as a Hugging Face model directory (checkpoint/train/hf.h); exit
+// 2 on bad input (a missing or damaged checkpoint, an --out that holds files), 1 on a failed write.
+int run_export_hf(const CliOptions& opts);
+
+}  // namespace tr

@@ -1,0 +1,209 @@
+#include "trainer/step/step.h"
+
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/switches.h"
+#include "kernels/ops.h"
+#include "trainer/obs/step_timing.h"
+#include "trainer/step/pipeline.h"
+
+namespace tr {
+namespace {
+
+void all_reduce_sum(Comm& c, double* values, int64_t n) {
+  c.all_reduce(Tensor(values, DType::f64, Device::cpu, {n}), ReduceOp::sum);
+}
+
+// Says why step `step` is skipped, once: the lowest rank that sees a non-finite gradient or
+// loss of its own names it and its coordinates; rank 0 speaks when none does (a spike).
+void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64_t step,
+                 const std::string& why, bool own_loss_bad) {
+  Comm& w = *s.groups.world;
+  std::string where;
+  if (v == StepGuard::Verdict::skip_non_finite) {
+    const std::string tensor = s.opt->first_non_finite();
+    if (!tensor.empty())
+      where = absl::StrCat("first non-finite gradient '", tensor, "'");
+    else if (own_loss_bad)
+      where = "its own loss is not finite";
+  }
+  int32_t speaker = where.empty() ? -w.size() : -w.rank();  // max of -rank = lowest rank
+  w.all_reduce(Tensor(&speaker, DType::i32, Device::cpu, {1}), ReduceOp::max);
+  if (speaker == -w.size()) speaker = 0;
+  if (-speaker != w.rank()) return;
+  const std::string seen =
+      where.empty() ? ""
+                    : absl::StrFormat("; rank %d (tp %d, pp %d, dp %d): %s", w.rank(),
+                                      s.topo().tp_rank, s.topo().pp_rank, s.topo().dp_rank, where);
+  std::fprintf(stderr,
+               "warning: step %lld skipped, no update: %s%s; %lld skipped in a row (the run stops "
+               "at train.max_skipped_steps=%lld)\n",
+               static_cast<long long>(step), why.c_str(), seen.c_str(),
+               static_cast<long long>(guard.skipped_in_a_row()),
+               static_cast<long long>(s.cfg.train.max_skipped_steps));
+  std::fflush(stderr);
+}
+
+// TR_TRACE_DP=1 (world rank 0): how many DP buckets had started during backward, and how many
+// buckets of the last step's ZeRO-1 weight all-gather this step's forward completed itself,
+// layer by layer.
+void trace_dp(const Session& s, int64_t step) {
+  if (s.topo().rank != 0 || !take(Switch::trace_dp)) return;
+  const GradReducer& red = s.opt->reducer();
+  std::fprintf(stderr,
+               "step %lld: %d of %d dp buckets started during backward; %d of %d weight buckets "
+               "completed by the forward\n",
+               static_cast<long long>(step), red.early_buckets(), red.buckets(),
+               red.buckets_waited_in_forward(), red.weight_buckets());
+}
+
+// The step's loss (summed over the tokens of the global batch) and this rank's squared
+// gradient norm: the step's one host sync. Grad-norm clipping needs the global norm.
+struct StepScalars {
+  double loss_sum = 0;
+  bool own_loss_bad = false;  // this rank's own loss was not finite (it names itself)
+};
+StepScalars read_step_scalars(Session& s, StepMetrics& m, const FaultInjector& fault,
+                              int64_t step) {
+  s.opt->accumulate_norm(s.io->norm_squares());
+  auto [loss_sum, own_squares] = s.io->take();  // the step's host sync
+  if (fault.nan_loss(step, s.topo().rank) && s.topo().last_stage())
+    loss_sum = std::numeric_limits<double>::quiet_NaN();
+  StepScalars out;
+  out.own_loss_bad = !std::isfinite(loss_sum);
+  all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
+  all_reduce_sum(*s.groups.dp_cp, &loss_sum, 1);
+  out.loss_sum = loss_sum;
+  m.grad_norm = s.opt->global_norm(own_squares);
+  return out;
+}
+
+// Clip and the update (which keeps the tied embedding's copies equal).
+void apply_update(Session& s, const StepMetrics& m, int64_t step) {
+  const ScopedPhase updating(Phase::optimizer);
+  s.opt->clip(m.grad_norm);
+  s.opt->update(m.lr, step);
+}
+
+// The step's verdict (apply, or skip a non-finite or spiking step), agreed by every rank with
+// any stop signal riding along; applies the update or reports the skip.
+bool judge_and_apply(Session& s, StepMetrics& m, StepGuard& guard, const StepScalars& scalars,
+                     int64_t step) {
+  // Nothing non-finite (or, with train.spike_factor, spiking) is applied. The loss and the
+  // norm are the same on every rank; the ranks still agree on the verdict.
+  std::string why;
+  const Agreed agreed =
+      agree(*s.groups.world, static_cast<int32_t>(guard.judge(m.loss, m.grad_norm, &why)));
+  const auto v = static_cast<StepGuard::Verdict>(agreed.value);
+  guard.record(v, m.loss);
+  m.skipped = skip_name(v);
+  m.skipped_total = guard.skipped_total();
+  if (v != StepGuard::Verdict::apply)
+    report_skip(s, guard, v, step, why, scalars.own_loss_bad);
+  else
+    apply_update(s, m, step);
+  return agreed.stop;
+}
+
+// The run's state after step `step`, for checkpoints.
+void record_state(Session& s, const StepMetrics& m, const StepGuard& guard) {
+  s.state.step = m.step;
+  s.state.consumed_samples = s.train->consumed_samples();
+  s.state.tokens_seen += m.tokens;
+  s.state.lr = m.lr;
+  s.state.loss_window = guard.window();
+  s.state.skipped_in_a_row = guard.skipped_in_a_row();
+  s.state.skipped_total = guard.skipped_total();
+}
+
+}  // namespace
+
+void finalize_grads(Session& s) {
+  s.model->sync_replicated_grads();
+  s.opt->reduce_grads();
+}
+
+StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const FaultInjector& fault) {
+  const auto t0 = Clock::now();
+  phase_clock().start();
+  const int64_t syncs_before = host_sync_count();
+  const int64_t step = s.state.step + 1;
+  const int64_t tokens = s.facts.tokens_per_step;
+  const float grad_scale = 1.0f / static_cast<float>(tokens);  // mean over the global batch
+  absl::StatusOr<data::StepBatch> batch = [&] {
+    const ScopedPhase waiting(Phase::data_wait);
+    return s.train->next();
+  }();
+  // A bad token found by one rank's loader must end every rank, not leave them in a collective.
+  StepOutcome out =
+      agree_on_step(*s.groups.world, batch.ok() ? kExitOk : kExitBadInput, batch.status());
+  if (out.code != kExitOk) return out;
+  if (out.stop) {  // asked before any work: the last step stays the last
+    out.ran = false;
+    return out;
+  }
+  fault.at_step_start(step, s.topo().rank);
+  // From here to the end of the step the host waits for the device once: the loss sum and the
+  // squared gradient norm, read together (metrics: host_syncs).
+  stage_batch(s, *batch);
+  s.io->reset();
+  if (take(Switch::test_poison_grads)) poison_grads(*s.params);
+  s.model->begin_step_grads();  // each gradient's first write assigns: no zeroing pass
+  const PipelineRun pipe = run_pipeline(s, *batch, grad_scale);
+  if (pipe.cut) {  // partial gradients: nothing of this step is applied
+    out.stop = true;
+    out.ran = false;
+    return out;
+  }
+  const auto t1 = Clock::now();
+  finalize_grads(s);
+  int64_t fault_syncs = 0;  // the fault's own copy is not the step's
+  if (fault.nan_in_reduced_grads(step, s.topo().rank)) {
+    const int64_t before = host_sync_count();
+    s.opt->poison_first_grad();
+    fault_syncs = host_sync_count() - before;
+  }
+  const StepScalars scalars = read_step_scalars(s, m, fault, step);
+  trace_dp(s, step);
+  m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
+  m.loss = scalars.loss_sum / static_cast<double>(tokens) * fault.loss_factor(step);
+  // A stop signal that came during the step is acted on right after it.
+  out.stop = judge_and_apply(s, m, guard, scalars, step) || pipe.stop;
+  // No synchronize here: the update runs on while the next step's data is fetched, and the next
+  // step's read waits for it (so in steady state each step's time is its own).
+  m.optimizer_s = seconds_since(t1);
+  m.host_syncs = host_sync_count() - syncs_before - fault_syncs;
+  m.step = step;
+  m.tokens = tokens;
+  m.phase_s = phase_clock().seconds();
+  m.step_time_s = seconds_since(t0);
+  // On GPUs the parts as the device ran them, read after the step's one host sync.
+  if (s.device_phases) m.phase_s = fit_to_step(s.device_phases->collect(), m.step_time_s);
+  phase_clock().stop();
+  record_state(s, m, guard);
+  return out;
+}
+
+StepOutcome evaluate(Session& s, double* val_loss) {
+  s.valid->reset(0);
+  double sums[2] = {0, 0};  // loss, tokens
+  for (int64_t i = 0; i < s.cfg.train.eval_steps; ++i) {
+    absl::StatusOr<data::StepBatch> b = s.valid->next();
+    StepOutcome out = agree_on_step(*s.groups.world, b.ok() ? kExitOk : kExitBadInput, b.status());
+    if (out.code != kExitOk || out.stop) return out;
+    sums[0] += forward_pipeline(s, *b);
+    for (const data::MicroBatch& mb : b->micro_batches)
+      sums[1] += static_cast<double>(mb.targets.size());
+  }
+  all_reduce_sum(*s.groups.pp, sums, 1);  // the loss lives on the last stage
+  all_reduce_sum(*s.groups.dp_cp, sums, 2);
+  *val_loss = sums[0] / sums[1];
+  return {};
+}
+
+}  // namespace tr

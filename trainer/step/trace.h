@@ -1,0 +1,41 @@
+// log.trace_steps: [a, b]: the phases of steps a to b on every rank as a Chrome trace (the JSON
+// that chrome://tracing and ui.perfetto.dev open), for reading one step's timeline: forward and
+// backward of each micro-batch, pipeline waits, TP, CP and DP collectives, the optimizer and the
+// data wait, each as the phase clock charged it (trainer/obs/step_timing.h).
+//
+// Every rank writes its own trace, log.dir/trace/rank_RRRRR.json (a process per rank, named by
+// its tp, cp, dp and pp coordinates; times in microseconds from the earliest interval of any
+// rank, by the wall clock); rank 0 then merges those it can read (all of them when log.dir is
+// shared) into log.dir/trace.json. The times are the host's: on GPUs they show when the host
+// queued the work, not when the device ran it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trainer/obs/step_timing.h"
+#include "trainer/session/session.h"
+
+namespace tr {
+
+class StepTrace {
+ public:
+  explicit StepTrace(const Session& s);
+  ~StepTrace();  // the phase clock stops recording into this trace (a run ended mid-window)
+  StepTrace(const StepTrace&) = delete;
+  StepTrace& operator=(const StepTrace&) = delete;
+  // Before step `step`: records its phases when it is in the window.
+  void before_step(int64_t step);
+  // After step `step`: stops recording; after the window's last step (or the run's, when that
+  // comes first) writes the traces. Collective over the world (one all-reduce, one barrier).
+  void after_step(Session& s, int64_t step);
+
+ private:
+  void write(Session& s);
+  int64_t first_ = 0, last_ = 0;  // the window; first_ 0 = none
+  bool written_ = false;
+  std::vector<PhaseInterval> intervals_;
+  std::vector<std::pair<int64_t, size_t>> steps_;  // each recorded step and its first interval
+};
+
+}  // namespace tr
