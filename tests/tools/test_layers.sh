@@ -48,6 +48,10 @@ for place in "${!may[@]}"; do
              -not -path "*/build*" | sort)
 done
 ((checked > 100)) || { echo "test_layers: only $checked files found under $PWD"; exit 1; }
+# Above the kernels, the GPU is kernels/device.h and kernels/ops.h: no room includes the CUDA
+# backend's own headers (kernels/cuda/).
+backend=$(grep -rnE '^#include "kernels/cuda/' trainer checkpoint/train)
+[[ -z $backend ]] || { echo "rooms including the CUDA backend's headers: $backend"; bad=1; }
 # trainer/ holds nothing of its own at the top but main.cpp: everything else is in a room.
 loose=$(find trainer -maxdepth 1 -type f \( -name '*.h' -o -name '*.cpp' \) -not -name main.cpp)
 [[ -z $loose ]] || { echo "trainer/ files outside a room: $loose"; bad=1; }

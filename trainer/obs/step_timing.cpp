@@ -4,11 +4,7 @@
 #include <string>
 #include <utility>
 
-#ifdef TRAINER_HAVE_CUDA
-#include <nvtx3/nvToolsExt.h>  // header-only NVTX 3 of the CUDA toolkit
-
-#include "kernels/cuda/cuda_ops.h"
-#endif
+#include "kernels/device.h"
 
 namespace tr {
 
@@ -56,15 +52,11 @@ PhaseClock& phase_clock() {
 }
 
 ScopedPhase::ScopedPhase(Phase p) : prev_(phase_clock().enter(p)) {
-#ifdef TRAINER_HAVE_CUDA
-  nvtxRangePushA(phase_name(p));
-#endif
+  profiler_range_push(phase_name(p));
 }
 
 ScopedPhase::~ScopedPhase() {
-#ifdef TRAINER_HAVE_CUDA
-  nvtxRangePop();
-#endif
+  profiler_range_pop();
   phase_clock().enter(prev_);
 }
 
@@ -73,23 +65,16 @@ ScopedPhase::~ScopedPhase() {
 constexpr int kDeviceMarks = 1 << 15;
 
 struct DevicePhaseTimes::Impl {
-#ifdef TRAINER_HAVE_CUDA
   explicit Impl(const Ctx& ctx) : timeline(ctx, kDeviceMarks) {}
   cuda::EventTimeline timeline;
-#endif
 };
 
 std::unique_ptr<DevicePhaseTimes> DevicePhaseTimes::make(const Ctx& ctx) {
-#ifdef TRAINER_HAVE_CUDA
   if (ctx.device != Device::cuda) return nullptr;
   auto impl = std::make_unique<Impl>(ctx);
   cuda::EventTimeline* timeline = &impl->timeline;
   phase_clock().set_marker([timeline](int tag) { timeline->mark(tag); });
   return std::unique_ptr<DevicePhaseTimes>(new DevicePhaseTimes(std::move(impl)));
-#else
-  (void)ctx;
-  return nullptr;
-#endif
 }
 
 DevicePhaseTimes::DevicePhaseTimes(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -100,9 +85,7 @@ DevicePhaseTimes::~DevicePhaseTimes() {
 
 std::array<double, kPhases> DevicePhaseTimes::collect() {
   std::array<double, kPhases> s{};
-#ifdef TRAINER_HAVE_CUDA
   impl_->timeline.collect(s.data(), kPhases);
-#endif
   return s;
 }
 

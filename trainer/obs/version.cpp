@@ -1,19 +1,19 @@
 #include "trainer/obs/version.h"
 
 #include "absl/strings/str_cat.h"
+#include "kernels/device.h"
 #include "kernels/versions.h"
 #include "parallel/nccl_comm.h"
-
-#ifdef TRAINER_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#endif
 
 namespace tr {
 
 extern const char kGitVersion[];  // generated at build time (cmake/git_version.cmake)
 
 std::string version_text() {
-#ifdef TRAINER_HAVE_CUDA
+  if (!cuda_built())
+    return absl::StrCat(
+        "trainer ", kGitVersion, " (", TR_BUILD_TYPE,
+        " build, backend cpu; built without CUDA: -DTRAINER_CUDA=OFF or no nvcc)\n");
   std::string s = absl::StrCat("trainer ", kGitVersion, " (", TR_BUILD_TYPE,
                                " build, backend cuda; cpu also)\n");
   LibraryVersions built = cuda::compiled_library_versions();
@@ -25,10 +25,6 @@ std::string version_text() {
       &s, "found at run time: ", describe(found),
       found.cuda_driver == 0 ? "; no GPU driver (train.backend=cuda cannot run here)" : "", "\n");
   return s;
-#else
-  return absl::StrCat("trainer ", kGitVersion, " (", TR_BUILD_TYPE,
-                      " build, backend cpu; built without CUDA: -DTRAINER_CUDA=OFF or no nvcc)\n");
-#endif
 }
 
 }  // namespace tr

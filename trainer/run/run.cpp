@@ -28,6 +28,7 @@
 #include "checkpoint/train/ownership.h"
 #include "core/fs_io.h"
 #include "core/switches.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "trainer/model/init.h"
 #include "trainer/obs/step_timing.h"
@@ -36,11 +37,6 @@
 #include "trainer/run/startup.h"
 #include "trainer/session/session.h"
 #include "trainer/step/agree.h"
-
-#ifdef TRAINER_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#include "parallel/nccl_comm.h"
-#endif
 
 namespace tr {
 namespace {
@@ -356,7 +352,6 @@ absl::Status open_logs(Session& r) {
 }  // namespace
 
 absl::Status check_gpu_binding(Comm& world, int gpu) {
-#ifdef TRAINER_HAVE_CUDA
   if (world.size() == 1 || gpu < 0) return absl::OkStatus();
   constexpr int kWords = 24;  // 64 bytes of host name, 32 of PCI bus id
   int32_t mine[kWords] = {};
@@ -378,10 +373,6 @@ absl::Status check_gpu_binding(Comm& world, int gpu) {
             "; launch at most one rank per GPU (srun --gpus-per-task=1, or fewer tasks per "
             "node), or set parallel.comm=mpi (ranks share GPUs; for tests)"));
     }
-#else
-  (void)world;
-  (void)gpu;
-#endif
   return absl::OkStatus();
 }
 

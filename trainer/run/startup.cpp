@@ -20,16 +20,13 @@
 #include "core/switches.h"
 #include "data/id_check.h"
 #include "data/shard_meta.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "parallel/context_parallel.h"
+#include "parallel/nccl_comm.h"
 #include "trainer/layout/flat_buffers.h"
 #include "trainer/plan/memory_fit.h"
 #include "trainer/plan/plan.h"
-
-#ifdef TRAINER_HAVE_CUDA
-#include "kernels/cuda/cuda_ops.h"
-#include "parallel/nccl_comm.h"
-#endif
 
 namespace tr {
 namespace {
@@ -46,7 +43,10 @@ absl::Status resolve_backend(Session& r) {
     b = "cpu";
     return absl::OkStatus();
   }
-#ifdef TRAINER_HAVE_CUDA
+  if (!cuda_built())
+    return absl::InvalidArgumentError(
+        "train.backend=cuda but this trainer was built without CUDA (TRAINER_CUDA=OFF or no nvcc); "
+        "rebuild with -DTRAINER_CUDA=ON or set train.backend=cpu");
   if (!cuda::device_available())
     return absl::InvalidArgumentError(
         "train.backend=cuda but no CUDA device is visible (no driver, or CUDA_VISIBLE_DEVICES "
@@ -61,17 +61,11 @@ absl::Status resolve_backend(Session& r) {
   if (absl::Status st = check_versions(versions); !st.ok()) return st;
   const int local_rank = r.mpi ? r.mpi->local_rank() : 0;
   r.gpu = local_rank % cuda::device_count();
-  auto dev = std::make_shared<cuda::DeviceContext>(r.gpu, kCudaWorkspaceBytes);
-  r.ctx = dev->ctx();
+  r.device = std::make_unique<cuda::DeviceContext>(r.gpu, kCudaWorkspaceBytes);
+  r.ctx = r.device->ctx();
   r.ctx.deterministic = r.cfg.train.deterministic;
-  r.device = dev;
   r.device_phases = DevicePhaseTimes::make(r.ctx);
   return absl::OkStatus();
-#else
-  return absl::InvalidArgumentError(
-      "train.backend=cuda but this trainer was built without CUDA (TRAINER_CUDA=OFF or no nvcc); "
-      "rebuild with -DTRAINER_CUDA=ON or set train.backend=cpu");
-#endif
 }
 
 absl::StatusOr<data::LoaderOptions> loader_options(const Session& r,
@@ -306,10 +300,8 @@ MemoryBudget memory_budget(const Session& r) {
   b.ranks_on_host = r.mpi ? r.mpi->local_size() : 1;
   if (r.ctx.device == Device::cuda) {
     b.device_available = device_info(r.ctx).memory_free_mib * 1024.0 * 1024.0;
-#ifdef TRAINER_HAVE_CUDA
     const int gpus = std::max(1, cuda::device_count());
     b.ranks_on_device = (b.ranks_on_host + gpus - 1) / gpus;
-#endif
   }
   return b;
 }

@@ -15,6 +15,7 @@
 #include "checkpoint/safetensors.h"
 #include "core/ctx.h"
 #include "data/loader.h"
+#include "kernels/device.h"
 #include "parallel/groups.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/topology.h"
@@ -34,9 +35,9 @@ struct Session {
   CliOptions opts;
   Config cfg;
   RunFacts facts;  // the layout and what follows from it (trainer/layout/run_layout.h)
-  // The CUDA DeviceContext behind ctx (train.backend=cuda); declared before the groups so that
-  // NCCL communicators queued on its stream are destroyed first.
-  std::shared_ptr<void> device;
+  // The GPU behind ctx (train.backend=cuda); declared before the groups so that NCCL
+  // communicators queued on its stream are destroyed first.
+  std::unique_ptr<cuda::DeviceContext> device;
   int gpu = -1;  // its CUDA device index
   // The step's phases as the GPU ran them (null on the CPU); its events are destroyed before the
   // device's stream.
