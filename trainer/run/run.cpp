@@ -444,6 +444,31 @@ int run_dry_world(const CliOptions& opts) {
 
 }  // namespace
 
+int open_session(Session& r) {
+  absl::Status st = check_inputs(r);
+  // A checkpoint.dir held by a live trainer is busy, not bad input: a retry may succeed.
+  if (int code = agree_on_exit(*r.groups.world,
+                               st.ok()                   ? kExitOk
+                               : absl::IsUnavailable(st) ? kExitBusy
+                                                         : kExitBadInput,
+                               st);
+      code != kExitOk)
+    return code;
+  if (r.mpi) r.mpi->watch(r.cfg.parallel.timeout_s);
+  if (r.ctx.device == Device::cuda && r.cfg.parallel.comm == "nccl") {
+    st = check_gpu_binding(*r.groups.world, r.gpu);
+    if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
+        code != kExitOk)
+      return code;
+  }
+  make_step_groups(r);
+  {
+    MpiPatience loading(r.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest reader
+    st = build_model(r);
+  }
+  return agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
+}
+
 int run(const CliOptions& opts) {
   if (opts.dry_run && opts.world > 0) return run_dry_world(opts);
   // From the start, so that a stop during set-up is acted on before the first step instead of
@@ -467,30 +492,7 @@ int run(const CliOptions& opts) {
     (void)!std::freopen("/dev/null", "w", stdout);
     g_stop_notice = 0;
   }
-  absl::Status st = check_inputs(r);
-  // A checkpoint.dir held by a live trainer is busy, not bad input: a retry may succeed.
-  if (int code = agree_on_exit(*r.groups.world,
-                               st.ok()                   ? kExitOk
-                               : absl::IsUnavailable(st) ? kExitBusy
-                                                         : kExitBadInput,
-                               st);
-      code != kExitOk)
-    return code;
-  if (r.mpi) r.mpi->watch(r.cfg.parallel.timeout_s);
-  if (r.ctx.device == Device::cuda && r.cfg.parallel.comm == "nccl") {
-    st = check_gpu_binding(*r.groups.world, r.gpu);
-    if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
-        code != kExitOk)
-      return code;
-  }
-  make_step_groups(r);
-  {
-    MpiPatience loading(r.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest reader
-    st = build_model(r);
-  }
-  if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
-      code != kExitOk)
-    return code;
+  if (int code = open_session(r); code != kExitOk) return code;
   print_plan(r);
   if (opts.dry_run) return kExitOk;
   if (r.state.step >= r.cfg.train.steps) {
@@ -498,7 +500,7 @@ int run(const CliOptions& opts) {
                 static_cast<long long>(r.state.step), static_cast<long long>(r.cfg.train.steps));
     return kExitOk;
   }
-  st = r.logger() ? settle_checkpoint_dir(r) : absl::OkStatus();
+  absl::Status st = r.logger() ? settle_checkpoint_dir(r) : absl::OkStatus();
   if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitFailure, st);
       code != kExitOk)
     return code;

@@ -1,0 +1,240 @@
+// Multi-rank correctness in process: a layout's training step on 8 MPI ranks against one
+// process's step of the same batch, tensor by tensor. Each rank builds its session as the
+// trainer does (run/run.h open_session), takes one step, and sends the blocks of every tensor it
+// owns (checkpoint/train/ownership.h: the fp32 weights after the update and both Adam moments)
+// to rank 0, which assembles the global tensors and compares them with one rank's, naming the
+// first tensor (in model order) whose gradient, update or second moment differs. After one
+// step Adam's first moment is (1 - beta1) times the clipped gradient, so a wrong gradient is
+// named by its tensor, not only seen as a different loss.
+//
+// Run by ctest under `mpirun -n 8`; with another number of ranks it exits 77 (skipped).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "checkpoint/train/ownership.h"
+#include "core/check.h"
+#include "core/exit_codes.h"
+#include "parallel/mpi_comm.h"
+#include "tests/cli_util.h"
+#include "tests/test_util.h"
+#include "trainer/run/run.h"
+#include "trainer/step/step.h"
+
+namespace tr {
+namespace {
+
+constexpr int kRanks = 8;
+
+// The global tensors of a run after its step: weights, Adam m and v by name, in model order.
+struct GlobalState {
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<int64_t>> shape;
+  std::map<std::string, std::array<std::vector<float>, 3>> sets;  // params, exp_avg, exp_avg_sq
+  double loss = 0, grad_norm = 0;
+};
+
+int64_t elems(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t block_elems(const ckpt::TensorRef& t) {
+  return elems(t.whole() ? t.shape : t.extent);
+}
+
+// Copies a block (whole, a run of a vector, or rows x columns of a matrix) into its tensor.
+void place(const ckpt::TensorRef& block, const float* data, const std::vector<int64_t>& shape,
+           std::vector<float>& into) {
+  if (block.whole()) {
+    std::copy(data, data + elems(shape), into.begin());
+    return;
+  }
+  TR_ASSERT(shape.size() <= 2, "blocks of vectors and matrices only");
+  if (shape.size() == 1) {
+    std::copy(data, data + block.extent[0], into.begin() + block.start[0]);
+    return;
+  }
+  const int64_t cols = shape[1];
+  for (int64_t r = 0; r < block.extent[0]; ++r)
+    std::copy(data + r * block.extent[1], data + (r + 1) * block.extent[1],
+              into.begin() + (block.start[0] + r) * cols + block.start[1]);
+}
+
+// A session of `dir`'s config with `sets`, over the MPI world or one process, after one step.
+struct Stepped {
+  std::unique_ptr<Session> s;
+  StepMetrics m;
+};
+
+Stepped step_once(const test::RunDir& dir, const std::vector<std::string>& sets, bool mpi) {
+  Stepped out;
+  out.s = std::make_unique<Session>();
+  Session& s = *out.s;
+  s.opts.config = dir.config;
+  s.opts.sets = sets;
+  s.groups.world = mpi ? make_mpi_world() : make_self_comm("world");
+  // A failure before the comparison ends every rank (fatal_error's MPI_Abort): a Catch2 failure
+  // on one rank would leave the others waiting in a collective.
+  TR_ASSERT(open_session(s) == kExitOk, "the session did not open (its error is above)");
+  StepGuard guard(s.cfg.train);
+  absl::StatusOr<FaultInjector> fault = FaultInjector::from_switches();
+  TR_ASSERT(fault.ok(), fault.status().ToString());
+  const StepOutcome step = train_step(s, out.m, guard, *fault);
+  TR_ASSERT(step.code == kExitOk && step.ran, "the step failed: " + step.status.ToString());
+  return out;
+}
+
+// Every rank's owned blocks on rank 0, as global tensors (empty on the other ranks).
+GlobalState gather(Session& s, const StepMetrics& m) {
+  Comm& world = *s.groups.world;
+  const bool sharded = s.opt->masters_sharded();
+  const RankBuffers mine{s.opt->masters().ptr<float>(), sharded, s.opt->exp_avg().ptr<float>(),
+                         s.opt->exp_avg_sq().ptr<float>()};
+  const std::vector<ckpt::ShardPiece> own = owned_pieces(s.cfg, s.topo(), mine);
+  GlobalState g;
+  if (world.rank() != 0) {
+    for (const ckpt::ShardPiece& p : own)
+      if (const int64_t n = block_elems(p.ref); n > 0)
+        world.send(Tensor(const_cast<float*>(p.ref.data), DType::f32, Device::cpu, {n}), 0);
+    return g;
+  }
+  g.loss = m.loss;
+  g.grad_norm = m.grad_norm;
+  for (const ckpt::TensorRef& t : model_tensors(s.cfg, s.topo())) {
+    g.order.push_back(t.name);
+    g.shape[t.name] = t.shape;
+    for (std::vector<float>& v : g.sets[t.name]) v.assign(static_cast<size_t>(elems(t.shape)), 0);
+  }
+  std::vector<float> buf;
+  for (int k = 0; k < world.size(); ++k) {
+    const std::vector<ckpt::ShardPiece> pieces =
+        k == 0 ? own : owned_pieces(s.cfg, s.topo().of_rank(k), RankBuffers{nullptr, sharded});
+    for (const ckpt::ShardPiece& p : pieces) {
+      const int64_t n = block_elems(p.ref);
+      if (n == 0) continue;
+      const float* data = p.ref.data;
+      if (k != 0) {
+        buf.resize(static_cast<size_t>(n));
+        world.recv(Tensor(buf.data(), DType::f32, Device::cpu, {n}), k);
+        data = buf.data();
+      }
+      place(p.ref, data, g.shape.at(p.ref.name), g.sets.at(p.ref.name)[static_cast<int>(p.set)]);
+    }
+  }
+  return g;
+}
+
+// max |a - b| / max |b| over one tensor (0 when b is all zero and a equals it).
+double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// The first tensor of `got` (model order) that differs from `want` by more than its set's
+// tolerance, as "name: what (relative difference)"; "" when none does. Prints every tensor's
+// differences. The gradient and Adam v differ by rounding only (a few 1e-7 here). The update
+// is looser: Adam's first step moves each weight by lr g / (|g| + eps), so an element whose
+// gradient is near zero turns a rounding difference into up to about 2e-4 of the tensor's
+// largest weight; a wrong learning rate or a skipped shard moves it by lr, over 1e-2.
+std::string first_difference(const GlobalState& got, const GlobalState& want) {
+  static const char* kWhat[3] = {"weights after the update", "gradient (Adam m)", "Adam v"};
+  std::string first;
+  std::printf("%-44s %10s %10s %10s\n", "tensor", "update", "gradient", "adam v");
+  for (const std::string& name : want.order) {
+    const auto& a = got.sets.at(name);
+    const auto& b = want.sets.at(name);
+    const double d[3] = {rel_diff(a[0], b[0]), rel_diff(a[1], b[1]), rel_diff(a[2], b[2])};
+    std::printf("%-44s %10.2e %10.2e %10.2e\n", name.c_str(), d[0], d[1], d[2]);
+    // The gradient first: a wrong gradient makes a wrong update and v too.
+    constexpr double kTol[3] = {1e-3, 1e-5, 1e-5};
+    for (int set : {1, 0, 2})
+      if (first.empty() && !(d[set] <= kTol[set]))
+        first = name + ": " + kWhat[set] + " (relative difference " + std::to_string(d[set]) + ")";
+  }
+  return first;
+}
+
+const GlobalState& one_rank_reference(const test::RunDir& dir,
+                                      const std::vector<std::string>& sets) {
+  static GlobalState ref = [&] {
+    Stepped one = step_once(dir, sets, /*mpi=*/false);
+    return gather(*one.s, one.m);
+  }();
+  return ref;
+}
+
+// The tiny model in a shape every layout below divides: 8 query and 4 KV heads, 4 layers.
+const std::vector<std::string> kShape = {
+    "model.num_heads=8",     "model.num_kv_heads=4", "model.head_dim=8", "model.num_layers=4",
+    "train.micro_batch=2",   "train.global_batch=8", "train.steps=1",    "train.eval_interval=0",
+    "checkpoint.interval=0", "optim.warmup_steps=1"};
+
+void expect_layout_matches_one_rank(const std::vector<std::string>& layout) {
+  // Every rank its own run directory (the same data); rank 0 computes the reference first.
+  test::RunDir dir(1);
+  int rank = 0;
+  {
+    std::unique_ptr<Comm> world = make_mpi_world();
+    rank = world->rank();
+  }
+  static test::RunDir ref_dir(1);
+  const GlobalState* want = rank == 0 ? &one_rank_reference(ref_dir, kShape) : nullptr;
+  std::vector<std::string> sets = kShape;
+  sets.insert(sets.end(), layout.begin(), layout.end());
+  Stepped run = step_once(dir, sets, /*mpi=*/true);
+  const GlobalState got = gather(*run.s, run.m);
+  if (rank != 0) return;
+  INFO("layout: " << absl::StrJoin(layout, " "));
+  CHECK(std::abs(got.loss / want->loss - 1) < 1e-6);
+  CHECK(std::abs(got.grad_norm / want->grad_norm - 1) < 1e-5);
+  const std::string first = first_difference(got, *want);
+  INFO("the first tensor that differs from one rank's: " << first);
+  CHECK(first.empty());
+}
+
+TEST_CASE(
+    "layouts: tp 2 x pp 2 x dp 2 with ZeRO-1 and sequence parallelism match one rank tensor by "
+    "tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.tp=2", "parallel.pp=2", "parallel.zero1=true", "parallel.sequence_parallel=true"});
+}
+
+TEST_CASE("layouts: cp 2 (ring) x tp 2 x pp 2 match one rank tensor by tensor", "[mpi]") {
+  expect_layout_matches_one_rank({"parallel.cp=2", "parallel.cp_comm=ring", "parallel.tp=2",
+                                  "parallel.pp=2", "parallel.sequence_parallel=true"});
+}
+
+}  // namespace
+}  // namespace tr
+
+int main(int argc, char** argv) {
+  if (!tr::launched_by_mpi_launcher()) {
+    std::printf("test_layouts: needs mpirun -n %d (ctest runs it so); skipped\n", tr::kRanks);
+    return 77;
+  }
+  tr::MpiRuntime mpi(&argc, &argv);
+  {
+    std::unique_ptr<tr::Comm> world = tr::make_mpi_world();
+    if (world->size() != tr::kRanks) {
+      std::printf("test_layouts: needs %d ranks, has %d; skipped\n", tr::kRanks, world->size());
+      return 77;
+    }
+  }
+  return Catch::Session().run(argc, argv);
+}
