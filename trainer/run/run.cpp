@@ -51,20 +51,20 @@ constexpr const char* kRunIdentity[] = {"train.seed", "data.seed", "data.train"}
 // what this run continues. Starting over moves the old checkpoints aside; resuming an earlier
 // step points `latest` at it and moves the later ones aside, so that a crash before the first
 // save resumes this run's point, not an abandoned branch. Nothing is deleted.
-absl::Status settle_checkpoint_dir(Session& r) {
+absl::Status settle_checkpoint_dir(Session& s) {
   const std::string stamp = tr::fs::utc_now("%Y%m%dT%H%M%SZ");
-  const std::string& root = r.cfg.checkpoint.dir;
+  const std::string& root = s.cfg.checkpoint.dir;
   absl::StatusOr<std::vector<std::string>> moved =
-      r.start_over            ? ckpt::abandon_checkpoints(root, stamp)
-      : r.resume_from.empty() ? std::vector<std::string>{}
-                              : ckpt::adopt_resume_point(root, r.resume_from, stamp);
+      s.start_over            ? ckpt::abandon_checkpoints(root, stamp)
+      : s.resume_from.empty() ? std::vector<std::string>{}
+                              : ckpt::adopt_resume_point(root, s.resume_from, stamp);
   if (!moved.ok())
     return absl::Status(moved.status().code(),
                         absl::StrCat("cannot set up checkpoint.dir '", root,
                                      "' for this run: ", moved.status().message()));
   if (!moved->empty())
     std::printf("note: %s: moved %zu entr%s of checkpoint.dir aside (kept, not deleted): %s\n",
-                r.start_over ? "starting over (--resume none --force)"
+                s.start_over ? "starting over (--resume none --force)"
                              : "resuming an earlier step than checkpoint.dir's newest",
                 moved->size(), moved->size() == 1 ? "y" : "ies",
                 absl::StrJoin(*moved, ", ").c_str());
@@ -89,12 +89,12 @@ std::string model_changes(const std::string& path, const Config& cfg) {
 
 // Every rank reads only its part: its TP slice of its stage's weights and, of those, its
 // ZeRO-1 range of the Adam states (the files were verified in check_inputs).
-absl::Status load_checkpoint(Session& r, const std::string& path) {
+absl::Status load_checkpoint(Session& s, const std::string& path) {
   std::string stored_yaml;
   // Read on the host: the weights staged and then set (the masters this rank keeps, and the
   // compute copy); the Adam states in place on the host, staged for a device.
-  std::vector<float> weights(static_cast<size_t>(r.params->layout().total));
-  Tensor states[2] = {r.opt->exp_avg(), r.opt->exp_avg_sq()};
+  std::vector<float> weights(static_cast<size_t>(s.params->layout().total));
+  Tensor states[2] = {s.opt->exp_avg(), s.opt->exp_avg_sq()};
   std::vector<float> staged[2];
   float* into[2];
   for (int i = 0; i < 2; ++i) {
@@ -105,51 +105,51 @@ absl::Status load_checkpoint(Session& r, const std::string& path) {
       into[i] = staged[i].data();
     }
   }
-  if (absl::Status st = load_rank_part(path, r.cfg, r.topo(), weights.data(), into[0], into[1],
-                                       &r.state, &stored_yaml);
+  if (absl::Status st = load_rank_part(path, s.cfg, s.topo(), weights.data(), into[0], into[1],
+                                       &s.state, &stored_yaml);
       !st.ok())
-    return absl::Status(st.code(), absl::StrCat(st.message(), model_changes(path, r.cfg)));
-  r.opt->weights_from_host(weights);
+    return absl::Status(st.code(), absl::StrCat(st.message(), model_changes(path, s.cfg)));
+  s.opt->weights_from_host(weights);
   for (int i = 0; i < 2; ++i)
     if (!staged[i].empty())
       copy_tensor(states[i],
                   Tensor(staged[i].data(), DType::f32, Device::cpu, {states[i].numel()}));
-  r.last_saved_step = r.state.step;
-  const std::vector<std::string> diffs = config_differences(stored_yaml, to_yaml(r.cfg));
+  s.last_saved_step = s.state.step;
+  const std::vector<std::string> diffs = config_differences(stored_yaml, to_yaml(s.cfg));
   for (const std::string& d : diffs) {
     const bool identity = std::any_of(std::begin(kRunIdentity), std::end(kRunIdentity),
                                       [&](const char* k) { return d.starts_with(k); });
-    if (identity && !r.opts.force)
+    if (identity && !s.opts.force)
       return absl::FailedPreconditionError(absl::StrCat(
           "checkpoint ", path, " was written by another run: ", d,
           " (train.seed, data.seed and data.train identify a run); resume it anyway with "
           "--force, or choose another checkpoint.dir"));
     std::printf("note: config differs from the checkpoint's: %s\n", d.c_str());
   }
-  const double lr_now = lr_at(r.cfg.optim, r.cfg.train.steps, r.state.step);
-  if (r.state.step > 0 &&
-      std::abs(lr_now - r.state.lr) > 1e-9 * std::max(1.0, std::abs(r.state.lr)))
+  const double lr_now = lr_at(s.cfg.optim, s.cfg.train.steps, s.state.step);
+  if (s.state.step > 0 &&
+      std::abs(lr_now - s.state.lr) > 1e-9 * std::max(1.0, std::abs(s.state.lr)))
     std::printf(
         "note: the LR schedule changed: step %lld ran at lr %.4g, the new config gives %.4g "
         "there\n",
-        static_cast<long long>(r.state.step), r.state.lr, lr_now);
+        static_cast<long long>(s.state.step), s.state.lr, lr_now);
   std::printf("resumed from %s: step %lld, %lld samples consumed\n", path.c_str(),
-              static_cast<long long>(r.state.step),
-              static_cast<long long>(r.state.consumed_samples));
+              static_cast<long long>(s.state.step),
+              static_cast<long long>(s.state.consumed_samples));
   return absl::OkStatus();
 }
 
 // model.init_from on a fresh start: this rank's slices of the Hugging Face weights (read on
 // the host, then copied to the device), a fresh optimizer, step 0.
-absl::Status load_init_from(Session& r) {
-  std::vector<float> staged(static_cast<size_t>(r.params->layout().total));
-  if (absl::Status st = load_hf_rank_part(*r.init_from, r.cfg, r.topo(), staged.data()); !st.ok())
+absl::Status load_init_from(Session& s) {
+  std::vector<float> staged(static_cast<size_t>(s.params->layout().total));
+  if (absl::Status st = load_hf_rank_part(*s.init_from, s.cfg, s.topo(), staged.data()); !st.ok())
     return st;
-  r.opt->weights_from_host(staged);
-  const size_t files = r.init_from->file_count();
+  s.opt->weights_from_host(staged);
+  const size_t files = s.init_from->file_count();
   std::printf("initialised from %s (Hugging Face weights, %zu file%s); optimizer fresh, step 0\n",
-              r.cfg.model.init_from.c_str(), files, files == 1 ? "" : "s");
-  r.init_from.reset();  // unmaps the files
+              s.cfg.model.init_from.c_str(), files, files == 1 ? "" : "s");
+  s.init_from.reset();  // unmaps the files
   return absl::OkStatus();
 }
 
@@ -157,40 +157,40 @@ absl::Status load_init_from(Session& r) {
 
 namespace {
 
-void print_plan(const Session& r) {
+void print_plan(const Session& s) {
   const double mib = 1024.0 * 1024.0;
-  const int64_t P = r.params->layout().total;
-  std::printf("resolved config:\n%s", to_yaml(r.cfg).c_str());
+  const int64_t P = s.params->layout().total;
+  std::printf("resolved config:\n%s", to_yaml(s.cfg).c_str());
   if (const std::vector<std::string> on = active_switches(); !on.empty())
     std::printf("debug switches: %s (docs/debug.md)\n", absl::StrJoin(on, " ").c_str());
-  std::printf("topology: %s; backend %s\n", r.topo().describe().c_str(),
-              r.cfg.train.backend.c_str());
+  std::printf("topology: %s; backend %s\n", s.topo().describe().c_str(),
+              s.cfg.train.backend.c_str());
   std::printf("model: %lld parameters on this rank (vocab padded to %lld); %.3g GFLOP per token\n",
-              static_cast<long long>(P), static_cast<long long>(r.model->dims().vocab_padded),
-              r.facts.flops_per_token / 1e9);
-  const WeightMemory w = weight_memory(*r.params, r.opt->master_bytes());
+              static_cast<long long>(P), static_cast<long long>(s.model->dims().vocab_padded),
+              s.facts.flops_per_token / 1e9);
+  const WeightMemory w = weight_memory(*s.params, s.opt->master_bytes());
   std::printf(
       "memory on %s: weights %.1f MiB%s, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f "
       "MiB, activations %.1f MiB (loss chunks of %lld tokens), workspace %.1f MiB + attention "
       "%.1f MiB\n",
-      device_name(r.ctx.device), w.masters / mib,
-      r.opt->masters_sharded() ? " (this rank's zero1 shard)" : "", w.compute_copy / mib,
-      r.params->grad_bytes() / mib, 2.0 * r.opt->state_elems() * 4 / mib,
-      r.model->activation_bytes() / mib, static_cast<long long>(r.model->loss_chunk()),
-      r.ctx.workspace_bytes / mib, r.model->attention_workspace_bytes() / mib);
-  if (r.ctx.device != Device::cpu) {
-    const DeviceInfo info = device_info(r.ctx);
+      device_name(s.ctx.device), w.masters / mib,
+      s.opt->masters_sharded() ? " (this rank's zero1 shard)" : "", w.compute_copy / mib,
+      s.params->grad_bytes() / mib, 2.0 * s.opt->state_elems() * 4 / mib,
+      s.model->activation_bytes() / mib, static_cast<long long>(s.model->loss_chunk()),
+      s.ctx.workspace_bytes / mib, s.model->attention_workspace_bytes() / mib);
+  if (s.ctx.device != Device::cpu) {
+    const DeviceInfo info = device_info(s.ctx);
     std::printf("device: %s, %.0f MiB in use after set-up\n", info.name.c_str(),
                 info.memory_used_mib);
   }
   int64_t samples = 0;
-  for (int i = 0; i < r.train->space().num_sources(); ++i)
-    samples += r.train->space().num_samples(i);
+  for (int i = 0; i < s.train->space().num_sources(); ++i)
+    samples += s.train->space().num_samples(i);
   std::printf(
       "data: %lld train samples per epoch; %lld samples per step, %lld micro-batches of %lld\n",
-      static_cast<long long>(samples), static_cast<long long>(r.cfg.train.global_batch),
-      static_cast<long long>(r.facts.micro_batches),
-      static_cast<long long>(r.cfg.train.micro_batch));
+      static_cast<long long>(samples), static_cast<long long>(s.cfg.train.global_batch),
+      static_cast<long long>(s.facts.micro_batches),
+      static_cast<long long>(s.cfg.train.micro_batch));
   std::fflush(stdout);
 }
 
@@ -201,14 +201,14 @@ constexpr char kLocalRunIdFile[] = "local_run_id";
 
 // The run whose local parts a resume may take: the persistent checkpoint's, else the one
 // recorded in checkpoint.dir (read by rank 0, the same on every rank); 0 = none.
-uint64_t local_run_id(Session& r) {
-  uint64_t id = r.resume_from.empty() ? 0 : r.state.run_id;
-  if (id == 0 && r.logger()) {
+uint64_t local_run_id(Session& s) {
+  uint64_t id = s.resume_from.empty() ? 0 : s.state.run_id;
+  if (id == 0 && s.logger()) {
     absl::StatusOr<std::string> text =
-        tr::fs::read_file(tr::fs::join(r.cfg.checkpoint.dir, kLocalRunIdFile));
+        tr::fs::read_file(tr::fs::join(s.cfg.checkpoint.dir, kLocalRunIdFile));
     if (text.ok() && !absl::SimpleHexAtoi(absl::StripAsciiWhitespace(*text), &id)) id = 0;
   }
-  r.groups.world->broadcast(Tensor(&id, DType::i64, Device::cpu, {1}), 0);
+  s.groups.world->broadcast(Tensor(&id, DType::i64, Device::cpu, {1}), 0);
   return id;
 }
 
@@ -216,137 +216,137 @@ uint64_t local_run_id(Session& r) {
 // run and layout replaces the persistent checkpoint just loaded when it is newer; any other start
 // removes this rank's parts (not a dry run), so that no later resume takes a step of an abandoned
 // branch.
-absl::Status resume_local(Session& r) {
-  LocalCheckpoints local(r);
+absl::Status resume_local(Session& s) {
+  LocalCheckpoints local(s);
   if (!local.enabled()) return absl::OkStatus();
-  const uint64_t run_id = r.opts.resume == "auto" && !r.start_over ? local_run_id(r) : 0;
+  const uint64_t run_id = s.opts.resume == "auto" && !s.start_over ? local_run_id(s) : 0;
   if (run_id == 0) {
-    if (!r.opts.dry_run) local.discard_own();
+    if (!s.opts.dry_run) local.discard_own();
     return absl::OkStatus();
   }
-  const int64_t persistent = r.resume_from.empty() ? -1 : r.state.step;
+  const int64_t persistent = s.resume_from.empty() ? -1 : s.state.step;
   const int64_t step = local.newest(std::max<int64_t>(persistent, 0), run_id);
   absl::Status st = step >= 0 ? local.load(step) : absl::NotFoundError("");
   if (!st.ok()) {
     const std::string why = step >= 0 ? std::string(st.message()) : local.why_not();
-    if (r.logger() && !why.empty())
+    if (s.logger() && !why.empty())
       std::printf("note: %s; resuming from %s\n", why.c_str(),
                   persistent >= 0 ? ckpt::step_dir_name(persistent).c_str() : "the start");
     // The run continues from the persistent checkpoint: no later resume may take a local part
     // this one did not (of another layout, or damaged).
-    if (!r.opts.dry_run) local.discard_own();
+    if (!s.opts.dry_run) local.discard_own();
     return absl::OkStatus();
   }
-  r.train->reset(r.state.consumed_samples);
-  if (r.logger())
+  s.train->reset(s.state.consumed_samples);
+  if (s.logger())
     std::printf(
         "resumed from the local checkpoint of step %lld in %s (newer than %s): %lld "
         "samples consumed\n",
         static_cast<long long>(step), local.dir().c_str(),
         persistent >= 0 ? ("persistent step " + std::to_string(persistent)).c_str()
                         : "any persistent checkpoint",
-        static_cast<long long>(r.state.consumed_samples));
+        static_cast<long long>(s.state.consumed_samples));
   std::fflush(stdout);
   return absl::OkStatus();
 }
 
 // Rank 0 records the run's id in checkpoint.dir for the local checkpoints (see kLocalRunIdFile).
-absl::Status record_local_run_id(const Session& r) {
-  if (r.cfg.checkpoint.local_interval <= 0 || !r.logger() || r.opts.dry_run)
+absl::Status record_local_run_id(const Session& s) {
+  if (s.cfg.checkpoint.local_interval <= 0 || !s.logger() || s.opts.dry_run)
     return absl::OkStatus();
-  return tr::fs::write_file_atomic(tr::fs::join(r.cfg.checkpoint.dir, kLocalRunIdFile),
-                                   absl::StrFormat("%016x\n", r.state.run_id));
+  return tr::fs::write_file_atomic(tr::fs::join(s.cfg.checkpoint.dir, kLocalRunIdFile),
+                                   absl::StrFormat("%016x\n", s.state.run_id));
 }
 
 // Model, optimizer, initial weights, and the checkpoint when resuming (its shapes are checked
 // here: a mismatch is bad input).
-absl::Status build_model(Session& r) {
-  const bool zero1 = r.facts.zero1;
+absl::Status build_model(Session& s) {
+  const bool zero1 = s.facts.zero1;
   // TR_LOSS_CHUNK_TOKENS=N overrides loss_chunk_tokens() (trainer/model/model.h), to bisect a GPU
   // regression against the old 16M-logit chunks (docs/PERFORMANCE.md).
   const int64_t loss_chunk = setting_int(Setting::loss_chunk_tokens);
   // A separate compute copy: bf16 on GPUs; on the CPU an fp32 one when TR_TEST_COMPUTE_COPY=1,
   // so that the GPU's layout (and ZeRO-1's sharded masters) runs and is tested on CPU ranks.
   const bool test_copy = take(Switch::test_compute_copy);
-  const ModelDims dims = ModelDims::from(r.cfg, r.topo());
-  const ModelOptions options = model_options(r.cfg, r.facts, r.ctx.device, test_copy, loss_chunk);
-  r.params = std::make_unique<ParamBuffer>(make_param_buffer(dims, options, r.ctx.device));
-  r.model = std::make_unique<Qwen2Model>(dims, options, *r.params, r.ctx);
-  r.model->set_tp_comm(r.groups.tp.get());
-  r.model->set_cp_comm(r.groups.cp.get());
-  const OptimizerGroups groups{r.groups.dp_cp.get(), r.groups.tp.get(), r.groups.pp.get(),
-                               r.facts.tied_embedding_copies() ? r.groups.embed.get() : nullptr};
-  r.opt = std::make_unique<DistributedOptimizer>(r.cfg.optim, *r.params, r.ctx, groups, zero1,
+  const ModelDims dims = ModelDims::from(s.cfg, s.topo());
+  const ModelOptions options = model_options(s.cfg, s.facts, s.ctx.device, test_copy, loss_chunk);
+  s.params = std::make_unique<ParamBuffer>(make_param_buffer(dims, options, s.ctx.device));
+  s.model = std::make_unique<Qwen2Model>(dims, options, *s.params, s.ctx);
+  s.model->set_tp_comm(s.groups.tp.get());
+  s.model->set_cp_comm(s.groups.cp.get());
+  const OptimizerGroups groups{s.groups.dp_cp.get(), s.groups.tp.get(), s.groups.pp.get(),
+                               s.facts.tied_embedding_copies() ? s.groups.embed.get() : nullptr};
+  s.opt = std::make_unique<DistributedOptimizer>(s.cfg.optim, *s.params, s.ctx, groups, zero1,
                                                  options.shards, options.separate_compute_copy);
-  r.opt->reducer().configure(r.cfg.parallel.dp_bucket_elems, r.cfg.parallel.overlap_dp,
-                             grad_reduce_dtype(r.cfg.parallel),
-                             r.cfg.parallel.overlap_param_gather);
-  r.model->set_param_events(r.opt.get());
-  r.io = std::make_unique<StepIO>(r.ctx);
-  r.opt->weights_from_host(initial_weights(
-      r.params->layout(), dims, static_cast<uint64_t>(r.cfg.train.seed), r.cfg.model.init_std));
-  r.state.rng_state = static_cast<uint64_t>(r.cfg.train.seed);
+  s.opt->reducer().configure(s.cfg.parallel.dp_bucket_elems, s.cfg.parallel.overlap_dp,
+                             grad_reduce_dtype(s.cfg.parallel),
+                             s.cfg.parallel.overlap_param_gather);
+  s.model->set_param_events(s.opt.get());
+  s.io = std::make_unique<StepIO>(s.ctx);
+  s.opt->weights_from_host(initial_weights(
+      s.params->layout(), dims, static_cast<uint64_t>(s.cfg.train.seed), s.cfg.model.init_std));
+  s.state.rng_state = static_cast<uint64_t>(s.cfg.train.seed);
   absl::Status loaded;
-  if (!r.resume_from.empty()) {
-    loaded = load_checkpoint(r, r.resume_from);
-    if (loaded.ok()) r.train->reset(r.state.consumed_samples);  // continue the sample order
-  } else if (r.init_from) {
-    loaded = load_init_from(r);
+  if (!s.resume_from.empty()) {
+    loaded = load_checkpoint(s, s.resume_from);
+    if (loaded.ok()) s.train->reset(s.state.consumed_samples);  // continue the sample order
+  } else if (s.init_from) {
+    loaded = load_init_from(s);
   }
   // A load that failed on some ranks ends every rank here, before the collectives below (the
   // failing ranks' errors are agreed by the caller).
-  if (!all_ok(*r.groups.world, loaded.ok())) return loaded;
-  if (absl::Status st = resume_local(r); !st.ok()) return st;
+  if (!all_ok(*s.groups.world, loaded.ok())) return loaded;
+  if (absl::Status st = resume_local(s); !st.ok()) return st;
   // A fresh run's identity (also for a checkpoint from before run ids), the same on every rank:
   // rank 0 draws it. Every shard is stamped with it (ckpt::TrainState::run_id).
-  if (r.state.run_id == 0) {
+  if (s.state.run_id == 0) {
     uint64_t id = 0;
-    if (r.groups.world->rank() == 0) {
+    if (s.groups.world->rank() == 0) {
       std::random_device rd;
       id = (static_cast<uint64_t>(rd()) << 32 | rd()) | 1;
     }
-    r.groups.world->broadcast(Tensor(&id, DType::i64, Device::cpu, {1}), 0);
-    r.state.run_id = id;
+    s.groups.world->broadcast(Tensor(&id, DType::i64, Device::cpu, {1}), 0);
+    s.state.run_id = id;
   }
-  if (absl::Status st = record_local_run_id(r); !st.ok()) return st;
+  if (absl::Status st = record_local_run_id(s); !st.ok()) return st;
   return absl::OkStatus();
 }
 
 // The tp, dp, pp and embed groups of the run's layout (on GPU ranks NCCL or staging ones), each
 // charging its calls to its phase of the step (trainer/obs/step_timing.h); the embedding group
 // carries a gradient reduction, as dp does. Collective over world.
-void make_step_groups(Session& r) {
-  r.groups = make_groups(r.topo(), std::move(r.groups.world));
-  if (r.ctx.device == Device::cuda)
-    use_device_comms(r.groups, r.cfg.parallel.comm == "nccl", r.ctx.stream,
-                     r.cfg.parallel.timeout_s);
-  r.groups.tp = timed_comm(std::move(r.groups.tp), Phase::tp_comm);
-  r.groups.pp = timed_comm(std::move(r.groups.pp), Phase::pipeline_wait);
-  r.groups.cp = timed_comm(std::move(r.groups.cp), Phase::cp_comm);
-  r.groups.dp_cp = timed_comm(std::move(r.groups.dp_cp), Phase::dp_wait);
-  r.groups.embed = timed_comm(std::move(r.groups.embed), Phase::dp_wait);
+void make_step_groups(Session& s) {
+  s.groups = make_groups(s.topo(), std::move(s.groups.world));
+  if (s.ctx.device == Device::cuda)
+    use_device_comms(s.groups, s.cfg.parallel.comm == "nccl", s.ctx.stream,
+                     s.cfg.parallel.timeout_s);
+  s.groups.tp = timed_comm(std::move(s.groups.tp), Phase::tp_comm);
+  s.groups.pp = timed_comm(std::move(s.groups.pp), Phase::pipeline_wait);
+  s.groups.cp = timed_comm(std::move(s.groups.cp), Phase::cp_comm);
+  s.groups.dp_cp = timed_comm(std::move(s.groups.dp_cp), Phase::dp_wait);
+  s.groups.embed = timed_comm(std::move(s.groups.embed), Phase::dp_wait);
 }
 
-absl::Status write_run_files(Session& r) {
-  if (absl::Status st = r.log.open(r.cfg.log.dir, r.state.step, r.cfg.log.tensorboard); !st.ok())
+absl::Status write_run_files(Session& s) {
+  if (absl::Status st = s.log.open(s.cfg.log.dir, s.state.step, s.cfg.log.tensorboard); !st.ok())
     return st;
-  const std::string yaml = to_yaml(r.cfg);
-  r.log.text("config", r.state.step, "```yaml\n" + yaml + "```\n");
-  std::ofstream f(fs::path(r.cfg.log.dir) / "config.yaml", std::ios::trunc);
+  const std::string yaml = to_yaml(s.cfg);
+  s.log.text("config", s.state.step, "```yaml\n" + yaml + "```\n");
+  std::ofstream f(fs::path(s.cfg.log.dir) / "config.yaml", std::ios::trunc);
   f << yaml;
   if (!f)
-    return absl::InvalidArgumentError(absl::StrCat("cannot write ", r.cfg.log.dir, "/config.yaml"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot write ", s.cfg.log.dir, "/config.yaml"));
   return absl::OkStatus();
 }
 
 // Rank 0's metrics.jsonl, event file and config.yaml; with log.tensorboard_all_ranks the other
 // ranks' event files (log.dir/tb/rank_<r>).
-absl::Status open_logs(Session& r) {
-  if (r.logger()) return write_run_files(r);
-  if (!r.cfg.log.tensorboard || !r.cfg.log.tensorboard_all_ranks) return absl::OkStatus();
-  return r.log.open_tensorboard(
-      (fs::path(r.cfg.log.dir) / "tb" / absl::StrCat("rank_", r.topo().rank)).string(),
-      r.state.step);
+absl::Status open_logs(Session& s) {
+  if (s.logger()) return write_run_files(s);
+  if (!s.cfg.log.tensorboard || !s.cfg.log.tensorboard_all_ranks) return absl::OkStatus();
+  return s.log.open_tensorboard(
+      (fs::path(s.cfg.log.dir) / "tb" / absl::StrCat("rank_", s.topo().rank)).string(),
+      s.state.step);
 }
 
 }  // namespace
@@ -430,12 +430,12 @@ namespace {
 
 // trainer --dry-run --world N: a job's checks without its ranks (trainer/run/startup.h).
 int run_dry_world(const CliOptions& opts) {
-  Session r;
-  r.opts = opts;
-  r.groups.world = make_self_comm("world");
+  Session s;
+  s.opts = opts;
+  s.groups.world = make_self_comm("world");
   const absl::StatusOr<GpuSpec> gpu = gpu_spec(opts.gpu);
   const absl::Status st =
-      gpu.ok() ? check_inputs_for_world(r, opts.world, *gpu, opts.gpus_per_node) : gpu.status();
+      gpu.ok() ? check_inputs_for_world(s, opts.world, *gpu, opts.gpus_per_node) : gpu.status();
   if (st.ok()) return kExitOk;
   std::fflush(stdout);
   std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
@@ -444,29 +444,29 @@ int run_dry_world(const CliOptions& opts) {
 
 }  // namespace
 
-int open_session(Session& r) {
-  absl::Status st = check_inputs(r);
+int open_session(Session& s) {
+  absl::Status st = check_inputs(s);
   // A checkpoint.dir held by a live trainer is busy, not bad input: a retry may succeed.
-  if (int code = agree_on_exit(*r.groups.world,
+  if (int code = agree_on_exit(*s.groups.world,
                                st.ok()                   ? kExitOk
                                : absl::IsUnavailable(st) ? kExitBusy
                                                          : kExitBadInput,
                                st);
       code != kExitOk)
     return code;
-  if (r.mpi) r.mpi->watch(r.cfg.parallel.timeout_s);
-  if (r.ctx.device == Device::cuda && r.cfg.parallel.comm == "nccl") {
-    st = check_gpu_binding(*r.groups.world, r.gpu);
-    if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
+  if (s.mpi) s.mpi->watch(s.cfg.parallel.timeout_s);
+  if (s.ctx.device == Device::cuda && s.cfg.parallel.comm == "nccl") {
+    st = check_gpu_binding(*s.groups.world, s.gpu);
+    if (int code = agree_on_exit(*s.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
         code != kExitOk)
       return code;
   }
-  make_step_groups(r);
+  make_step_groups(s);
   {
-    MpiPatience loading(r.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest reader
-    st = build_model(r);
+    MpiPatience loading(s.cfg.checkpoint.save_timeout_s);  // ranks wait for the slowest reader
+    st = build_model(s);
   }
-  return agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
+  return agree_on_exit(*s.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
 }
 
 int run(const CliOptions& opts) {
@@ -475,8 +475,8 @@ int run(const CliOptions& opts) {
   // killing the rank. SIGUSR1/SIGUSR2: what Slurm's --signal sends, and what mpirun and srun
   // pass on to every rank without ending the job.
   for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
-  Session r;
-  r.opts = opts;
+  Session s;
+  s.opts = opts;
   // Under srun or mpirun every rank runs this; a lone process needs no launcher.
   if (const std::optional<std::string> n = launcher_env("SLURM_STEP_NUM_TASKS");
       n && std::atoi(n->c_str()) > 1 && !launched_by_mpi_launcher()) {
@@ -486,42 +486,42 @@ int run(const CliOptions& opts) {
                  n->c_str());
     return kExitBadInput;
   }
-  if (launched_by_mpi_launcher()) r.mpi = std::make_unique<MpiRuntime>(nullptr, nullptr);
-  r.groups.world = r.mpi ? make_mpi_world() : make_self_comm("world");
-  if (r.groups.world->rank() != 0) {  // rank 0 logs, and says what a stop signal will do
+  if (launched_by_mpi_launcher()) s.mpi = std::make_unique<MpiRuntime>(nullptr, nullptr);
+  s.groups.world = s.mpi ? make_mpi_world() : make_self_comm("world");
+  if (s.groups.world->rank() != 0) {  // rank 0 logs, and says what a stop signal will do
     (void)!std::freopen("/dev/null", "w", stdout);
     g_stop_notice = 0;
   }
-  if (int code = open_session(r); code != kExitOk) return code;
-  print_plan(r);
+  if (int code = open_session(s); code != kExitOk) return code;
+  print_plan(s);
   if (opts.dry_run) return kExitOk;
-  if (r.state.step >= r.cfg.train.steps) {
+  if (s.state.step >= s.cfg.train.steps) {
     std::printf("checkpoint is at step %lld >= train.steps %lld: nothing to do\n",
-                static_cast<long long>(r.state.step), static_cast<long long>(r.cfg.train.steps));
+                static_cast<long long>(s.state.step), static_cast<long long>(s.cfg.train.steps));
     return kExitOk;
   }
-  absl::Status st = r.logger() ? settle_checkpoint_dir(r) : absl::OkStatus();
-  if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitFailure, st);
+  absl::Status st = s.logger() ? settle_checkpoint_dir(s) : absl::OkStatus();
+  if (int code = agree_on_exit(*s.groups.world, st.ok() ? kExitOk : kExitFailure, st);
       code != kExitOk)
     return code;
-  st = open_logs(r);
-  if (int code = agree_on_exit(*r.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
+  st = open_logs(s);
+  if (int code = agree_on_exit(*s.groups.world, st.ok() ? kExitOk : kExitBadInput, st);
       code != kExitOk)
     return code;
-  int code = train_loop(r);
-  if (r.logger() && r.log.failed() && code == kExitOk) {
+  int code = train_loop(s);
+  if (s.logger() && s.log.failed() && code == kExitOk) {
     std::fprintf(stderr,
                  "error: lines of %s/metrics.jsonl could not be written (see the warning above); "
                  "the checkpoints are complete\n",
-                 r.cfg.log.dir.c_str());
+                 s.cfg.log.dir.c_str());
     code = kExitFailure;
   }
   // Which switched paths ran, per rank (only when a switch is set): a test of the process can
   // see that a switch still changes what runs.
   if (const std::vector<std::string> taken = taken_switches(); !taken.empty())
-    std::fprintf(stderr, "rank %d: debug switches taken: %s\n", r.topo().rank,
+    std::fprintf(stderr, "rank %d: debug switches taken: %s\n", s.topo().rank,
                  absl::StrJoin(taken, ", ").c_str());
-  if (r.logger()) r.log.exit(r.state.step, code);
+  if (s.logger()) s.log.exit(s.state.step, code);
   return code;
 }
 

@@ -18,12 +18,12 @@ absl::Status check_gpu_binding(Comm& world, int gpu);
 
 // Returns the process exit code (kExitOk, kExitBadInput, kExitFailure).
 int run(const CliOptions& opts);
-// A rank's session as run() sets it up before its first step, from r.opts on r.groups.world
-// (and r.mpi when launched): the inputs checked, the step groups made, the model and the
+// A rank's session as run() sets it up before its first step, from s.opts on s.groups.world
+// (and s.mpi when launched): the inputs checked, the step groups made, the model and the
 // optimizer built, a checkpoint or model.init_from loaded. Collective over the world; returns
 // the exit code every rank agreed on (kExitOk, or what run() would exit with). Tests step a
 // layout in process through it.
-int open_session(Session& r);
+int open_session(Session& s);
 // `trainer plan`: prints the plan of the config (trainer/plan/plan.h); exit 2 on bad input.
 int run_plan(const CliOptions& opts);
 // `trainer export-hf`: a checkpoint as a Hugging Face model directory (checkpoint/train/hf.h); exit

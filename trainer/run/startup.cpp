@@ -36,9 +36,9 @@ namespace fs = std::filesystem;
 // `auto` runs on the CPU until the GPU path has been validated on hardware; `cuda` asks for
 // the GPU explicitly. GPU ranks use the node's GPUs in node-local rank order; with NCCL each
 // needs its own GPU, with parallel.comm=mpi several may share one.
-absl::Status resolve_backend(Session& r) {
-  std::string& b = r.cfg.train.backend;
-  r.ctx = Ctx{};
+absl::Status resolve_backend(Session& s) {
+  std::string& b = s.cfg.train.backend;
+  s.ctx = Ctx{};
   if (b != "cuda") {
     b = "cpu";
     return absl::OkStatus();
@@ -59,40 +59,40 @@ absl::Status resolve_backend(Session& r) {
   versions.nccl = nccl_version();
   std::printf("gpu libraries: %s\n", describe(versions).c_str());
   if (absl::Status st = check_versions(versions); !st.ok()) return st;
-  const int local_rank = r.mpi ? r.mpi->local_rank() : 0;
-  r.gpu = local_rank % cuda::device_count();
-  r.device = std::make_unique<cuda::DeviceContext>(r.gpu, kCudaWorkspaceBytes);
-  r.ctx = r.device->ctx();
-  r.ctx.deterministic = r.cfg.train.deterministic;
-  r.device_phases = DevicePhaseTimes::make(r.ctx);
+  const int local_rank = s.mpi ? s.mpi->local_rank() : 0;
+  s.gpu = local_rank % cuda::device_count();
+  s.device = std::make_unique<cuda::DeviceContext>(s.gpu, kCudaWorkspaceBytes);
+  s.ctx = s.device->ctx();
+  s.ctx.deterministic = s.cfg.train.deterministic;
+  s.device_phases = DevicePhaseTimes::make(s.ctx);
   return absl::OkStatus();
 }
 
-absl::StatusOr<data::LoaderOptions> loader_options(const Session& r,
+absl::StatusOr<data::LoaderOptions> loader_options(const Session& s,
                                                    const std::vector<DataSource>& srcs,
                                                    bool shuffle) {
   data::LoaderOptions o;
-  for (const DataSource& s : srcs) o.paths.push_back({s.path, s.weight});
-  absl::StatusOr<data::SourceFormat> fmt = data::parse_source_format(r.cfg.data.format);
+  for (const DataSource& src : srcs) o.paths.push_back({src.path, src.weight});
+  absl::StatusOr<data::SourceFormat> fmt = data::parse_source_format(s.cfg.data.format);
   if (!fmt.ok()) return fmt.status();
   o.format = *fmt;
-  o.seq_len = r.cfg.data.seq_len;
-  o.seed = static_cast<uint64_t>(r.cfg.data.seed);
+  o.seq_len = s.cfg.data.seq_len;
+  o.seed = static_cast<uint64_t>(s.cfg.data.seed);
   o.shuffle = shuffle;
-  o.dp_rank = r.topo().dp_rank;
-  o.dp_size = r.topo().dp;
-  if (r.topo().cp > 1) o.positions = cp_positions(o.seq_len, r.topo().cp, r.topo().cp_rank);
-  o.global_batch = r.cfg.train.global_batch;
-  o.micro_batch = r.cfg.train.micro_batch;
+  o.dp_rank = s.topo().dp_rank;
+  o.dp_size = s.topo().dp;
+  if (s.topo().cp > 1) o.positions = cp_positions(o.seq_len, s.topo().cp, s.topo().cp_rank);
+  o.global_batch = s.cfg.train.global_batch;
+  o.micro_batch = s.cfg.train.micro_batch;
   o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume
-  o.vocab_size = r.cfg.model.vocab_size;
+  o.vocab_size = s.cfg.model.vocab_size;
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& r,
+absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& s,
                                                               const std::vector<DataSource>& srcs,
                                                               bool shuffle) {
-  absl::StatusOr<data::LoaderOptions> o = loader_options(r, srcs, shuffle);
+  absl::StatusOr<data::LoaderOptions> o = loader_options(s, srcs, shuffle);
   if (!o.ok()) return o.status();
   return data::DataLoader::create(*o);
 }
@@ -137,10 +137,10 @@ absl::Status check_data_tokenizer(const Config& c) {
 }
 
 // The checkpoint to resume from: "" = start fresh. Never a fresh start over committed
-// checkpoints unless asked for with --resume none --force (then r.start_over is set).
-absl::StatusOr<std::string> resume_path(Session& r) {
-  const std::string& how = r.opts.resume;
-  const std::string& root = r.cfg.checkpoint.dir;
+// checkpoints unless asked for with --resume none --force (then s.start_over is set).
+absl::StatusOr<std::string> resume_path(Session& s) {
+  const std::string& how = s.opts.resume;
+  const std::string& root = s.cfg.checkpoint.dir;
   // A directory, or nothing yet (it is created once every input has checked out).
   std::error_code ec;
   const std::filesystem::file_status st = std::filesystem::status(root, ec);
@@ -161,8 +161,8 @@ absl::StatusOr<std::string> resume_path(Session& r) {
     const std::vector<std::string> held = ckpt::committed_step_dirs(root);
     const absl::StatusOr<std::string> latest = ckpt::find_latest(root);  // also a dangling one
     if (held.empty() && latest.ok() && latest->empty()) return std::string();
-    if (r.opts.force) {
-      r.start_over = true;
+    if (s.opts.force) {
+      s.start_over = true;
       return std::string();
     }
     return absl::InvalidArgumentError(absl::StrCat(
@@ -185,9 +185,9 @@ absl::StatusOr<std::string> resume_path(Session& r) {
 
 // log.dir on rank 0 (it writes metrics.jsonl and config.yaml there): created and writable,
 // before checkpoint.dir is touched, so that a bad log.dir leaves nothing behind it.
-absl::Status check_log_dir(const Session& r) {
-  if (r.topo().rank != 0) return absl::OkStatus();
-  const std::string& dir = r.cfg.log.dir;
+absl::Status check_log_dir(const Session& s) {
+  if (s.topo().rank != 0) return absl::OkStatus();
+  const std::string& dir = s.cfg.log.dir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (!ec && !std::filesystem::is_directory(dir, ec))
@@ -210,8 +210,8 @@ absl::Status check_log_dir(const Session& r) {
 
 // checkpoint.dir is writable by this rank and, seen from rank 0, has room for a checkpoint:
 // found at start-up, not at the first save hours into the run.
-absl::Status check_checkpoint_dir(const Session& r) {
-  const std::string& dir = r.cfg.checkpoint.dir;
+absl::Status check_checkpoint_dir(const Session& s) {
+  const std::string& dir = s.cfg.checkpoint.dir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
@@ -219,7 +219,7 @@ absl::Status check_checkpoint_dir(const Session& r) {
                                                    "' cannot be created: ", ec.message(),
                                                    "; choose another checkpoint.dir"));
   const std::string probe =
-      absl::StrCat(dir, "/.write-test-", r.topo().rank, "-", static_cast<long>(getpid()));
+      absl::StrCat(dir, "/.write-test-", s.topo().rank, "-", static_cast<long>(getpid()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   bool ok = fd >= 0 && ::write(fd, "x", 1) == 1 && ::fsync(fd) == 0;
   const int err = errno;
@@ -227,30 +227,30 @@ absl::Status check_checkpoint_dir(const Session& r) {
   ::unlink(probe.c_str());
   if (!ok)
     return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint.dir '", dir, "' is not writable (rank ", r.topo().rank, " on ",
+        absl::StrCat("checkpoint.dir '", dir, "' is not writable (rank ", s.topo().rank, " on ",
                      tr::fs::host_name(), "): ", std::strerror(err),
                      "; fix its permissions or choose another checkpoint.dir"));
-  if (r.topo().rank != 0) return absl::OkStatus();
-  if (absl::Status st = ckpt::check_save_paths(dir, r.cfg.train.steps, r.topo().world); !st.ok())
+  if (s.topo().rank != 0) return absl::OkStatus();
+  if (absl::Status st = ckpt::check_save_paths(dir, s.cfg.train.steps, s.topo().world); !st.ok())
     return st;
   struct statvfs fsinfo {};
   if (statvfs(dir.c_str(), &fsinfo) != 0) return absl::OkStatus();  // unknown: not an error
   const double free_bytes =
       static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
-  const double need = checkpoint_bytes(r.cfg, r.topo());
+  const double need = checkpoint_bytes(s.cfg, s.topo());
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (free_bytes < need)
     return absl::InvalidArgumentError(absl::StrFormat(
         "checkpoint.dir '%s' has %.3g GiB free, less than one checkpoint (%.3g GiB); free some "
         "space or choose another checkpoint.dir",
         dir, free_bytes / gib, need / gib));
-  const double keep = static_cast<double>(r.cfg.checkpoint.keep_last + 1);
+  const double keep = static_cast<double>(s.cfg.checkpoint.keep_last + 1);
   if (free_bytes < keep * need)
     std::printf(
         "warning: checkpoint.dir '%s' has %.3g GiB free, room for %d checkpoints of %.3g GiB; "
         "checkpoint.keep_last=%lld needs %.0f during a save\n",
         dir.c_str(), free_bytes / gib, static_cast<int>(free_bytes / need), need / gib,
-        static_cast<long long>(r.cfg.checkpoint.keep_last), keep);
+        static_cast<long long>(s.cfg.checkpoint.keep_last), keep);
   return absl::OkStatus();
 }
 
@@ -258,9 +258,9 @@ absl::Status check_checkpoint_dir(const Session& r) {
 // for the parts its ranks keep there: checkpoint.local_keep of them and one being written
 // (rank_state_bytes each; GPU ranks keep separate masters), and checkpoint.local_replicas times
 // as many replicas of other nodes' parts when the job spans nodes.
-absl::Status check_local_dir(const Session& r) {
-  if (r.cfg.checkpoint.local_interval <= 0) return absl::OkStatus();
-  const std::string& dir = r.cfg.checkpoint.local_dir;
+absl::Status check_local_dir(const Session& s) {
+  if (s.cfg.checkpoint.local_interval <= 0) return absl::OkStatus();
+  const std::string& dir = s.cfg.checkpoint.local_dir;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
@@ -271,13 +271,13 @@ absl::Status check_local_dir(const Session& r) {
   if (statvfs(dir.c_str(), &fsinfo) != 0) return absl::OkStatus();  // unknown: not an error
   const double free_bytes =
       static_cast<double>(fsinfo.f_bavail) * static_cast<double>(fsinfo.f_frsize);
-  const int ranks_here = r.mpi ? r.mpi->local_size() : 1;
-  const double part = rank_state_bytes(r.cfg, r.topo(), r.ctx.device == Device::cuda);
+  const int ranks_here = s.mpi ? s.mpi->local_size() : 1;
+  const double part = rank_state_bytes(s.cfg, s.topo(), s.ctx.device == Device::cuda);
   // A job over several nodes holds replicas of other nodes' parts too.
-  const int nodes = (r.topo().world + ranks_here - 1) / ranks_here;
-  const double copies = 1 + r.cfg.checkpoint.local_replicas_on(nodes);
+  const int nodes = (s.topo().world + ranks_here - 1) / ranks_here;
+  const double copies = 1 + s.cfg.checkpoint.local_replicas_on(nodes);
   const double need =
-      static_cast<double>(r.cfg.checkpoint.local_keep + 1) * part * ranks_here * copies;
+      static_cast<double>(s.cfg.checkpoint.local_keep + 1) * part * ranks_here * copies;
   const double gib = 1024.0 * 1024.0 * 1024.0;
   if (free_bytes < need)
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -285,7 +285,7 @@ absl::Status check_local_dir(const Session& r) {
         "rank%s keep there (checkpoint.local_keep=%lld and one being written, %.3g GiB each%s); "
         "free some space, lower checkpoint.local_keep or choose another checkpoint.local_dir",
         dir, tr::fs::host_name(), free_bytes / gib, need / gib, ranks_here,
-        ranks_here == 1 ? "" : "s", static_cast<long long>(r.cfg.checkpoint.local_keep), part / gib,
+        ranks_here == 1 ? "" : "s", static_cast<long long>(s.cfg.checkpoint.local_keep), part / gib,
         copies > 1
             ? absl::StrFormat(", and %g times as many replicas of other nodes' parts", copies - 1)
             : ""));
@@ -294,12 +294,12 @@ absl::Status check_local_dir(const Session& r) {
 
 // What this rank may allocate: the host's available memory shared by the job's ranks there, and
 // its GPU's free memory shared by the ranks on it (several only with parallel.comm=mpi).
-MemoryBudget memory_budget(const Session& r) {
+MemoryBudget memory_budget(const Session& s) {
   MemoryBudget b;
   b.host_available = host_memory_available();
-  b.ranks_on_host = r.mpi ? r.mpi->local_size() : 1;
-  if (r.ctx.device == Device::cuda) {
-    b.device_available = device_info(r.ctx).memory_free_mib * 1024.0 * 1024.0;
+  b.ranks_on_host = s.mpi ? s.mpi->local_size() : 1;
+  if (s.ctx.device == Device::cuda) {
+    b.device_available = device_info(s.ctx).memory_free_mib * 1024.0 * 1024.0;
     const int gpus = std::max(1, cuda::device_count());
     b.ranks_on_device = (b.ranks_on_host + gpus - 1) / gpus;
   }
@@ -312,163 +312,163 @@ constexpr char kIdCacheFile[] = "data-ids-checked.json";
 // Rank 0 checks every token id of the training (and, with evaluation, validation) files against
 // model.vocab_size before any training; the other ranks learn of a bad file in the agreement
 // after check_inputs. Returns the cache to store in checkpoint.dir ("" on other ranks).
-absl::StatusOr<std::string> check_all_token_ids(const Session& r) {
-  if (r.groups.world->rank() != 0) return std::string();
+absl::StatusOr<std::string> check_all_token_ids(const Session& s) {
+  if (s.groups.world->rank() != 0) return std::string();
   std::vector<std::string> paths;
-  for (const DataSource& s : r.cfg.data.train) paths.push_back(s.path);
-  if (r.cfg.train.eval_interval > 0)
-    for (const DataSource& s : r.cfg.data.valid) paths.push_back(s.path);
-  absl::StatusOr<data::SourceFormat> fmt = data::parse_source_format(r.cfg.data.format);
+  for (const DataSource& src : s.cfg.data.train) paths.push_back(src.path);
+  if (s.cfg.train.eval_interval > 0)
+    for (const DataSource& src : s.cfg.data.valid) paths.push_back(src.path);
+  absl::StatusOr<data::SourceFormat> fmt = data::parse_source_format(s.cfg.data.format);
   if (!fmt.ok()) return fmt.status();
   absl::StatusOr<std::string> cache =
-      tr::fs::read_file(tr::fs::join(r.cfg.checkpoint.dir, kIdCacheFile));
+      tr::fs::read_file(tr::fs::join(s.cfg.checkpoint.dir, kIdCacheFile));
   absl::StatusOr<data::IdCheck> ids =
-      data::check_token_ids(paths, *fmt, r.cfg.model.vocab_size, cache.ok() ? *cache : "");
+      data::check_token_ids(paths, *fmt, s.cfg.model.vocab_size, cache.ok() ? *cache : "");
   if (!ids.ok()) return ids.status();
   const bool gb = ids->bytes_scanned >= 1e9;
   if (ids->scanned > 0)
     std::printf(
         "data: every token id of %d file(s) is below vocab_size %lld (%.1f %s read in %.1f s; "
         "%d more checked before)\n",
-        ids->scanned, static_cast<long long>(r.cfg.model.vocab_size),
+        ids->scanned, static_cast<long long>(s.cfg.model.vocab_size),
         ids->bytes_scanned / (gb ? 1e9 : 1e6), gb ? "GB" : "MB", ids->seconds, ids->cached);
   std::fflush(stdout);  // ahead of any error line on stderr
   return ids->cache_json;
 }
 
 // The datasets' tokenizer against the model, and the batch arithmetic of the layout.
-absl::Status check_tokenizer_and_batch(const Session& r) {
-  if (absl::Status st = check_data_tokenizer(r.cfg); !st.ok()) return st;
-  absl::StatusOr<data::LoaderOptions> batch = loader_options(r, r.cfg.data.train, true);
+absl::Status check_tokenizer_and_batch(const Session& s) {
+  if (absl::Status st = check_data_tokenizer(s.cfg); !st.ok()) return st;
+  absl::StatusOr<data::LoaderOptions> batch = loader_options(s, s.cfg.data.train, true);
   if (!batch.ok()) return batch.status();
   return data::validate_loader_options(*batch);
 }
 
 // The run's loaders (every data file opened and validated; validation's only when evaluating),
 // then every token id (rank 0); returns the id check's record for checkpoint.dir.
-absl::StatusOr<std::string> open_data(Session& r) {
-  absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(r, r.cfg.data.train, true);
+absl::StatusOr<std::string> open_data(Session& s) {
+  absl::StatusOr<std::unique_ptr<data::DataLoader>> train = make_loader(s, s.cfg.data.train, true);
   if (!train.ok()) return train.status();
-  r.train = std::move(*train);
-  if (r.cfg.train.eval_interval > 0) {
+  s.train = std::move(*train);
+  if (s.cfg.train.eval_interval > 0) {
     absl::StatusOr<std::unique_ptr<data::DataLoader>> valid =
-        make_loader(r, r.cfg.data.valid, false);
+        make_loader(s, s.cfg.data.valid, false);
     if (!valid.ok()) return valid.status();
-    r.valid = std::move(*valid);
+    s.valid = std::move(*valid);
   }
-  return check_all_token_ids(r);
+  return check_all_token_ids(s);
 }
 
 // Rank 0 takes checkpoint.dir (and log.dir, when that is another directory) for this run, and
 // stores which data files' ids it checked. A directory in use by a live trainer is busy.
-absl::Status lock_run_dirs(Session& r, const std::string& ids_checked) {
+absl::Status lock_run_dirs(Session& s, const std::string& ids_checked) {
   std::string note;
   absl::StatusOr<std::unique_ptr<ckpt::DirLock>> lock =
-      ckpt::DirLock::acquire(r.cfg.checkpoint.dir, ckpt::LockOptions{}, &note);
+      ckpt::DirLock::acquire(s.cfg.checkpoint.dir, ckpt::LockOptions{}, &note);
   if (!lock.ok()) return lock.status();
-  r.lock = std::move(*lock);
+  s.lock = std::move(*lock);
   if (!note.empty()) std::printf("note: %s\n", note.c_str());
   // Two runs must not append to one metrics.jsonl either.
   std::error_code ec;
-  if (!std::filesystem::equivalent(r.cfg.log.dir, r.cfg.checkpoint.dir, ec)) {
+  if (!std::filesystem::equivalent(s.cfg.log.dir, s.cfg.checkpoint.dir, ec)) {
     ckpt::LockOptions o;
     o.what = "log.dir";
     std::string log_note;
     absl::StatusOr<std::unique_ptr<ckpt::DirLock>> log_lock =
-        ckpt::DirLock::acquire(r.cfg.log.dir, o, &log_note);
+        ckpt::DirLock::acquire(s.cfg.log.dir, o, &log_note);
     if (!log_lock.ok()) return log_lock.status();
-    r.log_lock = std::move(*log_lock);
+    s.log_lock = std::move(*log_lock);
     if (!log_note.empty()) std::printf("note: %s\n", log_note.c_str());
   }
   // What was checked, for the next start (a failure to write it costs a re-scan, no more).
   if (!ids_checked.empty() &&
-      !tr::fs::write_file_atomic(tr::fs::join(r.cfg.checkpoint.dir, kIdCacheFile), ids_checked)
+      !tr::fs::write_file_atomic(tr::fs::join(s.cfg.checkpoint.dir, kIdCacheFile), ids_checked)
            .ok())
     std::printf("warning: cannot write %s/%s: the data's ids are scanned again next time\n",
-                r.cfg.checkpoint.dir.c_str(), kIdCacheFile);
+                s.cfg.checkpoint.dir.c_str(), kIdCacheFile);
   return absl::OkStatus();
 }
 
 }  // namespace
 
 // See trainer/run/startup.h.
-absl::Status check_inputs(Session& r) {
-  absl::StatusOr<Config> cfg = load_config(r.opts.config, r.opts.sets);
+absl::Status check_inputs(Session& s) {
+  absl::StatusOr<Config> cfg = load_config(s.opts.config, s.opts.sets);
   if (!cfg.ok()) return cfg.status();
-  r.cfg = *cfg;
-  const Comm& world = *r.groups.world;
-  absl::StatusOr<RunFacts> facts = run_facts(r.cfg, world.size(), world.rank());
+  s.cfg = *cfg;
+  const Comm& world = *s.groups.world;
+  absl::StatusOr<RunFacts> facts = run_facts(s.cfg, world.size(), world.rank());
   if (!facts.ok()) return facts.status();
-  r.facts = *facts;
-  if (absl::Status st = resolve_backend(r); !st.ok()) return st;
-  absl::StatusOr<std::string> resume = resume_path(r);
+  s.facts = *facts;
+  if (absl::Status st = resolve_backend(s); !st.ok()) return st;
+  absl::StatusOr<std::string> resume = resume_path(s);
   if (!resume.ok()) return resume.status();
-  r.resume_from = *resume;
+  s.resume_from = *resume;
   // Sizes of every file on every rank; each file's crc32 on one rank (rank i checks files i,
   // i + world, ...), so a 128-rank job reads the checkpoint once, not 128 times.
-  if (!r.resume_from.empty()) {
-    if (absl::Status st = ckpt::verify(r.resume_from, world.rank(), world.size()); !st.ok())
+  if (!s.resume_from.empty()) {
+    if (absl::Status st = ckpt::verify(s.resume_from, world.rank(), world.size()); !st.ok())
       return st;
   }
-  if (!r.cfg.model.init_from.empty()) {
-    if (!r.resume_from.empty()) {
+  if (!s.cfg.model.init_from.empty()) {
+    if (!s.resume_from.empty()) {
       if (world.rank() == 0)
         std::printf("note: model.init_from %s is ignored: resuming from %s\n",
-                    r.cfg.model.init_from.c_str(), r.resume_from.c_str());
+                    s.cfg.model.init_from.c_str(), s.resume_from.c_str());
     } else {
-      absl::StatusOr<st::Reader> hf = open_hf_model(r.cfg.model.init_from, r.cfg, r.topo());
+      absl::StatusOr<st::Reader> hf = open_hf_model(s.cfg.model.init_from, s.cfg, s.topo());
       if (!hf.ok()) return hf.status();
-      r.init_from = std::make_unique<st::Reader>(std::move(*hf));
+      s.init_from = std::make_unique<st::Reader>(std::move(*hf));
     }
   }
   // Before the loaders prefetch and the model allocates: the data's tokenizer and the batch
   // arithmetic, then whether the run fits this rank's memory.
-  if (absl::Status st = check_tokenizer_and_batch(r); !st.ok()) return st;
-  if (absl::Status st = check_memory(r.cfg, r.facts, r.ctx.device, memory_budget(r),
+  if (absl::Status st = check_tokenizer_and_batch(s); !st.ok()) return st;
+  if (absl::Status st = check_memory(s.cfg, s.facts, s.ctx.device, memory_budget(s),
                                      switch_on(Switch::test_compute_copy),
                                      setting_int(Setting::loss_chunk_tokens));
       !st.ok())
     return st;
-  absl::StatusOr<std::string> ids_checked = open_data(r);
+  absl::StatusOr<std::string> ids_checked = open_data(s);
   if (!ids_checked.ok()) return ids_checked.status();
   // Last, once everything else checked out: rank 0 takes log.dir and checkpoint.dir (a dry run
   // writes nothing). A directory in use by a live trainer is busy (exit 6).
-  if (!r.opts.dry_run) {
-    if (absl::Status st = check_log_dir(r); !st.ok()) return st;
-    if (absl::Status st = check_checkpoint_dir(r); !st.ok()) return st;
-    if (absl::Status st = check_local_dir(r); !st.ok()) return st;
+  if (!s.opts.dry_run) {
+    if (absl::Status st = check_log_dir(s); !st.ok()) return st;
+    if (absl::Status st = check_checkpoint_dir(s); !st.ok()) return st;
+    if (absl::Status st = check_local_dir(s); !st.ok()) return st;
   }
-  if (world.rank() == 0 && !r.opts.dry_run) return lock_run_dirs(r, *ids_checked);
+  if (world.rank() == 0 && !s.opts.dry_run) return lock_run_dirs(s, *ids_checked);
   return absl::OkStatus();
 }
 
-absl::Status check_inputs_for_world(Session& r, int world, const GpuSpec& gpu, int gpus_per_node) {
-  absl::StatusOr<Config> cfg = load_config(r.opts.config, r.opts.sets);
+absl::Status check_inputs_for_world(Session& s, int world, const GpuSpec& gpu, int gpus_per_node) {
+  absl::StatusOr<Config> cfg = load_config(s.opts.config, s.opts.sets);
   if (!cfg.ok()) return cfg.status();
-  r.cfg = *cfg;
+  s.cfg = *cfg;
   if (world % gpus_per_node != 0 && world > gpus_per_node)
     return absl::InvalidArgumentError(absl::StrCat("--world ", world,
                                                    " is not a whole number of nodes of "
                                                    "--gpus-per-node ",
                                                    gpus_per_node));
   const int per_node = std::min(world, gpus_per_node);
-  absl::StatusOr<RunFacts> facts = run_facts(r.cfg, world, 0);  // world rank 0's view
+  absl::StatusOr<RunFacts> facts = run_facts(s.cfg, world, 0);  // world rank 0's view
   if (!facts.ok()) return facts.status();
-  r.facts = *facts;
-  absl::StatusOr<std::string> resume = resume_path(r);
+  s.facts = *facts;
+  absl::StatusOr<std::string> resume = resume_path(s);
   if (!resume.ok()) return resume.status();
-  r.resume_from = *resume;
-  if (!r.resume_from.empty())
-    if (absl::Status st = ckpt::verify(r.resume_from); !st.ok()) return st;
-  if (!r.cfg.model.init_from.empty() && r.resume_from.empty())
-    if (absl::StatusOr<st::Reader> hf = open_hf_model(r.cfg.model.init_from, r.cfg, r.topo());
+  s.resume_from = *resume;
+  if (!s.resume_from.empty())
+    if (absl::Status st = ckpt::verify(s.resume_from); !st.ok()) return st;
+  if (!s.cfg.model.init_from.empty() && s.resume_from.empty())
+    if (absl::StatusOr<st::Reader> hf = open_hf_model(s.cfg.model.init_from, s.cfg, s.topo());
         !hf.ok())
       return hf.status();
-  if (absl::Status st = check_tokenizer_and_batch(r); !st.ok()) return st;
-  if (absl::StatusOr<std::string> ids = open_data(r); !ids.ok()) return ids.status();
-  absl::StatusOr<Plan> plan = make_plan(r.cfg, gpu, world / per_node, per_node);
+  if (absl::Status st = check_tokenizer_and_batch(s); !st.ok()) return st;
+  if (absl::StatusOr<std::string> ids = open_data(s); !ids.ok()) return ids.status();
+  absl::StatusOr<Plan> plan = make_plan(s.cfg, gpu, world / per_node, per_node);
   if (!plan.ok()) return plan.status();
-  const std::string text = format_plan(r.cfg, *plan);
+  const std::string text = format_plan(s.cfg, *plan);
   if (!plan->fits) {
     const size_t at = text.find("verdict: does not fit: ");
     const std::string verdict =
@@ -476,7 +476,7 @@ absl::Status check_inputs_for_world(Session& r, int world, const GpuSpec& gpu, i
     return absl::InvalidArgumentError(absl::StrCat(
         world, " ranks of ", gpu.name, ": the run does not fit: ", verdict,
         plan->cp_needed > 0 ? absl::StrCat("; parallel.cp=", plan->cp_needed, " would fit") : "",
-        "; trainer plan --config ", r.opts.config, " --gpu ", gpu.name, " --nodes ",
+        "; trainer plan --config ", s.opts.config, " --gpu ", gpu.name, " --nodes ",
         world / per_node, " shows each stage"));
   }
   std::printf("%sdry run for %d ranks of %s: config, layout, data and memory check out\n",

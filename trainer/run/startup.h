@@ -12,13 +12,13 @@
 
 namespace tr {
 
-absl::Status check_inputs(Session& r);
+absl::Status check_inputs(Session& s);
 
 // trainer --dry-run --world N: the same checks for a job of `world` ranks on GPUs `gpu`, made by
 // this one process without a device (a login node): the config and the layout of N ranks, the
 // checkpoint to resume (every file), model.init_from, every data file and token id, the batch
 // arithmetic, and each pipeline stage's memory by the planner (trainer/plan/plan.h) against the
 // GPU's. Prints the plan; takes and writes nothing. Errors are bad input.
-absl::Status check_inputs_for_world(Session& r, int world, const GpuSpec& gpu, int gpus_per_node);
+absl::Status check_inputs_for_world(Session& s, int world, const GpuSpec& gpu, int gpus_per_node);
 
 }  // namespace tr
