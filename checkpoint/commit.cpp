@@ -350,10 +350,7 @@ absl::StatusOr<fs::FileDigest> write_shard(const std::string& tmp_dir, int rank,
     if (done == std::max<size_t>(1, total / 2)) crash_point("mid_tensors", step);
   };
   const std::string path = fs::join(tmp_dir, shard_file_name(rank));
-  if (absl::Status st = write_shard_file(path, pieces, progress, {step, run_id}); !st.ok())
-    return st;
-  if (absl::Status st = fs::fsync_path(path); !st.ok()) return st;
-  return fs::digest_file(path);
+  return write_shard_file(path, pieces, progress, {step, run_id});
 }
 
 absl::Status commit_save(const CommitRequest& req) {

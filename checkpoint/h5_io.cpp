@@ -153,14 +153,21 @@ Handle file_access_plist() {
   return fapl;
 }
 
-absl::StatusOr<Handle> create_file(const std::string& path) {
+absl::StatusOr<Handle> create_file(const std::string& path, bool page_aligned) {
   quiet_errors();
   Handle fapl = file_access_plist();
+  if (page_aligned) H5_CHECK(H5Pset_alignment(fapl.get(), 4096, 4096));
   Handle file(H5Fcreate(path.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl.get()), H5Fclose);
   if (!file.valid()) {
     return absl::UnavailableError(with_detail(absl::StrCat("cannot create HDF5 file ", path)));
   }
   return file;
+}
+
+absl::Status close_written_file(Handle& file, const std::string& path) {
+  if (file.reset() < 0)
+    return absl::UnavailableError(with_detail(absl::StrCat("cannot close HDF5 file ", path)));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Handle> open_file_readonly(const std::string& path) {
@@ -193,6 +200,30 @@ absl::Status write_f32(hid_t file, const std::string& path, const std::vector<in
     return absl::UnavailableError(with_detail(absl::StrCat("cannot close dataset ", path)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> create_f32_allocated(hid_t file, const std::string& path,
+                                              const std::vector<int64_t>& shape) {
+  Handle space = simple_space(shape);
+  Handle lcpl = intermediate_groups_plist();
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5_CHECK(dcpl.get());
+  H5_CHECK(H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS));
+  H5_CHECK(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY));
+  H5_CHECK(H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER));
+  Handle dset(H5Dcreate2(file, path.c_str(), H5T_IEEE_F32LE, space.get(), lcpl.get(), dcpl.get(),
+                         H5P_DEFAULT),
+              H5Dclose);
+  if (!dset.valid()) {
+    return absl::UnavailableError(with_detail(absl::StrCat("cannot create dataset ", path)));
+  }
+  if (H5Sget_simple_extent_npoints(space.get()) == 0) return uint64_t{0};
+  const haddr_t at = H5Dget_offset(dset.get());
+  if (at == HADDR_UNDEF) {
+    return absl::UnavailableError(
+        with_detail(absl::StrCat("dataset ", path, " has no allocated space")));
+  }
+  return static_cast<uint64_t>(at);
 }
 
 bool path_exists(hid_t file, const std::string& path) {

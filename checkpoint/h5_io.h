@@ -48,14 +48,25 @@ void quiet_errors();
 // without flock (Lustre, some NFS).
 Handle file_access_plist();
 
-// Creates `path` (fails if it exists) / opens it read-only.
-absl::StatusOr<Handle> create_file(const std::string& path);
+// Creates `path` (fails if it exists) / opens it read-only. `page_aligned`: every object of
+// 4 KiB or more starts on a 4 KiB boundary of the file (datasets written directly, O_DIRECT).
+absl::StatusOr<Handle> create_file(const std::string& path, bool page_aligned = false);
 absl::StatusOr<Handle> open_file_readonly(const std::string& path);
+// Closes a file written to: closing flushes, so a failure here is a write failure ("cannot close
+// HDF5 file PATH (HDF5: No space left on device)").
+absl::Status close_written_file(Handle& file, const std::string& path);
 
 // Writes `count` floats at `data` as a new fp32 dataset `path` (absolute, "/a/b/c") with
 // `shape` (empty = scalar), creating intermediate groups.
 absl::Status write_f32(hid_t file, const std::string& path, const std::vector<int64_t>& shape,
                        const float* data);
+
+// A new fp32 dataset `path` of `shape` whose space in the file is allocated now and never
+// written by HDF5 (no fill): returns the byte offset of its contiguous data in the file, which
+// the caller writes itself after the file is closed (fs::write_regions_durable); 0 for an empty
+// dataset, which has no data.
+absl::StatusOr<uint64_t> create_f32_allocated(hid_t file, const std::string& path,
+                                              const std::vector<int64_t>& shape);
 
 // True when every component of the absolute `path` exists as a link.
 bool path_exists(hid_t file, const std::string& path);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <set>
 
@@ -165,19 +166,20 @@ absl::Status check_no_extra(hid_t file, const std::string& path, const TensorSet
 }
 
 // A new checkpoint HDF5 file with the format attributes.
-absl::StatusOr<Handle> create_checkpoint_file(const std::string& path) {
-  absl::StatusOr<Handle> file = h5::create_file(path);
+absl::StatusOr<Handle> create_checkpoint_file(const std::string& path, bool page_aligned = false) {
+  absl::StatusOr<Handle> file = h5::create_file(path, page_aligned);
   if (!file.ok()) return file;
   h5::write_attr_string(file->get(), "format", kManifestFormat);
   h5::write_attr_i64(file->get(), "version", kManifestVersion);
   return file;
 }
 
-// Closing flushes: a failure here is a write failure.
+// Closing flushes: a failure here is a write failure, with the system's reason when HDF5 has
+// one, else a guess.
 absl::Status close_checkpoint_file(Handle& file, const std::string& path) {
-  if (file.reset() < 0)
-    return absl::UnavailableError(absl::StrCat("cannot close HDF5 file ", path, " (disk full?)"));
-  return absl::OkStatus();
+  absl::Status st = h5::close_written_file(file, path);
+  if (st.ok() || st.message().find("(HDF5: ") != absl::string_view::npos) return st;
+  return absl::UnavailableError(absl::StrCat(st.message(), " (disk full?)"));
 }
 
 }  // namespace
@@ -294,34 +296,64 @@ absl::Status write_model_file(const std::string& path, const ModelFileContents& 
   return close_checkpoint_file(*file, path);
 }
 
-absl::Status write_shard_file(const std::string& path, std::span<const ShardPiece> pieces,
-                              const WriteProgress& progress, const ShardStamp& stamp) {
-  absl::StatusOr<Handle> file = create_checkpoint_file(path);
-  if (!file.ok()) return file.status();
-  hid_t f = file->get();
-  {
-    Handle root(H5Gopen2(f, "/", H5P_DEFAULT), H5Gclose);
-    H5_CHECK(root.get());
-    h5::write_attr_i64(root.get(), "step", stamp.step);
-    h5::write_attr_u64(root.get(), "run_id", stamp.run_id);
-  }
+absl::StatusOr<fs::FileDigest> write_shard_file(const std::string& path,
+                                                std::span<const ShardPiece> pieces,
+                                                const WriteProgress& progress,
+                                                const ShardStamp& stamp) {
   const std::vector<TensorSet> groups = checkpoint_sets({}, {}, {});
-  std::map<std::string, int> count;  // pieces written per tensor
-  size_t done = 0;
-  for (const ShardPiece& p : pieces) {
-    const std::string tensor = dataset_path(groups[static_cast<int>(p.set)].group, p.ref.name);
-    const std::string ds = absl::StrCat(tensor, "/", count[tensor]++);
-    absl::Status st = check_finite_for_save(tensor, p.ref);
-    if (st.ok()) st = h5::write_f32(f, ds, p.ref.extent, p.ref.data);
-    if (st.ok()) {
+  auto tensor_of = [&](const ShardPiece& p) {
+    return dataset_path(groups[static_cast<int>(p.set)].group, p.ref.name);
+  };
+  // Every block is scanned for NaN and Inf beside the writing (a read of every byte, as long as
+  // a quarter of the write): a poisoned block fails the save once its file is written, and an
+  // unfinished save is never committed.
+  std::future<absl::Status> finite = std::async(std::launch::async, [&] {
+    for (const ShardPiece& p : pieces)
+      if (absl::Status st = check_finite_for_save(tensor_of(p), p.ref); !st.ok()) return st;
+    return absl::OkStatus();
+  });
+  auto failed = [&](const absl::Status& st) {
+    absl::Status first = finite.get();
+    if (first.ok()) first = st;
+    return absl::Status(first.code(), absl::StrCat(path, ": ", first.message()));
+  };
+  // HDF5 writes the structure (datasets allocated, page-aligned, never filled); the blocks' bytes
+  // follow it into their places, directly and checksummed on the way (fs::write_regions_durable).
+  std::vector<fs::FileRegion> regions;
+  {
+    absl::StatusOr<Handle> file = create_checkpoint_file(path, /*page_aligned=*/true);
+    if (!file.ok()) return file.status();
+    hid_t f = file->get();
+    {
+      Handle root(H5Gopen2(f, "/", H5P_DEFAULT), H5Gclose);
+      H5_CHECK(root.get());
+      h5::write_attr_i64(root.get(), "step", stamp.step);
+      h5::write_attr_u64(root.get(), "run_id", stamp.run_id);
+    }
+    std::map<std::string, int> count;  // pieces written per tensor
+    for (const ShardPiece& p : pieces) {
+      const std::string tensor = tensor_of(p);
+      const std::string ds = absl::StrCat(tensor, "/", count[tensor]++);
+      absl::StatusOr<uint64_t> at = h5::create_f32_allocated(f, ds, p.ref.extent);
+      if (!at.ok()) return failed(at.status());
       Handle dset(H5Dopen2(f, ds.c_str(), H5P_DEFAULT), H5Dclose);
       H5_CHECK(dset.get());
       h5::write_attr_string(dset.get(), "start", h5::shape_str(p.ref.start));
+      uint64_t bytes = sizeof(float);
+      for (int64_t d : p.ref.extent) bytes *= static_cast<uint64_t>(d);
+      if (*at != 0 && bytes > 0) regions.push_back({*at, p.ref.data, bytes});
     }
-    if (!st.ok()) return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
-    if (progress) progress(++done, pieces.size());
+    if (absl::Status st = close_checkpoint_file(*file, path); !st.ok()) {
+      absl::Status first = finite.get();
+      return first.ok() ? st
+                        : absl::Status(first.code(), absl::StrCat(path, ": ", first.message()));
+    }
   }
-  return close_checkpoint_file(*file, path);
+  absl::StatusOr<fs::FileDigest> digest =
+      fs::write_regions_durable(path, std::move(regions), progress);
+  if (absl::Status st = finite.get(); !st.ok())
+    return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+  return digest;
 }
 
 absl::Status check_shard_stamp(const std::string& path, const ShardStamp& want) {

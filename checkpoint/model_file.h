@@ -80,10 +80,12 @@ struct ShardStamp {
 };
 
 // Writes `pieces` (blocks of the tensors of `sets`, group by group) as datasets
-// <group>/<name>/<k> with an attribute `start` into `path` (which must not exist), stamps it and
-// closes it.
-absl::Status write_shard_file(const std::string& path, std::span<const ShardPiece> pieces,
-                              const WriteProgress& progress, const ShardStamp& stamp);
+// <group>/<name>/<k> with an attribute `start` into `path` (which must not exist), stamps it,
+// fsyncs it and returns its digest (its size and CRC, as fs::digest_file would read them).
+absl::StatusOr<fs::FileDigest> write_shard_file(const std::string& path,
+                                                std::span<const ShardPiece> pieces,
+                                                const WriteProgress& progress,
+                                                const ShardStamp& stamp);
 
 // The shard file at `path` was written for `want` (a stamp-less file, or run_id 0 in `want`:
 // only what is known is compared); DataLoss naming the file and both stamps otherwise.

@@ -6,6 +6,12 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
 
 #include <cerrno>
 #include <cstdio>
@@ -202,6 +208,155 @@ absl::StatusOr<FileDigest> digest_file(const std::string& path) {
         d.crc32);
     d.bytes += static_cast<uint64_t>(n);
   }
+  return d;
+}
+
+namespace {
+
+constexpr uint64_t kPage = 4096;  // O_DIRECT's alignment of offsets, sizes and memory
+constexpr uint64_t kStageBytes = uint64_t{16} << 20;  // one staging buffer of direct writes
+
+absl::Status pwrite_all(int fd, const char* data, uint64_t bytes, uint64_t offset,
+                        const std::string& path) {
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd, data, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "cannot write", path);
+    data += n;
+    bytes -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+// The CRC of [from, to) of the file, read back, continuing `crc`.
+absl::StatusOr<uint32_t> crc_of_range(int fd, uint64_t from, uint64_t to, uint32_t crc,
+                                      std::vector<char>& buf, const std::string& path) {
+  while (from < to) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), to - from));
+    const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(from));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return errno_status(errno, "cannot read", path);
+    if (n == 0) return absl::DataLossError(absl::StrCat(path, " ended early while checksumming"));
+    crc = crc32_of(std::string_view(buf.data(), static_cast<size_t>(n)), crc);
+    from += static_cast<uint64_t>(n);
+  }
+  return crc;
+}
+
+struct AlignedFree {
+  void operator()(char* p) const { std::free(p); }
+};
+
+// Direct writes of whole pages through two staging buffers: stage() copies the next chunk into
+// a free buffer (and checksums it, cache-hot) while the other buffer's write runs.
+class DirectWriter {
+ public:
+  // `fd` is opened with O_DIRECT; `buffered` takes a write the file system refuses to do direct.
+  DirectWriter(int fd, int buffered, const std::string& path)
+      : fd_(fd), buffered_(buffered), path_(path), hold_(staging().lock) {
+    for (int k = 0; k < 2; ++k) {
+      auto& b = staging().bufs[k];
+      if (!b)
+        b.reset(static_cast<char*>(std::aligned_alloc(kPage, static_cast<size_t>(kStageBytes))));
+      bufs_[k] = b.get();
+    }
+  }
+  ~DirectWriter() { (void)finish(); }
+  // Writes `bytes` (a multiple of kPage) of `data` at `offset` (page-aligned); returns the CRC.
+  absl::StatusOr<uint32_t> write(const char* data, uint64_t bytes, uint64_t offset, uint32_t crc) {
+    for (uint64_t done = 0; done < bytes;) {
+      const uint64_t n = std::min(kStageBytes, bytes - done);
+      if (absl::Status st = wait(slot_); !st.ok()) return st;
+      char* buf = bufs_[slot_];
+      std::memcpy(buf, data + done, static_cast<size_t>(n));
+      crc = crc32_of(std::string_view(buf, static_cast<size_t>(n)), crc);
+      const uint64_t at = offset + done;
+      pending_[slot_] = std::async(std::launch::async, [this, buf, n, at] {
+        absl::Status st = pwrite_all(fd_, buf, n, at, path_);
+        return absl::IsInvalidArgument(st) ? pwrite_all(buffered_, buf, n, at, path_) : st;
+      });
+      slot_ ^= 1;
+      done += n;
+    }
+    return crc;
+  }
+  absl::Status finish() {
+    absl::Status a = wait(0), b = wait(1);
+    return a.ok() ? b : a;
+  }
+
+ private:
+  absl::Status wait(int slot) {
+    if (!pending_[slot].valid()) return absl::OkStatus();
+    return pending_[slot].get();
+  }
+  // The staging buffers, kept for the process: fresh pages cost a fault each, every save.
+  struct Staging {
+    std::mutex lock;
+    std::unique_ptr<char, AlignedFree> bufs[2];
+  };
+  static Staging& staging() {
+    static Staging s;
+    return s;
+  }
+  int fd_, buffered_;
+  const std::string& path_;
+  std::lock_guard<std::mutex> hold_;  // one writer at a time uses them
+  char* bufs_[2];
+  std::future<absl::Status> pending_[2];
+  int slot_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<FileDigest> write_regions_durable(
+    const std::string& path, std::vector<FileRegion> regions,
+    const std::function<void(size_t, size_t)>& progress) {
+  std::sort(regions.begin(), regions.end(),
+            [](const FileRegion& a, const FileRegion& b) { return a.offset < b.offset; });
+  Fd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (fd.get() < 0) return errno_status(errno, "cannot open", path);
+  // Without O_DIRECT (tmpfs refuses it) every byte goes through the page cache.
+  Fd direct(::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT));
+  std::optional<DirectWriter> writer;
+  if (direct.get() >= 0) writer.emplace(direct.get(), fd.get(), path);
+  std::vector<char> buf(kReadChunk);
+  FileDigest d;
+  uint64_t pos = 0;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const FileRegion& r = regions[i];
+    if (r.offset < pos)
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": regions overlap at byte ", r.offset, " (a bug)"));
+    absl::StatusOr<uint32_t> crc = crc_of_range(fd.get(), pos, r.offset, d.crc32, buf, path);
+    if (!crc.ok()) return crc.status();
+    const char* data = static_cast<const char*>(r.data);
+    const uint64_t pages = writer && r.offset % kPage == 0 ? r.bytes / kPage * kPage : 0;
+    if (pages > 0) crc = writer->write(data, pages, r.offset, *crc);
+    if (!crc.ok()) return crc.status();
+    d.crc32 = crc32_of(std::string_view(data + pages, static_cast<size_t>(r.bytes - pages)), *crc);
+    if (absl::Status st =
+            pwrite_all(fd.get(), data + pages, r.bytes - pages, r.offset + pages, path);
+        !st.ok())
+      return st;
+    pos = r.offset + r.bytes;
+    if (progress) progress(i + 1, regions.size());
+  }
+  if (writer) {
+    if (absl::Status st = writer->finish(); !st.ok()) return st;
+  }
+  struct stat info;
+  if (::fstat(fd.get(), &info) != 0) return errno_status(errno, "cannot stat", path);
+  d.bytes = static_cast<uint64_t>(info.st_size);
+  if (pos > d.bytes)
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": a region ends at byte ", pos, ", past the file's end (a bug)"));
+  absl::StatusOr<uint32_t> crc = crc_of_range(fd.get(), pos, d.bytes, d.crc32, buf, path);
+  if (!crc.ok()) return crc.status();
+  d.crc32 = *crc;
+  if (::fsync(fd.get()) != 0) return errno_status(errno, "cannot fsync", path);
+  if (fd.close_now() != 0) return errno_status(errno, "cannot close", path);
   return d;
 }
 

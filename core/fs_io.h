@@ -4,9 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -76,6 +78,24 @@ struct FileDigest {
   uint32_t crc32 = 0;
 };
 absl::StatusOr<FileDigest> digest_file(const std::string& path);
+
+// One run of bytes to place in a file at `offset`.
+struct FileRegion {
+  uint64_t offset = 0;
+  const void* data = nullptr;
+  uint64_t bytes = 0;
+};
+// Writes `regions` (not overlapping) into the existing file `path`, whose other bytes are final
+// already (a container's metadata, written by its own library), fsyncs it, and returns the
+// digest of the whole file as digest_file() would compute it: the regions' CRC from memory, the
+// other bytes read back (they are small), in file order, so nothing large is read again. Where
+// the file system allows (O_DIRECT: not tmpfs), a region's 4 KiB-aligned pages go straight to
+// the disk through two aligned staging buffers, one filling while the other is written, instead
+// of through the page cache, whose fresh pages cost more than the disk; the rest is written
+// normally. `progress(done, total)` after each region.
+absl::StatusOr<FileDigest> write_regions_durable(
+    const std::string& path, std::vector<FileRegion> regions,
+    const std::function<void(size_t, size_t)>& progress = {});
 // Size only (stat).
 absl::StatusOr<uint64_t> file_size(const std::string& path);
 

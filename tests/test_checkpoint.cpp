@@ -753,3 +753,50 @@ TEST_CASE("distributed save: a crash at any stage leaves a loadable checkpoint",
     require_loads_as(root / "step_00000001", m1, 1);
   }
 }
+
+// A shard's bytes are placed after HDF5 wrote its structure (direct I/O where the file system
+// allows it) and checksummed from memory: the file must hold exactly the bytes, and the digest
+// must be the one a re-read computes, on a disk (O_DIRECT) and on tmpfs (no O_DIRECT).
+TEST_CASE("checkpoint: regions written into a file give its bytes and its re-read digest",
+          "[checkpoint]") {
+  for (const std::string& base : {std::string("/tmp"), std::string("/dev/shm")}) {
+    if (!fs::is_directory(base)) continue;
+    INFO(base);
+    std::string tmpl = base + "/trtest-XXXXXX";
+    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+    const std::string dir = tmpl;
+    const std::string path = dir + "/f.bin";
+    // The file as its library leaves it: sized, with bytes of its own around the holes.
+    const size_t size = 5 * 4096 + 3 * 4096 + 1000;
+    std::string want(size, '\0');
+    for (size_t i = 0; i < size; ++i) want[i] = static_cast<char>('a' + i % 23);
+    tr::test::write_file(path, want);
+    // Regions: page-aligned over three pages and a tail, unaligned and small, and at the end.
+    std::vector<std::string> blobs = {std::string(3 * 4096 + 100, 'X'), std::string(777, 'Y'),
+                                      std::string(1000, 'Z')};
+    const uint64_t offsets[] = {4096, 4 * 4096 + 300, size - 1000};
+    std::vector<tr::fs::FileRegion> regions;
+    for (size_t k = 0; k < blobs.size(); ++k) {
+      for (size_t i = 0; i < blobs[k].size(); ++i)
+        blobs[k][i] = static_cast<char>(k * 31 + i % 251);
+      regions.push_back({offsets[k], blobs[k].data(), blobs[k].size()});
+      want.replace(offsets[k], blobs[k].size(), blobs[k]);
+    }
+    std::swap(regions[0], regions[2]);  // any order
+    size_t calls = 0;
+    const absl::StatusOr<tr::fs::FileDigest> d = tr::fs::write_regions_durable(
+        path, regions, [&](size_t done, size_t total) { calls += done <= total; });
+    REQUIRE(d.ok());
+    CHECK(calls == regions.size());
+    CHECK(tr::test::read_file(path) == want);
+    const absl::StatusOr<tr::fs::FileDigest> reread = tr::fs::digest_file(path);
+    REQUIRE(reread.ok());
+    CHECK(d->bytes == reread->bytes);
+    CHECK(d->crc32 == reread->crc32);
+    // Overlapping regions are a caller's bug: an error, not a file with a guess in it.
+    std::vector<tr::fs::FileRegion> overlap = {{0, blobs[1].data(), 100},
+                                               {50, blobs[1].data(), 10}};
+    CHECK_FALSE(tr::fs::write_regions_durable(path, overlap).ok());
+    fs::remove_all(dir);
+  }
+}
