@@ -37,7 +37,7 @@ PipeSchedule one_f_one_b(int stages, int micro_batches);
 // its actions on micro-batches >= k + lag: the cut is the same on every stage, so every send
 // left still meets its receive. Before any stage's first action on micro-batch j, every stage
 // has finished its forward of j - stages, so lag = stages never waits for a poll that a rank
-// cannot start (tests/test_schedule.cpp simulates it).
+// cannot start (tests/parallel/test_schedule.cpp simulates it).
 int stop_poll_lag(int stages);
 PipeSchedule with_stop_polls(const PipeSchedule& schedule, int lag);
 

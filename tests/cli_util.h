@@ -168,4 +168,42 @@ inline void check_latest_is_last_logged_step(const RunDir& run) {
   CHECK(read_checkpoint(run.config, *latest).state.step == steps);
 }
 
+// The layout tests' model: 8 heads and 4 KV heads (so tp 4 divides them) of dim 8, and 4 layers
+// (so pp 4 divides them).
+inline const std::vector<std::string> kLayoutShape = {"model.num_heads=8", "model.num_kv_heads=4",
+                                                      "model.head_dim=8", "model.num_layers=4"};
+
+// `base` with kLayoutShape's --set flags.
+inline std::string with_layout_shape(std::string base) {
+  for (const std::string& kv : kLayoutShape) base += " --set " + kv;
+  return base;
+}
+
+// `run` trained as `one` did, under another layout: every step's loss and gradient norm, the
+// last validation loss and the final checkpoint's weights and Adam states within relative 1e-5,
+// and the samples consumed.
+inline void expect_same_training(const RunDir& one, const RunDir& run, int steps, int64_t samples,
+                                 const std::string& what) {
+  std::vector<nlohmann::json> a = one.metrics(), b = run.metrics();
+  REQUIRE(a.size() == static_cast<size_t>(steps));
+  REQUIRE(b.size() == static_cast<size_t>(steps));
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(what << ": step " << i + 1);
+    CHECK(std::abs(b[i]["loss"].get<double>() / a[i]["loss"].get<double>() - 1) < 1e-5);
+    CHECK(std::abs(b[i]["grad_norm"].get<double>() / a[i]["grad_norm"].get<double>() - 1) < 1e-5);
+    CHECK(b[i]["tokens"] == a[i]["tokens"]);
+  }
+  std::vector<nlohmann::json> ea = one.metrics("val_loss"), eb = run.metrics("val_loss");
+  REQUIRE(eb.size() == 2);
+  CHECK(std::abs(eb[1]["val_loss"].get<double>() / ea[1]["val_loss"].get<double>() - 1) < 1e-5);
+  char last[32];
+  std::snprintf(last, sizeof last, "ckpt/step_%08d", steps);
+  CkptTensors x = read_checkpoint(one.config, one.dir / std::string(last), kLayoutShape);
+  CkptTensors y = read_checkpoint(run.config, run.dir / std::string(last), kLayoutShape);
+  CHECK(rel_err(y.p, x.p) < 1e-5);
+  CHECK(rel_err(y.m, x.m) < 1e-5);
+  CHECK(rel_err(y.v, x.v) < 1e-5);
+  CHECK(y.state.consumed_samples == samples);
+}
+
 }  // namespace tr::test

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the Hugging Face parity fixtures used by tests/test_model.cpp.
+"""Writes the Hugging Face parity fixtures used by tests/model/test_model.cpp.
 
 A tiny Qwen2ForCausalLM (GQA, vocabulary not a multiple of 128, random weights in every
 tensor, biases and norms included) is run in float64 by `transformers`; the fixture holds its

@@ -10,7 +10,7 @@ change what runs, and say so in the output:
   - a run of configs/tiny.yaml trains 12 steps, not 300 (--set train.steps=12 and
     optim.warmup_steps=2 appended);
   - a command is skipped, with its reason, when it needs what a test machine has not (a GPU
-    cluster, Slurm's srun and sbatch: tests/test_jobs.cpp and test_cli.cpp run those on a local
+    cluster, Slurm's srun and sbatch: tests/run/test_jobs.cpp and test_cli.cpp run those on a local
     Slurm), is what runs this test (the suite's build, run_tests.sh, the demo, which
     tools/check_fresh_machine.sh runs), or names the user's own files (my.yaml, a checkpoint).
 Everything else must exit 0, and a few outputs are checked.

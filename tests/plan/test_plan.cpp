@@ -1,0 +1,542 @@
+// The planner in process: memory, FLOPs, bubble, communication and failures by hand, the
+// presets' verdicts, and the layout rules it shares with every rank's start-up.
+#include <hdf5.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "checkpoint/train/ownership.h"
+#include "core/switches.h"
+#include "kernels/ops.h"
+#include "tests/model_util.h"
+#include "tests/test_util.h"
+#include "trainer/config/config.h"
+#include "trainer/layout/run_layout.h"
+#include "trainer/model/init.h"
+#include "trainer/model/model.h"
+#include "trainer/model/step_io.h"
+#include "trainer/obs/step_timing.h"
+#include "trainer/optim/optim.h"
+#include "trainer/plan/memory_fit.h"
+#include "trainer/plan/plan.h"
+#include "trainer/plan/resilience.h"
+#include "trainer/session/session.h"
+namespace tr {
+namespace {
+
+using test::config_with;
+
+// The planner's numbers for a small shape, against hand computation, and its memory against
+// what a real model allocates.
+TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by hand", "[model]") {
+  // H 64, I 128, 4 layers, 4 heads of 16 (2 KV heads), vocab 1000 untied; tp 2, pp 2, dp 2.
+  const Config cfg =
+      config_with({"model.preset=", "model.hidden_size=64", "model.intermediate_size=128",
+                   "model.num_layers=4", "model.num_heads=4", "model.num_kv_heads=2",
+                   "model.head_dim=16", "model.vocab_size=1000", "parallel.tp=2", "parallel.pp=2",
+                   "parallel.dp=2", "parallel.zero1=true", "parallel.sequence_parallel=false",
+                   "data.seq_len=32", "train.global_batch=16", "train.micro_batch=2"});
+  const GpuSpec gpu = *gpu_spec("h100");
+  absl::StatusOr<Plan> p = make_plan(cfg, gpu, 1, 8);
+  INFO(p.status().message());
+  REQUIRE(p.ok());
+  CHECK(p->world == 8);
+  CHECK(p->facts.micro_batches == 4);     // 16 / (2 x dp 2)
+  CHECK(p->bubble == Approx(1.0 / 5.0));  // (pp - 1) / (m + pp - 1)
+  // Parameters: per layer q,k,v 64x(64+32+32) + biases 128 + o 64x64 + mlp 3x64x128 + norms
+  // 2x64 = 8192 + 128 + 4096 + 24576 + 128 = 37120; x4 layers + final norm 64 + embed and
+  // head 2 x 1000 x 64.
+  CHECK(p->params_total == 4 * 37120 + 64 + 2 * 1000 * 64);
+  // FLOPs: 6 x (4 x (64x128 + 64x64 + 3x64x128) + 1000 x 64) + 6 x 4 x 32 x 64 causal; full
+  // attention adds the attention term again.
+  const double matmul = 4.0 * (64 * 128 + 64 * 64 + 3 * 64 * 128) + 1000.0 * 64;
+  CHECK(p->flops_per_token_causal == Approx(6 * matmul + 6.0 * 4 * 32 * 64));
+  CHECK(p->flops_per_token_full - p->flops_per_token_causal == Approx(6.0 * 4 * 32 * 64));
+  // TP per step: 4 micro-batches x 2 layers per stage x 4 all-reduces x 2(tp-1)/tp x [64 x 64]
+  // bf16 (T = 2 x 32 tokens).
+  CHECK(p->tp_bytes == Approx(4 * 2 * 4 * 1.0 * (64 * 64 * 2)));
+  CHECK(p->pp_bytes == Approx(4 * 2 * (64 * 64 * 2)));  // activations out, gradients back
+  // Memory: stage 0 as the trainer builds it on a rank (tp 0, dp 0, pp 0), measured by a real
+  // (CPU) buffer and model with the same arguments; the masters by hand below (ZeRO-1 over dp 2
+  // keeps half of them).
+  const Topology topo = Topology::make(8, 0, 2, 2, 2)->of_rank(0);
+  const ModelDims dims = ModelDims::from(cfg.model, topo, false, {});
+  const ModelOptions options = {.batch = 2,
+                                .seq_len = 32,
+                                .dtype = DType::bf16,
+                                .flat_multiple = 2,
+                                .slots = 2,
+                                .shards = dp_shards(cfg, topo)};
+  ParamBuffer buffer = make_param_buffer(dims, options, Device::cpu);
+  const Qwen2Model real(dims, options, buffer, Ctx{});
+  CHECK(p->stages[0].compute_copy == static_cast<double>(buffer.weight_bytes()));
+  CHECK(p->stages[0].grads == static_cast<double>(buffer.grad_bytes()));
+  CHECK(p->stages[0].activations == static_cast<double>(real.activation_bytes()));
+  // The step's token ids and targets (i32 [T] each, 4 micro-batches) and its two f64 scalars are
+  // on the GPU too.
+  CHECK(p->stages[0].workspace ==
+        static_cast<double>(kCudaWorkspaceBytes + 2 * 4 * 64 * sizeof(int32_t) + 16));
+  CHECK(p->stages[0].in_flight == 2);
+  CHECK(p->stages[1].in_flight == 1);
+  // This rank's layout: 512 embedding rows (1000 padded to 1024, over tp 2) of 64, and per
+  // layer ln1 64, q 32x64, k 16x64, v 16x64, biases 64, o 64x32, ln2 64, gate, up 64x64 and
+  // down 64x64.
+  const int64_t layer = 64 + 2048 + 1024 + 1024 + 64 + 2048 + 64 + 3 * 4096;
+  const int64_t stage0 = 512 * 64 + 2 * layer;
+  CHECK(p->stages[0].weights == static_cast<double>(arena_bytes(DType::f32, stage0 / 2)));
+  CHECK(p->stages[0].grads == static_cast<double>(arena_bytes(DType::f32, stage0)));
+  CHECK(p->stages[0].compute_copy == static_cast<double>(arena_bytes(DType::bf16, stage0)));
+  CHECK(real.layout().total == stage0);
+  CHECK(options.shards.shard_size() == stage0 / 2);
+  // DP per step under ZeRO-1 over 2 ranks: half of the fp32 gradients reduce-scattered out, half
+  // of the bf16 compute copy all-gathered in.
+  CHECK(p->dp_bytes == Approx(0.5 * static_cast<double>(arena_bytes(DType::f32, stage0)) +
+                              0.5 * static_cast<double>(arena_bytes(DType::bf16, stage0))));
+  // Reduced in bf16: the gradients' half of that traffic halves; the optimizer holds a bf16
+  // copy of the flat buffer and of its shard (2 + 1 bytes per parameter here) to reduce from.
+  Config bf = cfg;
+  bf.parallel.grad_reduce_dtype = "bf16";
+  absl::StatusOr<Plan> q = make_plan(bf, gpu, 1, 8);
+  REQUIRE(q.ok());
+  CHECK(q->dp_bytes == Approx(0.25 * static_cast<double>(arena_bytes(DType::f32, stage0)) +
+                              0.5 * static_cast<double>(arena_bytes(DType::bf16, stage0))));
+  CHECK(
+      q->stages[0].optimizer - p->stages[0].optimizer ==
+      static_cast<double>(arena_bytes(DType::bf16, stage0) + arena_bytes(DType::bf16, stage0 / 2)));
+  CHECK(p->fits);
+}
+
+// Recomputation in the planner: the activations a real model of each mode allocates, the
+// FLOPs run again (closed form) and its line in the report.
+TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand", "[model]") {
+  const std::vector<std::string> small = {"model.preset=",
+                                          "model.hidden_size=64",
+                                          "model.intermediate_size=128",
+                                          "model.num_layers=4",
+                                          "model.num_heads=4",
+                                          "model.num_kv_heads=2",
+                                          "model.head_dim=16",
+                                          "model.vocab_size=1000",
+                                          "parallel.tp=2",
+                                          "parallel.pp=2",
+                                          "parallel.dp=2",
+                                          "parallel.zero1=true",
+                                          "parallel.sequence_parallel=true",
+                                          "data.seq_len=32",
+                                          "train.global_batch=16",
+                                          "train.micro_batch=2"};
+  double none_acts = 0;
+  for (const std::vector<std::string>& rc : {std::vector<std::string>{"train.recompute=none"},
+                                             {"train.recompute=selective"},
+                                             {"train.recompute=full", "train.recompute_layers=[1]"},
+                                             {"train.recompute=full"}}) {
+    std::vector<std::string> sets = small;
+    sets.insert(sets.end(), rc.begin(), rc.end());
+    const Config cfg = config_with(sets);
+    INFO(rc.back());
+    absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 1, 8);
+    INFO(p.status().message());
+    REQUIRE(p.ok());
+    for (int stage = 0; stage < 2; ++stage) {
+      const Topology topo = Topology::make(8, 0, 2, 2, 2)->of_rank(stage * 4);
+      const ModelDims dims = ModelDims::from(cfg, topo);
+      const ModelOptions options = {
+          .batch = 2, .seq_len = 32, .dtype = DType::bf16, .flat_multiple = 2, .slots = 2 - stage};
+      ParamBuffer buffer = make_param_buffer(dims, options, Device::cpu);
+      const Qwen2Model real(dims, options, buffer, Ctx{});
+      CHECK(p->stages[stage].activations == static_cast<double>(real.activation_bytes()));
+    }
+    const double acts = p->stages[0].activations;
+    if (cfg.train.recompute == "none")
+      none_acts = acts;
+    else
+      CHECK(acts < none_acts);
+    // Per recomputed layer and token: 2 x (qkv 64x128 + bias 128 + o 64x64 + gate/up 2x64x128)
+    // + causal attention 2 x 32 x 64.
+    const double layer = 2.0 * (64 * 128 + 128 + 64 * 64 + 2 * 64 * 128) + 2.0 * 32 * 64;
+    const int64_t full = cfg.train.recompute != "full"        ? 0
+                         : cfg.train.recompute_layers.empty() ? 4
+                                                              : 2;
+    CHECK(p->recompute_full_layers == full);
+    CHECK(p->recompute_flops_per_token == Approx(full * layer));
+    if (full > 0)
+      CHECK(format_plan(cfg, *p).find("recompute: full; " + std::to_string(full) +
+                                      " of 4 layers") != std::string::npos);
+  }
+}
+
+// Context parallelism in the planner: each stage's activations are what a real model of the
+// layout allocates (its 1/cp of every sequence, plus the CP exchange's scratch), at cp 1, 2, 4
+// and both exchanges.
+TEST_CASE("plan: context parallelism's activation memory is the real model's", "[model]") {
+  const std::vector<std::string> small = {
+      "model.preset=",      "model.hidden_size=64",  "model.intermediate_size=128",
+      "model.num_layers=4", "model.num_heads=4",     "model.num_kv_heads=2",
+      "model.head_dim=16",  "model.vocab_size=1000", "parallel.tp=2",
+      "parallel.pp=2",      "parallel.dp=1",         "parallel.sequence_parallel=true",
+      "data.seq_len=64",    "train.global_batch=8",  "train.micro_batch=2"};
+  double acts_cp1 = 0;
+  for (int cp : {1, 2, 4})
+    for (const char* how : {"allgather", "ring"}) {
+      std::vector<std::string> sets = small;
+      sets.push_back("parallel.cp=" + std::to_string(cp));
+      sets.push_back(std::string("parallel.cp_comm=") + how);
+      const Config cfg = config_with(sets);
+      INFO("cp " << cp << " " << how);
+      absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 1, 4 * cp);
+      INFO(p.status().message());
+      REQUIRE(p.ok());
+      for (int stage = 0; stage < 2; ++stage) {
+        const Topology topo =
+            Topology::make(4 * cp, 0, 2, 2, 1, cp)->of_rank(stage * 2 * cp + 2 * (cp - 1));
+        REQUIRE(topo.cp_rank == cp - 1);
+        const ModelDims dims = ModelDims::from(cfg, topo);
+        const ModelOptions options = {
+            .batch = 2, .seq_len = 64, .dtype = DType::bf16, .slots = 2 - stage};
+        ParamBuffer buffer = make_param_buffer(dims, options, Device::cpu);
+        const Qwen2Model real(dims, options, buffer, Ctx{});
+        CHECK(real.tokens_per_micro_batch() == 2 * 64 / cp);
+        CHECK(p->stages[stage].activations == static_cast<double>(real.activation_bytes()));
+      }
+      const double acts = p->stages[0].activations;
+      if (cp == 1) acts_cp1 = acts;
+      // Every [T, ...] buffer holds 1/cp of the tokens; the scratch adds a little.
+      if (cp > 1) CHECK(acts < acts_cp1 / cp * 1.2);
+    }
+}
+
+// The CP exchange's bytes per GPU per step by hand for both methods (trainer/plan/plan.cpp's
+// cp_bytes_per_step), and the cp the planner names for a sequence that does not fit.
+TEST_CASE("plan: context parallelism's traffic by hand, and the cp a long sequence needs",
+          "[model]") {
+  // tp 2 x cp 2 x pp 2, seq 64: each rank's chunk of K is 32 tokens of 1 KV head of 16 in bf16,
+  // c = 1024 bytes; 8 / (2 x dp 1) = 4 micro-batches of 2 sequences; 2 layers per stage.
+  const std::vector<std::string> small = {
+      "model.preset=",        "model.hidden_size=64",  "model.intermediate_size=128",
+      "model.num_layers=4",   "model.num_heads=4",     "model.num_kv_heads=2",
+      "model.head_dim=16",    "model.vocab_size=1000", "parallel.tp=2",
+      "parallel.pp=2",        "parallel.cp=2",         "data.seq_len=64",
+      "train.global_batch=8", "train.micro_batch=2"};
+  const double c = 1024, sequences = 8, layers = 2;
+  std::vector<std::string> sets = small;
+  sets.push_back("parallel.cp_comm=allgather");
+  absl::StatusOr<Plan> gather = make_plan(config_with(sets), *gpu_spec("h100"), 1, 8);
+  REQUIRE(gather.ok());
+  // Forward gathers K and V (2 (cp - 1) c), backward again and reduce-scatters dK, dV (fp32:
+  // 2 (cp - 1) 2c).
+  CHECK(gather->cp_bytes == Approx(sequences * layers * (2 * c + 2 * c + 4 * c)));
+  CHECK(gather->cp_beside_bytes == 0);
+  CHECK(gather->cp_s == Approx(gather->cp_comm_s));
+  sets.back() = "parallel.cp_comm=ring";
+  absl::StatusOr<Plan> ring = make_plan(config_with(sets), *gpu_spec("h100"), 1, 8);
+  REQUIRE(ring.ok());
+  // K and V round the ring in forward and backward, dK and dV (fp32) cp = 2 passes home.
+  CHECK(ring->cp_bytes == Approx(sequences * layers * (2 * c + 2 * c + 8 * c)));
+  CHECK(ring->cp_beside_bytes == Approx(sequences * layers * 4 * c));
+  CHECK(ring->cp_s < ring->cp_comm_s);     // this tiny attention still hides some of it
+  sets.push_back("train.recompute=full");  // the forward's K/V exchange again
+  absl::StatusOr<Plan> rc = make_plan(config_with(sets), *gpu_spec("h100"), 1, 8);
+  REQUIRE(rc.ok());
+  CHECK(rc->cp_bytes - ring->cp_bytes == Approx(sequences * layers * 2 * c));
+  CHECK(format_plan(config_with(sets), *ring)
+            .find("context parallel: cp 2 (ring), 32 tokens of each sequence per GPU") !=
+        std::string::npos);
+  // Qwen2.5-72B at 32K tokens on 16 nodes of H100: activations do not fit at cp 1 (nor 2); the
+  // plan names cp 4.
+  const Config big =
+      *load_config(tr::test::source_dir() + "/configs/qwen2.5-72b.yaml",
+                   {"data.seq_len=32768", "train.global_batch=128", "train.recompute=none"});
+  absl::StatusOr<Plan> p = make_plan(big, *gpu_spec("h100"), 16, 8);
+  REQUIRE(p.ok());
+  CHECK_FALSE(p->fits);
+  CHECK(p->cp_needed == 4);
+  CHECK(format_plan(big, *p).find("long context: parallel.cp=4 would fit on these 128 GPUs") !=
+        std::string::npos);
+}
+
+// The long-context configs (docs/parallelism.md) fit 16 nodes of H100 and of B300 as their
+// headers say, with YaRN where the sequence passes the 32K Qwen2.5 was trained at.
+TEST_CASE("plan: the 32K and 128K configs fit 16 nodes of H100 and B300", "[model]") {
+  struct Case {
+    const char* file;
+    int64_t seq, cp;
+    double h100_gib;
+  };
+  for (const Case& c :
+       {Case{"qwen2.5-7b-32k", 32768, 2, 36.7}, Case{"qwen2.5-72b-32k", 32768, 2, 66.5},
+        Case{"qwen2.5-72b-128k", 131072, 8, 66.5}}) {
+    INFO(c.file);
+    absl::StatusOr<Config> cfg =
+        load_config(tr::test::source_dir() + "/configs/" + c.file + ".yaml", {});
+    REQUIRE(cfg.ok());
+    CHECK(cfg->data.seq_len == c.seq);
+    CHECK(cfg->parallel.cp == c.cp);
+    CHECK((cfg->model.rope_scaling.type == "yarn") == (c.seq > 32768));
+    for (const char* gpu : {"h100", "b300"}) {
+      absl::StatusOr<Plan> p = make_plan(*cfg, *gpu_spec(gpu), 16, 8);
+      REQUIRE(p.ok());
+      CHECK(p->fits);
+      double worst = 0;
+      for (const StageMemory& m : p->stages) worst = std::max(worst, m.total());
+      CHECK(worst / (1 << 30) == Approx(c.h100_gib).margin(0.05));  // the layout's, either GPU
+    }
+  }
+}
+
+// The layout rules that need the world size live in run_facts() (trainer/layout/run_layout.h),
+// which the trainer's start-up and the planner both call: over a grid of layouts, batches and world
+// sizes, `trainer plan` (make_plan) and every rank's start-up accept the same layouts and
+// reject the others with the same line. The CLI test "cli: trainer plan and trainer --dry-run
+// reject the same layouts" checks the same through both binaries' front doors.
+TEST_CASE("layout rules: the planner and every rank's start-up accept the same layouts",
+          "[model]") {
+  const std::string yaml = R"(
+model: {hidden_size: 64, intermediate_size: 128, num_layers: 4, num_heads: 8, num_kv_heads: 4,
+        head_dim: 8, vocab_size: 300, max_seq_len: 64}
+data: {train: [{path: x}], seq_len: 32}
+train: {steps: 10, global_batch: 12, micro_batch: 2}
+)";
+  const GpuSpec gpu = *gpu_spec("h100");
+  int accepted = 0;
+  std::map<std::string, int> rejected;  // by the key the error line starts with
+  for (int tp : {1, 2, 4})
+    for (int pp : {1, 2})
+      for (int dp : {0, 1, 2})
+        for (int mb : {1, 2, 3})
+          for (int seq : {32, 33})
+            for (bool sp : {false, true})
+              for (int world : {1, 2, 3, 4, 6, 8}) {
+                const std::vector<std::string> sets = {
+                    "parallel.tp=" + std::to_string(tp),
+                    "parallel.pp=" + std::to_string(pp),
+                    "parallel.dp=" + std::to_string(dp),
+                    "train.micro_batch=" + std::to_string(mb),
+                    "data.seq_len=" + std::to_string(seq),
+                    std::string("parallel.sequence_parallel=") + (sp ? "true" : "false")};
+                absl::StatusOr<Config> cfg = parse_config(yaml, sets);
+                REQUIRE(cfg.ok());
+                const absl::StatusOr<Plan> plan = make_plan(*cfg, gpu, world, 1);
+                INFO(absl::StrJoin(sets, " ")
+                     << " on " << world << " ranks: " << plan.status().message());
+                for (int rank = 0; rank < world; ++rank) {
+                  const absl::StatusOr<RunFacts> f = run_facts(*cfg, world, rank);
+                  REQUIRE(f.ok() == plan.ok());
+                  if (!f.ok()) CHECK(f.status().message() == plan.status().message());
+                }
+                if (plan.ok()) {
+                  ++accepted;
+                  CHECK(plan->facts.micro_batches == 12 / (mb * (world / (tp * pp))));
+                } else {
+                  const std::string m(plan.status().message());
+                  ++rejected[m.substr(0, m.find_first_of(" :"))];
+                }
+              }
+  INFO("accepted " << accepted);
+  CHECK(accepted > 50);
+  CHECK(rejected["parallel"] > 0);  // "parallel layout: ..." world against tp x pp x dp
+  CHECK(rejected["train.global_batch"] > 0);
+  CHECK(rejected["parallel.sequence_parallel"] > 0);
+  CHECK(rejected.size() == 3);
+}
+
+// trainer plan --mtbf-hours: the 72B job on 16 nodes of H100 with a node failing every 2400 h
+// (about one failure a day on a 100-node cluster). Every number by hand from the first-order
+// model (trainer/plan/resilience.h), and the point of local saves: they cut the work a failure
+// loses to minutes and raise goodput over persistent saves every 500 steps.
+TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks the interval",
+          "[model]") {
+  const Config cfg = config_with({});
+  REQUIRE(cfg.checkpoint.interval == 500);
+  absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 16, 8);
+  REQUIRE(p.ok());
+  StorageSpec st;
+  st.storage_bw = 40e9;
+  const FailurePlan f = plan_failures(cfg, *p, 2400, st);
+  const double M = 2400.0 * 3600 / 16, t = p->step_s;
+  // A GPU rank's part: its ZeRO-1 shard of the masters and of Adam's m and v (dp 8).
+  const double rank = 12.0 * static_cast<double>(rank_layout(cfg, p->facts.topo).capacity) / 8;
+  CHECK(rank == rank_state_bytes(cfg, p->facts.topo, true));
+  CHECK(f.job_mtbf_s == Approx(M));
+  CHECK(f.persistent.write_s == Approx(p->checkpoint_bytes / 40e9));
+  CHECK(f.persistent.stall_s ==
+        Approx(cfg.checkpoint.async ? rank / st.host_copy_bw : p->checkpoint_bytes / 40e9));
+  CHECK(f.local.stall_s == Approx(rank / st.host_copy_bw));
+  // The node's disk takes its 8 ranks' parts and the replicas it holds for another node's.
+  CHECK(f.local.write_s == Approx(std::max(2 * 8 * rank / st.local_disk_bw, rank / 50e9)));
+  // Checkpoint.interval: 500 steps; a failure loses the restart, the load, half an interval and
+  // the write on average.
+  const IntervalChoice& c = f.persistent_configured;
+  CHECK(c.steps == 500);
+  const double lost = st.restart_s + f.persistent.load_s + 250 * t + f.persistent.write_s;
+  CHECK(c.lost_per_failure_s == Approx(lost));
+  CHECK(c.goodput ==
+        Approx(1 - f.persistent.stall_s / (500 * t + f.persistent.stall_s) - lost / M));
+  // Young/Daly: sqrt(2 stall MTBF), in whole steps, at least the write.
+  const double tau = std::max(std::sqrt(2 * f.persistent.stall_s * M), f.persistent.write_s);
+  CHECK(f.persistent_young.steps == static_cast<int64_t>(std::ceil(tau / t)));
+  CHECK(f.persistent_young.goodput >= c.goodput);
+  // Local saves beside the persistent ones: minutes, not hours, lost per failure.
+  CHECK(f.local_young.lost_per_failure_s < 900);
+  CHECK(c.lost_per_failure_s > 3600);
+  CHECK(f.local_young.goodput > c.goodput);
+  const std::string text = format_failures(f);
+  CHECK(text.find("failures: a node fails every 2400 h, the job every 150.00 h") !=
+        std::string::npos);
+  CHECK(text.find("persistent, checkpoint.interval: every 500 steps") != std::string::npos);
+  CHECK(nlohmann::json::parse(failures_json(f))["local_young"]["steps"] == f.local_young.steps);
+  CHECK(f.local_configured.steps == 0);  // none configured
+  // checkpoint.local_interval's own line: every 10 steps, by the same formula.
+  const Config local = config_with({"checkpoint.local_interval=10"});
+  const FailurePlan g = plan_failures(local, *p, 2400, st);
+  CHECK(g.local_configured.steps == 10);
+  const double persistent_stall = f.persistent.stall_s / (500 * t + f.persistent.stall_s);
+  const double lost10 = st.restart_s + f.local.load_s + 5 * t + f.local.write_s;
+  CHECK(g.local_configured.lost_per_failure_s == Approx(lost10));
+  CHECK(g.local_configured.goodput ==
+        Approx(1 - persistent_stall - f.local.stall_s / (10 * t + f.local.stall_s) - lost10 / M));
+  CHECK(format_failures(g).find("local, checkpoint.local_interval: every 10 steps") !=
+        std::string::npos);
+  CHECK(format_failures(g).find("local save (node-local, a replica on another node)") !=
+        std::string::npos);
+  // Two replicas: the node's disk writes three times its parts, each rank sends two copies.
+  const FailurePlan two = plan_failures(config_with({"checkpoint.local_replicas=2"}), *p, 2400, st);
+  CHECK(two.local_replicas == 2);
+  CHECK(two.local.write_s == Approx(std::max(3 * 8 * rank / st.local_disk_bw, 2 * rank / 50e9)));
+  CHECK(format_failures(two).find("local save (node-local, 2 replicas on other nodes)") !=
+        std::string::npos);
+  CHECK(nlohmann::json::parse(failures_json(two))["local_replicas"] == 2);
+  const FailurePlan none =
+      plan_failures(config_with({"checkpoint.local_replicas=0"}), *p, 2400, st);
+  CHECK(none.local.write_s == Approx(8 * rank / st.local_disk_bw));
+  CHECK(format_failures(none).find("local save (node-local, no replica)") != std::string::npos);
+}
+
+// The start-up memory check counts the saves' host memory: an asynchronous save's buffer (the
+// blocks the rank owns), the local saves' buffer (the rank's whole part) and, with
+// checkpoint.local_dir on a tmpfs, the parts kept there; each by hand for the 72B job's rank 0.
+TEST_CASE("memory check: the saves' host buffers and tmpfs parts are counted", "[model]") {
+  const Topology topo = Topology::make(128, 0, 8, 2, 8)->of_rank(0);
+  const Config plain = config_with({"checkpoint.async=false"});
+  CHECK(save_host_bytes(plain, topo, true) == 0);
+  const Config async = config_with({"checkpoint.async=true"});
+  CHECK(save_host_bytes(async, topo, true) == Approx(checkpoint_bytes(async, topo) / 128));
+  const double part = rank_state_bytes(plain, topo, true);
+  CHECK(part == 12.0 * static_cast<double>(rank_layout(plain, topo).capacity) / 8);
+  // The source checkout is on a disk, not a tmpfs: only the buffer counts.
+  const Config local = config_with({"checkpoint.async=false", "checkpoint.local_interval=10",
+                                    std::string("checkpoint.local_dir=") + tr::test::source_dir(),
+                                    "checkpoint.local_keep=2"});
+  CHECK(save_host_bytes(local, topo, true) == part);
+  const Config shm = config_with({"checkpoint.async=false", "checkpoint.local_interval=10",
+                                  "checkpoint.local_dir=/dev/shm", "checkpoint.local_keep=2"});
+  CHECK(save_host_bytes(shm, topo, true) == 4 * part);  // the buffer, 2 kept, 1 being written
+  // A job of 16 nodes: as many replicas of other nodes' parts, checkpoint.local_replicas times.
+  CHECK(save_host_bytes(shm, topo, true, 16) == 7 * part);
+  const Config two = config_with({"checkpoint.async=false", "checkpoint.local_interval=10",
+                                  "checkpoint.local_dir=/dev/shm", "checkpoint.local_keep=2",
+                                  "checkpoint.local_replicas=2"});
+  CHECK(save_host_bytes(two, topo, true, 16) == 10 * part);
+  CHECK(save_host_bytes(two, topo, true, 2) == 7 * part);  // one other node: one replica
+  CHECK(save_host_bytes(two, topo, true, 1) == 4 * part);  // no other node
+  // And the check says so: a host too small for the local saves alone.
+  absl::StatusOr<RunFacts> facts = run_facts(shm, 128, 0);
+  REQUIRE(facts.ok());
+  MemoryBudget budget;
+  budget.host_available = 2 * part;
+  budget.device_available = 1e15;
+  const absl::Status st = check_memory(shm, *facts, Device::cuda, budget);
+  CHECK(st.message().find("of host memory per rank (data ") != std::string::npos);
+  CHECK(st.message().find(", saves ") != std::string::npos);
+  CHECK(check_memory(config_with({"checkpoint.async=false"}), *facts, Device::cuda, budget).ok());
+}
+
+TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {
+  const Config cfg = config_with({});
+  absl::StatusOr<Plan> big = make_plan(cfg, *gpu_spec("b300"), 16, 8);
+  REQUIRE(big.ok());
+  CHECK(big->params_total == 72'706'203'648.0);
+  CHECK(big->fits);
+  CHECK(big->mfu > 0.3);
+  CHECK(big->mfu < 0.7);
+  const std::string text = format_plan(cfg, *big);
+  CHECK(text.find("verdict: fits: stage 0 needs") != std::string::npos);
+  absl::StatusOr<Plan> small = make_plan(cfg, *gpu_spec("h100"), 1, 16);  // dp 1
+  REQUIRE(small.ok());
+  CHECK_FALSE(small->fits);
+  CHECK(format_plan(cfg, *small).find("verdict: does not fit: stage 0 needs") != std::string::npos);
+  CHECK(gpu_spec("v100").status().message() ==
+        "--gpu v100 is unknown; known: h100, h200, b200, b300, a100");
+  CHECK(gpu_spec("H100")->name == "h100");  // as the device calls itself
+  // MFU on a GPU: its CUDA device name picks the row (the longest key it contains).
+  CHECK(gpu_of_device("NVIDIA H100 80GB HBM3")->name == "h100");
+  CHECK(gpu_of_device("NVIDIA GH200 480GB")->name == "h200");
+  CHECK(gpu_of_device("NVIDIA B300 SXM6 AC")->name == "b300");
+  CHECK(gpu_of_device("NVIDIA A100-SXM4-80GB")->peak_bf16_flops == 312e12);
+  CHECK(gpu_of_device("Tesla V100-SXM2-32GB") == nullptr);
+}
+
+// The plan names the largest part of its predicted step (compute, the bubble, or a parallel
+// dimension's communication), and --suggest ranks the layouts of the same GPUs that fit.
+TEST_CASE("plan: the bottleneck is the step's largest part, and --suggest ranks layouts that fit",
+          "[model]") {
+  const Config cfg = config_with({});  // the 72B job: tp 8 x pp 2, zero1
+  absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 16, 8);
+  REQUIRE(p.ok());
+  const double m = p->facts.micro_batches, stretch = (m + p->facts.topo.pp - 1) / m;
+  const std::vector<std::pair<std::string, double>> parts = {
+      {"compute", p->compute_s / stretch},
+      {"the pipeline bubble", p->compute_s - p->compute_s / stretch},
+      {"tensor-parallel communication", p->tp_s},
+      {"pipeline sends", p->pp_s},
+      {"the data-parallel gradient reduction", p->dp_s},
+      {"context-parallel exchange", p->cp_s}};
+  const auto largest = std::max_element(parts.begin(), parts.end(),
+                                        [](auto& a, auto& b) { return a.second < b.second; });
+  const std::string line = plan_bottleneck(*p);
+  INFO(line);
+  CHECK(line.starts_with("bottleneck: " + largest->first + ", "));
+  CHECK(format_plan(cfg, *p).find(line) != std::string::npos);
+
+  absl::StatusOr<std::string> table = suggest_layouts(cfg, *gpu_spec("h100"), 16, 8, 20);
+  REQUIRE(table.ok());
+  INFO(*table);
+  // Rows "| rank | tp | pp | dp | memory | tokens/s/GPU | MFU | bottleneck |", fastest first,
+  // each fitting the 80 GiB, the preset's own tp 8 x pp 2 among them.
+  std::vector<double> speeds;
+  bool preset = false;
+  for (const std::string& row : std::vector<std::string>(absl::StrSplit(*table, '\n'))) {
+    const std::vector<std::string> cells = absl::StrSplit(row, " | ");
+    if (cells.size() < 8 || !std::isdigit(static_cast<unsigned char>(cells[0].back()))) continue;
+    const int tp = std::stoi(cells[1]), pp = std::stoi(cells[2]), dp = std::stoi(cells[3]);
+    CHECK(tp * pp * dp == 128);
+    CHECK(std::stod(cells[4]) <= 80.0);
+    CHECK((std::stod(cells[4]) > 0.95 * 80) == (cells[4].find("(tight)") != std::string::npos));
+    speeds.push_back(std::stod(cells[5]));
+    if (tp == 8 && pp == 2) {
+      preset = true;
+      CHECK(row.find("<- this config's tp and pp") != std::string::npos);
+      CHECK(std::abs(speeds.back() - p->tokens_per_s_per_gpu) < 1.0);
+    }
+  }
+  CHECK(speeds.size() >= 3);
+  CHECK(std::is_sorted(speeds.rbegin(), speeds.rend()));
+  CHECK(preset);
+  // Too few GPUs for any layout: one line with the fix.
+  absl::StatusOr<std::string> none = suggest_layouts(cfg, *gpu_spec("h100"), 1, 8);
+  REQUIRE_FALSE(none.ok());
+  CHECK_THAT(std::string(none.status().message()),
+             Catch::StartsWith("no layout of 8 h100 GPUs fits this model ("));
+}
+
+}  // namespace
+}  // namespace tr
