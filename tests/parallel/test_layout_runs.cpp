@@ -4,31 +4,21 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <map>
 #include <regex>
-#include <set>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/checkpoint.h"
 #include "core/exit_codes.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
-#include "trainer/config/config.h"
-#include "trainer/model/model.h"
-#include "trainer/step/agree.h"
 
 namespace tr {
 namespace {
 
-namespace fs = std::filesystem;
 using test::CkptTensors;
 using test::CmdResult;
-using test::expect_bad_input;
 using test::expect_same_training;
 using test::kLayoutShape;
 using test::kOneThread;

@@ -1,13 +1,11 @@
 // End-to-end tests of the trainer binary: training, bit-exact resume, crash safety and the
 // one-line errors (exit code 2) for every kind of bad input.
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,8 +27,6 @@ namespace fs = std::filesystem;
 using test::CkptTensors;
 using test::CmdResult;
 using test::expect_bad_input;
-using test::expect_same_training;
-using test::kLayoutShape;
 using test::kOneThread;
 using test::read_checkpoint;
 using test::run_cmd;
