@@ -7,7 +7,9 @@
 # training (the final save, and the one just before it, are waited for by the end of the run). Training uses
 # OMP_NUM_THREADS threads (default 1), leaving the other cores to the background writer, as a
 # GPU job leaves the host's cores. Then the disk's own write (fsync) and read bandwidth for a file
-# of the checkpoint's size, beside the sync save's rate. Numbers go to docs/checkpoints.md.
+# of the checkpoint's size, beside the sync save's rate, and the load of the sync run's last
+# checkpoint (a resume's verification and read) beside the disk's read. Numbers go to
+# docs/checkpoints.md.
 #
 #   tools/bench_checkpoint.sh [--hidden 1024] [--layers 8] [--steps 37] [--interval 12]
 #                             [--build build] [--out DIR] [--local-dir DIR]
@@ -35,6 +37,16 @@ mkdir -p "$out/data"
 heads=$((hidden / 128))
 echo "| mode | parameters | checkpoint GiB | save s (median) | loop stall s (median) | stall / save |"
 echo "|---|---|---|---|---|---|"
+# The benchmark's model and data; the caller adds the checkpoint and log keys.
+trainer() {
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$build/trainer/trainer" --config "$root/configs/tiny.yaml" \
+    --set model.hidden_size="$hidden" --set model.intermediate_size=$((4 * hidden)) \
+    --set model.num_layers="$layers" --set model.num_heads="$heads" \
+    --set model.num_kv_heads="$heads" --set model.head_dim=128 \
+    --set "data.train=[{path: $out/data/synth}]" --set "data.valid=[{path: $out/data/synth}]" \
+    --set data.seq_len=32 --set train.global_batch=2 --set train.micro_batch=1 \
+    --set train.steps="$steps" --set train.eval_interval=0 --set optim.warmup_steps=1 "$@"
+}
 local_root=$(mktemp -d "$local_dir/trainer-ckpt-bench.XXXXXX")
 trap 'rm -rf "$local_root"' EXIT
 for mode in $modes; do
@@ -43,14 +55,7 @@ for mode in $modes; do
   async=false every=$interval local_every=0
   [ "$mode" = async ] && async=true
   [ "$mode" = local ] && every=0 local_every=$interval
-  OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$build/trainer/trainer" --config "$root/configs/tiny.yaml" \
-    --set model.hidden_size="$hidden" --set model.intermediate_size=$((4 * hidden)) \
-    --set model.num_layers="$layers" --set model.num_heads="$heads" \
-    --set model.num_kv_heads="$heads" --set model.head_dim=128 \
-    --set "data.train=[{path: $out/data/synth}]" --set "data.valid=[{path: $out/data/synth}]" \
-    --set data.seq_len=32 --set train.global_batch=2 --set train.micro_batch=1 \
-    --set train.steps="$steps" --set train.eval_interval=0 --set optim.warmup_steps=1 \
-    --set checkpoint.dir="$out/ckpt-$mode" --set checkpoint.interval="$every" \
+  trainer --set checkpoint.dir="$out/ckpt-$mode" --set checkpoint.interval="$every" \
     --set checkpoint.keep_last=2 --set checkpoint.async=$async \
     --set checkpoint.local_interval="$local_every" --set checkpoint.local_dir="$local_root" \
     --set log.dir="$out/log-$mode" >"$out/$mode.log" 2>&1 ||
@@ -98,11 +103,11 @@ if [ -f "$out/log-sync/save.txt" ]; then
                     oflag=direct conv=fsync 2>&1 ||
                  dd if=/dev/zero of="$out/disk.bin" bs=1M count="$blocks" conv=fsync 2>&1; } |
                tail -1 | rate)")
-    reads+=("$({ dd if="$out/disk.bin" of=/dev/null bs=1M iflag=direct 2>&1 ||
+    reads+=("$({ dd if="$out/disk.bin" of=/dev/null bs=16M iflag=direct 2>&1 ||
                dd if="$out/disk.bin" of=/dev/null bs=1M 2>&1; } | tail -1 | rate)")
     rm -f "$out/disk.bin"
   done
-  python3 - "$bytes" "$save_s" "${writes[*]}" "${reads[*]}" <<'PY'
+  python3 - "$bytes" "$save_s" "${writes[*]}" "${reads[*]}" "$out/disk-read.txt" <<'PY'
 import statistics, sys
 size, save = int(sys.argv[1]), float(sys.argv[2])
 write = statistics.median(float(x) for x in sys.argv[3].split())
@@ -111,5 +116,42 @@ rate = size / save if save > 0 else 0.0
 print(f"disk: {size / 2**30:.2f} GiB written with fsync at {write / 1e9:.2f} GB/s, read at "
       f"{read / 1e9:.2f} GB/s (median of 3); the sync save wrote {rate / 1e9:.2f} GB/s, "
       f"{100 * rate / write:.0f}% of the disk's")
+open(sys.argv[5], "w").write(f"{read}\n")
+PY
+  # The load: a resume's start-up (every file's checksum, then this rank's blocks) from a cold
+  # page cache, timed as the difference between `--dry-run` resuming the sync run's last
+  # checkpoint and `--dry-run` over an empty checkpoint.dir (the same start-up without it),
+  # each the median of 3.
+  mkdir -p "$out/empty-ckpt"
+  evict() {  # drops the checkpoint's files from the page cache, as after a restart
+    python3 -c 'import os, sys
+for d, _, fs in os.walk(sys.argv[1]):
+    for f in fs:
+        fd = os.open(os.path.join(d, f), os.O_RDONLY)
+        os.fsync(fd); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)' "$1"
+  }
+  timed() {  # seconds the benchmark's trainer takes with these arguments
+    local t0 t1
+    t0=$(date +%s.%N)
+    trainer "$@" >"$out/load.log" 2>&1 ||
+      { echo "bench_checkpoint.sh: a --dry-run for the load failed; see $out/load.log" >&2; exit 1; }
+    t1=$(date +%s.%N)
+    awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }'
+  }
+  with=() without=()
+  for _ in 1 2 3; do
+    evict "$out/ckpt-sync"
+    with+=("$(timed --set checkpoint.dir="$out/ckpt-sync" --set log.dir="$out/log-load" --dry-run)")
+    without+=("$(timed --set checkpoint.dir="$out/empty-ckpt" --set log.dir="$out/log-load" \
+                 --dry-run)")
+  done
+  python3 - "$bytes" "$(cat "$out/disk-read.txt")" "${with[*]}" "${without[*]}" <<'PY'
+import statistics, sys
+size, read = int(sys.argv[1]), float(sys.argv[2])
+load = statistics.median(map(float, sys.argv[3].split())) - statistics.median(
+    map(float, sys.argv[4].split()))
+rate = size / load if load > 0 else 0.0
+print(f"load: {size / 2**30:.2f} GiB verified and read in {load:.2f} s from a cold page cache "
+      f"(median of 3), {rate / 1e9:.2f} GB/s, {100 * rate / read:.0f}% of the disk's read")
 PY
 fi
