@@ -26,7 +26,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/fs_io.h"
-#include "data/shard_meta.h"
+#include "data/dataset_meta.h"
 #include "data/tokenizer.h"
 #include "data/writer.h"
 
@@ -254,7 +254,7 @@ absl::Status process_jsonl(const std::string& path, Batcher& batch) {
 // Uniform random tokens (splitmix64 of the seed and position) in documents of 1..8192 tokens.
 absl::Status run_synthetic(const Args& args) {
   std::error_code ec;
-  fs::remove(tr::data::shard_meta_path(args.output), ec);
+  fs::remove(tr::data::dataset_meta_path(args.output), ec);
   auto writer = IndexedDatasetWriter::create(args.output, args.vocab);
   if (!writer.ok()) return writer.status();
   uint64_t state = static_cast<uint64_t>(args.seed) * 0x9E3779B97F4A7C15ull + 1;
@@ -272,7 +272,7 @@ absl::Status run_synthetic(const Args& args) {
     left -= static_cast<int64_t>(doc.size());
   }
   if (auto st = (*writer)->finish(); !st.ok()) return st;
-  if (auto st = tr::data::write_shard_meta(args.output, {"synthetic", "", 0, 0, args.vocab, -1});
+  if (auto st = tr::data::write_dataset_meta(args.output, {"synthetic", "", 0, 0, args.vocab, -1});
       !st.ok())
     return st;
   std::printf("prepare_data: wrote %lld synthetic documents, %lld tokens (vocab %lld) to %s\n",
@@ -293,14 +293,14 @@ absl::Status run(const Args& args) {
   if (!parent.empty() && !fs::create_directories(parent, ec) && ec)
     return absl::InvalidArgumentError(
         absl::StrCat("cannot create output directory '", parent.string(), "': ", ec.message()));
-  // Which tokenizer made the dataset (data/shard_meta.h); an old one goes first, so that a
+  // Which tokenizer made the dataset (data/dataset_meta.h); an old one goes first, so that a
   // crash never pairs it with new data.
-  tr::data::ShardMeta meta{args.tokenizer == "byte" ? "byte" : "hf-bpe",
-                           "",
-                           0,
-                           0,
-                           (*tok)->vocab_size(),
-                           (*tok)->eod_id()};
+  tr::data::DatasetMeta meta{args.tokenizer == "byte" ? "byte" : "hf-bpe",
+                             "",
+                             0,
+                             0,
+                             (*tok)->vocab_size(),
+                             (*tok)->eod_id()};
   if (args.tokenizer != "byte") {
     absl::StatusOr<tr::fs::FileDigest> d = tr::fs::digest_file(args.tokenizer);
     if (!d.ok()) return d.status();
@@ -308,7 +308,7 @@ absl::Status run(const Args& args) {
     meta.source_bytes = d->bytes;
     meta.source_crc32 = d->crc32;
   }
-  fs::remove(tr::data::shard_meta_path(args.output), ec);
+  fs::remove(tr::data::dataset_meta_path(args.output), ec);
   auto writer = IndexedDatasetWriter::create(args.output, (*tok)->vocab_size());
   if (!writer.ok()) return writer.status();
   Stats stats;
@@ -323,7 +323,7 @@ absl::Status run(const Args& args) {
     return absl::InvalidArgumentError(absl::StrCat(
         "no non-empty documents found in ", files->size(), " input file(s); nothing written"));
   if (auto st = (*writer)->finish(); !st.ok()) return st;
-  if (auto st = tr::data::write_shard_meta(args.output, meta); !st.ok()) return st;
+  if (auto st = tr::data::write_dataset_meta(args.output, meta); !st.ok()) return st;
   std::printf(
       "prepare_data: wrote %lld documents (%lld empty skipped), %lld tokens, %lld bytes to "
       "%s.bin + %s.idx (%s tokens, tokenizer %s)\n",

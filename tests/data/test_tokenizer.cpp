@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/dataset_meta.h"
 #include "data/hf_tokenizer.h"
-#include "data/shard_meta.h"
 #include "tests/cli_util.h"
 #include "tests/mutate.h"
 #include "tests/test_util.h"
@@ -204,7 +204,7 @@ TEST_CASE("tokenizer: the trainer refuses data whose tokenizer does not fit the 
   };
   prepare(run.dir / "train", "byte");
   prepare(run.dir / "valid", "byte");
-  absl::StatusOr<std::optional<ShardMeta>> meta = read_shard_meta(run.dir / "train");
+  absl::StatusOr<std::optional<DatasetMeta>> meta = read_dataset_meta(run.dir / "train");
   REQUIRE(meta.ok());
   REQUIRE(meta->has_value());
   CHECK((*meta)->tokenizer == "byte");
@@ -220,7 +220,7 @@ TEST_CASE("tokenizer: the trainer refuses data whose tokenizer does not fit the 
   CHECK(run.trainer(preset + "--dry-run --set data.allow_byte_tokenizer=true").exit_code == 0);
   // 262 ids into a model of 257.
   prepare(run.dir / "train", hf);
-  meta = read_shard_meta(run.dir / "train");
+  meta = read_dataset_meta(run.dir / "train");
   REQUIRE(meta.ok());
   CHECK((*meta)->tokenizer == "hf-bpe");
   CHECK((*meta)->vocab_size == 262);

@@ -18,8 +18,8 @@
 #include "checkpoint/train/hf.h"
 #include "core/fs_io.h"
 #include "core/switches.h"
+#include "data/dataset_meta.h"
 #include "data/id_check.h"
-#include "data/shard_meta.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
 #include "parallel/context_parallel.h"
@@ -101,14 +101,14 @@ absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& s,
 // that do not fit model.vocab_size, byte data under a preset, or datasets from two tokenizers
 // are bad input. Datasets made elsewhere carry no metadata and are not checked.
 absl::Status check_data_tokenizer(const Config& c) {
-  std::optional<data::ShardMeta> first;
+  std::optional<data::DatasetMeta> first;
   std::string first_path;
   for (const std::vector<DataSource>* list : {&c.data.train, &c.data.valid})
     for (const DataSource& src : *list) {
-      absl::StatusOr<std::optional<data::ShardMeta>> meta = data::read_shard_meta(src.path);
+      absl::StatusOr<std::optional<data::DatasetMeta>> meta = data::read_dataset_meta(src.path);
       if (!meta.ok()) return meta.status();
       if (!meta->has_value()) continue;
-      const data::ShardMeta& m = **meta;
+      const data::DatasetMeta& m = **meta;
       if (m.vocab_size > c.model.vocab_size)
         return absl::InvalidArgumentError(
             absl::StrCat("data ", src.path, " was made by ", m.describe(),

@@ -1,4 +1,4 @@
-#include "data/shard_meta.h"
+#include "data/dataset_meta.h"
 
 #include <filesystem>
 #include <fstream>
@@ -11,7 +11,7 @@
 
 namespace tr::data {
 
-std::string ShardMeta::describe() const {
+std::string DatasetMeta::describe() const {
   const std::string what =
       tokenizer == "hf-bpe"
           ? absl::StrCat(std::filesystem::path(source).filename().string(), " (byte-level BPE")
@@ -19,22 +19,22 @@ std::string ShardMeta::describe() const {
   return absl::StrCat(what, ", ", vocab_size, " ids, end of document ", eod_id, ")");
 }
 
-std::string shard_meta_path(const std::string& prefix) {
+std::string dataset_meta_path(const std::string& prefix) {
   return prefix + ".meta.json";
 }
 
-absl::Status write_shard_meta(const std::string& prefix, const ShardMeta& m) {
+absl::Status write_dataset_meta(const std::string& prefix, const DatasetMeta& m) {
   const nlohmann::json j = {{"format", "trainer-dataset-meta"}, {"version", 1},
                             {"tokenizer", m.tokenizer},         {"source", m.source},
                             {"source_bytes", m.source_bytes},   {"source_crc32", m.source_crc32},
                             {"vocab_size", m.vocab_size},       {"eod_id", m.eod_id}};
-  return fs::write_file_atomic(shard_meta_path(prefix), j.dump(2) + "\n");
+  return fs::write_file_atomic(dataset_meta_path(prefix), j.dump(2) + "\n");
 }
 
-absl::StatusOr<std::optional<ShardMeta>> read_shard_meta(const std::string& prefix) {
-  const std::string path = shard_meta_path(prefix);
+absl::StatusOr<std::optional<DatasetMeta>> read_dataset_meta(const std::string& prefix) {
+  const std::string path = dataset_meta_path(prefix);
   std::ifstream in(path, std::ios::binary);
-  if (!in) return std::optional<ShardMeta>();
+  if (!in) return std::optional<DatasetMeta>();
   std::stringstream text;
   text << in.rdbuf();
   const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
@@ -45,7 +45,7 @@ absl::StatusOr<std::optional<ShardMeta>> read_shard_meta(const std::string& pref
   };
   if (j.is_discarded() || !j.is_object()) return bad("not JSON");
   if (j.value("format", "") != "trainer-dataset-meta") return bad("format");
-  ShardMeta m;
+  DatasetMeta m;
   try {
     m.tokenizer = j.at("tokenizer").get<std::string>();
     m.source = j.at("source").get<std::string>();
@@ -56,7 +56,7 @@ absl::StatusOr<std::optional<ShardMeta>> read_shard_meta(const std::string& pref
   } catch (const nlohmann::json::exception& e) {
     return bad(e.what());
   }
-  return std::optional<ShardMeta>(m);
+  return std::optional<DatasetMeta>(m);
 }
 
 }  // namespace tr::data
