@@ -19,7 +19,7 @@ uint64_t layout_key(const Session& s) {
   const Topology& t = s.topo();
   const ModelConfig& m = s.cfg.model;
   std::string key = absl::StrCat(
-      t.world, " ", t.tp, " ", t.pp, " ", t.dp, " ", s.facts.zero1, " ", s.opt->masters_sharded(),
+      t.world, " ", t.tp, " ", t.pp, " ", t.dp, " ", s.layout.zero1, " ", s.opt->masters_sharded(),
       " ", m.hidden_size, " ", m.intermediate_size, " ", m.num_layers, " ", m.num_heads, " ",
       m.num_kv_heads, " ", m.head_dim, " ", m.vocab_size, " ", m.tie_embeddings);
   for (int64_t l : s.cfg.parallel.pipeline_layers) absl::StrAppend(&key, " ", l);

@@ -51,7 +51,7 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   INFO(p.status().message());
   REQUIRE(p.ok());
   CHECK(p->world == 8);
-  CHECK(p->facts.micro_batches == 4);     // 16 / (2 x dp 2)
+  CHECK(p->layout.micro_batches == 4);    // 16 / (2 x dp 2)
   CHECK(p->bubble == Approx(1.0 / 5.0));  // (pp - 1) / (m + pp - 1)
   // Parameters: per layer q,k,v 64x(64+32+32) + biases 128 + o 64x64 + mlp 3x64x128 + norms
   // 2x64 = 8192 + 128 + 4096 + 24576 + 128 = 37120; x4 layers + final norm 64 + embed and
@@ -293,7 +293,7 @@ TEST_CASE("plan: the 32K and 128K configs fit 16 nodes of H100 and B300", "[mode
   }
 }
 
-// The layout rules that need the world size live in run_facts() (trainer/layout/run_layout.h),
+// The layout rules that need the world size live in run_layout() (trainer/layout/run_layout.h),
 // which the trainer's start-up and the planner both call: over a grid of layouts, batches and world
 // sizes, `trainer plan` (make_plan) and every rank's start-up accept the same layouts and
 // reject the others with the same line. The CLI test "cli: trainer plan and trainer --dry-run
@@ -329,13 +329,13 @@ train: {steps: 10, global_batch: 12, micro_batch: 2}
                 INFO(absl::StrJoin(sets, " ")
                      << " on " << world << " ranks: " << plan.status().message());
                 for (int rank = 0; rank < world; ++rank) {
-                  const absl::StatusOr<RunFacts> f = run_facts(*cfg, world, rank);
+                  const absl::StatusOr<RunLayout> f = run_layout(*cfg, world, rank);
                   REQUIRE(f.ok() == plan.ok());
                   if (!f.ok()) CHECK(f.status().message() == plan.status().message());
                 }
                 if (plan.ok()) {
                   ++accepted;
-                  CHECK(plan->facts.micro_batches == 12 / (mb * (world / (tp * pp))));
+                  CHECK(plan->layout.micro_batches == 12 / (mb * (world / (tp * pp))));
                 } else {
                   const std::string m(plan.status().message());
                   ++rejected[m.substr(0, m.find_first_of(" :"))];
@@ -364,8 +364,8 @@ TEST_CASE("plan: failures cost what the first-order model says, Young/Daly picks
   const FailurePlan f = plan_failures(cfg, *p, 2400, st);
   const double M = 2400.0 * 3600 / 16, t = p->step_s;
   // A GPU rank's part: its ZeRO-1 shard of the masters and of Adam's m and v (dp 8).
-  const double rank = 12.0 * static_cast<double>(rank_layout(cfg, p->facts.topo).capacity) / 8;
-  CHECK(rank == rank_state_bytes(cfg, p->facts.topo, true));
+  const double rank = 12.0 * static_cast<double>(rank_layout(cfg, p->layout.topo).capacity) / 8;
+  CHECK(rank == rank_state_bytes(cfg, p->layout.topo, true));
   CHECK(f.job_mtbf_s == Approx(M));
   CHECK(f.persistent.write_s == Approx(p->checkpoint_bytes / 40e9));
   CHECK(f.persistent.stall_s ==
@@ -449,15 +449,15 @@ TEST_CASE("memory check: the saves' host buffers and tmpfs parts are counted", "
   CHECK(save_host_bytes(two, topo, true, 2) == 7 * part);  // one other node: one replica
   CHECK(save_host_bytes(two, topo, true, 1) == 4 * part);  // no other node
   // And the check says so: a host too small for the local saves alone.
-  absl::StatusOr<RunFacts> facts = run_facts(shm, 128, 0);
-  REQUIRE(facts.ok());
+  absl::StatusOr<RunLayout> layout = run_layout(shm, 128, 0);
+  REQUIRE(layout.ok());
   MemoryBudget budget;
   budget.host_available = 2 * part;
   budget.device_available = 1e15;
-  const absl::Status st = check_memory(shm, *facts, Device::cuda, budget);
+  const absl::Status st = check_memory(shm, *layout, Device::cuda, budget);
   CHECK(st.message().find("of host memory per rank (data ") != std::string::npos);
   CHECK(st.message().find(", saves ") != std::string::npos);
-  CHECK(check_memory(config_with({"checkpoint.async=false"}), *facts, Device::cuda, budget).ok());
+  CHECK(check_memory(config_with({"checkpoint.async=false"}), *layout, Device::cuda, budget).ok());
 }
 
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {
@@ -492,7 +492,7 @@ TEST_CASE("plan: the bottleneck is the step's largest part, and --suggest ranks 
   const Config cfg = config_with({});  // the 72B job: tp 8 x pp 2, zero1
   absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 16, 8);
   REQUIRE(p.ok());
-  const double m = p->facts.micro_batches, stretch = (m + p->facts.topo.pp - 1) / m;
+  const double m = p->layout.micro_batches, stretch = (m + p->layout.topo.pp - 1) / m;
   const std::vector<std::pair<std::string, double>> parts = {
       {"compute", p->compute_s / stretch},
       {"the pipeline bubble", p->compute_s - p->compute_s / stretch},

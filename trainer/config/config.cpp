@@ -290,7 +290,7 @@ Status validate(const Config& c) {
                " equal chunks; make it a multiple of ", 2 * p.cp, " or change parallel.cp");
   const TrainConfig& t = c.train;
   if (t.global_batch == 0) return err("train.global_batch is not set");
-  // The batch against micro_batch x dp needs the world size (parallel.dp auto): run_facts()
+  // The batch against micro_batch x dp needs the world size (parallel.dp auto): run_layout()
   // (trainer/layout/run_layout.h) checks it.
   if (!t.recompute_layers.empty()) {
     if (t.recompute != "full")

@@ -1,4 +1,4 @@
-// The model section's facts: the Qwen2.5 presets and the rope_scaling block's rules.
+// The model section's rules: the Qwen2.5 presets and the rope_scaling block's rules.
 #include <string>
 #include <vector>
 

@@ -7,17 +7,17 @@
 
 namespace tr {
 
-int RunFacts::in_flight() const {
+int RunLayout::in_flight() const {
   return static_cast<int>(std::min<int64_t>(topo.pp - topo.pp_rank, micro_batches));
 }
 
-RunFacts RunFacts::of_rank(int rank) const {
-  RunFacts f = *this;
+RunLayout RunLayout::of_rank(int rank) const {
+  RunLayout f = *this;
   f.topo = topo.of_rank(rank);
   return f;
 }
 
-absl::StatusOr<RunFacts> run_facts(const Config& cfg, int world, int rank) {
+absl::StatusOr<RunLayout> run_layout(const Config& cfg, int world, int rank) {
   const ParallelConfig& p = cfg.parallel;
   absl::StatusOr<Topology> topo =
       Topology::make(world, rank, static_cast<int>(p.tp), static_cast<int>(p.pp),
@@ -38,7 +38,7 @@ absl::StatusOr<RunFacts> run_facts(const Config& cfg, int world, int rank) {
         "parallel.sequence_parallel: train.micro_batch x data.seq_len", topo->cp > 1 ? " / cp" : "",
         " = ", tokens, " tokens do not split over parallel.tp ", topo->tp,
         "; change data.seq_len or micro_batch"));
-  RunFacts f;
+  RunLayout f;
   f.topo = *topo;
   f.zero1 = zero1_on(cfg, f.topo);
   f.sequence_parallel = p.sequence_parallel && f.topo.tp > 1;
@@ -62,18 +62,18 @@ double flops_per_token(const Config& c) {
          6 * static_cast<double>(m.num_layers) * static_cast<double>(c.data.seq_len) * q;
 }
 
-ModelOptions model_options(const Config& cfg, const RunFacts& facts, Device device,
+ModelOptions model_options(const Config& cfg, const RunLayout& layout, Device device,
                            bool separate_compute_copy, int64_t loss_chunk, bool plan_only) {
   ModelOptions o;
   o.batch = cfg.train.micro_batch;
   o.seq_len = cfg.data.seq_len;
   o.dtype = device == Device::cuda ? DType::bf16 : DType::f32;
   o.loss_chunk = loss_chunk;
-  o.flat_multiple = flat_multiple(cfg, facts.topo);
-  o.slots = facts.in_flight();
+  o.flat_multiple = flat_multiple(cfg, layout.topo);
+  o.slots = layout.in_flight();
   o.separate_compute_copy = separate_compute_copy;
   o.plan_only = plan_only;
-  o.shards = dp_shards(cfg, facts.topo);
+  o.shards = dp_shards(cfg, layout.topo);
   return o;
 }
 

@@ -2,8 +2,8 @@
 // (flat_buffers.h: its parameter layout, ZeRO-1 shards, checkpoint and state sizes). It uses the
 // config and model rooms; the planner, the session and the checkpoint's ownership read it.
 //
-// The facts of a run that follow from its config and the world it runs on, computed once by
-// run_facts(): the trainer's start-up, `trainer plan` (and through it tools/sweep), the memory
+// A run's layout: what follows from its config and the world it runs on, computed once by
+// run_layout(): the trainer's start-up, `trainer plan` (and through it tools/sweep), the memory
 // check and the model's construction all read them here, so no two of them can disagree about
 // a layout. Rules that need only the config are config.cpp's validate(); the rules that need
 // the world size too are here.
@@ -19,7 +19,7 @@
 
 namespace tr {
 
-struct RunFacts {
+struct RunLayout {
   Topology topo;                   // the grid (parallel.dp auto resolved), seen from one rank
   bool zero1 = false;              // parallel.zero1 with dp > 1: grads and Adam state sharded
   bool sequence_parallel = false;  // parallel.sequence_parallel with tp > 1
@@ -37,22 +37,22 @@ struct RunFacts {
     return tied_embeddings && topo.pp > 1 && (topo.first_stage() || topo.last_stage());
   }
   // The same run seen from global rank `rank` (the planner's view of each stage).
-  RunFacts of_rank(int rank) const;
+  RunLayout of_rank(int rank) const;
 };
 
-// The facts of `cfg` on `world` ranks, seen from `rank`; an error is one line naming the keys
+// The layout of `cfg` on `world` ranks, seen from `rank`; an error is one line naming the keys
 // and the fix (world size against tp x pp x dp, the batch against micro_batch x dp, sequence
 // parallelism's token split).
-absl::StatusOr<RunFacts> run_facts(const Config& cfg, int world, int rank);
+absl::StatusOr<RunLayout> run_layout(const Config& cfg, int world, int rank);
 
 // Training FLOPs per token, causal counting (llm.c / Megatron-Core): 6 N_matmul + 6 L s (nh hd),
 // N_matmul = parameters in matrix products, LM head included, input embedding excluded.
 double flops_per_token(const Config& c);
 
-// How the rank of `facts` builds its model on `device` (bf16 compute on cuda, f32 on the CPU):
+// How the rank of `layout` builds its model on `device` (bf16 compute on cuda, f32 on the CPU):
 // the trainer builds it so and the planner measures it so. `separate_compute_copy` gives CPU
 // ranks the GPU's layout (TR_TEST_COMPUTE_COPY); `loss_chunk` 0 = loss_chunk_tokens().
-ModelOptions model_options(const Config& cfg, const RunFacts& facts, Device device,
+ModelOptions model_options(const Config& cfg, const RunLayout& layout, Device device,
                            bool separate_compute_copy = false, int64_t loss_chunk = 0,
                            bool plan_only = false);
 

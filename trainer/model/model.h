@@ -161,7 +161,7 @@ class Qwen2Model {
   // output (act).
   void layer_fwd(int slot, int64_t l);
   // Attention of layer l over the micro-batch, and its backward into dqkv: the whole sequence
-  // here, or (cp > 1, model_cp.cpp) each sequence over the CP group.
+  // here, or (cp > 1, context_parallel.cpp) each sequence over the CP group.
   void attention_fwd_of(int slot, int64_t l);
   void attention_bwd_of(int slot, int64_t l);
   void context_attention_fwd(int slot, int64_t l);

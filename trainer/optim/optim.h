@@ -32,7 +32,7 @@ struct OptimizerGroups {
   Comm* tp = nullptr;  // tensor parallel: sharded tensors' squares are summed over it
   Comm* pp = nullptr;  // pipeline: each stage's squares are summed over it
   // The first and last pipeline stages when they both hold the tied embedding (pp > 1;
-  // RunFacts::tied_embedding_copies): its gradients are summed over it and its weights made
+  // RunLayout::tied_embedding_copies): its gradients are summed over it and its weights made
   // bit-identical after each update. Null on every other rank.
   Comm* embed = nullptr;
 };

@@ -80,11 +80,11 @@ double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_ma
   return bytes;
 }
 
-absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device device,
+absl::Status check_memory(const Config& cfg, const RunLayout& layout, Device device,
                           const MemoryBudget& budget, bool separate_compute_copy,
                           int64_t loss_chunk) {
-  const Topology& topo = facts.topo;
-  const StageMemory m = rank_memory(cfg, facts, device, separate_compute_copy, loss_chunk);
+  const Topology& topo = layout.topo;
+  const StageMemory m = rank_memory(cfg, layout, device, separate_compute_copy, loss_chunk);
   const double data = loader_bytes(cfg, topo);
   const int nodes = (topo.world + budget.ranks_on_host - 1) / std::max(budget.ranks_on_host, 1);
   const double saves =

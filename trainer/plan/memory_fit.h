@@ -33,7 +33,7 @@ double save_host_bytes(const Config& cfg, const Topology& topo, bool separate_ma
                        int nodes = 1);
 
 // OK, or InvalidArgument naming the memory, the parts of the need, and what to change.
-absl::Status check_memory(const Config& cfg, const RunFacts& facts, Device device,
+absl::Status check_memory(const Config& cfg, const RunLayout& layout, Device device,
                           const MemoryBudget& budget, bool separate_compute_copy = false,
                           int64_t loss_chunk = 0);
 

@@ -93,19 +93,19 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
   return g;
 }
 
-StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
+StageMemory rank_memory(const Config& cfg, const RunLayout& layout, Device device,
                         bool separate_compute_copy, int64_t loss_chunk) {
-  const Topology& st = facts.topo;
+  const Topology& st = layout.topo;
   const TrainConfig& t = cfg.train;
   const ParallelConfig& par = cfg.parallel;
   const int64_t seq = cfg.data.seq_len;
-  const bool zero1 = facts.zero1;
+  const bool zero1 = layout.zero1;
   const ModelDims dims = ModelDims::from(cfg, st);
   StageMemory m;
   m.stage = st.pp_rank;
-  m.in_flight = facts.in_flight();
+  m.in_flight = layout.in_flight();
   const ModelOptions options =
-      model_options(cfg, facts, device, separate_compute_copy, loss_chunk, /*plan_only=*/true);
+      model_options(cfg, layout, device, separate_compute_copy, loss_chunk, /*plan_only=*/true);
   const DType dtype = options.dtype;
   ParamBuffer params = make_param_buffer(dims, options, device);
   const Qwen2Model model(dims, options, params, Ctx{device});
@@ -136,7 +136,7 @@ StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
   if (device == Device::cuda) {
     m.workspace = static_cast<double>(
         kCudaWorkspaceBytes +
-        StepIO::device_bytes(facts.micro_batches, t.micro_batch * seq / st.cp, device));
+        StepIO::device_bytes(layout.micro_batches, t.micro_batch * seq / st.cp, device));
     // Under context parallelism cuDNN runs on one sequence's blocks of seq / (2 cp) tokens.
     m.attention_workspace = st.cp > 1
                                 ? attention_workspace_estimate(1, dims.heads, seq / (2 * st.cp))
@@ -149,9 +149,9 @@ namespace {
 
 // Each stage's memory, measured on its rank (0, 0, stage) as the trainer would build it.
 void plan_memory(const Config& cfg, Plan& plan) {
-  const Topology& topo = plan.facts.topo;
+  const Topology& topo = plan.layout.topo;
   for (int stage = 0; stage < topo.pp; ++stage) {
-    const RunFacts sf = plan.facts.of_rank(topo.rank_at(0, 0, stage));
+    const RunLayout sf = plan.layout.of_rank(topo.rank_at(0, 0, stage));
     const ModelDims dims = ModelDims::from(cfg, sf.topo);
     plan.recompute_full_layers += std::min(dims.recompute_full, dims.layers);
     const StageMemory m = rank_memory(cfg, sf, Device::cuda);
@@ -167,7 +167,7 @@ void plan_flops(const Config& cfg, Plan& plan) {
   const double H = static_cast<double>(mc.hidden_size), L = static_cast<double>(mc.num_layers);
   const double attn =
       L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
-  plan.flops_per_token_causal = plan.facts.flops_per_token;
+  plan.flops_per_token_causal = plan.layout.flops_per_token;
   plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
   // A fully recomputed layer runs its forward again up to the SwiGLU: the QKV, O and gate/up
   // GEMMs (2 flops per weight per token) and causal attention (2 s nh hd per token). Selective
@@ -178,10 +178,10 @@ void plan_flops(const Config& cfg, Plan& plan) {
   const double layer_fwd =
       2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * static_cast<double>(seq) * A;
   plan.recompute_flops_per_token = static_cast<double>(plan.recompute_full_layers) * layer_fwd;
-  plan.params_total = model_param_count(cfg, plan.facts.topo);
-  plan.checkpoint_bytes = checkpoint_bytes(cfg, plan.facts.topo);
-  const int pp = plan.facts.topo.pp;
-  const auto m = static_cast<double>(plan.facts.micro_batches);
+  plan.params_total = model_param_count(cfg, plan.layout.topo);
+  plan.checkpoint_bytes = checkpoint_bytes(cfg, plan.layout.topo);
+  const int pp = plan.layout.topo.pp;
+  const auto m = static_cast<double>(plan.layout.micro_batches);
   plan.bubble = (pp - 1) / (m + pp - 1);
 }
 
@@ -196,7 +196,7 @@ void plan_flops(const Config& cfg, Plan& plan) {
 //               times (the gradients travel home) after each chunk's backward: 4 cp c.
 // A fully recomputed layer runs its forward's exchange again. Returns {all, the part that runs
 // beside the attention}.
-std::pair<double, double> cp_bytes_per_step(const Config& cfg, const RunFacts& f,
+std::pair<double, double> cp_bytes_per_step(const Config& cfg, const RunLayout& f,
                                             int64_t recompute_full_layers) {
   const int cp = f.topo.cp;
   if (cp == 1) return {0, 0};
@@ -216,7 +216,7 @@ std::pair<double, double> cp_bytes_per_step(const Config& cfg, const RunFacts& f
 
 // Communication per GPU per step (bytes sent), bf16 activations, fp32 gradients.
 void plan_communication(const Config& cfg, Plan& plan) {
-  const RunFacts& f = plan.facts;
+  const RunLayout& f = plan.layout;
   const int pp = f.topo.pp, tp = f.topo.tp, dp = f.topo.dp, cp = f.topo.cp;
   const auto m = static_cast<double>(f.micro_batches);
   const double H = static_cast<double>(cfg.model.hidden_size);
@@ -252,9 +252,9 @@ void plan_communication(const Config& cfg, Plan& plan) {
 // over NVLink inside a node, PP and DP over the network when they cross nodes).
 void plan_time(Plan& plan) {
   const GpuSpec& gpu = plan.gpu;
-  const int pp = plan.facts.topo.pp, tp = plan.facts.topo.tp;
-  const double tokens_step = static_cast<double>(plan.facts.tokens_per_step);
-  const auto m = static_cast<double>(plan.facts.micro_batches);
+  const int pp = plan.layout.topo.pp, tp = plan.layout.topo.tp;
+  const double tokens_step = static_cast<double>(plan.layout.tokens_per_step);
+  const auto m = static_cast<double>(plan.layout.micro_batches);
   const double stretch = (m + pp - 1) / m;  // 1F1B runs m + pp - 1 slots for m micro-batches
   plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /
                    plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
@@ -265,7 +265,7 @@ void plan_time(Plan& plan) {
   plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw);
   plan.dp_s = plan.dp_bytes / (multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw);
   // CP groups are the next-closest ranks after TP: inside a node while tp x cp GPUs fit in one.
-  const int cp = plan.facts.topo.cp;
+  const int cp = plan.layout.topo.cp;
   const double cp_bw = tp * cp <= plan.gpus_per_node ? gpu.nvlink_bw : gpu.network_bw;
   const double attention_s = (plan.flops_per_token_full - plan.flops_per_token_causal) *
                              tokens_step / plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency);
@@ -288,9 +288,9 @@ absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes
   plan.nodes = nodes;
   plan.gpus_per_node = gpus_per_node;
   plan.world = nodes * gpus_per_node;
-  absl::StatusOr<RunFacts> facts = run_facts(cfg, plan.world, 0);
-  if (!facts.ok()) return facts.status();
-  plan.facts = *facts;
+  absl::StatusOr<RunLayout> layout = run_layout(cfg, plan.world, 0);
+  if (!layout.ok()) return layout.status();
+  plan.layout = *layout;
   plan_memory(cfg, plan);
   plan_flops(cfg, plan);
   plan_communication(cfg, plan);
@@ -326,7 +326,7 @@ namespace {
 
 // The memory table (GiB per GPU, a column per stage) and the verdict.
 void format_memory(std::string& out, const Plan& p) {
-  const bool zero1 = p.facts.zero1;
+  const bool zero1 = p.layout.zero1;
   absl::StrAppend(&out, "memory per GPU (GiB)     ");
   for (const StageMemory& m : p.stages) absl::StrAppendFormat(&out, "  stage %-3d", m.stage);
   absl::StrAppend(&out, "\n");
@@ -370,15 +370,15 @@ void format_memory(std::string& out, const Plan& p) {
 
 std::string format_plan(const Config& cfg, const Plan& p) {
   std::string out;
-  const Topology& t = p.facts.topo;
+  const Topology& t = p.layout.topo;
   absl::StrAppendFormat(
       &out,
       "plan: %d nodes x %d %s = %d GPUs; tp %d x %spp %d x dp %d%s%s; "
       "%.3gB parameters; %d micro-batches of %d x %d tokens per step\n",
       p.nodes, p.gpus_per_node, p.gpu.name, p.world, t.tp,
-      t.cp > 1 ? absl::StrCat("cp ", t.cp, " x ") : "", t.pp, t.dp, p.facts.zero1 ? ", zero1" : "",
-      p.facts.sequence_parallel ? ", sequence parallel" : "", p.params_total / 1e9,
-      p.facts.micro_batches, cfg.train.micro_batch, cfg.data.seq_len);
+      t.cp > 1 ? absl::StrCat("cp ", t.cp, " x ") : "", t.pp, t.dp, p.layout.zero1 ? ", zero1" : "",
+      p.layout.sequence_parallel ? ", sequence parallel" : "", p.params_total / 1e9,
+      p.layout.micro_batches, cfg.train.micro_batch, cfg.data.seq_len);
   absl::StrAppendFormat(&out,
                         "checkpoint: %.1f GiB per save (fp32 weights, Adam m and v); "
                         "checkpoint.keep_last=%d keeps %d on disk, one more during a save\n",
@@ -408,7 +408,7 @@ std::string format_plan(const Config& cfg, const Plan& p) {
         static_cast<int>(cfg.model.num_layers), p.recompute_flops_per_token,
         100 * p.recompute_flops_per_token / p.flops_per_token_causal);
   absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (1F1B, %d micro-batches)\n",
-                        100 * p.bubble, p.facts.micro_batches);
+                        100 * p.bubble, p.layout.micro_batches);
   const std::string cp_traffic = t.cp > 1 ? absl::StrFormat(", cp %.2f GB", p.cp_bytes / 1e9) : "";
   absl::StrAppendFormat(&out,
                         "communication per GPU per step: tp %.2f GB, pp %.2f GB, dp %.2f GB%s\n",
@@ -475,14 +475,14 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"nodes", p.nodes},
                             {"gpus_per_node", p.gpus_per_node},
                             {"world", p.world},
-                            {"tp", p.facts.topo.tp},
-                            {"pp", p.facts.topo.pp},
-                            {"dp", p.facts.topo.dp},
-                            {"cp", p.facts.topo.cp},
+                            {"tp", p.layout.topo.tp},
+                            {"pp", p.layout.topo.pp},
+                            {"dp", p.layout.topo.dp},
+                            {"cp", p.layout.topo.cp},
                             {"cp_comm", cfg.parallel.cp_comm},
                             {"cp_bytes", p.cp_bytes},
                             {"cp_needed", p.cp_needed},
-                            {"micro_batches", p.facts.micro_batches},
+                            {"micro_batches", p.layout.micro_batches},
                             {"params", p.params_total},
                             {"checkpoint_gib", p.checkpoint_bytes / kGiB},
                             {"loss_chunk_tokens", p.stages.back().loss_chunk_tokens},

@@ -43,16 +43,16 @@ struct StageMemory {
   }
 };
 
-// The bytes the rank of `facts` allocates for a run of `cfg` on `device` (bf16 compute weights on
+// The bytes the rank of `layout` allocates for a run of `cfg` on `device` (bf16 compute weights on
 // cuda, f32 on the CPU; `separate_compute_copy` as TR_TEST_COMPUTE_COPY gives CPU ranks),
 // measured from a plan-only model: what the planner prints per stage and what the trainer checks
 // against the memory it has before allocating.
-StageMemory rank_memory(const Config& cfg, const RunFacts& facts, Device device,
+StageMemory rank_memory(const Config& cfg, const RunLayout& layout, Device device,
                         bool separate_compute_copy = false, int64_t loss_chunk = 0);
 
 struct Plan {
   int world = 1, nodes = 1, gpus_per_node = 8;
-  RunFacts facts;  // the layout on this many GPUs, seen from rank 0 (micro-batches, zero1, ...)
+  RunLayout layout;  // the layout on this many GPUs, seen from rank 0 (micro-batches, zero1, ...)
   GpuSpec gpu;
   std::vector<StageMemory> stages;
   double params_total = 0;            // parameters of the model (real vocabulary)

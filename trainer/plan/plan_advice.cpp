@@ -111,7 +111,7 @@ absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gp
     const bool tight = worst > 0.95 * p.gpu.memory_bytes;
     absl::StrAppendFormat(
         &out, "| %d | %d | %d | %d | %.1f of %.0f%s | %.0f | %.1f%% | %s |%s\n",
-        static_cast<int>(i + 1), p.facts.topo.tp, p.facts.topo.pp, p.facts.topo.dp, worst / kGiB,
+        static_cast<int>(i + 1), p.layout.topo.tp, p.layout.topo.pp, p.layout.topo.dp, worst / kGiB,
         p.gpu.memory_bytes / kGiB, tight ? " (tight)" : "", p.tokens_per_s_per_gpu, 100 * p.mfu,
         step_parts(p)[0].name, fit[i].current ? " <- this config's tp and pp" : "");
   }

@@ -40,7 +40,7 @@ FailurePlan plan_failures(const Config& cfg, const Plan& plan, double mtbf_hours
   f.storage = s;
   f.job_mtbf_s = mtbf_hours_per_node * 3600.0 / plan.nodes;
   // A rank's part as a GPU rank holds it (its masters and moments; whole without ZeRO-1).
-  const double rank = rank_state_bytes(cfg, plan.facts.topo, true);
+  const double rank = rank_state_bytes(cfg, plan.layout.topo, true);
   const double node = rank * plan.gpus_per_node;
   // Persistent: every rank writes its part to the shared filesystem; asynchronous saves stall
   // only for the copy to host memory.

@@ -167,7 +167,7 @@ void print_plan(const Session& s) {
               s.cfg.train.backend.c_str());
   std::printf("model: %lld parameters on this rank (vocab padded to %lld); %.3g GFLOP per token\n",
               static_cast<long long>(P), static_cast<long long>(s.model->dims().vocab_padded),
-              s.facts.flops_per_token / 1e9);
+              s.layout.flops_per_token / 1e9);
   const WeightMemory w = weight_memory(*s.params, s.opt->master_bytes());
   std::printf(
       "memory on %s: weights %.1f MiB%s, compute copy %.1f MiB, grads %.1f MiB, adam m+v %.1f "
@@ -189,7 +189,7 @@ void print_plan(const Session& s) {
   std::printf(
       "data: %lld train samples per epoch; %lld samples per step, %lld micro-batches of %lld\n",
       static_cast<long long>(samples), static_cast<long long>(s.cfg.train.global_batch),
-      static_cast<long long>(s.facts.micro_batches),
+      static_cast<long long>(s.layout.micro_batches),
       static_cast<long long>(s.cfg.train.micro_batch));
   std::fflush(stdout);
 }
@@ -261,7 +261,7 @@ absl::Status record_local_run_id(const Session& s) {
 // Model, optimizer, initial weights, and the checkpoint when resuming (its shapes are checked
 // here: a mismatch is bad input).
 absl::Status build_model(Session& s) {
-  const bool zero1 = s.facts.zero1;
+  const bool zero1 = s.layout.zero1;
   // TR_LOSS_CHUNK_TOKENS=N overrides loss_chunk_tokens() (trainer/model/model.h), to bisect a GPU
   // regression against the old 16M-logit chunks (docs/PERFORMANCE.md).
   const int64_t loss_chunk = setting_int(Setting::loss_chunk_tokens);
@@ -269,13 +269,13 @@ absl::Status build_model(Session& s) {
   // so that the GPU's layout (and ZeRO-1's sharded masters) runs and is tested on CPU ranks.
   const bool test_copy = take(Switch::test_compute_copy);
   const ModelDims dims = ModelDims::from(s.cfg, s.topo());
-  const ModelOptions options = model_options(s.cfg, s.facts, s.ctx.device, test_copy, loss_chunk);
+  const ModelOptions options = model_options(s.cfg, s.layout, s.ctx.device, test_copy, loss_chunk);
   s.params = std::make_unique<ParamBuffer>(make_param_buffer(dims, options, s.ctx.device));
   s.model = std::make_unique<Qwen2Model>(dims, options, *s.params, s.ctx);
   s.model->set_tp_comm(s.groups.tp.get());
   s.model->set_cp_comm(s.groups.cp.get());
   const OptimizerGroups groups{s.groups.dp_cp.get(), s.groups.tp.get(), s.groups.pp.get(),
-                               s.facts.tied_embedding_copies() ? s.groups.embed.get() : nullptr};
+                               s.layout.tied_embedding_copies() ? s.groups.embed.get() : nullptr};
   s.opt = std::make_unique<DistributedOptimizer>(s.cfg.optim, *s.params, s.ctx, groups, zero1,
                                                  options.shards, options.separate_compute_copy);
   s.opt->reducer().configure(s.cfg.parallel.dp_bucket_elems, s.cfg.parallel.overlap_dp,

@@ -397,9 +397,9 @@ absl::Status check_inputs(Session& s) {
   if (!cfg.ok()) return cfg.status();
   s.cfg = *cfg;
   const Comm& world = *s.groups.world;
-  absl::StatusOr<RunFacts> facts = run_facts(s.cfg, world.size(), world.rank());
-  if (!facts.ok()) return facts.status();
-  s.facts = *facts;
+  absl::StatusOr<RunLayout> layout = run_layout(s.cfg, world.size(), world.rank());
+  if (!layout.ok()) return layout.status();
+  s.layout = *layout;
   if (absl::Status st = resolve_backend(s); !st.ok()) return st;
   absl::StatusOr<std::string> resume = resume_path(s);
   if (!resume.ok()) return resume.status();
@@ -424,7 +424,7 @@ absl::Status check_inputs(Session& s) {
   // Before the loaders prefetch and the model allocates: the data's tokenizer and the batch
   // arithmetic, then whether the run fits this rank's memory.
   if (absl::Status st = check_tokenizer_and_batch(s); !st.ok()) return st;
-  if (absl::Status st = check_memory(s.cfg, s.facts, s.ctx.device, memory_budget(s),
+  if (absl::Status st = check_memory(s.cfg, s.layout, s.ctx.device, memory_budget(s),
                                      switch_on(Switch::test_compute_copy),
                                      setting_int(Setting::loss_chunk_tokens));
       !st.ok())
@@ -452,9 +452,9 @@ absl::Status check_inputs_for_world(Session& s, int world, const GpuSpec& gpu, i
                                                    "--gpus-per-node ",
                                                    gpus_per_node));
   const int per_node = std::min(world, gpus_per_node);
-  absl::StatusOr<RunFacts> facts = run_facts(s.cfg, world, 0);  // world rank 0's view
-  if (!facts.ok()) return facts.status();
-  s.facts = *facts;
+  absl::StatusOr<RunLayout> layout = run_layout(s.cfg, world, 0);  // world rank 0's view
+  if (!layout.ok()) return layout.status();
+  s.layout = *layout;
   absl::StatusOr<std::string> resume = resume_path(s);
   if (!resume.ok()) return resume.status();
   s.resume_from = *resume;

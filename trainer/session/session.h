@@ -34,7 +34,7 @@ struct Session {
   std::unique_ptr<MpiRuntime> mpi;  // first member: finalised after every communicator is gone
   CliOptions opts;
   Config cfg;
-  RunFacts facts;  // the layout and what follows from it (trainer/layout/run_layout.h)
+  RunLayout layout;  // the grid and what follows from it (trainer/layout/run_layout.h)
   // The GPU behind ctx (train.backend=cuda); declared before the groups so that NCCL
   // communicators queued on its stream are destroyed first.
   std::unique_ptr<cuda::DeviceContext> device;
@@ -60,8 +60,8 @@ struct Session {
   std::unique_ptr<ckpt::DirLock> log_lock;  // rank 0: and log.dir, when that is another dir
   int64_t last_saved_step = -1;  // the newest committed checkpoint of this run; -1 = none
 
-  const Topology& topo() const { return facts.topo; }
-  bool logger() const { return facts.topo.rank == 0; }
+  const Topology& topo() const { return layout.topo; }
+  bool logger() const { return layout.topo.rank == 0; }
   // "step N" or "none", for messages that say what a resume would continue from.
   std::string last_checkpoint() const {
     return last_saved_step >= 0 ? "step " + std::to_string(last_saved_step) : "none";

@@ -40,7 +40,7 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
   const std::vector<PipeAction> actions =
       with_stop_polls(one_f_one_b(s.topo().pp, m), lag)[s.topo().pp_rank];
   const int slots =
-      std::min(s.facts.in_flight(), m);  // micro-batches in flight (eval: m may be fewer)
+      std::min(s.layout.in_flight(), m);  // micro-batches in flight (eval: m may be fewer)
   PipelineRun run;
   int cut_at = m;          // actions on micro-batches >= cut_at are dropped
   int32_t poll_flag = 0;   // the poll in flight: this rank's stop signal, then every rank's max

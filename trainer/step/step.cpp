@@ -133,7 +133,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   phase_clock().start();
   const int64_t syncs_before = host_sync_count();
   const int64_t step = s.state.step + 1;
-  const int64_t tokens = s.facts.tokens_per_step;
+  const int64_t tokens = s.layout.tokens_per_step;
   const float grad_scale = 1.0f / static_cast<float>(tokens);  // mean over the global batch
   absl::StatusOr<data::StepBatch> batch = [&] {
     const ScopedPhase waiting(Phase::data_wait);
