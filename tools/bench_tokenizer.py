@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tokenizer benchmark: prepare_data --tokenizer (Qwen2.5's tokenizer.json) against the
-`tokenizers` package (one thread, and encode_batch on every core) and the PyPI package
-`bpe-qwen`, on one corpus (the licence texts, CJK, code and emoji, about --mb MB of jsonl).
+`tokenizers` package (one thread, and encode_batch on every core), the PyPI package `bpe-qwen`
+and `tiktoken` (an Encoding built from tokenizer.json's vocabulary as ranks and its
+pre-tokenizer's pattern), on one corpus (the licence texts, CJK, code and emoji, about --mb MB of jsonl).
 Prints a Markdown table (MB/s of UTF-8 input, M tokens/s) and checks that every tokenizer's ids
 equal the `tokenizers` ones. prepare_data's time is the whole process: reading the 7 MB
 tokenizer.json (about 0.3 s), tokenizing and writing the dataset. Numbers go to
@@ -42,6 +43,26 @@ if so:  # the compiled module alone: its package imports transformers
     q = m.QwenTokenizer(os.path.dirname(tok_json))
     t3 = time.perf_counter(); ids = [q.encode(d) for d in docs]; t4 = time.perf_counter()
     rows.append(("bpe-qwen", "1", t4 - t3, ids == one))
+try:  # tiktoken with Qwen2.5's vocabulary as mergeable ranks and its pre-tokenizer's pattern
+    import tiktoken
+except ImportError:
+    tiktoken = None
+if tiktoken is not None:
+    spec = json.load(open(tok_json, encoding="utf-8"))
+    # The byte-level alphabet (GPT-2's): each byte is one printable character in the vocabulary.
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b); cs.append(256 + n); n += 1
+    byte_of = {chr(c): b for b, c in zip(bs, cs)}
+    ranks = {bytes(byte_of[ch] for ch in tok): i for tok, i in spec["model"]["vocab"].items()}
+    pattern = next(p["pattern"]["Regex"] for p in spec["pre_tokenizer"]["pretokenizers"]
+                   if p["type"] == "Split")
+    enc = tiktoken.Encoding("qwen2.5", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    t5 = time.perf_counter(); ids = [enc.encode_ordinary(d) for d in docs]
+    t6 = time.perf_counter()
+    rows.append((f"tiktoken {tiktoken.__version__}", "1", t6 - t5, ids == one))
 tokens = sum(map(len, one))
 json.dump({"mb": mb, "tokens": tokens, "ids": one, "rows": rows}, sys.stdout)
 """
@@ -70,7 +91,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     py, qwen = test_tokenizer.setup(a.work)
-    subprocess.run([py, "-m", "pip", "install", "-q", "bpe-qwen"], check=False)
+    subprocess.run([py, "-m", "pip", "install", "-q", "bpe-qwen", "tiktoken==0.14.0"], check=False)
     src = os.path.join(a.work, "bench.jsonl")
     corpus(src, a.mb)
     o = json.loads(subprocess.run([py, "-c", ORACLE, qwen, src], check=True, capture_output=True,
