@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
@@ -37,28 +38,33 @@ std::array<int32_t, 256> byte_chars() {
   return cp;
 }
 
-// The inverse of byte_chars(): the byte each code point of the alphabet stands for.
-std::unordered_map<int32_t, uint8_t> byte_of_char() {
+// The inverse of byte_chars(), indexed by code point (the alphabet ends below U+0144): the byte
+// each code point stands for, -1 for the code points outside the alphabet. A table, not a map:
+// loading Qwen2.5's vocabulary and merges looks up about two million code points.
+using ByteOfChar = std::array<int16_t, 0x144>;
+ByteOfChar byte_of_char() {
   const std::array<int32_t, 256> cp = byte_chars();
-  std::unordered_map<int32_t, uint8_t> byte_of;
-  for (int b = 0; b < 256; ++b) byte_of[cp[b]] = static_cast<uint8_t>(b);
+  ByteOfChar byte_of;
+  byte_of.fill(-1);
+  for (int b = 0; b < 256; ++b) byte_of[static_cast<size_t>(cp[b])] = static_cast<int16_t>(b);
   return byte_of;
 }
 
 // A vocabulary entry in the byte-level alphabet back to the raw bytes it stands for.
-absl::StatusOr<std::string> to_bytes(const std::string& token,
-                                     const std::unordered_map<int32_t, uint8_t>& byte_of) {
+absl::StatusOr<std::string> to_bytes(const std::string& token, const ByteOfChar& byte_of) {
   std::string out;
   const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(token.data());
   utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(token.size());
   while (left > 0) {
     utf8proc_int32_t cp = 0;
     const utf8proc_ssize_t n = utf8proc_iterate(p, left, &cp);
-    auto it = n > 0 ? byte_of.find(cp) : byte_of.end();
-    if (it == byte_of.end())
+    const int b = n > 0 && cp >= 0 && cp < static_cast<utf8proc_int32_t>(byte_of.size())
+                      ? byte_of[static_cast<size_t>(cp)]
+                      : -1;
+    if (b < 0)
       return absl::InvalidArgumentError(absl::StrCat(
           "token '", token, "' is not in the byte-level alphabet: not a byte-level BPE"));
-    out.push_back(static_cast<char>(it->second));
+    out.push_back(static_cast<char>(b));
     p += n;
     left -= n;
   }
@@ -139,11 +145,11 @@ class HfBpeTokenizer final : public Tokenizer {
   std::string name_;
   bool nfc_ = false, ignore_merges_ = false;
   pcre2_code* regex_ = nullptr;
-  std::unordered_map<std::string, int32_t> id_of_;  // raw bytes -> id
-  std::vector<std::string> bytes_of_;               // id -> raw bytes (BPE vocabulary)
-  std::array<int32_t, 256> byte_id_{};              // the id of each single byte
+  absl::flat_hash_map<std::string, int32_t> id_of_;  // raw bytes -> id
+  std::vector<std::string> bytes_of_;                // id -> raw bytes (BPE vocabulary)
+  std::array<int32_t, 256> byte_id_{};               // the id of each single byte
   // (left id, right id) -> (rank, merged id)
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
+  absl::flat_hash_map<uint64_t, std::pair<int32_t, int32_t>> merges_;
   std::vector<AddedToken> added_;        // longest first
   std::array<bool, 256> added_first_{};  // bytes an added token starts with
   std::unordered_map<int32_t, size_t> added_index_;
@@ -228,9 +234,10 @@ absl::Status HfBpeTokenizer::read_vocab(const json& model, const std::string& pa
                                         int32_t* max_id) {
   if (!model.contains("vocab") || !model["vocab"].is_object())
     return unsupported(path, "no model.vocab");
-  const std::unordered_map<int32_t, uint8_t> byte_of = byte_of_char();
+  const ByteOfChar byte_of = byte_of_char();
   // Ids number the tokens from 0: none reaches the count of vocabulary entries and added tokens.
   const int64_t limit = static_cast<int64_t>(model["vocab"].size()) + added_count_;
+  id_of_.reserve(model["vocab"].size());
   for (const auto& [token, id_json] : model["vocab"].items()) {
     absl::StatusOr<std::string> bytes = to_bytes(token, byte_of);
     if (!bytes.ok()) return unsupported(path, std::string(bytes.status().message()));
@@ -262,8 +269,12 @@ absl::Status HfBpeTokenizer::read_vocab(const json& model, const std::string& pa
 
 // The merges, in rank order: ["a", "b"] pairs, or "a b" strings in older files.
 absl::Status HfBpeTokenizer::read_merges(const json& model, const std::string& path) {
-  const std::unordered_map<int32_t, uint8_t> byte_of = byte_of_char();
-  const json& merges = model.value("merges", json::array());
+  const ByteOfChar byte_of = byte_of_char();
+  // A reference into the document, not model.value()'s copy of 151k merges.
+  static const json kNone = json::array();
+  const auto found = model.find("merges");
+  const json& merges = found != model.end() ? *found : kNone;
+  merges_.reserve(merges.size());
   int32_t rank = 0;
   for (const json& m : merges) {
     std::string a, b;
@@ -413,7 +424,7 @@ void HfBpeTokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) cons
 
 void HfBpeTokenizer::merge(std::string_view piece, std::vector<int32_t>& out) const {
   if (ignore_merges_)
-    if (auto it = id_of_.find(std::string(piece)); it != id_of_.end()) {
+    if (auto it = id_of_.find(absl::string_view(piece.data(), piece.size())); it != id_of_.end()) {
       out.push_back(it->second);
       return;
     }
