@@ -254,7 +254,7 @@ struct AlignedFree {
 // 2.0-2.5 GB/s on the development VM, four (three writes queued) 1.7-2.0 GB/s.
 class DirectWriter {
  public:
-  // `fd` is opened with O_DIRECT; `buffered` takes a write the file system refuses to do direct.
+  // `fd` is opened with O_DIRECT; `buffered` takes a write that fails direct.
   DirectWriter(int fd, int buffered, const std::string& path)
       : fd_(fd), buffered_(buffered), path_(path), hold_(staging().lock) {
     for (int k = 0; k < kStages; ++k) {
@@ -275,8 +275,11 @@ class DirectWriter {
       crc = crc32_of(std::string_view(buf, static_cast<size_t>(n)), crc);
       const uint64_t at = offset + done;
       pending_[slot_] = std::async(std::launch::async, [this, buf, n, at] {
+        // A file system may take O_DIRECT at open and refuse its writes (EINVAL, EOPNOTSUPP, a
+        // FUSE or overlay mount): the same bytes go through the page cache, and a real I/O
+        // error recurs there and is reported.
         absl::Status st = pwrite_all(fd_, buf, n, at, path_);
-        return absl::IsInvalidArgument(st) ? pwrite_all(buffered_, buf, n, at, path_) : st;
+        return st.ok() ? st : pwrite_all(buffered_, buf, n, at, path_);
       });
       slot_ = (slot_ + 1) % kStages;
       done += n;
