@@ -312,10 +312,10 @@ absl::StatusOr<fs::FileDigest> write_shard_file(const std::string& path,
       if (absl::Status st = check_finite_for_save(tensor_of(p), p.ref); !st.ok()) return st;
     return absl::OkStatus();
   });
-  auto failed = [&](const absl::Status& st) {
-    absl::Status first = finite.get();
-    if (first.ok()) first = st;
-    return absl::Status(first.code(), absl::StrCat(path, ": ", first.message()));
+  // The scan's verdict first (a poisoned block says more than what it cut short), else `other`.
+  auto scanned = [&](absl::Status other) {
+    const absl::Status st = finite.get();
+    return st.ok() ? other : absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
   };
   // HDF5 writes the structure (datasets allocated, page-aligned, never filled); the blocks' bytes
   // follow it into their places, directly and checksummed on the way (fs::write_regions_durable).
@@ -335,24 +335,20 @@ absl::StatusOr<fs::FileDigest> write_shard_file(const std::string& path,
       const std::string tensor = tensor_of(p);
       const std::string ds = absl::StrCat(tensor, "/", count[tensor]++);
       absl::StatusOr<uint64_t> at = h5::create_f32_allocated(f, ds, p.ref.extent);
-      if (!at.ok()) return failed(at.status());
+      if (!at.ok())
+        return scanned(
+            absl::Status(at.status().code(), absl::StrCat(path, ": ", at.status().message())));
       Handle dset(H5Dopen2(f, ds.c_str(), H5P_DEFAULT), H5Dclose);
       H5_CHECK(dset.get());
       h5::write_attr_string(dset.get(), "start", h5::shape_str(p.ref.start));
-      uint64_t bytes = sizeof(float);
-      for (int64_t d : p.ref.extent) bytes *= static_cast<uint64_t>(d);
-      if (*at != 0 && bytes > 0) regions.push_back({*at, p.ref.data, bytes});
+      const auto bytes = static_cast<uint64_t>(p.ref.block_numel()) * sizeof(float);
+      if (bytes > 0) regions.push_back({*at, p.ref.data, bytes});
     }
-    if (absl::Status st = close_checkpoint_file(*file, path); !st.ok()) {
-      absl::Status first = finite.get();
-      return first.ok() ? st
-                        : absl::Status(first.code(), absl::StrCat(path, ": ", first.message()));
-    }
+    if (absl::Status st = close_checkpoint_file(*file, path); !st.ok()) return scanned(st);
   }
   absl::StatusOr<fs::FileDigest> digest =
       fs::write_regions_durable(path, std::move(regions), progress);
-  if (absl::Status st = finite.get(); !st.ok())
-    return absl::Status(st.code(), absl::StrCat(path, ": ", st.message()));
+  if (absl::Status st = scanned(absl::OkStatus()); !st.ok()) return st;
   return digest;
 }
 

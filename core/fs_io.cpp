@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/check.h"
 
 namespace tr::fs {
 namespace {
@@ -261,6 +262,7 @@ class DirectWriter {
       auto& b = staging().bufs[k];
       if (!b)
         b.reset(static_cast<char*>(std::aligned_alloc(kPage, static_cast<size_t>(kStageBytes))));
+      TR_ASSERT(b != nullptr, "cannot allocate a 16 MiB staging buffer for direct writes");
       bufs_[k] = b.get();
     }
   }

@@ -44,15 +44,9 @@ struct HostCopy {
   }
 };
 
-int64_t block_elems(const ckpt::TensorRef& t) {
-  int64_t n = 1;
-  for (int64_t d : t.extent.empty() ? t.shape : t.extent) n *= d;
-  return n;
-}
-
 int64_t total_elems(const std::vector<ckpt::ShardPiece>& pieces) {
   int64_t n = 0;
-  for (const ckpt::ShardPiece& p : pieces) n += block_elems(p.ref);
+  for (const ckpt::ShardPiece& p : pieces) n += p.ref.block_numel();
   return n;
 }
 
@@ -104,7 +98,7 @@ absl::Status Saver::save() {
             "the staging buffer must hold this rank's blocks");
   float* at = arena_.data();
   for (ckpt::ShardPiece& p : pieces_) {
-    const int64_t n = block_elems(p.ref);
+    const int64_t n = p.ref.block_numel();
     std::memcpy(at, p.ref.data, static_cast<size_t>(n) * sizeof(float));
     p.ref.data = at;
     at += n;

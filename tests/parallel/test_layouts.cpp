@@ -43,21 +43,11 @@ struct GlobalState {
   double loss = 0, grad_norm = 0;
 };
 
-int64_t elems(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-int64_t block_elems(const ckpt::TensorRef& t) {
-  return elems(t.whole() ? t.shape : t.extent);
-}
-
 // Copies a block (whole, a run of a vector, or rows x columns of a matrix) into its tensor.
 void place(const ckpt::TensorRef& block, const float* data, const std::vector<int64_t>& shape,
            std::vector<float>& into) {
   if (block.whole()) {
-    std::copy(data, data + elems(shape), into.begin());
+    std::copy(data, data + block.block_numel(), into.begin());
     return;
   }
   TR_ASSERT(shape.size() <= 2, "blocks of vectors and matrices only");
@@ -105,7 +95,7 @@ GlobalState gather(Session& s, const StepMetrics& m) {
   GlobalState g;
   if (world.rank() != 0) {
     for (const ckpt::ShardPiece& p : own)
-      if (const int64_t n = block_elems(p.ref); n > 0)
+      if (const int64_t n = p.ref.block_numel(); n > 0)
         world.send(Tensor(const_cast<float*>(p.ref.data), DType::f32, Device::cpu, {n}), 0);
     return g;
   }
@@ -114,14 +104,14 @@ GlobalState gather(Session& s, const StepMetrics& m) {
   for (const ckpt::TensorRef& t : model_tensors(s.cfg, s.topo())) {
     g.order.push_back(t.name);
     g.shape[t.name] = t.shape;
-    for (std::vector<float>& v : g.sets[t.name]) v.assign(static_cast<size_t>(elems(t.shape)), 0);
+    for (std::vector<float>& v : g.sets[t.name]) v.assign(static_cast<size_t>(t.block_numel()), 0);
   }
   std::vector<float> buf;
   for (int k = 0; k < world.size(); ++k) {
     const std::vector<ckpt::ShardPiece> pieces =
         k == 0 ? own : owned_pieces(s.cfg, s.topo().of_rank(k), RankBuffers{nullptr, sharded});
     for (const ckpt::ShardPiece& p : pieces) {
-      const int64_t n = block_elems(p.ref);
+      const int64_t n = p.ref.block_numel();
       if (n == 0) continue;
       const float* data = p.ref.data;
       if (k != 0) {
