@@ -34,7 +34,7 @@ while (($#)); do
 done
 programs=(trainer/trainer tools/prepare_data tools/preflight)
 # The GPU tests, then the CPU test binaries with cases that run in process (gpu_check.sh cpu).
-tests=(test_cuda_ops test_cli_gpu test_kernels test_data test_checkpoint test_config test_model
+tests=(test_cuda_ops test_cli_gpu test_kernels test_data test_checkpoint test_config test_trainer
        test_schedule test_tools test_comm test_reliability test_hf test_tokenizer)
 
 build=$from

@@ -76,7 +76,7 @@ rm -rf "$moved/build-packed"  # gpu_check.sh unpacks the pack itself, as on the 
 bash "$moved/tools/gpu_check.sh" --out "$work/moved-out" cpu >/dev/null 2>&1
 m=$work/moved-out/summary.txt
 expect "$m" "^probe: .*build $moved/build-packed$"
-for t in test_config test_model test_kernels test_data test_checkpoint; do
+for t in test_config test_trainer test_kernels test_data test_checkpoint; do
   expect "$m" "^cpu $t: [1-9][0-9]* passed, 0 failed, 0 skipped of [1-9][0-9]* in "
 done
 grep -E "^cpu .* [1-9][0-9]* failed" "$m" && fail "a packed CPU test failed in the moved tree"

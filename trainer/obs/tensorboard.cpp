@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
-#include "obs/tensorboard.pb.h"
+#include "trainer/obs/tensorboard.pb.h"
 
 namespace tr {
 uint32_t masked_crc32c(const void* data, size_t n) {
