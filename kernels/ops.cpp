@@ -215,16 +215,17 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
                 Tensor weight, GradWrite dw) {
   const OpCheck c(ctx, "linear_bwd",
                   {optional("din", din),
-                   {"dweight", dweight},
+                   optional("dweight", dweight),
                    optional("dbias", dbias),
                    {"dout", dout},
                    {"in", in},
                    {"weight", weight}});
   c.same_float_dtype({din, dout, in, weight});
-  c.grad_dtype(dweight, in);
+  if (!dweight.empty()) c.grad_dtype(dweight, in);
   if (!dbias.empty()) c.grad_dtype(dbias, in);
   OP_CHECK(c, in.ndim == 2 && weight.ndim == 2 && weight.shape[1] == in.shape[1]);
-  OP_CHECK(c, is_matrix(dout, in.shape[0], weight.shape[0]) && dweight.same_shape(weight));
+  OP_CHECK(c, is_matrix(dout, in.shape[0], weight.shape[0]));
+  OP_CHECK(c, dweight.empty() ? dbias.empty() && !din.empty() : dweight.same_shape(weight));
   OP_CHECK(c, din.empty() || din.same_shape(in));
   OP_CHECK(c, dbias.empty() || is_vector(dbias, weight.shape[0]));
   TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight, dw == GradWrite::assign);

@@ -58,7 +58,7 @@ void add_rmsnorm_fwd(Ctx& ctx, Tensor sum, Tensor out, Tensor rstd, Tensor a, Te
 void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
 // din [T,K] = dout · weight, ASSIGNED (skipped when din is empty);
 // dweight [O,K] += dout^T · in and dbias [O] += column sums of dout, ACCUMULATE (or are
-// assigned with GradWrite::assign; dbias may be empty).
+// assigned with GradWrite::assign; dbias may be empty; both skipped when dweight is empty).
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
                 Tensor weight, GradWrite dw = GradWrite::add);
 

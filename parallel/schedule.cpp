@@ -1,36 +1,236 @@
 #include "parallel/schedule.h"
 
 #include <algorithm>
+#include <map>
 
+#include "absl/strings/str_cat.h"
 #include "core/check.h"
 
 namespace tr {
+namespace {
+
+// Appends a chunk's forward or backward on pipeline rank r with its messages: the receive
+// before, the send after. Virtual stage vs = chunk * p + r runs after vs - 1 (rank (vs-1) % p)
+// and before vs + 1.
+struct ListBuilder {
+  int p, v, r;
+  std::vector<PipeAction>& a;
+  int virtual_stage(int chunk) const { return chunk * p + r; }
+  bool first(int chunk) const { return virtual_stage(chunk) == 0; }
+  bool last(int chunk) const { return virtual_stage(chunk) == p * v - 1; }
+  int prev_rank() const { return (r + p - 1) % p; }
+  int next_rank() const { return (r + 1) % p; }
+  void forward(int mb, int chunk) {
+    if (!first(chunk)) a.push_back({PipeAction::recv_act, mb, chunk, prev_rank()});
+    a.push_back({PipeAction::fwd, mb, chunk});
+    if (!last(chunk)) a.push_back({PipeAction::send_act, mb, chunk, next_rank()});
+  }
+  void backward(int mb, int chunk, PipeAction::Kind kind = PipeAction::bwd) {
+    if (!last(chunk)) a.push_back({PipeAction::recv_grad, mb, chunk, next_rank()});
+    a.push_back({kind, mb, chunk});
+    if (!first(chunk)) a.push_back({PipeAction::send_grad, mb, chunk, prev_rank()});
+  }
+  void weight(int mb) { a.push_back({PipeAction::bwd_weight, mb, 0}); }
+};
+
+}  // namespace
+
+const char* schedule_name(PipeScheduleKind kind) {
+  switch (kind) {
+    case PipeScheduleKind::one_f_one_b:
+      return "1f1b";
+    case PipeScheduleKind::interleaved:
+      return "interleaved";
+    case PipeScheduleKind::zero_bubble:
+      return "zero_bubble";
+  }
+  return "?";
+}
+
+bool parse_schedule(const std::string& name, PipeScheduleKind* kind) {
+  for (PipeScheduleKind k : {PipeScheduleKind::one_f_one_b, PipeScheduleKind::interleaved,
+                             PipeScheduleKind::zero_bubble})
+    if (name == schedule_name(k)) {
+      *kind = k;
+      return true;
+    }
+  return false;
+}
 
 PipeSchedule one_f_one_b(int stages, int micro_batches) {
   TR_ASSERT(stages >= 1 && micro_batches >= 1, "1F1B needs at least one stage and micro-batch");
   PipeSchedule schedule(stages);
   for (int s = 0; s < stages; ++s) {
-    std::vector<PipeAction>& a = schedule[s];
-    const bool first = s == 0, last = s == stages - 1;
-    auto forward = [&](int mb) {
-      if (!first) a.push_back({PipeAction::recv_act, mb});
-      a.push_back({PipeAction::fwd, mb});
-      if (!last) a.push_back({PipeAction::send_act, mb});
-    };
-    auto backward = [&](int mb) {
-      if (!last) a.push_back({PipeAction::recv_grad, mb});
-      a.push_back({PipeAction::bwd, mb});
-      if (!first) a.push_back({PipeAction::send_grad, mb});
-    };
+    ListBuilder b{stages, 1, s, schedule[s]};
     const int warmup = std::min(stages - 1 - s, micro_batches);
-    for (int mb = 0; mb < warmup; ++mb) forward(mb);
+    for (int mb = 0; mb < warmup; ++mb) b.forward(mb, 0);
     for (int i = 0; i < micro_batches - warmup; ++i) {  // steady state: one forward, one backward
-      forward(warmup + i);
-      backward(i);
+      b.forward(warmup + i, 0);
+      b.backward(i, 0);
     }
-    for (int mb = micro_batches - warmup; mb < micro_batches; ++mb) backward(mb);  // cool-down
+    for (int mb = micro_batches - warmup; mb < micro_batches; ++mb) b.backward(mb, 0);
   }
   return schedule;
+}
+
+PipeSchedule interleaved_1f1b(int stages, int virtual_stages, int micro_batches) {
+  const std::string why =
+      schedule_unsupported(PipeScheduleKind::interleaved, stages, virtual_stages, micro_batches);
+  TR_ASSERT(why.empty(), why);
+  const int p = stages, v = virtual_stages, total = micro_batches * v;
+  // Virtual micro-batch k: micro-batch group k / (p v), chunk (k / p) % v within it.
+  auto chunk_of = [&](int k, bool forward) {
+    const int c = (k % (p * v)) / p;
+    return forward ? c : v - 1 - c;
+  };
+  auto mb_of = [&](int k) { return (k / (p * v)) * p + k % p; };
+  PipeSchedule schedule(p);
+  for (int r = 0; r < p; ++r) {
+    // Iterations: a warm-up forward, a steady forward and backward, a cool-down backward. As in
+    // Megatron, the messages go between iterations in one exchange: the sends of what this
+    // iteration computed, and the receives of what the next one computes. (Sending each
+    // output right after its pass instead deadlocks when two ranks each send to the other
+    // first.)
+    std::vector<std::vector<PipeAction>> iters;
+    const int warmup = std::min(2 * (p - 1 - r) + (v - 1) * p, total);
+    const auto f = [&](int k) { return PipeAction{PipeAction::fwd, mb_of(k), chunk_of(k, true)}; };
+    const auto b = [&](int k) { return PipeAction{PipeAction::bwd, mb_of(k), chunk_of(k, false)}; };
+    for (int k = 0; k < warmup; ++k) iters.push_back({f(k)});
+    for (int i = 0; i < total - warmup; ++i) iters.push_back({f(warmup + i), b(i)});
+    for (int k = total - warmup; k < total; ++k) iters.push_back({b(k)});
+    std::vector<PipeAction> scratch;
+    ListBuilder lb{p, v, r, scratch};
+    auto sends = [&](const std::vector<PipeAction>& it, std::vector<PipeAction>& out) {
+      for (PipeAction::Kind kind : {PipeAction::fwd, PipeAction::bwd})
+        for (const PipeAction& c : it) {
+          if (c.kind != kind) continue;
+          if (kind == PipeAction::fwd && !lb.last(c.chunk))
+            out.push_back({PipeAction::send_act, c.micro_batch, c.chunk, lb.next_rank()});
+          if (kind == PipeAction::bwd && !lb.first(c.chunk))
+            out.push_back({PipeAction::send_grad, c.micro_batch, c.chunk, lb.prev_rank()});
+        }
+    };
+    auto recvs = [&](const std::vector<PipeAction>& it, std::vector<PipeAction>& out) {
+      for (PipeAction::Kind kind : {PipeAction::fwd, PipeAction::bwd})
+        for (const PipeAction& c : it) {
+          if (c.kind != kind) continue;
+          if (kind == PipeAction::fwd && !lb.first(c.chunk))
+            out.push_back({PipeAction::recv_act, c.micro_batch, c.chunk, lb.prev_rank()});
+          if (kind == PipeAction::bwd && !lb.last(c.chunk))
+            out.push_back({PipeAction::recv_grad, c.micro_batch, c.chunk, lb.next_rank()});
+        }
+    };
+    std::vector<PipeAction>& a = schedule[r];
+    recvs(iters.front(), a);
+    for (size_t j = 0; j < iters.size(); ++j) {
+      a.insert(a.end(), iters[j].begin(), iters[j].end());
+      sends(iters[j], a);
+      if (j + 1 < iters.size()) recvs(iters[j + 1], a);
+    }
+  }
+  return schedule;
+}
+
+PipeSchedule zero_bubble_h1(int stages, int micro_batches) {
+  TR_ASSERT(stages >= 1 && micro_batches >= 1, "ZB-H1 needs at least one stage and micro-batch");
+  PipeSchedule schedule(stages);
+  for (int s = 0; s < stages; ++s) {
+    ListBuilder b{stages, 1, s, schedule[s]};
+    const int warmup = std::min(stages - 1 - s, micro_batches);
+    int next_w = 0;  // the next micro-batch whose W is due
+    for (int mb = 0; mb < warmup; ++mb) b.forward(mb, 0);
+    for (int i = 0; i < micro_batches - warmup; ++i) {
+      b.forward(warmup + i, 0);
+      b.backward(i, 0, PipeAction::bwd_input);
+      if (i >= s) b.weight(next_w++);  // W runs s micro-batches behind B
+    }
+    for (int mb = micro_batches - warmup; mb < micro_batches; ++mb) {
+      b.backward(mb, 0, PipeAction::bwd_input);
+      if (next_w <= mb) b.weight(next_w++);  // one deferred W in each cool-down gap
+    }
+    while (next_w < micro_batches) b.weight(next_w++);
+  }
+  return schedule;
+}
+
+PipeSchedule forward_only(int stages, int virtual_stages, int micro_batches) {
+  PipeSchedule schedule(stages);
+  for (int r = 0; r < stages; ++r) {
+    ListBuilder b{stages, virtual_stages, r, schedule[r]};
+    for (int mb = 0; mb < micro_batches; ++mb)
+      for (int c = 0; c < virtual_stages; ++c) b.forward(mb, c);
+  }
+  return schedule;
+}
+
+std::string schedule_unsupported(PipeScheduleKind kind, int stages, int virtual_stages,
+                                 int micro_batches) {
+  if (stages < 1 || micro_batches < 1) return "a pipeline needs a stage and a micro-batch";
+  if (kind != PipeScheduleKind::interleaved) {
+    if (virtual_stages != 1)
+      return absl::StrCat("parallel.virtual_stages ", virtual_stages, " needs ",
+                          "parallel.pipeline_schedule: interleaved");
+    return "";
+  }
+  if (stages < 2) return "the interleaved schedule needs parallel.pp >= 2";
+  if (virtual_stages < 2)
+    return "the interleaved schedule needs parallel.virtual_stages >= 2 (1 is plain 1f1b)";
+  if (micro_batches % stages != 0)
+    return absl::StrCat("micro-batches run in groups of pp: ", micro_batches,
+                        " per step (train.global_batch / (micro_batch x dp)) are not a multiple "
+                        "of pp ",
+                        stages, "; change the batch sizes or pp");
+  return "";
+}
+
+PipeSchedule make_schedule(PipeScheduleKind kind, int stages, int virtual_stages,
+                           int micro_batches) {
+  switch (kind) {
+    case PipeScheduleKind::interleaved:
+      return interleaved_1f1b(stages, virtual_stages, micro_batches);
+    case PipeScheduleKind::zero_bubble:
+      return zero_bubble_h1(stages, micro_batches);
+    case PipeScheduleKind::one_f_one_b:
+      break;
+  }
+  return one_f_one_b(stages, micro_batches);
+}
+
+double bubble_fraction(PipeScheduleKind kind, int stages, int virtual_stages, int micro_batches) {
+  const double idle = stages - 1, m = micro_batches;
+  switch (kind) {
+    case PipeScheduleKind::interleaved:
+      return idle / (virtual_stages * m + idle);
+    case PipeScheduleKind::zero_bubble:
+      // Fewer micro-batches than stages: the step takes 2 (p + m) - 1 passes' time.
+      if (micro_batches < stages) return 1 - 3 * m / (2 * (stages + m) - 1);
+      return idle / (3 * m + idle);
+    case PipeScheduleKind::one_f_one_b:
+      break;
+  }
+  return idle / (m + idle);
+}
+
+namespace {
+// Most (chunk, micro-batch) pairs in flight at once, per chunk (`per_chunk`) or over all.
+int most_in_flight(const std::vector<PipeAction>& actions, bool per_chunk) {
+  std::map<int, int> now;  // chunk (or 0) -> in flight
+  int most = 0;
+  for (const PipeAction& a : actions) {
+    const int key = per_chunk ? a.chunk : 0;
+    if (a.kind == PipeAction::fwd) most = std::max(most, ++now[key]);
+    if (a.finishes_weights()) --now[key];
+  }
+  return most;
+}
+}  // namespace
+
+int chunk_in_flight(const std::vector<PipeAction>& actions) {
+  return most_in_flight(actions, true);
+}
+
+int rank_in_flight(const std::vector<PipeAction>& actions) {
+  return most_in_flight(actions, false);
 }
 
 int stop_poll_lag(int stages) {
@@ -56,7 +256,7 @@ PipeSchedule with_stop_polls(const PipeSchedule& schedule, int lag) {
         pending = -1;
       }
       a.push_back(x);
-      if (x.kind == PipeAction::fwd && x.micro_batch % lag == 0 && pending < 0) {
+      if (x.kind == PipeAction::fwd && x.chunk == 0 && x.micro_batch % lag == 0 && pending < 0) {
         a.push_back({PipeAction::poll_start, x.micro_batch});
         pending = x.micro_batch;
       }
@@ -70,9 +270,9 @@ std::string compute_order(const std::vector<PipeAction>& actions) {
   std::string out;
   for (const PipeAction& a : actions) {
     if (!a.is_compute()) continue;
-    if (!out.empty()) out += ' ';
-    out += a.kind == PipeAction::fwd ? 'F' : 'B';
-    out += std::to_string(a.micro_batch);
+    const char* k = a.kind == PipeAction::fwd ? "F" : a.kind == PipeAction::bwd_weight ? "W" : "B";
+    absl::StrAppend(&out, out.empty() ? "" : " ", k, a.micro_batch);
+    if (a.chunk != 0) absl::StrAppend(&out, ".", a.chunk);
   }
   return out;
 }

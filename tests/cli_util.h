@@ -181,9 +181,10 @@ inline std::string with_layout_shape(std::string base) {
 
 // `run` trained as `one` did, under another layout: every step's loss and gradient norm, the
 // last validation loss and the final checkpoint's weights and Adam states within relative 1e-5,
-// and the samples consumed.
+// and the samples consumed. `shape`: the model's --set flags both ran with.
 inline void expect_same_training(const RunDir& one, const RunDir& run, int steps, int64_t samples,
-                                 const std::string& what) {
+                                 const std::string& what,
+                                 const std::vector<std::string>& shape = kLayoutShape) {
   std::vector<nlohmann::json> a = one.metrics(), b = run.metrics();
   REQUIRE(a.size() == static_cast<size_t>(steps));
   REQUIRE(b.size() == static_cast<size_t>(steps));
@@ -198,8 +199,8 @@ inline void expect_same_training(const RunDir& one, const RunDir& run, int steps
   CHECK(std::abs(eb[1]["val_loss"].get<double>() / ea[1]["val_loss"].get<double>() - 1) < 1e-5);
   char last[32];
   std::snprintf(last, sizeof last, "ckpt/step_%08d", steps);
-  CkptTensors x = read_checkpoint(one.config, one.dir / std::string(last), kLayoutShape);
-  CkptTensors y = read_checkpoint(run.config, run.dir / std::string(last), kLayoutShape);
+  CkptTensors x = read_checkpoint(one.config, one.dir / std::string(last), shape);
+  CkptTensors y = read_checkpoint(run.config, run.dir / std::string(last), shape);
   CHECK(rel_err(y.p, x.p) < 1e-5);
   CHECK(rel_err(y.m, x.m) < 1e-5);
   CHECK(rel_err(y.v, x.v) < 1e-5);

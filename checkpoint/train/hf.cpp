@@ -200,6 +200,8 @@ bool ignorable(const std::string& hf, bool tied) {
 std::vector<ckpt::TensorRef> whole_model_tensors(Config cfg) {
   cfg.parallel.tp = cfg.parallel.pp = cfg.parallel.dp = 1;
   cfg.parallel.pipeline_layers.clear();
+  cfg.parallel.pipeline_schedule = "1f1b";
+  cfg.parallel.virtual_stages = 1;
   cfg.parallel.sequence_parallel = false;
   absl::StatusOr<Topology> one = Topology::make(1, 0, 1, 1, 1);
   TR_ASSERT(one.ok(), "a 1-rank topology");

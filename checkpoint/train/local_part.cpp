@@ -24,6 +24,7 @@ uint64_t layout_key(const Session& s) {
       m.num_kv_heads, " ", m.head_dim, " ", m.vocab_size, " ", m.tie_embeddings);
   for (int64_t l : s.cfg.parallel.pipeline_layers) absl::StrAppend(&key, " ", l);
   if (t.cp > 1) absl::StrAppend(&key, " cp ", t.cp);  // a part's rank means another place
+  if (s.layout.virtual_stages > 1) absl::StrAppend(&key, " v ", s.layout.virtual_stages);
   return fnv1a64(key);
 }
 

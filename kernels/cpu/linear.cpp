@@ -31,6 +31,7 @@ void linear_bwd_impl(Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tens
   const T* g = dout.ptr<T>();
   if (!din.empty())
     gemm(false, false, n_tok, k, n_out, T(1), g, n_out, weight.ptr<T>(), k, T(0), din.ptr<T>(), k);
+  if (dweight.empty()) return;  // the input gradient only (a split backward's B pass)
   gemm(true, false, n_out, k, n_tok, T(1), g, n_out, in.ptr<T>(), k, T(assign ? 0 : 1),
        dweight.ptr<T>(), k);
   if (!dbias.empty()) {

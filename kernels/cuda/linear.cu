@@ -229,6 +229,7 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
     const GemmKey key{K, T, O, false, false, dout.dtype, din.dtype, false, false};
     gemm(ctx, key, weight.data, dout.data, din.data, nullptr, 0.0f);
   }
+  if (dweight.empty()) return;  // the input gradient only (a split backward's B pass)
   const GemmKey wkey{K, O, T, false, true, in.dtype, dweight.dtype, false, !assign_dweight};
   gemm(ctx, wkey, in.data, dout.data, dweight.data, nullptr, assign_dweight ? 0.0f : 1.0f);
   if (dbias.empty()) return;

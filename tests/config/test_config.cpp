@@ -92,6 +92,31 @@ TEST_CASE("config: cross-field checks", "[config]") {
   CHECK(error_of(kBase, {"parallel.pp=2", "parallel.pipeline_layers=[1, 2]"}) ==
         "parallel.pipeline_layers has 2 stages summing to 3 layers; it needs parallel.pp 2 stages "
         "summing to model.num_layers 2");
+  // Pipeline schedules: virtual stages only under interleaved, which needs two of them and two
+  // ranks; its layers split over pp x virtual_stages.
+  CHECK(error_of(kBase, {"parallel.pipeline_schedule=interleaved", "parallel.pp=2"}) ==
+        "parallel.pipeline_schedule interleaved needs parallel.pp >= 2 and "
+        "parallel.virtual_stages >= 2 (got pp 2, virtual_stages 1); use 1f1b otherwise");
+  CHECK(error_of(kBase, {"parallel.virtual_stages=2", "parallel.pp=2"}) ==
+        "parallel.virtual_stages 2 needs parallel.pipeline_schedule: interleaved (it is 1f1b); "
+        "set virtual_stages: 1 or the schedule to interleaved");
+  CHECK(error_of(kBase, {"parallel.pipeline_schedule=interleaved", "parallel.pp=2",
+                         "parallel.virtual_stages=2"}) ==
+        "model.num_layers 2 is not divisible by parallel.pp x parallel.virtual_stages = 4 virtual "
+        "stages; set parallel.pipeline_layers to split them unevenly");
+  CHECK(parse_config(kBase, {"parallel.pipeline_schedule=interleaved", "parallel.pp=2",
+                             "parallel.virtual_stages=2", "model.num_layers=3",
+                             "parallel.pipeline_layers=[1, 1, 0, 1]"})
+            .status()
+            .message()
+            .find("parallel.pipeline_layers[2] must be in [1, 4096]") != std::string_view::npos);
+  CHECK(parse_config(kBase, {"parallel.pipeline_schedule=interleaved", "parallel.pp=2",
+                             "parallel.virtual_stages=2", "model.num_layers=5",
+                             "parallel.pipeline_layers=[1, 1, 2, 1]"})
+            .ok());
+  CHECK(error_of(kBase, {"parallel.pipeline_schedule=zero_bubbles"})
+            .find("parallel.pipeline_schedule must be one of 1f1b|interleaved|zero_bubble") !=
+        std::string::npos);
   CHECK(error_of(kBase, {"parallel.pipeline_layers=[0, 2]", "parallel.pp=2"}) ==
         "parallel.pipeline_layers[0] must be in [1, 4096] (got 0)");
   CHECK(parse_config(kBase,

@@ -159,13 +159,16 @@ std::string first_difference(const GlobalState& got, const GlobalState& want) {
   return first;
 }
 
-const GlobalState& one_rank_reference(const test::RunDir& dir,
-                                      const std::vector<std::string>& sets) {
-  static GlobalState ref = [&] {
+// One rank's step of `sets`, once per process and sets.
+const GlobalState& one_rank_reference(const std::vector<std::string>& sets) {
+  static std::map<std::string, GlobalState> refs;
+  const std::string key = absl::StrJoin(sets, " ");
+  if (!refs.contains(key)) {
+    test::RunDir dir(1);
     Stepped one = step_once(dir, sets, /*mpi=*/false);
-    return gather(*one.s, one.m);
-  }();
-  return ref;
+    refs[key] = gather(*one.s, one.m);
+  }
+  return refs.at(key);
 }
 
 // The tiny model in a shape every layout below divides: 8 query and 4 KV heads, 4 layers.
@@ -174,7 +177,10 @@ const std::vector<std::string> kShape = {
     "train.micro_batch=2",   "train.global_batch=8", "train.steps=1",    "train.eval_interval=0",
     "checkpoint.interval=0", "optim.warmup_steps=1"};
 
-void expect_layout_matches_one_rank(const std::vector<std::string>& layout) {
+// `layout` (with `shape`'s changes to kShape, which the one rank takes too) on 8 ranks against one
+// rank.
+void expect_layout_matches_one_rank(const std::vector<std::string>& layout,
+                                    const std::vector<std::string>& shape = {}) {
   // Every rank its own run directory (the same data); rank 0 computes the reference first.
   test::RunDir dir(1);
   int rank = 0;
@@ -182,9 +188,9 @@ void expect_layout_matches_one_rank(const std::vector<std::string>& layout) {
     std::unique_ptr<Comm> world = make_mpi_world();
     rank = world->rank();
   }
-  static test::RunDir ref_dir(1);
-  const GlobalState* want = rank == 0 ? &one_rank_reference(ref_dir, kShape) : nullptr;
   std::vector<std::string> sets = kShape;
+  sets.insert(sets.end(), shape.begin(), shape.end());
+  const GlobalState* want = rank == 0 ? &one_rank_reference(sets) : nullptr;
   sets.insert(sets.end(), layout.begin(), layout.end());
   Stepped run = step_once(dir, sets, /*mpi=*/true);
   const GlobalState got = gather(*run.s, run.m);
@@ -208,6 +214,56 @@ TEST_CASE(
 TEST_CASE("layouts: cp 2 (ring) x tp 2 x pp 2 match one rank tensor by tensor", "[mpi]") {
   expect_layout_matches_one_rank({"parallel.cp=2", "parallel.cp_comm=ring", "parallel.tp=2",
                                   "parallel.pp=2", "parallel.sequence_parallel=true"});
+}
+
+// The pipeline schedules (parallel.pipeline_schedule) with the other parallelisms. Each ctest
+// entry is its own process, so each reference is computed once.
+TEST_CASE(
+    "layouts: interleaved v 2 x pp 2 x tp 2 x dp 2 with ZeRO-1 and sequence parallelism match one "
+    "rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank({"parallel.pipeline_schedule=interleaved",
+                                  "parallel.virtual_stages=2", "parallel.tp=2", "parallel.pp=2",
+                                  "parallel.zero1=true", "parallel.sequence_parallel=true"});
+}
+
+TEST_CASE(
+    "layouts: zero-bubble pp 2 x tp 2 x dp 2 with ZeRO-1 and sequence parallelism match one rank "
+    "tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank({"parallel.pipeline_schedule=zero_bubble", "parallel.tp=2",
+                                  "parallel.pp=2", "parallel.zero1=true",
+                                  "parallel.sequence_parallel=true"});
+}
+
+TEST_CASE(
+    "layouts: interleaved v 2 x pp 4 x dp 2 with ZeRO-1 and full recompute match one rank tensor "
+    "by tensor",
+    "[mpi]") {
+  // 8 layers in 8 virtual stages; micro-batches of one sample: 4 per step, a multiple of pp.
+  expect_layout_matches_one_rank(
+      {"parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2", "parallel.pp=4",
+       "parallel.zero1=true"},
+      {"model.num_layers=8", "train.micro_batch=1", "train.recompute=full"});
+}
+
+TEST_CASE(
+    "layouts: zero-bubble pp 4 x dp 2 with ZeRO-1 and full recompute match one rank tensor by "
+    "tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.pipeline_schedule=zero_bubble", "parallel.pp=4", "parallel.zero1=true"},
+      {"train.micro_batch=1", "train.recompute=full"});
+}
+
+TEST_CASE("layouts: interleaved v 2 and zero-bubble under cp 2 x tp 2 x pp 2 match one rank",
+          "[mpi]") {
+  expect_layout_matches_one_rank({"parallel.pipeline_schedule=interleaved",
+                                  "parallel.virtual_stages=2", "parallel.cp=2", "parallel.tp=2",
+                                  "parallel.pp=2", "parallel.sequence_parallel=true"});
+  expect_layout_matches_one_rank({"parallel.pipeline_schedule=zero_bubble", "parallel.cp=2",
+                                  "parallel.cp_comm=ring", "parallel.tp=2", "parallel.pp=2",
+                                  "train.recompute=selective"});
 }
 
 }  // namespace

@@ -662,6 +662,14 @@ TEST_CASE("cli: trainer plan and trainer --dry-run reject the same layouts", "[c
        "--set data.seq_len=31",
        "parallel.sequence_parallel: train.micro_batch x data.seq_len = 31 tokens do not split"},
       {4, "--set parallel.tp=2 --set parallel.cp=2", ""},
+      {2,
+       "--set parallel.pp=2 --set parallel.pipeline_schedule=interleaved "
+       "--set parallel.virtual_stages=2 --set model.num_layers=4 --set train.micro_batch=1 "
+       "--set train.global_batch=3",
+       "parallel.pipeline_schedule interleaved: micro-batches run in groups of pp: 3 per step "
+       "(train.global_batch / (micro_batch x dp)) are not a multiple of pp 2; change the batch "
+       "sizes or pp"},
+      {2, "--set parallel.pp=2 --set parallel.pipeline_schedule=zero_bubble", ""},
       {6, "--set parallel.tp=2 --set parallel.cp=2",
        "parallel layout: world size 6 is not divisible by tp 2 x cp 2 x pp 1 = 4"},
       {8,

@@ -270,15 +270,30 @@ Status validate(const Config& c) {
   if (m.intermediate_size % p.tp != 0)
     return err("model.intermediate_size ", m.intermediate_size, " is not divisible by parallel.tp ",
                p.tp);
+  const bool interleaved = p.pipeline_schedule == "interleaved";
+  if (interleaved && (p.pp < 2 || p.virtual_stages < 2))
+    return err(
+        "parallel.pipeline_schedule interleaved needs parallel.pp >= 2 and "
+        "parallel.virtual_stages >= 2 (got pp ",
+        p.pp, ", virtual_stages ", p.virtual_stages, "); use 1f1b otherwise");
+  if (!interleaved && p.virtual_stages != 1)
+    return err("parallel.virtual_stages ", p.virtual_stages,
+               " needs parallel.pipeline_schedule: interleaved (it is ", p.pipeline_schedule,
+               "); set virtual_stages: 1 or the schedule to interleaved");
+  const int64_t stages = p.pp * p.virtual_stages;  // (virtual) stages holding layers
+  const std::string what =
+      interleaved ? absl::StrCat("parallel.pp x parallel.virtual_stages = ", stages, " virtual")
+                  : absl::StrCat("parallel.pp ", stages);
   if (!p.pipeline_layers.empty()) {
     int64_t sum = 0;
     for (int64_t l : p.pipeline_layers) sum += l;
-    if (static_cast<int64_t>(p.pipeline_layers.size()) != p.pp || sum != m.num_layers)
+    if (static_cast<int64_t>(p.pipeline_layers.size()) != stages || sum != m.num_layers)
       return err("parallel.pipeline_layers has ", p.pipeline_layers.size(), " stages summing to ",
-                 sum, " layers; it needs parallel.pp ", p.pp,
-                 " stages summing to model.num_layers ", m.num_layers);
-  } else if (m.num_layers % p.pp != 0) {
-    return err("model.num_layers ", m.num_layers, " is not divisible by parallel.pp ", p.pp,
+                 sum, " layers; it needs ", what, " stages summing to model.num_layers ",
+                 m.num_layers);
+  } else if (m.num_layers % stages != 0) {
+    return err("model.num_layers ", m.num_layers, " is not divisible by ", what,
+               interleaved ? " stages" : "",
                "; set parallel.pipeline_layers to split them unevenly");
   }
   if (c.data.train.empty()) return err("data.train is empty: give at least one {path: PREFIX}");
@@ -301,7 +316,9 @@ Status validate(const Config& c) {
       return err("train.recompute_layers has ", n,
                  " counts; give one (every stage) or parallel.pp ", p.pp, " (one per stage)");
     for (int64_t s = 0; s < p.pp; ++s) {
-      const int64_t have = p.pipeline_layers.empty() ? m.num_layers / p.pp : p.pipeline_layers[s];
+      int64_t have = 0;  // the layers of every chunk of rank s
+      for (int64_t c = 0; c < p.virtual_stages; ++c)
+        have += p.pipeline_layers.empty() ? m.num_layers / stages : p.pipeline_layers[c * p.pp + s];
       const int64_t want = t.recompute_layers[n == 1 ? 0 : s];
       if (want > have)
         return err("train.recompute_layers asks for ", want, " layers on pipeline stage ", s,

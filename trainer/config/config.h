@@ -66,7 +66,11 @@ struct ParallelConfig {
   int64_t cp = 1;                        // context parallel: ranks splitting each sequence
   std::string cp_comm = "allgather";     // allgather | ring: how CP attention meets K and V
   int64_t dp = 0;                        // 0 = auto (world / (tp*cp*pp)); written "auto" in YAML
-  std::vector<int64_t> pipeline_layers;  // layers per stage; empty = num_layers / pp each
+  std::vector<int64_t> pipeline_layers;  // layers per (virtual) stage; empty = an even split
+  // 1f1b | interleaved | zero_bubble (parallel/schedule.h); virtual_stages: layer chunks per
+  // pipeline rank under interleaved (chunk c of rank r is virtual stage c * pp + r).
+  std::string pipeline_schedule = "1f1b";
+  int64_t virtual_stages = 1;
   bool sequence_parallel = false;
   bool zero1 = false;
   int64_t dp_bucket_elems = int64_t{1} << 25;  // gradient all-reduce bucket

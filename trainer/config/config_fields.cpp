@@ -48,7 +48,20 @@ const std::vector<Field>& fields() {
       TR_FIELD(parallel, dp, IntOrAuto, 0, 1 << 20,
                "data-parallel ranks, or auto = world / (tp*cp*pp)"),
       TR_FIELD(parallel, pipeline_layers, IntList, 1, 4096,
-               "layers of each pipeline stage, e.g. [18, 22, 22, 18]; [] = num_layers / pp each"),
+               "layers of each pipeline stage, e.g. [18, 22, 22, 18] (under interleaved, of each "
+               "virtual stage: pp x virtual_stages counts in virtual-stage order); [] = an even "
+               "split"),
+      TR_FIELD(parallel, pipeline_schedule, String, 0, 0,
+               "the pipeline's schedule: 1f1b; interleaved (each rank holds virtual_stages "
+               "chunks of layers, bubble (pp-1)/(v m + pp-1) for m micro-batches, micro-batches a "
+               "multiple of pp); zero_bubble (ZB-H1: backward split into input and weight "
+               "gradients, the weight passes filling the bubbles: about a third of 1f1b's "
+               "bubble at 1f1b's peak of micro-batches in flight)",
+               {"1f1b", "interleaved", "zero_bubble"}),
+      TR_FIELD(parallel, virtual_stages, Int, 1, 64,
+               "layer chunks per pipeline rank under pipeline_schedule interleaved (>= 2 there, "
+               "1 otherwise); chunk c of rank r is virtual stage c x pp + r, as Megatron places "
+               "them"),
       TR_FIELD(parallel, sequence_parallel, Bool, 0, 0,
                "shard norms and residuals along the sequence within TP"),
       TR_FIELD(parallel, zero1, Bool, 0, 0,

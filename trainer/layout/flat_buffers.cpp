@@ -1,5 +1,8 @@
 #include "trainer/layout/flat_buffers.h"
 
+#include <algorithm>
+#include <string>
+
 namespace tr {
 
 DpShards dp_shards(const Config& cfg, const Topology& topo) {
@@ -17,9 +20,7 @@ int64_t flat_multiple(const Config& cfg, const Topology& topo) {
 }
 
 ParamLayout rank_layout(const Config& cfg, const Topology& topo) {
-  return ParamLayout::make(ModelDims::from(cfg.model, topo, cfg.parallel.sequence_parallel,
-                                           cfg.parallel.pipeline_layers),
-                           flat_multiple(cfg, topo));
+  return ParamLayout::make(ModelDims::from(cfg, topo), flat_multiple(cfg, topo));
 }
 
 std::vector<ParamInfo> model_params(const Config& cfg, const Topology& topo) {
@@ -27,6 +28,16 @@ std::vector<ParamInfo> model_params(const Config& cfg, const Topology& topo) {
   for (int stage = 0; stage < topo.pp; ++stage)
     for (ParamInfo& p : rank_layout(cfg, topo.of_rank(topo.rank_at(0, 0, stage))).tensors)
       if (!p.tied_copy) out.push_back(std::move(p));
+  // The model's order whatever the schedule: under interleaved a rank holds layers of several
+  // chunks (a layer's tensors stay in their order).
+  const auto rank = [](const std::string& name) -> std::pair<int, int64_t> {
+    if (name.starts_with("embed_tokens/")) return {0, 0};
+    if (name.starts_with("layers/")) return {1, std::stoll(name.substr(7))};
+    return {name.starts_with("norm/") ? 2 : 3, 0};
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const ParamInfo& a, const ParamInfo& b) {
+    return rank(a.name) < rank(b.name);
+  });
   return out;
 }
 

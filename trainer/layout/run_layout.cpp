@@ -3,12 +3,18 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/check.h"
 #include "trainer/layout/flat_buffers.h"
 
 namespace tr {
 
+std::vector<PipeAction> RunLayout::pipeline_actions() const {
+  return make_schedule(schedule, topo.pp, virtual_stages,
+                       static_cast<int>(micro_batches))[topo.pp_rank];
+}
+
 int RunLayout::in_flight() const {
-  return static_cast<int>(std::min<int64_t>(topo.pp - topo.pp_rank, micro_batches));
+  return chunk_in_flight(pipeline_actions());
 }
 
 RunLayout RunLayout::of_rank(int rank) const {
@@ -40,9 +46,16 @@ absl::StatusOr<RunLayout> run_layout(const Config& cfg, int world, int rank) {
         "; change data.seq_len or micro_batch"));
   RunLayout f;
   f.topo = *topo;
+  TR_ASSERT(parse_schedule(p.pipeline_schedule, &f.schedule), "a validated schedule name");
+  f.virtual_stages = static_cast<int>(p.virtual_stages);
+  f.micro_batches = t.global_batch / (t.micro_batch * f.topo.dp);
+  const std::string why = schedule_unsupported(f.schedule, f.topo.pp, f.virtual_stages,
+                                               static_cast<int>(f.micro_batches));
+  if (!why.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.pipeline_schedule ", p.pipeline_schedule, ": ", why));
   f.zero1 = zero1_on(cfg, f.topo);
   f.sequence_parallel = p.sequence_parallel && f.topo.tp > 1;
-  f.micro_batches = t.global_batch / (t.micro_batch * f.topo.dp);
   f.tokens_per_step = t.global_batch * cfg.data.seq_len;
   f.flops_per_token = flops_per_token(cfg);
   f.tied_embeddings = cfg.model.tie_embeddings;
@@ -71,6 +84,7 @@ ModelOptions model_options(const Config& cfg, const RunLayout& layout, Device de
   o.loss_chunk = loss_chunk;
   o.flat_multiple = flat_multiple(cfg, layout.topo);
   o.slots = layout.in_flight();
+  o.split_backward = layout.schedule == PipeScheduleKind::zero_bubble;
   o.separate_compute_copy = separate_compute_copy;
   o.plan_only = plan_only;
   o.shards = dp_shards(cfg, layout.topo);

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/ctx.h"
+#include "parallel/schedule.h"
 #include "parallel/topology.h"
 #include "trainer/config/config.h"
 #include "trainer/model/model.h"
@@ -27,9 +28,14 @@ struct RunLayout {
   int64_t tokens_per_step = 0;     // global_batch x seq_len, over all ranks
   double flops_per_token = 0;      // model FLOPs per trained token (flops_per_token below)
   bool tied_embeddings = false;    // model.tie_embeddings
+  PipeScheduleKind schedule = PipeScheduleKind::one_f_one_b;  // parallel.pipeline_schedule
+  int virtual_stages = 1;  // layer chunks per pipeline rank (parallel.virtual_stages)
 
-  // Micro-batches whose activations this rank's stage holds at once under 1F1B: the warm-up
-  // depth pp - stage, or every micro-batch of a step when there are fewer.
+  // This rank's pipeline actions in one step (parallel/schedule.h).
+  std::vector<PipeAction> pipeline_actions() const;
+  // Micro-batches whose activations one chunk of this rank holds at once under its schedule
+  // (1F1B: the warm-up depth pp - stage, or every micro-batch of a step when there are fewer):
+  // the model's activation slots.
   int in_flight() const;
   // This rank holds one of the tied embedding's two copies (tied, pp > 1, first or last stage):
   // the optimizer sums their gradients and keeps them equal over the embed group.

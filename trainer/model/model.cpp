@@ -24,11 +24,16 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
       seq_len_(o.seq_len / dims.cp),
       seq_total_(o.seq_len),
       slots_(o.slots),
+      split_(o.split_backward),
       ctx_(ctx),
       dtype_(o.dtype),
       sdtype_(stat_dtype(o.dtype)),
       params_(params) {
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
+  for (int c = 0; c < dims.num_chunks(); ++c)
+    layer_chunk_.insert(layer_chunk_.end(), static_cast<size_t>(dims.chunks[c].layers), c);
+  body_write_.assign(dims.chunks.size(), GradWrite::add);
+  weight_write_.assign(dims.chunks.size(), GradWrite::add);
   TR_ASSERT(dims.cp == 1 || o.seq_len % (2 * dims.cp) == 0,
             "context parallelism cuts each sequence into 2 x cp equal chunks");
   TR_ASSERT(params.compute_dtype() == dtype_ && params.device() == ctx.device,
@@ -109,7 +114,9 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   if (full > 0) kept(a_->rc);
   for (int k = 0; k < slots_; ++k) {
     Acts::Slot& slot = a_->slots.emplace_back();
-    for (int64_t l = 0; l <= d.layers; ++l) slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
+    // Each chunk's layers' inputs and its output: resid[l + c] enters local layer l of chunk c.
+    for (int64_t l = 0; l < d.layers + d.num_chunks(); ++l)
+      slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
     for (int64_t l = 0; l < d.layers; ++l) {
       if (l < full) {  // only resid[l] is kept
         slot.layers.push_back(a_->rc);
@@ -126,6 +133,13 @@ void Qwen2Model::alloc_acts(Arena& ar) {
       kept(L);
       slot.layers.push_back(L);
     }
+    if (split_)
+      for (Acts::Layer& L : slot.layers) {
+        L.dy_down = ar.alloc(dtype_, {T, H});
+        L.dgateup = ar.alloc(dtype_, {T, 2 * I});
+        L.dy_o = ar.alloc(dtype_, {T, H});
+        L.dqkv = ar.alloc(dtype_, {T, Q});
+      }
     if (d.last_stage) {
       slot.lnf = ar.alloc(dtype_, {T, H});
       slot.rstdf = ar.alloc(sdtype_, {Tl});
@@ -166,10 +180,14 @@ void Qwen2Model::alloc_acts(Arena& ar) {
 void Qwen2Model::begin_step_grads() {
   if (take(Switch::grad_zero)) {
     zero_(ctx_, params_.grads());
-    head_write_ = body_write_ = GradWrite::add;
+    head_write_ = GradWrite::add;
+    body_write_.assign(dims_.chunks.size(), GradWrite::add);
+    weight_write_.assign(dims_.chunks.size(), GradWrite::add);
     return;
   }
-  head_write_ = body_write_ = GradWrite::assign;
+  head_write_ = GradWrite::assign;
+  body_write_.assign(dims_.chunks.size(), GradWrite::assign);
+  weight_write_.assign(dims_.chunks.size(), GradWrite::assign);
   if (dims_.first_stage && !(dims_.tied && dims_.last_stage)) zero_(ctx_, g_.embed);
 }
 
@@ -184,7 +202,7 @@ Weights Qwen2Model::views(Tensor flat) const {
   };
   Weights w;
   if (d.first_stage) w.embed = at("embed_tokens/weight", {d.vocab_local, H});
-  for (int64_t i = d.first_layer; i < d.first_layer + d.layers; ++i) {
+  for (int64_t i : d.global_layers()) {
     const std::string p = absl::StrCat("layers/", i, "/");
     LayerWeights L;
     L.ln1 = at(p + "input_layernorm/weight", {H});

@@ -66,6 +66,9 @@ struct ModelOptions {
   int64_t loss_chunk = 0;     // tokens per loss chunk; 0 = loss_chunk_tokens()
   int64_t flat_multiple = 1;  // the flat buffers hold a multiple of this (ZeRO-1's alignment)
   int slots = 1;  // micro-batches in flight at once (pipeline stages keep their activations)
+  // The backward runs as two passes (zero-bubble pipelines): backward_input, then later
+  // backward_weight; each slot keeps the linears' output gradients in between.
+  bool split_backward = false;
   // Allocate nothing: the arenas only measure (for the planner, which sizes a 72B rank on a
   // laptop); such a model answers activation_bytes() and loss_chunk() and nothing else.
   bool plan_only = false;
@@ -113,25 +116,33 @@ class Qwen2Model {
   // TR_GRAD_ZERO=1 zeroes the whole buffer and adds (to bisect on a GPU).
   void begin_step_grads();
 
-  // Pipeline stages, one micro-batch at a time in activation slot `slot`; `tokens` and `targets`
+  // Pipeline stages, one micro-batch at a time in activation slot `slot`, one chunk of this
+  // rank's layers (ModelDims::chunks; 0 when it holds one) at a time; `tokens` and `targets`
   // are i32 [tokens_per_micro_batch()] where the ops read them (trainer/model/step_io.h; under
   // context parallelism this rank's positions of each sequence, parallel/context_parallel.h):
-  // forward_stage embeds `tokens` on the first stage, else starts from stage_input(slot) (the
-  // previous stage's output); stage_loss (last stage) adds the LM head and the loss (its sum
-  // added to `loss_sum`, f64 [1] on the device: no host sync), and with `grad` the head's
-  // backward; backward_stage starts from the loss on the last stage, else from recv_grad_buffer()
-  // (the next stage's input gradient), and leaves this stage's input gradient in
-  // send_grad_buffer() (or in the embedding's gradient on the first stage). `last_of_step`: the
-  // step's last backward on this stage, after which each layer's gradients are final; the model
+  // forward_stage embeds `tokens` on the first stage's chunk 0, else starts from
+  // stage_input(slot, chunk) (the previous virtual stage's output); stage_loss (the last chunk
+  // of the last stage) adds the LM head and the loss (its sum added to `loss_sum`, f64 [1] on
+  // the device: no host sync), and with `grad` the head's backward; backward_stage starts from
+  // the loss on the last chunk of the last stage, else from recv_grad_buffer() (the next virtual
+  // stage's input gradient), and leaves the chunk's input gradient in send_grad_buffer() (or in
+  // the embedding's gradient on the first stage's chunk 0). `last_of_step`: the step's last
+  // backward of the chunk, after which each of its layers' gradients are final; the model
   // reports each layer to the subscriber as it finishes it (under sequence parallelism having
   // summed its norms' gradients over TP first).
-  void forward_stage(int slot, Tensor tokens);
+  void forward_stage(int slot, Tensor tokens, int chunk = 0);
   void stage_loss(int slot, Tensor targets, float grad_scale, bool grad, Tensor loss_sum);
-  void backward_stage(int slot, Tensor tokens, bool last_of_step);
-  Tensor stage_input(int slot) const;   // [T, H]
-  Tensor stage_output(int slot) const;  // [T, H]
-  Tensor recv_grad_buffer() const;      // [T, H]
-  Tensor send_grad_buffer() const;      // [T, H]
+  void backward_stage(int slot, Tensor tokens, bool last_of_step, int chunk = 0);
+  // With ModelOptions::split_backward, backward_stage in two passes: backward_input (B: the
+  // input gradient, sent upstream, and the norms' and embedding's gradients) and, any time
+  // before the slot's next forward, backward_weight (W: the matrices' and biases' gradients;
+  // activation recomputation runs again for it). The same values as backward_stage.
+  void backward_input(int slot, Tensor tokens, int chunk = 0);
+  void backward_weight(int slot, bool last_of_step, int chunk = 0);
+  Tensor stage_input(int slot, int chunk = 0) const;   // [T, H]
+  Tensor stage_output(int slot, int chunk = 0) const;  // [T, H]
+  Tensor recv_grad_buffer() const;                     // [T, H]
+  Tensor send_grad_buffer() const;                     // [T, H]
   // After the last backward of a step: with sequence parallelism, sums the gradients of the
   // replicated tensors (the norms, which each saw only this rank's tokens) over TP, those the
   // step's last backward has not summed already (it sums each layer's as it finishes it).
@@ -169,6 +180,11 @@ class Qwen2Model {
   // Before layer l's backward: its activations that recomputation dropped, again.
   void recompute_layer(int slot, int64_t l);
   void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
+  // A chunk's backward: whole (`weights`), or its B pass.
+  void backward_pass(int slot, Tensor tokens, int chunk, bool weights, bool last_of_step);
+  void layer_final(int64_t l);              // layer l's gradients are final for the step
+  Tensor resid(int slot, int64_t l) const;  // the residual stream entering local layer l
+  bool holds_head(int chunk) const;         // the final norm and the LM head follow `chunk`
 
   ModelDims dims_;
   int64_t batch_;
@@ -176,6 +192,8 @@ class Qwen2Model {
   int64_t seq_total_;  // tokens of each sequence
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
   int slots_ = 1;
+  bool split_ = false;            // ModelOptions::split_backward
+  std::vector<int> layer_chunk_;  // the chunk of each local layer
   Comm* tp_ = nullptr;
   Comm* cp_ = nullptr;
   ParamEvents* events_ = nullptr;
@@ -183,7 +201,9 @@ class Qwen2Model {
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
   bool layer_norms_summed_ = false;  // this step's layer norm gradients are summed over TP
   // How the next writes of the LM head's and of the other gradients go (begin_step_grads).
-  GradWrite head_write_ = GradWrite::add, body_write_ = GradWrite::add;
+  GradWrite head_write_ = GradWrite::add;
+  std::vector<GradWrite> body_write_;    // per chunk: backward_stage's, or B's (the norms)
+  std::vector<GradWrite> weight_write_;  // per chunk: W's
   Ctx ctx_;
   DType dtype_;   // compute: activations and the weights the ops read
   DType sdtype_;  // saved statistics and losses (f32, f64 for f64 compute)

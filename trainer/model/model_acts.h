@@ -24,6 +24,12 @@ struct Qwen2Model::Acts {
     Tensor rstd2;   // [Tl]
     Tensor gateup;  // [T, 2I]
     Tensor act;     // [T, I] silu(gate) * up
+    // Split backward (ModelOptions::split_backward): the output gradients of the layer's
+    // linears, from its B pass to its W pass.
+    Tensor dy_down;  // [T, H]
+    Tensor dgateup;  // [T, 2I]
+    Tensor dy_o;     // [T, H]
+    Tensor dqkv;     // [T, (nh + 2 nkv) hd]
   };
   // [T, ...] buffers hold the whole micro-batch; [Tl, ...] ones this rank's tokens (Tl = T, or
   // T / tp with sequence parallelism).

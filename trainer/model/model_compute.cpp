@@ -68,11 +68,11 @@ void Qwen2Model::sync_replicated_grads() {
   layer_norms_summed_ = false;
 }
 
-Tensor Qwen2Model::stage_input(int slot) const {
-  return a_->slots[slot].resid[0];
+Tensor Qwen2Model::stage_input(int slot, int chunk) const {
+  return a_->slots[slot].resid[dims_.chunk_begin(chunk) + chunk];
 }
-Tensor Qwen2Model::stage_output(int slot) const {
-  return a_->slots[slot].resid[dims_.layers];
+Tensor Qwen2Model::stage_output(int slot, int chunk) const {
+  return a_->slots[slot].resid[dims_.chunk_begin(chunk) + dims_.chunks[chunk].layers + chunk];
 }
 Tensor Qwen2Model::recv_grad_buffer() const {
   return a_->grad_in;
@@ -81,30 +81,41 @@ Tensor Qwen2Model::send_grad_buffer() const {
   return a_->dres;
 }
 
-void Qwen2Model::forward_stage(int slot, Tensor tokens) {
+Tensor Qwen2Model::resid(int slot, int64_t l) const {
+  return a_->slots[slot].resid[l + layer_chunk_[l]];
+}
+
+bool Qwen2Model::holds_head(int chunk) const {
+  return dims_.last_stage && chunk == dims_.num_chunks() - 1;
+}
+
+void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   const bool sp = d.sequence_parallel;
   Acts& a = *a_;
   Acts::Slot& S = a.slots[slot];
-  if (d.first_stage) {
+  const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
+  const bool head = holds_head(chunk);
+  const Tensor input = stage_input(slot, chunk);
+  if (d.first_stage && chunk == 0) {
     TR_ASSERT(tokens.numel() == T, "forward_stage: a micro-batch's tokens");
-    Tensor emb = full_or(S.resid[0]);
+    Tensor emb = full_or(input);
     need(w_.embed);
     embedding_fwd(ctx_, emb, tokens, w_.embed, d.vocab_offset);
-    reduce_to_local(emb, S.resid[0]);  // vocab-parallel: each rank contributed its own rows
+    reduce_to_local(emb, input);  // vocab-parallel: each rank contributed its own rows
   }
   // Each residual add is fused with the RMSNorm after it: the layer's second norm, and the next
   // layer's first norm (or the final norm) at the end of a layer.
-  if (d.layers > 0) {
-    need(w_.layers[0].ln1);
-    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.layers[0].ln1, S.layers[0].rstd1, S.resid[0],
-                w_.layers[0].ln1, d.eps);
-  } else if (d.last_stage) {
+  if (end > begin) {
+    need(w_.layers[begin].ln1);
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.layers[begin].ln1, S.layers[begin].rstd1, input,
+                w_.layers[begin].ln1, d.eps);
+  } else if (head) {
     need(w_.norm);
-    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.lnf, S.rstdf, S.resid[0], w_.norm, d.eps);
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.lnf, S.rstdf, input, w_.norm, d.eps);
   }
-  for (int64_t l = 0; l < d.layers; ++l) {
+  for (int64_t l = begin; l < end; ++l) {
     const LayerWeights& w = w_.layers[l];
     Acts::Layer& L = S.layers[l];
     gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
@@ -112,20 +123,20 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens) {
       events_->weights_needed(layer_ranges_[l].first, layer_ranges_[l].second);
     layer_fwd(slot, l);
     linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
-    reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel
-    if (l + 1 < d.layers) {
+    reduce_to_local(full_or(a.tmp), a.tmp);      // row-parallel
+    const Tensor next = S.resid[l + 1 + chunk];  // layer l's output
+    if (l + 1 < end) {
       need(w_.layers[l + 1].ln1);
-      add_rmsnorm_fwd(ctx_, S.resid[l + 1], sp ? a.ln_local : S.layers[l + 1].ln1,
-                      S.layers[l + 1].rstd1, L.x_mid, a.tmp, w_.layers[l + 1].ln1, d.eps);
-    } else if (d.last_stage) {
+      add_rmsnorm_fwd(ctx_, next, sp ? a.ln_local : S.layers[l + 1].ln1, S.layers[l + 1].rstd1,
+                      L.x_mid, a.tmp, w_.layers[l + 1].ln1, d.eps);
+    } else if (head) {
       need(w_.norm);
-      add_rmsnorm_fwd(ctx_, S.resid[l + 1], sp ? a.ln_local : S.lnf, S.rstdf, L.x_mid, a.tmp,
-                      w_.norm, d.eps);
+      add_rmsnorm_fwd(ctx_, next, sp ? a.ln_local : S.lnf, S.rstdf, L.x_mid, a.tmp, w_.norm, d.eps);
     } else {
-      add(ctx_, S.resid[l + 1], L.x_mid, a.tmp);
+      add(ctx_, next, L.x_mid, a.tmp);
     }
   }
-  if (d.last_stage) gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
+  if (head) gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
 }
 
 void Qwen2Model::need(const Tensor& w) {
@@ -151,7 +162,8 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   attention_fwd_of(slot, l);
   linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
   reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
-  add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, S.resid[l], a.tmp, w.ln2, d.eps);
+  add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, resid(slot, l), a.tmp, w.ln2,
+                  d.eps);
   gather_tokens(a.ln_local, L.ln2);
   linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
   swiglu_fwd(ctx_, L.act, L.gateup);
@@ -186,7 +198,7 @@ void Qwen2Model::recompute_layer(int slot, int64_t l) {
   Acts::Layer& L = S.layers[l];
   // The forward fused this norm into the previous layer's residual add, which normalises the
   // stored sum: the same values as normalising the layer's input here.
-  rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln1, L.rstd1, S.resid[l], w.ln1, d.eps);
+  rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln1, L.rstd1, resid(slot, l), w.ln1, d.eps);
   gather_tokens(a.ln_local, L.ln1);
   if (full) return layer_fwd(slot, l);
   rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
@@ -250,57 +262,104 @@ void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float 
                  d.vocab_valid_local(), grad_scale, grad);
 }
 
-void Qwen2Model::backward_stage(int slot, Tensor tokens, bool last_of_step) {
+void Qwen2Model::backward_stage(int slot, Tensor tokens, bool last_of_step, int chunk) {
+  backward_pass(slot, tokens, chunk, /*weights=*/true, last_of_step);
+}
+
+void Qwen2Model::backward_input(int slot, Tensor tokens, int chunk) {
+  TR_ASSERT(split_, "backward_input needs ModelOptions::split_backward");
+  backward_pass(slot, tokens, chunk, /*weights=*/false, /*last_of_step=*/false);
+}
+
+void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
+                               bool last_of_step) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   Acts& a = *a_;
   Acts::Slot& S = a.slots[slot];
-  if (d.last_stage)
+  const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
+  const GradWrite gw = body_write_[chunk];
+  if (holds_head(chunk))
     rmsnorm_bwd(ctx_, a.dres, g_.norm, d.sequence_parallel ? a.dlnf_local : a.dlnf,
-                S.resid[d.layers], w_.norm, S.rstdf, /*accumulate_din=*/false, body_write_);
+                stage_output(slot, chunk), w_.norm, S.rstdf, /*accumulate_din=*/false, gw);
   else
     std::swap(a.dres, a.grad_in);  // the received gradient becomes the running one
-  for (int64_t l = d.layers - 1; l >= 0; --l) {
+  // A B pass leaves out the matrices' weight gradients and keeps, in the slot, each linear's
+  // output gradient for its W pass; a whole backward computes them from scratch buffers.
+  const auto weight_grad = [&](const Tensor& g) { return weights ? g : Tensor(); };
+  const auto kept = [&](Tensor dy, Tensor store) {
+    if (weights) return dy;
+    cast(ctx_, store, dy);
+    return store;
+  };
+  for (int64_t l = end - 1; l >= begin; --l) {
     const LayerWeights& w = w_.layers[l];
     const LayerWeights& g = g_.layers[l];
     Acts::Layer& L = S.layers[l];
     recompute_layer(slot, l);
     // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
-    const GradWrite gw = body_write_;
-    linear_bwd(ctx_, a.dact, g.down_w, Tensor(), gather_tokens(a.dres, a.full), L.act, w.down_w,
+    Tensor dy = kept(gather_tokens(a.dres, a.full), L.dy_down);
+    linear_bwd(ctx_, a.dact, weight_grad(g.down_w), Tensor(), dy, L.act, w.down_w, gw);
+    const Tensor dgateup = weights ? a.dgateup : L.dgateup;
+    swiglu_bwd(ctx_, dgateup, a.dact, L.gateup);
+    linear_bwd(ctx_, full_or(a.dln), weight_grad(g.gateup_w), Tensor(), dgateup, L.ln2, w.gateup_w,
                gw);
-    swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
-    linear_bwd(ctx_, full_or(a.dln), g.gateup_w, Tensor(), a.dgateup, L.ln2, w.gateup_w, gw);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input: every rank's share of d ln2
     rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true, gw);
     // dres now holds d x_mid
     // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
-    linear_bwd(ctx_, a.datt, g.o_w, Tensor(), gather_tokens(a.dres, a.full), L.att, w.o_w, gw);
+    dy = kept(gather_tokens(a.dres, a.full), L.dy_o);
+    linear_bwd(ctx_, a.datt, weight_grad(g.o_w), Tensor(), dy, L.att, w.o_w, gw);
     attention_bwd_of(slot, l);
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_), d.rope,
              a.positions);
-    linear_bwd(ctx_, full_or(a.dln), g.qkv_w, g.qkv_b, a.dqkv, L.ln1, w.qkv_w, gw);
+    const Tensor dqkv = kept(a.dqkv, L.dqkv);
+    linear_bwd(ctx_, full_or(a.dln), weight_grad(g.qkv_w), weight_grad(g.qkv_b), dqkv, L.ln1,
+               w.qkv_w, gw);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
-    rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, S.resid[l], w.ln1, L.rstd1, /*accumulate_din=*/true,
-                gw);
+    rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, resid(slot, l), w.ln1, L.rstd1,
+                /*accumulate_din=*/true, gw);
     // dres now holds d resid[l]
-    if (last_of_step) {
-      // The layer's gradients are final; under sequence parallelism its norms' are once summed
-      // over TP, here rather than after backward, so that the DP buckets can start now.
-      if (d.sequence_parallel) {
-        tp_sum(g.ln2);
-        tp_sum(g.ln1);
-      }
-      if (events_ != nullptr) events_->grads_final(layer_ranges_[l].first, layer_ranges_[l].second);
-    }
+    if (last_of_step) layer_final(l);
   }
-  body_write_ = GradWrite::add;
+  body_write_[chunk] = GradWrite::add;
   if (last_of_step && d.sequence_parallel) layer_norms_summed_ = true;
-  if (d.first_stage) {
+  if (d.first_stage && chunk == 0) {
     TR_ASSERT(tokens.numel() == T, "backward_stage: a micro-batch's tokens");
     embedding_bwd(ctx_, g_.embed, gather_tokens(a.dres, a.full), tokens, d.vocab_offset);
   }
+}
+
+void Qwen2Model::backward_weight(int slot, bool last_of_step, int chunk) {
+  TR_ASSERT(split_, "backward_weight needs ModelOptions::split_backward");
+  const ModelDims& d = dims_;
+  Acts::Slot& S = a_->slots[slot];
+  const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
+  const GradWrite gw = weight_write_[chunk];
+  for (int64_t l = end - 1; l >= begin; --l) {
+    const LayerWeights& w = w_.layers[l];
+    const LayerWeights& g = g_.layers[l];
+    const Acts::Layer& L = S.layers[l];
+    recompute_layer(slot, l);  // the GEMMs' inputs that recomputation dropped, again
+    linear_bwd(ctx_, Tensor(), g.down_w, Tensor(), L.dy_down, L.act, w.down_w, gw);
+    linear_bwd(ctx_, Tensor(), g.gateup_w, Tensor(), L.dgateup, L.ln2, w.gateup_w, gw);
+    linear_bwd(ctx_, Tensor(), g.o_w, Tensor(), L.dy_o, L.att, w.o_w, gw);
+    linear_bwd(ctx_, Tensor(), g.qkv_w, g.qkv_b, L.dqkv, L.ln1, w.qkv_w, gw);
+    if (last_of_step) layer_final(l);
+  }
+  weight_write_[chunk] = GradWrite::add;
+  if (last_of_step && d.sequence_parallel) layer_norms_summed_ = true;
+}
+
+// Layer l's gradients are final for the step; under sequence parallelism its norms' are once
+// summed over TP, here rather than after backward, so that the DP buckets can start now.
+void Qwen2Model::layer_final(int64_t l) {
+  if (dims_.sequence_parallel) {
+    tp_sum(g_.layers[l].ln2);
+    tp_sum(g_.layers[l].ln1);
+  }
+  if (events_ != nullptr) events_->grads_final(layer_ranges_[l].first, layer_ranges_[l].second);
 }
 
 std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {

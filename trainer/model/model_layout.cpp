@@ -11,18 +11,39 @@ namespace {
 constexpr int64_t kVocabMultiple = 128;
 }  // namespace
 
+int64_t ModelDims::chunk_begin(int c) const {
+  int64_t at = 0;
+  for (int i = 0; i < c; ++i) at += chunks[i].layers;
+  return at;
+}
+
+std::vector<int64_t> ModelDims::global_layers() const {
+  std::vector<int64_t> out;
+  for (const Chunk& c : chunks)
+    for (int64_t i = 0; i < c.layers; ++i) out.push_back(c.first_layer + i);
+  return out;
+}
+
 ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool sequence_parallel,
-                          const std::vector<int64_t>& stage_layers) {
+                          const std::vector<int64_t>& stage_layers, int virtual_stages) {
   ModelDims d;
   d.hidden = m.hidden_size;
   d.inter = m.intermediate_size / topo.tp;
-  d.layers = m.num_layers / topo.pp;
-  d.first_layer = d.layers * topo.pp_rank;
-  if (!stage_layers.empty()) {
-    TR_ASSERT(static_cast<int>(stage_layers.size()) == topo.pp, "one layer count per stage");
-    d.layers = stage_layers[topo.pp_rank];
-    d.first_layer = 0;
-    for (int s = 0; s < topo.pp_rank; ++s) d.first_layer += stage_layers[s];
+  const int stages = topo.pp * virtual_stages;
+  TR_ASSERT(stage_layers.empty() || static_cast<int>(stage_layers.size()) == stages,
+            "one layer count per (virtual) stage");
+  auto layers_of = [&](int vs) {
+    return stage_layers.empty() ? m.num_layers / stages : stage_layers[vs];
+  };
+  d.chunks.clear();
+  d.layers = 0;
+  for (int c = 0; c < virtual_stages; ++c) {
+    const int vs = c * topo.pp + topo.pp_rank;
+    Chunk chunk;
+    for (int i = 0; i < vs; ++i) chunk.first_layer += layers_of(i);
+    chunk.layers = layers_of(vs);
+    d.layers += chunk.layers;
+    d.chunks.push_back(chunk);
   }
   d.first_stage = topo.first_stage();
   d.last_stage = topo.last_stage();
@@ -47,7 +68,8 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
 }
 
 ModelDims ModelDims::from(const Config& c, const Topology& topo) {
-  ModelDims d = from(c.model, topo, c.parallel.sequence_parallel, c.parallel.pipeline_layers);
+  ModelDims d = from(c.model, topo, c.parallel.sequence_parallel, c.parallel.pipeline_layers,
+                     static_cast<int>(c.parallel.virtual_stages));
   d.cp_exchange = c.parallel.cp_comm == "ring" ? CpExchange::ring : CpExchange::all_gather;
   const TrainConfig& t = c.train;
   d.recompute_selective = t.recompute == "selective";
@@ -84,7 +106,7 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
     l.tensors.back().global_shape[0] = d.vocab;
   };
   if (d.first_stage) vocab_table("embed_tokens/weight");
-  for (int64_t i = d.first_layer; i < d.first_layer + d.layers; ++i) {
+  for (int64_t i : d.global_layers()) {
     const std::string p = absl::StrCat("layers/", i, "/");
     add(p + "input_layernorm/weight", {H}, false, -1);
     // q, k, v adjacent so that [q; k; v] is one [(nh + 2 nkv) hd, H] matrix; biases likewise.

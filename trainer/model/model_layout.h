@@ -35,11 +35,22 @@ struct ModelDims {
   // per token and does not know.
   int cp = 1, cp_rank = 0;
   CpExchange cp_exchange = CpExchange::all_gather;
-  // Pipeline stage: layers [first_layer, first_layer + layers) of the model. The first stage
-  // holds the input embedding, the last the final norm and the LM head (with tied embeddings
-  // and pp > 1, its own copy of embed_tokens, kept equal by an all-reduce of the gradients).
-  int64_t first_layer = 0;
+  // Pipeline: this rank's layers, in chunks of consecutive layers: one, or under the interleaved
+  // schedule parallel.virtual_stages of them, chunk c being virtual stage c * pp + pp_rank. The
+  // first stage (chunk 0 of pipeline rank 0) holds the input embedding, the last (the last chunk
+  // of rank pp - 1) the final norm and the LM head (with tied embeddings and pp > 1, its own copy
+  // of embed_tokens, kept equal by an all-reduce of the gradients). `layers` counts them all;
+  // locally they are numbered chunk after chunk.
+  struct Chunk {
+    int64_t first_layer = 0;  // of the whole model
+    int64_t layers = 0;
+  };
+  std::vector<Chunk> chunks = {Chunk{}};
   bool first_stage = true, last_stage = true;
+  int num_chunks() const { return static_cast<int>(chunks.size()); }
+  int64_t chunk_begin(int c) const;  // local index of chunk c's first layer
+  // The model's (global) index of each local layer, in local order.
+  std::vector<int64_t> global_layers() const;
   float eps;
   Rope rope;  // model.rope_theta and model.rope_scaling
   bool tied;
@@ -55,9 +66,10 @@ struct ModelDims {
     return std::clamp<int64_t>(vocab - vocab_offset, 0, vocab_local);
   }
 
-  // `stage_layers`: layers of each pipeline stage (empty = num_layers / pp each).
+  // `stage_layers`: layers of each (virtual) stage, pp x virtual_stages of them in virtual-stage
+  // order (empty = an even split).
   static ModelDims from(const ModelConfig& m, const Topology& topo, bool sequence_parallel = false,
-                        const std::vector<int64_t>& stage_layers = {});
+                        const std::vector<int64_t>& stage_layers = {}, int virtual_stages = 1);
   // Everything the run's config says about this rank's model: the above, and recomputation.
   static ModelDims from(const Config& c, const Topology& topo);
 };

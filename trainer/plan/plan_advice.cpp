@@ -52,6 +52,8 @@ std::vector<Config> candidate_layouts(const Config& cfg, int gpus_per_node) {
       c.parallel.pp = pp;
       c.parallel.dp = 0;
       c.parallel.pipeline_layers.clear();
+      c.parallel.pipeline_schedule = "1f1b";
+      c.parallel.virtual_stages = 1;
       c.parallel.sequence_parallel = tp > 1;
       c.parallel.zero1 = true;
       c.train.recompute_layers.clear();

@@ -16,38 +16,31 @@ namespace {
 
 // The point-to-point operation of a pipeline communication action.
 P2P p2p_of(Session& s, const PipeAction& a, int slot) {
-  const int stage = s.topo().pp_rank;
   switch (a.kind) {
     case PipeAction::send_act:
-      return {P2P::send, s.model->stage_output(slot), stage + 1};
+      return {P2P::send, s.model->stage_output(slot, a.chunk), a.peer};
     case PipeAction::recv_act:
-      return {P2P::recv, s.model->stage_input(slot), stage - 1};
+      return {P2P::recv, s.model->stage_input(slot, a.chunk), a.peer};
     case PipeAction::send_grad:
-      return {P2P::send, s.model->send_grad_buffer(), stage - 1};
+      return {P2P::send, s.model->send_grad_buffer(), a.peer};
     case PipeAction::recv_grad:
-      return {P2P::recv, s.model->recv_grad_buffer(), stage + 1};
+      return {P2P::recv, s.model->recv_grad_buffer(), a.peer};
     default:
       break;
   }
   TR_ASSERT(false, "not a communication action");
 }
 
-}  // namespace
-
-PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) {
-  const int m = static_cast<int>(batch.micro_batches.size());
+// Runs `actions` (one rank's list; with stop polls when `poll`): each group of messages
+// between two compute actions posted as one exchange, each compute action through `compute`
+// with its activation slot. Returns the micro-batch the step was cut at (m when it was not).
+template <typename Compute>
+int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, int slots,
+                PipelineRun* run, Compute&& compute) {
   const int lag = stop_poll_lag(s.topo().pp);
-  const std::vector<PipeAction> actions =
-      with_stop_polls(one_f_one_b(s.topo().pp, m), lag)[s.topo().pp_rank];
-  const int slots =
-      std::min(s.layout.in_flight(), m);  // micro-batches in flight (eval: m may be fewer)
-  PipelineRun run;
   int cut_at = m;          // actions on micro-batches >= cut_at are dropped
   int32_t poll_flag = 0;   // the poll in flight: this rank's stop signal, then every rank's max
   std::vector<P2P> group;  // communication between two compute actions, posted together
-  // TR_TRACE_PIPELINE=1: each stage's first TP/DP rank prints the compute order it executed.
-  const bool trace = switch_on(Switch::trace_pipeline);
-  std::string executed;
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
     const bool dropped = a.micro_batch >= cut_at;  // polls too: none from here on was started
@@ -67,25 +60,53 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
     } else if (a.kind == PipeAction::poll_wait) {
       s.groups.world->wait_all();
       if (adopt_stop_signal(poll_flag)) {
-        run.stop = true;
+        run->stop = true;
         cut_at = std::min(m, a.micro_batch + lag);
-        run.cut = cut_at < m;
+        run->cut = cut_at < m;
       }
-    } else if (a.kind == PipeAction::fwd) {
-      if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "F", a.micro_batch);
-      const ScopedPhase forward(Phase::forward);
-      s.model->forward_stage(slot, s.io->inputs(a.micro_batch));
-      if (s.topo().last_stage())
-        s.model->stage_loss(slot, s.io->targets(a.micro_batch), grad_scale, true, s.io->loss_sum());
     } else {
-      if (trace) absl::StrAppend(&executed, executed.empty() ? "" : " ", "B", a.micro_batch);
-      // The last micro-batch's backward finishes each layer's gradients: DP buckets start.
-      const ScopedPhase backward(Phase::backward);
-      s.model->backward_stage(slot, s.io->inputs(a.micro_batch), a.micro_batch == m - 1);
+      compute(a, slot);
     }
   }
+  return cut_at;
+}
+
+}  // namespace
+
+PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) {
+  const int m = static_cast<int>(batch.micro_batches.size());
+  TR_ASSERT(m == s.layout.micro_batches, "a step's micro-batches are the layout's");
+  const std::vector<PipeAction> actions =
+      with_stop_polls({s.layout.pipeline_actions()}, stop_poll_lag(s.topo().pp))[0];
+  const int slots = s.layout.in_flight();
+  const int last_chunk = s.model->dims().num_chunks() - 1;
+  PipelineRun run;
+  // TR_TRACE_PIPELINE=1: each stage's first TP/DP rank prints the compute order it executed.
+  const bool trace = switch_on(Switch::trace_pipeline);
+  std::vector<PipeAction> executed;
+  run_actions(s, actions, m, slots, &run, [&](const PipeAction& a, int slot) {
+    if (trace) executed.push_back(a);
+    const Tensor tokens = s.io->inputs(a.micro_batch);
+    // The last micro-batch's weight gradients finish each layer's: DP buckets start.
+    const bool last = a.micro_batch == m - 1;
+    if (a.kind == PipeAction::fwd) {
+      const ScopedPhase forward(Phase::forward);
+      s.model->forward_stage(slot, tokens, a.chunk);
+      if (s.topo().last_stage() && a.chunk == last_chunk)
+        s.model->stage_loss(slot, s.io->targets(a.micro_batch), grad_scale, true, s.io->loss_sum());
+      return;
+    }
+    const ScopedPhase backward(Phase::backward);
+    if (a.kind == PipeAction::bwd)
+      s.model->backward_stage(slot, tokens, last, a.chunk);
+    else if (a.kind == PipeAction::bwd_input)
+      s.model->backward_input(slot, tokens, a.chunk);
+    else
+      s.model->backward_weight(slot, last, a.chunk);
+  });
   if (trace && s.topo().tp_rank == 0 && s.topo().cp_rank == 0 && s.topo().dp_rank == 0)
-    std::fprintf(stderr, "pipeline stage %d executed: %s\n", s.topo().pp_rank, executed.c_str());
+    std::fprintf(stderr, "pipeline stage %d executed: %s\n", s.topo().pp_rank,
+                 compute_order(executed).c_str());
   return run;
 }
 
@@ -99,17 +120,19 @@ void stage_batch(Session& s, const data::StepBatch& batch) {
 }
 
 double forward_pipeline(Session& s, const data::StepBatch& batch) {
-  const int stage = s.topo().pp_rank;
   stage_batch(s, batch);
   s.io->reset();
-  for (size_t i = 0; i < batch.micro_batches.size(); ++i) {
-    if (!s.topo().first_stage()) s.groups.pp->recv(s.model->stage_input(0), stage - 1);
-    s.model->forward_stage(0, s.io->inputs(i));
-    if (s.topo().last_stage())
-      s.model->stage_loss(0, s.io->targets(i), 0.0f, false, s.io->loss_sum());
-    else
-      s.groups.pp->send(s.model->stage_output(0), stage + 1);
-  }
+  const int m = static_cast<int>(batch.micro_batches.size());
+  const int last_chunk = s.model->dims().num_chunks() - 1;
+  PipelineRun unused;
+  // One micro-batch at a time down every virtual stage, in slot 0.
+  run_actions(s, forward_only(s.topo().pp, last_chunk + 1, m)[s.topo().pp_rank], m, 1, &unused,
+              [&](const PipeAction& a, int) {
+                s.model->forward_stage(0, s.io->inputs(a.micro_batch), a.chunk);
+                if (s.topo().last_stage() && a.chunk == last_chunk)
+                  s.model->stage_loss(0, s.io->targets(a.micro_batch), 0.0f, false,
+                                      s.io->loss_sum());
+              });
   return s.io->take().first;
 }
 
