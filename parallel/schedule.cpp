@@ -164,7 +164,7 @@ PipeSchedule forward_only(int stages, int virtual_stages, int micro_batches) {
 }
 
 std::string schedule_unsupported(PipeScheduleKind kind, int stages, int virtual_stages,
-                                 int micro_batches) {
+                                 int64_t micro_batches) {
   if (stages < 1 || micro_batches < 1) return "a pipeline needs a stage and a micro-batch";
   if (kind != PipeScheduleKind::interleaved) {
     if (virtual_stages != 1)
@@ -196,8 +196,9 @@ PipeSchedule make_schedule(PipeScheduleKind kind, int stages, int virtual_stages
   return one_f_one_b(stages, micro_batches);
 }
 
-double bubble_fraction(PipeScheduleKind kind, int stages, int virtual_stages, int micro_batches) {
-  const double idle = stages - 1, m = micro_batches;
+double bubble_fraction(PipeScheduleKind kind, int stages, int virtual_stages,
+                       int64_t micro_batches) {
+  const double idle = stages - 1, m = static_cast<double>(micro_batches);
   switch (kind) {
     case PipeScheduleKind::interleaved:
       return idle / (virtual_stages * m + idle);

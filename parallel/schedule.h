@@ -19,6 +19,7 @@
 // matched in the order they are posted (NCCL's and MPI's order on one pair of ranks).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -77,12 +78,13 @@ PipeSchedule make_schedule(PipeScheduleKind kind, int stages, int virtual_stages
                            int micro_batches);
 // Why `kind` cannot run p stages, v chunks and m micro-batches ("" when it can).
 std::string schedule_unsupported(PipeScheduleKind kind, int stages, int virtual_stages,
-                                 int micro_batches);
+                                 int64_t micro_batches);
 
 // The schedule's idle fraction of a step by its closed form, for F, B (whole backward 2 F) and,
 // zero_bubble, B = W = F: 1f1b (p-1)/(m+p-1); interleaved (p-1)/(v m+p-1); zero_bubble
 // (p-1)/(3m+p-1) for m >= p, and 1 - 3m/(2(p+m)-1) with fewer micro-batches.
-double bubble_fraction(PipeScheduleKind kind, int stages, int virtual_stages, int micro_batches);
+double bubble_fraction(PipeScheduleKind kind, int stages, int virtual_stages,
+                       int64_t micro_batches);
 
 // Most micro-batches whose activations one chunk of this rank holds at once: forwarded, and
 // their weight gradients not yet computed. The model keeps that many activation slots.

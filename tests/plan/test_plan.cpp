@@ -116,6 +116,85 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   CHECK(p->fits);
 }
 
+// The pipeline schedules in the planner: each one's bubble by its closed form, interleaved's
+// traffic v times 1f1b's, each stage's activations those of a real model built for the
+// schedule, and the report's table of them with the fastest that fits picked.
+TEST_CASE("plan: each pipeline schedule's bubble, traffic and memory, and the pick", "[model]") {
+  const std::vector<std::string> shape = {
+      "model.preset=",         "model.hidden_size=64",  "model.intermediate_size=128",
+      "model.num_layers=4",    "model.num_heads=4",     "model.num_kv_heads=2",
+      "model.head_dim=16",     "model.vocab_size=1000", "parallel.tp=2",
+      "parallel.pp=2",         "parallel.dp=2",         "data.seq_len=32",
+      "train.global_batch=16", "train.micro_batch=2",   "train.recompute=full"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), shape.begin(), shape.end());
+    return config_with(more);
+  };
+  const GpuSpec gpu = *gpu_spec("h100");
+  const Config one_f = with({});
+  const Config inter =
+      with({"parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2"});
+  const Config zb = with({"parallel.pipeline_schedule=zero_bubble"});
+  absl::StatusOr<Plan> a = make_plan(one_f, gpu, 1, 8), b = make_plan(inter, gpu, 1, 8),
+                       c = make_plan(zb, gpu, 1, 8);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  // pp 2, m 4: (p-1)/(m+p-1), (p-1)/(v m+p-1), (p-1)/(3m+p-1).
+  CHECK(a->bubble == Approx(1.0 / 5));
+  CHECK(b->bubble == Approx(1.0 / 9));
+  CHECK(c->bubble == Approx(1.0 / 13));
+  CHECK(b->pp_bytes == Approx(2 * a->pp_bytes));
+  CHECK(c->pp_bytes == Approx(a->pp_bytes));
+  // Full recomputation runs each layer's forward again in B and in W.
+  CHECK(c->recompute_flops_per_token == Approx(2 * a->recompute_flops_per_token));
+  CHECK(b->recompute_flops_per_token == Approx(a->recompute_flops_per_token));
+  // The bubble is the only difference in compute time here.
+  CHECK(b->compute_s - b->bubble_s == Approx(a->compute_s - a->bubble_s));
+  // Each stage's activations are a real model's, with the schedule's slots, chunks and kept
+  // output gradients.
+  for (const Config* cfg : {&one_f, &inter, &zb}) {
+    const absl::StatusOr<Plan> p = make_plan(*cfg, gpu, 1, 8);
+    for (int stage = 0; stage < 2; ++stage) {
+      INFO(cfg->parallel.pipeline_schedule << ", stage " << stage);
+      const absl::StatusOr<RunLayout> layout = run_layout(*cfg, 8, stage * 4);
+      REQUIRE(layout.ok());
+      const ModelDims dims = ModelDims::from(*cfg, layout->topo);
+      const ModelOptions options = model_options(*cfg, *layout, Device::cuda, false, 0, true);
+      ParamBuffer buffer = make_param_buffer(dims, options, Device::cuda);
+      const Qwen2Model real(dims, options, buffer, Ctx{Device::cuda});
+      CHECK(p->stages[stage].activations == static_cast<double>(real.activation_bytes()));
+      CHECK(p->stages[stage].in_flight == options.slots);
+    }
+  }
+  CHECK(c->stages[1].in_flight == 2);  // ZB-H1: p in flight on every stage
+  CHECK(a->stages[1].in_flight == 1);
+  CHECK(c->stages[0].activations > a->stages[0].activations);  // the kept output gradients
+  // The report: its schedule in the bubble line, and the table with the pick.
+  const std::vector<ScheduleOption> options = schedule_options(one_f, *a);
+  REQUIRE(options.size() == 3);
+  CHECK(options[0].schedule == "1f1b");
+  CHECK(options[1].schedule == "interleaved v 2");
+  CHECK(options[2].schedule == "zero_bubble");
+  CHECK(options[1].bubble == Approx(b->bubble));
+  CHECK(options[2].step_s == Approx(c->step_s));
+  // The pick: 1f1b unless another is 2% faster; within 2% of the fastest.
+  int picks = 0;
+  for (const ScheduleOption& o : options) {
+    if (!o.pick) continue;
+    ++picks;
+    if (&o != &options[0]) CHECK(o.step_s < 0.98 * options[0].step_s);
+    for (const ScheduleOption& other : options)
+      if (other.fits) CHECK(o.step_s * 0.98 <= other.step_s);
+  }
+  CHECK(picks == 1);
+  const std::string report = format_plan(zb, *c);
+  CHECK(report.find("pipeline bubble: 7.7% of each step (zero_bubble, 4 micro-batches)") !=
+        std::string::npos);
+  CHECK(report.find("  pick: ") != std::string::npos);
+  CHECK(format_plan(inter, *b).find("(interleaved v 2, 4 micro-batches)") != std::string::npos);
+}
+
 // Recomputation in the planner: the activations a real model of each mode allocates, the
 // FLOPs run again (closed form) and its line in the report.
 TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand", "[model]") {

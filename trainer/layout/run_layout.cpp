@@ -8,13 +8,23 @@
 
 namespace tr {
 
+std::string RunLayout::schedule_text() const {
+  if (schedule == PipeScheduleKind::interleaved)
+    return absl::StrCat(schedule_name(schedule), " v ", virtual_stages);
+  return schedule_name(schedule);
+}
+
 std::vector<PipeAction> RunLayout::pipeline_actions() const {
   return make_schedule(schedule, topo.pp, virtual_stages,
                        static_cast<int>(micro_batches))[topo.pp_rank];
 }
 
 int RunLayout::in_flight() const {
-  return chunk_in_flight(pipeline_actions());
+  // The most in flight is reached by the end of the warm-up, which is shorter than 4 pp
+  // micro-batches under every schedule; a step of more holds as many as one of 4 pp.
+  const int64_t m = std::min<int64_t>(micro_batches, 4 * topo.pp);
+  return chunk_in_flight(
+      make_schedule(schedule, topo.pp, virtual_stages, static_cast<int>(m))[topo.pp_rank]);
 }
 
 RunLayout RunLayout::of_rank(int rank) const {
@@ -49,8 +59,8 @@ absl::StatusOr<RunLayout> run_layout(const Config& cfg, int world, int rank) {
   TR_ASSERT(parse_schedule(p.pipeline_schedule, &f.schedule), "a validated schedule name");
   f.virtual_stages = static_cast<int>(p.virtual_stages);
   f.micro_batches = t.global_batch / (t.micro_batch * f.topo.dp);
-  const std::string why = schedule_unsupported(f.schedule, f.topo.pp, f.virtual_stages,
-                                               static_cast<int>(f.micro_batches));
+  const std::string why =
+      schedule_unsupported(f.schedule, f.topo.pp, f.virtual_stages, f.micro_batches);
   if (!why.empty())
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.pipeline_schedule ", p.pipeline_schedule, ": ", why));
@@ -84,7 +94,7 @@ ModelOptions model_options(const Config& cfg, const RunLayout& layout, Device de
   o.loss_chunk = loss_chunk;
   o.flat_multiple = flat_multiple(cfg, layout.topo);
   o.slots = layout.in_flight();
-  o.split_backward = layout.schedule == PipeScheduleKind::zero_bubble;
+  o.split_backward = layout.split_backward();
   o.separate_compute_copy = separate_compute_copy;
   o.plan_only = plan_only;
   o.shards = dp_shards(cfg, layout.topo);

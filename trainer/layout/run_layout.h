@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/ctx.h"
@@ -31,6 +33,12 @@ struct RunLayout {
   PipeScheduleKind schedule = PipeScheduleKind::one_f_one_b;  // parallel.pipeline_schedule
   int virtual_stages = 1;  // layer chunks per pipeline rank (parallel.virtual_stages)
 
+  // "1f1b", "interleaved v 2", "zero_bubble".
+  std::string schedule_text() const;
+  // Whether the backward runs as two passes (zero_bubble's B and W), and so how many times a
+  // fully recomputed layer's forward runs again in a step's backward.
+  bool split_backward() const { return schedule == PipeScheduleKind::zero_bubble; }
+  int recompute_passes() const { return split_backward() ? 2 : 1; }
   // This rank's pipeline actions in one step (parallel/schedule.h).
   std::vector<PipeAction> pipeline_actions() const;
   // Micro-batches whose activations one chunk of this rank holds at once under its schedule

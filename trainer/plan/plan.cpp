@@ -177,12 +177,14 @@ void plan_flops(const Config& cfg, Plan& plan) {
                I = static_cast<double>(mc.intermediate_size);
   const double layer_fwd =
       2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * static_cast<double>(seq) * A;
-  plan.recompute_flops_per_token = static_cast<double>(plan.recompute_full_layers) * layer_fwd;
+  // Under zero_bubble a fully recomputed layer runs its forward again in both the B and the W
+  // pass.
+  plan.recompute_flops_per_token =
+      static_cast<double>(plan.recompute_full_layers) * layer_fwd * plan.layout.recompute_passes();
   plan.params_total = model_param_count(cfg, plan.layout.topo);
   plan.checkpoint_bytes = checkpoint_bytes(cfg, plan.layout.topo);
-  const int pp = plan.layout.topo.pp;
-  const auto m = static_cast<double>(plan.layout.micro_batches);
-  plan.bubble = (pp - 1) / (m + pp - 1);
+  plan.bubble = bubble_fraction(plan.layout.schedule, plan.layout.topo.pp,
+                                plan.layout.virtual_stages, plan.layout.micro_batches);
 }
 
 // The CP exchange per GPU per step (bytes sent): per micro-batch, sequence and layer of the
@@ -233,10 +235,11 @@ void plan_communication(const Config& cfg, Plan& plan) {
   const bool sp = f.sequence_parallel;
   const double rc_full = sp ? 1.5 : 1.0, rc_selective = sp ? 1.0 : 0.0;
   const double rc_layers_per_stage = static_cast<double>(plan.recompute_full_layers) / pp;
-  plan.tp_bytes += m * ring_all_reduce(act, tp) *
+  plan.tp_bytes += m * ring_all_reduce(act, tp) * f.recompute_passes() *
                    (rc_full * rc_layers_per_stage +
                     (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
-  plan.pp_bytes = pp > 1 ? m * 2.0 * act / (sp ? tp : 1) : 0;
+  // Activations forward and their gradients back at each of the rank's v chunk boundaries.
+  plan.pp_bytes = pp > 1 ? m * 2.0 * act / (sp ? tp : 1) * f.virtual_stages : 0;
   const double grads = static_cast<double>(plan.stages[0].grads);
   // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
   // compute copy all-gathered.
@@ -254,8 +257,8 @@ void plan_time(Plan& plan) {
   const GpuSpec& gpu = plan.gpu;
   const int pp = plan.layout.topo.pp, tp = plan.layout.topo.tp;
   const double tokens_step = static_cast<double>(plan.layout.tokens_per_step);
-  const auto m = static_cast<double>(plan.layout.micro_batches);
-  const double stretch = (m + pp - 1) / m;  // 1F1B runs m + pp - 1 slots for m micro-batches
+  // The schedule's idle share (1F1B: m + pp - 1 slots for m micro-batches).
+  const double stretch = 1 / (1 - plan.bubble);
   plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /
                    plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
   plan.bubble_s = plan.compute_s - plan.compute_s / stretch;
@@ -407,8 +410,9 @@ std::string format_plan(const Config& cfg, const Plan& p) {
         cfg.train.recompute, static_cast<int>(p.recompute_full_layers),
         static_cast<int>(cfg.model.num_layers), p.recompute_flops_per_token,
         100 * p.recompute_flops_per_token / p.flops_per_token_causal);
-  absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (1F1B, %d micro-batches)\n",
-                        100 * p.bubble, p.layout.micro_batches);
+  absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (%s, %d micro-batches)\n",
+                        100 * p.bubble, p.layout.schedule_text().c_str(), p.layout.micro_batches);
+  if (t.pp > 1) absl::StrAppend(&out, format_schedule_options(cfg, p));
   const std::string cp_traffic = t.cp > 1 ? absl::StrFormat(", cp %.2f GB", p.cp_bytes / 1e9) : "";
   absl::StrAppendFormat(&out,
                         "communication per GPU per step: tp %.2f GB, pp %.2f GB, dp %.2f GB%s\n",
@@ -494,6 +498,8 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"flops_per_token_full", p.flops_per_token_full},
                             {"recompute", cfg.train.recompute},
                             {"recompute_flops_per_token", p.recompute_flops_per_token},
+                            {"pipeline_schedule", schedule_name(p.layout.schedule)},
+                            {"virtual_stages", p.layout.virtual_stages},
                             {"bubble", p.bubble},
                             {"tp_bytes", p.tp_bytes},
                             {"pp_bytes", p.pp_bytes},

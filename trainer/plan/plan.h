@@ -31,7 +31,7 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_
 struct StageMemory {
   int stage = 0;
   double weights = 0, compute_copy = 0, grads = 0, optimizer = 0, optimizer_without_zero1 = 0;
-  double activations = 0;  // the micro-batches 1F1B keeps in flight on this stage, + scratch
+  double activations = 0;  // the micro-batches the schedule keeps in flight here, + scratch
   // cuBLASLt's and the kernels' workspace with the step's staged tokens; cuDNN's (estimated)
   double workspace = 0, attention_workspace = 0;
   int in_flight = 1;              // micro-batches whose activations are held
@@ -63,13 +63,14 @@ struct Plan {
   // out, so recomputation lowers MFU by the time it takes), and the layers recomputed in full.
   double recompute_flops_per_token = 0;
   int64_t recompute_full_layers = 0;
-  double bubble = 0;                                // (pp - 1) / (m + pp - 1) of each step idle
+  double bubble = 0;  // of each step idle: the schedule's closed form (parallel/schedule.h)
   double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per GPU per step, sent
   // Context parallelism's K/V exchange per GPU per step (parallel.cp_comm), sent, and the part
   // of it that runs beside the attention (the ring's K/V passes).
   double cp_bytes = 0, cp_beside_bytes = 0;
   double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
-  double bubble_s = 0;  // the part of compute_s the pipeline bubble adds (1F1B's idle slots)
+  double bubble_s =
+      0;  // the part of compute_s the pipeline bubble adds (the schedule's idle slots)
   // The CP exchange's time, and the part of it the step waits for: all of it for the
   // all-gather (attention waits for the gathered K and V); for the ring, its dK/dV passes and
   // what of its K/V passes the attention does not cover.
@@ -94,6 +95,20 @@ std::string plan_json(const Config& cfg, const Plan& plan);
 // One line (in format_plan): the largest part of the predicted step (compute, the pipeline
 // bubble, or tp, pp, dp or cp communication), its share, what would shrink it, and the next.
 std::string plan_bottleneck(const Plan& plan);
+// The pipeline schedules `cfg`'s layout could run (pp > 1): 1f1b, interleaved with each v that
+// splits the layers evenly (up to 8; micro-batches a multiple of pp), zero_bubble; each planned
+// on the same GPUs. `pick` is the fastest predicted step that fits, where it beats those before
+// it in this order (1f1b first) by 2% or more.
+struct ScheduleOption {
+  std::string schedule;                            // "1f1b", "interleaved v 2", "zero_bubble"
+  std::string sets;                                // the --set flags that choose it
+  double bubble = 0, activations = 0, step_s = 0;  // activations: the largest stage's bytes
+  bool fits = false, pick = false;
+};
+std::vector<ScheduleOption> schedule_options(const Config& cfg, const Plan& plan);
+// The options as a table and the pick, for format_plan.
+std::string format_schedule_options(const Config& cfg, const Plan& plan);
+
 // trainer plan --suggest: the layouts of `cfg`'s model on these GPUs that fit (every tp and pp
 // that divide it, dp auto, ZeRO-1; the config's cp, micro-batch and recompute), the `best`
 // fastest by predicted tokens/s/GPU as a Markdown table; an error naming the fix when none fits.

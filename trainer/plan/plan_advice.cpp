@@ -24,8 +24,9 @@ std::vector<StepPart> step_parts(const Plan& p) {
       {"compute", p.compute_s - p.bubble_s,
        "the GEMMs themselves: fewer recomputed FLOPs (train.recompute) or faster kernels"},
       {"the pipeline bubble", p.bubble_s,
-       "more micro-batches per step (a larger train.global_batch or a smaller "
-       "train.micro_batch) or fewer stages (parallel.pp)"},
+       "a schedule with less of it (parallel.pipeline_schedule interleaved or zero_bubble), more "
+       "micro-batches per step (a larger train.global_batch or a smaller train.micro_batch) or "
+       "fewer stages (parallel.pp)"},
       {"tensor-parallel communication", p.tp_s,
        "a smaller parallel.tp, its GPUs going to pp or dp instead"},
       {"pipeline sends", p.pp_s, "fewer pipeline stages (parallel.pp)"},
@@ -64,6 +65,62 @@ std::vector<Config> candidate_layouts(const Config& cfg, int gpus_per_node) {
 }
 
 }  // namespace
+
+std::vector<ScheduleOption> schedule_options(const Config& cfg, const Plan& plan) {
+  std::vector<ScheduleOption> out;
+  const int64_t pp = cfg.parallel.pp, layers = cfg.model.num_layers;
+  if (pp < 2) return out;
+  std::vector<std::pair<std::string, int64_t>> kinds = {{"1f1b", 1}};
+  // The config's own split of the layers where the chunk count is its own, else an even one.
+  const int64_t own_v = cfg.parallel.virtual_stages;
+  for (int64_t v = 2; v <= 8; ++v)
+    if (plan.layout.micro_batches % pp == 0 && (v == own_v || layers % (pp * v) == 0))
+      kinds.emplace_back("interleaved", v);
+  kinds.emplace_back("zero_bubble", 1);
+  for (const auto& [name, v] : kinds) {
+    Config c = cfg;
+    c.parallel.pipeline_schedule = name;
+    c.parallel.virtual_stages = v;
+    if (v != own_v) c.parallel.pipeline_layers.clear();
+    absl::StatusOr<Plan> p = make_plan(c, plan.gpu, plan.nodes, plan.gpus_per_node);
+    if (!p.ok()) continue;
+    ScheduleOption o;
+    o.schedule = p->layout.schedule_text();
+    o.sets = absl::StrCat("--set parallel.pipeline_schedule=", name,
+                          " --set parallel.virtual_stages=", v);
+    o.bubble = p->bubble;
+    o.step_s = p->step_s;
+    o.fits = p->fits;
+    for (const StageMemory& m : p->stages) o.activations = std::max(o.activations, m.activations);
+    out.push_back(o);
+  }
+  // Another schedule than 1f1b only for a predicted gain past the model's own error (its bubble
+  // assumes W as long as B, and the rest of the step is an estimate too).
+  constexpr double kWorthIt = 0.02;
+  ScheduleOption* best = nullptr;
+  for (ScheduleOption& o : out)
+    if (o.fits && (best == nullptr || o.step_s < best->step_s * (1 - kWorthIt))) best = &o;
+  if (best != nullptr) best->pick = true;
+  return out;
+}
+
+std::string format_schedule_options(const Config& cfg, const Plan& plan) {
+  const std::vector<ScheduleOption> options = schedule_options(cfg, plan);
+  std::string out = "pipeline schedules on these GPUs (the bubble with equal F, B and W times):\n";
+  absl::StrAppend(&out, "  schedule           bubble  activations (GiB)  step (s)  fits\n");
+  const ScheduleOption* pick = nullptr;
+  for (const ScheduleOption& o : options) {
+    absl::StrAppendFormat(&out, "  %-17s %6.1f%%  %17.2f  %8.3f  %s\n", o.schedule, 100 * o.bubble,
+                          o.activations / kGiB, o.step_s, o.fits ? "yes" : "no");
+    if (o.pick) pick = &o;
+  }
+  if (pick == nullptr)
+    absl::StrAppend(&out, "  pick: none fits\n");
+  else
+    absl::StrAppendFormat(&out, "  pick: %s (%s; another schedule only 2%% faster or more)\n",
+                          pick->schedule, pick->sets);
+  return out;
+}
 
 std::string plan_bottleneck(const Plan& p) {
   const std::vector<StepPart> parts = step_parts(p);

@@ -165,6 +165,14 @@ void print_plan(const Session& s) {
     std::printf("debug switches: %s (docs/debug.md)\n", absl::StrJoin(on, " ").c_str());
   std::printf("topology: %s; backend %s\n", s.topo().describe().c_str(),
               s.cfg.train.backend.c_str());
+  if (s.topo().pp > 1)
+    std::printf(
+        "pipeline: %s, %lld micro-batches per step: bubble %.1f%% by its closed form; %d in "
+        "flight on this stage\n",
+        s.layout.schedule_text().c_str(), static_cast<long long>(s.layout.micro_batches),
+        100 * bubble_fraction(s.layout.schedule, s.topo().pp, s.layout.virtual_stages,
+                              s.layout.micro_batches),
+        s.layout.in_flight());
   std::printf("model: %lld parameters on this rank (vocab padded to %lld); %.3g GFLOP per token\n",
               static_cast<long long>(P), static_cast<long long>(s.model->dims().vocab_padded),
               s.layout.flops_per_token / 1e9);

@@ -31,9 +31,14 @@ P2P p2p_of(Session& s, const PipeAction& a, int slot) {
   TR_ASSERT(false, "not a communication action");
 }
 
-// Runs `actions` (one rank's list; with stop polls when `poll`): each group of messages
-// between two compute actions posted as one exchange, each compute action through `compute`
-// with its activation slot. Returns the micro-batch the step was cut at (m when it was not).
+// Runs `actions` (one rank's list; with stop polls when it has them): each compute action
+// through `compute` with its activation slot, and each group of messages between two compute
+// actions posted together: its sends started and left in flight, then its receives waited for.
+// The rank computes on while its sends travel (a zero-bubble stage's W runs while its input
+// gradient is on the way; no stage waits for its neighbour to take an activation), and completes
+// them before it posts the next group, before a backward (which writes the running gradient, the
+// buffer a gradient is sent from) and before a forward that writes the activation being sent.
+// Returns the micro-batch the step was cut at (m when it was not).
 template <typename Compute>
 int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, int slots,
                 PipelineRun* run, Compute&& compute) {
@@ -41,6 +46,9 @@ int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, int s
   int cut_at = m;          // actions on micro-batches >= cut_at are dropped
   int32_t poll_flag = 0;   // the poll in flight: this rank's stop signal, then every rank's max
   std::vector<P2P> group;  // communication between two compute actions, posted together
+  std::vector<P2P> sending, receiving;   // a group's sends (in flight after it) and receives
+  Comm::Ticket in_flight = Comm::kDone;  // the sends' exchange
+  Comm& pp = *s.groups.pp;
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
     const bool dropped = a.micro_batch >= cut_at;  // polls too: none from here on was started
@@ -48,7 +56,13 @@ int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, int s
     if (a.is_comm()) {  // what is left of a group is posted at its end
       if (!dropped) group.push_back(p2p_of(s, a, slot));
       if (!group.empty() && (i + 1 == actions.size() || !actions[i + 1].is_comm())) {
-        s.groups.pp->exchange(group);
+        pp.wait(in_flight);
+        in_flight = Comm::kDone;
+        sending.clear();
+        receiving.clear();
+        for (const P2P& x : group) (x.kind == P2P::send ? sending : receiving).push_back(x);
+        if (!sending.empty()) in_flight = pp.exchange_start(sending);
+        if (!receiving.empty()) pp.exchange(receiving);
         group.clear();
       }
     } else if (dropped) {
@@ -65,9 +79,19 @@ int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, int s
         run->cut = cut_at < m;
       }
     } else {
+      const bool overwrites = a.kind == PipeAction::bwd || a.kind == PipeAction::bwd_input ||
+                              (a.kind == PipeAction::fwd &&
+                               std::any_of(sending.begin(), sending.end(), [&](const P2P& x) {
+                                 return x.buf.data == s.model->stage_output(slot, a.chunk).data;
+                               }));
+      if (overwrites) {
+        pp.wait(in_flight);
+        in_flight = Comm::kDone;
+      }
       compute(a, slot);
     }
   }
+  pp.wait_all();  // (the MPI group also forgets its completed requests)
   return cut_at;
 }
 
