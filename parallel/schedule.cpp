@@ -159,6 +159,7 @@ PipeSchedule forward_only(int stages, int virtual_stages, int micro_batches) {
     ListBuilder b{stages, virtual_stages, r, schedule[r]};
     for (int mb = 0; mb < micro_batches; ++mb)
       for (int c = 0; c < virtual_stages; ++c) b.forward(mb, c);
+    for (PipeAction& a : schedule[r]) a.slot = 0;
   }
   return schedule;
 }
@@ -183,17 +184,56 @@ std::string schedule_unsupported(PipeScheduleKind kind, int stages, int virtual_
   return "";
 }
 
+void assign_slots(PipeSchedule& schedule) {
+  for (std::vector<PipeAction>& actions : schedule) {
+    std::map<std::pair<int, int>, size_t> last;  // (chunk, micro-batch) -> its last action
+    for (size_t i = 0; i < actions.size(); ++i)
+      if (!actions[i].is_poll()) last[{actions[i].chunk, actions[i].micro_batch}] = i;
+    std::map<std::pair<int, int>, int> held;  // (chunk, micro-batch) -> slot
+    std::vector<bool> busy;
+    for (size_t i = 0; i < actions.size(); ++i) {
+      PipeAction& a = actions[i];
+      if (a.is_poll()) continue;
+      const std::pair<int, int> key{a.chunk, a.micro_batch};
+      auto it = held.find(key);
+      if (it == held.end()) {
+        const auto free = std::find(busy.begin(), busy.end(), false);
+        const int slot = static_cast<int>(free - busy.begin());
+        if (free == busy.end()) busy.push_back(true);
+        busy[static_cast<size_t>(slot)] = true;
+        it = held.emplace(key, slot).first;
+      }
+      a.slot = it->second;
+      if (last[key] == i) {
+        busy[static_cast<size_t>(a.slot)] = false;
+        held.erase(it);
+      }
+    }
+  }
+}
+
+int slots_needed(const std::vector<PipeAction>& actions) {
+  int most = 0;
+  for (const PipeAction& a : actions) most = std::max(most, a.slot + 1);
+  return most;
+}
+
 PipeSchedule make_schedule(PipeScheduleKind kind, int stages, int virtual_stages,
                            int micro_batches) {
+  PipeSchedule schedule;
   switch (kind) {
     case PipeScheduleKind::interleaved:
-      return interleaved_1f1b(stages, virtual_stages, micro_batches);
+      schedule = interleaved_1f1b(stages, virtual_stages, micro_batches);
+      break;
     case PipeScheduleKind::zero_bubble:
-      return zero_bubble_h1(stages, micro_batches);
+      schedule = zero_bubble_h1(stages, micro_batches);
+      break;
     case PipeScheduleKind::one_f_one_b:
+      schedule = one_f_one_b(stages, micro_batches);
       break;
   }
-  return one_f_one_b(stages, micro_batches);
+  assign_slots(schedule);
+  return schedule;
 }
 
 double bubble_fraction(PipeScheduleKind kind, int stages, int virtual_stages,

@@ -49,6 +49,10 @@ struct PipeAction {
   int micro_batch;
   int chunk = 0;  // the rank's layer chunk (interleaved: virtual stage chunk * p + rank)
   int peer = -1;  // pipeline rank a message goes to or comes from
+  // The activation slot of (chunk, micro-batch) on this rank: where its forward keeps what its
+  // backward needs, from its activation's receive (or forward) to its last action
+  // (make_schedule assigns them; -1 = none yet).
+  int slot = -1;
   bool is_compute() const {
     return kind == fwd || kind == bwd || kind == bwd_input || kind == bwd_weight;
   }
@@ -71,9 +75,16 @@ PipeSchedule interleaved_1f1b(int stages, int virtual_stages, int micro_batches)
 // ZB-H1: 1F1B's order of forwards and input-gradient backwards, with stage s running W of
 // micro-batch j after B of j + s, and its deferred W passes in the cool-down's gaps.
 PipeSchedule zero_bubble_h1(int stages, int micro_batches);
-// Forward only (evaluation): micro-batch after micro-batch, each down every virtual stage.
+// Forward only (evaluation): micro-batch after micro-batch, each down every virtual stage, all
+// in slot 0.
 PipeSchedule forward_only(int stages, int virtual_stages, int micro_batches);
-// The schedule `kind` (virtual_stages is used by interleaved only).
+// Gives every action of each rank's list the activation slot of its (chunk, micro-batch): the
+// lowest free one when the pair is first named, free again after its last action. A slot
+// holds one chunk's layers; a rank needs slots_needed() of them, the most (chunk, micro-batch)
+// pairs it holds at once.
+void assign_slots(PipeSchedule& schedule);
+int slots_needed(const std::vector<PipeAction>& actions);
+// The schedule `kind` with its slots assigned (virtual_stages is used by interleaved only).
 PipeSchedule make_schedule(PipeScheduleKind kind, int stages, int virtual_stages,
                            int micro_batches);
 // Why `kind` cannot run p stages, v chunks and m micro-batches ("" when it can).

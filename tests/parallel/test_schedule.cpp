@@ -61,7 +61,22 @@ SimResult simulate(const PipeSchedule& sched, bool rendezvous, int stop_poll = -
   std::map<std::tuple<int, int, int>, int> state;  // (rank, chunk, mb) -> 1 F, 2 B, 3 W
   std::vector<std::set<int>> started(p);           // polls started, per rank
   std::vector<int> cut(p, 1 << 30);
+  // Activation slots (make_schedule's): rank -> slot -> the (chunk, micro-batch) holding it.
+  std::vector<std::map<int, std::pair<int, int>>> holder(p);
   SimResult res;
+  // A pair holds its slot from its first action to its backward's last pass (what it keeps
+  // there); its gradient's send after that reads the running gradient, not the slot.
+  // (Evaluation's forward-only lists reuse slot 0 for every pair: no backward needs it.)
+  bool training = false;
+  for (const auto& list : sched)
+    for (const PipeAction& a : list) training |= a.finishes_weights();
+  auto occupy = [&](int s, const PipeAction& x) {
+    if (!training || x.slot < 0 || x.kind == PipeAction::send_grad) return;
+    const std::pair<int, int> key{x.chunk, x.micro_batch};
+    auto [it, fresh] = holder[s].emplace(x.slot, key);
+    if (!fresh && it->second != key) res.error = "two micro-batches in one activation slot";
+    if (x.finishes_weights()) holder[s].erase(it);
+  };
   res.forwards.assign(p, 0);
   auto group_end = [&](int s) {
     size_t e = pc[s];
@@ -110,6 +125,7 @@ SimResult simulate(const PipeSchedule& sched, bool rendezvous, int stop_poll = -
         continue;
       }
       if (x.is_compute()) {
+        occupy(s, x);
         int& st = state[{s, x.chunk, x.micro_batch}];
         const int want = x.kind == PipeAction::fwd ? 0 : x.kind == PipeAction::bwd_weight ? 2 : 1;
         if (st != want) res.error = "a pass out of order (F, then B, then W)";
@@ -126,6 +142,7 @@ SimResult simulate(const PipeSchedule& sched, bool rendezvous, int stop_poll = -
         for (size_t i = pc[s]; i < end; ++i) {
           const PipeAction& m = a[i];
           if (m.micro_batch >= cut[s]) continue;
+          occupy(s, m);
           const bool act = m.kind == PipeAction::send_act || m.kind == PipeAction::recv_act;
           if (m.kind == PipeAction::send_act || m.kind == PipeAction::send_grad) {
             sends[{s, m.peer}].push_back(
@@ -262,6 +279,9 @@ TEST_CASE("schedule: interleaved and zero-bubble orders are Megatron's and ZB-H1
         for (int r = 0; r < p; ++r) {
           CHECK(chunk_in_flight(four[r]) == chunk_in_flight(many[r]));
           CHECK(rank_in_flight(four[r]) == rank_in_flight(many[r]));
+          // The slots: as many as pairs in flight at the peak, no more.
+          CHECK(slots_needed(four[r]) == rank_in_flight(four[r]));
+          CHECK(slots_needed(many[r]) == rank_in_flight(many[r]));
         }
       }
 }

@@ -195,6 +195,29 @@ TEST_CASE("plan: each pipeline schedule's bubble, traffic and memory, and the pi
   CHECK(format_plan(inter, *b).find("(interleaved v 2, 4 micro-batches)") != std::string::npos);
 }
 
+// The 72B configs for pp 4 and pp 8 (4 and 8 nodes of H100) run the schedule the planner picks
+// for them, and fit, as their headers say.
+TEST_CASE("plan: the 72B pp 4 and pp 8 configs run the schedule the planner picks", "[model]") {
+  for (int pp : {4, 8}) {
+    INFO("pp " << pp);
+    absl::StatusOr<Config> cfg = load_config(
+        tr::test::source_dir() + "/configs/qwen2.5-72b-pp" + std::to_string(pp) + ".yaml", {});
+    REQUIRE(cfg.ok());
+    CHECK(cfg->parallel.pp == pp);
+    absl::StatusOr<Plan> p = make_plan(*cfg, *gpu_spec("h100"), pp, 8);
+    REQUIRE(p.ok());
+    CHECK(p->fits);
+    CHECK(p->layout.micro_batches == 32);
+    int picks = 0;
+    for (const ScheduleOption& o : schedule_options(*cfg, *p))
+      if (o.pick) {
+        ++picks;
+        CHECK(o.schedule == p->layout.schedule_text());
+      }
+    CHECK(picks == 1);
+  }
+}
+
 // Recomputation in the planner: the activations a real model of each mode allocates, the
 // FLOPs run again (closed form) and its line in the report.
 TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand", "[model]") {

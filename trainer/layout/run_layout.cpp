@@ -23,7 +23,7 @@ int RunLayout::in_flight() const {
   // The most in flight is reached by the end of the warm-up, which is shorter than 4 pp
   // micro-batches under every schedule; a step of more holds as many as one of 4 pp.
   const int64_t m = std::min<int64_t>(micro_batches, 4 * topo.pp);
-  return chunk_in_flight(
+  return slots_needed(
       make_schedule(schedule, topo.pp, virtual_stages, static_cast<int>(m))[topo.pp_rank]);
 }
 

@@ -41,9 +41,9 @@ struct RunLayout {
   int recompute_passes() const { return split_backward() ? 2 : 1; }
   // This rank's pipeline actions in one step (parallel/schedule.h).
   std::vector<PipeAction> pipeline_actions() const;
-  // Micro-batches whose activations one chunk of this rank holds at once under its schedule
+  // The (chunk, micro-batch) pairs whose activations this rank holds at once under its schedule
   // (1F1B: the warm-up depth pp - stage, or every micro-batch of a step when there are fewer):
-  // the model's activation slots.
+  // the model's activation slots, each holding one chunk's layers.
   int in_flight() const;
   // This rank holds one of the tied embedding's two copies (tied, pp > 1, first or last stage):
   // the optimizer sums their gradients and keeps them equal over the embed group.

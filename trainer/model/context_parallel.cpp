@@ -11,7 +11,7 @@ namespace tr {
 void Qwen2Model::context_attention_fwd(int slot, int64_t l) {
   const ModelDims& d = dims_;
   TR_ASSERT(cp_ != nullptr && cp_->size() == d.cp, "context parallelism needs set_cp_comm()");
-  const Acts::Layer& L = a_->slots[slot].layers[l];
+  const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   Acts& a = *a_;
   const int64_t S = seq_len_, nh = d.heads, hd = d.head_dim;
   for (int64_t b = 0; b < batch_; ++b) {
@@ -23,7 +23,7 @@ void Qwen2Model::context_attention_fwd(int slot, int64_t l) {
 
 void Qwen2Model::context_attention_bwd(int slot, int64_t l) {
   const ModelDims& d = dims_;
-  const Acts::Layer& L = a_->slots[slot].layers[l];
+  const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   Acts& a = *a_;
   const int64_t S = seq_len_, nh = d.heads, hd = d.head_dim;
   for (int64_t b = 0; b < batch_; ++b) {

@@ -31,7 +31,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
       params_(params) {
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
   for (int c = 0; c < dims.num_chunks(); ++c)
-    layer_chunk_.insert(layer_chunk_.end(), static_cast<size_t>(dims.chunks[c].layers), c);
+    for (int64_t j = 0; j < dims.chunks[c].layers; ++j) layer_pos_.push_back(j);
   body_write_.assign(dims.chunks.size(), GradWrite::add);
   weight_write_.assign(dims.chunks.size(), GradWrite::add);
   TR_ASSERT(dims.cp == 1 || o.seq_len % (2 * dims.cp) == 0,
@@ -112,13 +112,21 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   const int64_t full = std::min(d.recompute_full, d.layers);
   if (full > 0 || d.recompute_selective) recomputed(a_->rc);
   if (full > 0) kept(a_->rc);
+  // A slot holds one chunk's layers (any chunk's: slots are the schedule's, parallel/schedule.h).
+  // Its layer j is recomputed in full when it is among the first recompute_full layers of this
+  // rank in every chunk that has a layer j.
+  int64_t positions = 0;
+  for (const ModelDims::Chunk& c : d.chunks) positions = std::max(positions, c.layers);
+  auto full_at = [&](int64_t j) {
+    for (int c = 0; c < d.num_chunks(); ++c)
+      if (j < d.chunks[c].layers && d.chunk_begin(c) + j >= full) return false;
+    return true;
+  };
   for (int k = 0; k < slots_; ++k) {
     Acts::Slot& slot = a_->slots.emplace_back();
-    // Each chunk's layers' inputs and its output: resid[l + c] enters local layer l of chunk c.
-    for (int64_t l = 0; l < d.layers + d.num_chunks(); ++l)
-      slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
-    for (int64_t l = 0; l < d.layers; ++l) {
-      if (l < full) {  // only resid[l] is kept
+    for (int64_t j = 0; j <= positions; ++j) slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
+    for (int64_t j = 0; j < positions; ++j) {
+      if (full_at(j)) {  // only resid[j] is kept
         slot.layers.push_back(a_->rc);
         continue;
       }

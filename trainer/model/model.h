@@ -65,7 +65,9 @@ struct ModelOptions {
   bool separate_compute_copy = false;
   int64_t loss_chunk = 0;     // tokens per loss chunk; 0 = loss_chunk_tokens()
   int64_t flat_multiple = 1;  // the flat buffers hold a multiple of this (ZeRO-1's alignment)
-  int slots = 1;  // micro-batches in flight at once (pipeline stages keep their activations)
+  // Activation slots, each holding one chunk's layers for one micro-batch: the pipeline
+  // schedule's count of (chunk, micro-batch) pairs in flight at once.
+  int slots = 1;
   // The backward runs as two passes (zero-bubble pipelines): backward_input, then later
   // backward_weight; each slot keeps the linears' output gradients in between.
   bool split_backward = false;
@@ -94,6 +96,7 @@ class Qwen2Model {
   ~Qwen2Model();
 
   int64_t loss_chunk() const { return chunk_; }  // tokens per loss chunk
+  int activation_slots() const { return slots_; }  // ModelOptions::slots
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
@@ -192,8 +195,8 @@ class Qwen2Model {
   int64_t seq_total_;  // tokens of each sequence
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
   int slots_ = 1;
-  bool split_ = false;            // ModelOptions::split_backward
-  std::vector<int> layer_chunk_;  // the chunk of each local layer
+  bool split_ = false;              // ModelOptions::split_backward
+  std::vector<int64_t> layer_pos_;  // each local layer's place in its chunk (and in a slot)
   Comm* tp_ = nullptr;
   Comm* cp_ = nullptr;
   ParamEvents* events_ = nullptr;

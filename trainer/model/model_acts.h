@@ -39,6 +39,7 @@ struct Qwen2Model::Acts {
     Tensor lnf, rstdf;          // [T, H], [Tl] (last stage)
   };
   std::vector<Slot> slots;
+  Layer& layer(int slot, int64_t pos) { return slots[slot].layers[pos]; }  // pos: in its chunk
   // Activation recomputation: the buffers of the layers' recomputed activations, shared by all
   // layers and slots (every buffer for fully recomputed layers; ln1, ln2 and act for selective
   // recomputation). A slot's Layer views them instead of owning them.

@@ -68,11 +68,11 @@ void Qwen2Model::sync_replicated_grads() {
   layer_norms_summed_ = false;
 }
 
-Tensor Qwen2Model::stage_input(int slot, int chunk) const {
-  return a_->slots[slot].resid[dims_.chunk_begin(chunk) + chunk];
+Tensor Qwen2Model::stage_input(int slot, int) const {
+  return a_->slots[slot].resid[0];
 }
 Tensor Qwen2Model::stage_output(int slot, int chunk) const {
-  return a_->slots[slot].resid[dims_.chunk_begin(chunk) + dims_.chunks[chunk].layers + chunk];
+  return a_->slots[slot].resid[dims_.chunks[chunk].layers];
 }
 Tensor Qwen2Model::recv_grad_buffer() const {
   return a_->grad_in;
@@ -82,7 +82,7 @@ Tensor Qwen2Model::send_grad_buffer() const {
 }
 
 Tensor Qwen2Model::resid(int slot, int64_t l) const {
-  return a_->slots[slot].resid[l + layer_chunk_[l]];
+  return a_->slots[slot].resid[layer_pos_[l]];
 }
 
 bool Qwen2Model::holds_head(int chunk) const {
@@ -109,26 +109,27 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk) {
   // layer's first norm (or the final norm) at the end of a layer.
   if (end > begin) {
     need(w_.layers[begin].ln1);
-    rmsnorm_fwd(ctx_, sp ? a.ln_local : S.layers[begin].ln1, S.layers[begin].rstd1, input,
-                w_.layers[begin].ln1, d.eps);
+    rmsnorm_fwd(ctx_, sp ? a.ln_local : a_->layer(slot, layer_pos_[begin]).ln1,
+                a_->layer(slot, layer_pos_[begin]).rstd1, input, w_.layers[begin].ln1, d.eps);
   } else if (head) {
     need(w_.norm);
     rmsnorm_fwd(ctx_, sp ? a.ln_local : S.lnf, S.rstdf, input, w_.norm, d.eps);
   }
   for (int64_t l = begin; l < end; ++l) {
     const LayerWeights& w = w_.layers[l];
-    Acts::Layer& L = S.layers[l];
+    Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
     if (events_ != nullptr)
       events_->weights_needed(layer_ranges_[l].first, layer_ranges_[l].second);
     layer_fwd(slot, l);
     linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
-    reduce_to_local(full_or(a.tmp), a.tmp);      // row-parallel
-    const Tensor next = S.resid[l + 1 + chunk];  // layer l's output
+    reduce_to_local(full_or(a.tmp), a.tmp);          // row-parallel
+    const Tensor next = S.resid[layer_pos_[l] + 1];  // layer l's output
     if (l + 1 < end) {
       need(w_.layers[l + 1].ln1);
-      add_rmsnorm_fwd(ctx_, next, sp ? a.ln_local : S.layers[l + 1].ln1, S.layers[l + 1].rstd1,
-                      L.x_mid, a.tmp, w_.layers[l + 1].ln1, d.eps);
+      add_rmsnorm_fwd(ctx_, next, sp ? a.ln_local : a_->layer(slot, layer_pos_[l + 1]).ln1,
+                      a_->layer(slot, layer_pos_[l + 1]).rstd1, L.x_mid, a.tmp,
+                      w_.layers[l + 1].ln1, d.eps);
     } else if (head) {
       need(w_.norm);
       add_rmsnorm_fwd(ctx_, next, sp ? a.ln_local : S.lnf, S.rstdf, L.x_mid, a.tmp, w_.norm, d.eps);
@@ -149,12 +150,11 @@ void Qwen2Model::need(const Tensor& w) {
 
 void Qwen2Model::layer_fwd(int slot, int64_t l) {
   const ModelDims& d = dims_;
-  Acts::Slot& S = a_->slots[slot];
   const int64_t T = batch_ * seq_len_;
   const bool sp = d.sequence_parallel;
   Acts& a = *a_;
   const LayerWeights& w = w_.layers[l];
-  Acts::Layer& L = S.layers[l];
+  Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
   Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
   rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_),
@@ -172,7 +172,7 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
 void Qwen2Model::attention_fwd_of(int slot, int64_t l) {
   const ModelDims& d = dims_;
   if (d.cp > 1) return context_attention_fwd(slot, l);
-  const Acts::Layer& L = a_->slots[slot].layers[l];
+  const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
                 static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
                 static_cast<int>(d.head_dim));
@@ -181,7 +181,7 @@ void Qwen2Model::attention_fwd_of(int slot, int64_t l) {
 void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
   const ModelDims& d = dims_;
   if (d.cp > 1) return context_attention_bwd(slot, l);
-  const Acts::Layer& L = a_->slots[slot].layers[l];
+  const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   attention_bwd(ctx_, a_->dqkv, a_->datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
                 static_cast<int>(seq_len_), static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
                 static_cast<int>(d.head_dim));
@@ -189,13 +189,12 @@ void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
 
 void Qwen2Model::recompute_layer(int slot, int64_t l) {
   const ModelDims& d = dims_;
-  Acts::Slot& S = a_->slots[slot];
   const bool full = l < d.recompute_full;
   if (!full && !d.recompute_selective) return;
   const bool sp = d.sequence_parallel;
   Acts& a = *a_;
   const LayerWeights& w = w_.layers[l];
-  Acts::Layer& L = S.layers[l];
+  Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   // The forward fused this norm into the previous layer's residual add, which normalises the
   // stored sum: the same values as normalising the layer's input here.
   rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln1, L.rstd1, resid(slot, l), w.ln1, d.eps);
@@ -295,7 +294,7 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
   for (int64_t l = end - 1; l >= begin; --l) {
     const LayerWeights& w = w_.layers[l];
     const LayerWeights& g = g_.layers[l];
-    Acts::Layer& L = S.layers[l];
+    Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     recompute_layer(slot, l);
     // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
     Tensor dy = kept(gather_tokens(a.dres, a.full), L.dy_down);
@@ -334,13 +333,12 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
 void Qwen2Model::backward_weight(int slot, bool last_of_step, int chunk) {
   TR_ASSERT(split_, "backward_weight needs ModelOptions::split_backward");
   const ModelDims& d = dims_;
-  Acts::Slot& S = a_->slots[slot];
   const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
   const GradWrite gw = weight_write_[chunk];
   for (int64_t l = end - 1; l >= begin; --l) {
     const LayerWeights& w = w_.layers[l];
     const LayerWeights& g = g_.layers[l];
-    const Acts::Layer& L = S.layers[l];
+    const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     recompute_layer(slot, l);  // the GEMMs' inputs that recomputation dropped, again
     linear_bwd(ctx_, Tensor(), g.down_w, Tensor(), L.dy_down, L.act, w.down_w, gw);
     linear_bwd(ctx_, Tensor(), g.gateup_w, Tensor(), L.dgateup, L.ln2, w.gateup_w, gw);

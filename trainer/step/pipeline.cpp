@@ -40,8 +40,8 @@ P2P p2p_of(Session& s, const PipeAction& a, int slot) {
 // buffer a gradient is sent from) and before a forward that writes the activation being sent.
 // Returns the micro-batch the step was cut at (m when it was not).
 template <typename Compute>
-int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, int slots,
-                PipelineRun* run, Compute&& compute) {
+int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, PipelineRun* run,
+                Compute&& compute) {
   const int lag = stop_poll_lag(s.topo().pp);
   int cut_at = m;          // actions on micro-batches >= cut_at are dropped
   int32_t poll_flag = 0;   // the poll in flight: this rank's stop signal, then every rank's max
@@ -52,8 +52,8 @@ int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, int s
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
     const bool dropped = a.micro_batch >= cut_at;  // polls too: none from here on was started
-    const int slot = a.micro_batch % slots;
-    if (a.is_comm()) {  // what is left of a group is posted at its end
+    const int slot = a.slot;  // the schedule's activation slot for (chunk, micro-batch)
+    if (a.is_comm()) {        // what is left of a group is posted at its end
       if (!dropped) group.push_back(p2p_of(s, a, slot));
       if (!group.empty() && (i + 1 == actions.size() || !actions[i + 1].is_comm())) {
         pp.wait(in_flight);
@@ -102,13 +102,14 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
   TR_ASSERT(m == s.layout.micro_batches, "a step's micro-batches are the layout's");
   const std::vector<PipeAction> actions =
       with_stop_polls({s.layout.pipeline_actions()}, stop_poll_lag(s.topo().pp))[0];
-  const int slots = s.layout.in_flight();
+  TR_ASSERT(slots_needed(actions) <= s.model->activation_slots(),
+            "the schedule needs more activation slots than the model holds");
   const int last_chunk = s.model->dims().num_chunks() - 1;
   PipelineRun run;
   // TR_TRACE_PIPELINE=1: each stage's first TP/DP rank prints the compute order it executed.
   const bool trace = switch_on(Switch::trace_pipeline);
   std::vector<PipeAction> executed;
-  run_actions(s, actions, m, slots, &run, [&](const PipeAction& a, int slot) {
+  run_actions(s, actions, m, &run, [&](const PipeAction& a, int slot) {
     if (trace) executed.push_back(a);
     const Tensor tokens = s.io->inputs(a.micro_batch);
     // The last micro-batch's weight gradients finish each layer's: DP buckets start.
@@ -150,7 +151,7 @@ double forward_pipeline(Session& s, const data::StepBatch& batch) {
   const int last_chunk = s.model->dims().num_chunks() - 1;
   PipelineRun unused;
   // One micro-batch at a time down every virtual stage, in slot 0.
-  run_actions(s, forward_only(s.topo().pp, last_chunk + 1, m)[s.topo().pp_rank], m, 1, &unused,
+  run_actions(s, forward_only(s.topo().pp, last_chunk + 1, m)[s.topo().pp_rank], m, &unused,
               [&](const PipeAction& a, int) {
                 s.model->forward_stage(0, s.io->inputs(a.micro_batch), a.chunk);
                 if (s.topo().last_stage() && a.chunk == last_chunk)
