@@ -148,12 +148,14 @@ inline CkptTensors read_checkpoint(const std::string& config, const std::string&
   return t;
 }
 
-// Two checkpoints hold the same weights and Adam moments, bit for bit.
+// Two checkpoints hold the same weights and Adam moments, bit for bit. `sets`: the model's
+// --set flags both ran with.
 inline void check_same_checkpoint(const std::string& config_a, const std::string& path_a,
-                                  const std::string& config_b, const std::string& path_b) {
+                                  const std::string& config_b, const std::string& path_b,
+                                  const std::vector<std::string>& sets = {}) {
   INFO(path_a << " against " << path_b);
-  const CkptTensors a = read_checkpoint(config_a, path_a);
-  const CkptTensors b = read_checkpoint(config_b, path_b);
+  const CkptTensors a = read_checkpoint(config_a, path_a, sets);
+  const CkptTensors b = read_checkpoint(config_b, path_b, sets);
   CHECK(a.p == b.p);
   CHECK(a.m == b.m);
   CHECK(a.v == b.v);

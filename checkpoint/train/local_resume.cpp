@@ -113,8 +113,9 @@ int64_t LocalCheckpoints::newest(int64_t after, uint64_t run_id) {
     return *it;
   }
   if (why_not_.empty() && other_layout >= 0)
-    why_not_ = absl::StrCat("the local checkpoint of step ", other_layout,
-                            " was written by another layout (world, tp, pp, dp or ZeRO-1)");
+    why_not_ = absl::StrCat(
+        "the local checkpoint of step ", other_layout,
+        " was written by another layout (world, tp, pp, dp, virtual stages or ZeRO-1)");
   return -1;
 }
 

@@ -705,13 +705,22 @@ TEST_CASE("reliability: a killed run resumes from its node-local checkpoint, bit
 }
 
 // The same on 4 ranks with ZeRO-1's sharded fp32 masters (the GPU's layout on CPU ranks), as
-// tp 2 x dp 2 and as pp 2 x dp 2 (the tied embedding on both stages): a hung rank ends the job
+// tp 2 x dp 2 and as pp 2 x dp 2 (the tied embedding on both stages) under 1f1b, interleaved
+// (v 2) and zero-bubble: a hung rank ends the job
 // after parallel.timeout_s; the resume takes step 6 (or 4, when 6's background write was not yet
 // committed), every rank's part of it, the compute weights are gathered again from the shards and
 // the tied copies made equal, and the run ends bit for bit where one never stopped ends.
 TEST_CASE("reliability: 4 ranks with sharded masters resume from their local parts", "[cli][mpi]") {
-  for (const char* layout : {" --set parallel.tp=2", " --set parallel.pp=2"}) {
+  const std::string interleaved =
+      " --set parallel.pp=2 --set parallel.pipeline_schedule=interleaved"
+      " --set parallel.virtual_stages=2 --set model.num_layers=4 --set train.micro_batch=2";
+  for (const std::string& layout :
+       {std::string(" --set parallel.tp=2"), std::string(" --set parallel.pp=2"), interleaved,
+        std::string(" --set parallel.pp=2 --set parallel.pipeline_schedule=zero_bubble")}) {
     INFO(layout);
+    const std::vector<std::string> shape = layout == interleaved
+                                               ? std::vector<std::string>{"model.num_layers=4"}
+                                               : std::vector<std::string>{};
     RunDir run(8, ""), ref(8, "");
     const std::string local = std::string(layout) +
                               " --set parallel.zero1=true --set checkpoint.interval=0"
@@ -729,7 +738,7 @@ TEST_CASE("reliability: 4 ranks with sharded masters resume from their local par
     CHECK(resumed.output.find("resumed from the local checkpoint of step ") != std::string::npos);
     REQUIRE(ref.mpirun(4, local + (ref.dir / "local"), env).exit_code == 0);
     test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000008", ref.config,
-                                ref.dir / "ckpt/step_00000008");
+                                ref.dir / "ckpt/step_00000008", shape);
   }
   // A changed layout does not take them, and says why.
   RunDir other(8, "");
@@ -745,7 +754,8 @@ TEST_CASE("reliability: 4 ranks with sharded masters resume from their local par
       other.mpirun(4, local + " --set train.steps=5 --set train.micro_batch=2");
   INFO(changed.output);
   REQUIRE(changed.exit_code == 0);
-  CHECK(changed.output.find(" was written by another layout (world, tp, pp, dp or ZeRO-1); "
+  CHECK(changed.output.find(" was written by another layout (world, tp, pp, dp, virtual stages "
+                            "or ZeRO-1); "
                             "resuming from the start") != std::string::npos);
 }
 

@@ -95,7 +95,7 @@ class Qwen2Model {
   Qwen2Model(const ModelDims& dims, const ModelOptions& options, ParamBuffer& params, Ctx ctx);
   ~Qwen2Model();
 
-  int64_t loss_chunk() const { return chunk_; }  // tokens per loss chunk
+  int64_t loss_chunk() const { return chunk_; }    // tokens per loss chunk
   int activation_slots() const { return slots_; }  // ModelOptions::slots
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
