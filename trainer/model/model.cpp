@@ -141,12 +141,17 @@ void Qwen2Model::alloc_acts(Arena& ar) {
       kept(L);
       slot.layers.push_back(L);
     }
+    // A split backward keeps the linears' output gradients from B to W. Two of them go where
+    // B leaves activations that W does not read: dqkv over qkv (attention's input, which W's
+    // recomputation does not remake unless in full) and dgateup over gateup (unless
+    // recomputation remakes the SwiGLU output from it).
     if (split_)
-      for (Acts::Layer& L : slot.layers) {
+      for (int64_t j = 0; j < positions; ++j) {
+        Acts::Layer& L = slot.layers[j];
         L.dy_down = ar.alloc(dtype_, {T, H});
-        L.dgateup = ar.alloc(dtype_, {T, 2 * I});
         L.dy_o = ar.alloc(dtype_, {T, H});
-        L.dqkv = ar.alloc(dtype_, {T, Q});
+        L.dqkv = full_at(j) ? ar.alloc(dtype_, {T, Q}) : L.qkv;
+        L.dgateup = full_at(j) || d.recompute_selective ? ar.alloc(dtype_, {T, 2 * I}) : L.gateup;
       }
     if (d.last_stage) {
       slot.lnf = ar.alloc(dtype_, {T, H});

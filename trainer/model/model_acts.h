@@ -25,7 +25,8 @@ struct Qwen2Model::Acts {
     Tensor gateup;  // [T, 2I]
     Tensor act;     // [T, I] silu(gate) * up
     // Split backward (ModelOptions::split_backward): the output gradients of the layer's
-    // linears, from its B pass to its W pass.
+    // linears, from its B pass to its W pass (dqkv and dgateup in qkv's and gateup's memory
+    // where W does not need those again).
     Tensor dy_down;  // [T, H]
     Tensor dgateup;  // [T, 2I]
     Tensor dy_o;     // [T, H]

@@ -299,8 +299,8 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
     Tensor dy = kept(gather_tokens(a.dres, a.full), L.dy_down);
     linear_bwd(ctx_, a.dact, weight_grad(g.down_w), Tensor(), dy, L.act, w.down_w, gw);
-    const Tensor dgateup = weights ? a.dgateup : L.dgateup;
-    swiglu_bwd(ctx_, dgateup, a.dact, L.gateup);
+    swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
+    const Tensor dgateup = kept(a.dgateup, L.dgateup);  // (gateup is not read after this)
     linear_bwd(ctx_, full_or(a.dln), weight_grad(g.gateup_w), Tensor(), dgateup, L.ln2, w.gateup_w,
                gw);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input: every rank's share of d ln2
@@ -313,7 +313,7 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_), d.rope,
              a.positions);
-    const Tensor dqkv = kept(a.dqkv, L.dqkv);
+    const Tensor dqkv = kept(a.dqkv, L.dqkv);  // (qkv is not read after attention's backward)
     linear_bwd(ctx_, full_or(a.dln), weight_grad(g.qkv_w), weight_grad(g.qkv_b), dqkv, L.ln1,
                w.qkv_w, gw);
     reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
