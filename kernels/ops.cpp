@@ -290,22 +290,34 @@ void check_attention(const OpCheck& c, const Tensor& out, const Tensor& lse, con
 }  // namespace
 
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
-                   int n_heads, int n_kv_heads, int head_dim) {
-  const OpCheck c(ctx, "attention_fwd", {{"out", out}, {"lse", lse}, {"qkv", qkv}});
+                   int n_heads, int n_kv_heads, int head_dim, Tensor doc_start) {
+  const OpCheck c(ctx, "attention_fwd",
+                  {{"out", out}, {"lse", lse}, {"qkv", qkv}, optional("doc_start", doc_start)});
   c.same_float_dtype({out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
-  TR_DISPATCH(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
+  OP_CHECK(c, doc_start.empty() ||
+                  (doc_start.dtype == DType::i32 && doc_start.numel() == int64_t{batch} * seq_len));
+  TR_DISPATCH(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim,
+              doc_start);
 }
 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
-                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim) {
+                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
+                   Tensor doc_start) {
   const OpCheck c(ctx, "attention_bwd",
-                  {{"dqkv", dqkv}, {"dout", dout}, {"out", out}, {"lse", lse}, {"qkv", qkv}});
+                  {{"dqkv", dqkv},
+                   {"dout", dout},
+                   {"out", out},
+                   {"lse", lse},
+                   {"qkv", qkv},
+                   optional("doc_start", doc_start)});
   c.same_float_dtype({dqkv, dout, out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
   OP_CHECK(c, dqkv.same_shape(qkv) && dout.same_shape(out));
+  OP_CHECK(c, doc_start.empty() ||
+                  (doc_start.dtype == DType::i32 && doc_start.numel() == int64_t{batch} * seq_len));
   TR_DISPATCH(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
-              head_dim);
+              head_dim, doc_start);
 }
 
 namespace {

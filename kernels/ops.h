@@ -79,11 +79,18 @@ void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& ro
 // heads (rope already applied). Query head h reads KV head h / (nh / nkv).
 // out [T, nh*hd]; lse [batch, nh, seq_len] log-sum-exp of the scaled scores (for backward;
 // f32, or f64 for f64 ops).
+// Block-causal (documents packed in a sequence): with `doc_start` (i32 [T] on ctx's device: for
+// each token, the position in its sequence where its document begins), key j of the same
+// sequence is visible to query i when doc_start[i] <= j <= i: each document attends only to
+// itself, as if it were a sequence of its own. Empty: every earlier key is visible. (CPU only
+// for now: the CUDA backend refuses it.)
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
-                   int n_heads, int n_kv_heads, int head_dim);
-// dqkv [T, (nh + 2*nkv) * hd] ASSIGNED, from dout [T, nh*hd] and the forward's out, lse, qkv.
+                   int n_heads, int n_kv_heads, int head_dim, Tensor doc_start = {});
+// dqkv [T, (nh + 2*nkv) * hd] ASSIGNED, from dout [T, nh*hd] and the forward's out, lse, qkv
+// (and the forward's doc_start).
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
-                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim);
+                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
+                   Tensor doc_start = {});
 
 // ---- attention in blocks (context parallelism: parallel/cp_attention.h) ----
 // One query block of a sequence against one key block: q, out [C, nh, hd]; k, v [Ck, nkv, hd];

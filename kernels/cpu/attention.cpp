@@ -1,6 +1,7 @@
 // Naive causal GQA attention, one (batch, head) at a time, scale hd^-0.5. The forward saves
 // the log-sum-exp of each query's scaled scores; the backward recomputes the probabilities
-// from q, k and lse (flash-attention style) and uses dS = P * (dP - rowsum(dO * O)).
+// from q, k and lse (flash-attention style) and uses dS = P * (dP - rowsum(dO * O)). Query i
+// sees keys first(i)..i: 0, or block-causal the start of its document (doc_start).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,6 +16,8 @@ namespace {
 // lse [batch, nh, seq_len]; token s of the batch element is row b * seq_len + s.
 struct AttnDims {
   int64_t batch, seq, nh, nkv, hd;
+  const int32_t* doc_start = nullptr;  // [batch * seq], or null: plain causal
+  int64_t first(int64_t b, int64_t i) const { return doc_start ? doc_start[b * seq + i] : 0; }
   int64_t qkv_row() const { return (nh + 2 * nkv) * hd; }
   int64_t group() const { return nh / nkv; }  // query heads per KV head
   int64_t q(int64_t b, int64_t h, int64_t s) const { return (b * seq + s) * qkv_row() + h * hd; }
@@ -41,13 +44,14 @@ void head_fwd(const AttnDims& d, int64_t b, int64_t h, const T* qkv, T* out, T* 
   for (int64_t i = 0; i < d.seq; ++i) {
     const T* qi = qkv + d.q(b, h, i);
     double max = -std::numeric_limits<double>::infinity();
-    for (int64_t j = 0; j <= i; ++j) {
+    const int64_t lo = d.first(b, i);
+    for (int64_t j = lo; j <= i; ++j) {
       p[j] = scale * dot(qi, qkv + d.k(b, g, j), d.hd);
       max = std::max(max, p[j]);
     }
     double sum = 0.0;
     std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = lo; j <= i; ++j) {
       p[j] = std::exp(p[j] - max);
       sum += p[j];
       const T* vj = qkv + d.v(b, g, j);
@@ -73,7 +77,7 @@ void head_bwd(const AttnDims& d, int64_t b, int64_t h, const T* qkv, const T* ou
     const double li = lse[d.l(b, h, i)];
     const double delta = dot(doi, out + d.o(b, h, i), d.hd);  // rowsum(dO * O)
     std::fill(dq.begin(), dq.end(), 0.0);
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = d.first(b, i); j <= i; ++j) {
       const T* kj = qkv + d.k(b, g, j);
       const T* vj = qkv + d.v(b, g, j);
       const double pij = std::exp(scale * dot(qi, kj, d.hd) - li);
@@ -124,16 +128,30 @@ void attention_bwd_impl(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor
 
 }  // namespace
 
+namespace {
+// The dims of one call, with its document starts checked: each within its token's sequence.
+AttnDims dims_of(int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
+                 Tensor doc_start) {
+  AttnDims d{batch, seq_len, n_heads, n_kv_heads, head_dim};
+  if (doc_start.empty()) return d;
+  d.doc_start = doc_start.ptr<int32_t>();
+  for (int64_t t = 0; t < d.batch * d.seq; ++t)
+    TR_ASSERT(d.doc_start[t] >= 0 && d.doc_start[t] <= t % d.seq,
+              "attention: a token's document starts after it or outside its sequence");
+  return d;
+}
+}  // namespace
+
 void attention_fwd(Ctx&, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len, int n_heads,
-                   int n_kv_heads, int head_dim) {
-  const AttnDims d{batch, seq_len, n_heads, n_kv_heads, head_dim};
+                   int n_kv_heads, int head_dim, Tensor doc_start) {
+  const AttnDims d = dims_of(batch, seq_len, n_heads, n_kv_heads, head_dim, doc_start);
   dispatch_float(qkv.dtype, "attention_fwd",
                  [&](auto tag) { attention_fwd_impl<decltype(tag)>(out, lse, qkv, d); });
 }
 
 void attention_bwd(Ctx&, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv, int batch,
-                   int seq_len, int n_heads, int n_kv_heads, int head_dim) {
-  const AttnDims d{batch, seq_len, n_heads, n_kv_heads, head_dim};
+                   int seq_len, int n_heads, int n_kv_heads, int head_dim, Tensor doc_start) {
+  const AttnDims d = dims_of(batch, seq_len, n_heads, n_kv_heads, head_dim, doc_start);
   dispatch_float(qkv.dtype, "attention_bwd", [&](auto tag) {
     attention_bwd_impl<decltype(tag)>(dqkv, dout, out, lse, qkv, d);
   });

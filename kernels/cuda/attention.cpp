@@ -288,8 +288,9 @@ bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, 
 }
 
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
-                   int n_heads, int n_kv_heads, int head_dim) {
+                   int n_heads, int n_kv_heads, int head_dim, Tensor doc_start) {
   check_bf16(qkv, "attention_fwd");
+  TR_ASSERT(doc_start.empty(), "block-causal attention (doc_start) has no CUDA path yet");
   const AttnGraph& a =
       Cudnn::get().graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false});
   char* base = static_cast<char*>(qkv.data);
@@ -303,8 +304,10 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
 }
 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
-                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim) {
+                   int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
+                   Tensor doc_start) {
   check_bf16(qkv, "attention_bwd");
+  TR_ASSERT(doc_start.empty(), "block-causal attention (doc_start) has no CUDA path yet");
   const AttnGraph& a = Cudnn::get().graph(
       {batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic});
   char* base = static_cast<char*>(qkv.data);

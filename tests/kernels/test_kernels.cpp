@@ -385,8 +385,12 @@ struct Attn {
   int64_t q(int64_t r, int64_t h, int64_t e) const { return r * width() + h * hd + e; }
   int64_t k(int64_t r, int64_t g, int64_t e) const { return q(r, nh + g, e); }
   int64_t v(int64_t r, int64_t g, int64_t e) const { return q(r, nh + nkv + g, e); }
-  void fwd() { attention_fwd(ctx, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd); }
-  void bwd() { attention_bwd(ctx, dqkv.t, dout.t, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd); }
+  void fwd(Tensor doc_start = {}) {
+    attention_fwd(ctx, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd, doc_start);
+  }
+  void bwd(Tensor doc_start = {}) {
+    attention_bwd(ctx, dqkv.t, dout.t, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd, doc_start);
+  }
 };
 
 TEST_CASE("kernels: attention_fwd on two tokens by hand", "[kernels]") {
@@ -474,6 +478,71 @@ TEST_CASE("kernels: GQA attention_bwd matches finite differences and assigns dqk
   };
   loss();
   check_grad_rule([&] { a.bwd(); }, {}, {&a.dqkv});
+  CHECK(rel_err(a.dqkv.values(), numeric_grad(a.qkv, loss)) < kFdTol);
+}
+
+// Block-causal attention (documents packed in a sequence): each document's rows of out, lse and
+// dqkv equal those of its own causal attention run as a sequence of its own, and the backward
+// matches finite differences.
+TEST_CASE("kernels: block-causal attention is each document's own attention", "[kernels]") {
+  // Two sequences of 12: documents [0, 4), [4, 9), [9, 12); and one document of 12.
+  const std::vector<std::pair<int, int>> docs0 = {{0, 4}, {4, 9}, {9, 12}};
+  std::vector<int32_t> starts;
+  for (const auto& [lo, hi] : docs0)
+    for (int i = lo; i < hi; ++i) starts.push_back(lo);
+  for (int i = 0; i < 12; ++i) starts.push_back(0);
+  const Tensor doc_start(starts.data(), DType::i32, Device::cpu, {24});
+  std::mt19937 rng(11);
+  for (DType dt : kFloatTypes) {
+    INFO(dtype_name(dt));
+    Attn a(dt, 2, 12, 4, 2, 8);
+    randomize(a.qkv, rng);
+    randomize(a.dout, rng);
+    a.fwd(doc_start);
+    a.bwd(doc_start);
+    // Each document alone, rows [lo, hi) of sequence b.
+    auto alone = [&](int b, int lo, int hi) {
+      const int n = hi - lo;
+      Attn d(dt, 1, n, 4, 2, 8);
+      for (int r = 0; r < n; ++r)
+        for (int64_t c = 0; c < a.width(); ++c)
+          d.qkv.set(r * a.width() + c, a.qkv.get((b * 12 + lo + r) * a.width() + c));
+      for (int r = 0; r < n; ++r)
+        for (int64_t c = 0; c < 4 * 8; ++c)
+          d.dout.set(r * 32 + c, a.dout.get((b * 12 + lo + r) * 32 + c));
+      d.fwd();
+      d.bwd();
+      std::vector<double> want, got;
+      for (int r = 0; r < n; ++r) {
+        for (int64_t c = 0; c < 32; ++c) {
+          want.push_back(d.out.get(r * 32 + c));
+          got.push_back(a.out.get((b * 12 + lo + r) * 32 + c));
+        }
+        for (int64_t c = 0; c < a.width(); ++c) {
+          want.push_back(d.dqkv.get(r * a.width() + c));
+          got.push_back(a.dqkv.get((b * 12 + lo + r) * a.width() + c));
+        }
+        for (int h = 0; h < 4; ++h) {
+          want.push_back(d.lse.get(h * n + r));
+          got.push_back(a.lse.get((b * 4 + h) * 12 + lo + r));
+        }
+      }
+      CHECK(rel_err(got, want) < (dt == DType::f32 ? kF32Tol : kF64Tol));
+    };
+    for (const auto& [lo, hi] : docs0) alone(0, lo, hi);
+    alone(1, 0, 12);
+  }
+  // The backward by finite differences, in f64.
+  Attn a(DType::f64, 2, 12, 4, 2, 4);
+  randomize(a.qkv, rng, -1.5, 1.5);
+  randomize(a.dout, rng);
+  const std::vector<double> g = a.dout.values();
+  auto loss = [&] {
+    a.fwd(doc_start);
+    return weighted_sum(a.out, g);
+  };
+  loss();
+  a.bwd(doc_start);
   CHECK(rel_err(a.dqkv.values(), numeric_grad(a.qkv, loss)) < kFdTol);
 }
 
