@@ -31,7 +31,17 @@ absl::Status validate_loader_options(const LoaderOptions& o) {
       return bad("data: position ", p, " is outside a sample of seq_len ", o.seq_len);
   if (o.prefetch_steps < 1)
     return bad("data: prefetch_steps is ", o.prefetch_steps, "; it must be >= 1");
+  if (o.eod_id >= 0 && !o.positions.empty())
+    return bad("data: document starts need every position of a sample (no context parallelism)");
   return absl::OkStatus();
+}
+
+void document_starts(const int32_t* inputs, int64_t n, int32_t eod, int32_t* doc_start) {
+  int32_t start = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i > 0 && inputs[i - 1] == eod) start = static_cast<int32_t>(i);
+    doc_start[i] = start;
+  }
 }
 
 absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const LoaderOptions& options,
@@ -54,11 +64,14 @@ absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const Loader
     if (m.inputs.empty()) {
       m.inputs.resize(mb * L);
       m.targets.resize(mb * L);
+      if (options.eod_id >= 0) m.doc_start.resize(mb * L);
     }
     const int64_t row = (j % mb) * L;
     if (keep.empty()) {
       std::copy(sample.begin(), sample.end() - 1, m.inputs.begin() + row);
       std::copy(sample.begin() + 1, sample.end(), m.targets.begin() + row);
+      if (options.eod_id >= 0)
+        document_starts(sample.data(), L, options.eod_id, m.doc_start.data() + row);
       continue;
     }
     for (int64_t i = 0; i < L; ++i) {

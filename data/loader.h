@@ -46,6 +46,9 @@ struct LoaderOptions {
   // Empty = all seq_len of them.
   std::vector<int64_t> positions;
   int prefetch_steps = 2;  // steps prepared ahead by the background thread (>= 1)
+  // >= 0: documents end at this token, and each micro-batch carries doc_start (block-causal
+  // attention). Needs every position (no context parallelism).
+  int32_t eod_id = -1;
 };
 
 // Checks the batch arithmetic; errors name the offending option.
@@ -55,7 +58,13 @@ absl::Status validate_loader_options(const LoaderOptions& options);
 struct MicroBatch {
   std::vector<int32_t> inputs;   // [micro_batch * L]: sample tokens t[:-1] (at the positions)
   std::vector<int32_t> targets;  // [micro_batch * L]: sample tokens t[1:] (at the positions)
+  // With LoaderOptions::eod_id: [micro_batch * L], for each input token the position in its
+  // sample where its document begins (0, or just after an end-of-document token); else empty.
+  std::vector<int32_t> doc_start;
 };
+
+// doc_start of one sample's `n` input tokens: a document begins at 0 and after each `eod`.
+void document_starts(const int32_t* inputs, int64_t n, int32_t eod, int32_t* doc_start);
 
 struct StepBatch {
   int64_t consumed_before = 0;            // consumed samples at the start of this step

@@ -471,6 +471,36 @@ TEST_CASE("data: loader inputs and targets are the shifted sample") {
   CHECK(next_ok(*loader).micro_batches[0].inputs[8] == 8);
 }
 
+// Block-causal attention's document starts: a document begins at a sample's first token and
+// right after each end-of-document token, per sample, in the loader's micro-batches.
+TEST_CASE("data: document starts restart after each end-of-document token") {
+  const std::vector<int32_t> x = {5, 0, 7, 8, 0, 0, 9};
+  std::vector<int32_t> starts(x.size());
+  document_starts(x.data(), static_cast<int64_t>(x.size()), 0, starts.data());
+  CHECK(starts == std::vector<int32_t>{0, 0, 2, 2, 2, 5, 6});
+  TempDir dir;
+  write_ramp(dir / "r", 8 * 10 + 1, 100);  // token p % 257 at stream position p
+  LoaderOptions o = loader_options({{dir / "r", 1.0}});
+  o.shuffle = false;
+  o.global_batch = 4;
+  o.eod_id = 13;  // at stream position 13: input 5 of sample 1
+  auto loader = make_loader(o);
+  const StepBatch step = next_ok(*loader);
+  const MicroBatch& m = step.micro_batches[0];  // samples 0 and 1
+  REQUIRE(m.doc_start.size() == 16);
+  CHECK(std::vector<int32_t>(m.doc_start.begin(), m.doc_start.begin() + 8) ==
+        std::vector<int32_t>(8, 0));
+  CHECK(std::vector<int32_t>(m.doc_start.begin() + 8, m.doc_start.end()) ==
+        std::vector<int32_t>{0, 0, 0, 0, 0, 0, 6, 6});
+  CHECK(step.micro_batches[1].doc_start == std::vector<int32_t>(16, 0));
+  // Without an end-of-document id there are none; with context parallelism they are refused.
+  o.eod_id = -1;
+  CHECK(next_ok(*make_loader(o)).micro_batches[0].doc_start.empty());
+  o.eod_id = 13;
+  o.positions = {0, 1, 6, 7};
+  CHECK_FALSE(validate_loader_options(o).ok());
+}
+
 TEST_CASE("data: loader resumes exactly from consumed samples, also with another dp") {
   TempDir dir;
   write_ramp(dir / "a", 5000, 77);

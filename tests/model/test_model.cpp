@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "checkpoint/train/ownership.h"
 #include "core/switches.h"
+#include "data/loader.h"
 #include "kernels/ops.h"
 #include "tests/model_util.h"
 #include "tests/test_util.h"
@@ -177,6 +178,48 @@ TEST_CASE("two micro-batches of one sample give the gradients of one batch of tw
                    forward_backward(halves.model, tok.data() + 8, tgt.data() + 8, scale);
   CHECK(std::abs(a - b) / a < 1e-6);
   CHECK(rel_diff(halves.params.grads(), one.params.grads()) < 1e-6);
+}
+
+// Block-causal attention (data.document_mask): a sample packing three documents gives the loss
+// and every gradient of the three run as sequences of their own, in fp64 (RoPE depends only on
+// relative positions, so the documents' offsets in the sample do not matter).
+TEST_CASE("model: a packed sample under block-causal attention is its documents run alone",
+          "[model]") {
+  const ModelConfig mc = small_config(false);
+  Topology topo;
+  const int32_t eod = 0;
+  // Documents [1 5 9 0] [4 4 7 2 0] [11 3 6], then the next token of the stream.
+  const std::vector<int32_t> x = {1, 5, 9, 0, 4, 4, 7, 2, 0, 11, 3, 6};
+  std::vector<int32_t> y(x.begin() + 1, x.end());
+  y.push_back(8);
+  std::vector<int32_t> starts(x.size());
+  data::document_starts(x.data(), 12, eod, starts.data());
+  const ModelOptions packed_options = {.batch = 1, .seq_len = 12, .dtype = DType::f64};
+  // fp64 weights: the seeded initial ones (f64 models are their own masters).
+  auto init = [&](Built& b) {
+    const std::vector<float> w = initial_weights(b.layout(), b.model.dims(), 3, 0.2);
+    std::copy(w.begin(), w.end(), b.params.weights().ptr<double>());
+  };
+  Built packed(ModelDims::from(mc, topo), packed_options);
+  init(packed);
+  const double loss = forward_backward(packed.model, x.data(), y.data(), 1.0f, starts.data());
+  const Tensor grads = packed.params.grads();
+  std::vector<double> want(static_cast<size_t>(grads.numel()), 0.0);
+  double want_loss = 0;
+  for (const auto& [lo, hi] : {std::pair{0, 4}, std::pair{4, 9}, std::pair{9, 12}}) {
+    const ModelOptions o = {.batch = 1, .seq_len = hi - lo, .dtype = DType::f64};
+    Built alone(ModelDims::from(mc, topo), o);
+    init(alone);
+    want_loss += forward_backward(alone.model, x.data() + lo, y.data() + lo, 1.0f);
+    const double* g = alone.params.grads().ptr<double>();
+    for (size_t i = 0; i < want.size(); ++i) want[i] += g[i];
+  }
+  CHECK(std::abs(loss / want_loss - 1) < 1e-12);
+  CHECK(test::rel_err(grads.ptr<double>(), want.data(), grads.numel()) < 1e-12);
+  // Plain causal attention reads across the documents: another loss.
+  Built across(ModelDims::from(mc, topo), packed_options);
+  init(across);
+  CHECK(std::abs(forward_backward(across.model, x.data(), y.data(), 1.0f) / want_loss - 1) > 1e-3);
 }
 
 TEST_CASE("gradients accumulate over micro-batches", "[model]") {

@@ -93,6 +93,10 @@ struct DataConfig {
   std::string format = "auto";  // auto | megatron | llmc
   // Byte-tokenized data (prepare_data's default) under a model.preset is refused unless true.
   bool allow_byte_tokenizer = false;
+  // none | block_causal: attention within each document of a sample only, documents ending at
+  // the end-of-document token `eod_id` (-1: the datasets' metadata's).
+  std::string document_mask = "none";
+  int64_t eod_id = -1;
 };
 
 struct TrainConfig {

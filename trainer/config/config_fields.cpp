@@ -103,6 +103,15 @@ const std::vector<Field>& fields() {
       TR_FIELD(data, allow_byte_tokenizer, Bool, 0, 0,
                "accept data made by prepare_data's byte tokenizer under a model.preset (refused "
                "by default: a Qwen model wants its own tokenizer's ids)"),
+      TR_FIELD(data, document_mask, String, 0, 0,
+               "block_causal: each token attends only to the earlier tokens of its own document "
+               "(documents packed in a sample end at the end-of-document token, data.eod_id), as "
+               "Llama 3 was pretrained; none: to every earlier token of the sample (Megatron's "
+               "default). CPU backend, without context parallelism, for now",
+               {"none", "block_causal"}),
+      TR_FIELD(data, eod_id, Int, -1, kMaxI,
+               "the end-of-document token id for data.document_mask; -1 = the one prepare_data "
+               "recorded in the datasets' metadata"),
       TR_FIELD(train, steps, Int, 1, kMaxI, "optimizer steps to run in total"),
       TR_FIELD(train, global_batch, Int, 1, kMaxI, "samples per optimizer step over all DP ranks"),
       TR_FIELD(train, micro_batch, Int, 1, kMaxI, "samples per forward/backward on one rank"),

@@ -133,7 +133,10 @@ class Qwen2Model {
   // backward of the chunk, after which each of its layers' gradients are final; the model
   // reports each layer to the subscriber as it finishes it (under sequence parallelism having
   // summed its norms' gradients over TP first).
-  void forward_stage(int slot, Tensor tokens, int chunk = 0);
+  // `doc_start` (i32 [tokens_per_micro_batch()], or empty): block-causal attention's document
+  // starts of the micro-batch (kernels/ops.h attention_fwd), kept with the slot for its
+  // backward; not under context parallelism.
+  void forward_stage(int slot, Tensor tokens, int chunk = 0, Tensor doc_start = {});
   void stage_loss(int slot, Tensor targets, float grad_scale, bool grad, Tensor loss_sum);
   void backward_stage(int slot, Tensor tokens, bool last_of_step, int chunk = 0);
   // With ModelOptions::split_backward, backward_stage in two passes: backward_input (B: the

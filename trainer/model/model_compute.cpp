@@ -89,7 +89,7 @@ bool Qwen2Model::holds_head(int chunk) const {
   return dims_.last_stage && chunk == dims_.num_chunks() - 1;
 }
 
-void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk) {
+void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, Tensor doc_start) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   const bool sp = d.sequence_parallel;
@@ -98,6 +98,9 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk) {
   const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
   const bool head = holds_head(chunk);
   const Tensor input = stage_input(slot, chunk);
+  TR_ASSERT(doc_start.empty() || (d.cp == 1 && doc_start.numel() == T),
+            "forward_stage: document starts of every token, without context parallelism");
+  S.doc_start = doc_start;
   if (d.first_stage && chunk == 0) {
     TR_ASSERT(tokens.numel() == T, "forward_stage: a micro-batch's tokens");
     Tensor emb = full_or(input);
@@ -175,7 +178,7 @@ void Qwen2Model::attention_fwd_of(int slot, int64_t l) {
   const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
                 static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
-                static_cast<int>(d.head_dim));
+                static_cast<int>(d.head_dim), a_->slots[slot].doc_start);
 }
 
 void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
@@ -184,7 +187,7 @@ void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
   const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   attention_bwd(ctx_, a_->dqkv, a_->datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
                 static_cast<int>(seq_len_), static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
-                static_cast<int>(d.head_dim));
+                static_cast<int>(d.head_dim), a_->slots[slot].doc_start);
 }
 
 void Qwen2Model::recompute_layer(int slot, int64_t l) {

@@ -25,10 +25,16 @@ class StepIO {
   // a device they are copied into pinned host memory and uploaded with one asynchronous copy. The
   // previous upload from that memory has run by then: the last step's take() waited for the
   // stream, which holds every earlier copy.
+  // `doc_starts` (block-causal attention's document starts, one array per micro-batch) may be
+  // empty.
   void stage(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
-             int64_t tokens);
+             int64_t tokens, const std::vector<const int32_t*>& doc_starts = {});
   Tensor inputs(size_t micro_batch) const { return inputs_.at(micro_batch); }    // i32 [tokens]
   Tensor targets(size_t micro_batch) const { return targets_.at(micro_batch); }  // i32 [tokens]
+  // i32 [tokens], or empty when none was staged.
+  Tensor doc_start(size_t micro_batch) const {
+    return doc_starts_.empty() ? Tensor() : doc_starts_.at(micro_batch);
+  }
 
   // f64 [1] each on the device: the sum of the per-token losses the last stage has computed
   // since the last reset (Qwen2Model::stage_loss adds to it), and this rank's share of the
@@ -43,14 +49,14 @@ class StepIO {
   Buffer scalars_buf_;
   Tensor scalars_;     // f64 [2]: loss_sum, norm_squares
   Buffer host_, dev_;  // the staged arrays: pinned on the host, and on the device
-  std::vector<Tensor> inputs_, targets_;
+  std::vector<Tensor> inputs_, targets_, doc_starts_;
 };
 
 // One micro-batch through a whole (single-stage) model: forward, loss and backward, gradients
 // ACCUMULATED into the model's buffer scaled by grad_scale; returns the sum of the per-token
-// losses (a host sync). For tests and tools, without sequence parallelism; the trainer's step
-// runs the pipeline.
+// losses (a host sync). `doc_start`: block-causal attention's document starts, or null. For tests
+// and tools, without sequence parallelism; the trainer's step runs the pipeline.
 double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t* targets,
-                        float grad_scale);
+                        float grad_scale, const int32_t* doc_start = nullptr);
 
 }  // namespace tr

@@ -68,6 +68,20 @@ absl::Status resolve_backend(Session& s) {
   return absl::OkStatus();
 }
 
+// The end-of-document id that block-causal attention cuts documents at: data.eod_id, else the one
+// prepare_data recorded for the training data.
+absl::StatusOr<int32_t> document_eod(const Config& c) {
+  if (c.data.eod_id >= 0) return static_cast<int32_t>(c.data.eod_id);
+  for (const DataSource& src : c.data.train) {
+    absl::StatusOr<std::optional<data::DatasetMeta>> meta = data::read_dataset_meta(src.path);
+    if (!meta.ok()) return meta.status();
+    if (meta->has_value() && (*meta)->eod_id >= 0) return (*meta)->eod_id;
+  }
+  return absl::InvalidArgumentError(
+      "data.document_mask block_causal needs the end-of-document token id, and the training "
+      "data records none (made without prepare_data's metadata); set data.eod_id");
+}
+
 absl::StatusOr<data::LoaderOptions> loader_options(const Session& s,
                                                    const std::vector<DataSource>& srcs,
                                                    bool shuffle) {
@@ -86,6 +100,11 @@ absl::StatusOr<data::LoaderOptions> loader_options(const Session& s,
   o.micro_batch = s.cfg.train.micro_batch;
   o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume
   o.vocab_size = s.cfg.model.vocab_size;
+  if (s.cfg.data.document_mask == "block_causal") {
+    absl::StatusOr<int32_t> eod = document_eod(s.cfg);
+    if (!eod.ok()) return eod.status();
+    o.eod_id = *eod;
+  }
   return o;
 }
 
