@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/train/ownership.h"
+#include "core/clock.h"
 #include "core/switches.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
@@ -24,6 +26,7 @@
 #include "trainer/model/model.h"
 #include "trainer/model/step_io.h"
 #include "trainer/obs/step_timing.h"
+#include "trainer/obs/tensorboard.h"
 #include "trainer/optim/optim.h"
 #include "trainer/plan/memory_fit.h"
 #include "trainer/plan/plan.h"
@@ -68,6 +71,24 @@ TEST_CASE("phases: the marker hears each change within a step, and device parts 
   CHECK(parts[tag(Phase::forward)] == 0.3);
   CHECK(parts[tag(Phase::other)] == Approx(0.2));
   CHECK(fit_to_step(device, 0.5)[tag(Phase::other)] == 0.0);  // never negative
+}
+
+}  // namespace
+}  // namespace tr
+
+namespace tr {
+namespace {
+
+// Readers take event files in name order: a file opened in a directory whose last file has a
+// later time (a resume within the same second, or a clock that stepped back) still sorts after it.
+TEST_CASE("tensorboard: a new event file sorts after the directory's earlier ones", "[obs]") {
+  test::TempDir dir;
+  const int64_t later = static_cast<int64_t>(unix_time()) + 100;
+  test::write_file(dir / ("events.out.tfevents." + std::to_string(later) + ".host.99999"), "");
+  EventFileWriter w;
+  REQUIRE(w.open(dir.path(), 0).ok());
+  const std::string name = std::filesystem::path(w.path()).filename().string();
+  CHECK(name.starts_with("events.out.tfevents." + std::to_string(later + 1) + "."));
 }
 
 }  // namespace

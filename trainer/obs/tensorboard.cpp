@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/crc.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "core/clock.h"
@@ -28,7 +31,17 @@ absl::Status EventFileWriter::open(const std::string& dir, int64_t resume_step) 
         absl::StrCat("TensorBoard directory '", dir, "' cannot be created: ", ec.message()));
   char host[256] = "host";
   gethostname(host, sizeof(host) - 1);
-  const auto now = static_cast<int64_t>(unix_time());
+  // Readers (TensorBoard too) take a directory's event files in name order, which is time order
+  // only while the times differ: a run resumed within the second its predecessor started would
+  // sort by pid, which wraps. So a new file's time is past every earlier file's.
+  auto now = static_cast<int64_t>(unix_time());
+  constexpr std::string_view kPrefix = "events.out.tfevents.";
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!name.starts_with(kPrefix)) continue;
+    const int64_t t = std::strtoll(name.c_str() + kPrefix.size(), nullptr, 10);
+    now = std::max(now, t + 1);
+  }
   const std::string base =
       absl::StrCat(dir, "/events.out.tfevents.", now, ".", host, ".", static_cast<long>(getpid()));
   path_ = base;
