@@ -18,17 +18,25 @@ struct ListBuilder {
   int virtual_stage(int chunk) const { return chunk * p + r; }
   bool first(int chunk) const { return virtual_stage(chunk) == 0; }
   bool last(int chunk) const { return virtual_stage(chunk) == p * v - 1; }
-  int prev_rank() const { return (r + p - 1) % p; }
-  int next_rank() const { return (r + 1) % p; }
-  void forward(int mb, int chunk) {
-    if (!first(chunk)) a.push_back({PipeAction::recv_act, mb, chunk, prev_rank()});
-    a.push_back({PipeAction::fwd, mb, chunk});
-    if (!last(chunk)) a.push_back({PipeAction::send_act, mb, chunk, next_rank()});
+  // Appends the message of compute action `pass` (a forward or a backward of a chunk): the
+  // receive of its input, or with `send` the send of its output; none at the ends of the
+  // virtual pipeline. Activations go downstream, gradients upstream.
+  void message(const PipeAction& pass, bool send, std::vector<PipeAction>& out) const {
+    const bool fwd = pass.kind == PipeAction::fwd;
+    const bool downstream = fwd == send;  // with virtual stage vs + 1 (else vs - 1)
+    if (downstream ? last(pass.chunk) : first(pass.chunk)) return;
+    const PipeAction::Kind kind = fwd ? (send ? PipeAction::send_act : PipeAction::recv_act)
+                                      : (send ? PipeAction::send_grad : PipeAction::recv_grad);
+    out.push_back({kind, pass.micro_batch, pass.chunk, (r + (downstream ? 1 : p - 1)) % p});
   }
+  void pass(const PipeAction& x) {
+    message(x, false, a);
+    a.push_back(x);
+    message(x, true, a);
+  }
+  void forward(int mb, int chunk) { pass({PipeAction::fwd, mb, chunk}); }
   void backward(int mb, int chunk, PipeAction::Kind kind = PipeAction::bwd) {
-    if (!last(chunk)) a.push_back({PipeAction::recv_grad, mb, chunk, next_rank()});
-    a.push_back({kind, mb, chunk});
-    if (!first(chunk)) a.push_back({PipeAction::send_grad, mb, chunk, prev_rank()});
+    pass({kind, mb, chunk});
   }
   void weight(int mb) { a.push_back({PipeAction::bwd_weight, mb, 0}); }
 };
@@ -98,34 +106,19 @@ PipeSchedule interleaved_1f1b(int stages, int virtual_stages, int micro_batches)
     for (int k = 0; k < warmup; ++k) iters.push_back({f(k)});
     for (int i = 0; i < total - warmup; ++i) iters.push_back({f(warmup + i), b(i)});
     for (int k = total - warmup; k < total; ++k) iters.push_back({b(k)});
-    std::vector<PipeAction> scratch;
-    ListBuilder lb{p, v, r, scratch};
-    auto sends = [&](const std::vector<PipeAction>& it, std::vector<PipeAction>& out) {
-      for (PipeAction::Kind kind : {PipeAction::fwd, PipeAction::bwd})
-        for (const PipeAction& c : it) {
-          if (c.kind != kind) continue;
-          if (kind == PipeAction::fwd && !lb.last(c.chunk))
-            out.push_back({PipeAction::send_act, c.micro_batch, c.chunk, lb.next_rank()});
-          if (kind == PipeAction::bwd && !lb.first(c.chunk))
-            out.push_back({PipeAction::send_grad, c.micro_batch, c.chunk, lb.prev_rank()});
-        }
-    };
-    auto recvs = [&](const std::vector<PipeAction>& it, std::vector<PipeAction>& out) {
-      for (PipeAction::Kind kind : {PipeAction::fwd, PipeAction::bwd})
-        for (const PipeAction& c : it) {
-          if (c.kind != kind) continue;
-          if (kind == PipeAction::fwd && !lb.first(c.chunk))
-            out.push_back({PipeAction::recv_act, c.micro_batch, c.chunk, lb.prev_rank()});
-          if (kind == PipeAction::bwd && !lb.last(c.chunk))
-            out.push_back({PipeAction::recv_grad, c.micro_batch, c.chunk, lb.next_rank()});
-        }
-    };
     std::vector<PipeAction>& a = schedule[r];
-    recvs(iters.front(), a);
+    const ListBuilder lb{p, v, r, a};
+    // An iteration's sends (or the next one's receives): its forward's, then its backward's.
+    auto messages = [&](const std::vector<PipeAction>& it, bool send) {
+      for (PipeAction::Kind kind : {PipeAction::fwd, PipeAction::bwd})
+        for (const PipeAction& c : it)
+          if (c.kind == kind) lb.message(c, send, a);
+    };
+    messages(iters.front(), false);
     for (size_t j = 0; j < iters.size(); ++j) {
       a.insert(a.end(), iters[j].begin(), iters[j].end());
-      sends(iters[j], a);
-      if (j + 1 < iters.size()) recvs(iters[j + 1], a);
+      messages(iters[j], true);
+      if (j + 1 < iters.size()) messages(iters[j + 1], false);
     }
   }
   return schedule;
