@@ -31,8 +31,6 @@ absl::Status validate_loader_options(const LoaderOptions& o) {
       return bad("data: position ", p, " is outside a sample of seq_len ", o.seq_len);
   if (o.prefetch_steps < 1)
     return bad("data: prefetch_steps is ", o.prefetch_steps, "; it must be >= 1");
-  if (o.eod_id >= 0 && !o.positions.empty())
-    return bad("data: document starts need every position of a sample (no context parallelism)");
   return absl::OkStatus();
 }
 
@@ -56,6 +54,7 @@ absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const Loader
   step.sample_ids.resize(per_rank);
   step.micro_batches.resize(per_rank / mb);
   std::vector<int32_t> sample(seq + 1);
+  std::vector<int32_t> starts(options.eod_id >= 0 ? seq : 0);  // a whole sample's, under CP
   for (int64_t j = 0; j < per_rank; ++j) {
     const int64_t k = consumed + options.dp_rank * per_rank + j;
     step.sample_ids[j] = k;
@@ -74,9 +73,11 @@ absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const Loader
         document_starts(sample.data(), L, options.eod_id, m.doc_start.data() + row);
       continue;
     }
+    if (options.eod_id >= 0) document_starts(sample.data(), seq, options.eod_id, starts.data());
     for (int64_t i = 0; i < L; ++i) {
       m.inputs[row + i] = sample[keep[i]];
       m.targets[row + i] = sample[keep[i] + 1];
+      if (options.eod_id >= 0) m.doc_start[row + i] = starts[keep[i]];
     }
   }
   return step;

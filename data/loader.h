@@ -47,7 +47,7 @@ struct LoaderOptions {
   std::vector<int64_t> positions;
   int prefetch_steps = 2;  // steps prepared ahead by the background thread (>= 1)
   // >= 0: documents end at this token, and each micro-batch carries doc_start (block-causal
-  // attention). Needs every position (no context parallelism).
+  // attention): positions in the whole sample, also for the positions a CP rank keeps.
   int32_t eod_id = -1;
 };
 

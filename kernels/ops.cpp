@@ -80,7 +80,7 @@ class OpCheck {
  private:
   const char* op_;
   Device device_;
-  std::array<Arg, 8> args_{};
+  std::array<Arg, 10> args_{};
   int n_ = 0;
 };
 
@@ -333,17 +333,25 @@ bool is_block_lse(const Tensor& lse, const Tensor& q) {
 }  // namespace
 
 void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                         bool causal) {
+                         bool causal, Tensor q_doc_start, int64_t k_first) {
   const OpCheck c(ctx, "attention_block_fwd",
-                  {{"out", out}, {"lse", lse}, {"q", q}, {"k", k}, {"v", v}});
+                  {{"out", out},
+                   {"lse", lse},
+                   {"q", q},
+                   {"k", k},
+                   {"v", v},
+                   optional("q_doc_start", q_doc_start)});
   c.same_float_dtype({out, q, k, v});
   check_block(c, q, k, v, causal);
   OP_CHECK(c, out.same_shape(q) && is_block_lse(lse, q));
-  TR_DISPATCH(attention_block_fwd, out, lse, q, k, v, causal);
+  OP_CHECK(c, q_doc_start.empty() ||
+                  (q_doc_start.dtype == DType::i32 && q_doc_start.numel() == q.shape[0]));
+  TR_DISPATCH(attention_block_fwd, out, lse, q, k, v, causal, q_doc_start, k_first);
 }
 
 void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
-                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal) {
+                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal, Tensor q_doc_start,
+                         int64_t k_first) {
   const OpCheck c(ctx, "attention_block_bwd",
                   {{"dq", dq},
                    {"dk", dk},
@@ -352,12 +360,16 @@ void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout,
                    {"out", out},
                    {"lse", lse},
                    {"q", q},
-                   {"k", k}});
+                   {"k", k},
+                   optional("q_doc_start", q_doc_start)});
   c.same_float_dtype({dq, dk, dv, dout, out, q, k, v});
   check_block(c, q, k, v, causal);
   OP_CHECK(c, dq.same_shape(q) && dout.same_shape(q) && out.same_shape(q) && dk.same_shape(k) &&
                   dv.same_shape(k) && is_block_lse(lse, q));
-  TR_DISPATCH(attention_block_bwd, dq, dk, dv, dout, out, lse, q, k, v, causal);
+  OP_CHECK(c, q_doc_start.empty() ||
+                  (q_doc_start.dtype == DType::i32 && q_doc_start.numel() == q.shape[0]));
+  TR_DISPATCH(attention_block_bwd, dq, dk, dv, dout, out, lse, q, k, v, causal, q_doc_start,
+              k_first);
 }
 
 void attention_merge(Ctx& ctx, Tensor out, Tensor lse, Tensor out2, Tensor lse2) {

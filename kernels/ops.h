@@ -97,13 +97,17 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
 // lse [nh, C] (f32, or f64 for f64 ops). Every key is visible (the key block lies before the
 // query block), or with `causal` (the same block: C == Ck) key j is visible to query i when
 // j <= i. out and lse ASSIGNED: the block's partial attention and the log-sum-exp of its scaled
-// scores.
+// scores (a query that sees no key of the block: out 0, lse -inf). Block-causal: with
+// `q_doc_start` (i32 [C]: each query's document start, a position in the sequence) key j is
+// visible only when k_first + j >= q_doc_start[i], the key block starting at position k_first.
+// (CPU only for now: the CUDA backend refuses q_doc_start.)
 void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                         bool causal);
+                         bool causal, Tensor q_doc_start = {}, int64_t k_first = 0);
 // This block's share of the gradients, given the query rows' merged out and lse (over all their
 // blocks) and dout: dq [C, nh, hd], dk, dv [Ck, nkv, hd] ASSIGNED.
 void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
-                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal);
+                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal,
+                         Tensor q_doc_start = {}, int64_t k_first = 0);
 // (out, lse) becomes the merge of itself with (out2, lse2), both [C, nh, hd] and [nh, C]:
 // lse = log(e^lse + e^lse2), out the two weighted by e^(lse_i - lse). The attention over two
 // sets of keys from the attention over each.

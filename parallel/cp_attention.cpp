@@ -65,29 +65,33 @@ struct Forward {
   Chunks ch;
   int n, r;
   Tensor out, lse, q;
+  Tensor doc;  // the queries' document starts (block-causal), or empty
 
-  // The block of query chunk a over keys k, v in sc.part and sc.part_lse, then in acc.
-  std::pair<Tensor, Tensor> partial(int a, Tensor k, Tensor v, bool causal) {
-    attention_block_fwd(ctx, sc.part, sc.part_lse, ch.of(q, a), k, v, causal);
+  // The block of query chunk a over keys k, v of chunk index kc, in sc.part and sc.part_lse, then
+  // in acc.
+  std::pair<Tensor, Tensor> partial(int a, Tensor k, Tensor v, int kc, bool causal) {
+    attention_block_fwd(ctx, sc.part, sc.part_lse, ch.of(q, a), k, v, causal,
+                        doc.empty() ? Tensor() : ch.of(doc, a), kc * ch.C);
     return {in_acc(ctx, sc.part, sc.part_acc), in_acc(ctx, sc.part_lse, sc.part_lse_acc)};
   }
-  void merge(int a, Tensor k, Tensor v) {
-    auto [o, l] = partial(a, k, v, /*causal=*/false);
+  void merge(int a, Tensor k, Tensor v, int kc) {
+    auto [o, l] = partial(a, k, v, kc, /*causal=*/false);
     attention_merge(ctx, ch.of(out, a), ch.lse(lse, a), o, l);
   }
   void own(Tensor k, Tensor v) {
     for (int a : {0, 1}) {
-      auto [o, l] = partial(a, ch.of(k, a), ch.of(v, a), /*causal=*/true);
+      auto [o, l] = partial(a, ch.of(k, a), ch.of(v, a), chunk_index(n, r, a), /*causal=*/true);
       cast(ctx, ch.of(out, a), o);
       cast(ctx, ch.lse(lse, a), l);
     }
-    merge(1, ch.of(k, 0), ch.of(v, 0));
+    merge(1, ch.of(k, 0), ch.of(v, 0), chunk_index(n, r, 0));
   }
   // Rank s's chunks (s != r), those before each query chunk.
   void other(Tensor k, Tensor v, int s) {
     for (int b : {0, 1})
       for (int a : {0, 1})
-        if (chunk_index(n, s, b) < chunk_index(n, r, a)) merge(a, ch.of(k, b), ch.of(v, b));
+        if (chunk_index(n, s, b) < chunk_index(n, r, a))
+          merge(a, ch.of(k, b), ch.of(v, b), chunk_index(n, s, b));
   }
 };
 
@@ -99,6 +103,7 @@ struct Backward {
   Chunks ch;
   int n, r;
   Tensor dq, dout, out, lse, q;
+  Tensor doc;  // the queries' document starts (block-causal), or empty
 
   // Rank s's chunks k, v [L, nkv, hd], accumulating into dk, dv (the same rows, in acc).
   void source(Tensor k, Tensor v, Tensor dk, Tensor dv, int s) {
@@ -108,7 +113,7 @@ struct Backward {
         if (kc > qc) continue;
         attention_block_bwd(ctx, sc.dq_part, sc.dk_part, sc.dv_part, ch.of(dout, a), ch.of(out, a),
                             ch.lse(lse, a), ch.of(q, a), ch.of(k, b), ch.of(v, b),
-                            /*causal=*/kc == qc);
+                            /*causal=*/kc == qc, doc.empty() ? Tensor() : ch.of(doc, a), kc * ch.C);
         add(ctx, ch.of(dq, a), ch.of(dq, a), in_acc(ctx, sc.dq_part, sc.dq_part_acc));
         add(ctx, ch.of(dk, b), ch.of(dk, b), in_acc(ctx, sc.dk_part, sc.dk_part_acc));
         add(ctx, ch.of(dv, b), ch.of(dv, b), in_acc(ctx, sc.dv_part, sc.dv_part_acc));
@@ -163,12 +168,13 @@ CpScratch CpScratch::alloc(Arena& ar, CpExchange how, int cp, int64_t L, int64_t
 }
 
 void cp_attention_fwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& sc, Tensor out,
-                      Tensor lse, Tensor q, Tensor k, Tensor v, int64_t seq_len) {
+                      Tensor lse, Tensor q, Tensor k, Tensor v, int64_t seq_len, Tensor doc_start) {
   check(cp, sc, q, k, seq_len);
   const int n = cp.size(), r = cp.rank();
   const int64_t L = q.shape[0];
-  Forward f{ctx, sc, {L / 2, q.shape[1]}, n, r, acc_for(out, sc.out_acc), acc_for(lse, sc.lse_acc),
-            q};
+  Forward f{
+      ctx, sc,       {L / 2, q.shape[1]}, n, r, acc_for(out, sc.out_acc), acc_for(lse, sc.lse_acc),
+      q,   doc_start};
   if (how == CpExchange::all_gather) {
     cp.all_gather(sc.k, k);
     cp.all_gather(sc.v, v);
@@ -205,11 +211,12 @@ void cp_attention_fwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& sc, T
 
 void cp_attention_bwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& sc, Tensor dq, Tensor dk,
                       Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                      int64_t seq_len) {
+                      int64_t seq_len, Tensor doc_start) {
   check(cp, sc, q, k, seq_len);
   const int n = cp.size(), r = cp.rank();
   const int64_t L = q.shape[0];
-  Backward b{ctx, sc, {L / 2, q.shape[1]}, n, r, acc_for(dq, sc.dq_acc), dout, out, lse, q};
+  Backward b{ctx, sc,       {L / 2, q.shape[1]}, n, r, acc_for(dq, sc.dq_acc), dout, out, lse,
+             q,   doc_start};
   zero_(ctx, b.dq);
   if (how == CpExchange::all_gather) {
     cp.all_gather(sc.k, k);

@@ -39,9 +39,17 @@ double dot(const T* a, const T* b, int64_t n) {
   return s;
 }
 
+// Key j is visible to query i: not after it, and (block-causal) not before its document.
+struct Visible {
+  std::span<const int64_t> q_pos, k_pos, q_first;
+  bool operator()(int64_t i, int64_t j) const {
+    return k_pos[j] <= q_pos[i] && (q_first.empty() || k_pos[j] >= q_first[i]);
+  }
+};
+
 template <class T, class L>
 void fwd(const ChunkDims& d, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-         std::span<const int64_t> q_pos, std::span<const int64_t> k_pos) {
+         const Visible& visible) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
   std::vector<double> p(static_cast<size_t>(d.sk)), acc(static_cast<size_t>(d.hd));
   for (int64_t h = 0; h < d.nh; ++h) {
@@ -50,14 +58,14 @@ void fwd(const ChunkDims& d, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor 
       const T* qi = q.ptr<T>() + d.q(i, h);
       double max = kNegInf;
       for (int64_t j = 0; j < d.sk; ++j)
-        if (k_pos[j] <= q_pos[i]) {
+        if (visible(i, j)) {
           p[j] = scale * dot(qi, k.ptr<T>() + d.k(j, g), d.hd);
           max = std::max(max, p[j]);
         }
       std::fill(acc.begin(), acc.end(), 0.0);
       double sum = 0.0;
       for (int64_t j = 0; j < d.sk; ++j) {
-        if (k_pos[j] > q_pos[i]) continue;
+        if (!visible(i, j)) continue;
         const double w = std::exp(p[j] - max);
         sum += w;
         const T* vj = v.ptr<T>() + d.k(j, g);
@@ -90,8 +98,7 @@ void merge(Tensor out, Tensor lse, Tensor out2, Tensor lse2) {
 
 template <class T, class L>
 void bwd(const ChunkDims& d, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-         Tensor q, Tensor k, Tensor v, std::span<const int64_t> q_pos,
-         std::span<const int64_t> k_pos) {
+         Tensor q, Tensor k, Tensor v, const Visible& visible) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(d.hd));
   for (int64_t h = 0; h < d.nh; ++h) {
     const int64_t g = h / d.group();
@@ -102,7 +109,7 @@ void bwd(const ChunkDims& d, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tenso
       const double delta = dot(doi, out.ptr<T>() + d.q(i, h), d.hd);  // rowsum(dO * O)
       T* dqi = dq.ptr<T>() + d.q(i, h);
       for (int64_t j = 0; j < d.sk; ++j) {
-        if (k_pos[j] > q_pos[i]) continue;
+        if (!visible(i, j)) continue;
         const T* kj = k.ptr<T>() + d.k(j, g);
         const T* vj = v.ptr<T>() + d.k(j, g);
         const double pij = std::exp(scale * dot(qi, kj, d.hd) - li);
@@ -132,13 +139,14 @@ void dispatch(DType dtype, const char* op, F&& f) {
 }  // namespace
 
 void chunk_attention_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                         std::span<const int64_t> q_pos, std::span<const int64_t> k_pos) {
+                         std::span<const int64_t> q_pos, std::span<const int64_t> k_pos,
+                         std::span<const int64_t> q_first) {
   const ChunkDims d = dims_of(q, k, v, q_pos.size(), k_pos.size());
   TR_ASSERT(out.same_shape(q) && lse.numel() == d.nh * d.sq,
             "chunk_attention_fwd: out [Sq, nh, "
             "hd] and lse [nh, Sq]");
   dispatch(q.dtype, "chunk_attention_fwd", [&](auto t, auto l) {
-    fwd<decltype(t), decltype(l)>(d, out, lse, q, k, v, q_pos, k_pos);
+    fwd<decltype(t), decltype(l)>(d, out, lse, q, k, v, Visible{q_pos, k_pos, q_first});
   });
 }
 
@@ -149,25 +157,30 @@ void attention_merge(Ctx&, Tensor out, Tensor lse, Tensor out2, Tensor lse2) {
 
 void chunk_attention_bwd(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                          Tensor q, Tensor k, Tensor v, std::span<const int64_t> q_pos,
-                         std::span<const int64_t> k_pos) {
+                         std::span<const int64_t> k_pos, std::span<const int64_t> q_first) {
   const ChunkDims d = dims_of(q, k, v, q_pos.size(), k_pos.size());
   TR_ASSERT(dq.same_shape(q) && dout.same_shape(q) && out.same_shape(q) && dk.same_shape(k) &&
                 dv.same_shape(v) && lse.numel() == d.nh * d.sq,
             "chunk_attention_bwd: dq, dout, out like q; dk, dv like k; lse [nh, Sq]");
   dispatch(q.dtype, "chunk_attention_bwd", [&](auto t, auto l) {
-    bwd<decltype(t), decltype(l)>(d, dq, dk, dv, dout, out, lse, q, k, v, q_pos, k_pos);
+    bwd<decltype(t), decltype(l)>(d, dq, dk, dv, dout, out, lse, q, k, v,
+                                  Visible{q_pos, k_pos, q_first});
   });
 }
 
 namespace {
 
 // Positions that make a block of the sequence what attention_block_* says: the keys before
-// every query (all visible), or the same positions (the causal diagonal).
+// every query (all visible), or the same positions (the causal diagonal); key positions count
+// from the key block's start, and so do the documents' starts (q_doc_start - k_first).
 struct BlockPositions {
-  std::vector<int64_t> q, k;
-  BlockPositions(int64_t sq, int64_t sk, bool causal) : q(sq), k(sk) {
+  std::vector<int64_t> q, k, first;
+  BlockPositions(int64_t sq, int64_t sk, bool causal, Tensor q_doc_start, int64_t k_first)
+      : q(sq), k(sk) {
     for (int64_t i = 0; i < sq; ++i) q[i] = causal ? i : sk + i;
     for (int64_t j = 0; j < sk; ++j) k[j] = j;
+    if (q_doc_start.empty()) return;
+    for (int64_t i = 0; i < sq; ++i) first.push_back(q_doc_start.ptr<int32_t>()[i] - k_first);
   }
 };
 
@@ -186,16 +199,18 @@ void copy_heads(Tensor qkv, int64_t first, Tensor part, bool join) {
 
 }  // namespace
 
-void attention_block_fwd(Ctx&, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, bool causal) {
-  const BlockPositions p(q.shape[0], k.shape[0], causal);
-  chunk_attention_fwd(out, lse, q, k, v, p.q, p.k);
+void attention_block_fwd(Ctx&, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, bool causal,
+                         Tensor q_doc_start, int64_t k_first) {
+  const BlockPositions p(q.shape[0], k.shape[0], causal, q_doc_start, k_first);
+  chunk_attention_fwd(out, lse, q, k, v, p.q, p.k, p.first);
 }
 
 void attention_block_bwd(Ctx&, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                         Tensor q, Tensor k, Tensor v, bool causal) {
+                         Tensor q, Tensor k, Tensor v, bool causal, Tensor q_doc_start,
+                         int64_t k_first) {
   for (Tensor* t : {&dq, &dk, &dv}) std::memset(t->data, 0, t->nbytes());
-  const BlockPositions p(q.shape[0], k.shape[0], causal);
-  chunk_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, p.q, p.k);
+  const BlockPositions p(q.shape[0], k.shape[0], causal, q_doc_start, k_first);
+  chunk_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, p.q, p.k, p.first);
 }
 
 void qkv_split(Ctx&, Tensor q, Tensor k, Tensor v, Tensor qkv) {

@@ -21,8 +21,11 @@ namespace tr::cpu {
 
 // out, lse ASSIGNED: the attention of every query over this key chunk's visible keys; a query
 // that sees none gets out 0 and lse -inf.
+// With `q_first` (one per query, or empty) key j is visible to query i only when also
+// k_pos[j] >= q_first[i]: the start of the query's document (block-causal attention).
 void chunk_attention_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                         std::span<const int64_t> q_pos, std::span<const int64_t> k_pos);
+                         std::span<const int64_t> q_pos, std::span<const int64_t> k_pos,
+                         std::span<const int64_t> q_first = {});
 
 // The merge of two partials is the backend op attention_merge (kernels/ops.h): lse =
 // log(e^lse + e^lse2) and out the two weighted by e^(lse_i - lse); any order gives the same
@@ -33,6 +36,6 @@ void chunk_attention_fwd(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
 // and dv ACCUMULATE (summed over the key chunks for dq, over the query chunks for dk and dv).
 void chunk_attention_bwd(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                          Tensor q, Tensor k, Tensor v, std::span<const int64_t> q_pos,
-                         std::span<const int64_t> k_pos);
+                         std::span<const int64_t> k_pos, std::span<const int64_t> q_first = {});
 
 }  // namespace tr::cpu

@@ -325,8 +325,9 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
 // through graphs of their own shape (the chunk length is the same for every block of a run, so
 // a run builds at most four: forward and backward, causal and not).
 void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                         bool causal) {
+                         bool causal, Tensor q_doc_start, int64_t) {
   check_bf16(q, "attention_block_fwd");
+  TR_ASSERT(q_doc_start.empty(), "block-causal attention (q_doc_start) has no CUDA path yet");
   AttnKey key{1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], /*backward=*/false};
   key.blocks = true;
   key.seq_kv = k.shape[0];
@@ -338,8 +339,10 @@ void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, T
 }
 
 void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
-                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal) {
+                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal, Tensor q_doc_start,
+                         int64_t) {
   check_bf16(q, "attention_block_bwd");
+  TR_ASSERT(q_doc_start.empty(), "block-causal attention (q_doc_start) has no CUDA path yet");
   AttnKey key{1,          q.shape[0],        q.shape[1],       k.shape[1],
               q.shape[2], /*backward=*/true, ctx.deterministic};
   key.blocks = true;

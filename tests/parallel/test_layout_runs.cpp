@@ -564,7 +564,8 @@ TEST_CASE("cli: interleaved and zero-bubble pipelines over MPI ranks match one r
 
 // Block-causal attention (data.document_mask) through the trainer: it changes the training (the
 // documents no longer see each other), and tp 2 with sequence parallelism, pp 2 (interleaved),
-// dp 2 with ZeRO-1 and pp 2 under zero-bubble match one rank over 20 steps. Documents end at
+// dp 2 with ZeRO-1, pp 2 under zero-bubble and cp 2 (both exchanges; documents crossing the
+// chunks and ranks) match one rank over 20 steps. Documents end at
 // every space (token 32) so that each sample holds several.
 TEST_CASE("cli: block-causal attention over MPI ranks matches one rank", "[cli][mpi]") {
   const std::string args = with_layout_shape(
@@ -590,7 +591,9 @@ TEST_CASE("cli: block-causal attention over MPI ranks matches one rank", "[cli][
             " --set parallel.pp=2 --set parallel.pipeline_schedule=interleaved"
             " --set parallel.virtual_stages=2"},
            {2, " --set parallel.zero1=true"},
-           {4, " --set parallel.pp=2 --set parallel.pipeline_schedule=zero_bubble"}}) {
+           {4, " --set parallel.pp=2 --set parallel.pipeline_schedule=zero_bubble"},
+           {2, " --set parallel.cp=2"},
+           {4, " --set parallel.cp=2 --set parallel.cp_comm=ring --set parallel.tp=2"}}) {
     RunDir run(20);
     CmdResult r = run.mpirun(ranks, args + layout);
     INFO(r.output);

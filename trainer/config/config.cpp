@@ -300,11 +300,6 @@ Status validate(const Config& c) {
   if (c.data.seq_len == 0) return err("data.seq_len is not set");
   if (c.data.seq_len > m.max_seq_len)
     return err("data.seq_len ", c.data.seq_len, " exceeds model.max_seq_len ", m.max_seq_len);
-  if (c.data.document_mask == "block_causal" && p.cp > 1)
-    return err(
-        "data.document_mask block_causal does not run under context parallelism yet "
-        "(parallel.cp ",
-        p.cp, "); set parallel.cp: 1 or data.document_mask: none");
   if (c.data.document_mask == "block_causal" && c.train.backend == "cuda")
     return err(
         "data.document_mask block_causal has no CUDA attention yet; set train.backend: "

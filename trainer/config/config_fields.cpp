@@ -107,7 +107,7 @@ const std::vector<Field>& fields() {
                "block_causal: each token attends only to the earlier tokens of its own document "
                "(documents packed in a sample end at the end-of-document token, data.eod_id), as "
                "Llama 3 was pretrained; none: to every earlier token of the sample (Megatron's "
-               "default). CPU backend, without context parallelism, for now",
+               "default). CPU backend for now",
                {"none", "block_causal"}),
       TR_FIELD(data, eod_id, Int, -1, kMaxI,
                "the end-of-document token id for data.document_mask; -1 = the one prepare_data "

@@ -8,6 +8,11 @@
 
 namespace tr {
 
+Tensor Qwen2Model::doc_starts(int slot, int64_t b) const {
+  const Tensor all = a_->slots[slot].doc_start;
+  return all.empty() ? Tensor() : all.slice(b * seq_len_, seq_len_);
+}
+
 void Qwen2Model::context_attention_fwd(int slot, int64_t l) {
   const ModelDims& d = dims_;
   TR_ASSERT(cp_ != nullptr && cp_->size() == d.cp, "context parallelism needs set_cp_comm()");
@@ -17,7 +22,7 @@ void Qwen2Model::context_attention_fwd(int slot, int64_t l) {
   for (int64_t b = 0; b < batch_; ++b) {
     qkv_split(ctx_, a.q, a.k, a.v, L.qkv.slice(b * S, S));
     cp_attention_fwd(ctx_, *cp_, d.cp_exchange, a.cp, L.att.slice(b * S, S).view({S, nh, hd}),
-                     L.lse.slice(b, 1), a.q, a.k, a.v, seq_total_);
+                     L.lse.slice(b, 1), a.q, a.k, a.v, seq_total_, doc_starts(slot, b));
   }
 }
 
@@ -28,9 +33,10 @@ void Qwen2Model::context_attention_bwd(int slot, int64_t l) {
   const int64_t S = seq_len_, nh = d.heads, hd = d.head_dim;
   for (int64_t b = 0; b < batch_; ++b) {
     qkv_split(ctx_, a.q, a.k, a.v, L.qkv.slice(b * S, S));
-    cp_attention_bwd(
-        ctx_, *cp_, d.cp_exchange, a.cp, a.dq, a.dk, a.dv, a.datt.slice(b * S, S).view({S, nh, hd}),
-        L.att.slice(b * S, S).view({S, nh, hd}), L.lse.slice(b, 1), a.q, a.k, a.v, seq_total_);
+    cp_attention_bwd(ctx_, *cp_, d.cp_exchange, a.cp, a.dq, a.dk, a.dv,
+                     a.datt.slice(b * S, S).view({S, nh, hd}),
+                     L.att.slice(b * S, S).view({S, nh, hd}), L.lse.slice(b, 1), a.q, a.k, a.v,
+                     seq_total_, doc_starts(slot, b));
     qkv_join(ctx_, a.dqkv.slice(b * S, S), a.dq, a.dk, a.dv);
   }
 }

@@ -134,8 +134,8 @@ class Qwen2Model {
   // reports each layer to the subscriber as it finishes it (under sequence parallelism having
   // summed its norms' gradients over TP first).
   // `doc_start` (i32 [tokens_per_micro_batch()], or empty): block-causal attention's document
-  // starts of the micro-batch (kernels/ops.h attention_fwd), kept with the slot for its
-  // backward; not under context parallelism.
+  // starts of the micro-batch's tokens, positions in their sequence (kernels/ops.h
+  // attention_fwd), kept with the slot for its backward.
   void forward_stage(int slot, Tensor tokens, int chunk = 0, Tensor doc_start = {});
   void stage_loss(int slot, Tensor targets, float grad_scale, bool grad, Tensor loss_sum);
   void backward_stage(int slot, Tensor tokens, bool last_of_step, int chunk = 0);
@@ -190,7 +190,9 @@ class Qwen2Model {
   void backward_pass(int slot, Tensor tokens, int chunk, bool weights, bool last_of_step);
   void layer_final(int64_t l);              // layer l's gradients are final for the step
   Tensor resid(int slot, int64_t l) const;  // the residual stream entering local layer l
-  bool holds_head(int chunk) const;         // the final norm and the LM head follow `chunk`
+  // Sequence b's document starts in `slot` (block-causal attention), or empty.
+  Tensor doc_starts(int slot, int64_t b) const;
+  bool holds_head(int chunk) const;  // the final norm and the LM head follow `chunk`
 
   ModelDims dims_;
   int64_t batch_;

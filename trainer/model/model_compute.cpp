@@ -98,8 +98,8 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, Tensor doc_st
   const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
   const bool head = holds_head(chunk);
   const Tensor input = stage_input(slot, chunk);
-  TR_ASSERT(doc_start.empty() || (d.cp == 1 && doc_start.numel() == T),
-            "forward_stage: document starts of every token, without context parallelism");
+  TR_ASSERT(doc_start.empty() || doc_start.numel() == T,
+            "forward_stage: a micro-batch's document starts");
   S.doc_start = doc_start;
   if (d.first_stage && chunk == 0) {
     TR_ASSERT(tokens.numel() == T, "forward_stage: a micro-batch's tokens");
