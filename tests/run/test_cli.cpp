@@ -53,42 +53,48 @@ TEST_CASE("cli: the tiny model's loss falls below a bound", "[cli]") {
   CHECK(r.output.find("resolved config:") != std::string::npos);
 }
 
-TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps", "[cli][cpu-build]") {
-  RunDir straight(20), split(20);
-  const std::string eval = "--set train.eval_interval=5 --set train.eval_steps=2 ";
-  REQUIRE(straight.trainer(eval).exit_code == 0);
-  CmdResult first = split.trainer(eval + "--set train.exit_interval=10");
-  INFO(first.output);
-  REQUIRE(first.exit_code == kExitStopped);
-  REQUIRE(split.metrics().size() == 10);
-  CmdResult second = split.trainer(eval + "--resume auto");
-  INFO(second.output);
-  REQUIRE(second.exit_code == 0);
-  CHECK(second.output.find("resumed from") != std::string::npos);
-  std::vector<nlohmann::json> a = straight.metrics(), b = split.metrics();
-  REQUIRE(a.size() == 20);
-  REQUIRE(b.size() == 20);
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO("step " << i + 1);
-    CHECK(a[i]["step"] == b[i]["step"]);
-    CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());  // bit for bit
-    CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps (also block-causal)",
+          "[cli][cpu-build]") {
+  for (const std::string& mode :
+       {std::string(),
+        std::string("--set data.document_mask=block_causal --set data.eod_id=32 ")}) {
+    INFO(mode);
+    RunDir straight(20), split(20);
+    const std::string eval = mode + "--set train.eval_interval=5 --set train.eval_steps=2 ";
+    REQUIRE(straight.trainer(eval).exit_code == 0);
+    CmdResult first = split.trainer(eval + "--set train.exit_interval=10");
+    INFO(first.output);
+    REQUIRE(first.exit_code == kExitStopped);
+    REQUIRE(split.metrics().size() == 10);
+    CmdResult second = split.trainer(eval + "--resume auto");
+    INFO(second.output);
+    REQUIRE(second.exit_code == 0);
+    CHECK(second.output.find("resumed from") != std::string::npos);
+    std::vector<nlohmann::json> a = straight.metrics(), b = split.metrics();
+    REQUIRE(a.size() == 20);
+    REQUIRE(b.size() == 20);
+    for (size_t i = 0; i < a.size(); ++i) {
+      INFO("step " << i + 1);
+      CHECK(a[i]["step"] == b[i]["step"]);
+      CHECK(a[i]["loss"].get<double>() == b[i]["loss"].get<double>());  // bit for bit
+      CHECK(a[i]["grad_norm"].get<double>() == b[i]["grad_norm"].get<double>());
+    }
+    std::vector<nlohmann::json> ea = straight.metrics("val_loss"), eb = split.metrics("val_loss");
+    REQUIRE(ea.size() == 4);  // steps 5, 10, 15, 20
+    REQUIRE(eb.size() == 4);
+    for (size_t i = 0; i < ea.size(); ++i) {
+      CHECK(ea[i]["step"] == 5 * (i + 1));
+      CHECK(ea[i]["val_loss"].get<double>() == eb[i]["val_loss"].get<double>());
+    }
+    CHECK(ea[3]["val_loss"].get<double>() < ea[0]["val_loss"].get<double>());
+    CkptTensors x = read_checkpoint(straight.config, straight.dir / "ckpt/step_00000020");
+    CkptTensors y = read_checkpoint(split.config, split.dir / "ckpt/step_00000020");
+    CHECK(std::memcmp(x.p.data(), y.p.data(), x.p.size() * 4) == 0);
+    CHECK(std::memcmp(x.m.data(), y.m.data(), x.m.size() * 4) == 0);
+    CHECK(std::memcmp(x.v.data(), y.v.data(), x.v.size() * 4) == 0);
+    CHECK(x.state.consumed_samples == 160);
+    CHECK(y.state.consumed_samples == 160);
   }
-  std::vector<nlohmann::json> ea = straight.metrics("val_loss"), eb = split.metrics("val_loss");
-  REQUIRE(ea.size() == 4);  // steps 5, 10, 15, 20
-  REQUIRE(eb.size() == 4);
-  for (size_t i = 0; i < ea.size(); ++i) {
-    CHECK(ea[i]["step"] == 5 * (i + 1));
-    CHECK(ea[i]["val_loss"].get<double>() == eb[i]["val_loss"].get<double>());
-  }
-  CHECK(ea[3]["val_loss"].get<double>() < ea[0]["val_loss"].get<double>());
-  CkptTensors x = read_checkpoint(straight.config, straight.dir / "ckpt/step_00000020");
-  CkptTensors y = read_checkpoint(split.config, split.dir / "ckpt/step_00000020");
-  CHECK(std::memcmp(x.p.data(), y.p.data(), x.p.size() * 4) == 0);
-  CHECK(std::memcmp(x.m.data(), y.m.data(), x.m.size() * 4) == 0);
-  CHECK(std::memcmp(x.v.data(), y.v.data(), x.v.size() * 4) == 0);
-  CHECK(x.state.consumed_samples == 160);
-  CHECK(y.state.consumed_samples == 160);
 }
 
 TEST_CASE("cli: SIGKILL during a save leaves the previous checkpoint as latest", "[cli]") {
