@@ -565,16 +565,16 @@ TEST_CASE("cli: interleaved and zero-bubble pipelines over MPI ranks match one r
 // Block-causal attention (data.document_mask) through the trainer: it changes the training (the
 // documents no longer see each other), and tp 2 with sequence parallelism, pp 2 (interleaved),
 // dp 2 with ZeRO-1, pp 2 under zero-bubble and cp 2 (both exchanges; documents crossing the
-// chunks and ranks) match one rank over 20 steps. Documents end at
+// chunks and ranks) match one rank over 10 steps. Documents end at
 // every space (token 32) so that each sample holds several.
 TEST_CASE("cli: block-causal attention over MPI ranks matches one rank", "[cli][mpi]") {
   const std::string args = with_layout_shape(
-      "--set train.micro_batch=1 --set train.eval_interval=10 --set train.eval_steps=2 "
+      "--set train.micro_batch=1 --set train.eval_interval=5 --set train.eval_steps=2 "
       "--set data.document_mask=block_causal --set data.eod_id=32");
-  RunDir one(20), plain(20);
+  RunDir one(10), plain(10);
   REQUIRE(one.trainer(args).exit_code == 0);
   REQUIRE(plain
-              .trainer(with_layout_shape("--set train.micro_batch=1 --set train.eval_interval=10 "
+              .trainer(with_layout_shape("--set train.micro_batch=1 --set train.eval_interval=5 "
                                          "--set train.eval_steps=2"))
               .exit_code == 0);
   CHECK(std::abs(one.metrics().back()["loss"].get<double>() /
@@ -594,11 +594,11 @@ TEST_CASE("cli: block-causal attention over MPI ranks matches one rank", "[cli][
            {4, " --set parallel.pp=2 --set parallel.pipeline_schedule=zero_bubble"},
            {2, " --set parallel.cp=2"},
            {4, " --set parallel.cp=2 --set parallel.cp_comm=ring --set parallel.tp=2"}}) {
-    RunDir run(20);
+    RunDir run(10);
     CmdResult r = run.mpirun(ranks, args + layout);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
-    expect_same_training(one, run, 20, 160, "block-causal" + layout);
+    expect_same_training(one, run, 10, 80, "block-causal" + layout);
   }
 }
 
