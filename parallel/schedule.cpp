@@ -245,26 +245,13 @@ double bubble_fraction(PipeScheduleKind kind, int stages, int virtual_stages,
   return idle / (m + idle);
 }
 
-namespace {
-// Most (chunk, micro-batch) pairs in flight at once, per chunk (`per_chunk`) or over all.
-int most_in_flight(const std::vector<PipeAction>& actions, bool per_chunk) {
-  std::map<int, int> now;  // chunk (or 0) -> in flight
-  int most = 0;
+int rank_in_flight(const std::vector<PipeAction>& actions) {
+  int now = 0, most = 0;
   for (const PipeAction& a : actions) {
-    const int key = per_chunk ? a.chunk : 0;
-    if (a.kind == PipeAction::fwd) most = std::max(most, ++now[key]);
-    if (a.finishes_weights()) --now[key];
+    if (a.kind == PipeAction::fwd) most = std::max(most, ++now);
+    if (a.finishes_weights()) --now;
   }
   return most;
-}
-}  // namespace
-
-int chunk_in_flight(const std::vector<PipeAction>& actions) {
-  return most_in_flight(actions, true);
-}
-
-int rank_in_flight(const std::vector<PipeAction>& actions) {
-  return most_in_flight(actions, false);
 }
 
 int stop_poll_lag(int stages) {

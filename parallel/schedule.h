@@ -97,11 +97,8 @@ std::string schedule_unsupported(PipeScheduleKind kind, int stages, int virtual_
 double bubble_fraction(PipeScheduleKind kind, int stages, int virtual_stages,
                        int64_t micro_batches);
 
-// Most micro-batches whose activations one chunk of this rank holds at once: forwarded, and
-// their weight gradients not yet computed. The model keeps that many activation slots.
-int chunk_in_flight(const std::vector<PipeAction>& actions);
-// Most micro-batch chunks in flight on this rank at once, over all its chunks (the activation
-// memory the schedule really needs).
+// Most (chunk, micro-batch) pairs in flight on this rank at once: forwarded, and their weight
+// gradients not yet computed (the activation memory the schedule needs; slots_needed equals it).
 int rank_in_flight(const std::vector<PipeAction>& actions);
 
 // Stop polls, so that a stop request (a signal) is acted on within a step, at a micro-batch

@@ -181,6 +181,19 @@ inline std::string with_layout_shape(std::string base) {
   return base;
 }
 
+// Two runs' metrics.jsonl: `steps` steps each, with the same loss and gradient norm, bit for bit,
+// at every step.
+inline void expect_same_bits(const std::vector<nlohmann::json>& a,
+                             const std::vector<nlohmann::json>& b, size_t steps) {
+  REQUIRE(a.size() == steps);
+  REQUIRE(b.size() == steps);
+  for (size_t i = 0; i < steps; ++i) {
+    INFO("step " << i + 1);
+    CHECK(b[i]["loss"].get<double>() == a[i]["loss"].get<double>());
+    CHECK(b[i]["grad_norm"].get<double>() == a[i]["grad_norm"].get<double>());
+  }
+}
+
 // `run` trained as `one` did, under another layout: every step's loss and gradient norm, the
 // last validation loss and the final checkpoint's weights and Adam states within relative 1e-5,
 // and the samples consumed. `shape`: the model's --set flags both ran with.

@@ -228,9 +228,8 @@ const std::string kNoWarmup = " --set optim.warmup_steps=0";
 
 TEST_CASE("cli: export-hf, then model.init_from starts those weights under any layout",
           "[cli][mpi]") {
-  const std::vector<std::string> shape = {"model.num_heads=8", "model.num_kv_heads=4",
-                                          "model.head_dim=8", "model.num_layers=4",
-                                          "optim.warmup_steps=0"};
+  std::vector<std::string> shape = test::kLayoutShape;
+  shape.push_back("optim.warmup_steps=0");
   std::string args = "--set train.micro_batch=1";
   for (const std::string& kv : shape) args += " --set " + kv;
   RunDir trained(3);

@@ -223,9 +223,7 @@ TEST_CASE("model: a packed sample under block-causal attention is its documents 
 }
 
 TEST_CASE("gradients accumulate over micro-batches", "[model]") {
-  ModelConfig mc;
-  mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 2, mc.num_heads = 4,
-  mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = true;
+  const ModelConfig mc = small_config(true);
   Topology topo;
   Built b(ModelDims::from(mc, topo), {.batch = 1, .seq_len = 8});
   b.init_weights(7, 0.1);
@@ -250,9 +248,8 @@ TEST_CASE("gradients accumulate over micro-batches", "[model]") {
 // and holds less.
 TEST_CASE("model: activation recomputation gives the same gradients bit for bit and holds less",
           "[model]") {
-  ModelConfig mc;
-  mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 3, mc.num_heads = 4,
-  mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = false;
+  ModelConfig mc = small_config(false);
+  mc.num_layers = 3;
   Topology topo;
   struct Mode {
     const char* name;
@@ -296,9 +293,7 @@ TEST_CASE("model: activation recomputation gives the same gradients bit for bit 
 }
 
 TEST_CASE("initialisation is deterministic and layout-independent of buffers", "[model]") {
-  ModelConfig mc;
-  mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 2, mc.num_heads = 4,
-  mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = false;
+  const ModelConfig mc = small_config(false);
   Topology topo;
   Built a(ModelDims::from(mc, topo), {.batch = 1, .seq_len = 8}),
       b(ModelDims::from(mc, topo), {.batch = 2, .seq_len = 4});
@@ -325,9 +320,7 @@ TEST_CASE("initialisation is deterministic and layout-independent of buffers", "
 // over several steps, so the GPU's bf16 layout only changes the rounding, not the data flow.
 TEST_CASE("a separate compute copy of the weights trains bit-identically to the masters alone",
           "[model]") {
-  ModelConfig mc;
-  mc.hidden_size = 32, mc.intermediate_size = 64, mc.num_layers = 2, mc.num_heads = 4,
-  mc.num_kv_heads = 2, mc.head_dim = 8, mc.vocab_size = 50, mc.tie_embeddings = true;
+  const ModelConfig mc = small_config(true);
   Topology topo;
   const ModelDims d = ModelDims::from(mc, topo);
   Built plain(d, {.batch = 2, .seq_len = 8}),

@@ -19,6 +19,7 @@ namespace {
 
 using test::CkptTensors;
 using test::CmdResult;
+using test::expect_same_bits;
 using test::expect_same_training;
 using test::kLayoutShape;
 using test::kOneThread;
@@ -45,13 +46,7 @@ TEST_CASE("cli: data-parallel buckets overlap backward and change no bit", "[cli
                          tr::test::trainer_bin() + " --config " + run.config + args);
   INFO(on.output);
   REQUIRE(on.exit_code == 0);
-  const std::vector<nlohmann::json> got = run.metrics();
-  REQUIRE(got.size() == 6);
-  REQUIRE(want.size() == 6);
-  for (size_t i = 0; i < got.size(); ++i) {
-    CHECK(got[i]["loss"].get<double>() == want[i]["loss"].get<double>());
-    CHECK(got[i]["grad_norm"].get<double>() == want[i]["grad_norm"].get<double>());
-  }
+  expect_same_bits(want, run.metrics(), 6);
   // Stage 0 of 2 (world rank 0) holds layer 0 (37120 gradients, first in the flat buffer) and
   // the embedding (384 padded rows x 64): 61696 elements, 16 buckets of 4000, of which 0-8 lie
   // wholly inside the layer and start early; the rest wait for the end of backward.
@@ -104,13 +99,7 @@ TEST_CASE("cli: ZeRO-1's weight all-gather overlaps the next forward and changes
     CmdResult b = on.mpirun(4, args, env + " TR_TRACE_DP=1");
     INFO(b.output);
     REQUIRE(b.exit_code == 0);
-    const std::vector<nlohmann::json> x = off.metrics(), y = on.metrics();
-    REQUIRE(x.size() == 6);
-    REQUIRE(y.size() == 6);
-    for (size_t i = 0; i < x.size(); ++i) {
-      CHECK(x[i]["loss"].get<double>() == y[i]["loss"].get<double>());
-      CHECK(x[i]["grad_norm"].get<double>() == y[i]["grad_norm"].get<double>());
-    }
+    expect_same_bits(off.metrics(), on.metrics(), 6);
     test::check_same_checkpoint(off.config, off.dir / "ckpt/step_00000006", on.config,
                                 on.dir / "ckpt/step_00000006");
     // Stage 0 (world rank 0): the embedding and layer 0, 61696 elements in 16 buckets of 4000,
@@ -146,13 +135,7 @@ TEST_CASE("cli: under sequence parallelism DP buckets start during backward and 
                          tr::test::trainer_bin() + " --config " + again.config + args);
   INFO(on.output);
   REQUIRE(on.exit_code == 0);
-  const std::vector<nlohmann::json> got = again.metrics();
-  REQUIRE(got.size() == 6);
-  REQUIRE(want.size() == 6);
-  for (size_t i = 0; i < got.size(); ++i) {
-    CHECK(got[i]["loss"].get<double>() == want[i]["loss"].get<double>());
-    CHECK(got[i]["grad_norm"].get<double>() == want[i]["grad_norm"].get<double>());
-  }
+  expect_same_bits(want, again.metrics(), 6);
   test::check_same_checkpoint(run.config, run.dir / "ckpt/step_00000006", again.config,
                               again.dir / "ckpt/step_00000006");
   // Each TP rank's flat buffer: 2 layers of 18560 gradients, then the embedding and the final
@@ -186,12 +169,7 @@ TEST_CASE(
     CmdResult o = run.mpirun(4, args + rc);
     INFO(rc << "\n" << o.output);
     REQUIRE(o.exit_code == 0);
-    const std::vector<nlohmann::json> a = none.metrics(), b = run.metrics();
-    REQUIRE(b.size() == 3);
-    for (size_t i = 0; i < a.size(); ++i) {
-      CHECK(b[i]["loss"].get<double>() == a[i]["loss"].get<double>());
-      CHECK(b[i]["grad_norm"].get<double>() == a[i]["grad_norm"].get<double>());
-    }
+    expect_same_bits(none.metrics(), run.metrics(), 3);
     const CkptTensors x =
         read_checkpoint(none.config, none.dir / "ckpt/step_00000003", kLayoutShape);
     const CkptTensors y = read_checkpoint(run.config, run.dir / "ckpt/step_00000003", kLayoutShape);
@@ -223,17 +201,11 @@ TEST_CASE("cli: ZeRO-1 with sharded fp32 masters trains the whole-master run bit
     INFO(b.output);
     REQUIRE(b.exit_code == 0);
     CHECK(b.output.find("(this rank's zero1 shard), compute copy") != std::string::npos);
-    const std::vector<nlohmann::json> x = whole.metrics(), y = sharded.metrics();
-    REQUIRE(x.size() == 6);
-    REQUIRE(y.size() == 6);
-    for (size_t i = 0; i < x.size(); ++i) {
-      CHECK(y[i]["loss"].get<double>() == x[i]["loss"].get<double>());
-      CHECK(y[i]["grad_norm"].get<double>() == x[i]["grad_norm"].get<double>());
-    }
-    const std::vector<std::string> sets = {"model.num_heads=8", "model.num_kv_heads=4",
-                                           "model.head_dim=8", "model.num_layers=4"};
-    const CkptTensors p = read_checkpoint(whole.config, whole.dir / "ckpt/step_00000006", sets);
-    const CkptTensors q = read_checkpoint(sharded.config, sharded.dir / "ckpt/step_00000006", sets);
+    expect_same_bits(whole.metrics(), sharded.metrics(), 6);
+    const CkptTensors p =
+        read_checkpoint(whole.config, whole.dir / "ckpt/step_00000006", kLayoutShape);
+    const CkptTensors q =
+        read_checkpoint(sharded.config, sharded.dir / "ckpt/step_00000006", kLayoutShape);
     CHECK(p.p == q.p);
     CHECK(p.m == q.m);
     CHECK(p.v == q.v);

@@ -27,6 +27,8 @@ namespace fs = std::filesystem;
 using test::CkptTensors;
 using test::CmdResult;
 using test::expect_bad_input;
+using test::expect_same_bits;
+using test::kLayoutShape;
 using test::kOneThread;
 using test::read_checkpoint;
 using test::run_cmd;
@@ -323,16 +325,10 @@ TEST_CASE("cli: the multi-tensor AdamW updates as the per-tensor one, bit for bi
     REQUIRE(b.exit_code == 0);
     CHECK(a.output.find("TR_ADAMW_PER_TENSOR (") == std::string::npos);
     CHECK(b.output.find("TR_ADAMW_PER_TENSOR (") != std::string::npos);
-    const std::vector<nlohmann::json> x = fused.metrics(), y = per_tensor.metrics();
-    REQUIRE(x.size() == 6);
-    REQUIRE(y.size() == 6);
-    for (size_t i = 0; i < x.size(); ++i) {
-      CHECK(x[i]["grad_norm"].get<double>() > 0.5);
-      CHECK(y[i]["loss"].get<double>() == x[i]["loss"].get<double>());
-      CHECK(y[i]["grad_norm"].get<double>() == x[i]["grad_norm"].get<double>());
-    }
-    const std::vector<std::string> sets = {"model.num_heads=8", "model.num_kv_heads=4",
-                                           "model.head_dim=8", "model.num_layers=4"};
+    const std::vector<nlohmann::json> x = fused.metrics();
+    expect_same_bits(x, per_tensor.metrics(), 6);
+    for (const nlohmann::json& step : x) CHECK(step["grad_norm"].get<double>() > 0.5);
+    const std::vector<std::string>& sets = kLayoutShape;
     const CkptTensors p = read_checkpoint(fused.config, fused.dir / "ckpt/step_00000006", sets);
     const CkptTensors q =
         read_checkpoint(per_tensor.config, per_tensor.dir / "ckpt/step_00000006", sets);
@@ -388,15 +384,9 @@ TEST_CASE("cli: the first micro-batch assigns the gradients, as zeroing them fir
     REQUIRE(b.exit_code == 0);
     CHECK(b.output.find("debug switches taken: TR_GRAD_ZERO (") != std::string::npos);
     const std::vector<nlohmann::json> x = assigned.metrics(), y = zeroed.metrics();
-    REQUIRE(x.size() == 6);
-    REQUIRE(y.size() == 6);
-    for (size_t i = 0; i < x.size(); ++i) {
-      CHECK(std::isfinite(x[i]["loss"].get<double>()));
-      CHECK(x[i]["loss"].get<double>() == y[i]["loss"].get<double>());
-      CHECK(x[i]["grad_norm"].get<double>() == y[i]["grad_norm"].get<double>());
-    }
-    std::vector<std::string> sets = {"model.num_heads=8", "model.num_kv_heads=4",
-                                     "model.head_dim=8", "model.num_layers=4"};
+    expect_same_bits(x, y, 6);
+    for (const nlohmann::json& step : x) CHECK(std::isfinite(step["loss"].get<double>()));
+    std::vector<std::string> sets = kLayoutShape;
     if (layout.find("tie_embeddings=false") != std::string::npos)
       sets.push_back("model.tie_embeddings=false");
     const CkptTensors p =
