@@ -166,8 +166,9 @@ void cast(Ctx& ctx, Tensor out, Tensor in);
 
 // ---- cross-entropy on one chunk of logits ----
 // logits [C, Vl]: columns >= vocab_valid are vocabulary padding and never win the softmax.
-// targets i32 [C], each in [0, vocab_valid); losses [C] ASSIGNED (f32, or f64 for f64 logits):
-// logsumexp(row) - row[target].
+// targets i32 [C], each in [0, vocab_valid) or negative; losses [C] ASSIGNED (f32, or f64
+// for f64 logits): logsumexp(row) - row[target], and 0 for an ignored target (whose gradient row
+// is 0 too; data.eod_mask_loss ignores the targets after an end-of-document token).
 // When compute_grad, logits are overwritten IN PLACE by grad_scale * (softmax(row) - onehot),
 // and by 0 in the padding columns.
 void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets,
@@ -187,7 +188,7 @@ void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_
                int64_t vocab_offset, int64_t vocab_valid);
 // 3. losses [C] ASSIGNED: log(sum) + max - target logit, from the global sums and max. When
 //    compute_grad, logits are overwritten IN PLACE by grad_scale * (softmax - onehot) (0 on
-//    padding columns).
+//    padding columns). An ignored target (negative) gives loss 0 and a gradient row of 0.
 void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tensor row_max,
                     Tensor sums, int64_t vocab_offset, int64_t vocab_valid, float grad_scale,
                     bool compute_grad);

@@ -11,6 +11,7 @@ namespace {
 
 // logits [C,Vl] (columns >= vocab_valid are padding), targets i32 [C], losses [C] ASSIGNED.
 // With compute_grad, logits are overwritten by grad_scale * (softmax - onehot), 0 on padding.
+// A negative target is ignored: loss 0 and a gradient row of 0.
 template <class T>
 void cross_entropy_impl(Tensor losses, Tensor logits, Tensor targets, int64_t vocab_valid,
                         float grad_scale, bool compute_grad) {
@@ -20,9 +21,14 @@ void cross_entropy_impl(Tensor losses, Tensor logits, Tensor targets, int64_t vo
   for (int64_t r = 0; r < rows; ++r) {
     T* x = logits.ptr<T>() + r * vocab_local;
     const int64_t target = tgt[r];
-    TR_ASSERT(target >= 0 && target < vocab_valid,
-              "cross_entropy: target " + std::to_string(target) + " of row " + std::to_string(r) +
-                  " is outside [0, " + std::to_string(vocab_valid) + ")");
+    if (target < 0) {
+      loss[r] = T(0);
+      if (compute_grad) std::fill(x, x + vocab_local, T(0));
+      continue;
+    }
+    TR_ASSERT(target < vocab_valid, "cross_entropy: target " + std::to_string(target) + " of row " +
+                                        std::to_string(r) + " is outside [0, " +
+                                        std::to_string(vocab_valid) + ")");
     double max = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < vocab_valid; ++j) max = std::max(max, static_cast<double>(x[j]));
     double sum = 0.0;
@@ -112,6 +118,11 @@ void loss_grad_impl(Tensor losses, Tensor logits, Tensor targets, Tensor row_max
   const int64_t rows = logits.dim(0), cols = logits.dim(1);
   for (int64_t r = 0; r < rows; ++r) {
     T* x = logits.ptr<T>() + r * cols;
+    if (targets.ptr<int32_t>()[r] < 0) {  // ignored
+      losses.ptr<T>()[r] = T(0);
+      if (compute_grad) std::fill(x, x + cols, T(0));
+      continue;
+    }
     const double lse = static_cast<double>(row_max.ptr<T>()[r]) +
                        std::log(static_cast<double>(sums.ptr<T>()[2 * r]));
     losses.ptr<T>()[r] = static_cast<T>(lse - static_cast<double>(sums.ptr<T>()[2 * r + 1]));

@@ -57,11 +57,12 @@ __global__ void cross_entropy_kernel(float* losses, T* logits, const int32_t* ta
                                      int64_t valid, float grad_scale, bool grad) {
   T* x = logits + blockIdx.x * cols;
   const int64_t target = targets[blockIdx.x];
-  const float xt = to_f(x[target]);
+  const bool ignored = target < 0;  // ignored (negative): loss 0, gradient 0
+  const float xt = ignored ? 0.0f : to_f(x[target]);
   const float m = local_max(x, valid);
   const float lse = m + logf(local_sum_exp(x, valid, m));
-  if (threadIdx.x == 0) losses[blockIdx.x] = lse - xt;
-  if (grad) write_grad(x, cols, valid, lse, target, grad_scale);
+  if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.0f : lse - xt;
+  if (grad) write_grad(x, cols, valid, lse, target, ignored ? 0.0f : grad_scale);
 }
 
 // Online softmax statistics of x[0, valid): this thread's running max m and sum of exp(x - m)
@@ -118,11 +119,12 @@ __global__ void cross_entropy_fused_kernel(float* losses, T* logits, const int32
                                            bool grad) {
   T* x = logits + blockIdx.x * cols;
   const int64_t target = targets[blockIdx.x];
-  const float xt = to_f(x[target]);
+  const bool ignored = target < 0;  // ignored (negative): loss 0, gradient 0
+  const float xt = ignored ? 0.0f : to_f(x[target]);
   const float2 st = row_stats<T, N>(x, valid);
   const float lse = st.x + logf(st.y);
-  if (threadIdx.x == 0) losses[blockIdx.x] = lse - xt;
-  if (grad) write_grad_packed<T, N>(x, cols, valid, lse, target, grad_scale);
+  if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.0f : lse - xt;
+  if (grad) write_grad_packed<T, N>(x, cols, valid, lse, target, ignored ? 0.0f : grad_scale);
 }
 
 // A vocabulary shard's statistics in one pass: stats[r] = {max, sum of exp(x - max), the
@@ -180,10 +182,12 @@ __global__ void loss_grad_kernel(float* losses, T* logits, const int32_t* target
                                  const float* row_max, const float* sums, int64_t cols,
                                  int64_t offset, int64_t valid, float grad_scale, bool grad) {
   const int64_t r = blockIdx.x;
+  const bool ignored = targets[r] < 0;  // ignored (negative): loss 0, gradient 0
   const float lse = row_max[r] + logf(sums[2 * r]);
-  if (threadIdx.x == 0) losses[r] = lse - sums[2 * r + 1];
+  if (threadIdx.x == 0) losses[r] = ignored ? 0.0f : lse - sums[2 * r + 1];
   if (grad)
-    write_grad_packed<T, N>(logits + r * cols, cols, valid, lse, targets[r] - offset, grad_scale);
+    write_grad_packed<T, N>(logits + r * cols, cols, valid, lse, targets[r] - offset,
+                            ignored ? 0.0f : grad_scale);
 }
 
 // Calls f(std::integral_constant<int, N>{}) with N the 16-byte pack of T when every row of

@@ -641,6 +641,75 @@ TEST_CASE("kernels: cross_entropy gradient matches finite differences", "[kernel
     for (int64_t j = valid; j < vl; ++j) CHECK(work.get(r * vl + j) == 0.0);
 }
 
+// data.eod_mask_loss: a negative target (the loader's kIgnoredTarget) gives loss 0 and a zero
+// gradient row in the whole-vocabulary op and in both vocab-parallel forms; the other rows are as
+// without it.
+TEST_CASE("kernels: an ignored target has loss 0 and no gradient in every cross-entropy form",
+          "[kernels]") {
+  const int64_t C = 3, V = 16, half = 8, valid = 13;
+  std::vector<double> full(C * V);
+  for (int64_t i = 0; i < C * V; ++i) full[i] = std::sin(0.7 * i) * 3.0;
+  auto t = [](std::vector<double>& v, std::initializer_list<int64_t> shape) {
+    return Tensor(v.data(), DType::f64, Device::cpu, shape);
+  };
+  std::vector<int32_t> kept = {2, 9, 12}, ignored = {2, -1, 12};
+  std::vector<double> want = full, want_loss(C), got = full, got_loss(C, 7.0);
+  cross_entropy_fwd_bwd(ctx, t(want_loss, {C}), t(want, {C, V}),
+                        Tensor(kept.data(), DType::i32, Device::cpu, {C}), valid, 0.5f, true);
+  Tensor targets(ignored.data(), DType::i32, Device::cpu, {C});
+  cross_entropy_fwd_bwd(ctx, t(got_loss, {C}), t(got, {C, V}), targets, valid, 0.5f, true);
+  // Row 1 ignored; rows 0 and 2 unchanged.
+  auto check_rows = [&](const std::vector<double>& losses, const std::vector<double>& grad,
+                        const char* form) {
+    INFO(form);
+    CHECK(losses[1] == 0.0);
+    for (int64_t r : {0, 2}) {
+      CHECK(losses[r] == Approx(want_loss[r]).epsilon(1e-14));
+      for (int64_t j = 0; j < V; ++j)
+        CHECK(grad[r * V + j] == Approx(want[r * V + j]).margin(1e-15));
+    }
+    for (int64_t j = 0; j < V; ++j) CHECK(grad[V + j] == 0.0);
+  };
+  check_rows(got_loss, got, "whole vocabulary");
+  // Vocab-parallel, in two shards of 8 columns (valid 8 and 5): the three steps and the two-pass
+  // form with gathered statistics.
+  for (bool two_pass : {false, true}) {
+    std::vector<double> shard[2], losses[2], joined(C * V), stats(2 * C * 3);
+    std::vector<double> maxes(C, -1e300), sums(2 * C, 0.0);
+    const int64_t shard_valid[2] = {8, 5};
+    for (int r = 0; r < 2; ++r) {
+      shard[r].resize(C * half);
+      losses[r].assign(C, 7.0);
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t j = 0; j < half; ++j) shard[r][i * half + j] = full[i * V + r * half + j];
+    }
+    if (two_pass) {
+      for (int r = 0; r < 2; ++r)
+        xent_shard_stats(ctx, Tensor(stats.data() + r * C * 3, DType::f64, Device::cpu, {C, 3}),
+                         t(shard[r], {C, half}), targets, r * half, shard_valid[r]);
+      xent_combine(ctx, t(maxes, {C}), t(sums, {C, 2}), t(stats, {2, C, 3}));
+    } else {
+      std::vector<double> m[2] = {std::vector<double>(C), std::vector<double>(C)},
+                          s[2] = {std::vector<double>(2 * C), std::vector<double>(2 * C)};
+      for (int r = 0; r < 2; ++r)
+        xent_row_max(ctx, t(m[r], {C}), t(shard[r], {C, half}), shard_valid[r]);
+      for (int64_t i = 0; i < C; ++i) maxes[i] = std::max(m[0][i], m[1][i]);
+      for (int r = 0; r < 2; ++r)
+        xent_sums(ctx, t(s[r], {C, 2}), t(shard[r], {C, half}), targets, t(maxes, {C}), r * half,
+                  shard_valid[r]);
+      for (int64_t i = 0; i < 2 * C; ++i) sums[i] = s[0][i] + s[1][i];
+    }
+    for (int r = 0; r < 2; ++r) {
+      xent_loss_grad(ctx, t(losses[r], {C}), t(shard[r], {C, half}), targets, t(maxes, {C}),
+                     t(sums, {C, 2}), r * half, shard_valid[r], 0.5f, true);
+      for (int64_t i = 0; i < C; ++i)
+        for (int64_t j = 0; j < half; ++j) joined[i * V + r * half + j] = shard[r][i * half + j];
+    }
+    check_rows(losses[0], joined, two_pass ? "vocab-parallel, two passes" : "vocab-parallel");
+    CHECK(losses[1] == losses[0]);
+  }
+}
+
 // ---------------------------------------------------------------- AdamW
 
 // Vocabulary of 13 ids padded to 16, split over two "ranks" of 8 columns (valid 8 and 5); the
