@@ -1,6 +1,8 @@
 #include "data/loader.h"
 
+#include <algorithm>
 #include <exception>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,16 +33,80 @@ absl::Status validate_loader_options(const LoaderOptions& o) {
       return bad("data: position ", p, " is outside a sample of seq_len ", o.seq_len);
   if (o.prefetch_steps < 1)
     return bad("data: prefetch_steps is ", o.prefetch_steps, "; it must be >= 1");
+  if ((o.doc_starts || o.reset_positions || o.mask_after_eod) && o.eod_id < 0)
+    return bad(
+        "data: document starts, reset positions or a masked loss need an end-of-document "
+        "id; eod_id is ",
+        o.eod_id);
   return absl::OkStatus();
 }
 
 void document_starts(const int32_t* inputs, int64_t n, int32_t eod, int32_t* doc_start) {
-  int32_t start = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (i > 0 && inputs[i - 1] == eod) start = static_cast<int32_t>(i);
-    doc_start[i] = start;
+  int64_t begin = 0;
+  for (int64_t end = 0; end < n; ++end) {
+    if (inputs[end] != eod) continue;
+    std::fill(doc_start + begin, doc_start + end + 1, static_cast<int32_t>(begin));
+    begin = end + 1;
   }
+  std::fill(doc_start + begin, doc_start + n, static_cast<int32_t>(begin));
 }
+
+double doc_len_sq(const int32_t* doc_start, int64_t n) {
+  double sum = 0;
+  for (int64_t i = 0; i < n;) {
+    int64_t end = i + 1;
+    while (end < n && doc_start[end] == doc_start[i]) ++end;
+    sum += static_cast<double>(end - i) * static_cast<double>(end - i);
+    i = end;
+  }
+  return sum;
+}
+
+namespace {
+
+// One sample's document fields at row `row` of its micro-batch, from the sample's inputs
+// `sample` (seq of them); `keep`: the positions this rank holds (empty: all of them, in order);
+// `starts`: room for the whole sample's document starts. Documents are few, so the work is a
+// scan for end-of-document tokens and a fill of each document's range.
+void fill_documents(const LoaderOptions& o, const int32_t* sample, int64_t seq,
+                    const std::vector<int64_t>& keep, int64_t row, int32_t* starts, MicroBatch& m) {
+  const int64_t L = keep.empty() ? seq : static_cast<int64_t>(keep.size());
+  int64_t masked = 0;
+  int64_t begin = 0;
+  for (int64_t end = 0; end < seq; ++end) {  // [begin, end]: a document ending at an eod
+    if (sample[end] != o.eod_id && end + 1 < seq) continue;
+    const int64_t n = end + 1 - begin;
+    m.docs.doc_len_sq += static_cast<double>(n) * static_cast<double>(n);
+    if (!keep.empty()) {
+      std::fill(starts + begin, starts + end + 1, static_cast<int32_t>(begin));
+    } else {
+      if (o.doc_starts)
+        std::fill(m.doc_start.begin() + row + begin, m.doc_start.begin() + row + end + 1,
+                  static_cast<int32_t>(begin));
+      if (o.reset_positions)
+        std::iota(m.positions.begin() + row + begin, m.positions.begin() + row + end + 1, 0);
+      if (o.mask_after_eod && sample[end] == o.eod_id) {
+        m.targets[row + end] = kIgnoredTarget;
+        ++masked;
+      }
+    }
+    begin = end + 1;
+  }
+  if (!keep.empty()) {  // a context-parallel rank's positions of the whole sample's documents
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t at = keep[i];
+      if (o.doc_starts) m.doc_start[row + i] = starts[at];
+      if (o.reset_positions) m.positions[row + i] = static_cast<int32_t>(at - starts[at]);
+      if (o.mask_after_eod && sample[at] == o.eod_id) {
+        m.targets[row + i] = kIgnoredTarget;
+        ++masked;
+      }
+    }
+  }
+  m.docs.loss_targets += L - masked;
+}
+
+}  // namespace
 
 absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const LoaderOptions& options,
                                           int64_t consumed) {
@@ -49,12 +115,13 @@ absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const Loader
   const int64_t mb = options.micro_batch;
   const std::vector<int64_t>& keep = options.positions;
   const int64_t L = keep.empty() ? seq : static_cast<int64_t>(keep.size());
+  const bool documents = options.eod_id >= 0;
   StepBatch step;
   step.consumed_before = consumed;
   step.sample_ids.resize(per_rank);
   step.micro_batches.resize(per_rank / mb);
   std::vector<int32_t> sample(seq + 1);
-  std::vector<int32_t> starts(options.eod_id >= 0 ? seq : 0);  // a whole sample's, under CP
+  std::vector<int32_t> starts(documents && !keep.empty() ? seq : 0);  // the whole sample's
   for (int64_t j = 0; j < per_rank; ++j) {
     const int64_t k = consumed + options.dp_rank * per_rank + j;
     step.sample_ids[j] = k;
@@ -63,22 +130,21 @@ absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const Loader
     if (m.inputs.empty()) {
       m.inputs.resize(mb * L);
       m.targets.resize(mb * L);
-      if (options.eod_id >= 0) m.doc_start.resize(mb * L);
+      if (options.doc_starts) m.doc_start.resize(mb * L);
+      if (options.reset_positions) m.positions.resize(mb * L);
     }
     const int64_t row = (j % mb) * L;
-    if (keep.empty()) {
-      std::copy(sample.begin(), sample.end() - 1, m.inputs.begin() + row);
-      std::copy(sample.begin() + 1, sample.end(), m.targets.begin() + row);
-      if (options.eod_id >= 0)
-        document_starts(sample.data(), L, options.eod_id, m.doc_start.data() + row);
+    for (int64_t i = 0; i < L; ++i) {
+      const int64_t at = keep.empty() ? i : keep[i];
+      m.inputs[row + i] = sample[at];
+      m.targets[row + i] = sample[at + 1];
+    }
+    if (!documents) {
+      m.docs.loss_targets += L;
+      m.docs.doc_len_sq += static_cast<double>(seq) * static_cast<double>(seq);
       continue;
     }
-    if (options.eod_id >= 0) document_starts(sample.data(), seq, options.eod_id, starts.data());
-    for (int64_t i = 0; i < L; ++i) {
-      m.inputs[row + i] = sample[keep[i]];
-      m.targets[row + i] = sample[keep[i] + 1];
-      if (options.eod_id >= 0) m.doc_start[row + i] = starts[keep[i]];
-    }
+    fill_documents(options, sample.data(), seq, keep, row, starts.data(), m);
   }
   return step;
 }

@@ -46,25 +46,48 @@ struct LoaderOptions {
   // Empty = all seq_len of them.
   std::vector<int64_t> positions;
   int prefetch_steps = 2;  // steps prepared ahead by the background thread (>= 1)
-  // >= 0: documents end at this token, and each micro-batch carries doc_start (block-causal
-  // attention): positions in the whole sample, also for the positions a CP rank keeps.
+  // Documents packed in a sample (data.document_mask, reset_position_ids, eod_mask_loss): with
+  // eod_id >= 0 they end at this token, and each micro-batch carries what the flags below ask
+  // for and its DocumentStats.
   int32_t eod_id = -1;
+  bool doc_starts = false;       // MicroBatch::doc_start (block-causal attention)
+  bool reset_positions = false;  // MicroBatch::positions restart at 0 in each document
+  bool mask_after_eod = false;   // a target whose input token is eod_id is kIgnoredTarget
 };
+
+// A target the loss leaves out (the kernels ignore any negative target).
+constexpr int32_t kIgnoredTarget = -1;
 
 // Checks the batch arithmetic; errors name the offending option.
 absl::Status validate_loader_options(const LoaderOptions& options);
+
+// What the step needs of a micro-batch's documents beside its tokens (without an eod_id: every
+// target, and one document per sample).
+struct DocumentStats {
+  int64_t loss_targets = 0;  // targets not ignored (all of them without mask_after_eod)
+  // The sum over its samples of their documents' lengths squared (a document cut by the
+  // sample's edge counts its part in the sample; whole samples, also for a CP rank): attention's
+  // causal FLOPs are proportional to it (seq_len squared per sample without documents).
+  double doc_len_sq = 0;
+};
 
 // L = seq_len, or the number of LoaderOptions::positions.
 struct MicroBatch {
   std::vector<int32_t> inputs;   // [micro_batch * L]: sample tokens t[:-1] (at the positions)
   std::vector<int32_t> targets;  // [micro_batch * L]: sample tokens t[1:] (at the positions)
-  // With LoaderOptions::eod_id: [micro_batch * L], for each input token the position in its
+  // With LoaderOptions::doc_starts: [micro_batch * L], for each input token the position in its
   // sample where its document begins (0, or just after an end-of-document token); else empty.
   std::vector<int32_t> doc_start;
+  // With LoaderOptions::reset_positions: [micro_batch * L], each input token's position in its
+  // document (RoPE's position); else empty.
+  std::vector<int32_t> positions;
+  DocumentStats docs;
 };
 
 // doc_start of one sample's `n` input tokens: a document begins at 0 and after each `eod`.
 void document_starts(const int32_t* inputs, int64_t n, int32_t eod, int32_t* doc_start);
+// The sum of the documents' lengths squared of a sample, from its document_starts.
+double doc_len_sq(const int32_t* doc_start, int64_t n);
 
 struct StepBatch {
   int64_t consumed_before = 0;            // consumed samples at the start of this step

@@ -472,18 +472,22 @@ TEST_CASE("data: loader inputs and targets are the shifted sample") {
 }
 
 // Block-causal attention's document starts: a document begins at a sample's first token and
-// right after each end-of-document token, per sample, in the loader's micro-batches.
+// right after each end-of-document token, per sample, in the loader's micro-batches; with
+// reset_positions each token's position in its document, with mask_after_eod the target after
+// the end-of-document token ignored, and each micro-batch's document statistics.
 TEST_CASE("data: document starts restart after each end-of-document token") {
   const std::vector<int32_t> x = {5, 0, 7, 8, 0, 0, 9};
   std::vector<int32_t> starts(x.size());
   document_starts(x.data(), static_cast<int64_t>(x.size()), 0, starts.data());
   CHECK(starts == std::vector<int32_t>{0, 0, 2, 2, 2, 5, 6});
+  CHECK(doc_len_sq(starts.data(), 7) == 4 + 9 + 1 + 1);
   TempDir dir;
   write_ramp(dir / "r", 8 * 10 + 1, 100);  // token p % 257 at stream position p
   LoaderOptions o = loader_options({{dir / "r", 1.0}});
   o.shuffle = false;
   o.global_batch = 4;
   o.eod_id = 13;  // at stream position 13: input 5 of sample 1
+  o.doc_starts = true;
   auto loader = make_loader(o);
   const StepBatch step = next_ok(*loader);
   const MicroBatch& m = step.micro_batches[0];  // samples 0 and 1
@@ -493,14 +497,38 @@ TEST_CASE("data: document starts restart after each end-of-document token") {
   CHECK(std::vector<int32_t>(m.doc_start.begin() + 8, m.doc_start.end()) ==
         std::vector<int32_t>{0, 0, 0, 0, 0, 0, 6, 6});
   CHECK(step.micro_batches[1].doc_start == std::vector<int32_t>(16, 0));
+  CHECK(m.positions.empty());
+  CHECK(m.targets[8 + 5] == 14);  // not masked without mask_after_eod
+  CHECK(m.docs.loss_targets == 16);
+  CHECK(m.docs.doc_len_sq == 64 + 36 + 4);
+  CHECK(step.micro_batches[1].docs.doc_len_sq == 128);
+  // Positions restart in each document; the target after the end of a document is ignored.
+  o.reset_positions = true;
+  o.mask_after_eod = true;
+  const MicroBatch both = next_ok(*make_loader(o)).micro_batches[0];
+  CHECK(std::vector<int32_t>(both.positions.begin() + 8, both.positions.end()) ==
+        std::vector<int32_t>{0, 1, 2, 3, 4, 5, 0, 1});
+  CHECK(std::vector<int32_t>(both.positions.begin(), both.positions.begin() + 8) ==
+        std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(std::vector<int32_t>(both.targets.begin() + 8, both.targets.end()) ==
+        std::vector<int32_t>{9, 10, 11, 12, 13, kIgnoredTarget, 15, 16});
+  CHECK(both.inputs == m.inputs);
+  CHECK(both.docs.loss_targets == 15);
   // Without an end-of-document id there are none; under context parallelism a rank's kept
-  // positions carry the whole sample's starts.
+  // positions carry the whole sample's starts and positions, and the statistics of its targets
+  // and of the whole samples.
   o.eod_id = -1;
+  CHECK_FALSE(validate_loader_options(o).ok());
+  o.doc_starts = o.reset_positions = o.mask_after_eod = false;
   CHECK(next_ok(*make_loader(o)).micro_batches[0].doc_start.empty());
   o.eod_id = 13;
+  o.doc_starts = o.reset_positions = o.mask_after_eod = true;
   o.positions = {0, 1, 6, 7};
-  const StepBatch kept = next_ok(*make_loader(o));
-  CHECK(kept.micro_batches[0].doc_start == std::vector<int32_t>{0, 0, 0, 0, 0, 0, 6, 6});
+  const MicroBatch kept = next_ok(*make_loader(o)).micro_batches[0];
+  CHECK(kept.doc_start == std::vector<int32_t>{0, 0, 0, 0, 0, 0, 6, 6});
+  CHECK(kept.positions == std::vector<int32_t>{0, 1, 6, 7, 0, 1, 0, 1});
+  CHECK(kept.docs.loss_targets == 8);
+  CHECK(kept.docs.doc_len_sq == 64 + 36 + 4);
 }
 
 TEST_CASE("data: loader resumes exactly from consumed samples, also with another dp") {

@@ -222,6 +222,58 @@ TEST_CASE("model: a packed sample under block-causal attention is its documents 
   CHECK(std::abs(forward_backward(across.model, x.data(), y.data(), 1.0f) / want_loss - 1) > 1e-3);
 }
 
+// data.reset_position_ids and data.eod_mask_loss on the same packed sample: with block-causal
+// attention, positions restarting in each document and the targets after each end-of-document
+// token left out, the loss and every gradient are those of the documents run alone, each
+// without its last position when it ends in the end-of-document token (causal attention: the
+// other positions do not see it). Without block-causal attention, restarting the positions
+// changes the loss (the documents see each other at other relative positions).
+TEST_CASE("model: packed documents with reset positions and a masked loss are run alone",
+          "[model]") {
+  const ModelConfig mc = small_config(false);
+  Topology topo;
+  const int32_t eod = 0;
+  const std::vector<int32_t> x = {1, 5, 9, 0, 4, 4, 7, 2, 0, 11, 3, 6};
+  std::vector<int32_t> y(x.begin() + 1, x.end());
+  y.push_back(8);
+  std::vector<int32_t> starts(x.size()), positions(x.size()), masked = y;
+  data::document_starts(x.data(), 12, eod, starts.data());
+  for (size_t i = 0; i < x.size(); ++i) {
+    positions[i] = static_cast<int32_t>(i) - starts[i];
+    if (x[i] == eod) masked[i] = data::kIgnoredTarget;
+  }
+  CHECK(positions == std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2});
+  const ModelOptions packed_options = {.batch = 1, .seq_len = 12, .dtype = DType::f64};
+  auto init = [&](Built& b) {
+    const std::vector<float> w = initial_weights(b.layout(), b.model.dims(), 3, 0.2);
+    std::copy(w.begin(), w.end(), b.params.weights().ptr<double>());
+  };
+  Built packed(ModelDims::from(mc, topo), packed_options);
+  init(packed);
+  const double loss = forward_backward(packed.model, x.data(), masked.data(), 1.0f, starts.data(),
+                                       positions.data());
+  const Tensor grads = packed.params.grads();
+  std::vector<double> want(static_cast<size_t>(grads.numel()), 0.0);
+  double want_loss = 0;
+  // The documents [1 5 9] 0, [4 4 7 2] 0 and [11 3 6]: the first two without their last position.
+  for (const auto& [lo, hi] : {std::pair{0, 3}, std::pair{4, 8}, std::pair{9, 12}}) {
+    Built alone(ModelDims::from(mc, topo), {.batch = 1, .seq_len = hi - lo, .dtype = DType::f64});
+    init(alone);
+    want_loss += forward_backward(alone.model, x.data() + lo, y.data() + lo, 1.0f);
+    const double* g = alone.params.grads().ptr<double>();
+    for (size_t i = 0; i < want.size(); ++i) want[i] += g[i];
+  }
+  CHECK(std::abs(loss / want_loss - 1) < 1e-12);
+  CHECK(test::rel_err(grads.ptr<double>(), want.data(), grads.numel()) < 1e-12);
+  // Across documents, restarted positions are another model input.
+  auto plain_loss = [&](const int32_t* at) {
+    Built b(ModelDims::from(mc, topo), packed_options);
+    init(b);
+    return forward_backward(b.model, x.data(), y.data(), 1.0f, nullptr, at);
+  };
+  CHECK(std::abs(plain_loss(positions.data()) / plain_loss(nullptr) - 1) > 1e-6);
+}
+
 TEST_CASE("gradients accumulate over micro-batches", "[model]") {
   const ModelConfig mc = small_config(true);
   Topology topo;

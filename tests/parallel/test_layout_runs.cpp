@@ -531,29 +531,41 @@ TEST_CASE("cli: interleaved and zero-bubble pipelines over MPI ranks match one r
   }
 }
 
-// Block-causal attention (data.document_mask) through the trainer: it changes the training (the
-// documents no longer see each other), and tp 2 with sequence parallelism, pp 2 (interleaved),
-// dp 2 with ZeRO-1, pp 2 under zero-bubble and cp 2 (both exchanges; documents crossing the
-// chunks and ranks) match one rank over 10 steps. Documents end at
-// every space (token 32) so that each sample holds several.
+// Packed documents through the trainer: block-causal attention (data.document_mask), positions
+// restarting in each document (data.reset_position_ids) and the loss leaving out the target
+// after each end-of-document token (data.eod_mask_loss). Each changes the training (the
+// documents no longer see each other; the loss is another mean), and tp 2 with sequence
+// parallelism, pp 2 (interleaved), dp 2 with ZeRO-1, pp 2 under zero-bubble and cp 2 (both
+// exchanges; documents crossing the chunks and ranks) match one rank over 20 steps. Documents
+// end at every space (token 32) so that each sample holds several.
 TEST_CASE("cli: block-causal attention over MPI ranks matches one rank", "[cli][mpi]") {
-  const std::string args = with_layout_shape(
-      "--set train.micro_batch=1 --set train.eval_interval=5 --set train.eval_steps=2 "
-      "--set data.document_mask=block_causal --set data.eod_id=32");
-  RunDir one(10), plain(10);
+  const std::string base = with_layout_shape(
+      "--set train.micro_batch=1 --set train.eval_interval=10 --set train.eval_steps=2 "
+      "--set data.eod_id=32");
+  const std::string block = " --set data.document_mask=block_causal";
+  const std::string args =
+      base + block + " --set data.reset_position_ids=true --set data.eod_mask_loss=true";
+  RunDir one(20);
   REQUIRE(one.trainer(args).exit_code == 0);
-  REQUIRE(plain
-              .trainer(with_layout_shape("--set train.micro_batch=1 --set train.eval_interval=5 "
-                                         "--set train.eval_steps=2"))
-              .exit_code == 0);
-  CHECK(std::abs(one.metrics().back()["loss"].get<double>() /
-                     plain.metrics().back()["loss"].get<double>() -
-                 1) > 1e-3);
+  auto last_loss = [&](const std::string& options) {
+    RunDir run(20);
+    REQUIRE(run.trainer(base + options).exit_code == 0);
+    return run.metrics().back()["loss"].get<double>();
+  };
+  const double all = one.metrics().back()["loss"].get<double>(), none = last_loss("");
+  CHECK(std::abs(none / all - 1) > 1e-4);
+  CHECK(std::abs(last_loss(block) / all - 1) > 1e-4);  // eod_mask_loss acts
+  CHECK(std::abs(last_loss(" --set data.reset_position_ids=true --set data.eod_mask_loss=true") /
+                     all -
+                 1) > 1e-4);  // block_causal acts
+  // Under block-causal attention restarting the positions changes only rounding (RoPE is
+  // relative); across documents it changes the training.
+  CHECK(std::abs(last_loss(" --set data.reset_position_ids=true") / none - 1) > 1e-4);
   // Data without prepare_data's metadata names no end-of-document id: one line, exit 2.
   RunDir bare(10);
-  test::expect_bad_input(bare.trainer("--set data.document_mask=block_causal"),
-                         "error: data.document_mask block_causal needs the end-of-document token "
-                         "id, and the training data records none");
+  test::expect_bad_input(bare.trainer("--set data.eod_mask_loss=true"),
+                         "error: data.document_mask, reset_position_ids and eod_mask_loss need "
+                         "the end-of-document token id, and the training data records none");
   for (const auto& [ranks, layout] : std::vector<std::pair<int, std::string>>{
            {2, " --set parallel.tp=2 --set parallel.sequence_parallel=true"},
            {2,
@@ -563,11 +575,11 @@ TEST_CASE("cli: block-causal attention over MPI ranks matches one rank", "[cli][
            {4, " --set parallel.pp=2 --set parallel.pipeline_schedule=zero_bubble"},
            {2, " --set parallel.cp=2"},
            {4, " --set parallel.cp=2 --set parallel.cp_comm=ring --set parallel.tp=2"}}) {
-    RunDir run(10);
+    RunDir run(20);
     CmdResult r = run.mpirun(ranks, args + layout);
     INFO(r.output);
     REQUIRE(r.exit_code == 0);
-    expect_same_training(one, run, 10, 80, "block-causal" + layout);
+    expect_same_training(one, run, 20, 160, "packed documents" + layout);
   }
 }
 

@@ -62,6 +62,17 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   const double matmul = 4.0 * (64 * 128 + 64 * 64 + 3 * 64 * 128) + 1000.0 * 64;
   CHECK(p->flops_per_token_causal == Approx(6 * matmul + 6.0 * 4 * 32 * 64));
   CHECK(p->flops_per_token_full - p->flops_per_token_causal == Approx(6.0 * 4 * 32 * 64));
+  // A step of 16 samples: one document each counts as flops_per_token; under block-causal
+  // attention, samples of two 16-token documents count a quarter of the samples' attention
+  // less per token: 16 x (16^2 + 16^2) instead of 16 x 32^2.
+  const double tokens = 16 * 32, attention = 6.0 * 4 * 32 * 64;
+  CHECK(flops_per_token(cfg, tokens, 16.0 * 32 * 32) == Approx(p->flops_per_token_causal));
+  CHECK(flops_per_token(cfg, tokens, 16.0 * 2 * 16 * 16) == Approx(p->flops_per_token_causal));
+  Config block = cfg;
+  block.data.document_mask = "block_causal";
+  CHECK(flops_per_token(block, tokens, 16.0 * 32 * 32) == Approx(p->flops_per_token_causal));
+  CHECK(flops_per_token(block, tokens, 16.0 * 2 * 16 * 16) ==
+        Approx(p->flops_per_token_causal - attention / 2));
   // TP per step: 4 micro-batches x 2 layers per stage x 4 all-reduces x 2(tp-1)/tp x [64 x 64]
   // bf16 (T = 2 x 32 tokens).
   CHECK(p->tp_bytes == Approx(4 * 2 * 4 * 1.0 * (64 * 64 * 2)));

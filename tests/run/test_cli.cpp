@@ -55,11 +55,14 @@ TEST_CASE("cli: the tiny model's loss falls below a bound", "[cli]") {
   CHECK(r.output.find("resolved config:") != std::string::npos);
 }
 
+// Also with packed documents: block-causal attention, positions restarting in each document and
+// the targets after each end-of-document token left out of the loss.
 TEST_CASE("cli: 10 steps + resume + 10 steps is bit-identical to 20 steps (also block-causal)",
           "[cli][cpu-build]") {
   for (const std::string& mode :
-       {std::string(),
-        std::string("--set data.document_mask=block_causal --set data.eod_id=32 ")}) {
+       {std::string(), std::string("--set data.document_mask=block_causal --set data.eod_id=32 "
+                                   "--set data.reset_position_ids=true "
+                                   "--set data.eod_mask_loss=true ")}) {
     INFO(mode);
     RunDir straight(20), split(20);
     const std::string eval = mode + "--set train.eval_interval=5 --set train.eval_steps=2 ";

@@ -97,6 +97,17 @@ struct DataConfig {
   // the end-of-document token `eod_id` (-1: the datasets' metadata's).
   std::string document_mask = "none";
   int64_t eod_id = -1;
+  bool reset_position_ids = false;  // RoPE positions restart at 0 in each document
+  bool eod_mask_loss = false;       // the loss leaves out the target after each end-of-document
+  // Whether documents matter to the step: any of the three options above.
+  bool documents() const {
+    return document_mask == "block_causal" || reset_position_ids || eod_mask_loss;
+  }
+  // The arrays of one int per token a micro-batch carries beside its tokens and targets: the
+  // document starts (block_causal) and the positions (reset_position_ids).
+  int token_doc_arrays() const {
+    return (document_mask == "block_causal" ? 1 : 0) + (reset_position_ids ? 1 : 0);
+  }
 };
 
 struct TrainConfig {

@@ -110,8 +110,15 @@ const std::vector<Field>& fields() {
                "default). CPU backend for now",
                {"none", "block_causal"}),
       TR_FIELD(data, eod_id, Int, -1, kMaxI,
-               "the end-of-document token id for data.document_mask; -1 = the one prepare_data "
-               "recorded in the datasets' metadata"),
+               "the end-of-document token id for data.document_mask, reset_position_ids and "
+               "eod_mask_loss; -1 = the one prepare_data recorded in the datasets' metadata"),
+      TR_FIELD(data, reset_position_ids, Bool, 0, 0,
+               "RoPE positions restart at 0 in each document of a sample (Megatron's "
+               "--reset-position-ids; with block_causal each document is as if alone)"),
+      TR_FIELD(data, eod_mask_loss, Bool, 0, 0,
+               "the loss leaves out each target whose input is the end-of-document token (the "
+               "first token of the next document), and the mean is over the targets kept "
+               "(Megatron's --eod-mask-loss)"),
       TR_FIELD(train, steps, Int, 1, kMaxI, "optimizer steps to run in total"),
       TR_FIELD(train, global_batch, Int, 1, kMaxI, "samples per optimizer step over all DP ranks"),
       TR_FIELD(train, micro_batch, Int, 1, kMaxI, "samples per forward/backward on one rank"),

@@ -72,6 +72,18 @@ absl::StatusOr<RunLayout> run_layout(const Config& cfg, int world, int rank) {
   return f;
 }
 
+namespace {
+
+// Attention's training FLOPs of one document of n tokens, over n squared (causal counting: the
+// 2 QK^T and 2 AV matmuls' 4 n^2 q / 2 in forward, twice that in backward, per layer).
+double attention_flops_per_sq(const Config& c) {
+  const ModelConfig& m = c.model;
+  return 6 * static_cast<double>(m.num_layers) * static_cast<double>(m.num_heads) *
+         static_cast<double>(m.head_dim);
+}
+
+}  // namespace
+
 double flops_per_token(const Config& c) {
   const ModelConfig& m = c.model;
   const double H = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim);
@@ -81,8 +93,13 @@ double flops_per_token(const Config& c) {
       H * (q + 2 * kv) + q * H + 3 * H * static_cast<double>(m.intermediate_size);
   const double n_matmul =
       static_cast<double>(m.num_layers) * per_layer + static_cast<double>(m.vocab_size) * H;
-  return 6 * n_matmul +
-         6 * static_cast<double>(m.num_layers) * static_cast<double>(c.data.seq_len) * q;
+  return 6 * n_matmul + attention_flops_per_sq(c) * static_cast<double>(c.data.seq_len);
+}
+
+double flops_per_token(const Config& c, double tokens, double doc_len_sq) {
+  if (c.data.document_mask != "block_causal") return flops_per_token(c);
+  const double seq = static_cast<double>(c.data.seq_len);
+  return flops_per_token(c) + attention_flops_per_sq(c) * (doc_len_sq / tokens - seq);
 }
 
 ModelOptions model_options(const Config& cfg, const RunLayout& layout, Device device,

@@ -62,6 +62,10 @@ absl::StatusOr<RunLayout> run_layout(const Config& cfg, int world, int rank);
 // Training FLOPs per token, causal counting (llm.c / Megatron-Core): 6 N_matmul + 6 L s (nh hd),
 // N_matmul = parameters in matrix products, LM head included, input embedding excluded.
 double flops_per_token(const Config& c);
+// The same for a step of `tokens` tokens whose samples' documents' lengths squared sum to
+// `doc_len_sq` (data::DocumentStats): block-causal attention computes each document's causal
+// triangle alone; otherwise flops_per_token(c).
+double flops_per_token(const Config& c, double tokens, double doc_len_sq);
 
 // How the rank of `layout` builds its model on `device` (bf16 compute on cuda, f32 on the CPU):
 // the trainer builds it so and the planner measures it so. `separate_compute_copy` gives CPU

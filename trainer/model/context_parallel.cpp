@@ -9,7 +9,7 @@
 namespace tr {
 
 Tensor Qwen2Model::doc_starts(int slot, int64_t b) const {
-  const Tensor all = a_->slots[slot].doc_start;
+  const Tensor all = a_->slots[slot].docs.doc_start;
   return all.empty() ? Tensor() : all.slice(b * seq_len_, seq_len_);
 }
 

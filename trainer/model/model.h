@@ -88,6 +88,17 @@ struct ModelOptions {
 // model and the optimizer; tests and the planner beside their model.
 ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& options, Device device);
 
+// A micro-batch's documents as the model reads them (data.document_mask, reset_position_ids):
+// i32 [tokens_per_micro_batch()] each, or empty.
+struct MicroBatchDocs {
+  // Block-causal attention's document starts of the tokens, positions in their sequence
+  // (kernels/ops.h attention_fwd).
+  Tensor doc_start;
+  // RoPE's position of each token (restarting in each document); empty: its position in the
+  // sequence (this rank's positions of it under context parallelism).
+  Tensor positions;
+};
+
 // The model holds the math and its activations; it reads its weights from and writes its
 // gradients into a ParamBuffer it does not own.
 class Qwen2Model {
@@ -133,10 +144,8 @@ class Qwen2Model {
   // backward of the chunk, after which each of its layers' gradients are final; the model
   // reports each layer to the subscriber as it finishes it (under sequence parallelism having
   // summed its norms' gradients over TP first).
-  // `doc_start` (i32 [tokens_per_micro_batch()], or empty): block-causal attention's document
-  // starts of the micro-batch's tokens, positions in their sequence (kernels/ops.h
-  // attention_fwd), kept with the slot for its backward.
-  void forward_stage(int slot, Tensor tokens, int chunk = 0, Tensor doc_start = {});
+  // `docs`: the micro-batch's documents (MicroBatchDocs), kept with the slot for its backward.
+  void forward_stage(int slot, Tensor tokens, int chunk = 0, MicroBatchDocs docs = {});
   void stage_loss(int slot, Tensor targets, float grad_scale, bool grad, Tensor loss_sum);
   void backward_stage(int slot, Tensor tokens, bool last_of_step, int chunk = 0);
   // With ModelOptions::split_backward, backward_stage in two passes: backward_input (B: the
@@ -192,6 +201,9 @@ class Qwen2Model {
   Tensor resid(int slot, int64_t l) const;  // the residual stream entering local layer l
   // Sequence b's document starts in `slot` (block-causal attention), or empty.
   Tensor doc_starts(int slot, int64_t b) const;
+  // RoPE's positions for the micro-batch in `slot`: its own (MicroBatchDocs::positions), else
+  // the sequence's (i32 [seq_len], this rank's under context parallelism).
+  Tensor rope_positions(int slot) const;
   bool holds_head(int chunk) const;  // the final norm and the LM head follow `chunk`
 
   ModelDims dims_;

@@ -38,7 +38,7 @@ struct Qwen2Model::Acts {
     std::vector<Layer> layers;
     std::vector<Tensor> resid;  // L + 1 of [Tl, H]: resid[l] enters layer l
     Tensor lnf, rstdf;          // [T, H], [Tl] (last stage)
-    Tensor doc_start;           // its micro-batch's (forward_stage), or empty
+    MicroBatchDocs docs;        // its micro-batch's (forward_stage)
   };
   std::vector<Slot> slots;
   Layer& layer(int slot, int64_t pos) { return slots[slot].layers[pos]; }  // pos: in its chunk

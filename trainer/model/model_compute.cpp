@@ -89,7 +89,7 @@ bool Qwen2Model::holds_head(int chunk) const {
   return dims_.last_stage && chunk == dims_.num_chunks() - 1;
 }
 
-void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, Tensor doc_start) {
+void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchDocs docs) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   const bool sp = d.sequence_parallel;
@@ -98,9 +98,11 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, Tensor doc_st
   const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
   const bool head = holds_head(chunk);
   const Tensor input = stage_input(slot, chunk);
-  TR_ASSERT(doc_start.empty() || doc_start.numel() == T,
+  TR_ASSERT(docs.doc_start.empty() || docs.doc_start.numel() == T,
             "forward_stage: a micro-batch's document starts");
-  S.doc_start = doc_start;
+  TR_ASSERT(docs.positions.empty() || docs.positions.numel() == T,
+            "forward_stage: a micro-batch's positions");
+  S.docs = docs;
   if (d.first_stage && chunk == 0) {
     TR_ASSERT(tokens.numel() == T, "forward_stage: a micro-batch's tokens");
     Tensor emb = full_or(input);
@@ -161,7 +163,7 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
   Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
   rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_),
-           d.rope, a.positions);
+           d.rope, rope_positions(slot));
   attention_fwd_of(slot, l);
   linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
   reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
@@ -178,7 +180,12 @@ void Qwen2Model::attention_fwd_of(int slot, int64_t l) {
   const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
                 static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
-                static_cast<int>(d.head_dim), a_->slots[slot].doc_start);
+                static_cast<int>(d.head_dim), a_->slots[slot].docs.doc_start);
+}
+
+Tensor Qwen2Model::rope_positions(int slot) const {
+  const Tensor& own = a_->slots[slot].docs.positions;
+  return own.empty() ? a_->positions : own;
 }
 
 void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
@@ -187,7 +194,7 @@ void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
   const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   attention_bwd(ctx_, a_->dqkv, a_->datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
                 static_cast<int>(seq_len_), static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
-                static_cast<int>(d.head_dim), a_->slots[slot].doc_start);
+                static_cast<int>(d.head_dim), a_->slots[slot].docs.doc_start);
 }
 
 void Qwen2Model::recompute_layer(int slot, int64_t l) {
@@ -315,7 +322,7 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     attention_bwd_of(slot, l);
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_), d.rope,
-             a.positions);
+             rope_positions(slot));
     const Tensor dqkv = kept(a.dqkv, L.dqkv);  // (qkv is not read after attention's backward)
     linear_bwd(ctx_, full_or(a.dln), weight_grad(g.qkv_w), weight_grad(g.qkv_b), dqkv, L.ln1,
                w.qkv_w, gw);

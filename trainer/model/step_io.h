@@ -17,23 +17,26 @@ class StepIO {
  public:
   explicit StepIO(Ctx ctx);
   // Bytes a step of `micro_batches` micro-batches of `tokens` tokens holds on `device` (the
-  // staged ids and targets, and the scalars); the planner counts them.
-  static size_t device_bytes(int64_t micro_batches, int64_t tokens, Device device);
+  // staged ids and targets, `doc_arrays` more arrays per micro-batch for its documents, and the
+  // scalars); the planner counts them.
+  static size_t device_bytes(int64_t micro_batches, int64_t tokens, Device device,
+                             int doc_arrays = 0);
 
   // The micro-batches' token ids and targets (`tokens` = batch * seq_len each) to where the ops
   // read them. On the CPU they are the host arrays themselves (which must outlive their use); on
   // a device they are copied into pinned host memory and uploaded with one asynchronous copy. The
   // previous upload from that memory has run by then: the last step's take() waited for the
   // stream, which holds every earlier copy.
-  // `doc_starts` (block-causal attention's document starts, one array per micro-batch) may be
-  // empty.
+  // `doc_starts` and `positions` (MicroBatchDocs' two arrays, one per micro-batch) may be empty.
   void stage(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
-             int64_t tokens, const std::vector<const int32_t*>& doc_starts = {});
+             int64_t tokens, const std::vector<const int32_t*>& doc_starts = {},
+             const std::vector<const int32_t*>& positions = {});
   Tensor inputs(size_t micro_batch) const { return inputs_.at(micro_batch); }    // i32 [tokens]
   Tensor targets(size_t micro_batch) const { return targets_.at(micro_batch); }  // i32 [tokens]
-  // i32 [tokens], or empty when none was staged.
-  Tensor doc_start(size_t micro_batch) const {
-    return doc_starts_.empty() ? Tensor() : doc_starts_.at(micro_batch);
+  // Its staged document arrays (each empty when none was staged).
+  MicroBatchDocs docs(size_t micro_batch) const {
+    return {doc_starts_.empty() ? Tensor() : doc_starts_.at(micro_batch),
+            positions_.empty() ? Tensor() : positions_.at(micro_batch)};
   }
 
   // f64 [1] each on the device: the sum of the per-token losses the last stage has computed
@@ -49,14 +52,15 @@ class StepIO {
   Buffer scalars_buf_;
   Tensor scalars_;     // f64 [2]: loss_sum, norm_squares
   Buffer host_, dev_;  // the staged arrays: pinned on the host, and on the device
-  std::vector<Tensor> inputs_, targets_, doc_starts_;
+  std::vector<Tensor> inputs_, targets_, doc_starts_, positions_;
 };
 
 // One micro-batch through a whole (single-stage) model: forward, loss and backward, gradients
 // ACCUMULATED into the model's buffer scaled by grad_scale; returns the sum of the per-token
-// losses (a host sync). `doc_start`: block-causal attention's document starts, or null. For tests
+// losses (a host sync). `doc_start` and `positions`: MicroBatchDocs' arrays, or null. For tests
 // and tools, without sequence parallelism; the trainer's step runs the pipeline.
 double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t* targets,
-                        float grad_scale, const int32_t* doc_start = nullptr);
+                        float grad_scale, const int32_t* doc_start = nullptr,
+                        const int32_t* positions = nullptr);
 
 }  // namespace tr

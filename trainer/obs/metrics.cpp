@@ -162,7 +162,9 @@ const std::vector<MetricKey>& metric_keys() {
       {"host_syncs", "step", "count",
        "times rank 0's host waited for its device in the step (1 on GPUs: the loss and norm)",
        [](L l) -> nlohmann::json { return l.m.host_syncs; }},
-      {"tflops_per_rank", "step", "TFLOP/s", "model FLOPs (causal counting) per second per rank",
+      {"tflops_per_rank", "step", "TFLOP/s",
+       "model FLOPs (causal counting; under block-causal attention each document's own) per "
+       "second per rank",
        [](L l) -> nlohmann::json { return l.flops / l.m.world / 1e12; }},
       {"peak_mem_mib", "step", "MiB", "peak resident host memory of rank 0's process",
        [](L l) -> nlohmann::json { return l.m.peak_mem_mib; }},

@@ -134,9 +134,10 @@ StageMemory rank_memory(const Config& cfg, const RunLayout& layout, Device devic
                           GradReducer::shard_bytes(capacity, replicas, zero1) +
                           GradReducer::staging_bytes(capacity, replicas, zero1, reduce));
   if (device == Device::cuda) {
-    m.workspace = static_cast<double>(
-        kCudaWorkspaceBytes +
-        StepIO::device_bytes(layout.micro_batches, t.micro_batch * seq / st.cp, device));
+    m.workspace =
+        static_cast<double>(kCudaWorkspaceBytes +
+                            StepIO::device_bytes(layout.micro_batches, t.micro_batch * seq / st.cp,
+                                                 device, cfg.data.token_doc_arrays()));
     // Under context parallelism cuDNN runs on one sequence's blocks of seq / (2 cp) tokens.
     m.attention_workspace = st.cp > 1
                                 ? attention_workspace_estimate(1, dims.heads, seq / (2 * st.cp))

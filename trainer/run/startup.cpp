@@ -68,8 +68,8 @@ absl::Status resolve_backend(Session& s) {
   return absl::OkStatus();
 }
 
-// The end-of-document id that block-causal attention cuts documents at: data.eod_id, else the one
-// prepare_data recorded for the training data.
+// The end-of-document id that documents end at (data.document_mask, reset_position_ids,
+// eod_mask_loss): data.eod_id, else the one prepare_data recorded for the training data.
 absl::StatusOr<int32_t> document_eod(const Config& c) {
   if (c.data.eod_id >= 0) return static_cast<int32_t>(c.data.eod_id);
   for (const DataSource& src : c.data.train) {
@@ -78,8 +78,9 @@ absl::StatusOr<int32_t> document_eod(const Config& c) {
     if (meta->has_value() && (*meta)->eod_id >= 0) return (*meta)->eod_id;
   }
   return absl::InvalidArgumentError(
-      "data.document_mask block_causal needs the end-of-document token id, and the training "
-      "data records none (made without prepare_data's metadata); set data.eod_id");
+      "data.document_mask, reset_position_ids and eod_mask_loss need the end-of-document token "
+      "id, and the training data records none (made without prepare_data's metadata); set "
+      "data.eod_id");
 }
 
 absl::StatusOr<data::LoaderOptions> loader_options(const Session& s,
@@ -100,10 +101,13 @@ absl::StatusOr<data::LoaderOptions> loader_options(const Session& s,
   o.micro_batch = s.cfg.train.micro_batch;
   o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume
   o.vocab_size = s.cfg.model.vocab_size;
-  if (s.cfg.data.document_mask == "block_causal") {
+  if (s.cfg.data.documents()) {
     absl::StatusOr<int32_t> eod = document_eod(s.cfg);
     if (!eod.ok()) return eod.status();
     o.eod_id = *eod;
+    o.doc_starts = s.cfg.data.document_mask == "block_causal";
+    o.reset_positions = s.cfg.data.reset_position_ids;
+    o.mask_after_eod = s.cfg.data.eod_mask_loss;
   }
   return o;
 }

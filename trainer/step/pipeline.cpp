@@ -116,7 +116,7 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
     const bool last = a.micro_batch == m - 1;
     if (a.kind == PipeAction::fwd) {
       const ScopedPhase forward(Phase::forward);
-      s.model->forward_stage(slot, tokens, a.chunk, s.io->doc_start(a.micro_batch));
+      s.model->forward_stage(slot, tokens, a.chunk, s.io->docs(a.micro_batch));
       if (s.topo().last_stage() && a.chunk == last_chunk)
         s.model->stage_loss(slot, s.io->targets(a.micro_batch), grad_scale, true, s.io->loss_sum());
       return;
@@ -136,13 +136,14 @@ PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_sc
 }
 
 void stage_batch(Session& s, const data::StepBatch& batch) {
-  std::vector<const int32_t*> inputs, targets, doc_starts;
+  std::vector<const int32_t*> inputs, targets, doc_starts, positions;
   for (const data::MicroBatch& mb : batch.micro_batches) {
     inputs.push_back(mb.inputs.data());
     targets.push_back(mb.targets.data());
     if (!mb.doc_start.empty()) doc_starts.push_back(mb.doc_start.data());
+    if (!mb.positions.empty()) positions.push_back(mb.positions.data());
   }
-  s.io->stage(inputs, targets, s.model->tokens_per_micro_batch(), doc_starts);
+  s.io->stage(inputs, targets, s.model->tokens_per_micro_batch(), doc_starts, positions);
 }
 
 double forward_pipeline(Session& s, const data::StepBatch& batch) {
@@ -152,14 +153,13 @@ double forward_pipeline(Session& s, const data::StepBatch& batch) {
   const int last_chunk = s.model->dims().num_chunks() - 1;
   PipelineRun unused;
   // One micro-batch at a time down every virtual stage, in slot 0.
-  run_actions(s, forward_only(s.topo().pp, last_chunk + 1, m)[s.topo().pp_rank], m, &unused,
-              [&](const PipeAction& a, int) {
-                s.model->forward_stage(0, s.io->inputs(a.micro_batch), a.chunk,
-                                       s.io->doc_start(a.micro_batch));
-                if (s.topo().last_stage() && a.chunk == last_chunk)
-                  s.model->stage_loss(0, s.io->targets(a.micro_batch), 0.0f, false,
-                                      s.io->loss_sum());
-              });
+  run_actions(
+      s, forward_only(s.topo().pp, last_chunk + 1, m)[s.topo().pp_rank], m, &unused,
+      [&](const PipeAction& a, int) {
+        s.model->forward_stage(0, s.io->inputs(a.micro_batch), a.chunk, s.io->docs(a.micro_batch));
+        if (s.topo().last_stage() && a.chunk == last_chunk)
+          s.model->stage_loss(0, s.io->targets(a.micro_batch), 0.0f, false, s.io->loss_sum());
+      });
   return s.io->take().first;
 }
 

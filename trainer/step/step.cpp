@@ -1,5 +1,6 @@
 #include "trainer/step/step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -17,6 +18,28 @@ namespace {
 
 void all_reduce_sum(Comm& c, double* values, int64_t n) {
   c.all_reduce(Tensor(values, DType::f64, Device::cpu, {n}), ReduceOp::sum);
+}
+
+// The step's documents over its global batch (data::DocumentStats summed): the targets the loss
+// keeps (data.eod_mask_loss), and the sum of the documents' lengths squared (block-causal
+// attention's FLOPs). One all-reduce over the data- and context-parallel ranks when a document
+// option is on; a context-parallel rank holds its own targets but the whole samples' documents.
+struct StepDocs {
+  double loss_targets = 0, doc_len_sq = 0;
+};
+StepDocs step_documents(Session& s, const data::StepBatch& batch) {
+  if (!s.cfg.data.documents()) {
+    const double seq = static_cast<double>(s.cfg.data.seq_len);
+    return {static_cast<double>(s.layout.tokens_per_step),
+            static_cast<double>(s.cfg.train.global_batch) * seq * seq};
+  }
+  double sums[2] = {0, 0};
+  for (const data::MicroBatch& mb : batch.micro_batches) {
+    sums[0] += static_cast<double>(mb.docs.loss_targets);
+    sums[1] += mb.docs.doc_len_sq / static_cast<double>(s.topo().cp);
+  }
+  all_reduce_sum(*s.groups.dp_cp, sums, 2);
+  return {sums[0], sums[1]};
 }
 
 // Says why step `step` is skipped, once: the lowest rank that sees a non-finite gradient or
@@ -134,7 +157,6 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   const int64_t syncs_before = host_sync_count();
   const int64_t step = s.state.step + 1;
   const int64_t tokens = s.layout.tokens_per_step;
-  const float grad_scale = 1.0f / static_cast<float>(tokens);  // mean over the global batch
   absl::StatusOr<data::StepBatch> batch = [&] {
     const ScopedPhase waiting(Phase::data_wait);
     return s.train->next();
@@ -148,6 +170,11 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     return out;
   }
   fault.at_step_start(step, s.topo().rank);
+  const StepDocs docs = step_documents(s, *batch);
+  // The loss is the mean over the global batch's kept targets (every token's without
+  // data.eod_mask_loss).
+  const double loss_targets = std::max(docs.loss_targets, 1.0);
+  const auto grad_scale = static_cast<float>(1.0 / loss_targets);
   // From here to the end of the step the host waits for the device once: the loss sum and the
   // squared gradient norm, read together (metrics: host_syncs).
   stage_batch(s, *batch);
@@ -171,7 +198,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   const StepScalars scalars = read_step_scalars(s, m, fault, step);
   trace_dp(s, step);
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
-  m.loss = scalars.loss_sum / static_cast<double>(tokens) * fault.loss_factor(step);
+  m.loss = scalars.loss_sum / loss_targets * fault.loss_factor(step);
   // A stop signal that came during the step is acted on right after it.
   out.stop = judge_and_apply(s, m, guard, scalars, step) || pipe.stop;
   // No synchronize here: the update runs on while the next step's data is fetched, and the next
@@ -180,6 +207,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   m.host_syncs = host_sync_count() - syncs_before - fault_syncs;
   m.step = step;
   m.tokens = tokens;
+  m.flops_per_token = flops_per_token(s.cfg, static_cast<double>(tokens), docs.doc_len_sq);
   m.phase_s = phase_clock().seconds();
   m.step_time_s = seconds_since(t0);
   // On GPUs the parts as the device ran them, read after the step's one host sync.
@@ -198,7 +226,7 @@ StepOutcome evaluate(Session& s, double* val_loss) {
     if (out.code != kExitOk || out.stop) return out;
     sums[0] += forward_pipeline(s, *b);
     for (const data::MicroBatch& mb : b->micro_batches)
-      sums[1] += static_cast<double>(mb.targets.size());
+      sums[1] += static_cast<double>(mb.docs.loss_targets);
   }
   all_reduce_sum(*s.groups.pp, sums, 1);  // the loss lives on the last stage
   all_reduce_sum(*s.groups.dp_cp, sums, 2);
