@@ -6,7 +6,9 @@ environment kept under --venv; without PyPI the test reports skipped, exit 77, n
                   file, untied fp32 in shards with an index, tied bf16; vocabulary 300, which
                   the trainer pads) start a run with model.init_from, on 1 rank and on
                   tp2 x pp2 (4 MPI ranks): the first step's loss equals transformers' loss on
-                  the same batch to 1e-5.
+                  the same batch to 1e-5; with packed documents (block-causal attention,
+                  positions restarting, the loss masked after each end-of-document token)
+                  transformers' loss of the documents run one by one.
   --part export   trainer export-hf of a checkpoint loads with from_pretrained, and its loss on
                   the data equals the trainer's loss at the next step to 1e-5 (fp32; bf16 to
                   2e-2); importing transformers' file and exporting it again after a step at
@@ -85,6 +87,28 @@ def make(out, shape, theta, tied, dtype, shard, seed):
     kw = {"max_shard_size": shard} if shard else {}
     model.save_pretrained(out, **kw)
 
+def packed_loss(d, toks, seq, samples, eod):
+    """Each sample's documents (each ends at its eod token) run alone, positions from 0; the
+    mean cross-entropy over the targets whose input is not the eod token."""
+    model = Qwen2ForCausalLM.from_pretrained(d, torch_dtype=torch.float32).double().eval()
+    total, kept, docs = 0.0, 0, 0
+    for i in range(samples):
+        x, y = toks[i * seq: i * seq + seq], toks[i * seq + 1: i * seq + seq + 1]
+        begin = 0
+        for end in range(seq):
+            if x[end] != eod and end + 1 < seq:
+                continue
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([x[begin:end + 1]])).logits[0]
+            losses = torch.nn.functional.cross_entropy(
+                logits, torch.tensor(y[begin:end + 1]), reduction="none")
+            keep = torch.tensor([t != eod for t in x[begin:end + 1]])
+            total += losses[keep].sum().item()
+            kept += int(keep.sum())
+            docs += 1
+            begin = end + 1
+    return {"loss": total / kept, "documents": docs, "kept": kept}
+
 def load_loss(d, toks, seq, samples):
     model = Qwen2ForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
     return batch_loss(model, toks, seq, samples)
@@ -95,6 +119,9 @@ if req["op"] == "make":
          req["seed"])
     print(json.dumps({"loss": load_loss(req["out"], tokens(req["data"]), req["seq"],
                                         req["samples"])}))
+elif req["op"] == "packed":
+    print(json.dumps(packed_loss(req["dir"], tokens(req["data"]), req["seq"], req["samples"],
+                                 req["eod"])))
 elif req["op"] == "loss":
     print(json.dumps({"loss": load_loss(req["dir"], tokens(req["data"]), req["seq"],
                                         req["samples"])}))
@@ -165,10 +192,10 @@ class Test:
             f.write(text)
         return d, path
 
-    def train(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3):
+    def train(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, sets=()):
         d, cfg = self.config(name, init_from, tied, layout, steps, lr)
         ranks = layout[0] * layout[1]
-        cmd = [self.args.trainer, "--config", cfg]
+        cmd = [self.args.trainer, "--config", cfg] + [a for kv in sets for a in ("--set", kv)]
         if ranks > 1:
             cmd = self.args.mpirun.split() + [str(ranks)] + cmd
         env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
@@ -220,6 +247,27 @@ def part_import(t):
             _, losses = t.train(f"{name}-tp{layout[0]}pp{layout[1]}", d, tied, layout)
             t.expect_close(f"{name} under tp{layout[0]} pp{layout[1]}: first-step loss",
                            losses[0], ref, 1e-5)
+        if i == 0:
+            part_import_packed(t, d, tied)
+
+
+def part_import_packed(t, d, tied):
+    """Packed documents (block-causal attention, positions restarting per document, the loss
+    masked after each end-of-document token): the trainer's first-step loss equals transformers'
+    loss of the documents run one by one. The end-of-document id is the data's most frequent
+    input token, so that the samples hold several documents."""
+    with open(t.data, "rb") as f:
+        f.seek(1024)
+        toks = list(struct.unpack(f"<{SAMPLES * SEQ}H", f.read(2 * SAMPLES * SEQ)))
+    eod = max(set(toks), key=lambda v: (toks.count(v), -v))
+    want = t.ask(op="packed", dir=d, eod=eod)
+    t.expect(f"the samples hold several documents ({want['documents']} in {SAMPLES} samples, "
+             f"{want['kept']} targets kept)", want["documents"] > SAMPLES + 1)
+    _, losses = t.train("packed", d, tied, sets=(
+        "data.document_mask=block_causal", "data.reset_position_ids=true",
+        "data.eod_mask_loss=true", f"data.eod_id={eod}"))
+    t.expect_close("packed documents: first-step loss against the documents run alone",
+                   losses[0], want["loss"], 1e-5)
 
 
 def part_export(t):
