@@ -347,7 +347,10 @@ absl::Status HfBpeTokenizer::read_added_tokens(const json& j, const std::string&
 }
 
 absl::Status HfBpeTokenizer::read_sections(const json& j, const std::string& path) {
-  const json& model = j.value("model", json::object());
+  // A reference into the document: value() would copy the vocabulary and the merges.
+  static const json kNone = json::object();
+  const auto found = j.find("model");
+  const json& model = found != j.end() ? *found : kNone;
   if (!model.is_object()) return unsupported(path, "\"model\" is not an object");
   added_count_ = j.contains("added_tokens") && j["added_tokens"].is_array()
                      ? static_cast<int64_t>(j["added_tokens"].size())
