@@ -89,10 +89,11 @@ struct FileRegion {
 // already (a container's metadata, written by its own library), fsyncs it, and returns the
 // digest of the whole file as digest_file() would compute it: the regions' CRC from memory, the
 // other bytes read back (they are small), in file order, so nothing large is read again. Where
-// the file system allows (O_DIRECT: not tmpfs), a region's 4 KiB-aligned pages go straight to
-// the disk through two aligned staging buffers, one filling while the other is written, instead
-// of through the page cache, whose fresh pages cost more than the disk; the rest is written
-// normally. `progress(done, total)` after each region.
+// the file system allows (O_DIRECT: not tmpfs), the whole file goes straight to the disk as one
+// stream of 32 MiB writes (the regions from memory, the bytes between them read back), through
+// two aligned staging buffers, one filling while the other is written, instead of through the
+// page cache, whose fresh pages cost more than the disk; only the last partial page goes
+// through the page cache. `progress(done, total)` after each region.
 absl::StatusOr<FileDigest> write_regions_durable(
     const std::string& path, std::vector<FileRegion> regions,
     const std::function<void(size_t, size_t)>& progress = {});

@@ -31,6 +31,9 @@ while (($#)); do
     *) echo "bench_checkpoint.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+# Without --out the run's files (checkpoints of several GiB) go to a directory removed when the
+# benchmark succeeds (a failure keeps it for its logs).
+keep_out=$out
 out=${out:-$(mktemp -d /tmp/trainer-ckpt-bench.XXXXXX)}
 mkdir -p "$out/data"
 "$build/tools/prepare_data" --synthetic 200000 --vocab 257 --output "$out/data/synth" >/dev/null
@@ -48,7 +51,7 @@ trainer() {
     --set train.steps="$steps" --set train.eval_interval=0 --set optim.warmup_steps=1 "$@"
 }
 local_root=$(mktemp -d "$local_dir/trainer-ckpt-bench.XXXXXX")
-trap 'rm -rf "$local_root"' EXIT
+trap 'rc=$?; rm -rf "$local_root"; if [ $rc -eq 0 ] && [ -z "$keep_out" ]; then rm -rf "$out"; fi' EXIT
 for mode in $modes; do
   case $mode in sync | async | local) ;; *) echo "bench_checkpoint.sh: unknown mode $mode" >&2; exit 2 ;; esac
   rm -rf "$out/ckpt-$mode" "$out/log-$mode"
