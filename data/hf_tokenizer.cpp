@@ -115,6 +115,78 @@ struct AddedToken {
   bool special;
 };
 
+// model.vocab's entries and model.merges' elements, taken out of the document while it is parsed:
+// as a JSON object of 151k members (a std::map) and an array of 151k small arrays they cost most
+// of the load. Entries in file order; a value that is a container is kept as an empty one of its
+// kind.
+struct Bulk {
+  bool vocab = false;  // model.vocab was an object, its entries here
+  std::vector<std::pair<std::string, json>> entries;
+  bool merges = false;  // model.merges was an array, its elements here
+  std::vector<json> merge_list;
+};
+
+// Parses tokenizer.json into `bulk` and the document left without those two sections' contents
+// (model.vocab an empty object, model.merges an empty array); discarded when not valid JSON.
+json parse_tokenizer_json(const std::string& text, Bulk& bulk) {
+  using Event = json::parse_event_t;
+  // The key and whether the container is an object at each depth of the current path (depth:
+  // the number of containers open around an event; a container's start and end come at its own
+  // depth, its members one deeper). A discarded container reports its start but not its end, so
+  // the path is kept by depth, never by counting ends.
+  std::array<std::string, 4> keys;
+  std::array<bool, 4> object{};
+  int in = 0;  // 1: inside model.vocab, 2: inside model.merges
+  auto at_model_member = [&](const char* name) {
+    return object[0] && object[1] && keys[1] == "model" && keys[2] == name;
+  };
+  return json::parse(
+      text,
+      [&](int depth, Event e, json& parsed) -> bool {
+        switch (e) {
+          case Event::key:
+            if (depth < 4) keys[depth] = parsed.get<std::string>();
+            if (depth <= 2) in = 0;  // another member of model or of the root: out of both
+            // A vocabulary entry's key stays out of the document; its value event follows.
+            return !(in == 1 && depth == 3);
+          case Event::object_start:
+          case Event::array_start:
+            if (in == 1 && depth == 3)  // a container where an id belongs: kept as an empty one
+              bulk.entries.emplace_back(keys[3],
+                                        e == Event::object_start ? json::object() : json::array());
+            if (depth == 2 && e == Event::object_start && at_model_member("vocab")) {
+              in = 1;
+              bulk.vocab = true;
+            } else if (depth == 2 && e == Event::array_start && at_model_member("merges")) {
+              in = 2;
+              bulk.merges = true;
+            }
+            if (depth < 4) object[depth] = e == Event::object_start;
+            return true;
+          case Event::object_end:
+          case Event::array_end:
+            if (depth <= 2) in = 0;
+            if (in == 2 && depth == 3) {  // a merge as an array: taken out
+              bulk.merge_list.push_back(std::move(parsed));
+              return false;
+            }
+            return true;
+          case Event::value:
+            if (in == 1 && depth == 3) {
+              bulk.entries.emplace_back(keys[3], std::move(parsed));
+              return true;  // its key was left out: the value is dropped with it
+            }
+            if (in == 2 && depth == 3) {  // a merge as a string: taken out
+              bulk.merge_list.push_back(std::move(parsed));
+              return false;
+            }
+            return true;
+        }
+        return true;
+      },
+      false);
+}
+
 class HfBpeTokenizer final : public Tokenizer {
  public:
   static absl::StatusOr<std::unique_ptr<Tokenizer>> load(const std::string& path,
@@ -135,11 +207,12 @@ class HfBpeTokenizer final : public Tokenizer {
   // The parts of load(), each reading one section of tokenizer.json into this tokenizer.
   absl::Status read_model_flags(const json& model, const std::string& path);
   absl::Status read_pre_tokenizer(const json& j, const std::string& path);
-  absl::Status read_vocab(const json& model, const std::string& path, int32_t* max_id);
-  absl::Status read_merges(const json& model, const std::string& path);
+  absl::Status read_vocab(const json& model, const Bulk& bulk, const std::string& path,
+                          int32_t* max_id);
+  absl::Status read_merges(const json& model, const Bulk& bulk, const std::string& path);
   absl::Status read_added_tokens(const json& j, const std::string& path, int32_t* max_id);
   // All of them in order (a value of another JSON type than asked for throws).
-  absl::Status read_sections(const json& j, const std::string& path);
+  absl::Status read_sections(const json& j, const Bulk& bulk, const std::string& path);
   static constexpr size_t kCacheEntries = 1 << 18;
 
   std::string name_;
@@ -230,15 +303,15 @@ absl::Status HfBpeTokenizer::read_pre_tokenizer(const json& j, const std::string
 }
 
 // The vocabulary in raw bytes; every byte must have a token of its own.
-absl::Status HfBpeTokenizer::read_vocab(const json& model, const std::string& path,
-                                        int32_t* max_id) {
-  if (!model.contains("vocab") || !model["vocab"].is_object())
+absl::Status HfBpeTokenizer::read_vocab(const json& model, const Bulk& bulk,
+                                        const std::string& path, int32_t* max_id) {
+  if (!bulk.vocab || !model.contains("vocab") || !model["vocab"].is_object())
     return unsupported(path, "no model.vocab");
   const ByteOfChar byte_of = byte_of_char();
   // Ids number the tokens from 0: none reaches the count of vocabulary entries and added tokens.
-  const int64_t limit = static_cast<int64_t>(model["vocab"].size()) + added_count_;
-  id_of_.reserve(model["vocab"].size());
-  for (const auto& [token, id_json] : model["vocab"].items()) {
+  const int64_t limit = static_cast<int64_t>(bulk.entries.size()) + added_count_;
+  id_of_.reserve(bulk.entries.size());
+  for (const auto& [token, id_json] : bulk.entries) {
     absl::StatusOr<std::string> bytes = to_bytes(token, byte_of);
     if (!bytes.ok()) return unsupported(path, std::string(bytes.status().message()));
     if (!id_json.is_number_integer())
@@ -268,12 +341,13 @@ absl::Status HfBpeTokenizer::read_vocab(const json& model, const std::string& pa
 }
 
 // The merges, in rank order: ["a", "b"] pairs, or "a b" strings in older files.
-absl::Status HfBpeTokenizer::read_merges(const json& model, const std::string& path) {
+absl::Status HfBpeTokenizer::read_merges(const json& model, const Bulk& bulk,
+                                         const std::string& path) {
+  if (model.contains("merges") && !bulk.merges)
+    return unsupported(path, absl::StrCat("model.merges ", model["merges"].dump().substr(0, 80),
+                                          " is not a list"));
   const ByteOfChar byte_of = byte_of_char();
-  // A reference into the document, not model.value()'s copy of 151k merges.
-  static const json kNone = json::array();
-  const auto found = model.find("merges");
-  const json& merges = found != model.end() ? *found : kNone;
+  const std::vector<json>& merges = bulk.merge_list;  // none when model.merges is absent
   merges_.reserve(merges.size());
   int32_t rank = 0;
   for (const json& m : merges) {
@@ -346,7 +420,8 @@ absl::Status HfBpeTokenizer::read_added_tokens(const json& j, const std::string&
   return absl::OkStatus();
 }
 
-absl::Status HfBpeTokenizer::read_sections(const json& j, const std::string& path) {
+absl::Status HfBpeTokenizer::read_sections(const json& j, const Bulk& bulk,
+                                           const std::string& path) {
   // A reference into the document: value() would copy the vocabulary and the merges.
   static const json kNone = json::object();
   const auto found = j.find("model");
@@ -358,8 +433,8 @@ absl::Status HfBpeTokenizer::read_sections(const json& j, const std::string& pat
   int32_t max_id = -1;
   if (absl::Status st = read_model_flags(model, path); !st.ok()) return st;
   if (absl::Status st = read_pre_tokenizer(j, path); !st.ok()) return st;
-  if (absl::Status st = read_vocab(model, path, &max_id); !st.ok()) return st;
-  if (absl::Status st = read_merges(model, path); !st.ok()) return st;
+  if (absl::Status st = read_vocab(model, bulk, path, &max_id); !st.ok()) return st;
+  if (absl::Status st = read_merges(model, bulk, path); !st.ok()) return st;
   if (absl::Status st = read_added_tokens(j, path, &max_id); !st.ok()) return st;
   vocab_size_ = max_id + 1;
   return absl::OkStatus();
@@ -371,13 +446,14 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> HfBpeTokenizer::load(const std::strin
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read tokenizer file '", path, "'"));
   std::stringstream text;
   text << in.rdbuf();
-  const json j = json::parse(text.str(), nullptr, false);
+  Bulk bulk;
+  const json j = parse_tokenizer_json(text.str(), bulk);
   if (j.is_discarded() || !j.is_object())
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer file '", path, "' is not valid JSON"));
   auto t = std::make_unique<HfBpeTokenizer>();
   try {
-    if (absl::Status st = t->read_sections(j, path); !st.ok()) return st;
+    if (absl::Status st = t->read_sections(j, bulk, path); !st.ok()) return st;
   } catch (const json::exception& e) {  // a field of another JSON type than the format's
     return absl::InvalidArgumentError(
         absl::StrCat("tokenizer '", path, "': a field has the wrong JSON type (", e.what(),
