@@ -250,9 +250,9 @@ absl::Status load(const std::string& ckpt_dir, const LoadTarget& dst, TrainState
                   std::string* config_yaml, std::string* layout_json = nullptr);
 
 // Checks the manifest (present, valid JSON, format and version) and that every file it lists
-// exists with the recorded size, and, for the files whose index in the manifest is `part`
-// modulo `parts`, the recorded crc32 (so `parts` ranks verify a checkpoint together, each
-// reading 1/parts of it). Does not open the HDF5 files.
+// exists with the recorded size, and, for part `part` of `parts`'s share of the files
+// (check_manifest_files: a shard file is its writer's), the recorded crc32 (so `parts` ranks
+// verify a checkpoint together, each reading about 1/parts of it). Does not open the HDF5 files.
 absl::Status verify(const std::string& ckpt_dir, int part = 0, int parts = 1);
 
 // "step_00000500": the directory name of a step.

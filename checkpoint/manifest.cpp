@@ -1,5 +1,7 @@
 #include "checkpoint/manifest.h"
 
+#include <cstdio>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -99,10 +101,25 @@ absl::StatusOr<Manifest> read_manifest(const std::string& dir) {
   return parse_manifest(path, j);
 }
 
+namespace {
+
+// The writer's rank of a shard file ("shard_00012.h5": 12), or -1 for the other files.
+int shard_writer(const std::string& name) {
+  int rank = -1;
+  char tail = 0;
+  if (std::sscanf(name.c_str(), "shard_%d.h%c", &rank, &tail) != 2 || tail != '5' ||
+      name.size() != 14)
+    return -1;
+  return rank;
+}
+
+}  // namespace
+
 absl::Status check_manifest_files(const std::string& dir, const Manifest& m, int part, int parts) {
-  int index = -1;
+  int others = -1;  // the index of a file that is not a shard among those
   for (const auto& [name, want] : m.files) {
-    ++index;
+    const int writer = shard_writer(name);
+    const int index = writer >= 0 ? writer : ++others;
     std::string path = fs::join(dir, name);
     if (!fs::exists(path)) {
       return absl::DataLossError(
@@ -115,7 +132,7 @@ absl::Status check_manifest_files(const std::string& dir, const Manifest& m, int
           "checkpoint file ", path, " is corrupt: size mismatch (manifest ", want.bytes,
           " bytes, file ", *size, " bytes); the file was truncated or modified"));
     }
-    if (parts <= 0 || index % parts != part) continue;
+    if (parts <= 0 || index % parts != part) continue;  // another part's share
     absl::StatusOr<fs::FileDigest> got = fs::digest_file(path);
     if (!got.ok()) return got.status();
     if (got->crc32 != want.crc32) {

@@ -32,8 +32,11 @@ absl::Status write_manifest(const std::string& dir, int64_t step,
 // and a well-formed file table listing model.h5.
 absl::StatusOr<Manifest> read_manifest(const std::string& dir);
 
-// Every file of `m` exists in `dir` with its recorded size, and those whose index in `m.files`
-// is `part` modulo `parts` with their recorded crc32 (parts = 0: no crc32 checks).
+// Every file of `m` exists in `dir` with its recorded size, and the share of `part` of `parts`
+// has its recorded crc32 (parts = 0: no crc32 checks): shard_R.h5 is part R modulo parts's (under
+// the layout that wrote it, the rank that reads its blocks, so the check leaves the file in that
+// node's page cache for the load instead of reading it from storage a second time), and the other
+// files go round in their order.
 absl::Status check_manifest_files(const std::string& dir, const Manifest& m, int part = 0,
                                   int parts = 1);
 

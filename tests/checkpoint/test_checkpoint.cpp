@@ -666,7 +666,7 @@ TEST_CASE("verify(dir, part, parts): each part checks the sizes of all and the c
   REQUIRE(distributed_save(root.path(), 3, model).ok());
   const std::string dir = root / "step_00000003";
   // Six files: config.yaml layout.json model.h5 shard_00000.h5 shard_00001.h5 (+ manifest,
-  // unlisted). Flip one byte of shard_00001.h5 (index 4 in the manifest's order).
+  // unlisted). Flip one byte of shard_00001.h5, which part 1 checks (the part of its writer).
   {
     std::fstream f(dir + "/shard_00001.h5", std::ios::in | std::ios::out | std::ios::binary);
     f.seekg(-100, std::ios::end);
@@ -681,12 +681,16 @@ TEST_CASE("verify(dir, part, parts): each part checks the sizes of all and the c
     absl::Status s = tr::ckpt::verify(dir, part, 3);
     if (!s.ok()) {
       ++failed;
-      CHECK(part == 4 % 3);
+      CHECK(part == 1);
       CHECK(std::string(s.message()).find("shard_00001.h5 is corrupt: crc32 mismatch") !=
             std::string::npos);
     }
   }
   CHECK(failed == 1);
+  // Two parts: still the writer's part (by the manifest's order it would be part 4 % 2 = 0).
+  CHECK(tr::ckpt::verify(dir, 0, 2).ok());
+  CHECK(std::string(tr::ckpt::verify(dir, 1, 2).message()).find("shard_00001.h5 is corrupt") !=
+        std::string::npos);
   fs::resize_file(dir + "/shard_00000.h5", 100);  // a size error: every part sees it
   for (int part = 0; part < 3; ++part)
     CHECK(std::string(tr::ckpt::verify(dir, part, 3).message()).find("size mismatch") !=

@@ -427,8 +427,9 @@ absl::Status check_inputs(Session& s) {
   absl::StatusOr<std::string> resume = resume_path(s);
   if (!resume.ok()) return resume.status();
   s.resume_from = *resume;
-  // Sizes of every file on every rank; each file's crc32 on one rank (rank i checks files i,
-  // i + world, ...), so a 128-rank job reads the checkpoint once, not 128 times.
+  // Sizes of every file on every rank; each file's crc32 on one rank (a shard file on the rank
+  // that wrote it, which under the same layout reads its blocks next), so a 128-rank job reads
+  // the checkpoint once, not 128 times.
   if (!s.resume_from.empty()) {
     if (absl::Status st = ckpt::verify(s.resume_from, world.rank(), world.size()); !st.ok())
       return st;
