@@ -23,6 +23,11 @@ struct GpuSpec {
   double gemm_efficiency;  // fraction of peak the GEMMs reach in training
 };
 
+// The bf16 GEMM rate (8192^3, what `preflight` measures) a healthy GPU reaches, as a fraction of
+// its dense peak: 798 of an H100's 989 TFLOP/s. A cluster's measured rate against it scales the
+// planner's gemm_efficiency (`trainer plan --hardware` with preflight's gemm_tflops).
+inline constexpr double kGemmCeilingFraction = 0.8;
+
 // A cluster's numbers for saves and restarts, for `trainer plan --mtbf-hours` (estimates:
 // `trainer plan --hardware FILE` sets them beside the GPU's, keys host_copy_gbps,
 // local_disk_gbps, storage_gbps, restart_s).

@@ -21,12 +21,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/bf16.h"
+#include "core/fs_io.h"
 #include "kernels/ops.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
@@ -63,6 +66,8 @@ constexpr const char* kUsage =
     "  --expect KEY=V    a threshold of your own (overrides the table): node_busbw_gbps,\n"
     "                    network_busbw_gbps (all-reduce at the largest size), gemm_tflops,\n"
     "                    memory_gbps\n"
+    "  --json FILE       writes what was measured under those keys (rank 0), for\n"
+    "                    `trainer plan --hardware FILE`\n"
     "  --ranks-per-node N  group ranks into nodes by rank / N instead of by hostname\n"
     "  --corrupt 1       (for testing) world rank 1 perturbs one input element of every checked\n"
     "                    call, so the #wrong counts and the exit code must show it\n"
@@ -71,7 +76,7 @@ constexpr const char* kUsage =
     "  against the smallest): tools/sweep with grid {nodes: [2, 4, 8, 16]}, see docs/sweep.md.\n";
 
 struct Args {
-  std::string backend = "cpu", comm = "nccl", gpu, hardware;
+  std::string backend = "cpu", comm = "nccl", gpu, hardware, json;
   std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
   int64_t min_bytes = 1024, max_bytes = -1, gemm = -1, mem_bytes = -1;
   double factor = 4;
@@ -161,6 +166,8 @@ std::string parse_args(int argc, char** argv, Args* a) {
       a->gpu = v;
     } else if (flag == "--hardware") {
       a->hardware = v;
+    } else if (flag == "--json") {
+      a->json = v;
     } else if (flag == "--expect") {
       const size_t eq = v.find('=');
       double x = 0;
@@ -378,6 +385,10 @@ struct Check {
   std::string basis;  // where `want` comes from
 };
 
+// What was measured, by the --expect keys (the largest all-reduce's bus bandwidth per group, the
+// GEMM and the memory copy), for --json.
+using Measured = std::map<std::string, double>;
+
 // A threshold per measurement key, and where it comes from.
 using Wants = std::map<std::string, std::pair<double, std::string>>;
 
@@ -469,7 +480,8 @@ Groups make_groups(const Args& a, const Target& d, tr::MpiRuntime* mpi, Comm& wo
 // Every collective of --ops over each group, at every size; a table per op and group, the
 // largest all-reduce against its threshold.
 void measure_collectives(const Args& a, const Target& d, Comm& world, Groups& g, Wants& want,
-                         std::vector<Check>& checks, std::vector<std::string>& failures) {
+                         std::vector<Check>& checks, std::vector<std::string>& failures,
+                         Measured& measured) {
   const bool root = world.rank() == 0;
   struct Scope {
     Comm* comm;
@@ -506,6 +518,7 @@ void measure_collectives(const Args& a, const Target& d, Comm& world, Groups& g,
               absl::StrFormat("%s on group %s computed %d wrong elements at %d bytes", op, s.label,
                               last.wrong, last.bytes));
       }
+      if (op == "all_reduce" && s.comm->size() > 1) measured[s.key] = last.busbw / 1e9;
       if (op == "all_reduce" && want.count(s.key) && s.comm->size() > 1)
         checks.push_back({s.label + " all_reduce busbw (GB/s, largest size)", last.busbw / 1e9,
                           want[s.key].first, want[s.key].second});
@@ -515,10 +528,11 @@ void measure_collectives(const Args& a, const Target& d, Comm& world, Groups& g,
 
 // The GEMM and memory-copy measurements, each against its threshold.
 void measure_device(const Args& a, const Target& d, Comm& world, Wants& want,
-                    std::vector<Check>& checks) {
+                    std::vector<Check>& checks, Measured& measured) {
   const bool root = world.rank() == 0, gpu = d.ctx.device == Device::cuda;
   if (a.gemm > 0) {
     const double tf = gemm_tflops(d, world, a.gemm, gpu ? 20 : 3);
+    measured["gemm_tflops"] = tf;
     if (root)
       std::printf("\ngemm %s %lld^3: %.2f TFLOP/s per rank\n", gpu ? "bf16" : "f32",
                   static_cast<long long>(a.gemm), tf);
@@ -527,6 +541,7 @@ void measure_device(const Args& a, const Target& d, Comm& world, Wants& want,
   }
   if (a.mem_bytes > 0) {
     const double gbps = memory_gbps(d, world, a.mem_bytes, gpu ? 20 : 5);
+    measured["memory_gbps"] = gbps;
     if (root)
       std::printf("memory copy %lld MiB: %.1f GB/s per rank (read + write)\n",
                   static_cast<long long>(a.mem_bytes >> 20), gbps);
@@ -534,6 +549,15 @@ void measure_device(const Args& a, const Target& d, Comm& world, Wants& want,
       checks.push_back(
           {"memory bandwidth (GB/s)", gbps, want["memory_gbps"].first, want["memory_gbps"].second});
   }
+}
+
+// --json FILE: the measurements under the --expect keys, with the GPU type (or device) as the
+// name; `trainer plan --hardware FILE` reads it (JSON is YAML).
+absl::Status write_measured(const std::string& path, const std::string& name,
+                            const Measured& measured) {
+  nlohmann::json j = {{"name", name}, {"measured_by", "preflight"}};
+  for (const auto& [key, value] : measured) j[key] = value;
+  return tr::fs::write_file_atomic(path, j.dump(2) + "\n");
 }
 
 // Rank 0's verdict: every check, then passed or the problems (FAIL lines on stderr).
@@ -591,8 +615,13 @@ int main(int argc, char** argv) {
         d->name.c_str());
   std::vector<Check> checks;
   std::vector<std::string> failures;
-  measure_collectives(a, *d, *world, groups, *want, checks, failures);
-  measure_device(a, *d, *world, *want, checks);
+  Measured measured;
+  measure_collectives(a, *d, *world, groups, *want, checks, failures, measured);
+  measure_device(a, *d, *world, *want, checks, measured);
+  if (root && !a.json.empty()) {
+    if (absl::Status st = write_measured(a.json, gpu.empty() ? d->name : gpu, measured); !st.ok())
+      failures.push_back(std::string(st.message()));
+  }
   if (root) report(checks, failures, !gpu.empty());
   double failed = failures.empty() ? 0 : 1;
   world->all_reduce(Tensor(&failed, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -782,6 +783,26 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
               (dir / "bad.yaml") + " 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("unknown key 'netwrk'; known: name, peak_bf16_tflops") != std::string::npos);
+  // What preflight --json measured: GEMMs at half a healthy H100's rate (0.8 x 989.4 / 2
+  // TFLOP/s) double the compute, and NVLink's all-reduce at half the table's 450 GB/s doubles the
+  // tensor-parallel time; the network's is the table's.
+  auto times = [](const std::string& out) {
+    std::smatch m;
+    REQUIRE(std::regex_search(out, m, std::regex(R"(compute ([0-9.]+), tp ([0-9.]+))")));
+    return std::pair{std::stod(m[1]), std::stod(m[2])};
+  };
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 2>&1");
+  const auto [compute, tp] = times(r.output);
+  test::write_file(dir / "preflight.json",
+                   R"({"name": "h100", "measured_by": "preflight", "gemm_tflops": 395.76,)"
+                   R"( "node_busbw_gbps": 225, "network_busbw_gbps": 50, "memory_gbps": 2900})");
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 --hardware " +
+              (dir / "preflight.json") + " 2>&1");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const auto [measured_compute, measured_tp] = times(r.output);
+  CHECK(measured_compute == Approx(2 * compute).epsilon(0.002));
+  CHECK(measured_tp == Approx(2 * tp).epsilon(0.002));
   // --mtbf-hours: what failures cost, with the cluster's storage from the same file.
   test::write_file(dir / "storage.yaml", "storage_gbps: 40\nrestart_s: 600\n");
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg +

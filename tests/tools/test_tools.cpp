@@ -49,10 +49,12 @@ std::vector<Table> tables(const std::string& out) {
 
 TEST_CASE("preflight: 4 ranks as 2 nodes measure every collective in both groups, all correct",
           "[tools]") {
+  tr::test::TempDir dir;
   CmdResult r = preflight(4,
                           "--ranks-per-node 2 --min-bytes 1K --max-bytes 64K --iters 3 --warmup 1 "
                           "--gemm 64 --mem-bytes 1M --expect node_busbw_gbps=0.0001 "
-                          "--expect network_busbw_gbps=0.0001");
+                          "--expect network_busbw_gbps=0.0001 --json " +
+                              (dir / "measured.json"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("preflight: 4 ranks on 2 node(s), backend cpu") != std::string::npos);
@@ -81,6 +83,17 @@ TEST_CASE("preflight: 4 ranks as 2 nodes measure every collective in both groups
   CHECK(r.output.find("ok   network (all ranks) all_reduce busbw") != std::string::npos);
   CHECK(r.output.find("gemm f32 64^3:") != std::string::npos);
   CHECK(r.output.find("preflight: passed") != std::string::npos);
+  // --json: what was measured, under the --expect keys, for trainer plan --hardware; the
+  // network's all-reduce is the last row of its table.
+  const nlohmann::json j = nlohmann::json::parse(tr::test::read_file(dir / "measured.json"));
+  CHECK(j["measured_by"] == "preflight");
+  CHECK(j["name"] == "cpu");
+  for (const char* key : {"node_busbw_gbps", "network_busbw_gbps", "gemm_tflops", "memory_gbps"})
+    CHECK(j.value(key, 0.0) > 0);
+  for (const Table& tab : t)
+    if (tab.op == "all_reduce" && tab.group == "network (all ranks)")
+      CHECK(j["network_busbw_gbps"].get<double>() ==
+            Approx(tab.rows.back()[4]).epsilon(0.01).margin(0.002));
 }
 
 TEST_CASE("preflight: a wrong element and a missed threshold fail the run, naming them",

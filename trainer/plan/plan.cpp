@@ -62,13 +62,36 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       {"local_disk_gbps", {&st.local_disk_bw, 1e9}},
       {"storage_gbps", {&st.storage_bw, 1e9}},
       {"restart_s", {&st.restart_s, 1.0}}};
+  // What `preflight --json` measured (its --expect keys): the links' all-reduce bus bandwidth
+  // stands in for the table's per-GPU bandwidths, and the GEMM rate scales gemm_efficiency by how
+  // far it is from a healthy GPU's (kGemmCeilingFraction of the peak).
+  double gemm_tflops = 0;
+  const std::pair<const char*, std::pair<double*, double>> measured[] = {
+      {"node_busbw_gbps", {&g.nvlink_bw, 1e9}},
+      {"network_busbw_gbps", {&g.network_bw, 1e9}},
+      {"memory_gbps", {&g.hbm_bw, 1e9}},
+      {"gemm_tflops", {&gemm_tflops, 1e12}}};
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>("");
     if (key == "name") {
       g.name = kv.second.as<std::string>("");
       continue;
     }
+    if (key == "measured_by") continue;  // preflight's signature
     bool known = false;
+    for (const auto& [name, target] : measured) {
+      if (key != name) continue;
+      known = true;
+      double v = -1;
+      try {
+        v = kv.second.as<double>();
+      } catch (const YAML::Exception&) {
+      }
+      if (!(v > 0))
+        return absl::InvalidArgumentError(
+            absl::StrCat("--hardware ", path, ": ", key, " must be a positive number"));
+      *target.first = v * target.second;
+    }
     for (const auto& [name, target] : keys) {
       if (key != name) continue;
       known = true;
@@ -88,8 +111,12 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       return absl::InvalidArgumentError(absl::StrCat(
           "--hardware ", path, ": unknown key '", key,
           "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
-          "gemm_efficiency, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s"));
+          "gemm_efficiency, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s, and "
+          "preflight --json's node_busbw_gbps, network_busbw_gbps, memory_gbps, gemm_tflops"));
   }
+  if (gemm_tflops > 0)
+    g.gemm_efficiency =
+        std::min(1.0, g.gemm_efficiency * gemm_tflops / (kGemmCeilingFraction * g.peak_bf16_flops));
   return g;
 }
 
