@@ -231,18 +231,30 @@ absl::Status pwrite_all(int fd, const char* data, uint64_t bytes, uint64_t offse
   return absl::OkStatus();
 }
 
-// The CRC of [from, to) of the file, read back, continuing `crc`.
-absl::StatusOr<uint32_t> crc_of_range(int fd, uint64_t from, uint64_t to, uint32_t crc,
-                                      std::vector<char>& buf, const std::string& path) {
+// Reads [from, to) of the file in pieces of buf's size, handing each to `take`.
+absl::Status read_range(int fd, uint64_t from, uint64_t to, std::vector<char>& buf,
+                        const std::string& path,
+                        const std::function<absl::Status(const char*, size_t)>& take) {
   while (from < to) {
     const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), to - from));
     const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(from));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return errno_status(errno, "cannot read", path);
     if (n == 0) return absl::DataLossError(absl::StrCat(path, " ended early while checksumming"));
-    crc = crc32_of(std::string_view(buf.data(), static_cast<size_t>(n)), crc);
+    if (absl::Status st = take(buf.data(), static_cast<size_t>(n)); !st.ok()) return st;
     from += static_cast<uint64_t>(n);
   }
+  return absl::OkStatus();
+}
+
+// The CRC of [from, to) of the file, read back, continuing `crc`.
+absl::StatusOr<uint32_t> crc_of_range(int fd, uint64_t from, uint64_t to, uint32_t crc,
+                                      std::vector<char>& buf, const std::string& path) {
+  absl::Status st = read_range(fd, from, to, buf, path, [&](const char* data, size_t n) {
+    crc = crc32_of(std::string_view(data, n), crc);
+    return absl::OkStatus();
+  });
+  if (!st.ok()) return st;
   return crc;
 }
 
@@ -350,16 +362,8 @@ class DirectWriter {
 // The file's bytes between the regions (its library's own, final already), read back into `w`.
 absl::Status append_from_file(DirectWriter& w, int fd, uint64_t from, uint64_t to,
                               std::vector<char>& buf, const std::string& path) {
-  while (from < to) {
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), to - from));
-    const ssize_t n = ::pread(fd, buf.data(), want, static_cast<off_t>(from));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return errno_status(errno, "cannot read", path);
-    if (n == 0) return absl::DataLossError(absl::StrCat(path, " ended early while checksumming"));
-    if (absl::Status st = w.append(buf.data(), static_cast<uint64_t>(n)); !st.ok()) return st;
-    from += static_cast<uint64_t>(n);
-  }
-  return absl::OkStatus();
+  return read_range(fd, from, to, buf, path,
+                    [&](const char* data, size_t n) { return w.append(data, n); });
 }
 
 }  // namespace

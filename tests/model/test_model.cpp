@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -180,46 +181,59 @@ TEST_CASE("two micro-batches of one sample give the gradients of one batch of tw
   CHECK(rel_diff(halves.params.grads(), one.params.grads()) < 1e-6);
 }
 
+// The packed sample of the document tests: documents [1 5 9 0] [4 4 7 2 0] [11 3 6] ending at
+// token 0, then the stream's next token; fp64 models with the seeded initial weights (f64 models
+// are their own masters).
+struct PackedSample {
+  static constexpr int32_t kEod = 0;
+  const ModelConfig mc = small_config(false);
+  Topology topo;
+  std::vector<int32_t> x = {1, 5, 9, 0, 4, 4, 7, 2, 0, 11, 3, 6}, y, starts;
+  PackedSample() : y(x.begin() + 1, x.end()), starts(x.size()) {
+    y.push_back(8);
+    data::document_starts(x.data(), static_cast<int64_t>(x.size()), kEod, starts.data());
+  }
+  // A model of `seq_len` tokens per sequence with the seeded weights.
+  std::unique_ptr<Built> model(int64_t seq_len) const {
+    auto b =
+        std::make_unique<Built>(ModelDims::from(mc, topo),
+                                ModelOptions{.batch = 1, .seq_len = seq_len, .dtype = DType::f64});
+    const std::vector<float> w = initial_weights(b->layout(), b->model.dims(), 3, 0.2);
+    std::copy(w.begin(), w.end(), b->params.weights().ptr<double>());
+    return b;
+  }
+  // The loss and every gradient of the pieces [lo, hi) of the sample, each run alone.
+  std::pair<double, std::vector<double>> alone(
+      std::initializer_list<std::pair<int64_t, int64_t>> pieces) const {
+    std::pair<double, std::vector<double>> out{0.0, {}};
+    for (const auto& [lo, hi] : pieces) {
+      const std::unique_ptr<Built> b = model(hi - lo);
+      out.first += forward_backward(b->model, x.data() + lo, y.data() + lo, 1.0f);
+      const Tensor g = b->params.grads();
+      out.second.resize(static_cast<size_t>(g.numel()), 0.0);
+      for (size_t i = 0; i < out.second.size(); ++i) out.second[i] += g.ptr<double>()[i];
+    }
+    return out;
+  }
+};
+
 // Block-causal attention (data.document_mask): a sample packing three documents gives the loss
 // and every gradient of the three run as sequences of their own, in fp64 (RoPE depends only on
 // relative positions, so the documents' offsets in the sample do not matter).
 TEST_CASE("model: a packed sample under block-causal attention is its documents run alone",
           "[model]") {
-  const ModelConfig mc = small_config(false);
-  Topology topo;
-  const int32_t eod = 0;
-  // Documents [1 5 9 0] [4 4 7 2 0] [11 3 6], then the next token of the stream.
-  const std::vector<int32_t> x = {1, 5, 9, 0, 4, 4, 7, 2, 0, 11, 3, 6};
-  std::vector<int32_t> y(x.begin() + 1, x.end());
-  y.push_back(8);
-  std::vector<int32_t> starts(x.size());
-  data::document_starts(x.data(), 12, eod, starts.data());
-  const ModelOptions packed_options = {.batch = 1, .seq_len = 12, .dtype = DType::f64};
-  // fp64 weights: the seeded initial ones (f64 models are their own masters).
-  auto init = [&](Built& b) {
-    const std::vector<float> w = initial_weights(b.layout(), b.model.dims(), 3, 0.2);
-    std::copy(w.begin(), w.end(), b.params.weights().ptr<double>());
-  };
-  Built packed(ModelDims::from(mc, topo), packed_options);
-  init(packed);
-  const double loss = forward_backward(packed.model, x.data(), y.data(), 1.0f, starts.data());
-  const Tensor grads = packed.params.grads();
-  std::vector<double> want(static_cast<size_t>(grads.numel()), 0.0);
-  double want_loss = 0;
-  for (const auto& [lo, hi] : {std::pair{0, 4}, std::pair{4, 9}, std::pair{9, 12}}) {
-    const ModelOptions o = {.batch = 1, .seq_len = hi - lo, .dtype = DType::f64};
-    Built alone(ModelDims::from(mc, topo), o);
-    init(alone);
-    want_loss += forward_backward(alone.model, x.data() + lo, y.data() + lo, 1.0f);
-    const double* g = alone.params.grads().ptr<double>();
-    for (size_t i = 0; i < want.size(); ++i) want[i] += g[i];
-  }
+  const PackedSample p;
+  const std::unique_ptr<Built> packed = p.model(12);
+  const double loss =
+      forward_backward(packed->model, p.x.data(), p.y.data(), 1.0f, p.starts.data());
+  const Tensor grads = packed->params.grads();
+  const auto [want_loss, want] = p.alone({{0, 4}, {4, 9}, {9, 12}});
   CHECK(std::abs(loss / want_loss - 1) < 1e-12);
   CHECK(test::rel_err(grads.ptr<double>(), want.data(), grads.numel()) < 1e-12);
   // Plain causal attention reads across the documents: another loss.
-  Built across(ModelDims::from(mc, topo), packed_options);
-  init(across);
-  CHECK(std::abs(forward_backward(across.model, x.data(), y.data(), 1.0f) / want_loss - 1) > 1e-3);
+  const std::unique_ptr<Built> across = p.model(12);
+  CHECK(std::abs(forward_backward(across->model, p.x.data(), p.y.data(), 1.0f) / want_loss - 1) >
+        1e-3);
 }
 
 // data.reset_position_ids and data.eod_mask_loss on the same packed sample: with block-causal
@@ -230,46 +244,25 @@ TEST_CASE("model: a packed sample under block-causal attention is its documents 
 // changes the loss (the documents see each other at other relative positions).
 TEST_CASE("model: packed documents with reset positions and a masked loss are run alone",
           "[model]") {
-  const ModelConfig mc = small_config(false);
-  Topology topo;
-  const int32_t eod = 0;
-  const std::vector<int32_t> x = {1, 5, 9, 0, 4, 4, 7, 2, 0, 11, 3, 6};
-  std::vector<int32_t> y(x.begin() + 1, x.end());
-  y.push_back(8);
-  std::vector<int32_t> starts(x.size()), positions(x.size()), masked = y;
-  data::document_starts(x.data(), 12, eod, starts.data());
-  for (size_t i = 0; i < x.size(); ++i) {
-    positions[i] = static_cast<int32_t>(i) - starts[i];
-    if (x[i] == eod) masked[i] = data::kIgnoredTarget;
+  const PackedSample p;
+  std::vector<int32_t> positions(p.x.size()), masked = p.y;
+  for (size_t i = 0; i < p.x.size(); ++i) {
+    positions[i] = static_cast<int32_t>(i) - p.starts[i];
+    if (p.x[i] == PackedSample::kEod) masked[i] = data::kIgnoredTarget;
   }
   CHECK(positions == std::vector<int32_t>{0, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2});
-  const ModelOptions packed_options = {.batch = 1, .seq_len = 12, .dtype = DType::f64};
-  auto init = [&](Built& b) {
-    const std::vector<float> w = initial_weights(b.layout(), b.model.dims(), 3, 0.2);
-    std::copy(w.begin(), w.end(), b.params.weights().ptr<double>());
-  };
-  Built packed(ModelDims::from(mc, topo), packed_options);
-  init(packed);
-  const double loss = forward_backward(packed.model, x.data(), masked.data(), 1.0f, starts.data(),
-                                       positions.data());
-  const Tensor grads = packed.params.grads();
-  std::vector<double> want(static_cast<size_t>(grads.numel()), 0.0);
-  double want_loss = 0;
+  const std::unique_ptr<Built> packed = p.model(12);
+  const double loss = forward_backward(packed->model, p.x.data(), masked.data(), 1.0f,
+                                       p.starts.data(), positions.data());
+  const Tensor grads = packed->params.grads();
   // The documents [1 5 9] 0, [4 4 7 2] 0 and [11 3 6]: the first two without their last position.
-  for (const auto& [lo, hi] : {std::pair{0, 3}, std::pair{4, 8}, std::pair{9, 12}}) {
-    Built alone(ModelDims::from(mc, topo), {.batch = 1, .seq_len = hi - lo, .dtype = DType::f64});
-    init(alone);
-    want_loss += forward_backward(alone.model, x.data() + lo, y.data() + lo, 1.0f);
-    const double* g = alone.params.grads().ptr<double>();
-    for (size_t i = 0; i < want.size(); ++i) want[i] += g[i];
-  }
+  const auto [want_loss, want] = p.alone({{0, 3}, {4, 8}, {9, 12}});
   CHECK(std::abs(loss / want_loss - 1) < 1e-12);
   CHECK(test::rel_err(grads.ptr<double>(), want.data(), grads.numel()) < 1e-12);
   // Across documents, restarted positions are another model input.
   auto plain_loss = [&](const int32_t* at) {
-    Built b(ModelDims::from(mc, topo), packed_options);
-    init(b);
-    return forward_backward(b.model, x.data(), y.data(), 1.0f, nullptr, at);
+    const std::unique_ptr<Built> b = p.model(12);
+    return forward_backward(b->model, p.x.data(), p.y.data(), 1.0f, nullptr, at);
   };
   CHECK(std::abs(plain_loss(positions.data()) / plain_loss(nullptr) - 1) > 1e-6);
 }
