@@ -42,24 +42,9 @@ absl::Status validate_loader_options(const LoaderOptions& o) {
 }
 
 void document_starts(const int32_t* inputs, int64_t n, int32_t eod, int32_t* doc_start) {
-  int64_t begin = 0;
-  for (int64_t end = 0; end < n; ++end) {
-    if (inputs[end] != eod) continue;
-    std::fill(doc_start + begin, doc_start + end + 1, static_cast<int32_t>(begin));
-    begin = end + 1;
-  }
-  std::fill(doc_start + begin, doc_start + n, static_cast<int32_t>(begin));
-}
-
-double doc_len_sq(const int32_t* doc_start, int64_t n) {
-  double sum = 0;
-  for (int64_t i = 0; i < n;) {
-    int64_t end = i + 1;
-    while (end < n && doc_start[end] == doc_start[i]) ++end;
-    sum += static_cast<double>(end - i) * static_cast<double>(end - i);
-    i = end;
-  }
-  return sum;
+  for_each_document(inputs, n, eod, [&](int64_t begin, int64_t end) {
+    std::fill(doc_start + begin, doc_start + end, static_cast<int32_t>(begin));
+  });
 }
 
 namespace {
@@ -72,26 +57,23 @@ void fill_documents(const LoaderOptions& o, const int32_t* sample, int64_t seq,
                     const std::vector<int64_t>& keep, int64_t row, int32_t* starts, MicroBatch& m) {
   const int64_t L = keep.empty() ? seq : static_cast<int64_t>(keep.size());
   int64_t masked = 0;
-  int64_t begin = 0;
-  for (int64_t end = 0; end < seq; ++end) {  // [begin, end]: a document ending at an eod
-    if (sample[end] != o.eod_id && end + 1 < seq) continue;
-    const int64_t n = end + 1 - begin;
-    m.docs.doc_len_sq += static_cast<double>(n) * static_cast<double>(n);
+  for_each_document(sample, seq, o.eod_id, [&](int64_t begin, int64_t end) {
+    const auto n = static_cast<double>(end - begin);
+    m.docs.doc_len_sq += n * n;
     if (!keep.empty()) {
-      std::fill(starts + begin, starts + end + 1, static_cast<int32_t>(begin));
-    } else {
-      if (o.doc_starts)
-        std::fill(m.doc_start.begin() + row + begin, m.doc_start.begin() + row + end + 1,
-                  static_cast<int32_t>(begin));
-      if (o.reset_positions)
-        std::iota(m.positions.begin() + row + begin, m.positions.begin() + row + end + 1, 0);
-      if (o.mask_after_eod && sample[end] == o.eod_id) {
-        m.targets[row + end] = kIgnoredTarget;
-        ++masked;
-      }
+      std::fill(starts + begin, starts + end, static_cast<int32_t>(begin));
+      return;
     }
-    begin = end + 1;
-  }
+    if (o.doc_starts)
+      std::fill(m.doc_start.begin() + row + begin, m.doc_start.begin() + row + end,
+                static_cast<int32_t>(begin));
+    if (o.reset_positions)
+      std::iota(m.positions.begin() + row + begin, m.positions.begin() + row + end, 0);
+    if (o.mask_after_eod && sample[end - 1] == o.eod_id) {
+      m.targets[row + end - 1] = kIgnoredTarget;
+      ++masked;
+    }
+  });
   if (!keep.empty()) {  // a context-parallel rank's positions of the whole sample's documents
     for (int64_t i = 0; i < L; ++i) {
       const int64_t at = keep[i];

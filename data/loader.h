@@ -84,10 +84,21 @@ struct MicroBatch {
   DocumentStats docs;
 };
 
-// doc_start of one sample's `n` input tokens: a document begins at 0 and after each `eod`.
+// The documents of one sample's `n` input tokens, in order: f(begin, end) for each [begin, end);
+// a document begins at 0 and after each `eod`, and ends with it (or at n). The one scan behind
+// document_starts and the loader's document fields.
+template <class F>
+void for_each_document(const int32_t* inputs, int64_t n, int32_t eod, F&& f) {
+  int64_t begin = 0;
+  for (int64_t end = 0; end < n; ++end) {
+    if (inputs[end] != eod && end + 1 < n) continue;
+    f(begin, end + 1);
+    begin = end + 1;
+  }
+}
+
+// doc_start of one sample's `n` input tokens: each token's document's first position.
 void document_starts(const int32_t* inputs, int64_t n, int32_t eod, int32_t* doc_start);
-// The sum of the documents' lengths squared of a sample, from its document_starts.
-double doc_len_sq(const int32_t* doc_start, int64_t n);
 
 struct StepBatch {
   int64_t consumed_before = 0;            // consumed samples at the start of this step

@@ -533,6 +533,7 @@ void measure_device(const Args& a, const Target& d, Comm& world, Wants& want,
   if (a.gemm > 0) {
     const double tf = gemm_tflops(d, world, a.gemm, gpu ? 20 : 3);
     measured["gemm_tflops"] = tf;
+    measured["gemm_n"] = static_cast<double>(a.gemm);
     if (root)
       std::printf("\ngemm %s %lld^3: %.2f TFLOP/s per rank\n", gpu ? "bf16" : "f32",
                   static_cast<long long>(a.gemm), tf);

@@ -52,6 +52,13 @@ __device__ void write_grad(T* x, int64_t cols, int64_t valid, float lse, int64_t
   }
 }
 
+// An ignored target's row (negative: data.eod_mask_loss): a gradient of exactly 0, also where the
+// row's logits are not finite (0 times their softmax would not be).
+template <class T>
+__device__ void zero_row(T* x, int64_t cols) {
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) x[j] = from_f<T>(0.0f);
+}
+
 template <class T>
 __global__ void cross_entropy_kernel(float* losses, T* logits, const int32_t* targets, int64_t cols,
                                      int64_t valid, float grad_scale, bool grad) {
@@ -62,7 +69,8 @@ __global__ void cross_entropy_kernel(float* losses, T* logits, const int32_t* ta
   const float m = local_max(x, valid);
   const float lse = m + logf(local_sum_exp(x, valid, m));
   if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.0f : lse - xt;
-  if (grad) write_grad(x, cols, valid, lse, target, ignored ? 0.0f : grad_scale);
+  if (grad && ignored) zero_row(x, cols);
+  if (grad && !ignored) write_grad(x, cols, valid, lse, target, grad_scale);
 }
 
 // Online softmax statistics of x[0, valid): this thread's running max m and sum of exp(x - m)
@@ -124,7 +132,8 @@ __global__ void cross_entropy_fused_kernel(float* losses, T* logits, const int32
   const float2 st = row_stats<T, N>(x, valid);
   const float lse = st.x + logf(st.y);
   if (threadIdx.x == 0) losses[blockIdx.x] = ignored ? 0.0f : lse - xt;
-  if (grad) write_grad_packed<T, N>(x, cols, valid, lse, target, ignored ? 0.0f : grad_scale);
+  if (grad && ignored) zero_row(x, cols);
+  if (grad && !ignored) write_grad_packed<T, N>(x, cols, valid, lse, target, grad_scale);
 }
 
 // A vocabulary shard's statistics in one pass: stats[r] = {max, sum of exp(x - max), the
@@ -185,9 +194,9 @@ __global__ void loss_grad_kernel(float* losses, T* logits, const int32_t* target
   const bool ignored = targets[r] < 0;  // ignored (negative): loss 0, gradient 0
   const float lse = row_max[r] + logf(sums[2 * r]);
   if (threadIdx.x == 0) losses[r] = ignored ? 0.0f : lse - sums[2 * r + 1];
-  if (grad)
-    write_grad_packed<T, N>(logits + r * cols, cols, valid, lse, targets[r] - offset,
-                            ignored ? 0.0f : grad_scale);
+  if (grad && ignored) zero_row(logits + r * cols, cols);
+  if (grad && !ignored)
+    write_grad_packed<T, N>(logits + r * cols, cols, valid, lse, targets[r] - offset, grad_scale);
 }
 
 // Calls f(std::integral_constant<int, N>{}) with N the 16-byte pack of T when every row of

@@ -797,9 +797,10 @@ TEST_CASE("checkpoint: regions written into a file give its bytes and its re-rea
     REQUIRE(reread.ok());
     CHECK(d->bytes == reread->bytes);
     CHECK(d->crc32 == reread->crc32);
-    // Larger than the direct writer's staging buffers (16 MiB each): regions and the bytes
-    // between them stream across several buffers, and the last one ends mid-page.
-    const size_t big = (40 << 20) + 1234;
+    // Larger than the direct writer's two staging buffers (32 MiB each): regions and the bytes
+    // between them stream across three buffers (a buffer is reused after its write), and the
+    // last one ends mid-page.
+    const size_t big = (70 << 20) + 1234;
     std::string big_want(big, '\0');
     for (size_t i = 0; i < big; ++i) big_want[i] = static_cast<char>(i % 241);
     tr::test::write_file(path, big_want);

@@ -803,6 +803,18 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
   const auto [measured_compute, measured_tp] = times(r.output);
   CHECK(measured_compute == Approx(2 * compute).epsilon(0.002));
   CHECK(measured_tp == Approx(2 * tp).epsilon(0.002));
+  // Measured on another GPU type, or with another GEMM size: one line naming the fix.
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 --gpu a100" +
+              " --hardware " + (dir / "preflight.json") + " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("measured on h100, but the plan is for a100; pass --gpu h100") !=
+        std::string::npos);
+  test::write_file(dir / "small.json", R"({"measured_by": "preflight", "name": "h100", )"
+                                       R"("gemm_tflops": 300, "gemm_n": 64})");
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --hardware " +
+              (dir / "small.json") + " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("gemm_tflops was measured at 64^3") != std::string::npos);
   // --mtbf-hours: what failures cost, with the cluster's storage from the same file.
   test::write_file(dir / "storage.yaml", "storage_gbps: 40\nrestart_s: 600\n");
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg +

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -63,60 +65,63 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       {"storage_gbps", {&st.storage_bw, 1e9}},
       {"restart_s", {&st.restart_s, 1.0}}};
   // What `preflight --json` measured (its --expect keys): the links' all-reduce bus bandwidth
-  // stands in for the table's per-GPU bandwidths, and the GEMM rate scales gemm_efficiency by how
-  // far it is from a healthy GPU's (kGemmCeilingFraction of the peak).
-  double gemm_tflops = 0;
+  // stands in for the table's per-GPU bandwidths, and the GEMM rate (8192^3, bf16) scales
+  // gemm_efficiency by how far it is from a healthy GPU's (kGemmCeilingFraction of the peak).
+  double gemm_tflops = 0, gemm_n = 0;
   const std::pair<const char*, std::pair<double*, double>> measured[] = {
       {"node_busbw_gbps", {&g.nvlink_bw, 1e9}},
       {"network_busbw_gbps", {&g.network_bw, 1e9}},
       {"memory_gbps", {&g.hbm_bw, 1e9}},
-      {"gemm_tflops", {&gemm_tflops, 1e12}}};
+      {"gemm_tflops", {&gemm_tflops, 1e12}},
+      {"gemm_n", {&gemm_n, 1.0}}};
+  const std::string table_name = g.name;
+  std::string measured_by;
+  std::map<const double*, std::string> set_by;  // each number set by one key only
   for (const auto& kv : root) {
     const std::string key = kv.first.as<std::string>("");
-    if (key == "name") {
-      g.name = kv.second.as<std::string>("");
+    if (key == "name" || key == "measured_by") {
+      (key == "name" ? g.name : measured_by) = kv.second.as<std::string>("");
       continue;
     }
-    if (key == "measured_by") continue;  // preflight's signature
-    bool known = false;
-    for (const auto& [name, target] : measured) {
-      if (key != name) continue;
-      known = true;
-      double v = -1;
-      try {
-        v = kv.second.as<double>();
-      } catch (const YAML::Exception&) {
-      }
-      if (!(v > 0))
-        return absl::InvalidArgumentError(
-            absl::StrCat("--hardware ", path, ": ", key, " must be a positive number"));
-      *target.first = v * target.second;
-    }
-    for (const auto& [name, target] : keys) {
-      if (key != name) continue;
-      known = true;
-      double v = 0;
-      try {
-        v = kv.second.as<double>();
-      } catch (const YAML::Exception&) {
-        v = -1;
-      }
-      if (!(v > 0) || (key == "gemm_efficiency" && v > 1))
-        return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", key,
-                                                       " must be a positive number",
-                                                       key == "gemm_efficiency" ? " <= 1" : ""));
-      *target.first = v * target.second;
-    }
-    if (!known)
+    double* target = nullptr;
+    double unit = 1;
+    using Keys = std::span<const std::pair<const char*, std::pair<double*, double>>>;
+    for (const Keys list : {Keys(keys), Keys(measured)})
+      for (const auto& [name, at] : list)
+        if (key == name) std::tie(target, unit) = at;
+    if (target == nullptr)
       return absl::InvalidArgumentError(absl::StrCat(
           "--hardware ", path, ": unknown key '", key,
           "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
           "gemm_efficiency, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s, and "
           "preflight --json's node_busbw_gbps, network_busbw_gbps, memory_gbps, gemm_tflops"));
+    if (auto [it, fresh] = set_by.emplace(target, key); !fresh)
+      return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", it->second, " and ",
+                                                     key, " set the same number"));
+    double v = -1;
+    try {
+      v = kv.second.as<double>();
+    } catch (const YAML::Exception&) {
+    }
+    if (!(v > 0) || (key == "gemm_efficiency" && v > 1))
+      return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", key,
+                                                     " must be a positive number",
+                                                     key == "gemm_efficiency" ? " <= 1" : ""));
+    *target = v * unit;
   }
-  if (gemm_tflops > 0)
+  // A preflight file describes the GPU type it ran on: planning another with it would mix them.
+  if (!measured_by.empty() && g.name != table_name)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hardware ", path, ": measured on ", g.name, ", but the plan is for ", table_name,
+        "; pass --gpu ", g.name, " (or remove its name to apply the numbers anyway)"));
+  if (gemm_tflops > 0) {
+    if (gemm_n != 0 && gemm_n != 8192)
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hardware ", path, ": gemm_tflops was measured at ", gemm_n,
+                       "^3; the GEMM ceiling is for 8192^3 (preflight --gemm 8192)"));
     g.gemm_efficiency =
         std::min(1.0, g.gemm_efficiency * gemm_tflops / (kGemmCeilingFraction * g.peak_bf16_flops));
+  }
   return g;
 }
 
