@@ -113,18 +113,21 @@ def load_loss(d, toks, seq, samples):
     model = Qwen2ForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
     return batch_loss(model, toks, seq, samples)
 
+def answer(req):
+    if req["op"] == "make":
+        make(req["out"], req["shape"], req["theta"], req["tied"], req["dtype"], req["shard"],
+             req["seed"])
+        return {"loss": load_loss(req["out"], tokens(req["data"]), req["seq"], req["samples"])}
+    if req["op"] == "packed":
+        return packed_loss(req["dir"], tokens(req["data"]), req["seq"], req["samples"],
+                           req["eod"])
+    if req["op"] == "loss":
+        return {"loss": load_loss(req["dir"], tokens(req["data"]), req["seq"], req["samples"])}
+    raise SystemExit("unknown op " + req["op"])
+
+# One request, or a list of them answered in one process (torch's import costs seconds).
 req = json.loads(sys.argv[1])
-if req["op"] == "make":
-    make(req["out"], req["shape"], req["theta"], req["tied"], req["dtype"], req["shard"],
-         req["seed"])
-    print(json.dumps({"loss": load_loss(req["out"], tokens(req["data"]), req["seq"],
-                                        req["samples"])}))
-elif req["op"] == "packed":
-    print(json.dumps(packed_loss(req["dir"], tokens(req["data"]), req["seq"], req["samples"],
-                                 req["eod"])))
-elif req["op"] == "loss":
-    print(json.dumps({"loss": load_loss(req["dir"], tokens(req["data"]), req["seq"],
-                                        req["samples"])}))
+print(json.dumps([answer(r) for r in req] if isinstance(req, list) else answer(req)))
 '''
 
 
@@ -155,18 +158,17 @@ class Test:
             f.write(struct.pack(f"<{n}H", *toks))
 
     def ask(self, **req):
-        req.update(data=self.data, seq=SEQ, samples=SAMPLES)
-        out = subprocess.run([self.py, self.oracle, json.dumps(req)], capture_output=True,
+        return self.ask_all([req])[0]
+
+    def ask_all(self, reqs):
+        """Several requests answered by one oracle process, in order."""
+        for req in reqs:
+            req.update(data=self.data, seq=SEQ, samples=SAMPLES)
+        out = subprocess.run([self.py, self.oracle, json.dumps(reqs)], capture_output=True,
                              text=True, env=dict(os.environ, OMP_NUM_THREADS="2"))
         if out.returncode:
             raise SystemExit(f"test_hf: the transformers oracle failed:\n{out.stderr[-3000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
-
-    def make_model(self, name, tied, dtype="float32", shard=None, seed=1):
-        out = os.path.join(self.work, name)
-        r = self.ask(op="make", out=out, shape=SHAPE, theta=THETA, tied=tied, dtype=dtype,
-                     shard=shard, seed=seed)
-        return out, r["loss"]
 
     def config(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, extra=""):
         d = os.path.join(self.work, "run-" + name)
@@ -238,8 +240,11 @@ def part_import(t):
     models = [("tied-fp32", True, "float32", None),
               ("untied-fp32-sharded", False, "float32", "60KB"),
               ("tied-bf16", True, "bfloat16", None)]
+    made = t.ask_all([dict(op="make", out=os.path.join(t.work, name), shape=SHAPE, theta=THETA,
+                           tied=tied, dtype=dtype, shard=shard, seed=i + 1)
+                      for i, (name, tied, dtype, shard) in enumerate(models)])
     for i, (name, tied, dtype, shard) in enumerate(models):
-        d, ref = t.make_model(name, tied, dtype, shard, seed=i + 1)
+        d, ref = os.path.join(t.work, name), made[i]["loss"]
         if shard:
             t.expect(f"{name}: transformers wrote shards with an index",
                      os.path.exists(os.path.join(d, "model.safetensors.index.json")))
@@ -273,18 +278,26 @@ def part_import_packed(t, d, tied):
 def part_export(t):
     # A step of training on imported weights, then export: transformers' loss of the export
     # equals the trainer's loss at step 2 (the weights after step 1, on the same samples).
-    for name, tied in [("untied", False), ("tied", True)]:
-        src, _ = t.make_model("src-" + name, tied, seed=7)
+    # The oracle's models in one process, and its losses of the exports in another.
+    models = [("untied", False, 7), ("tied", True, 7), ("roundtrip", True, 9)]
+    t.ask_all([dict(op="make", out=os.path.join(t.work, name + "-src"), shape=SHAPE, theta=THETA,
+                    tied=tied, dtype="float32", shard=None, seed=seed)
+               for name, tied, seed in models])
+    checks = []
+    for name, tied, _ in models[:2]:
+        src = os.path.join(t.work, name + "-src")
         run, losses = t.train("export-" + name, src, tied, steps=2)
         ckpt = os.path.join(run, "ckpt", "step_00000001")
         for dtype, tol in [("fp32", 1e-5), ("bf16", 2e-2)]:
             out = os.path.join(t.work, f"exported-{name}-{dtype}")
             t.export(ckpt, out, dtype)
-            got = t.ask(op="loss", dir=out)["loss"]
-            t.expect_close(f"{name} exported as {dtype}: loss of from_pretrained vs trainer's "
-                           "step 2", losses[1], got, tol)
+            checks.append((f"{name} exported as {dtype}: loss of from_pretrained vs trainer's "
+                           "step 2", losses[1], out, tol))
+    got = t.ask_all([dict(op="loss", dir=out) for _, _, out, _ in checks])
+    for (what, want, _, tol), g in zip(checks, got):
+        t.expect_close(what, want, g["loss"], tol)
     # Round trip: transformers' file -> init_from -> a step at lr 0 -> export: the same bytes.
-    src, _ = t.make_model("roundtrip-src", True, seed=9)
+    src = os.path.join(t.work, "roundtrip-src")
     run, _ = t.train("roundtrip", src, True, steps=1, lr=0.0)
     out = os.path.join(t.work, "roundtrip-out")
     t.export(os.path.join(run, "ckpt", "step_00000001"), out, "fp32")
