@@ -207,8 +207,7 @@ class HfBpeTokenizer final : public Tokenizer {
   // The parts of load(), each reading one section of tokenizer.json into this tokenizer.
   absl::Status read_model_flags(const json& model, const std::string& path);
   absl::Status read_pre_tokenizer(const json& j, const std::string& path);
-  absl::Status read_vocab(const json& model, const Bulk& bulk, const std::string& path,
-                          int32_t* max_id);
+  absl::Status read_vocab(const Bulk& bulk, const std::string& path, int32_t* max_id);
   absl::Status read_merges(const json& model, const Bulk& bulk, const std::string& path);
   absl::Status read_added_tokens(const json& j, const std::string& path, int32_t* max_id);
   // All of them in order (a value of another JSON type than asked for throws).
@@ -303,9 +302,9 @@ absl::Status HfBpeTokenizer::read_pre_tokenizer(const json& j, const std::string
 }
 
 // The vocabulary in raw bytes; every byte must have a token of its own.
-absl::Status HfBpeTokenizer::read_vocab(const json& model, const Bulk& bulk,
-                                        const std::string& path, int32_t* max_id) {
-  if (!bulk.vocab || !model.contains("vocab") || !model["vocab"].is_object())
+absl::Status HfBpeTokenizer::read_vocab(const Bulk& bulk, const std::string& path,
+                                        int32_t* max_id) {
+  if (!bulk.vocab)  // model.vocab absent or not an object
     return unsupported(path, "no model.vocab");
   const ByteOfChar byte_of = byte_of_char();
   // Ids number the tokens from 0: none reaches the count of vocabulary entries and added tokens.
@@ -433,7 +432,7 @@ absl::Status HfBpeTokenizer::read_sections(const json& j, const Bulk& bulk,
   int32_t max_id = -1;
   if (absl::Status st = read_model_flags(model, path); !st.ok()) return st;
   if (absl::Status st = read_pre_tokenizer(j, path); !st.ok()) return st;
-  if (absl::Status st = read_vocab(model, bulk, path, &max_id); !st.ok()) return st;
+  if (absl::Status st = read_vocab(bulk, path, &max_id); !st.ok()) return st;
   if (absl::Status st = read_merges(model, bulk, path); !st.ok()) return st;
   if (absl::Status st = read_added_tokens(j, path, &max_id); !st.ok()) return st;
   vocab_size_ = max_id + 1;

@@ -125,7 +125,6 @@ struct LoopState {
   LoopState(Session& s)
       : guard(s.cfg.train), saver(s), local(s), trace(s), before_skips(s.last_saved_step) {
     m.total_steps = s.cfg.train.steps;
-    m.flops_per_token = s.layout.flops_per_token;
     m.peak_flops = device_info(s.ctx).peak_bf16_flops;
     if (s.ctx.device == Device::cuda)
       m.attention_bwd = s.model->attention_bwd_deterministic() ? "deterministic" : "fast";
