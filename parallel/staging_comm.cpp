@@ -3,6 +3,13 @@
 // synchronous and ordered after the kernels queued on the compute stream (a blocking stream),
 // so no explicit synchronisation is needed. bf16 tensors are reduced in f32 on the host (MPI
 // has no bf16 arithmetic) and rounded back once.
+//
+// An operation that only sends (the pipeline's sends between stages) is copied into buffers of
+// its own and left in flight until waited for, as the host group's would be: a stage posts its
+// receives while its sends travel, so two neighbouring stages that send to each other at once do
+// not both wait for a receiver. Everything that receives completes before start returns.
+#include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "core/bf16.h"
@@ -22,6 +29,7 @@ class StagingComm final : public Comm {
   // Operations on staged tensors complete in order whichever lane they were started in.
   Ticket start(const CommOp& op, Lane lane) override {
     if (!touches_staged(op)) return host_->start(op, lane);
+    if (sends_only(op)) return start_sends(op, lane);
     CommOp h = op;
     std::vector<P2P> host_ops;
     switch (op.kind) {
@@ -67,10 +75,73 @@ class StagingComm final : public Comm {
     }
     return kDone;
   }
-  void wait(Ticket ticket) override { host_->wait(ticket); }
-  void wait_all() override { host_->wait_all(); }
+  void wait(Ticket ticket) override {
+    host_->wait(ticket);
+    const auto it = std::find_if(sending_.begin(), sending_.end(),
+                                 [&](const InFlight& f) { return f.ticket == ticket; });
+    if (it == sending_.end()) return;
+    for (Buffer& b : it->buffers) spare_.push_back(std::move(b));
+    sending_.erase(it);
+  }
+  void wait_all() override {
+    host_->wait_all();
+    for (InFlight& f : sending_)
+      for (Buffer& b : f.buffers) spare_.push_back(std::move(b));
+    sending_.clear();
+  }
 
  private:
+  // Sends in flight and the host copies they are sent from.
+  struct InFlight {
+    Ticket ticket;
+    std::vector<Buffer> buffers;
+  };
+
+  static bool sends_only(const CommOp& op) {
+    if (op.kind == CommOp::send) return true;
+    return op.kind == CommOp::exchange &&
+           std::all_of(op.p2p.begin(), op.p2p.end(),
+                       [](const P2P& p) { return p.kind == P2P::send; });
+  }
+
+  // The sends from host copies that stay with the ticket; the caller's tensors are free again
+  // when this returns.
+  Ticket start_sends(const CommOp& op, Lane lane) {
+    InFlight f;
+    auto copy_out = [&](const Tensor& t) {
+      Buffer b = spare_buffer(t.nbytes());
+      Tensor h(b.data(), t.dtype, Device::cpu, {t.numel()});
+      copy_tensor(h, t.view({t.numel()}));
+      f.buffers.push_back(std::move(b));
+      return h;
+    };
+    CommOp h = op;
+    std::vector<P2P> host_ops(op.p2p.begin(), op.p2p.end());
+    if (op.kind == CommOp::send) {
+      h.out = copy_out(op.out);
+    } else {
+      for (P2P& p : host_ops)
+        if (staged(p.buf)) p.buf = copy_out(p.buf);
+      h.p2p = host_ops;
+    }
+    f.ticket = host_->start(h, lane);
+    if (f.ticket == kDone) {
+      for (Buffer& b : f.buffers) spare_.push_back(std::move(b));
+      return kDone;
+    }
+    sending_.push_back(std::move(f));
+    return sending_.back().ticket;
+  }
+  // A released send buffer of at least `bytes`, else a new one.
+  Buffer spare_buffer(size_t bytes) {
+    const auto it = std::find_if(spare_.begin(), spare_.end(),
+                                 [&](const Buffer& b) { return b.bytes() >= bytes; });
+    if (it == spare_.end()) return Buffer(std::max<size_t>(bytes, 1), Device::cpu);
+    Buffer b = std::move(*it);
+    spare_.erase(it);
+    return b;
+  }
+
   bool staged(const Tensor& t) const { return all_ || t.device != Device::cpu; }
   bool touches_staged(const CommOp& op) const {
     switch (op.kind) {
@@ -128,6 +199,8 @@ class StagingComm final : public Comm {
   bool all_;
   std::vector<Buffer> slots_;
   Buffer raw_;
+  std::vector<InFlight> sending_;
+  std::vector<Buffer> spare_;
 };
 
 }  // namespace

@@ -501,6 +501,40 @@ TEST_CASE("comm: the staging communicator matches the closed forms", "[comm]") {
   c->barrier();
 }
 
+// The pipeline's pattern (trainer/step/pipeline.cpp): each rank starts its sends, receives, then
+// waits for the sends. Through the staging communicator the sends must stay in flight while the
+// receives are posted: sends that waited for their receiver would deadlock every rank here (1 MiB
+// messages, far above MPI's eager limit), as the stages of a 1F1B pipeline on ranks sharing a GPU.
+TEST_CASE("comm: the staging communicator leaves sends in flight while receiving", "[comm]") {
+  auto c = make_staging_comm(world_comm(), /*stage_host_tensors=*/true);
+  const int r = c->rank(), n = c->size();
+  if (n < 2) return;
+  const int64_t count = 1 << 18;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<float> right(count), back(count), from_left(count, -1.0f), from_right(count, -1.0f);
+    for (int64_t i = 0; i < count; ++i) {
+      right[i] = static_cast<float>(1000 * r + round) + static_cast<float>(i % 7);
+      back[i] = -right[i];
+    }
+    const P2P sends[] = {{P2P::send, host(right), (r + 1) % n},
+                         {P2P::send, host(back), (r + n - 1) % n}};
+    const Comm::Ticket in_flight = c->exchange_start(sends);
+    // The buffers are the caller's again once the sends are staged: overwriting them must not
+    // change what arrives.
+    std::fill(right.begin(), right.end(), 0.0f);
+    const P2P recvs[] = {{P2P::recv, host(from_left), (r + n - 1) % n},
+                         {P2P::recv, host(from_right), (r + 1) % n}};
+    c->exchange(recvs);
+    c->wait(in_flight);
+    const int left = (r + n - 1) % n, right_peer = (r + 1) % n;
+    CHECK(from_left[5] == static_cast<float>(1000 * left + round) + 5.0f);
+    CHECK(from_left[count - 1] ==
+          static_cast<float>(1000 * left + round) + static_cast<float>((count - 1) % 7));
+    CHECK(from_right[3] == -(static_cast<float>(1000 * right_peer + round) + 3.0f));
+  }
+  c->wait_all();
+}
+
 // A failed MPI call on one rank must end every rank (MPI_Abort), naming the rank and the call,
 // while the others wait in a barrier. Hidden: run by ctest, which checks the output.
 TEST_CASE("comm: a failed MPI call aborts every rank", "[.abort]") {
