@@ -72,16 +72,20 @@ class EventTimeline {
   EventTimeline(const EventTimeline&) = delete;
   EventTimeline& operator=(const EventTimeline&) = delete;
   void mark(int tag);
-  // Adds the seconds of each completed interval to seconds[tag] (tags in [0, n)).
-  void collect(double* seconds, int n);
+  // The marks made so far (a running count, dropped ones not counted).
+  int64_t marked() const { return first_mark_ + count_; }
+  // Adds the seconds of each completed interval that ends at one of the first `upto` marks to
+  // seconds[tag] (tags in [0, n)); later intervals wait for a later collect.
+  void collect(double* seconds, int n, int64_t upto);
   int64_t dropped() const { return dropped_; }
 
  private:
   void* stream_;
   std::vector<void*> events_;  // cudaEvent_t, a ring
   std::vector<int> tags_;
-  int64_t first_ = 0;  // ring index of the oldest uncollected mark (the next interval's start)
-  int64_t count_ = 0;  // uncollected marks from first_
+  int64_t first_ = 0;       // ring index of the oldest uncollected mark (the next interval's start)
+  int64_t count_ = 0;       // uncollected marks from first_
+  int64_t first_mark_ = 0;  // the running number of the mark at first_
   int64_t dropped_ = 0;
 };
 

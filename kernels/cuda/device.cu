@@ -89,10 +89,10 @@ void EventTimeline::mark(int tag) {
   ++count_;
 }
 
-void EventTimeline::collect(double* seconds, int n) {
+void EventTimeline::collect(double* seconds, int n, int64_t upto) {
   const auto size = static_cast<int64_t>(events_.size());
   // Intervals [k, k + 1) while mark k + 1 has completed; mark k stays as the next start.
-  while (count_ >= 2) {
+  while (count_ >= 2 && first_mark_ + 1 < upto) {
     const auto a = static_cast<size_t>(first_), b = static_cast<size_t>((first_ + 1) % size);
     const cudaError_t done = cudaEventQuery(static_cast<cudaEvent_t>(events_[b]));
     if (done == cudaErrorNotReady) break;
@@ -103,6 +103,7 @@ void EventTimeline::collect(double* seconds, int n) {
     if (tags_[a] >= 0 && tags_[a] < n) seconds[tags_[a]] += ms * 1e-3;
     first_ = static_cast<int64_t>(b);
     --count_;
+    ++first_mark_;
   }
 }
 

@@ -83,9 +83,13 @@ DevicePhaseTimes::~DevicePhaseTimes() {
   phase_clock().set_marker({});
 }
 
+void DevicePhaseTimes::at_sync() {
+  synced_marks_ = impl_->timeline.marked();
+}
+
 std::array<double, kPhases> DevicePhaseTimes::collect() {
   std::array<double, kPhases> s{};
-  impl_->timeline.collect(s.data(), kPhases);
+  impl_->timeline.collect(s.data(), kPhases, synced_marks_);
   return s;
 }
 

@@ -12,6 +12,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -91,22 +92,27 @@ class ScopedPhase {
 
 // The phases of each step as a GPU ran them (train.backend=cuda): the phase clock of the thread
 // that makes it queues a CUDA event on the compute stream at each change of phase within a step,
-// and collect(), called after the step's one host sync, sums the completed intervals by phase
-// (no new host sync). The work queued after the sync (the update) completes later and counts in
-// the next step's, so in steady state each step's parts are its own; the time between steps
+// and collect(), called after the step's one host sync, sums the intervals by phase (no new host
+// sync). A step's parts are the device's work queued between the previous step's sync and its
+// own: the previous step's update, then this step's forward and backward. The cut is at the
+// sync, not at whatever the device happens to have finished when collect() asks, so the update
+// counts in the next step whether or not it is done by then; the time between steps
 // (evaluation, saves) counts in none.
 class DevicePhaseTimes {
  public:
   // Null on the CPU backend and in builds without CUDA.
   static std::unique_ptr<DevicePhaseTimes> make(const Ctx& ctx);
   ~DevicePhaseTimes();
-  // The seconds of each phase among the intervals completed since the last collect().
+  // Called right after the step's host sync: the marks made so far are complete.
+  void at_sync();
+  // The seconds of each phase among the intervals up to the last at_sync() not yet collected.
   std::array<double, kPhases> collect();
 
  private:
   struct Impl;
   explicit DevicePhaseTimes(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  int64_t synced_marks_ = 0;
 };
 
 // A step's parts from the device's phase times: the named phases as the device ran them, and

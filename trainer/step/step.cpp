@@ -95,6 +95,7 @@ StepScalars read_step_scalars(Session& s, StepMetrics& m, const FaultInjector& f
                               int64_t step) {
   s.opt->accumulate_norm(s.io->norm_squares());
   auto [loss_sum, own_squares] = s.io->take();  // the step's host sync
+  if (s.device_phases) s.device_phases->at_sync();
   if (fault.nan_loss(step, s.topo().rank) && s.topo().last_stage())
     loss_sum = std::numeric_limits<double>::quiet_NaN();
   StepScalars out;
