@@ -115,9 +115,26 @@ TEST_CASE("cli gpu: two deterministic GPU runs are bit-identical", "[gpu]") {
     CHECK(g2[i]["loss"].get<double>() == g[i]["loss"].get<double>());
 }
 
+// Ranks sharing a GPU wait for each other at most this long: a hang ends the job with exit 5 and
+// the watchdog's line naming the group and the call, instead of running into the test's limit.
+const std::string kSharedGpuTimeout = " --set parallel.timeout_s=60";
+
+// NCCL refuses two ranks on one GPU before it starts, naming the ranks and the fix (one GPU
+// visible, so that the ranks share it on any machine).
+TEST_CASE("cli gpu: NCCL ranks sharing one GPU are refused, naming the fix", "[gpu][mpi]") {
+  RunDir two(10);
+  CmdResult nccl =
+      two.mpirun(2, " --set train.backend=cuda --set parallel.tp=2" + kSharedGpuTimeout,
+                 "CUDA_VISIBLE_DEVICES=0");
+  INFO(nccl.output);
+  CHECK(nccl.exit_code == 2);
+  CHECK(nccl.output.find("parallel.comm=nccl needs one GPU per rank, but ranks 0 and 1") !=
+        std::string::npos);
+}
+
 // GPU ranks: tp 2 x pp 2 x dp 2 as 8 ranks sharing this machine's GPU(s) through
 // parallel.comm=mpi (device tensors staged through host memory) match one GPU rank within bf16
-// tolerance; NCCL refuses more ranks than GPUs with a clear error.
+// tolerance.
 TEST_CASE("cli gpu: 8 GPU ranks sharing one GPU (parallel.comm=mpi) match one GPU rank",
           "[gpu][mpi]") {
   RunDir one(10), eight(10);
@@ -126,12 +143,7 @@ TEST_CASE("cli gpu: 8 GPU ranks sharing one GPU (parallel.comm=mpi) match one GP
   CmdResult r = one.trainer(layout);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  const std::string par = layout + " --set parallel.tp=2 --set parallel.pp=2";
-  if (gpu_count() < 8) {
-    CmdResult nccl = eight.mpirun(8, par);
-    CHECK(nccl.exit_code == 2);
-    CHECK(nccl.output.find("parallel.comm=nccl needs one GPU per rank") != std::string::npos);
-  }
+  const std::string par = layout + " --set parallel.tp=2 --set parallel.pp=2" + kSharedGpuTimeout;
   CmdResult m = eight.mpirun(8, par + " --set parallel.comm=mpi");
   INFO(m.output);
   REQUIRE(m.exit_code == 0);
@@ -165,7 +177,8 @@ TEST_CASE("cli gpu: cp 2 and 4 on ranks sharing one GPU match one GPU rank", "[g
                         Case{4, " --set parallel.cp=4 --set parallel.cp_comm=ring"},
                         Case{4, " --set parallel.cp=2 --set parallel.tp=2"}}) {
     RunDir run(10);
-    CmdResult m = run.mpirun(c.ranks, base + c.sets + " --set parallel.comm=mpi");
+    CmdResult m =
+        run.mpirun(c.ranks, base + c.sets + " --set parallel.comm=mpi" + kSharedGpuTimeout);
     INFO(c.sets << "\n" << m.output);
     REQUIRE(m.exit_code == 0);
     const std::vector<nlohmann::json> b = run.metrics();
