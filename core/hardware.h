@@ -20,13 +20,12 @@ struct GpuSpec {
   double hbm_bw;           // bytes/s
   double nvlink_bw;        // bytes/s per GPU, one direction, inside a node
   double network_bw;       // bytes/s per GPU (its NIC), between nodes
-  double gemm_efficiency;  // fraction of peak the GEMMs reach in training
+  // The measured ceilings the planner's step model starts from (trainer/plan/step_model.h), as
+  // `preflight` measures them: a bf16 8192^3 GEMM's FLOP/s, and a device-to-device copy's
+  // bytes/s counting bytes read plus written.
+  double gemm_flops;
+  double copy_bw;
 };
-
-// The bf16 GEMM rate (8192^3, what `preflight` measures) a healthy GPU reaches, as a fraction of
-// its dense peak: 798 of an H100's 989 TFLOP/s. A cluster's measured rate against it scales the
-// planner's gemm_efficiency (`trainer plan --hardware` with preflight's gemm_tflops).
-inline constexpr double kGemmCeilingFraction = 0.8;
 
 // A cluster's numbers for saves and restarts, for `trainer plan --mtbf-hours` (estimates:
 // `trainer plan --hardware FILE` sets them beside the GPU's, keys host_copy_gbps,

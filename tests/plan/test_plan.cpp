@@ -127,6 +127,85 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   CHECK(p->fits);
 }
 
+// The step model (step_model.h) against what it must add up to: its GEMMs compute exactly the
+// matmul part of the FLOPs per token, tensor parallelism divides them, the optimizer moves its
+// bytes per parameter, and each op class follows the ceiling it is charged to.
+TEST_CASE("plan: the step model's FLOPs, bytes and ceilings add up", "[model]") {
+  CHECK(gemm_shape_efficiency(8192, 8192, 8192) == Approx(1.0));
+  CHECK(gemm_shape_efficiency(16384, 16384, 16384) == 1.0);  // the ceiling, not above it
+  CHECK(gemm_shape_efficiency(4096, 8192, 1024) < gemm_shape_efficiency(4096, 8192, 8192));
+  CHECK(attention_fraction(64, false) < attention_fraction(128, false));
+  CHECK(attention_fraction(128, true) < attention_fraction(128, false));
+  CHECK(attention_fraction(96, true) ==
+        Approx((attention_fraction(64, true) + attention_fraction(128, true)) / 2));
+  const std::vector<std::string> shape = {"model.preset=",
+                                          "model.hidden_size=1024",
+                                          "model.intermediate_size=4096",
+                                          "model.num_layers=8",
+                                          "model.num_heads=8",
+                                          "model.num_kv_heads=2",
+                                          "model.head_dim=128",
+                                          "model.vocab_size=32000",
+                                          "model.tie_embeddings=false",
+                                          "data.seq_len=2048",
+                                          "train.global_batch=8",
+                                          "train.micro_batch=2",
+                                          "parallel.pp=1",
+                                          "parallel.dp=1",
+                                          "parallel.zero1=false",
+                                          "train.recompute=none",
+                                          "parallel.sequence_parallel=false"};
+  auto plan_of = [&](int tp) {
+    std::vector<std::string> sets = shape;
+    sets.push_back("parallel.tp=" + std::to_string(tp));
+    absl::StatusOr<Plan> p = make_plan(config_with(sets), *gpu_spec("h100"), 1, tp);
+    INFO(p.status().message());
+    REQUIRE(p.ok());
+    REQUIRE(p->compute.size() == 1);
+    return *p;
+  };
+  const Plan one = plan_of(1), two = plan_of(2);
+  const StageCompute& c = one.compute[0];
+  // GEMM FLOPs per step: the causal FLOPs per token without attention's 6 L s nh hd, times the
+  // step's tokens (one GPU; the vocabulary, 32000, already a multiple of 128).
+  const double tokens = 8.0 * 2048, attention = 6.0 * 8 * 2048 * 8 * 128;
+  CHECK(c.gemm_flop == Approx((one.flops_per_token_causal - attention) * tokens));
+  CHECK(two.compute[0].gemm_flop == Approx(c.gemm_flop / 2));  // tp 2: half of every product
+  // The optimizer: 30 bytes per parameter updated and 4 of the norm's read, at the stream rate.
+  const GpuSpec h100 = *gpu_spec("h100");
+  const double stream = h100.copy_bw * kStreamFraction;
+  CHECK(c.optimizer_s == Approx(one.stages[0].grads / 4 * 34 / stream));
+  CHECK(c.memory_s == Approx(c.memory_bytes / stream));
+  // Attention at its fractions of the peak: forward a third of 6 L s nh hd per token, backward
+  // two thirds.
+  CHECK(c.attention_s ==
+        Approx(attention / 3 * tokens *
+               (1 / attention_fraction(128, false) + 2 / attention_fraction(128, true)) /
+               h100.peak_bf16_flops));
+  // The parts add up: by op class and by where they run.
+  CHECK(c.pipelined_s() == Approx(c.forward_s + c.backward_s));
+  CHECK(c.pipelined_s() == Approx(c.layers_s + c.head_s + c.embedding_s));
+  CHECK(one.compute_s == Approx(c.total_s()));  // pp 1: no bubble
+  // A GEMM ceiling twice as high halves the products' time but not the weight gradients'
+  // accumulation (the stream's) nor the other classes.
+  GpuSpec fast = h100;
+  fast.gemm_flops *= 2;
+  absl::StatusOr<Plan> f = make_plan(config_with([&] {
+                                       std::vector<std::string> s = shape;
+                                       s.push_back("parallel.tp=1");
+                                       return s;
+                                     }()),
+                                     fast, 1, 1);
+  REQUIRE(f.ok());
+  // The accumulation: 4 micro-batches x 8 bytes per matmul weight (per layer q, k, v, o, gate,
+  // up, down; and the LM head).
+  const double weights =
+      8 * (1536.0 * 1024 + 1024.0 * 1024 + 2 * 4096.0 * 1024 + 4096.0 * 1024) + 32000.0 * 1024;
+  CHECK(2 * f->compute[0].gemm_s - c.gemm_s == Approx(4 * 8 * weights / stream));
+  CHECK(f->compute[0].attention_s == Approx(c.attention_s));
+  CHECK(f->compute[0].memory_s == Approx(c.memory_s));
+}
+
 // The pipeline schedules in the planner: each one's bubble by its closed form, interleaved's
 // traffic v times 1f1b's, each stage's activations those of a real model built for the
 // schedule, and the report's table of them with the fastest that fits picked.
@@ -605,14 +684,15 @@ TEST_CASE("plan: the bottleneck is the step's largest part, and --suggest ranks 
   const Config cfg = config_with({});  // the 72B job: tp 8 x pp 2, zero1
   absl::StatusOr<Plan> p = make_plan(cfg, *gpu_spec("h100"), 16, 8);
   REQUIRE(p.ok());
+  // The bubble stretches the slowest stage's micro-batch work by (m + pp - 1) / m.
   const double m = p->layout.micro_batches, stretch = (m + p->layout.topo.pp - 1) / m;
+  const StageCompute& slow = p->compute[static_cast<size_t>(p->slowest_stage)];
+  CHECK(p->bubble_s == Approx(slow.pipelined_s() * (stretch - 1)));
+  CHECK(p->compute_s == Approx(slow.total_s() + p->bubble_s));
   const std::vector<std::pair<std::string, double>> parts = {
-      {"compute", p->compute_s / stretch},
-      {"the pipeline bubble", p->compute_s - p->compute_s / stretch},
-      {"tensor-parallel communication", p->tp_s},
-      {"pipeline sends", p->pp_s},
-      {"the data-parallel gradient reduction", p->dp_s},
-      {"context-parallel exchange", p->cp_s}};
+      {"compute", p->compute_s - p->bubble_s},           {"the pipeline bubble", p->bubble_s},
+      {"tensor-parallel communication", p->tp_s},        {"pipeline sends", p->pp_s},
+      {"the data-parallel gradient reduction", p->dp_s}, {"context-parallel exchange", p->cp_s}};
   const auto largest = std::max_element(parts.begin(), parts.end(),
                                         [](auto& a, auto& b) { return a.second < b.second; });
   const std::string line = plan_bottleneck(*p);
@@ -657,17 +737,25 @@ TEST_CASE("plan: the bottleneck is the step's largest part, and --suggest ranks 
 // ZeRO-1 where they shard more) on their GPUs, the prediction printed beside the measurement in
 // tokens/s per GPU (docs/PERFORMANCE.md holds the table and the sources). Megatron-LM's rows
 // publish TFLOP/s per GPU counted its way, full attention and the logits included:
-// 72 L h^2 + 12 L s h + 6 V h per token, so their tokens/s is that rate over it. The test asserts
-// that every row plans and fits, not yet that the prediction is within 15%.
+// 72 L h^2 + 12 L s h + 6 V h per token, so their tokens/s is that rate over it. Every row plans
+// and fits, and each held row's prediction is within 15% of its measurement.
 TEST_CASE("plan: published runs predicted against their measured tokens/s per GPU", "[plan]") {
   struct Row {
     std::string name;
     std::vector<std::string> sets;
     int gpus;
     double measured;  // tokens/s per GPU
+    OtherSystem system = {};
+    std::string gpu = "h100";
+    // Held to 15%; false where a known difference the planner does not model is larger (said
+    // beside the row in docs/PERFORMANCE.md).
+    bool checked = true;
   };
-  auto megatron = [](const std::string& name, int64_t h, int64_t heads, int64_t layers, int tp,
-                     int pp, int64_t batch, double tflops) {
+  // Megatron-LM's table ran with every communication overlap on, the tensor-parallel one
+  // (--tp-comm-overlap) among them.
+  const OtherSystem megatron_overlaps{.tp_overlap = true};
+  auto megatron = [&](const std::string& name, int64_t h, int64_t heads, int64_t layers, int tp,
+                      int pp, int64_t batch, double tflops) {
     const double L = static_cast<double>(layers), H = static_cast<double>(h), s = 4096, V = 131072;
     const double flops = 72 * L * H * H + 12 * L * s * H + 6 * V * H;
     return Row{
@@ -683,7 +771,26 @@ TEST_CASE("plan: published runs predicted against their measured tokens/s per GP
          "parallel.zero1=true",
          "parallel.sequence_parallel=" + std::string(tp > 1 ? "true" : "false")},
         48 * tp * pp,
-        tflops * 1e12 / flops};
+        tflops * 1e12 / flops,
+        megatron_overlaps};
+  };
+  // This trainer on one H200 (docs/PERFORMANCE.md, 2026-11-27): tools/bench.sh's runs of the
+  // Qwen2.5 presets' shapes.
+  auto ours = [](const std::string& name, int64_t h, int64_t inter, int64_t layers, int64_t heads,
+                 int64_t head_dim, double measured) {
+    return Row{
+        "this trainer, " + name + ", seq 4096, 1 H200",
+        {"model.hidden_size=" + std::to_string(h),
+         "model.intermediate_size=" + std::to_string(inter),
+         "model.num_layers=" + std::to_string(layers), "model.num_heads=" + std::to_string(heads),
+         "model.num_kv_heads=2", "model.head_dim=" + std::to_string(head_dim),
+         "model.vocab_size=151936", "model.tie_embeddings=true", "data.seq_len=4096",
+         "train.global_batch=8", "train.micro_batch=1", "parallel.tp=1", "parallel.pp=1",
+         "parallel.zero1=false", "parallel.sequence_parallel=false"},
+        1,
+        measured,
+        {},
+        "h200"};
   };
   const std::vector<Row> rows = {
       megatron("Megatron-LM GPT 1.7B, tp1, 48 H100", 2048, 16, 24, 1, 1, 192, 408.8),
@@ -706,8 +813,12 @@ TEST_CASE("plan: published runs predicted against their measured tokens/s per GP
         "train.global_batch=512", "train.micro_batch=1", "parallel.tp=8", "parallel.pp=1",
         "parallel.zero1=true", "parallel.sequence_parallel=true", "train.recompute=full"},
        256,
-       597.3}};
-  const GpuSpec h100 = *gpu_spec("h100");
+       597.3,
+       {},
+       "h100",
+       false},
+      ours("Qwen2.5-1.5B", 1536, 8960, 28, 12, 128, 51385),
+      ours("Qwen2.5-0.5B", 896, 4864, 24, 14, 64, 120596)};
   std::printf(
       "| run | measured tokens/s/GPU | predicted | predicted / measured |\n"
       "|---|---|---|---|\n");
@@ -717,13 +828,16 @@ TEST_CASE("plan: published runs predicted against their measured tokens/s per GP
                                      "parallel.pipeline_schedule=1f1b", "train.recompute=none"};
     sets.insert(sets.end(), r.sets.begin(), r.sets.end());
     const Config cfg = config_with(sets);
-    absl::StatusOr<Plan> p = make_plan(cfg, h100, r.gpus / 8, 8);
+    const int per_node = std::min(r.gpus, 8);
+    absl::StatusOr<Plan> p =
+        make_plan(cfg, *gpu_spec(r.gpu), r.gpus / per_node, per_node, r.system);
     INFO(p.status().message());
     REQUIRE(p.ok());
     CHECK(p->fits);
-    CHECK(p->tokens_per_s_per_gpu > 0);
+    const double ratio = p->tokens_per_s_per_gpu / r.measured;
     std::printf("| %s | %.0f | %.0f | %.2f |\n", r.name.c_str(), r.measured,
-                p->tokens_per_s_per_gpu, p->tokens_per_s_per_gpu / r.measured);
+                p->tokens_per_s_per_gpu, ratio);
+    if (r.checked) CHECK(std::abs(ratio - 1) <= 0.15);
   }
 }
 

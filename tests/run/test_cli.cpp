@@ -771,9 +771,9 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 3 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("error: parallel layout") != std::string::npos);
-  // The hardware table overridden from YAML (name and GEMM efficiency here).
+  // The hardware table overridden from YAML (name and GEMM ceiling here).
   test::TempDir dir;
-  test::write_file(dir / "hw.yaml", "name: slow-h100\ngemm_efficiency: 0.35\n");
+  test::write_file(dir / "hw.yaml", "name: slow-h100\ngemm_tflops: 400\n");
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 --hardware " +
               (dir / "hw.yaml") + " 2>&1");
   CHECK(r.exit_code == 0);
@@ -783,26 +783,33 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
               (dir / "bad.yaml") + " 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("unknown key 'netwrk'; known: name, peak_bf16_tflops") != std::string::npos);
-  // What preflight --json measured: GEMMs at half a healthy H100's rate (0.8 x 989.4 / 2
-  // TFLOP/s) double the compute, and NVLink's all-reduce at half the table's 450 GB/s doubles the
-  // tensor-parallel time; the network's is the table's.
-  auto times = [](const std::string& out) {
+  // What preflight --json measured, through --explain's rows: GEMMs at half the table's H100
+  // ceiling (798 TFLOP/s) double the GEMMs' time, a copy at 1.5 TB/s instead of 3.0 doubles the
+  // memory-bound passes', and NVLink's all-reduce at half the table's 450 GB/s doubles the
+  // tensor-parallel time; attention (the dense peak's) and the network's are the table's.
+  auto seconds = [](const std::string& out, const std::string& part) {
     std::smatch m;
-    REQUIRE(std::regex_search(out, m, std::regex(R"(compute ([0-9.]+), tp ([0-9.]+))")));
-    return std::pair{std::stod(m[1]), std::stod(m[2])};
+    REQUIRE(std::regex_search(out, m, std::regex("\\| " + part + " \\| ([0-9.]+) \\|")));
+    return std::stod(m[1]);
   };
-  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 2>&1");
-  const auto [compute, tp] = times(r.output);
+  const char* parts[] = {"GEMMs", "memory-bound passes", "tp communication", "attention"};
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 --explain 2>&1");
+  std::vector<double> table;
+  for (const char* part : parts) table.push_back(seconds(r.output, part));
   test::write_file(dir / "preflight.json",
-                   R"({"name": "h100", "measured_by": "preflight", "gemm_tflops": 395.76,)"
-                   R"( "node_busbw_gbps": 225, "network_busbw_gbps": 50, "memory_gbps": 2900})");
-  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 --hardware " +
-              (dir / "preflight.json") + " 2>&1");
+                   R"({"name": "h100", "measured_by": "preflight", "gemm_tflops": 399,)"
+                   R"( "node_busbw_gbps": 225, "network_busbw_gbps": 50, "memory_gbps": 1500})");
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg +
+              " --nodes 16 --explain --hardware " + (dir / "preflight.json") + " 2>&1");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  const auto [measured_compute, measured_tp] = times(r.output);
-  CHECK(measured_compute == Approx(2 * compute).epsilon(0.002));
-  CHECK(measured_tp == Approx(2 * tp).epsilon(0.002));
+  for (size_t i = 0; i < 4; ++i) {
+    INFO(parts[i]);
+    CHECK(seconds(r.output, parts[i]) == Approx((i < 3 ? 2 : 1) * table[i]).epsilon(0.002));
+  }
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --explain --json 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--explain prints a table; give it without --json") != std::string::npos);
   // Measured on another GPU type, or with another GEMM size: one line naming the fix.
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --nodes 16 --gpu a100" +
               " --hardware " + (dir / "preflight.json") + " 2>&1");

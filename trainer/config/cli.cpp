@@ -36,17 +36,21 @@ std::string usage() {
          "\n"
          "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300|a100]\n"
          "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--mtbf-hours H]\n"
-         "               [--json] [--suggest]\n"
+         "               [--json] [--suggest] [--explain]\n"
          "  per-GPU memory, FLOPs per token, pipeline bubble, communication per step and a\n"
          "  predicted step time, tokens/s/GPU and MFU, without a GPU (defaults: h100, 1 node,\n"
          "  8 GPUs per node; FILE overrides the GPU's numbers: peak_bf16_tflops, memory_gib,\n"
-         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_efficiency, and the cluster's for\n"
+         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_tflops, memory_gbps (the ceilings\n"
+         "  preflight --json measures; its file is read as it is), and the cluster's for\n"
          "  --mtbf-hours: host_copy_gbps, local_disk_gbps, storage_gbps, restart_s). With\n"
          "  --mtbf-hours (one node's mean time between failures) also the work a failure loses,\n"
          "  the goodput of the checkpoint intervals and Young/Daly's intervals for persistent\n"
          "  and node-local saves (docs/checkpoints.md); --json prints one JSON object). The\n"
          "  plan names what limits the step; --suggest adds the layouts (tp, pp, dp auto) of\n"
-         "  these GPUs that fit, ranked by predicted tokens/s/GPU\n"
+         "  these GPUs that fit, ranked by predicted tokens/s/GPU; --explain prints the\n"
+         "  predicted step by op class (GEMMs, attention, memory-bound passes, loss, optimizer),\n"
+         "  by where it runs (layers, LM head, embedding), per stage, and the communication it\n"
+         "  waits for\n"
          "\n"
          "       trainer export-hf --checkpoint STEP_DIR --out DIR [--dtype bf16|fp32]\n"
          "               [--tokenizer tokenizer.json] [--max-shard-gib G]\n"
@@ -142,6 +146,7 @@ const Flag kFlags[] = {
     {"--resume", Cmd::any, nullptr, nullptr, set_resume},
     {"--json", Cmd::plan, &CliOptions::json},
     {"--suggest", Cmd::plan, &CliOptions::suggest},
+    {"--explain", Cmd::plan, &CliOptions::explain},
     {"--hardware", Cmd::plan, nullptr, &CliOptions::hardware},
     {"--world", Cmd::any, nullptr, nullptr, set_world},
     {"--gpu", Cmd::any, nullptr, nullptr, set_gpu},
@@ -214,6 +219,10 @@ absl::StatusOr<CliOptions> parse_cli(int argc, char** argv) {
     return InvalidArgumentError("--config FILE is required; see --help");
   if (o.plan && o.suggest && o.json)
     return InvalidArgumentError("--suggest prints a table; give it without --json");
+  if (o.plan && o.explain && o.json)
+    return InvalidArgumentError(
+        "--explain prints a table; give it without --json (the JSON holds the same numbers "
+        "under \"compute\")");
   if (o.plan && o.world > 0)
     return InvalidArgumentError("trainer plan counts GPUs with --nodes and --gpus-per-node");
   if (!o.plan && o.world > 0 && !o.dry_run)

@@ -34,6 +34,7 @@ struct CliOptions {
   std::string hardware;      // --hardware FILE: YAML overrides of the GPU's numbers
   bool json = false;         // --json: the plan as one JSON object
   bool suggest = false;      // --suggest: the layouts that fit, ranked by predicted speed
+  bool explain = false;      // --explain: the predicted step by op class, stage and part
   double mtbf_hours = 0;     // --mtbf-hours H: a node's mean time between failures (0: none)
   // trainer export-hf --checkpoint DIR --out DIR [--dtype bf16|fp32] [--tokenizer FILE]
   //                   [--max-shard-gib G]: a checkpoint as a Hugging Face model directory.

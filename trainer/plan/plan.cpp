@@ -18,6 +18,7 @@
 #include "trainer/model/model.h"
 #include "trainer/model/step_io.h"
 #include "trainer/optim/optim.h"
+#include "trainer/plan/step_model.h"
 #include "yaml-cpp/yaml.h"
 
 namespace tr {
@@ -59,20 +60,19 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       {"hbm_tbps", {&g.hbm_bw, 1e12}},
       {"nvlink_gbps", {&g.nvlink_bw, 1e9}},
       {"network_gbps", {&g.network_bw, 1e9}},
-      {"gemm_efficiency", {&g.gemm_efficiency, 1.0}},
+      {"gemm_tflops", {&g.gemm_flops, 1e12}},
+      {"memory_gbps", {&g.copy_bw, 1e9}},
       {"host_copy_gbps", {&st.host_copy_bw, 1e9}},
       {"local_disk_gbps", {&st.local_disk_bw, 1e9}},
       {"storage_gbps", {&st.storage_bw, 1e9}},
       {"restart_s", {&st.restart_s, 1.0}}};
-  // What `preflight --json` measured (its --expect keys): the links' all-reduce bus bandwidth
-  // stands in for the table's per-GPU bandwidths, and the GEMM rate (8192^3, bf16) scales
-  // gemm_efficiency by how far it is from a healthy GPU's (kGemmCeilingFraction of the peak).
-  double gemm_tflops = 0, gemm_n = 0;
+  // What `preflight --json` measured (its --expect keys) beside gemm_tflops and memory_gbps,
+  // which are the table's own ceilings: the links' all-reduce bus bandwidth stands in for the
+  // table's per-GPU bandwidths; gemm_n is the size the GEMM ceiling was measured at.
+  double gemm_n = 0;
   const std::pair<const char*, std::pair<double*, double>> measured[] = {
       {"node_busbw_gbps", {&g.nvlink_bw, 1e9}},
       {"network_busbw_gbps", {&g.network_bw, 1e9}},
-      {"memory_gbps", {&g.hbm_bw, 1e9}},
-      {"gemm_tflops", {&gemm_tflops, 1e12}},
       {"gemm_n", {&gemm_n, 1.0}}};
   const std::string table_name = g.name;
   std::string measured_by;
@@ -93,8 +93,8 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       return absl::InvalidArgumentError(absl::StrCat(
           "--hardware ", path, ": unknown key '", key,
           "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
-          "gemm_efficiency, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s, and "
-          "preflight --json's node_busbw_gbps, network_busbw_gbps, memory_gbps, gemm_tflops"));
+          "gemm_tflops, memory_gbps, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s, "
+          "and preflight --json's node_busbw_gbps, network_busbw_gbps, gemm_n"));
     if (auto [it, fresh] = set_by.emplace(target, key); !fresh)
       return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", it->second, " and ",
                                                      key, " set the same number"));
@@ -103,10 +103,9 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       v = kv.second.as<double>();
     } catch (const YAML::Exception&) {
     }
-    if (!(v > 0) || (key == "gemm_efficiency" && v > 1))
-      return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", key,
-                                                     " must be a positive number",
-                                                     key == "gemm_efficiency" ? " <= 1" : ""));
+    if (!(v > 0))
+      return absl::InvalidArgumentError(
+          absl::StrCat("--hardware ", path, ": ", key, " must be a positive number"));
     *target = v * unit;
   }
   // A preflight file describes the GPU type it ran on: planning another with it would mix them.
@@ -114,14 +113,10 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
     return absl::InvalidArgumentError(absl::StrCat(
         "--hardware ", path, ": measured on ", g.name, ", but the plan is for ", table_name,
         "; pass --gpu ", g.name, " (or remove its name to apply the numbers anyway)"));
-  if (gemm_tflops > 0) {
-    if (gemm_n != 0 && gemm_n != 8192)
-      return absl::InvalidArgumentError(
-          absl::StrCat("--hardware ", path, ": gemm_tflops was measured at ", gemm_n,
-                       "^3; the GEMM ceiling is for 8192^3 (preflight --gemm 8192)"));
-    g.gemm_efficiency =
-        std::min(1.0, g.gemm_efficiency * gemm_tflops / (kGemmCeilingFraction * g.peak_bf16_flops));
-  }
+  if (gemm_n != 0 && gemm_n != 8192)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hardware ", path, ": gemm_tflops was measured at ", gemm_n,
+                     "^3; the GEMM ceiling is for 8192^3 (preflight --gemm 8192)"));
   return g;
 }
 
@@ -277,34 +272,55 @@ void plan_communication(const Config& cfg, Plan& plan) {
   // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
   // compute copy all-gathered.
   const double reduced = grads / 4 * dtype_size(grad_reduce_dtype(cfg.parallel));  // on the wire
-  plan.dp_bytes =
-      f.zero1 ? ring_half(reduced, dp * cp) + ring_half(plan.stages[0].compute_copy, dp * cp)
-              : ring_all_reduce(reduced, dp * cp);
+  plan.dp_gather_bytes = f.zero1 ? ring_half(plan.stages[0].compute_copy, dp * cp) : 0;
+  plan.dp_bytes = plan.dp_gather_bytes +
+                  (f.zero1 ? ring_half(reduced, dp * cp) : ring_all_reduce(reduced, dp * cp));
   std::tie(plan.cp_bytes, plan.cp_beside_bytes) =
       cp_bytes_per_step(cfg, f, plan.recompute_full_layers);
 }
 
-// Step time: GEMM-bound compute stretched by the bubble, plus the exposed communication (TP
-// over NVLink inside a node, PP and DP over the network when they cross nodes).
-void plan_time(Plan& plan) {
+// Step time: the slowest stage's compute by op class (step_model.h), its micro-batches' part
+// stretched by the bubble, plus the exposed communication (TP over NVLink inside a node, PP and
+// DP over the network when they cross nodes).
+void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   const GpuSpec& gpu = plan.gpu;
   const int pp = plan.layout.topo.pp, tp = plan.layout.topo.tp;
   const double tokens_step = static_cast<double>(plan.layout.tokens_per_step);
+  std::vector<double> params_on_rank;
+  for (const StageMemory& m : plan.stages) params_on_rank.push_back(m.grads / 4);  // fp32
+  plan.compute = stage_compute(cfg, plan.layout, gpu, params_on_rank);
+  plan.slowest_stage =
+      static_cast<int>(std::max_element(plan.compute.begin(), plan.compute.end(),
+                                        [](const StageCompute& a, const StageCompute& b) {
+                                          return a.total_s() < b.total_s();
+                                        }) -
+                       plan.compute.begin());
+  const StageCompute& slow = plan.compute[static_cast<size_t>(plan.slowest_stage)];
   // The schedule's idle share (1F1B: m + pp - 1 slots for m micro-batches).
   const double stretch = 1 / (1 - plan.bubble);
-  plan.compute_s = (plan.flops_per_token_causal + plan.recompute_flops_per_token) * tokens_step /
-                   plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency) * stretch;
-  plan.bubble_s = plan.compute_s - plan.compute_s / stretch;
+  plan.bubble_s = slow.pipelined_s() * (stretch - 1);
+  plan.compute_s = slow.total_s() + plan.bubble_s;
   const bool tp_in_node = tp <= plan.gpus_per_node;
-  plan.tp_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
+  plan.tp_comm_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
+  plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s) : plan.tp_comm_s;
   const bool multi_node = plan.world > plan.gpus_per_node;
   plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw);
-  plan.dp_s = plan.dp_bytes / (multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw);
+  // With parallel.overlap_dp the trainer reduces the gradients bucket by bucket as the last
+  // micro-batch's backward finishes them, and with overlap_param_gather ZeRO-1's all-gather of
+  // the updated weights runs bucket by bucket under the next step's first forward: the step
+  // waits for what those windows do not cover.
+  const double dp_bw = multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw;
+  const double micro_batches = static_cast<double>(plan.layout.micro_batches);
+  plan.dp_comm_s = plan.dp_bytes / dp_bw;
+  const double gather_s = plan.dp_gather_bytes / dp_bw, reduce_s = plan.dp_comm_s - gather_s;
+  const double under_backward = cfg.parallel.overlap_dp ? slow.backward_s / micro_batches : 0;
+  const double under_forward =
+      cfg.parallel.overlap_param_gather ? slow.forward_s / micro_batches : 0;
+  plan.dp_s = std::max(0.0, reduce_s - under_backward) + std::max(0.0, gather_s - under_forward);
   // CP groups are the next-closest ranks after TP: inside a node while tp x cp GPUs fit in one.
   const int cp = plan.layout.topo.cp;
   const double cp_bw = tp * cp <= plan.gpus_per_node ? gpu.nvlink_bw : gpu.network_bw;
-  const double attention_s = (plan.flops_per_token_full - plan.flops_per_token_causal) *
-                             tokens_step / plan.world / (gpu.peak_bf16_flops * gpu.gemm_efficiency);
+  const double attention_s = slow.attention_s;
   plan.cp_comm_s = plan.cp_bytes / cp_bw;
   const double beside_s = plan.cp_beside_bytes / cp_bw;
   plan.cp_s = plan.cp_comm_s - beside_s + std::max(0.0, beside_s - attention_s);
@@ -314,8 +330,8 @@ void plan_time(Plan& plan) {
 }
 
 // The plan itself (make_plan without its search for a cp that fits).
-absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
-                                int gpus_per_node) {
+absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
+                                const OtherSystem& system = {}) {
   if (nodes < 1 || gpus_per_node < 1)
     return absl::InvalidArgumentError(
         absl::StrCat("--nodes ", nodes, " and --gpus-per-node ", gpus_per_node, " must be >= 1"));
@@ -330,7 +346,7 @@ absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes
   plan_memory(cfg, plan);
   plan_flops(cfg, plan);
   plan_communication(cfg, plan);
-  plan_time(plan);
+  plan_time(cfg, system, plan);
   return plan;
 }
 
@@ -351,9 +367,9 @@ int cp_that_fits(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_
 
 }  // namespace
 
-absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes,
-                               int gpus_per_node) {
-  absl::StatusOr<Plan> plan = build_plan(cfg, gpu, nodes, gpus_per_node);
+absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
+                               const OtherSystem& system) {
+  absl::StatusOr<Plan> plan = build_plan(cfg, gpu, nodes, gpus_per_node, system);
   if (plan.ok() && !plan->fits) plan->cp_needed = cp_that_fits(cfg, gpu, nodes, gpus_per_node);
   return plan;
 }
@@ -464,8 +480,8 @@ std::string format_plan(const Config& cfg, const Plan& p) {
                           p.cp_needed, p.world, p.cp_needed);
   const std::string cp_time = t.cp > 1 ? absl::StrFormat(", cp %.2f", p.cp_s) : "";
   absl::StrAppendFormat(&out,
-                        "predicted step %.2f s (compute %.2f, tp %.2f, pp %.2f, dp %.2f%s, no "
-                        "overlap): %.0f tokens/s/GPU, MFU %.1f%%\n",
+                        "predicted step %.2f s (compute %.2f, tp %.2f, pp %.2f, dp %.2f%s "
+                        "waited for): %.0f tokens/s/GPU, MFU %.1f%%\n",
                         p.step_s, p.compute_s, p.tp_s, p.pp_s, p.dp_s, cp_time,
                         p.tokens_per_s_per_gpu, 100 * p.mfu);
   absl::StrAppend(&out, plan_bottleneck(p));
@@ -486,6 +502,18 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                       {"workspace_gib", (m.workspace + m.attention_workspace) / kGiB},
                       {"total_gib", m.total() / kGiB}});
   }
+  // Each stage's compute by op class (step_model.h), seconds per step on one GPU.
+  nlohmann::json compute = nlohmann::json::array();
+  for (const StageCompute& c : p.compute)
+    compute.push_back({{"stage", c.stage},
+                       {"gemm_s", c.gemm_s},
+                       {"attention_s", c.attention_s},
+                       {"memory_s", c.memory_s},
+                       {"loss_s", c.loss_s},
+                       {"optimizer_s", c.optimizer_s},
+                       {"layers_s", c.layers_s},
+                       {"head_s", c.head_s},
+                       {"embedding_s", c.embedding_s}});
   // The resolved model and the GPU table, for the Python tools (tools/torch_baseline.py builds
   // the same model and counts MFU against the same peaks).
   const ModelConfig& mc = cfg.model;
@@ -505,7 +533,8 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                         {"hbm_bytes_per_s", g.hbm_bw},
                         {"nvlink_bytes_per_s", g.nvlink_bw},
                         {"network_bytes_per_s", g.network_bw},
-                        {"gemm_efficiency", g.gemm_efficiency}});
+                        {"gemm_flops", g.gemm_flops},
+                        {"copy_bytes_per_s", g.copy_bw}});
   const nlohmann::json j = {{"gpu", p.gpu.name},
                             {"model", model},
                             {"hardware", hardware},
@@ -537,6 +566,14 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"tp_bytes", p.tp_bytes},
                             {"pp_bytes", p.pp_bytes},
                             {"dp_bytes", p.dp_bytes},
+                            {"compute", compute},
+                            {"slowest_stage", p.slowest_stage},
+                            {"compute_s", p.compute_s},
+                            {"bubble_s", p.bubble_s},
+                            {"tp_s", p.tp_s},
+                            {"pp_s", p.pp_s},
+                            {"dp_s", p.dp_s},
+                            {"cp_s", p.cp_s},
                             {"step_s", p.step_s},
                             {"tokens_per_s_per_gpu", p.tokens_per_s_per_gpu},
                             {"mfu", p.mfu}};

@@ -17,11 +17,13 @@
 #include "parallel/topology.h"
 #include "trainer/config/config.h"
 #include "trainer/layout/run_layout.h"
+#include "trainer/plan/step_model.h"
 
 namespace tr {
 
 // `base` with the numbers a YAML file sets: any of name, peak_bf16_tflops, memory_gib,
-// hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_efficiency; and, into `storage`
+// hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_tflops and memory_gbps (the
+// measured ceilings, as preflight --json writes them); and, into `storage`
 // when given, host_copy_gbps (per GPU), local_disk_gbps (per node), storage_gbps (the job's),
 // restart_s. Errors name the file and key.
 absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_path,
@@ -65,10 +67,17 @@ struct Plan {
   int64_t recompute_full_layers = 0;
   double bubble = 0;  // of each step idle: the schedule's closed form (parallel/schedule.h)
   double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per GPU per step, sent
+  double dp_gather_bytes = 0;  // of dp_bytes, ZeRO-1's all-gather of the updated weights
   // Context parallelism's K/V exchange per GPU per step (parallel.cp_comm), sent, and the part
   // of it that runs beside the attention (the ring's K/V passes).
   double cp_bytes = 0, cp_beside_bytes = 0;
-  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, step_s = 0;
+  // Each stage's compute by op class (step_model.h); the slowest one sets the step.
+  std::vector<StageCompute> compute;
+  int slowest_stage = 0;
+  // The slowest stage's compute with the bubble, and the communication the step waits for.
+  // dp_s and tp_s are the parts of the data- and tensor-parallel exchanges (dp_comm_s,
+  // tp_comm_s) the step waits for.
+  double compute_s = 0, tp_s = 0, pp_s = 0, dp_s = 0, dp_comm_s = 0, tp_comm_s = 0, step_s = 0;
   double bubble_s =
       0;  // the part of compute_s the pipeline bubble adds (the schedule's idle slots)
   // The CP exchange's time, and the part of it the step waits for: all of it for the
@@ -82,15 +91,30 @@ struct Plan {
   bool fits = true;
 };
 
+// What another training system overlaps that this trainer does not, for planning its published
+// runs with our step model (the published-runs table of docs/PERFORMANCE.md). A plan of this
+// trainer leaves it at its default.
+struct OtherSystem {
+  // Tensor-parallel collectives run beside the GEMMs they feed (Megatron-LM's
+  // --tp-comm-overlap): the step waits only for what the stage's GEMM time does not cover.
+  bool tp_overlap = false;
+};
+
 // The plan of `cfg` on `nodes` x `gpus_per_node` GPUs of type `gpu`. parallel.dp auto is
 // resolved from the GPU count; the layout is validated as the trainer does.
-absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node);
+absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
+                               const OtherSystem& system = {});
 
 // The human-readable report: memory table, verdict, FLOPs, bubble, communication, prediction.
 std::string format_plan(const Config& cfg, const Plan& plan);
 // The same as one JSON object (for tools/sweep and scripts): layout, verdict, per-stage memory
 // in GiB, FLOPs, bubble, communication bytes and the prediction.
 std::string plan_json(const Config& cfg, const Plan& plan);
+
+// trainer plan --explain: the predicted step of the slowest stage by op class (seconds, share,
+// the rate each ran at against its ceiling), by where it runs (per layer, the LM head and loss,
+// the embedding), each stage's compute, and the bubble and communication added to it.
+std::string explain_plan(const Config& cfg, const Plan& plan);
 
 // One line (in format_plan): the largest part of the predicted step (compute, the pipeline
 // bubble, or tp, pp, dp or cp communication), its share, what would shrink it, and the next.

@@ -31,8 +31,8 @@ std::vector<StepPart> step_parts(const Plan& p) {
        "a smaller parallel.tp, its GPUs going to pp or dp instead"},
       {"pipeline sends", p.pp_s, "fewer pipeline stages (parallel.pp)"},
       {"the data-parallel gradient reduction", p.dp_s,
-       "parallel.grad_reduce_dtype=bf16, or more tokens per step (the trainer also overlaps it "
-       "with backward, which the plan does not count)"},
+       "parallel.grad_reduce_dtype=bf16, or more tokens per micro-batch (the part the last "
+       "micro-batch's backward and the first forward do not cover)"},
       {"context-parallel exchange", p.cp_s, "parallel.cp_comm=ring, or a smaller parallel.cp"}};
   std::stable_sort(parts.begin(), parts.end(),
                    [](const StepPart& a, const StepPart& b) { return a.seconds > b.seconds; });
@@ -173,6 +173,58 @@ absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gp
         static_cast<int>(i + 1), p.layout.topo.tp, p.layout.topo.pp, p.layout.topo.dp, worst / kGiB,
         p.gpu.memory_bytes / kGiB, tight ? " (tight)" : "", p.tokens_per_s_per_gpu, 100 * p.mfu,
         step_parts(p)[0].name, fit[i].current ? " <- this config's tp and pp" : "");
+  }
+  return out;
+}
+
+std::string explain_plan(const Config& cfg, const Plan& p) {
+  const StageCompute& c = p.compute[static_cast<size_t>(p.slowest_stage)];
+  const GpuSpec& g = p.gpu;
+  std::string out = absl::StrFormat(
+      "step model: stage %d of %d (the slowest), one GPU, seconds per step\n"
+      "| part | seconds | share | at |\n|---|---|---|---|\n",
+      c.stage, static_cast<int>(p.compute.size()));
+  auto row = [&](const std::string& part, double s, const std::string& at) {
+    absl::StrAppendFormat(&out, "| %s | %.4f | %.1f%% | %s |\n", part, s, 100 * s / p.step_s, at);
+  };
+  const double stream = g.copy_bw * kStreamFraction;
+  row("GEMMs", c.gemm_s,
+      absl::StrFormat("%.0f TFLOP/s on average, %.2f of the %.0f TFLOP/s GEMM ceiling",
+                      c.gemm_flop / c.gemm_s / 1e12, c.gemm_flop / c.gemm_s / g.gemm_flops,
+                      g.gemm_flops / 1e12));
+  row("attention", c.attention_s,
+      absl::StrFormat("forward %.2f, backward %.2f of the %.0f TFLOP/s peak (head_dim %d)",
+                      attention_fraction(cfg.model.head_dim, false),
+                      attention_fraction(cfg.model.head_dim, true), g.peak_bf16_flops / 1e12,
+                      static_cast<int>(cfg.model.head_dim)));
+  const std::string streaming = absl::StrFormat("%.0f GB/s (%.2f of the %.0f GB/s copy)",
+                                                stream / 1e9, kStreamFraction, g.copy_bw / 1e9);
+  row("memory-bound passes", c.memory_s,
+      absl::StrFormat("%.1f GB at %s", c.memory_bytes / 1e9, streaming));
+  row("loss (cross-entropy)", c.loss_s, c.loss_s > 0 ? streaming : "not on this stage");
+  row("optimizer", c.optimizer_s, streaming);
+  row("pipeline bubble", p.bubble_s,
+      absl::StrFormat("%.1f%% of the micro-batches' time idle", 100 * p.bubble));
+  row("tp communication", p.tp_s,
+      absl::StrFormat("%.2f GB in %.4f s, not overlapped", p.tp_bytes / 1e9, p.tp_comm_s));
+  row("pp sends", p.pp_s, absl::StrFormat("%.2f GB", p.pp_bytes / 1e9));
+  row("dp reduction (exposed)", p.dp_s,
+      absl::StrFormat("%.2f GB in %.4f s, the rest under the last backward and first forward",
+                      p.dp_bytes / 1e9, p.dp_comm_s));
+  if (p.layout.topo.cp > 1) row("cp exchange (exposed)", p.cp_s, "");
+  row("step", p.step_s,
+      absl::StrFormat("%.0f tokens/s/GPU, MFU %.1f%%", p.tokens_per_s_per_gpu, 100 * p.mfu));
+  absl::StrAppendFormat(
+      &out,
+      "by where it runs: %d layers at %.4f s each (%.4f s), LM head and loss %.4f s, embedding "
+      "%.4f s, optimizer %.4f s\n",
+      static_cast<int>(c.layers), c.layers > 0 ? c.layers_s / static_cast<double>(c.layers) : 0.0,
+      c.layers_s, c.head_s, c.embedding_s, c.optimizer_s);
+  if (p.compute.size() > 1) {
+    absl::StrAppend(&out, "each stage's compute (without the bubble):");
+    for (const StageCompute& s : p.compute)
+      absl::StrAppendFormat(&out, " stage %d %.4f s;", s.stage, s.total_s());
+    out.back() = '\n';
   }
   return out;
 }

@@ -397,6 +397,7 @@ int run_plan(const CliOptions& opts) {
     return kExitBadInput;
   }
   std::string out = opts.json ? plan_json(*cfg, *plan) : format_plan(*cfg, *plan);
+  if (opts.explain && !opts.json) out += explain_plan(*cfg, *plan);
   if (opts.mtbf_hours > 0) {
     const FailurePlan f = plan_failures(*cfg, *plan, opts.mtbf_hours, storage);
     if (opts.json) {

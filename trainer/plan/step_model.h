@@ -1,0 +1,67 @@
+// The planner's step model: what one GPU of a pipeline stage spends on a step's computation, op
+// class by op class, from the GPU's measured ceilings (core/hardware.h: the 8192^3 bf16 GEMM
+// rate and the device copy bandwidth) and the shapes and bytes of the ops the trainer runs.
+//
+// - GEMMs: every projection of a layer and the LM head, forward, input gradient and weight
+//   gradient, each at the GEMM ceiling times gemm_shape_efficiency(M, N, K) (thin and small
+//   products run below it), and the fp32 weight gradient each micro-batch accumulates into.
+// - Attention: cuDNN's flash attention, forward and backward at a fraction of the dense peak
+//   that rises with head_dim (attention_fraction).
+// - Memory-bound passes: RMSNorm, residual adds, RoPE, SwiGLU, the embedding and the
+//   cross-entropy over the logits, by the bytes each reads and writes, at kStreamFraction of
+//   the copy bandwidth.
+// - The optimizer: the multi-tensor AdamW's bytes per parameter of the rank's range and the
+//   gradient norm's read, at the same fraction.
+//
+// Communication and the pipeline bubble are the planner's (plan.cpp); this is the compute they
+// are added to. The fractions below are leads until a GPU run measures each op class (docs/
+// PERFORMANCE.md: what the first H200 run gave for the whole step).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/hardware.h"
+#include "trainer/config/config.h"
+#include "trainer/layout/run_layout.h"
+
+namespace tr {
+
+// The fraction of the measured copy bandwidth our memory-bound kernels reach (16-byte loads,
+// one pass each; the multi-tensor AdamW reached 94% on an H200).
+inline constexpr double kStreamFraction = 0.85;
+
+// An M x N x K bf16 GEMM's rate relative to 8192^3's (the ceiling preflight measures): each
+// dimension d costs d / (d + 128) of it (tiles and waves left partly empty), normalised so that
+// 8192^3 gives 1.
+double gemm_shape_efficiency(double m, double n, double k);
+
+// Flash attention's rate as a fraction of the dense bf16 peak, forward or backward, by head_dim
+// (64: 0.45 and 0.33; 128 and above: 0.60 and 0.45; linear between).
+double attention_fraction(int64_t head_dim, bool backward);
+
+// One stage's step compute on one of its GPUs, in seconds per step, by op class.
+struct StageCompute {
+  int stage = 0;
+  double gemm_s = 0, attention_s = 0, memory_s = 0, loss_s = 0, optimizer_s = 0;
+  // The same by where it runs: the stage's transformer layers (GEMMs, attention, their
+  // memory-bound passes, recomputation included), the LM head's GEMMs with the loss, the
+  // embedding's gather and scatter. The optimizer is apart.
+  double layers_s = 0, head_s = 0, embedding_s = 0;
+  int64_t layers = 0;
+  double gemm_flop = 0, memory_bytes = 0;  // what the GEMMs compute and the passes move
+  // The micro-batches' work split into forward (the LM head's whole loss chunk included: its
+  // backward runs inside the forward) and backward, for what each can hide.
+  double forward_s = 0, backward_s = 0;
+  // The work of the micro-batches (what the pipeline schedule runs and the bubble stretches).
+  double pipelined_s() const { return gemm_s + attention_s + memory_s + loss_s; }
+  double total_s() const { return pipelined_s() + optimizer_s; }
+};
+
+// Each stage's compute for `cfg` under `layout` on `gpu`; `params_on_rank[s]` is the number of
+// parameters a GPU of stage s holds (its fp32 gradients), from the planner's memory.
+std::vector<StageCompute> stage_compute(const Config& cfg, const RunLayout& layout,
+                                        const GpuSpec& gpu,
+                                        const std::vector<double>& params_on_rank);
+
+}  // namespace tr
