@@ -24,6 +24,8 @@
 #   bisect     the GPU training test again under each kernel switch of docs/debug.md
 #   cpu        the pack's CPU tests (every in-process case), 8 at a time
 #   compare    tools/compare_torch.sh: the trainer against PyTorch (0.5B, 1.5B)
+#   opbench    tools/bench_ops: each op of a step against the planner's prediction, at the
+#              shapes of Qwen2.5-1.5B and 0.5B (one GPU) and of the 72B job's tp 8 stage
 # A failing test reports its first error line. Without a GPU the stages that need one say so
 # (tests/tools/test_gpu_check.sh runs this script so on every CI run).
 set -uo pipefail
@@ -37,7 +39,7 @@ while (($#)); do
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     first) stages+=(probe ops e2e bench preflight memcheck); shift ;;
-    probe | ops | e2e | bench | preflight | memcheck | bisect | cpu | compare) stages+=("$1"); shift ;;
+    probe | ops | e2e | bench | preflight | memcheck | bisect | cpu | compare | opbench) stages+=("$1"); shift ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -74,7 +76,7 @@ any_failed=0
 # Seconds a stage needs at least to tell us something (a stage gets all that is left, and each
 # test its own limit within it). The "would not finish" skip compares these with the clock.
 declare -A need=([probe]=10 [ops]=60 [e2e]=120 [bench]=120 [preflight]=30 [memcheck]=60
-                 [bisect]=240 [cpu]=120 [compare]=300)
+                 [bisect]=240 [cpu]=120 [compare]=300 [opbench]=90)
 
 say() { echo "$*" | tee -a "$summary"; }
 left() { echo $((deadline - $(date +%s))); }
@@ -289,6 +291,25 @@ stage_cpu() {
     if (($(left) < 30)); then say "cpu ${bin##*/}: skipped, $(left) s left"; continue; fi
     OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 run_cases "cpu ${bin##*/}" "$bin" "~[.]~[cli]" 8 \
       $(($(left) < 300 ? $(left) - 5 : 300))
+  done
+}
+
+# Each op of a step timed beside the planner's prediction (docs/PERFORMANCE.md: the step model):
+# the benchmarks' two models on this GPU, and the 72B job's per-GPU shapes (tp 8, its slowest
+# stage; 16 nodes x 8 for its micro-batch counts). The op-class totals go to the summary, every
+# row to the logs.
+stage_opbench() {
+  local name sets
+  for name in qwen2.5-1.5b qwen2.5-0.5b qwen2.5-72b; do
+    if (($(left) < 30)); then say "opbench $name: skipped, $(left) s left"; continue; fi
+    sets=(--set data.seq_len=4096 --set train.micro_batch=1)
+    case $name in
+      qwen2.5-72b) sets+=(--nodes 16 --gpus-per-node 8) ;;
+      *) sets+=(--set train.global_batch=8) ;;
+    esac
+    timeout -k 10 $(($(left) - 10)) "$build/tools/bench_ops" --config "configs/$name.yaml" "${sets[@]}"       --json "$work/opbench-$name.json" >"$work/opbench-$name.md" 2>&1
+    say "opbench $name (rc $?): $(head -1 "$work/opbench-$name.md")"
+    sed -n '/^| op class/,$p' "$work/opbench-$name.md" | tee -a "$summary"
   done
 }
 

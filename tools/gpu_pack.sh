@@ -32,7 +32,7 @@ while (($#)); do
     *) echo "gpu_pack.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-programs=(trainer/trainer tools/prepare_data tools/preflight)
+programs=(trainer/trainer tools/prepare_data tools/preflight tools/bench_ops)
 # The GPU tests, then the CPU test binaries with cases that run in process (gpu_check.sh cpu).
 tests=(test_cuda_ops test_cli_gpu test_kernels test_data test_checkpoint test_config test_trainer
        test_schedule test_tools test_comm test_reliability test_hf test_tokenizer)

@@ -18,6 +18,7 @@
 // PERFORMANCE.md: what the first H200 run gave for the whole step).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -40,7 +41,40 @@ double gemm_shape_efficiency(double m, double n, double k);
 // (64: 0.45 and 0.33; 128 and above: 0.60 and 0.45; linear between).
 double attention_fraction(int64_t head_dim, bool backward);
 
-// One stage's step compute on one of its GPUs, in seconds per step, by op class.
+enum class OpClass { gemm, attention, memory, loss, optimizer };
+const char* op_class_name(OpClass c);  // "GEMM", "attention", "memory", "loss", "optimizer"
+
+// Where an op runs in the step: a micro-batch's forward (the LM head's whole loss chunk
+// included: its backward runs inside the forward), its backward, or the update.
+enum class OpPhase { forward, backward, update };
+
+// Where an op belongs: the stage's transformer layers, the LM head with the loss, the input
+// embedding, the optimizer.
+enum class OpPlace { layers, head, embedding, optimizer };
+
+// One op of a stage's step as the model charges it, and the shape a benchmark runs it at
+// (tools/bench_ops).
+struct StepOp {
+  std::string name;  // "qkv projection: forward", "attention: backward", "swiglu: backward", ...
+  OpClass cls = OpClass::gemm;
+  OpPhase phase = OpPhase::forward;
+  OpPlace place = OpPlace::layers;
+  double count = 0;            // times per step on one GPU of the stage
+  double flop = 0, bytes = 0;  // once: FLOPs computed (GEMMs, attention), bytes moved
+  double seconds = 0;          // once, predicted
+  // GEMMs: the product M x N x K as linear_fwd runs it (out [M, N] = in [M, K] . W[N, K]^T);
+  // a weight gradient's M is the tokens summed over. Element-wise ops: rows x width.
+  int64_t m = 0, n = 0, k = 0;
+  double total_s() const { return count * seconds; }
+};
+
+// The ops of one GPU of pipeline stage `stage` in a step of `cfg` under `layout` on `gpu`, with
+// `params_on_rank` parameters on that GPU (its fp32 gradients).
+std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const GpuSpec& gpu,
+                              int stage, double params_on_rank);
+
+// One stage's step compute on one of its GPUs, in seconds per step, by op class: stage_ops
+// summed.
 struct StageCompute {
   int stage = 0;
   double gemm_s = 0, attention_s = 0, memory_s = 0, loss_s = 0, optimizer_s = 0;

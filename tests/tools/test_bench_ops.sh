@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# tools/bench_ops on the CPU: every op of the planner's step model for the tiny model runs at its
+# shape and is reported beside its prediction, the op-class totals add up, and bad arguments get
+# one line and exit 2.
+#   test_bench_ops.sh BUILD_DIR WORK_DIR
+set -euo pipefail
+src=$(cd "$(dirname "$0")/../.." && pwd)
+bin=$1/tools/bench_ops
+work=$2
+rm -rf "$work" && mkdir -p "$work"
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$bin" --config "$src/configs/tiny.yaml" --backend cpu --json "$work/ops.json" >"$work/out.md" ||
+  { cat "$work/out.md"; fail "bench_ops exited $?"; }
+python3 - "$work/ops.json" "$work/out.md" <<'PY' || exit 1
+import json, re, sys
+ops = json.load(open(sys.argv[1]))["ops"]
+out = open(sys.argv[2]).read()
+names = [o["op"] for o in ops]
+# The step model's ops of one stage of the tiny model (pp 1): the four projections' three GEMMs,
+# attention both ways, the passes, the LM head, the loss and the optimizer, each once.
+want = [f"{p}: {w}" for p in ("qkv projection", "attention output projection",
+                              "gate and up projection", "down projection", "LM head")
+        for w in ("forward", "input gradient", "weight gradient")]
+want += ["attention: forward", "attention: backward", "rmsnorm: forward", "rmsnorm: backward",
+         "residual add: forward", "residual add: backward", "rope: forward", "rope: backward",
+         "swiglu: forward", "swiglu: backward", "embedding: forward", "embedding: backward",
+         "final rmsnorm: forward", "final rmsnorm: backward", "cross-entropy", "adamw",
+         "gradient norm"]
+missing = sorted(set(want) - set(names))
+assert not missing, f"ops not run: {missing}"
+assert len(names) == len(set(names)), "an op twice"
+for o in ops:
+    assert o["measured_s"] > 0 and o["predicted_s"] > 0 and o["count"] > 0, o
+    assert (o["flop"] > 0) == (o["class"] in ("GEMM", "attention")), o
+    # Each op's row in the table, with its measured/predicted ratio.
+    row = re.search(r"^\| " + re.escape(o["op"]) + r" \|.*\| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \|",
+                    out, re.M)
+    assert row, o["op"]
+    assert abs(float(row.group(3)) - o["measured_s"] / o["predicted_s"]) <= 0.01 * float(row.group(3)) + 0.01, o
+# The totals: each class's measured seconds per step is the sum of its ops' count x median.
+for cls in ("GEMM", "attention", "memory", "loss", "optimizer"):
+    total = sum(o["count"] * o["measured_s"] for o in ops if o["class"] == cls)
+    row = re.search(r"^\| " + cls + r" \| ([0-9.e+-]+) \| ([0-9.e+-]+) \|", out, re.M)
+    assert row, cls
+    assert abs(float(row.group(2)) - total) <= 1e-3 * total + 1e-6, (cls, row.group(2), total)
+print("bench_ops: ops and totals ok")
+PY
+# --only narrows the ops; bad arguments: one line, exit 2.
+"$bin" --config "$src/configs/tiny.yaml" --backend cpu --only swiglu >"$work/only.md"
+[ "$(grep -c '^| swiglu' "$work/only.md")" = 2 ] || { cat "$work/only.md"; fail "--only swiglu"; }
+[ "$(grep -c '^| qkv' "$work/only.md")" = 0 ] || fail "--only swiglu ran other ops"
+set +e
+"$bin" --config "$src/configs/tiny.yaml" --set parallel.cp=2 --backend cpu >/dev/null 2>"$work/err"
+rc=$?
+set -e
+[ $rc = 2 ] && grep -q "set parallel.cp=1" "$work/err" || { cat "$work/err"; fail "cp 2: rc $rc"; }
+set +e
+"$bin" --backend cpu >/dev/null 2>"$work/err"
+rc=$?
+set -e
+[ $rc = 2 ] && grep -q "^bench_ops: --config is required" "$work/err" || { cat "$work/err"; fail "no --config: rc $rc"; }
+echo "test_bench_ops: passed"

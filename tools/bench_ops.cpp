@@ -1,0 +1,428 @@
+// bench_ops: each op of one GPU's training step, timed at the shapes `trainer plan` models for a
+// config and layout, beside the planner's prediction for it (trainer/plan/step_model.h). On a
+// GPU this measures what the planner assumes (the GEMMs' shape factor, attention's fractions of
+// the peak, the memory-bound passes' share of the copy bandwidth), op by op; on the CPU it runs
+// the same ops at the same shapes (slowly: for a small config, to check the tool).
+//
+//   bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME] [--nodes N]
+//             [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT] [--json FILE]
+//
+// Prints one Markdown table (op, shape, times per step, predicted and measured microseconds per
+// run, their ratio, the rate reached, the step's seconds in it) and the totals by op class. The
+// layout (tp, pp, cp 1, micro-batch) gives the per-GPU shapes: the 72B job's tp 8 stage runs on
+// one GPU here. Inputs are random (never zeros), each op runs once to warm up, then R times;
+// the median run counts.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/bf16.h"
+#include "kernels/device.h"
+#include "kernels/ops.h"
+#include "trainer/config/config.h"
+#include "trainer/model/model_layout.h"
+#include "trainer/plan/plan.h"
+#include "trainer/plan/step_model.h"
+
+namespace {
+
+using tr::Device;
+using tr::DType;
+using tr::StepOp;
+using tr::Tensor;
+
+constexpr const char* kUsage =
+    "usage: bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME]\n"
+    "                 [--nodes N] [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT]\n"
+    "                 [--json FILE]\n"
+    "  times each op of one GPU's step at the shapes trainer plan models for the config's\n"
+    "  layout (pipeline stage S, default the slowest), beside the planner's prediction, on\n"
+    "  N x G GPUs (default: one node of tp x pp x cp, dp 1);\n"
+    "  --gpu names the GPU table entry the prediction uses (default: this device's, else h100),\n"
+    "  --only times the ops whose name contains TEXT, --json writes every row to FILE\n";
+
+struct Args {
+  std::string config, backend, gpu, only, json;
+  std::vector<std::string> sets;
+  int nodes = 1, gpus_per_node = 0, stage = -1, repeats = 0;  // 0: tp x pp x cp GPUs
+};
+
+bool parse_int(const std::string& s, int* v) {
+  return absl::SimpleAtoi(s, v);
+}
+
+// One line naming the problem, or the arguments.
+absl::StatusOr<Args> parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "--help" || f == "-h") return absl::InvalidArgumentError(kUsage);
+    if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(f, " needs a value"));
+    const std::string v = argv[++i];
+    bool ok = true;
+    if (f == "--config")
+      a.config = v;
+    else if (f == "--set")
+      a.sets.push_back(v);
+    else if (f == "--backend")
+      a.backend = v;
+    else if (f == "--gpu")
+      a.gpu = v;
+    else if (f == "--only")
+      a.only = v;
+    else if (f == "--json")
+      a.json = v;
+    else if (f == "--nodes")
+      ok = parse_int(v, &a.nodes) && a.nodes >= 1;
+    else if (f == "--gpus-per-node")
+      ok = parse_int(v, &a.gpus_per_node) && a.gpus_per_node >= 1;
+    else if (f == "--stage")
+      ok = parse_int(v, &a.stage) && a.stage >= 0;
+    else if (f == "--repeats")
+      ok = parse_int(v, &a.repeats) && a.repeats >= 1;
+    else
+      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", f, "'\n", kUsage));
+    if (!ok) return absl::InvalidArgumentError(absl::StrCat(f, " ", v, ": expected a count >= 1"));
+  }
+  if (a.config.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--config is required\n", kUsage));
+  if (a.backend.empty()) a.backend = tr::cuda::device_available() ? "cuda" : "cpu";
+  if (a.backend != "cuda" && a.backend != "cpu")
+    return absl::InvalidArgumentError("--backend " + a.backend + ": use cuda or cpu");
+  if (a.backend == "cuda" && !tr::cuda::device_available())
+    return absl::InvalidArgumentError("--backend cuda: no CUDA device here; use --backend cpu");
+  if (a.repeats == 0) a.repeats = a.backend == "cuda" ? 10 : 1;
+  return a;
+}
+
+// Device buffers of random values (uniform in [-1, 1), bf16 or f32): a host block of random
+// values copied over the buffer, so that a large buffer costs one upload and device copies.
+class Arena {
+ public:
+  Arena(tr::Ctx ctx, DType act) : ctx_(ctx), act_(act) {}
+  Tensor random(DType dt, std::initializer_list<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    buffers_.emplace_back(static_cast<size_t>(std::max<int64_t>(n, 1)) * tr::dtype_size(dt),
+                          ctx_.device);
+    Tensor t(buffers_.back().data(), dt, ctx_.device, shape);
+    fill(t.view({n}));
+    return t;
+  }
+  Tensor act(std::initializer_list<int64_t> shape) { return random(act_, shape); }
+  // i32 ids in [0, below).
+  Tensor ids(int64_t n, int64_t below) {
+    std::vector<int32_t> h(static_cast<size_t>(n));
+    std::mt19937 rng(7);
+    for (int32_t& x : h) x = static_cast<int32_t>(rng() % static_cast<uint32_t>(below));
+    buffers_.emplace_back(static_cast<size_t>(n) * 4, ctx_.device);
+    Tensor t(buffers_.back().data(), DType::i32, ctx_.device, {n});
+    tr::copy_tensor(t, Tensor(h.data(), DType::i32, Device::cpu, {n}));
+    return t;
+  }
+  void clear() { buffers_.clear(); }
+
+ private:
+  void fill(Tensor t) {
+    const int64_t n = t.numel();
+    const int64_t block = std::min<int64_t>(n, int64_t{1} << 22);
+    std::vector<uint8_t> host(static_cast<size_t>(block) * tr::dtype_size(t.dtype));
+    std::mt19937 rng(11);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int64_t i = 0; i < block; ++i) {
+      const float x = u(rng);
+      if (t.dtype == DType::bf16)
+        reinterpret_cast<uint16_t*>(host.data())[i] = tr::f32_to_bf16(x);
+      else if (t.dtype == DType::f32)
+        reinterpret_cast<float*>(host.data())[i] = x;
+      else
+        reinterpret_cast<double*>(host.data())[i] = x;
+    }
+    for (int64_t at = 0; at < n; at += block) {
+      const int64_t c = std::min(block, n - at);
+      tr::copy_tensor(t.at(at, {c}), Tensor(host.data(), t.dtype, Device::cpu, {c}));
+    }
+  }
+  tr::Ctx ctx_;
+  DType act_;
+  std::vector<tr::Buffer> buffers_;
+};
+
+// Seconds of each of `repeats` runs of `run` after one to warm up: CUDA events around each run
+// on a GPU (no host sync between them), the host clock around each on the CPU.
+std::vector<double> time_runs(tr::Ctx& ctx, int repeats, const std::function<void()>& run) {
+  run();
+  tr::synchronize(ctx);
+  std::vector<double> s;
+  if (ctx.device == Device::cuda) {
+    tr::cuda::EventTimeline timeline(ctx, repeats + 1);
+    for (int i = 0; i < repeats; ++i) {
+      timeline.mark(i);
+      run();
+    }
+    timeline.mark(repeats);
+    tr::synchronize(ctx);
+    std::vector<double> each(static_cast<size_t>(repeats), 0.0);
+    timeline.collect(each.data(), repeats, timeline.marked());
+    return each;
+  }
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return s;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The kernel call that runs `op` (at its shape, on random inputs made in `arena`), or empty for
+// an op this tool does not run.
+std::function<void()> runner(const StepOp& op, const tr::ModelDims& d, const tr::Config& cfg,
+                             tr::Ctx& ctx, Arena& arena) {
+  const std::string& name = op.name;
+  auto ends = [&](const char* s) { return absl::EndsWith(name, s); };
+  const DType f32 = DType::f32;
+  if (op.cls == tr::OpClass::gemm) {
+    // Back to the projection's own shape: out [T, N] = in [T, K] . W [N, K]^T.
+    int64_t T = op.m, N = op.n, K = op.k;
+    if (ends("input gradient")) T = op.m, N = op.k, K = op.n;
+    if (ends("weight gradient")) T = op.k, N = op.m, K = op.n;
+    Tensor in = arena.act({T, K}), w = arena.act({N, K}), out = arena.act({T, N});
+    if (absl::StrContains(name, "forward"))
+      return [&ctx, out, in, w] { tr::linear_fwd(ctx, out, in, w, Tensor()); };
+    if (ends("input gradient")) {
+      Tensor din = arena.act({T, K});
+      return [&ctx, din, in, w, out] { tr::linear_bwd(ctx, din, Tensor(), Tensor(), out, in, w); };
+    }
+    Tensor dw = arena.random(f32, {N, K});
+    return [&ctx, dw, out, in, w] { tr::linear_bwd(ctx, Tensor(), dw, Tensor(), out, in, w); };
+  }
+  const int64_t T = op.m, W = op.n;
+  const int batch = static_cast<int>(cfg.train.micro_batch);
+  const int seq = static_cast<int>(cfg.data.seq_len);  // parallel.cp 1
+  const int nh = static_cast<int>(d.heads), nkv = static_cast<int>(d.kv_heads),
+            hd = static_cast<int>(d.head_dim);
+  if (absl::StartsWith(name, "attention:")) {
+    const int64_t rows = static_cast<int64_t>(batch) * seq;
+    tr::attention_prepare(ctx, batch, seq, nh, nkv, hd);
+    Tensor qkv = arena.act({rows, d.qkv_out()}), out = arena.act({rows, int64_t{nh} * hd});
+    Tensor lse = arena.random(f32, {int64_t{batch}, int64_t{nh}, int64_t{seq}});
+    tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd);  // lse and out for backward
+    if (absl::StrContains(name, "forward"))
+      return [=, &ctx] { tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd); };
+    Tensor dout = arena.act({rows, int64_t{nh} * hd}), dqkv = arena.act({rows, d.qkv_out()});
+    return
+        [=, &ctx] { tr::attention_bwd(ctx, dqkv, dout, out, lse, qkv, batch, seq, nh, nkv, hd); };
+  }
+  if (absl::StrContains(name, "rmsnorm")) {
+    Tensor in = arena.act({T, W}), w = arena.act({W}), out = arena.act({T, W});
+    Tensor rstd = arena.random(f32, {T});
+    const float eps = static_cast<float>(cfg.model.rms_norm_eps);
+    if (absl::StrContains(name, "forward"))
+      return [=, &ctx] { tr::rmsnorm_fwd(ctx, out, rstd, in, w, eps); };
+    Tensor dw = arena.random(f32, {W});
+    return [=, &ctx] { tr::rmsnorm_bwd(ctx, out, dw, in, in, w, rstd); };
+  }
+  if (absl::StartsWith(name, "residual add")) {
+    Tensor a = arena.act({T, W}), b = arena.act({T, W}), out = arena.act({T, W});
+    return [=, &ctx] { tr::add(ctx, out, a, b); };
+  }
+  if (absl::StartsWith(name, "rope")) {
+    Tensor x = arena.act({T, nh + 2 * int64_t{nkv}, hd});
+    const tr::Rope rope = d.rope;
+    const int rope_heads = nh + nkv;
+    if (absl::StrContains(name, "forward"))
+      return [=, &ctx] { tr::rope_fwd(ctx, x, rope_heads, seq, rope); };
+    return [=, &ctx] { tr::rope_bwd(ctx, x, rope_heads, seq, rope); };
+  }
+  if (absl::StartsWith(name, "swiglu")) {
+    Tensor gateup = arena.act({T, 2 * W}), out = arena.act({T, W});
+    if (absl::StrContains(name, "forward")) return [=, &ctx] { tr::swiglu_fwd(ctx, out, gateup); };
+    Tensor dgateup = arena.act({T, 2 * W});
+    return [=, &ctx] { tr::swiglu_bwd(ctx, dgateup, out, gateup); };
+  }
+  if (absl::StartsWith(name, "embedding")) {
+    Tensor tokens = arena.ids(T, d.vocab_local), table = arena.act({d.vocab_local, W});
+    Tensor out = arena.act({T, W});
+    if (ends("forward")) return [=, &ctx] { tr::embedding_fwd(ctx, out, tokens, table, 0); };
+    Tensor dtable = arena.random(f32, {d.vocab_local, W});
+    return [=, &ctx] { tr::embedding_bwd(ctx, dtable, out, tokens, 0); };
+  }
+  if (name == "cross-entropy") {
+    Tensor logits = arena.act({T, W}), targets = arena.ids(T, d.vocab_valid_local());
+    Tensor losses = arena.random(f32, {T});
+    const int64_t valid = d.vocab_valid_local();
+    return
+        [=, &ctx] { tr::cross_entropy_fwd_bwd(ctx, losses, logits, targets, valid, 1e-4f, true); };
+  }
+  if (name == "adamw") {
+    Tensor p = arena.random(f32, {T}), g = arena.random(f32, {T}), m = arena.random(f32, {T}),
+           v = arena.random(f32, {T});
+    // The bf16 weights the update writes on a GPU (the CPU computes in f32: none).
+    Tensor copy = ctx.device == Device::cuda ? arena.act({T}) : Tensor();
+    // Pieces of kAdamWPieceElems elements, all with weight decay, flat and shard alike.
+    const int64_t n = (T + tr::kAdamWPieceElems - 1) / tr::kAdamWPieceElems;
+    std::vector<int64_t> h;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t first = i * tr::kAdamWPieceElems;
+      h.insert(h.end(), {first, std::min(tr::kAdamWPieceElems, T - first), 1, first});
+    }
+    Tensor pieces = arena.random(DType::i64, {n, 4});
+    tr::copy_tensor(pieces, Tensor(h.data(), DType::i64, Device::cpu, {n, 4}));
+    const tr::AdamWParams a{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 10};
+    return [=, &ctx] {
+      tr::adamw_update_pieces(ctx, p, g, m, v, copy, pieces, tr::AdamWIndex{}, a, 1.0f);
+    };
+  }
+  if (name == "gradient norm") {
+    Tensor g = arena.random(f32, {T}), acc = arena.random(DType::f64, {1});
+    return [=, &ctx] { tr::accumulate_sum_squares(ctx, acc, g); };
+  }
+  return {};
+}
+
+std::string shape_of(const StepOp& op) {
+  if (op.cls == tr::OpClass::gemm) return absl::StrFormat("%d x %d x %d", op.m, op.n, op.k);
+  if (op.cls == tr::OpClass::attention) return "";
+  return op.n > 1 ? absl::StrFormat("%d x %d", op.m, op.n) : absl::StrFormat("%d", op.m);
+}
+
+int run(const Args& a) {
+  absl::StatusOr<tr::Config> cfg = tr::load_config(a.config, a.sets);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "error: %s\n", std::string(cfg.status().message()).c_str());
+    return 2;
+  }
+  if (cfg->parallel.cp != 1) {
+    std::fprintf(stderr, "error: bench_ops times whole-sequence attention; set parallel.cp=1\n");
+    return 2;
+  }
+  std::unique_ptr<tr::cuda::DeviceContext> device;
+  tr::Ctx ctx{};
+  std::string device_name = "cpu";
+  if (a.backend == "cuda") {
+    device = std::make_unique<tr::cuda::DeviceContext>(0, tr::kCudaWorkspaceBytes);
+    ctx = device->ctx();
+    device_name = tr::cuda::device_name(0);
+  }
+  std::string gpu_name = a.gpu;
+  if (gpu_name.empty()) {
+    const tr::GpuSpec* here = tr::gpu_of_device(device_name);
+    gpu_name = here != nullptr ? here->name : "h100";
+  }
+  absl::StatusOr<tr::GpuSpec> gpu = tr::gpu_spec(gpu_name);
+  absl::StatusOr<tr::Plan> plan = absl::InternalError("");
+  const auto per_node = static_cast<int>(a.gpus_per_node > 0 ? a.gpus_per_node
+                                                             : cfg->parallel.tp * cfg->parallel.pp *
+                                                                   cfg->parallel.cp);
+  if (gpu.ok()) plan = tr::make_plan(*cfg, *gpu, a.nodes, per_node);
+  for (const absl::Status& st : {gpu.status(), plan.status()}) {
+    if (st.ok()) continue;
+    std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  const int stage = a.stage >= 0 ? a.stage : plan->slowest_stage;
+  if (stage >= plan->layout.topo.pp) {
+    std::fprintf(stderr, "error: --stage %d: the layout has %d pipeline stages\n", stage,
+                 plan->layout.topo.pp);
+    return 2;
+  }
+  const tr::Topology topo = plan->layout.of_rank(plan->layout.topo.rank_at(0, 0, stage)).topo;
+  const tr::ModelDims d = tr::ModelDims::from(*cfg, topo);
+  const std::vector<StepOp> ops = tr::stage_ops(*cfg, plan->layout, *gpu, stage,
+                                                plan->stages[static_cast<size_t>(stage)].grads / 4);
+  ctx.deterministic = cfg->train.deterministic;
+  const DType act = ctx.device == Device::cuda ? DType::bf16 : DType::f32;
+  std::printf(
+      "bench_ops: %s on %s (predicted for %s); tp %d, pp stage %d of %d, %lld micro-batches of "
+      "%lld tokens; %d runs per op, the median\n",
+      a.config.c_str(), device_name.c_str(), gpu->name.c_str(), topo.tp, stage, topo.pp,
+      static_cast<long long>(plan->layout.micro_batches),
+      static_cast<long long>(cfg->train.micro_batch * cfg->data.seq_len), a.repeats);
+  std::printf(
+      "| op | shape | per step | predicted us | measured us | measured / predicted | rate | "
+      "step s |\n|---|---|---|---|---|---|---|---|\n");
+  std::map<std::string, std::pair<double, double>> by_class;  // predicted, measured s per step
+  nlohmann::json rows = nlohmann::json::array();
+  for (const StepOp& op : ops) {
+    if (!a.only.empty() && !absl::StrContains(op.name, a.only)) continue;
+    Arena arena(ctx, act);
+    std::function<void()> fn = runner(op, d, *cfg, ctx, arena);
+    if (!fn) continue;
+    const double s = median(time_runs(ctx, a.repeats, fn));
+    const std::string rate = op.flop > 0 ? absl::StrFormat("%.4g TFLOP/s", op.flop / s / 1e12)
+                                         : absl::StrFormat("%.4g GB/s", op.bytes / s / 1e9);
+    std::printf("| %s | %s | %.0f | %.1f | %.1f | %.2f | %s | %.4f |\n", op.name.c_str(),
+                shape_of(op).c_str(), op.count, op.seconds * 1e6, s * 1e6, s / op.seconds,
+                rate.c_str(), op.count * s);
+    std::fflush(stdout);
+    auto& [predicted, measured] = by_class[tr::op_class_name(op.cls)];
+    predicted += op.total_s();
+    measured += op.count * s;
+    rows.push_back({{"op", op.name},
+                    {"class", tr::op_class_name(op.cls)},
+                    {"m", op.m},
+                    {"n", op.n},
+                    {"k", op.k},
+                    {"count", op.count},
+                    {"flop", op.flop},
+                    {"bytes", op.bytes},
+                    {"predicted_s", op.seconds},
+                    {"measured_s", s}});
+  }
+  double predicted = 0, measured = 0;
+  std::printf(
+      "\n| op class | predicted s per step | measured s per step | measured / predicted |\n"
+      "|---|---|---|---|\n");
+  for (const auto& [cls, pm] : by_class) {
+    std::printf("| %s | %.6g | %.6g | %.2f |\n", cls.c_str(), pm.first, pm.second,
+                pm.second / pm.first);
+    predicted += pm.first;
+    measured += pm.second;
+  }
+  std::printf("| all timed | %.6g | %.6g | %.2f |\n", predicted, measured, measured / predicted);
+  if (!a.json.empty()) {
+    std::ofstream f(a.json, std::ios::trunc);
+    f << nlohmann::json({{"device", device_name}, {"gpu", gpu->name}, {"ops", rows}}).dump(1)
+      << "\n";
+    if (!f) {
+      std::fprintf(stderr, "error: cannot write --json %s\n", a.json.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::StatusOr<Args> a = parse(argc, argv);
+  if (!a.ok()) {
+    const std::string m(a.status().message());
+    const bool help = absl::StartsWith(m, "usage:");
+    std::fprintf(help ? stdout : stderr, "%s%s", help ? "" : "bench_ops: ", m.c_str());
+    if (!absl::EndsWith(m, "\n")) std::fputc('\n', help ? stdout : stderr);
+    return help ? 0 : 2;
+  }
+  return run(*a);
+}
