@@ -21,10 +21,39 @@ Rope Rope::yarn_of(double theta, double factor, double original_max_position, do
   return r;
 }
 
+Rope Rope::llama3_of(double theta, double factor, double low_freq_factor, double high_freq_factor,
+                     double original_max_position) {
+  Rope r;
+  r.theta = theta;
+  r.llama3 = true;
+  r.factor = factor;
+  r.low_freq_factor = low_freq_factor;
+  r.high_freq_factor = high_freq_factor;
+  r.original_max_position = original_max_position;
+  return r;
+}
+
 std::vector<double> Rope::inv_freq(int hd) const {
   const int half = hd / 2;
   std::vector<double> f(static_cast<size_t>(half));
   for (int i = 0; i < half; ++i) f[i] = std::pow(theta, -2.0 * i / hd);
+  if (llama3) {
+    for (int i = 0; i < half; ++i) {
+      // Where the pair's wavelength lies against the trained context: under 1 / high_freq_factor
+      // of it the pair keeps its frequency, over 1 / low_freq_factor it turns `factor` times
+      // slower, between it blends the two linearly in original / wavelength.
+      const double wavelength = 2 * std::numbers::pi / f[i];
+      const double cycles = original_max_position / wavelength;
+      if (cycles >= high_freq_factor) continue;
+      if (cycles <= low_freq_factor) {
+        f[i] /= factor;
+        continue;
+      }
+      const double smooth = (cycles - low_freq_factor) / (high_freq_factor - low_freq_factor);
+      f[i] = (1 - smooth) * f[i] / factor + smooth * f[i];
+    }
+    return f;
+  }
   if (!yarn) return f;
   // The pair whose wavelength fits `rotations` times into the trained context.
   auto pair_of = [&](double rotations) {

@@ -27,20 +27,25 @@ def our_name(hf_name):
     return hf_name.removeprefix("model.").replace(".", "/")
 
 
-def make(path, tied, seed, yarn=None):
-    """yarn: None, or (factor, original_max_position_embeddings) for YaRN rope scaling."""
+def make(path, tied, seed, yarn=None, llama3=None):
+    """yarn: None, or (factor, original_max_position_embeddings) for YaRN rope scaling;
+    llama3: None, or (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
+    for Llama 3's."""
     torch.manual_seed(seed)
     cfg = Qwen2Config(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
                       attention_dropout=0.0, use_sliding_window=False)
+    scaling = {}
+    if yarn:
+        scaling = dict(rope_type="yarn", factor=yarn[0], original_max_position_embeddings=yarn[1])
+    if llama3:
+        scaling = dict(rope_type="llama3", factor=llama3[0], low_freq_factor=llama3[1],
+                       high_freq_factor=llama3[2], original_max_position_embeddings=llama3[3])
     # transformers 5 keeps theta (and the scaling) in rope_parameters; set both spellings.
     if getattr(cfg, "rope_parameters", None) is not None:
         cfg.rope_parameters["rope_theta"] = ROPE_THETA
-        if yarn:
-            cfg.rope_parameters.update(rope_type="yarn", factor=yarn[0],
-                                       original_max_position_embeddings=yarn[1])
-    elif yarn:
-        cfg.rope_scaling = dict(type="yarn", factor=yarn[0],
-                                original_max_position_embeddings=yarn[1])
+        cfg.rope_parameters.update(scaling)
+    elif scaling:
+        cfg.rope_scaling = dict(scaling, type=scaling["rope_type"])
     model = Qwen2ForCausalLM._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
     model = model.double().eval()
     with torch.no_grad():
@@ -62,6 +67,11 @@ def make(path, tied, seed, yarn=None):
         if yarn:
             f.attrs["yarn_factor"] = float(yarn[0])
             f.attrs["yarn_original_max_position_embeddings"] = int(yarn[1])
+        if llama3:
+            for i, k in enumerate(("llama3_factor", "llama3_low_freq_factor",
+                                   "llama3_high_freq_factor")):
+                f.attrs[k] = float(llama3[i])
+            f.attrs["llama3_original_max_position_embeddings"] = int(llama3[3])
         f.attrs["tie_word_embeddings"] = int(tied)
         f.attrs["batch"], f.attrs["seq_len"] = BATCH, SEQ
         f.attrs["transformers_version"] = __import__("transformers").__version__
@@ -81,3 +91,7 @@ if __name__ == "__main__":
     make(f"{out}/qwen2_tiny_untied.h5", False, 2)
     # YaRN over a trained context of 16: the ramp keeps pair 0 and slows pairs 1-3 fourfold.
     make(f"{out}/qwen2_tiny_yarn.h5", False, 3, yarn=(4.0, 16))
+    # Llama 3's rule over a trained context of 251 positions (40 turns of pair 0): pair 0 keeps
+    # its frequency (>= 16 turns), pair 1 (4 turns) blends, pairs 2 and 3 (< 1 turn) turn 8 times
+    # slower.
+    make(f"{out}/qwen2_tiny_llama3_rope.h5", False, 4, llama3=(8.0, 1.0, 16.0, 251))

@@ -43,10 +43,11 @@ absl::StatusOr<RopeScaling> read_rope_scaling(const json& r, const std::string& 
                            : r.contains("type")    ? r["type"].dump()
                                                    : "\"default\"";
   if (type == "\"default\"") return out;
-  if (type != "\"yarn\"")
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, " has rope type ", type, "; the trainer supports plain RoPE (default) and yarn"));
-  out.type = "yarn";
+  if (type != "\"yarn\"" && type != "\"llama3\"")
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has rope type ", type,
+                     "; the trainer supports plain RoPE (default), yarn and llama3"));
+  out.type = type == "\"yarn\"" ? "yarn" : "llama3";
   auto number = [&](const char* key, double* v) -> absl::Status {
     if (!r.contains(key) || r[key].is_null()) return absl::OkStatus();
     if (!r[key].is_number())
@@ -59,6 +60,8 @@ absl::StatusOr<RopeScaling> read_rope_scaling(const json& r, const std::string& 
                         {"beta_fast", &out.beta_fast},
                         {"beta_slow", &out.beta_slow},
                         {"attention_factor", &out.attention_factor},
+                        {"low_freq_factor", &out.low_freq_factor},
+                        {"high_freq_factor", &out.high_freq_factor},
                         {"original_max_position_embeddings", &original}})
     if (absl::Status st = number(key, v); !st.ok()) return st;
   out.original_max_position_embeddings = static_cast<int64_t>(original);
@@ -123,7 +126,7 @@ absl::StatusOr<HfShape> read_hf_fields(const json& j, const std::string& path) {
     const json& r = j["rope_parameters"];
     absl::StatusOr<RopeScaling> scaling = read_rope_scaling(r, path + ": rope_parameters");
     if (!scaling.ok()) return scaling.status();
-    if (scaling->type == "yarn") s.rope_scaling = *scaling;
+    if (scaling->type != "none") s.rope_scaling = *scaling;
     if (r.contains("rope_theta") && r["rope_theta"].is_number())
       s.rope_theta = r["rope_theta"].get<double>();
   }
@@ -249,6 +252,17 @@ std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
     j["rope_scaling"]["type"] = "yarn";
     j["rope_parameters"].update(y);
     j["rope_parameters"]["rope_type"] = "yarn";
+  }
+  if (const RopeScaling& r = m.rope_scaling; r.type == "llama3") {
+    const ordered_json l = {
+        {"factor", r.factor},
+        {"low_freq_factor", r.low_freq_factor},
+        {"high_freq_factor", r.high_freq_factor},
+        {"original_max_position_embeddings", r.original_max_position_embeddings}};
+    j["rope_scaling"] = l;
+    j["rope_scaling"]["rope_type"] = "llama3";
+    j["rope_parameters"].update(l);
+    j["rope_parameters"]["rope_type"] = "llama3";
   }
   j["tie_word_embeddings"] = m.tie_embeddings;
   j["attention_dropout"] = 0.0;

@@ -11,7 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/switches.h"
@@ -99,25 +99,24 @@ struct RopeTables {
   std::map<int, Buffer> table;  // by seq_len: float2 [seq_len, hd/2]
 };
 
-using RopeKey = std::tuple<int, double, bool, double, double, double, double, bool, double>;
+// Keyed by the frequencies themselves and the scale: whatever rule made them.
+using RopeKey = std::pair<std::vector<double>, double>;
 
 std::mutex g_rope_mu;  // guards every RopeTables
 
 // The tables of (hd, r); the caller holds g_rope_mu.
 RopeTables& rope_tables_locked(Ctx& ctx, int hd, const Rope& r) {
   static std::map<RopeKey, RopeTables> all;
-  const RopeKey key{
-      hd,          r.theta,     r.yarn,     r.factor,          r.original_max_position,
-      r.beta_fast, r.beta_slow, r.truncate, r.attention_factor};
+  RopeKey key{r.inv_freq(hd), r.attention_factor};
   auto it = all.find(key);
   if (it == all.end()) {
-    const std::vector<double> f = r.inv_freq(hd);
+    const std::vector<double>& f = key.first;
     RopeTables t;
     t.inv_freq = Buffer(f.size() * sizeof(double), Device::cuda);
     CUDA_CHECK(cudaMemcpyAsync(t.inv_freq.data(), f.data(), f.size() * sizeof(double),
                                cudaMemcpyHostToDevice, stream_of(ctx)));
-    CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));  // `f` is freed on return
-    it = all.emplace(key, std::move(t)).first;
+    CUDA_CHECK(cudaStreamSynchronize(stream_of(ctx)));  // `f` moves into the map below
+    it = all.emplace(std::move(key), std::move(t)).first;
   }
   return it->second;
 }

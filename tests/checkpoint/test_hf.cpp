@@ -343,19 +343,72 @@ TEST_CASE("cli: a YaRN model exports its rope_scaling and imports only with the 
   const struct {
     std::string value, error;
   } bad[] = {
-      {"{type: linear, factor: 2}", "model.rope_scaling.type must be yarn or none (got 'linear')"},
+      {"{type: linear, factor: 2}",
+       "model.rope_scaling.type must be yarn, llama3 or none (got 'linear')"},
+      {"{type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1, "
+       "original_max_position_embeddings: 16}",
+       "model.rope_scaling: llama3 needs factor >= 1 (got 8), original_max_position_embeddings > "
+       "0 (got 16) and 0 < low_freq_factor < high_freq_factor (got 4 and 1)"},
       {"{type: yarn, factor: 4}",
        "model.rope_scaling: yarn needs factor >= 1 (got 4), "
        "original_max_position_embeddings > 0 (got 0)"},
       {"{type: yarn, factr: 4}", "model.rope_scaling: unknown key 'factr'; did you mean 'factor'?"},
       {"4",
-       "model.rope_scaling: expected none or {type: yarn, factor: F, "
-       "original_max_position_embeddings: N}, got '4'"}};
+       "model.rope_scaling: expected none, {type: yarn, factor: F, "
+       "original_max_position_embeddings: N} or {type: llama3, factor: F, low_freq_factor: L, "
+       "high_freq_factor: H, original_max_position_embeddings: N}, got '4'"}};
   for (const auto& b : bad) {
     CmdResult r = trained.trainer("--dry-run --set 'model.rope_scaling=" + b.value + "'");
     INFO(b.value << "\n" << r.output);
     CHECK(r.exit_code == kExitBadInput);
     CHECK(r.output.find("error: " + b.error) != std::string::npos);
+  }
+}
+
+// Llama 3's rope_scaling the same way: the resolved config, export-hf's config.json (both
+// transformers spellings, rope_type llama3 with its four numbers), and init_from with the same
+// block only.
+TEST_CASE("cli: a Llama 3 rope model exports its rope_scaling and imports only with the same",
+          "[cli]") {
+  const std::string llama3 =
+      " --set 'model.rope_scaling={type: llama3, factor: 8, low_freq_factor: 1, "
+      "high_freq_factor: 4, original_max_position_embeddings: 16}'";
+  RunDir trained(1);
+  {
+    CmdResult r = trained.trainer(kNoWarmup + llama3);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  CHECK(test::read_file(trained.dir / "log/config.yaml")
+            .find("rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, "
+                  "high_freq_factor: 4.0, original_max_position_embeddings: 16}") !=
+        std::string::npos);
+  const std::string hf = trained.dir / "hf";
+  REQUIRE(export_hf(trained, "step_00000001", hf, "--dtype fp32").exit_code == 0);
+  const nlohmann::json config = nlohmann::json::parse(test::read_file(hf + "/config.json"));
+  INFO(config.dump());
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    CHECK(config[key]["rope_type"] == "llama3");
+    CHECK(config[key]["factor"] == 8.0);
+    CHECK(config[key]["low_freq_factor"] == 1.0);
+    CHECK(config[key]["high_freq_factor"] == 4.0);
+    CHECK(config[key]["original_max_position_embeddings"] == 16);
+  }
+  {
+    RunDir run(1);
+    CmdResult r = run.trainer(kFrozen + kNoWarmup + llama3 + " --set model.init_from=" + hf);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("initialised from " + hf) != std::string::npos);
+  }
+  {
+    RunDir run(1);
+    CmdResult r = run.trainer(kFrozen + kNoWarmup + " --set model.init_from=" + hf);
+    INFO(r.output);
+    CHECK(r.exit_code == kExitBadInput);
+    CHECK(r.output.find("config.json has rope_scaling {type: llama3, factor: 8, low_freq_factor: "
+                        "1, high_freq_factor: 4, original_max_position_embeddings: 16} but "
+                        "model.rope_scaling is none") != std::string::npos);
   }
 }
 

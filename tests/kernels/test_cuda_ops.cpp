@@ -472,8 +472,10 @@ TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
       for (Shape s :
            {Shape{8, 3, 2, 8, 4}, Shape{64, 18, 16, 64, 32}, Shape{4096, 10, 9, 128, 4096}}) {
         if (large(s.tokens * s.heads * s.hd)) continue;
-        // Plain, and YaRN over a quarter of the sequence (Qwen2.5's 32K -> 128K, scaled down).
-        for (const Rope& rope : {Rope::plain(1e6), Rope::yarn_of(1e6, 4.0, s.seq_len / 4.0)}) {
+        // Plain, YaRN over a quarter of the sequence (Qwen2.5's 32K -> 128K, scaled down), and
+        // Llama 3's rule over the same.
+        for (const Rope& rope : {Rope::plain(1e6), Rope::yarn_of(1e6, 4.0, s.seq_len / 4.0),
+                                 Rope::llama3_of(1e6, 8.0, 1.0, 4.0, s.seq_len / 4.0)}) {
           std::vector<float> x = random_values(s.tokens * s.heads * s.hd, rng, dt);
           std::vector<float> fwd = x, bwd = x;
           rope_fwd(cpu_ctx, host(fwd, {s.tokens, s.heads, s.hd}), s.rope_heads, s.seq_len, rope);
@@ -483,7 +485,10 @@ TEST_CASE("cuda: rope forward and backward match the CPU", "[gpu]") {
           rope_bwd(g.ctx, b.t, s.rope_heads, s.seq_len, rope);
           launches += 2;
           const std::string what = std::string(dtype_name(dt)) + " hd=" + std::to_string(s.hd) +
-                                   " TR_ROPE_FP64=" + fp64 + (rope.yarn ? " yarn" : "");
+                                   " TR_ROPE_FP64=" + fp64 +
+                                   (rope.yarn     ? " yarn"
+                                    : rope.llama3 ? " llama3"
+                                                  : "");
           check_close(a.download(), fwd, dt, "rope_fwd " + what);
           check_close(b.download(), bwd, dt, "rope_bwd " + what);
           // With positions (each sequence's tokens in reverse, as a permutation stands for a

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numbers>
 #include <random>
 #include <vector>
 
@@ -360,6 +361,30 @@ TEST_CASE("kernels: YaRN's frequencies and attention factor", "[kernels]") {
   const std::vector<double> w = wide.inv_freq(128), plain = Rope::plain(1e6).inv_freq(128);
   CHECK(w[0] == plain[0]);
   CHECK(w[63] == Approx(plain[63] / 4));
+  for (int i = 1; i < 64; ++i) CHECK(w[i] < w[i - 1]);
+}
+
+// Llama 3's frequencies in closed form (transformers' _compute_llama3_parameters): hd 8, theta
+// 10000, trained on 64 positions, factor 8, low_freq_factor 1, high_freq_factor 4. Pair i turns
+// 64 f_i / 2 pi times over the trained context: pair 0 (10.2 turns, >= 4) keeps its frequency,
+// pairs 2 and 3 (under 1 turn) are 8 times slower, pair 1 (1.02 turns) blends the two with weight
+// (1.02 - 1) / (4 - 1) on the original; cos and sin are not scaled.
+TEST_CASE("kernels: Llama 3's RoPE frequencies", "[kernels]") {
+  const Rope l = Rope::llama3_of(10000, 8.0, 1.0, 4.0, 64);
+  const std::vector<double> f = l.inv_freq(8);
+  REQUIRE(f.size() == 4);
+  CHECK(f[0] == 1.0);
+  const double s = (64 * 0.1 / (2 * std::numbers::pi) - 1) / 3;
+  CHECK(f[1] == Approx((1 - s) * 0.1 / 8 + s * 0.1).epsilon(1e-14));
+  CHECK(f[2] == Approx(0.01 / 8).epsilon(1e-14));
+  CHECK(f[3] == Approx(0.001 / 8).epsilon(1e-14));
+  CHECK(l.attention_factor == 1.0);
+  // Llama 3.1's own numbers (theta 500000, factor 8, 1, 4, 8192; hd 128): the fastest pair
+  // untouched, the slowest 8 times slower, monotonic between.
+  const std::vector<double> w = Rope::llama3_of(500000, 8, 1, 4, 8192).inv_freq(128),
+                            plain = Rope::plain(500000).inv_freq(128);
+  CHECK(w[0] == plain[0]);
+  CHECK(w[63] == Approx(plain[63] / 8).epsilon(1e-14));
   for (int i = 1; i < 64; ++i) CHECK(w[i] < w[i - 1]);
 }
 

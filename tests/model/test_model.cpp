@@ -95,6 +95,14 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
     mc.rope_scaling.original_max_position_embeddings =
         read_attr(f.id, "yarn_original_max_position_embeddings");
   }
+  if (H5Aexists(f.id, "llama3_factor") > 0) {  // rope_scaling {type: llama3, ...}
+    mc.rope_scaling.type = "llama3";
+    mc.rope_scaling.factor = read_attr<double>(f.id, "llama3_factor");
+    mc.rope_scaling.low_freq_factor = read_attr<double>(f.id, "llama3_low_freq_factor");
+    mc.rope_scaling.high_freq_factor = read_attr<double>(f.id, "llama3_high_freq_factor");
+    mc.rope_scaling.original_max_position_embeddings =
+        read_attr(f.id, "llama3_original_max_position_embeddings");
+  }
   const int64_t B = read_attr(f.id, "batch"), S = read_attr(f.id, "seq_len"), V = mc.vocab_size;
   Topology topo;
   Built b(ModelDims::from(mc, topo), {.batch = B, .seq_len = S, .dtype = dtype});
@@ -148,6 +156,14 @@ TEST_CASE("HF parity: tiny Qwen2 in fp64 matches to 1e-6", "[model]") {
 TEST_CASE("HF parity: tiny Qwen2 with YaRN rope scaling, fp64 and fp32", "[model]") {
   check_parity<double>("qwen2_tiny_yarn.h5", DType::f64, 2e-6);
   check_parity<float>("qwen2_tiny_yarn.h5", DType::f32, 1e-5);
+}
+
+// Llama 3's rope scaling (factor 8, low and high frequency factors 1 and 16, a trained context of
+// 251: one pair kept, one blended, two slowed) on the tiny Qwen2: logits, loss and every gradient
+// as transformers computes them.
+TEST_CASE("HF parity: tiny Qwen2 with Llama 3 rope scaling, fp64 and fp32", "[model]") {
+  check_parity<double>("qwen2_tiny_llama3_rope.h5", DType::f64, 2e-6);
+  check_parity<float>("qwen2_tiny_llama3_rope.h5", DType::f32, 1e-5);
 }
 
 TEST_CASE("the loss in chunks equals the loss in one piece", "[model]") {

@@ -385,6 +385,15 @@ void emit_field(YAML::Emitter& out, const Field& f, Config& c) {
       break;
     case Kind::RopeScaling: {
       const RopeScaling& r = *static_cast<RopeScaling*>(p);
+      if (r.type == "llama3") {
+        out << YAML::Flow << YAML::BeginMap << YAML::Key << "type" << YAML::Value << r.type
+            << YAML::Key << "factor" << YAML::Value << yaml_float(r.factor) << YAML::Key
+            << "low_freq_factor" << YAML::Value << yaml_float(r.low_freq_factor) << YAML::Key
+            << "high_freq_factor" << YAML::Value << yaml_float(r.high_freq_factor) << YAML::Key
+            << "original_max_position_embeddings" << YAML::Value
+            << r.original_max_position_embeddings << YAML::EndMap;
+        break;
+      }
       if (r.type != "yarn") {
         out << "none";
         break;

@@ -19,12 +19,13 @@ namespace tr {
 // original_max_position_embeddings: 32768} (beta_fast 32, beta_slow 1, attention_factor
 // 0.1 ln(factor) + 1 and truncate true unless given).
 struct RopeScaling {
-  std::string type = "none";  // none | yarn
+  std::string type = "none";  // none | yarn | llama3
   double factor = 1;
   int64_t original_max_position_embeddings = 0;
-  double beta_fast = 32, beta_slow = 1;
-  double attention_factor = 0;  // 0: from factor
-  bool truncate = true;
+  double beta_fast = 32, beta_slow = 1;              // yarn
+  double attention_factor = 0;                       // yarn; 0: from factor
+  bool truncate = true;                              // yarn
+  double low_freq_factor = 1, high_freq_factor = 4;  // llama3
   bool operator==(const RopeScaling&) const = default;
   // Why the block is not one the trainer runs (": ..." or ".type ..." after its key's name), or
   // "" when it is.
@@ -53,8 +54,11 @@ struct ModelConfig {
   std::string init_from;
   // The rotary embedding these fields describe.
   Rope rope() const {
-    if (rope_scaling.type != "yarn") return Rope::plain(rope_theta);
     const RopeScaling& y = rope_scaling;
+    if (y.type == "llama3")
+      return Rope::llama3_of(rope_theta, y.factor, y.low_freq_factor, y.high_freq_factor,
+                             static_cast<double>(y.original_max_position_embeddings));
+    if (y.type != "yarn") return Rope::plain(rope_theta);
     return Rope::yarn_of(rope_theta, y.factor,
                          static_cast<double>(y.original_max_position_embeddings), y.beta_fast,
                          y.beta_slow, y.attention_factor, y.truncate);

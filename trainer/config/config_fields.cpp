@@ -25,7 +25,9 @@ const std::vector<Field>& fields() {
       TR_FIELD(model, rope_scaling, RopeScaling, 0, 0,
                "none, or Hugging Face's YaRN block: {type: yarn, factor: F, "
                "original_max_position_embeddings: N} (and optionally beta_fast 32, beta_slow 1, "
-               "attention_factor 0.1 ln F + 1, truncate true)"),
+               "attention_factor 0.1 ln F + 1, truncate true), or Llama 3's: {type: llama3, "
+               "factor: F, low_freq_factor: L, high_freq_factor: H, "
+               "original_max_position_embeddings: N}"),
       TR_FIELD(model, rms_norm_eps, Float, 1e-30, 1, "RMSNorm epsilon (used in fp32)"),
       TR_FIELD(model, tie_embeddings, Bool, 0, 0, "LM head shares the input embedding"),
       TR_FIELD(model, init_std, Float, 0, 10,

@@ -73,11 +73,20 @@ absl::Status parse_rope_scaling(const YAML::Node& n, const std::string& name, Ro
   if (!n.IsMap())
     return absl::InvalidArgumentError(absl::StrCat(
         name,
-        ": expected none or {type: yarn, factor: F, original_max_position_embeddings: N}, got ",
+        ": expected none, {type: yarn, factor: F, original_max_position_embeddings: N} or "
+        "{type: llama3, factor: F, low_freq_factor: L, high_freq_factor: H, "
+        "original_max_position_embeddings: N}, got ",
         scalar_text(n)));
-  const std::vector<std::string> keys = {
-      "type",      "rope_type",        "factor",   "beta_fast",
-      "beta_slow", "attention_factor", "truncate", "original_max_position_embeddings"};
+  const std::vector<std::string> keys = {"type",
+                                         "rope_type",
+                                         "factor",
+                                         "beta_fast",
+                                         "beta_slow",
+                                         "attention_factor",
+                                         "truncate",
+                                         "original_max_position_embeddings",
+                                         "low_freq_factor",
+                                         "high_freq_factor"};
   for (const auto& kv : n) {
     const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "";
     if (std::find(keys.begin(), keys.end(), k) == keys.end())
@@ -99,6 +108,10 @@ absl::Status parse_rope_scaling(const YAML::Node& n, const std::string& name, Ro
         r.beta_slow = kv.second.as<double>();
       else if (k == "attention_factor")
         r.attention_factor = kv.second.as<double>();
+      else if (k == "low_freq_factor")
+        r.low_freq_factor = kv.second.as<double>();
+      else if (k == "high_freq_factor")
+        r.high_freq_factor = kv.second.as<double>();
       else
         r.truncate = kv.second.as<bool>();
     } catch (const YAML::Exception&) {
@@ -116,9 +129,15 @@ absl::Status parse_rope_scaling(const YAML::Node& n, const std::string& name, Ro
 }  // namespace config_detail
 
 std::string RopeScaling::problem() const {
-  if (type != "yarn" && type != "none")
-    return absl::StrCat(".type must be yarn or none (got '", type,
+  if (type != "yarn" && type != "llama3" && type != "none")
+    return absl::StrCat(".type must be yarn, llama3 or none (got '", type,
                         "'); other Hugging Face rope types are not supported");
+  if (type == "llama3" && !(factor >= 1 && original_max_position_embeddings > 0 &&
+                            low_freq_factor > 0 && high_freq_factor > low_freq_factor))
+    return absl::StrFormat(
+        ": llama3 needs factor >= 1 (got %g), original_max_position_embeddings > 0 (got %d) and "
+        "0 < low_freq_factor < high_freq_factor (got %g and %g)",
+        factor, original_max_position_embeddings, low_freq_factor, high_freq_factor);
   if (type == "yarn" && !(factor >= 1 && original_max_position_embeddings > 0 && beta_fast > 0 &&
                           beta_slow > 0 && attention_factor >= 0))
     return absl::StrFormat(
@@ -129,6 +148,11 @@ std::string RopeScaling::problem() const {
 }
 
 std::string RopeScaling::text() const {
+  if (type == "llama3")
+    return absl::StrFormat(
+        "{type: llama3, factor: %g, low_freq_factor: %g, high_freq_factor: %g, "
+        "original_max_position_embeddings: %d}",
+        factor, low_freq_factor, high_freq_factor, original_max_position_embeddings);
   if (type != "yarn") return "none";
   return absl::StrFormat(
       "{type: yarn, factor: %g, original_max_position_embeddings: %d, beta_fast: %g, "
