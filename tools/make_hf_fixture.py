@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Writes the Hugging Face parity fixtures used by tests/model/test_model.cpp.
 
-A tiny Qwen2ForCausalLM (GQA, vocabulary not a multiple of 128, random weights in every
-tensor, biases and norms included) is run in float64 by `transformers`; the fixture holds its
+A tiny Qwen2ForCausalLM, or LlamaForCausalLM (GQA, vocabulary not a multiple of 128, random
+weights in every tensor, biases and norms included) is run in float64 by `transformers`; the fixture holds its
 weights, the input tokens and targets, the logits, the mean cross-entropy over the shifted
 labels and the gradient of that loss for every parameter. Names follow the trainer's
 checkpoint names: the Hugging Face name without "model.", with '/' for '.'.
@@ -14,7 +14,7 @@ import sys
 
 import h5py
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 SHAPE = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -27,13 +27,17 @@ def our_name(hf_name):
     return hf_name.removeprefix("model.").replace(".", "/")
 
 
-def make(path, tied, seed, yarn=None, llama3=None):
+def make(path, tied, seed, yarn=None, llama3=None, arch="qwen2"):
     """yarn: None, or (factor, original_max_position_embeddings) for YaRN rope scaling;
     llama3: None, or (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
-    for Llama 3's."""
+    for Llama 3's; arch: qwen2 (Qwen2ForCausalLM) or llama (LlamaForCausalLM, no biases)."""
     torch.manual_seed(seed)
-    cfg = Qwen2Config(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
-                      attention_dropout=0.0, use_sliding_window=False)
+    if arch == "llama":
+        cfg = LlamaConfig(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
+                          attention_dropout=0.0, attention_bias=False, mlp_bias=False)
+    else:
+        cfg = Qwen2Config(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
+                          attention_dropout=0.0, use_sliding_window=False)
     scaling = {}
     if yarn:
         scaling = dict(rope_type="yarn", factor=yarn[0], original_max_position_embeddings=yarn[1])
@@ -46,7 +50,8 @@ def make(path, tied, seed, yarn=None, llama3=None):
         cfg.rope_parameters.update(scaling)
     elif scaling:
         cfg.rope_scaling = dict(scaling, type=scaling["rope_type"])
-    model = Qwen2ForCausalLM._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
+    kind = LlamaForCausalLM if arch == "llama" else Qwen2ForCausalLM
+    model = kind._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
     model = model.double().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -64,6 +69,7 @@ def make(path, tied, seed, yarn=None, llama3=None):
             f.attrs[k] = v
         f.attrs["head_dim"] = SHAPE["hidden_size"] // SHAPE["num_attention_heads"]
         f.attrs["rope_theta"] = ROPE_THETA
+        f.attrs["model_type"] = arch
         if yarn:
             f.attrs["yarn_factor"] = float(yarn[0])
             f.attrs["yarn_original_max_position_embeddings"] = int(yarn[1])
@@ -95,3 +101,6 @@ if __name__ == "__main__":
     # its frequency (>= 16 turns), pair 1 (4 turns) blends, pairs 2 and 3 (< 1 turn) turn 8 times
     # slower.
     make(f"{out}/qwen2_tiny_llama3_rope.h5", False, 4, llama3=(8.0, 1.0, 16.0, 251))
+    # A tiny Llama 3 (no q, k, v biases; Llama 3's RoPE rule as above), tied and untied.
+    make(f"{out}/llama_tiny_tied.h5", True, 5, llama3=(8.0, 1.0, 16.0, 251), arch="llama")
+    make(f"{out}/llama_tiny_untied.h5", False, 6, llama3=(8.0, 1.0, 16.0, 251), arch="llama")

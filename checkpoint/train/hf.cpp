@@ -29,6 +29,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // The numbers of a config.json that decide the weights' shapes and the model's numerics.
 struct HfShape {
+  std::string family;  // model.family: qwen2 (model_type qwen2) or llama
   int64_t hidden = 0, inter = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
   double rope_theta = 10000, eps = 1e-6;
   RopeScaling rope_scaling;
@@ -81,14 +82,23 @@ absl::StatusOr<HfShape> read_hf_fields(const json& j, const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
   };
   const std::string type = j.value("model_type", "");
-  if (type != "qwen2")
+  if (type != "qwen2" && type != "llama")
     return bad(absl::StrCat("model_type is '", type,
-                            "'; the trainer imports Qwen2 / Qwen2.5 models (model_type qwen2)"));
+                            "'; the trainer imports Qwen2 / Qwen2.5 (model_type qwen2) and Llama "
+                            "3.x (model_type llama) models"));
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    return bad(absl::StrCat("hidden_act is ", j["hidden_act"].dump(), "; Qwen2 uses silu"));
+    return bad(absl::StrCat("hidden_act is ", j["hidden_act"].dump(), "; the trainer uses silu"));
   if (j.value("use_sliding_window", false))
     return bad("use_sliding_window is true; the trainer attends over the whole sequence");
+  // Llama's projections have no biases; a config.json that asks for them is another model.
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (type == "llama" && j.value(key, false))
+      return bad(
+          absl::StrCat(key, " is true; Llama 3.x (and the trainer's llama family) has none"));
+  if (type == "llama" && j.value("pretraining_tp", 1) != 1)
+    return bad("pretraining_tp is not 1; re-save the model with pretraining_tp 1");
   HfShape s;
+  s.family = type;
   // rope_scaling and rope_parameters: null (absent) or a block; anything else is refused.
   for (const char* key : {"rope_scaling", "rope_parameters"})
     if (j.contains(key) && !j[key].is_null() && !j[key].is_object())
@@ -151,9 +161,10 @@ absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a JSON object"));
   try {
     return read_hf_fields(j, path);
-  } catch (const json::exception& e) {  // a field of another type than Qwen2's config has
+  } catch (const json::exception& e) {  // a field of another type than the configs have
     return absl::InvalidArgumentError(absl::StrCat(path, ": a field has the wrong JSON type (",
-                                                   e.what(), "); is it a Qwen2 config.json?"));
+                                                   e.what(),
+                                                   "); is it a Qwen2 or Llama config.json?"));
   }
 }
 
@@ -166,6 +177,7 @@ absl::Status check_hf_config(const std::string& dir, const ModelConfig& m) {
         "model.init_from ", dir, ": config.json has ", hf, " ", hv, " but model.", ours, " is ", ov,
         "; set model.", ours, " to ", hv, " (or the model.preset of that model)"));
   };
+  if (s->family != m.family) return differ("model_type", s->family, "family", m.family);
   const struct {
     const char *hf, *ours;
     int64_t hv, ov;
@@ -193,7 +205,7 @@ absl::Status check_hf_config(const std::string& dir, const ModelConfig& m) {
   return absl::OkStatus();
 }
 
-// Tensors a Qwen2 directory may hold that the model does not use.
+// Tensors a Qwen2 or Llama directory may hold that the model does not use.
 bool ignorable(const std::string& hf, bool tied) {
   return hf.ends_with(".rotary_emb.inv_freq") || (tied && hf == "lm_head.weight");
 }
@@ -225,8 +237,9 @@ int64_t end_of_text_id(const std::string& tokenizer_json) {
 
 std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
   ordered_json j;
-  j["architectures"] = {"Qwen2ForCausalLM"};
-  j["model_type"] = "qwen2";
+  const bool llama = m.family == "llama";
+  j["architectures"] = {llama ? "LlamaForCausalLM" : "Qwen2ForCausalLM"};
+  j["model_type"] = m.family;
   j["hidden_size"] = m.hidden_size;
   j["intermediate_size"] = m.intermediate_size;
   j["num_hidden_layers"] = m.num_layers;
@@ -268,9 +281,15 @@ std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = m.init_std;
   j["use_cache"] = true;
-  j["use_sliding_window"] = false;
-  j["sliding_window"] = nullptr;
-  j["max_window_layers"] = m.num_layers;
+  if (llama) {
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  } else {
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = m.num_layers;
+  }
   j["torch_dtype"] = dtype == st::ElemType::f32    ? "float32"
                      : dtype == st::ElemType::bf16 ? "bfloat16"
                                                    : "float16";
@@ -335,7 +354,7 @@ absl::StatusOr<st::Reader> open_hf_model(const std::string& dir, const Config& c
     if (!want.count(e.name) && !ignorable(e.name, cfg.model.tie_embeddings))
       return absl::InvalidArgumentError(
           absl::StrCat("model.init_from ", dir, ": tensor ", e.name, " in ", r->file_path(e.file),
-                       " is not part of a Qwen2 model (is it another architecture?)"));
+                       " is not part of this model (is it another architecture?)"));
   return r;
 }
 

@@ -1,5 +1,6 @@
-// Hugging Face interop for Qwen2 models: start a run from a model directory that
-// `save_pretrained` wrote (model.init_from), and write one from a checkpoint (trainer export-hf).
+// Hugging Face interop for Qwen2 and Llama 3 models (model.family): start a run from a model
+// directory that `save_pretrained` wrote (model.init_from), and write one from a checkpoint
+// (trainer export-hf).
 //
 // Our tensor names are the Hugging Face ones without "model." and with '/' for '.':
 // "model.layers.3.mlp.up_proj.weight" is "layers/3/mlp/up_proj/weight", "lm_head.weight" is
@@ -20,10 +21,10 @@ namespace tr {
 std::string hf_name(const std::string& ours);
 
 // A Hugging Face model directory opened for model.init_from, checked against the run's config:
-// config.json (a Qwen2 causal LM whose shape and numerics equal model.*: one line naming the
-// first field that differs and both values) and the safetensors (every tensor of the model
-// with its global shape, in F32, BF16 or F16; nothing else but rotary caches and the lm_head of
-// a tied model). Cheap: headers only.
+// config.json (a Qwen2 or Llama causal LM whose family, shape and numerics equal model.*: one line
+// naming the first field that differs and both values) and the safetensors (every tensor of the
+// model with its global shape, in F32, BF16 or F16; nothing else but rotary caches and the lm_head
+// of a tied model). Cheap: headers only.
 absl::StatusOr<st::Reader> open_hf_model(const std::string& dir, const Config& cfg,
                                          const Topology& topo);
 

@@ -412,6 +412,47 @@ TEST_CASE("cli: a Llama 3 rope model exports its rope_scaling and imports only w
   }
 }
 
+// model.family llama: no q, k, v biases in the checkpoint or the export, config.json says
+// LlamaForCausalLM, and init_from refuses it for a qwen2 run naming the fix.
+TEST_CASE("cli: a llama-family run exports a Llama model and imports only as one", "[cli]") {
+  const std::string llama = " --set model.family=llama";
+  RunDir trained(1);
+  {
+    CmdResult r = trained.trainer(kNoWarmup + llama);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  const std::string hf = trained.dir / "hf";
+  REQUIRE(export_hf(trained, "step_00000001", hf, "--dtype fp32").exit_code == 0);
+  const nlohmann::json config = nlohmann::json::parse(test::read_file(hf + "/config.json"));
+  INFO(config.dump());
+  CHECK(config["architectures"] == nlohmann::json::array({"LlamaForCausalLM"}));
+  CHECK(config["model_type"] == "llama");
+  CHECK(config["attention_bias"] == false);
+  CHECK_FALSE(config.contains("use_sliding_window"));
+  // The safetensors header names every tensor: projections, norms, no bias.
+  const std::string st = test::read_file(hf + "/model.safetensors");
+  uint64_t header = 0;
+  std::memcpy(&header, st.data(), 8);
+  const nlohmann::json names = nlohmann::json::parse(st.substr(8, header));
+  CHECK(names.contains("model.layers.0.self_attn.q_proj.weight"));
+  for (const auto& [name, _] : names.items()) CHECK(name.find("bias") == std::string::npos);
+  {
+    RunDir run(1);
+    CmdResult r = run.trainer(kFrozen + kNoWarmup + llama + " --set model.init_from=" + hf);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+  }
+  {
+    RunDir run(1);
+    CmdResult r = run.trainer(kFrozen + kNoWarmup + " --set model.init_from=" + hf);
+    INFO(r.output);
+    CHECK(r.exit_code == kExitBadInput);
+    CHECK(r.output.find("config.json has model_type llama but model.family is qwen2; set "
+                        "model.family to llama") != std::string::npos);
+  }
+}
+
 TEST_CASE("cli: bad model.init_from and export-hf input is one error line and exit 2", "[cli]") {
   RunDir trained(1);
   {

@@ -265,6 +265,8 @@ TEST_CASE("config: preset files carry the built-in shapes", "[config]") {
     CHECK(a.rope_theta == b.rope_theta);
     CHECK(a.rms_norm_eps == b.rms_norm_eps);
     CHECK(a.tie_embeddings == b.tie_embeddings);
+    CHECK(a.family == b.family);
+    CHECK(a.rope_scaling == b.rope_scaling);
   }
   absl::StatusOr<Config> c72 =
       load_config(tr::test::source_dir() + "/configs/qwen2.5-72b.yaml", {});
@@ -276,7 +278,8 @@ TEST_CASE("config: preset files carry the built-in shapes", "[config]") {
   CHECK(error_of("model: {preset: qwen2.5-8b}\n", {}) ==
         "model.preset 'qwen2.5-8b' is unknown; known presets: qwen2.5-0.5b, qwen2.5-1.5b, "
         "qwen2.5-3b, "
-        "qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b; did you mean 'qwen2.5-3b'?");
+        "qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, llama-3.2-1b, llama-3.2-3b, "
+        "llama-3.1-8b, llama-3.1-70b; did you mean 'qwen2.5-3b'?");
 }
 
 TEST_CASE("config: docs/config.md holds the generated key table", "[config]") {

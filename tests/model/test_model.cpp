@@ -95,6 +95,9 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
     mc.rope_scaling.original_max_position_embeddings =
         read_attr(f.id, "yarn_original_max_position_embeddings");
   }
+  // A LlamaForCausalLM fixture has no q, k, v biases: model.family llama.
+  if (H5Lexists(f.id, "params/layers/0/self_attn/q_proj/bias", H5P_DEFAULT) <= 0)
+    mc.family = "llama";
   if (H5Aexists(f.id, "llama3_factor") > 0) {  // rope_scaling {type: llama3, ...}
     mc.rope_scaling.type = "llama3";
     mc.rope_scaling.factor = read_attr<double>(f.id, "llama3_factor");
@@ -164,6 +167,16 @@ TEST_CASE("HF parity: tiny Qwen2 with YaRN rope scaling, fp64 and fp32", "[model
 TEST_CASE("HF parity: tiny Qwen2 with Llama 3 rope scaling, fp64 and fp32", "[model]") {
   check_parity<double>("qwen2_tiny_llama3_rope.h5", DType::f64, 2e-6);
   check_parity<float>("qwen2_tiny_llama3_rope.h5", DType::f32, 1e-5);
+}
+
+// Llama 3 (model.family llama: no q, k, v biases; Llama 3's RoPE rule), tied and untied, as
+// transformers' LlamaForCausalLM computes it.
+TEST_CASE("HF parity: tiny Llama 3 in fp64 and fp32", "[model]") {
+  for (const char* name : {"llama_tiny_tied.h5", "llama_tiny_untied.h5"}) {
+    INFO(name);
+    check_parity<double>(name, DType::f64, 2e-6);
+    check_parity<float>(name, DType::f32, 1e-5);
+  }
 }
 
 TEST_CASE("the loss in chunks equals the loss in one piece", "[model]") {

@@ -652,6 +652,26 @@ TEST_CASE("memory check: the saves' host buffers and tmpfs parts are counted", "
   CHECK(check_memory(config_with({"checkpoint.async=false"}), *layout, Device::cuda, budget).ok());
 }
 
+// The Llama 3 presets' models have the parameters of the published ones (transformers'
+// num_parameters of the Hugging Face base models): no q, k, v biases, tied 3.2s, untied 3.1s.
+TEST_CASE("plan: the Llama 3 presets count the published models' parameters", "[model]") {
+  const std::pair<const char*, double> presets[] = {{"llama-3.2-1b", 1'235'814'400.0},
+                                                    {"llama-3.2-3b", 3'212'749'824.0},
+                                                    {"llama-3.1-8b", 8'030'261'248.0},
+                                                    {"llama-3.1-70b", 70'553'706'496.0}};
+  for (const auto& [name, published] : presets) {
+    INFO(name);
+    absl::StatusOr<Config> cfg =
+        load_config(tr::test::source_dir() + "/configs/" + name + ".yaml", {});
+    REQUIRE(cfg.ok());
+    CHECK(cfg->model.family == "llama");
+    absl::StatusOr<Plan> p = make_plan(*cfg, *gpu_spec("h100"), 16, 8);
+    REQUIRE(p.ok());
+    CHECK(p->params_total == published);
+    CHECK(p->fits);
+  }
+}
+
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {
   const Config cfg = config_with({});
   absl::StatusOr<Plan> big = make_plan(cfg, *gpu_spec("b300"), 16, 8);

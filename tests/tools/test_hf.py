@@ -40,6 +40,9 @@ SHAPE = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_la
              rms_norm_eps=1e-6)
 THETA = 10000.0
 SEQ, SAMPLES = 16, 4  # the data holds exactly one global batch: step k's loss covers all of it
+# The trainer's model keys for the oracle's llama models (its LLAMA3 block).
+LLAMA_MODEL = (", family: llama, rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, "
+               "high_freq_factor: 16.0, original_max_position_embeddings: 251}")
 
 
 def venv_python(venv):
@@ -52,7 +55,13 @@ def venv_python(venv):
 ORACLE = r'''
 import json, sys
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
+
+# Llama 3's RoPE rule over a trained context of 251 positions (one pair kept, one blended, two
+# slowed at head_dim 8): the llama requests' rope_parameters.
+LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=16.0,
+              original_max_position_embeddings=251)
 
 def tokens(path):
     import struct
@@ -70,13 +79,18 @@ def batch_loss(model, toks, seq, samples):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                              y.reshape(-1)).item()
 
-def make(out, shape, theta, tied, dtype, shard, seed):
+def make(out, shape, theta, tied, dtype, shard, seed, arch="qwen2"):
     torch.manual_seed(seed)
-    cfg = Qwen2Config(**shape, tie_word_embeddings=tied, rope_theta=theta,
-                      attention_dropout=0.0, use_sliding_window=False)
+    if arch == "llama":  # no biases; Llama 3's RoPE rule
+        cfg = LlamaConfig(**shape, tie_word_embeddings=tied, rope_theta=theta,
+                          attention_dropout=0.0, attention_bias=False, mlp_bias=False)
+        cfg.rope_parameters.update(LLAMA3)
+    else:
+        cfg = Qwen2Config(**shape, tie_word_embeddings=tied, rope_theta=theta,
+                          attention_dropout=0.0, use_sliding_window=False)
     if getattr(cfg, "rope_parameters", None) is not None:
         cfg.rope_parameters["rope_theta"] = theta
-    model = Qwen2ForCausalLM(cfg).float().eval()
+    model = (LlamaForCausalLM if arch == "llama" else Qwen2ForCausalLM)(cfg).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -110,13 +124,13 @@ def packed_loss(d, toks, seq, samples, eod):
     return {"loss": total / kept, "documents": docs, "kept": kept}
 
 def load_loss(d, toks, seq, samples):
-    model = Qwen2ForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
     return batch_loss(model, toks, seq, samples)
 
 def answer(req):
     if req["op"] == "make":
         make(req["out"], req["shape"], req["theta"], req["tied"], req["dtype"], req["shard"],
-             req["seed"])
+             req["seed"], req.get("arch", "qwen2"))
         return {"loss": load_loss(req["out"], tokens(req["data"]), req["seq"], req["samples"])}
     if req["op"] == "packed":
         return packed_loss(req["dir"], tokens(req["data"]), req["seq"], req["samples"],
@@ -170,7 +184,8 @@ class Test:
             raise SystemExit(f"test_hf: the transformers oracle failed:\n{out.stderr[-3000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    def config(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, extra=""):
+    def config(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, extra="",
+               llama=False):
         d = os.path.join(self.work, "run-" + name)
         os.makedirs(d, exist_ok=True)
         tp, pp = layout
@@ -181,7 +196,7 @@ class Test:
                     num_kv_heads: {SHAPE['num_key_value_heads']}, head_dim: 8,
                     vocab_size: {SHAPE['vocab_size']}, max_seq_len: 64, rope_theta: {THETA},
                     rms_norm_eps: 1.0e-6, tie_embeddings: {'true' if tied else 'false'},
-                    init_from: {init_from}}}
+                    init_from: {init_from}{LLAMA_MODEL if llama else ''}}}
             parallel: {{tp: {tp}, pp: {pp}}}
             data: {{train: [{{path: {self.data}}}], seq_len: {SEQ}}}
             train: {{steps: {steps}, global_batch: {SAMPLES}, micro_batch: {micro}, backend: cpu}}
@@ -194,8 +209,8 @@ class Test:
             f.write(text)
         return d, path
 
-    def train(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, sets=()):
-        d, cfg = self.config(name, init_from, tied, layout, steps, lr)
+    def train(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, sets=(), llama=False):
+        d, cfg = self.config(name, init_from, tied, layout, steps, lr, llama=llama)
         ranks = layout[0] * layout[1]
         cmd = [self.args.trainer, "--config", cfg] + [a for kv in sets for a in ("--set", kv)]
         if ranks > 1:
@@ -322,6 +337,29 @@ def part_export(t):
              os.path.exists(os.path.join(out, "model.safetensors")), r.stderr)
 
 
+def part_llama(t):
+    """Llama 3 (model.family llama): transformers' LlamaForCausalLM imported under one rank and
+    tp 2 x pp 2 gives its first-step loss; after a step, the export loads in transformers
+    (model_type llama, no biases) with the trainer's step-2 loss."""
+    src = os.path.join(t.work, "llama-src")
+    ref = t.ask(op="make", out=src, shape=SHAPE, theta=THETA, tied=False, dtype="float32",
+                shard=None, seed=11, arch="llama")["loss"]
+    for layout in [(1, 1), (2, 2)]:
+        _, losses = t.train(f"llama-tp{layout[0]}pp{layout[1]}", src, False, layout, llama=True)
+        t.expect_close(f"llama under tp{layout[0]} pp{layout[1]}: first-step loss", losses[0], ref,
+                       1e-5)
+    run, losses = t.train("llama-export", src, False, steps=2, llama=True)
+    out = os.path.join(t.work, "llama-exported")
+    t.export(os.path.join(run, "ckpt", "step_00000001"), out, "fp32")
+    with open(os.path.join(out, "config.json")) as f:
+        cfg = json.load(f)
+    t.expect("llama export: config.json is LlamaForCausalLM with Llama 3's rope",
+             cfg.get("architectures") == ["LlamaForCausalLM"] and cfg.get("model_type") == "llama"
+             and cfg.get("rope_scaling", {}).get("rope_type") == "llama3", str(cfg))
+    t.expect_close("llama exported as fp32: loss of from_pretrained vs trainer's step 2",
+                   losses[1], t.ask(op="loss", dir=out)["loss"], 1e-5)
+
+
 def part_walkthrough(t):
     doc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "hf.md")
     with open(doc) as f:
@@ -357,7 +395,7 @@ def part_walkthrough(t):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["import", "export", "walkthrough"], required=True)
+    ap.add_argument("--part", choices=["import", "export", "llama", "walkthrough"], required=True)
     ap.add_argument("--trainer", required=True)
     ap.add_argument("--prepare-data")
     ap.add_argument("--mpirun", required=True)
@@ -365,7 +403,8 @@ def main():
     ap.add_argument("--work", required=True)
     args = ap.parse_args()
     t = Test(args)
-    {"import": part_import, "export": part_export, "walkthrough": part_walkthrough}[args.part](t)
+    {"import": part_import, "export": part_export, "llama": part_llama,
+     "walkthrough": part_walkthrough}[args.part](t)
     if t.failures:
         print("FAILED:\n  " + "\n  ".join(t.failures))
         sys.exit(1)

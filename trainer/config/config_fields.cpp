@@ -11,7 +11,12 @@ namespace tr::config_detail {
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       TR_FIELD(model, preset, String, 0, 0,
-               "Qwen2.5 preset filling every model field (explicit fields override); '' = none"),
+               "Qwen2.5 or Llama 3 preset filling every model field (explicit fields override); "
+               "'' = none"),
+      TR_FIELD(model, family, String, 0, 0,
+               "the architecture: qwen2 (Qwen2 / Qwen2.5: biases on q, k and v) or llama (Llama "
+               "3.x: no biases); the rest of the shape is the fields below",
+               {"qwen2", "llama"}),
       TR_FIELD(model, hidden_size, Int, 1, 1 << 20, "hidden size H"),
       TR_FIELD(model, intermediate_size, Int, 1, 1 << 22, "MLP intermediate size"),
       TR_FIELD(model, num_layers, Int, 1, 4096, "decoder layers"),

@@ -1,4 +1,4 @@
-// The model section's rules: the Qwen2.5 presets and the rope_scaling block's rules.
+// The model section's rules: the Qwen2.5 and Llama 3 presets and the rope_scaling block's rules.
 #include <string>
 #include <vector>
 
@@ -15,21 +15,27 @@
 namespace tr {
 namespace {
 
-// ---- presets (Hugging Face config.json of the Qwen2.5 base models) ----
+// ---- presets (Hugging Face config.json of the Qwen2.5 and Llama 3.1 / 3.2 base models) ----
 struct Preset {
   const char* name;
+  const char* family;
   int64_t hidden, inter, layers, heads, kv, hd, vocab;
   double eps;
   bool tied;
+  double llama3_factor;  // Llama 3's rope_scaling factor over 8192 trained positions; 0: none
 };
 constexpr Preset kPresets[] = {
-    {"qwen2.5-0.5b", 896, 4864, 24, 14, 2, 64, 151936, 1e-6, true},
-    {"qwen2.5-1.5b", 1536, 8960, 28, 12, 2, 128, 151936, 1e-6, true},
-    {"qwen2.5-3b", 2048, 11008, 36, 16, 2, 128, 151936, 1e-6, true},
-    {"qwen2.5-7b", 3584, 18944, 28, 28, 4, 128, 152064, 1e-6, false},
-    {"qwen2.5-14b", 5120, 13824, 48, 40, 8, 128, 152064, 1e-5, false},
-    {"qwen2.5-32b", 5120, 27648, 64, 40, 8, 128, 152064, 1e-5, false},
-    {"qwen2.5-72b", 8192, 29568, 80, 64, 8, 128, 152064, 1e-5, false},
+    {"qwen2.5-0.5b", "qwen2", 896, 4864, 24, 14, 2, 64, 151936, 1e-6, true, 0},
+    {"qwen2.5-1.5b", "qwen2", 1536, 8960, 28, 12, 2, 128, 151936, 1e-6, true, 0},
+    {"qwen2.5-3b", "qwen2", 2048, 11008, 36, 16, 2, 128, 151936, 1e-6, true, 0},
+    {"qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 128, 152064, 1e-6, false, 0},
+    {"qwen2.5-14b", "qwen2", 5120, 13824, 48, 40, 8, 128, 152064, 1e-5, false, 0},
+    {"qwen2.5-32b", "qwen2", 5120, 27648, 64, 40, 8, 128, 152064, 1e-5, false, 0},
+    {"qwen2.5-72b", "qwen2", 8192, 29568, 80, 64, 8, 128, 152064, 1e-5, false, 0},
+    {"llama-3.2-1b", "llama", 2048, 8192, 16, 32, 8, 64, 128256, 1e-5, true, 32},
+    {"llama-3.2-3b", "llama", 3072, 8192, 28, 24, 8, 128, 128256, 1e-5, true, 32},
+    {"llama-3.1-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 1e-5, false, 8},
+    {"llama-3.1-70b", "llama", 8192, 28672, 80, 64, 8, 128, 128256, 1e-5, false, 8},
 };
 
 }  // namespace
@@ -50,10 +56,22 @@ absl::Status apply_model_preset(const std::string& name, ModelConfig* m) {
     m->num_kv_heads = p.kv;
     m->head_dim = p.hd;
     m->vocab_size = p.vocab;
-    m->max_seq_len = 32768;
-    m->rope_theta = 1e6;
+    m->family = p.family;
     m->rms_norm_eps = p.eps;
     m->tie_embeddings = p.tied;
+    m->rope_scaling = RopeScaling{};
+    if (p.llama3_factor > 0) {  // Llama 3.1 / 3.2: 128K positions by Llama 3's RoPE rule
+      m->max_seq_len = 131072;
+      m->rope_theta = 5e5;
+      m->rope_scaling.type = "llama3";
+      m->rope_scaling.factor = p.llama3_factor;
+      m->rope_scaling.low_freq_factor = 1;
+      m->rope_scaling.high_freq_factor = 4;
+      m->rope_scaling.original_max_position_embeddings = 8192;
+    } else {
+      m->max_seq_len = 32768;
+      m->rope_theta = 1e6;
+    }
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(

@@ -54,6 +54,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
     for (const LayerWeights& g : g_.layers) {
       int64_t lo = params.layout().total, hi = 0, n = 0;
       for (const Tensor* t : {&g.ln1, &g.qkv_w, &g.qkv_b, &g.o_w, &g.ln2, &g.gateup_w, &g.down_w}) {
+        if (t->empty()) continue;
         lo = std::min(lo, at(*t));
         hi = std::max(hi, at(*t) + t->numel());
         n += t->numel();
@@ -220,7 +221,7 @@ Weights Qwen2Model::views(Tensor flat) const {
     LayerWeights L;
     L.ln1 = at(p + "input_layernorm/weight", {H});
     L.qkv_w = at(p + "self_attn/q_proj/weight", {Q, H});
-    L.qkv_b = at(p + "self_attn/q_proj/bias", {Q});
+    if (d.qkv_bias) L.qkv_b = at(p + "self_attn/q_proj/bias", {Q});  // else empty: no bias
     L.o_w = at(p + "self_attn/o_proj/weight", {H, d.heads * d.head_dim});
     L.ln2 = at(p + "post_attention_layernorm/weight", {H});
     L.gateup_w = at(p + "mlp/gate_proj/weight", {2 * d.inter, H});

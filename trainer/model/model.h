@@ -29,7 +29,7 @@ namespace tr {
 struct LayerWeights {
   Tensor ln1;       // [H]
   Tensor qkv_w;     // [(nh + 2 nkv) hd, H]: q_proj, k_proj, v_proj rows back to back
-  Tensor qkv_b;     // [(nh + 2 nkv) hd]
+  Tensor qkv_b;     // [(nh + 2 nkv) hd]; empty without q, k, v biases (model.family llama)
   Tensor o_w;       // [H, nh hd]
   Tensor ln2;       // [H]
   Tensor gateup_w;  // [2I, H]: gate_proj rows then up_proj rows

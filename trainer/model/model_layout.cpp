@@ -64,6 +64,7 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
   d.eps = static_cast<float>(m.rms_norm_eps);
   d.rope = m.rope();
   d.tied = m.tie_embeddings;
+  d.qkv_bias = m.attention_bias();
   return d;
 }
 
@@ -114,9 +115,11 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
     add(p + "self_attn/q_proj/weight", {d.heads * hd, H}, true, 0);
     add(p + "self_attn/k_proj/weight", {d.kv_heads * hd, H}, true, 0);
     add(p + "self_attn/v_proj/weight", {d.kv_heads * hd, H}, true, 0);
-    add(p + "self_attn/q_proj/bias", {d.heads * hd}, false, 0);
-    add(p + "self_attn/k_proj/bias", {d.kv_heads * hd}, false, 0);
-    add(p + "self_attn/v_proj/bias", {d.kv_heads * hd}, false, 0);
+    if (d.qkv_bias) {
+      add(p + "self_attn/q_proj/bias", {d.heads * hd}, false, 0);
+      add(p + "self_attn/k_proj/bias", {d.kv_heads * hd}, false, 0);
+      add(p + "self_attn/v_proj/bias", {d.kv_heads * hd}, false, 0);
+    }
     add(p + "self_attn/o_proj/weight", {H, d.heads * hd}, true, 1);  // row-parallel
     add(p + "post_attention_layernorm/weight", {H}, false, -1);
     add(p + "mlp/gate_proj/weight", {d.inter, H}, true, 0);  // gate then up: one [2I, H]
