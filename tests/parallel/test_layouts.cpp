@@ -216,6 +216,31 @@ TEST_CASE("layouts: cp 2 (ring) x tp 2 x pp 2 match one rank tensor by tensor", 
                                   "parallel.pp=2", "parallel.sequence_parallel=true"});
 }
 
+// The llama family (no q, k, v biases; Llama 3's RoPE rule over the tiny model's context) under
+// the same layouts.
+const std::vector<std::string> kLlama = {
+    "model.family=llama",
+    "model.rope_scaling={type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
+    "original_max_position_embeddings: 64}"};
+
+TEST_CASE(
+    "layouts: the llama family under tp 2 x pp 2 x dp 2 with ZeRO-1 and sequence parallelism "
+    "matches one rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.tp=2", "parallel.pp=2", "parallel.zero1=true", "parallel.sequence_parallel=true"},
+      kLlama);
+}
+
+TEST_CASE(
+    "layouts: the llama family under cp 2 (ring) x tp 2 x pp 2 matches one rank tensor by "
+    "tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank({"parallel.cp=2", "parallel.cp_comm=ring", "parallel.tp=2",
+                                  "parallel.pp=2", "parallel.sequence_parallel=true"},
+                                 kLlama);
+}
+
 // The pipeline schedules (parallel.pipeline_schedule) with the other parallelisms. Each ctest
 // entry is its own process, so each reference is computed once.
 TEST_CASE(
