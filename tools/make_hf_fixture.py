@@ -14,7 +14,8 @@ import sys
 
 import h5py
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 SHAPE = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
@@ -30,11 +31,16 @@ def our_name(hf_name):
 def make(path, tied, seed, yarn=None, llama3=None, arch="qwen2"):
     """yarn: None, or (factor, original_max_position_embeddings) for YaRN rope scaling;
     llama3: None, or (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)
-    for Llama 3's; arch: qwen2 (Qwen2ForCausalLM) or llama (LlamaForCausalLM, no biases)."""
+    for Llama 3's; arch: qwen2 (Qwen2ForCausalLM), llama (LlamaForCausalLM, no biases) or qwen3
+    (Qwen3ForCausalLM: no biases, RMSNorm over each q and k head)."""
     torch.manual_seed(seed)
     if arch == "llama":
         cfg = LlamaConfig(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
                           attention_dropout=0.0, attention_bias=False, mlp_bias=False)
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
+                          head_dim=SHAPE["hidden_size"] // SHAPE["num_attention_heads"],
+                          attention_dropout=0.0, attention_bias=False, use_sliding_window=False)
     else:
         cfg = Qwen2Config(**SHAPE, tie_word_embeddings=tied, rope_theta=ROPE_THETA,
                           attention_dropout=0.0, use_sliding_window=False)
@@ -50,7 +56,7 @@ def make(path, tied, seed, yarn=None, llama3=None, arch="qwen2"):
         cfg.rope_parameters.update(scaling)
     elif scaling:
         cfg.rope_scaling = dict(scaling, type=scaling["rope_type"])
-    kind = LlamaForCausalLM if arch == "llama" else Qwen2ForCausalLM
+    kind = {"llama": LlamaForCausalLM, "qwen3": Qwen3ForCausalLM}.get(arch, Qwen2ForCausalLM)
     model = kind._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
     model = model.double().eval()
     with torch.no_grad():
@@ -104,3 +110,6 @@ if __name__ == "__main__":
     # A tiny Llama 3 (no q, k, v biases; Llama 3's RoPE rule as above), tied and untied.
     make(f"{out}/llama_tiny_tied.h5", True, 5, llama3=(8.0, 1.0, 16.0, 251), arch="llama")
     make(f"{out}/llama_tiny_untied.h5", False, 6, llama3=(8.0, 1.0, 16.0, 251), arch="llama")
+    # A tiny Qwen3 (no biases, QK-norm with random weights), tied and untied.
+    make(f"{out}/qwen3_tiny_tied.h5", True, 7, arch="qwen3")
+    make(f"{out}/qwen3_tiny_untied.h5", False, 8, arch="qwen3")

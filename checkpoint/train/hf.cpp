@@ -29,7 +29,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // The numbers of a config.json that decide the weights' shapes and the model's numerics.
 struct HfShape {
-  std::string family;  // model.family: qwen2 (model_type qwen2) or llama
+  std::string family;  // model.family: model_type qwen2, llama or qwen3
   int64_t hidden = 0, inter = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
   double rope_theta = 10000, eps = 1e-6;
   RopeScaling rope_scaling;
@@ -82,19 +82,19 @@ absl::StatusOr<HfShape> read_hf_fields(const json& j, const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
   };
   const std::string type = j.value("model_type", "");
-  if (type != "qwen2" && type != "llama")
+  if (type != "qwen2" && type != "llama" && type != "qwen3")
     return bad(absl::StrCat("model_type is '", type,
-                            "'; the trainer imports Qwen2 / Qwen2.5 (model_type qwen2) and Llama "
-                            "3.x (model_type llama) models"));
+                            "'; the trainer imports Qwen2 / Qwen2.5 (model_type qwen2), Llama 3.x "
+                            "(llama) and Qwen3 dense (qwen3) models"));
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     return bad(absl::StrCat("hidden_act is ", j["hidden_act"].dump(), "; the trainer uses silu"));
   if (j.value("use_sliding_window", false))
     return bad("use_sliding_window is true; the trainer attends over the whole sequence");
-  // Llama's projections have no biases; a config.json that asks for them is another model.
+  // Llama's and Qwen3's projections have no biases; a config.json that asks for them is
+  // another model.
   for (const char* key : {"attention_bias", "mlp_bias"})
-    if (type == "llama" && j.value(key, false))
-      return bad(
-          absl::StrCat(key, " is true; Llama 3.x (and the trainer's llama family) has none"));
+    if (type != "qwen2" && j.value(key, false))
+      return bad(absl::StrCat(key, " is true; the trainer's ", type, " family has none"));
   if (type == "llama" && j.value("pretraining_tp", 1) != 1)
     return bad("pretraining_tp is not 1; re-save the model with pretraining_tp 1");
   HfShape s;
@@ -238,7 +238,9 @@ int64_t end_of_text_id(const std::string& tokenizer_json) {
 std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
   ordered_json j;
   const bool llama = m.family == "llama";
-  j["architectures"] = {llama ? "LlamaForCausalLM" : "Qwen2ForCausalLM"};
+  j["architectures"] = {llama                 ? "LlamaForCausalLM"
+                        : m.family == "qwen3" ? "Qwen3ForCausalLM"
+                                              : "Qwen2ForCausalLM"};
   j["model_type"] = m.family;
   j["hidden_size"] = m.hidden_size;
   j["intermediate_size"] = m.intermediate_size;
@@ -286,6 +288,7 @@ std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
   } else {
+    if (m.family == "qwen3") j["attention_bias"] = false;
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;
     j["max_window_layers"] = m.num_layers;

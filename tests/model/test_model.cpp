@@ -95,9 +95,11 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
     mc.rope_scaling.original_max_position_embeddings =
         read_attr(f.id, "yarn_original_max_position_embeddings");
   }
-  // A LlamaForCausalLM fixture has no q, k, v biases: model.family llama.
+  // A LlamaForCausalLM fixture has no q, k, v biases: model.family llama; a Qwen3ForCausalLM
+  // one has none either, and QK-norm weights.
   if (H5Lexists(f.id, "params/layers/0/self_attn/q_proj/bias", H5P_DEFAULT) <= 0)
-    mc.family = "llama";
+    mc.family =
+        H5Lexists(f.id, "params/layers/0/self_attn/q_norm", H5P_DEFAULT) > 0 ? "qwen3" : "llama";
   if (H5Aexists(f.id, "llama3_factor") > 0) {  // rope_scaling {type: llama3, ...}
     mc.rope_scaling.type = "llama3";
     mc.rope_scaling.factor = read_attr<double>(f.id, "llama3_factor");
@@ -173,6 +175,17 @@ TEST_CASE("HF parity: tiny Qwen2 with Llama 3 rope scaling, fp64 and fp32", "[mo
 // transformers' LlamaForCausalLM computes it.
 TEST_CASE("HF parity: tiny Llama 3 in fp64 and fp32", "[model]") {
   for (const char* name : {"llama_tiny_tied.h5", "llama_tiny_untied.h5"}) {
+    INFO(name);
+    check_parity<double>(name, DType::f64, 2e-6);
+    check_parity<float>(name, DType::f32, 1e-5);
+  }
+}
+
+// Qwen3 (model.family qwen3: no q, k, v biases; an RMSNorm over each q and k head before
+// RoPE), tied and untied, as transformers' Qwen3ForCausalLM computes it, the QK-norm weights'
+// gradients included.
+TEST_CASE("HF parity: tiny Qwen3 in fp64 and fp32", "[model]") {
+  for (const char* name : {"qwen3_tiny_tied.h5", "qwen3_tiny_untied.h5"}) {
     INFO(name);
     check_parity<double>(name, DType::f64, 2e-6);
     check_parity<float>(name, DType::f32, 1e-5);

@@ -241,6 +241,26 @@ TEST_CASE(
                                  kLlama);
 }
 
+// The qwen3 family: QK-norm weights shared by the heads that tp splits (their gradients summed
+// over TP with or without sequence parallelism).
+TEST_CASE(
+    "layouts: the qwen3 family under tp 2 x pp 2 x dp 2 with ZeRO-1 matches one rank tensor "
+    "by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.tp=2", "parallel.pp=2", "parallel.zero1=true", "parallel.sequence_parallel=false"},
+      {"model.family=qwen3"});
+}
+
+TEST_CASE(
+    "layouts: the qwen3 family under cp 2 (ring) x tp 2 x pp 2 with sequence parallelism "
+    "matches one rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank({"parallel.cp=2", "parallel.cp_comm=ring", "parallel.tp=2",
+                                  "parallel.pp=2", "parallel.sequence_parallel=true"},
+                                 {"model.family=qwen3"});
+}
+
 // The pipeline schedules (parallel.pipeline_schedule) with the other parallelisms. Each ctest
 // entry is its own process, so each reference is computed once.
 TEST_CASE(

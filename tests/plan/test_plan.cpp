@@ -672,6 +672,33 @@ TEST_CASE("plan: the Llama 3 presets count the published models' parameters", "[
   }
 }
 
+// The Qwen3 presets against their model cards' counts (billions, as rounded there): the total and
+// the count without the embedding and LM head matrices (one of them when tied).
+TEST_CASE("plan: the Qwen3 presets count their model cards' parameters", "[model]") {
+  const struct {
+    const char* name;
+    double total, non_embedding, rounding;
+  } presets[] = {{"qwen3-0.6b", 0.6, 0.44, 0.05}, {"qwen3-1.7b", 1.7, 1.4, 0.05},
+                 {"qwen3-4b", 4.0, 3.6, 0.05},    {"qwen3-8b", 8.2, 6.95, 0.05},
+                 {"qwen3-14b", 14.8, 13.2, 0.05}, {"qwen3-32b", 32.8, 31.2, 0.05}};
+  for (const auto& p : presets) {
+    INFO(p.name);
+    absl::StatusOr<Config> cfg =
+        load_config(tr::test::source_dir() + "/configs/" + p.name + ".yaml", {});
+    REQUIRE(cfg.ok());
+    CHECK(cfg->model.family == "qwen3");
+    absl::StatusOr<Plan> plan = make_plan(*cfg, *gpu_spec("h100"), 4, 8);
+    REQUIRE(plan.ok());
+    const ModelConfig& m = cfg->model;
+    const double table = static_cast<double>(m.vocab_size * m.hidden_size);
+    const double total = plan->params_total / 1e9,
+                 rest = (plan->params_total - table * (m.tie_embeddings ? 1 : 2)) / 1e9;
+    CHECK(std::abs(total - p.total) <= p.rounding);
+    CHECK(std::abs(rest - p.non_embedding) <= p.rounding);
+    CHECK(plan->fits);
+  }
+}
+
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {
   const Config cfg = config_with({});
   absl::StatusOr<Plan> big = make_plan(cfg, *gpu_spec("b300"), 16, 8);

@@ -40,9 +40,13 @@ SHAPE = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_la
              rms_norm_eps=1e-6)
 THETA = 10000.0
 SEQ, SAMPLES = 16, 4  # the data holds exactly one global batch: step k's loss covers all of it
-# The trainer's model keys for the oracle's llama models (its LLAMA3 block).
-LLAMA_MODEL = (", family: llama, rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, "
-               "high_freq_factor: 16.0, original_max_position_embeddings: 251}")
+# The trainer's model keys for the oracle's models of each family (llama: its LLAMA3 block).
+FAMILY_MODEL = {
+    "qwen2": "",
+    "llama": (", family: llama, rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, "
+              "high_freq_factor: 16.0, original_max_position_embeddings: 251}"),
+    "qwen3": ", family: qwen3"}
+ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 def venv_python(venv):
@@ -56,7 +60,7 @@ ORACLE = r'''
 import json, sys
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 # Llama 3's RoPE rule over a trained context of 251 positions (one pair kept, one blended, two
 # slowed at head_dim 8): the llama requests' rope_parameters.
@@ -85,12 +89,17 @@ def make(out, shape, theta, tied, dtype, shard, seed, arch="qwen2"):
         cfg = LlamaConfig(**shape, tie_word_embeddings=tied, rope_theta=theta,
                           attention_dropout=0.0, attention_bias=False, mlp_bias=False)
         cfg.rope_parameters.update(LLAMA3)
+    elif arch == "qwen3":  # no biases; an RMSNorm over each q and k head
+        cfg = Qwen3Config(**shape, tie_word_embeddings=tied, rope_theta=theta,
+                          head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+                          attention_dropout=0.0, attention_bias=False, use_sliding_window=False)
     else:
         cfg = Qwen2Config(**shape, tie_word_embeddings=tied, rope_theta=theta,
                           attention_dropout=0.0, use_sliding_window=False)
     if getattr(cfg, "rope_parameters", None) is not None:
         cfg.rope_parameters["rope_theta"] = theta
-    model = (LlamaForCausalLM if arch == "llama" else Qwen2ForCausalLM)(cfg).float().eval()
+    kind = {"llama": LlamaForCausalLM, "qwen3": Qwen3ForCausalLM}.get(arch, Qwen2ForCausalLM)
+    model = kind(cfg).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -185,7 +194,7 @@ class Test:
         return json.loads(out.stdout.strip().splitlines()[-1])
 
     def config(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, extra="",
-               llama=False):
+               family="qwen2"):
         d = os.path.join(self.work, "run-" + name)
         os.makedirs(d, exist_ok=True)
         tp, pp = layout
@@ -196,7 +205,7 @@ class Test:
                     num_kv_heads: {SHAPE['num_key_value_heads']}, head_dim: 8,
                     vocab_size: {SHAPE['vocab_size']}, max_seq_len: 64, rope_theta: {THETA},
                     rms_norm_eps: 1.0e-6, tie_embeddings: {'true' if tied else 'false'},
-                    init_from: {init_from}{LLAMA_MODEL if llama else ''}}}
+                    init_from: {init_from}{FAMILY_MODEL[family]}}}
             parallel: {{tp: {tp}, pp: {pp}}}
             data: {{train: [{{path: {self.data}}}], seq_len: {SEQ}}}
             train: {{steps: {steps}, global_batch: {SAMPLES}, micro_batch: {micro}, backend: cpu}}
@@ -209,8 +218,9 @@ class Test:
             f.write(text)
         return d, path
 
-    def train(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, sets=(), llama=False):
-        d, cfg = self.config(name, init_from, tied, layout, steps, lr, llama=llama)
+    def train(self, name, init_from, tied, layout=(1, 1), steps=1, lr=1e-3, sets=(),
+              family="qwen2"):
+        d, cfg = self.config(name, init_from, tied, layout, steps, lr, family=family)
         ranks = layout[0] * layout[1]
         cmd = [self.args.trainer, "--config", cfg] + [a for kv in sets for a in ("--set", kv)]
         if ranks > 1:
@@ -337,27 +347,38 @@ def part_export(t):
              os.path.exists(os.path.join(out, "model.safetensors")), r.stderr)
 
 
-def part_llama(t):
-    """Llama 3 (model.family llama): transformers' LlamaForCausalLM imported under one rank and
-    tp 2 x pp 2 gives its first-step loss; after a step, the export loads in transformers
-    (model_type llama, no biases) with the trainer's step-2 loss."""
-    src = os.path.join(t.work, "llama-src")
-    ref = t.ask(op="make", out=src, shape=SHAPE, theta=THETA, tied=False, dtype="float32",
-                shard=None, seed=11, arch="llama")["loss"]
-    for layout in [(1, 1), (2, 2)]:
-        _, losses = t.train(f"llama-tp{layout[0]}pp{layout[1]}", src, False, layout, llama=True)
-        t.expect_close(f"llama under tp{layout[0]} pp{layout[1]}: first-step loss", losses[0], ref,
-                       1e-5)
-    run, losses = t.train("llama-export", src, False, steps=2, llama=True)
-    out = os.path.join(t.work, "llama-exported")
-    t.export(os.path.join(run, "ckpt", "step_00000001"), out, "fp32")
-    with open(os.path.join(out, "config.json")) as f:
-        cfg = json.load(f)
-    t.expect("llama export: config.json is LlamaForCausalLM with Llama 3's rope",
-             cfg.get("architectures") == ["LlamaForCausalLM"] and cfg.get("model_type") == "llama"
-             and cfg.get("rope_scaling", {}).get("rope_type") == "llama3", str(cfg))
-    t.expect_close("llama exported as fp32: loss of from_pretrained vs trainer's step 2",
-                   losses[1], t.ask(op="loss", dir=out)["loss"], 1e-5)
+def part_families(t):
+    """Llama 3 (model.family llama) and Qwen3 (qwen3): transformers' LlamaForCausalLM and
+    Qwen3ForCausalLM imported under one rank and tp 2 x pp 2 give their first-step losses; after a
+    step, each export loads in transformers (its architecture and model_type) with the
+    trainer's step-2 loss."""
+    families = ["llama", "qwen3"]
+    refs = t.ask_all([dict(op="make", out=os.path.join(t.work, f + "-src"), shape=SHAPE,
+                           theta=THETA, tied=False, dtype="float32", shard=None, seed=11 + i,
+                           arch=f) for i, f in enumerate(families)])
+    outs = []
+    for f, ref in zip(families, refs):
+        src = os.path.join(t.work, f + "-src")
+        for layout in [(1, 1), (2, 2)]:
+            _, losses = t.train(f"{f}-tp{layout[0]}pp{layout[1]}", src, False, layout, family=f)
+            t.expect_close(f"{f} under tp{layout[0]} pp{layout[1]}: first-step loss", losses[0],
+                           ref["loss"], 1e-5)
+        run, losses = t.train(f + "-export", src, False, steps=2, family=f)
+        out = os.path.join(t.work, f + "-exported")
+        t.export(os.path.join(run, "ckpt", "step_00000001"), out, "fp32")
+        with open(os.path.join(out, "config.json")) as fh:
+            cfg = json.load(fh)
+        t.expect(f"{f} export: config.json is {ARCHITECTURE[f]}",
+                 cfg.get("architectures") == [ARCHITECTURE[f]] and cfg.get("model_type") == f,
+                 str(cfg))
+        if f == "llama":
+            t.expect("llama export: Llama 3's rope",
+                     cfg.get("rope_scaling", {}).get("rope_type") == "llama3", str(cfg))
+        outs.append((f, out, losses[1]))
+    got = t.ask_all([dict(op="loss", dir=out) for _, out, _ in outs])
+    for (f, _, want), g in zip(outs, got):
+        t.expect_close(f"{f} exported as fp32: loss of from_pretrained vs trainer's step 2", want,
+                       g["loss"], 1e-5)
 
 
 def part_walkthrough(t):
@@ -395,7 +416,8 @@ def part_walkthrough(t):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["import", "export", "llama", "walkthrough"], required=True)
+    ap.add_argument("--part", choices=["import", "export", "families", "walkthrough"],
+                    required=True)
     ap.add_argument("--trainer", required=True)
     ap.add_argument("--prepare-data")
     ap.add_argument("--mpirun", required=True)
@@ -403,7 +425,7 @@ def main():
     ap.add_argument("--work", required=True)
     args = ap.parse_args()
     t = Test(args)
-    {"import": part_import, "export": part_export, "llama": part_llama,
+    {"import": part_import, "export": part_export, "families": part_families,
      "walkthrough": part_walkthrough}[args.part](t)
     if t.failures:
         print("FAILED:\n  " + "\n  ".join(t.failures))

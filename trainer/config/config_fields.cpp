@@ -11,12 +11,13 @@ namespace tr::config_detail {
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       TR_FIELD(model, preset, String, 0, 0,
-               "Qwen2.5 or Llama 3 preset filling every model field (explicit fields override); "
-               "'' = none"),
+               "Qwen2.5, Llama 3 or Qwen3 preset filling every model field (explicit fields "
+               "override); '' = none"),
       TR_FIELD(model, family, String, 0, 0,
-               "the architecture: qwen2 (Qwen2 / Qwen2.5: biases on q, k and v) or llama (Llama "
-               "3.x: no biases); the rest of the shape is the fields below",
-               {"qwen2", "llama"}),
+               "the architecture: qwen2 (Qwen2 / Qwen2.5: biases on q, k and v), llama (Llama "
+               "3.x: no biases) or qwen3 (Qwen3 dense: no biases, an RMSNorm over each head's "
+               "queries and keys before RoPE); the rest of the shape is the fields below",
+               {"qwen2", "llama", "qwen3"}),
       TR_FIELD(model, hidden_size, Int, 1, 1 << 20, "hidden size H"),
       TR_FIELD(model, intermediate_size, Int, 1, 1 << 22, "MLP intermediate size"),
       TR_FIELD(model, num_layers, Int, 1, 4096, "decoder layers"),

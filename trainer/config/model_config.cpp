@@ -1,4 +1,5 @@
-// The model section's rules: the Qwen2.5 and Llama 3 presets and the rope_scaling block's rules.
+// The model section's rules: the Qwen2.5, Llama 3 and Qwen3 presets and the rope_scaling block's
+// rules.
 #include <string>
 #include <vector>
 
@@ -15,7 +16,8 @@
 namespace tr {
 namespace {
 
-// ---- presets (Hugging Face config.json of the Qwen2.5 and Llama 3.1 / 3.2 base models) ----
+// ---- presets (Hugging Face config.json of the Qwen2.5, Llama 3.1 / 3.2 and Qwen3 base models)
+// ----
 struct Preset {
   const char* name;
   const char* family;
@@ -36,6 +38,12 @@ constexpr Preset kPresets[] = {
     {"llama-3.2-3b", "llama", 3072, 8192, 28, 24, 8, 128, 128256, 1e-5, true, 32},
     {"llama-3.1-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 1e-5, false, 8},
     {"llama-3.1-70b", "llama", 8192, 28672, 80, 64, 8, 128, 128256, 1e-5, false, 8},
+    {"qwen3-0.6b", "qwen3", 1024, 3072, 28, 16, 8, 128, 151936, 1e-6, true, 0},
+    {"qwen3-1.7b", "qwen3", 2048, 6144, 28, 16, 8, 128, 151936, 1e-6, true, 0},
+    {"qwen3-4b", "qwen3", 2560, 9728, 36, 32, 8, 128, 151936, 1e-6, true, 0},
+    {"qwen3-8b", "qwen3", 4096, 12288, 36, 32, 8, 128, 151936, 1e-6, false, 0},
+    {"qwen3-14b", "qwen3", 5120, 17408, 40, 40, 8, 128, 151936, 1e-6, false, 0},
+    {"qwen3-32b", "qwen3", 5120, 25600, 64, 64, 8, 128, 151936, 1e-6, false, 0},
 };
 
 }  // namespace
@@ -68,8 +76,8 @@ absl::Status apply_model_preset(const std::string& name, ModelConfig* m) {
       m->rope_scaling.low_freq_factor = 1;
       m->rope_scaling.high_freq_factor = 4;
       m->rope_scaling.original_max_position_embeddings = 8192;
-    } else {
-      m->max_seq_len = 32768;
+    } else {  // Qwen2.5: 32K positions; Qwen3: 40K
+      m->max_seq_len = m->family == "qwen3" ? 40960 : 32768;
       m->rope_theta = 1e6;
     }
     return absl::OkStatus();

@@ -53,7 +53,8 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
     };
     for (const LayerWeights& g : g_.layers) {
       int64_t lo = params.layout().total, hi = 0, n = 0;
-      for (const Tensor* t : {&g.ln1, &g.qkv_w, &g.qkv_b, &g.o_w, &g.ln2, &g.gateup_w, &g.down_w}) {
+      for (const Tensor* t : {&g.ln1, &g.qkv_w, &g.qkv_b, &g.q_norm, &g.k_norm, &g.o_w, &g.ln2,
+                              &g.gateup_w, &g.down_w}) {
         if (t->empty()) continue;
         lo = std::min(lo, at(*t));
         hi = std::max(hi, at(*t) + t->numel());
@@ -104,6 +105,12 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   auto kept = [&](Acts::Layer& L) {
     L.rstd1 = ar.alloc(sdtype_, {Tl});
     L.qkv = ar.alloc(dtype_, {T, Q});
+    if (d.qk_norm) {  // q and k before their norms, and the norms' statistics
+      L.q_in = ar.alloc(dtype_, {T, d.heads, d.head_dim});
+      L.k_in = ar.alloc(dtype_, {T, d.kv_heads, d.head_dim});
+      L.rstd_q = ar.alloc(sdtype_, {T * d.heads});
+      L.rstd_k = ar.alloc(sdtype_, {T * d.kv_heads});
+    }
     L.att = ar.alloc(dtype_, {T, A});
     L.lse = ar.alloc(sdtype_, {batch_, d.heads, seq_len_});
     L.x_mid = ar.alloc(dtype_, {Tl, H});
@@ -170,6 +177,11 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     a_->dlnf_local = ar.alloc(dtype_, {Tl, H});
   }
   a_->dqkv = ar.alloc(dtype_, {T, Q});
+  if (d.qk_norm) {
+    for (Tensor* t : {&a_->qn_q, &a_->qn_dq}) *t = ar.alloc(dtype_, {T, d.heads, d.head_dim});
+    for (Tensor* t : {&a_->qn_k, &a_->qn_dk, &a_->qn_v})
+      *t = ar.alloc(dtype_, {T, d.kv_heads, d.head_dim});
+  }
   a_->datt = ar.alloc(dtype_, {T, A});
   a_->dgateup = ar.alloc(dtype_, {T, 2 * I});
   a_->dact = ar.alloc(dtype_, {T, I});
@@ -222,6 +234,10 @@ Weights Qwen2Model::views(Tensor flat) const {
     L.ln1 = at(p + "input_layernorm/weight", {H});
     L.qkv_w = at(p + "self_attn/q_proj/weight", {Q, H});
     if (d.qkv_bias) L.qkv_b = at(p + "self_attn/q_proj/bias", {Q});  // else empty: no bias
+    if (d.qk_norm) {
+      L.q_norm = at(p + "self_attn/q_norm/weight", {d.head_dim});
+      L.k_norm = at(p + "self_attn/k_norm/weight", {d.head_dim});
+    }
     L.o_w = at(p + "self_attn/o_proj/weight", {H, d.heads * d.head_dim});
     L.ln2 = at(p + "post_attention_layernorm/weight", {H});
     L.gateup_w = at(p + "mlp/gate_proj/weight", {2 * d.inter, H});

@@ -27,13 +27,14 @@ namespace tr {
 
 // Views of one copy of the parameters (weights or gradients) as the model uses them.
 struct LayerWeights {
-  Tensor ln1;       // [H]
-  Tensor qkv_w;     // [(nh + 2 nkv) hd, H]: q_proj, k_proj, v_proj rows back to back
-  Tensor qkv_b;     // [(nh + 2 nkv) hd]; empty without q, k, v biases (model.family llama)
-  Tensor o_w;       // [H, nh hd]
-  Tensor ln2;       // [H]
-  Tensor gateup_w;  // [2I, H]: gate_proj rows then up_proj rows
-  Tensor down_w;    // [H, I]
+  Tensor ln1;             // [H]
+  Tensor qkv_w;           // [(nh + 2 nkv) hd, H]: q_proj, k_proj, v_proj rows back to back
+  Tensor qkv_b;           // [(nh + 2 nkv) hd]; empty without q, k, v biases (model.family llama)
+  Tensor q_norm, k_norm;  // [hd] each (model.family qwen3); else empty
+  Tensor o_w;             // [H, nh hd]
+  Tensor ln2;             // [H]
+  Tensor gateup_w;        // [2I, H]: gate_proj rows then up_proj rows
+  Tensor down_w;          // [H, I]
 };
 struct Weights {
   Tensor embed;  // [Vl, H] (first stage)
@@ -186,6 +187,11 @@ class Qwen2Model {
   // Layer l of micro-batch slot `slot` from its normed input (ln1, all-gathered) to its SwiGLU
   // output (act).
   void layer_fwd(int slot, int64_t l);
+  // QK-norm (model.family qwen3): each q and k head of layer l's qkv rows normed in place,
+  // before RoPE; and its backward on dqkv (after RoPE's), the norms' weight gradients written
+  // with `gw`.
+  void qk_norm_fwd(int slot, int64_t l);
+  void qk_norm_bwd(int slot, int64_t l, Tensor dqkv, GradWrite gw);
   // Attention of layer l over the micro-batch, and its backward into dqkv: the whole sequence
   // here, or (cp > 1, context_parallel.cpp) each sequence over the CP group.
   void attention_fwd_of(int slot, int64_t l);

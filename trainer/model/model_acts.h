@@ -14,9 +14,12 @@ namespace tr {
 // all micro-batches. T = batch * seq_len.
 struct Qwen2Model::Acts {
   struct Layer {
-    Tensor ln1;     // [T, H] input_layernorm output (all-gathered)
-    Tensor rstd1;   // [Tl]
-    Tensor qkv;     // [T, (nh + 2 nkv) hd], rope applied to q and k
+    Tensor ln1;    // [T, H] input_layernorm output (all-gathered)
+    Tensor rstd1;  // [Tl]
+    Tensor qkv;    // [T, (nh + 2 nkv) hd], rope applied to q and k
+    // QK-norm (model.family qwen3): q [T, nh, hd] and k [T, nkv, hd] before their norms, and
+    // each head row's rstd [T nh], [T nkv].
+    Tensor q_in, k_in, rstd_q, rstd_k;
     Tensor att;     // [T, nh hd] attention output before o_proj
     Tensor lse;     // [B, nh, S] (under context parallelism each sequence's [2, nh, S / 2])
     Tensor x_mid;   // [Tl, H] residual after attention
@@ -53,11 +56,14 @@ struct Qwen2Model::Acts {
   Tensor grad_in;    // [T, H] the next stage's gradient, received; swapped into dres
   Tensor dln, dlnf;  // [T, H]
   Tensor dqkv;       // [T, (nh + 2 nkv) hd]
-  Tensor datt;       // [T, nh hd]
-  Tensor dgateup;    // [T, 2I]
-  Tensor dact;       // [T, I]
-  Tensor logits;     // [C, Vl] one loss chunk; overwritten by its gradient
-  Tensor losses;     // [C]
+  // QK-norm scratch: q, k, v split out of the qkv rows (normed, or their gradients), and the
+  // gradients of q and k before the norms.
+  Tensor qn_q, qn_k, qn_v, qn_dq, qn_dk;
+  Tensor datt;              // [T, nh hd]
+  Tensor dgateup;           // [T, 2I]
+  Tensor dact;              // [T, I]
+  Tensor logits;            // [C, Vl] one loss chunk; overwritten by its gradient
+  Tensor losses;            // [C]
   Tensor row_max, sums;     // [C], [C, 2] vocab-parallel cross-entropy statistics
   Tensor stats, all_stats;  // [C, 3], [tp * C * 3]: this rank's and every TP rank's
   // Sequence parallelism: the residual stream, norms and their gradients hold Tl = T / tp

@@ -161,6 +161,7 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   const LayerWeights& w = w_.layers[l];
   Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
   linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
+  if (d.qk_norm) qk_norm_fwd(slot, l);
   Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
   rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_),
            d.rope, rope_positions(slot));
@@ -172,6 +173,35 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   gather_tokens(a.ln_local, L.ln2);
   linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
   swiglu_fwd(ctx_, L.act, L.gateup);
+}
+
+void Qwen2Model::qk_norm_fwd(int slot, int64_t l) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_, hd = d.head_dim;
+  Acts& a = *a_;
+  const LayerWeights& w = w_.layers[l];
+  Acts::Layer& L = a.layer(slot, layer_pos_[l]);
+  qkv_split(ctx_, L.q_in, L.k_in, a.qn_v, L.qkv);
+  rmsnorm_fwd(ctx_, a.qn_q.view({T * d.heads, hd}), L.rstd_q, L.q_in.view({T * d.heads, hd}),
+              w.q_norm, d.eps);
+  rmsnorm_fwd(ctx_, a.qn_k.view({T * d.kv_heads, hd}), L.rstd_k, L.k_in.view({T * d.kv_heads, hd}),
+              w.k_norm, d.eps);
+  qkv_join(ctx_, L.qkv, a.qn_q, a.qn_k, a.qn_v);
+}
+
+void Qwen2Model::qk_norm_bwd(int slot, int64_t l, Tensor dqkv, GradWrite gw) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_, hd = d.head_dim;
+  Acts& a = *a_;
+  const LayerWeights& w = w_.layers[l];
+  const LayerWeights& g = g_.layers[l];
+  const Acts::Layer& L = a.layer(slot, layer_pos_[l]);
+  qkv_split(ctx_, a.qn_q, a.qn_k, a.qn_v, dqkv);  // d(normed q), d(normed k), dv
+  rmsnorm_bwd(ctx_, a.qn_dq.view({T * d.heads, hd}), g.q_norm, a.qn_q.view({T * d.heads, hd}),
+              L.q_in.view({T * d.heads, hd}), w.q_norm, L.rstd_q, /*accumulate_din=*/false, gw);
+  rmsnorm_bwd(ctx_, a.qn_dk.view({T * d.kv_heads, hd}), g.k_norm, a.qn_k.view({T * d.kv_heads, hd}),
+              L.k_in.view({T * d.kv_heads, hd}), w.k_norm, L.rstd_k, /*accumulate_din=*/false, gw);
+  qkv_join(ctx_, dqkv, a.qn_dq, a.qn_dk, a.qn_v);
 }
 
 void Qwen2Model::attention_fwd_of(int slot, int64_t l) {
@@ -323,6 +353,7 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
              static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_), d.rope,
              rope_positions(slot));
+    if (d.qk_norm) qk_norm_bwd(slot, l, a.dqkv, gw);
     const Tensor dqkv = kept(a.dqkv, L.dqkv);  // (qkv is not read after attention's backward)
     linear_bwd(ctx_, full_or(a.dln), weight_grad(g.qkv_w), weight_grad(g.qkv_b), dqkv, L.ln1,
                w.qkv_w, gw);
@@ -366,6 +397,12 @@ void Qwen2Model::layer_final(int64_t l) {
   if (dims_.sequence_parallel) {
     tp_sum(g_.layers[l].ln2);
     tp_sum(g_.layers[l].ln1);
+  }
+  // QK-norm's weights serve every head, and each TP rank holds other heads: their gradients
+  // are summed over TP with or without sequence parallelism.
+  if (dims_.qk_norm) {
+    tp_sum(g_.layers[l].q_norm);
+    tp_sum(g_.layers[l].k_norm);
   }
   if (events_ != nullptr) events_->grads_final(layer_ranges_[l].first, layer_ranges_[l].second);
 }

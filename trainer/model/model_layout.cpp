@@ -65,6 +65,7 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
   d.rope = m.rope();
   d.tied = m.tie_embeddings;
   d.qkv_bias = m.attention_bias();
+  d.qk_norm = m.qk_norm();
   return d;
 }
 
@@ -119,6 +120,10 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
       add(p + "self_attn/q_proj/bias", {d.heads * hd}, false, 0);
       add(p + "self_attn/k_proj/bias", {d.kv_heads * hd}, false, 0);
       add(p + "self_attn/v_proj/bias", {d.kv_heads * hd}, false, 0);
+    }
+    if (d.qk_norm) {  // one [hd] weight for every q head, one for every k head: on every TP rank
+      add(p + "self_attn/q_norm/weight", {hd}, false, -1);
+      add(p + "self_attn/k_norm/weight", {hd}, false, -1);
     }
     add(p + "self_attn/o_proj/weight", {H, d.heads * hd}, true, 1);  // row-parallel
     add(p + "post_attention_layernorm/weight", {H}, false, -1);

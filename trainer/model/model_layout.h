@@ -60,7 +60,8 @@ struct ModelDims {
   // Gradients are the same bits either way.
   int64_t recompute_full = 0;
   bool recompute_selective = false;
-  bool qkv_bias = true;  // model.family qwen2: q, k and v have biases; llama: none
+  bool qkv_bias = true;  // model.family qwen2: q, k and v have biases; llama, qwen3: none
+  bool qk_norm = false;  // qwen3: an RMSNorm over each q and k head (weights [hd], replicated)
   int64_t qkv_out() const { return (heads + 2 * kv_heads) * head_dim; }
   // Real (unpadded) vocabulary rows among this rank's vocab_local.
   int64_t vocab_valid_local() const {
