@@ -167,7 +167,7 @@ TEST_CASE("HF parity: tiny Qwen2 with YaRN rope scaling, fp64 and fp32", "[model
 // 251: one pair kept, one blended, two slowed) on the tiny Qwen2: logits, loss and every gradient
 // as transformers computes them.
 TEST_CASE("HF parity: tiny Qwen2 with Llama 3 rope scaling, fp64 and fp32", "[model]") {
-  check_parity<double>("qwen2_tiny_llama3_rope.h5", DType::f64, 2e-6);
+  check_parity<double>("qwen2_tiny_llama3_rope.h5", DType::f64, 1e-6);
   check_parity<float>("qwen2_tiny_llama3_rope.h5", DType::f32, 1e-5);
 }
 
@@ -176,7 +176,7 @@ TEST_CASE("HF parity: tiny Qwen2 with Llama 3 rope scaling, fp64 and fp32", "[mo
 TEST_CASE("HF parity: tiny Llama 3 in fp64 and fp32", "[model]") {
   for (const char* name : {"llama_tiny_tied.h5", "llama_tiny_untied.h5"}) {
     INFO(name);
-    check_parity<double>(name, DType::f64, 2e-6);
+    check_parity<double>(name, DType::f64, 1e-6);
     check_parity<float>(name, DType::f32, 1e-5);
   }
 }
@@ -187,7 +187,7 @@ TEST_CASE("HF parity: tiny Llama 3 in fp64 and fp32", "[model]") {
 TEST_CASE("HF parity: tiny Qwen3 in fp64 and fp32", "[model]") {
   for (const char* name : {"qwen3_tiny_tied.h5", "qwen3_tiny_untied.h5"}) {
     INFO(name);
-    check_parity<double>(name, DType::f64, 2e-6);
+    check_parity<double>(name, DType::f64, 1e-6);
     check_parity<float>(name, DType::f32, 1e-5);
   }
 }

@@ -348,6 +348,42 @@ TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match 
   }
 }
 
+// The llama and qwen3 families (no q, k, v biases; Llama 3's RoPE rule; QK-norm) over 20 steps:
+// tp 2 x pp 2 x dp 2 with ZeRO-1 and cp 2 (ring) x tp 2 against one rank, every step's loss and
+// gradient norm, the validation loss and the final weights and Adam states to 1e-5.
+TEST_CASE(
+    "cli: the llama and qwen3 families over ZeRO-1 and context-parallel layouts match one "
+    "rank",
+    "[cli][mpi]") {
+  const std::vector<std::vector<std::string>> families = {
+      {"model.family=llama",
+       "model.rope_scaling={type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
+       "original_max_position_embeddings: 64}"},
+      {"model.family=qwen3"}};
+  for (const std::vector<std::string>& family : families) {
+    std::vector<std::string> shape = test::kLayoutShape;
+    std::string args = with_layout_shape(
+        "--set train.micro_batch=2 --set train.eval_interval=10 --set train.eval_steps=2");
+    for (const std::string& kv : family) {
+      args += " --set '" + kv + "'";  // (the shell's word)
+      shape.push_back(kv);
+    }
+    RunDir one(20);
+    REQUIRE(one.trainer(args).exit_code == 0);
+    for (const auto& [ranks, layout] :
+         {std::pair{8, std::string(" --set parallel.tp=2 --set parallel.pp=2 "
+                                   "--set parallel.zero1=true")},
+          std::pair{4, std::string(" --set parallel.cp=2 --set parallel.cp_comm=ring "
+                                   "--set parallel.tp=2 --set parallel.sequence_parallel=true")}}) {
+      RunDir run(20);
+      CmdResult r = run.mpirun(ranks, args + layout);
+      INFO(family[0] << layout << "\n" << r.output);
+      REQUIRE(r.exit_code == 0);
+      expect_same_training(one, run, 20, 160, family[0] + layout, shape);
+    }
+  }
+}
+
 // Context parallelism (parallel.cp) over MPI ranks, both exchanges, alone and with tensor and
 // pipeline parallelism, sequence parallelism and ZeRO-1: every step's loss and gradient norm,
 // the validation loss and the final weights and Adam states after 20 steps match one rank to
