@@ -26,7 +26,8 @@ class StagingComm final : public Comm {
   int size() const override { return host_->size(); }
   const std::string& name() const override { return host_->name(); }
 
-  // Operations on staged tensors complete in order whichever lane they were started in.
+  // Operations on staged tensors that receive complete before start returns, in order whichever
+  // lane they were started in; those that only send travel until waited for.
   Ticket start(const CommOp& op, Lane lane) override {
     if (!touches_staged(op)) return host_->start(op, lane);
     if (sends_only(op)) return start_sends(op, lane);
