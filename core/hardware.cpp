@@ -11,7 +11,9 @@ const std::vector<GpuSpec>& gpu_table() {
   // per B200/B300 GPU and 200 Gb/s per A100 GPU (the usual InfiniBand/RoCE builds). The GEMM
   // and copy ceilings: measured on an H100 (798 TFLOP/s, 3.0 TB/s) and on an H200 by preflight
   // (830 TFLOP/s, 4.23 TB/s, 2026-11-27, docs/PERFORMANCE.md); for the others not yet measured,
-  // 0.8 of the peak and 0.85 of the HBM bandwidth, the H100's ratios.
+  // 0.8 of the peak and 0.85 of the HBM bandwidth, the H100's ratios. Collective latencies:
+  // 10 us inside a node and 20 us across nodes for all (NCCL's small all-reduce; preflight
+  // measures a cluster's own).
   static const std::vector<GpuSpec> table = {
       {"h100", "H100", 989.4e12, 80.0 * kGiB, 3.35e12, 450e9, 50e9, 798e12, 3.0e12},
       {"h200", "H200", 989.4e12, 141.0 * kGiB, 4.8e12, 450e9, 50e9, 830e12, 4.23e12},

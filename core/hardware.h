@@ -25,6 +25,10 @@ struct GpuSpec {
   // bytes/s counting bytes read plus written.
   double gemm_flops;
   double copy_bw;
+  // A collective's fixed cost, whatever its size (the time of the smallest all-reduce): inside
+  // a node and across nodes. The planner charges it once per call, beside bytes / bandwidth.
+  double nvlink_latency = 10e-6;
+  double network_latency = 20e-6;
 };
 
 // A cluster's numbers for saves and restarts, for `trainer plan --mtbf-hours` (estimates:

@@ -66,8 +66,9 @@ constexpr const char* kUsage =
     "  --expect KEY=V    a threshold of your own (overrides the table): node_busbw_gbps,\n"
     "                    network_busbw_gbps (all-reduce at the largest size), gemm_tflops,\n"
     "                    memory_gbps\n"
-    "  --json FILE       writes what was measured under those keys (rank 0), for\n"
-    "                    `trainer plan --hardware FILE`\n"
+    "  --json FILE       writes what was measured under those keys (rank 0), and the\n"
+    "                    smallest all-reduce's time as node_latency_us and network_latency_us,\n"
+    "                    for `trainer plan --hardware FILE`\n"
     "  --ranks-per-node N  group ranks into nodes by rank / N instead of by hostname\n"
     "  --corrupt 1       (for testing) world rank 1 perturbs one input element of every checked\n"
     "                    call, so the #wrong counts and the exit code must show it\n"
@@ -485,15 +486,17 @@ void measure_collectives(const Args& a, const Target& d, Comm& world, Groups& g,
   const bool root = world.rank() == 0;
   struct Scope {
     Comm* comm;
-    std::string label, key;
+    std::string label, key, latency_key;
   };
   std::vector<Scope> scopes;
   // Every rank must take the same branches (the measurements are collectives over world).
   double largest_node = g.node->size();
   world.all_reduce(Tensor(&largest_node, DType::f64, Device::cpu, {1}), tr::ReduceOp::max);
   if (largest_node > 1 || d.ctx.device == Device::cuda)
-    scopes.push_back({g.node.get(), "node", "node_busbw_gbps"});
-  if (g.nodes > 1) scopes.push_back({g.all.get(), "network (all ranks)", "network_busbw_gbps"});
+    scopes.push_back({g.node.get(), "node", "node_busbw_gbps", "node_latency_us"});
+  if (g.nodes > 1)
+    scopes.push_back(
+        {g.all.get(), "network (all ranks)", "network_busbw_gbps", "network_latency_us"});
   if (scopes.empty() && root)
     std::printf("one rank: no collectives to measure (launch with srun or mpirun)\n");
   for (const Scope& s : scopes) {
@@ -504,10 +507,11 @@ void measure_collectives(const Args& a, const Target& d, Comm& world, Groups& g,
                     op.c_str(), op == "all_reduce" || op == "reduce_scatter" ? " sum" : "",
                     s.label.c_str(), s.comm->size(), "bytes", "count", "time_us", "algbw_GB/s",
                     "busbw_GB/s", "#wrong");
-      Row last;
+      Row last, first;
       for (double b = static_cast<double>(a.min_bytes); b <= static_cast<double>(a.max_bytes);
            b *= a.factor) {
         last = measure(op, *s.comm, world, d, static_cast<int64_t>(b), a);
+        if (first.bytes == 0) first = last;
         if (root)
           std::printf("%12lld %12lld %10.1f %11.3f %11.3f %7lld\n",
                       static_cast<long long>(last.bytes), static_cast<long long>(last.count),
@@ -518,7 +522,11 @@ void measure_collectives(const Args& a, const Target& d, Comm& world, Groups& g,
               absl::StrFormat("%s on group %s computed %d wrong elements at %d bytes", op, s.label,
                               last.wrong, last.bytes));
       }
-      if (op == "all_reduce" && s.comm->size() > 1) measured[s.key] = last.busbw / 1e9;
+      if (op == "all_reduce" && s.comm->size() > 1) {
+        measured[s.key] = last.busbw / 1e9;
+        // The smallest all-reduce's time: a collective's fixed cost (the planner's latency).
+        measured[s.latency_key] = first.seconds * 1e6;
+      }
       if (op == "all_reduce" && want.count(s.key) && s.comm->size() > 1)
         checks.push_back({s.label + " all_reduce busbw (GB/s, largest size)", last.busbw / 1e9,
                           want[s.key].first, want[s.key].second});

@@ -77,6 +77,11 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   // bf16 (T = 2 x 32 tokens).
   CHECK(p->tp_bytes == Approx(4 * 2 * 4 * 1.0 * (64 * 64 * 2)));
   CHECK(p->pp_bytes == Approx(4 * 2 * (64 * 64 * 2)));  // activations out, gradients back
+  // The calls each pay a latency: 32 TP all-reduces, 8 sends, one DP bucket (32M elements).
+  CHECK(p->tp_calls == 4 * 2 * 4);
+  CHECK(p->pp_calls == 4 * 2);
+  CHECK(p->dp_buckets == 1);
+  CHECK(p->tp_comm_s == Approx(p->tp_bytes / gpu.nvlink_bw + 32 * gpu.nvlink_latency));
   // Memory: stage 0 as the trainer builds it on a rank (tp 0, dp 0, pp 0), measured by a real
   // (CPU) buffer and model with the same arguments; the masters by hand below (ZeRO-1 over dp 2
   // keeps half of them).

@@ -785,8 +785,9 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
   CHECK(r.output.find("unknown key 'netwrk'; known: name, peak_bf16_tflops") != std::string::npos);
   // What preflight --json measured, through --explain's rows: GEMMs at half the table's H100
   // ceiling (798 TFLOP/s) double the GEMMs' time, a copy at 1.5 TB/s instead of 3.0 doubles the
-  // memory-bound passes', and NVLink's all-reduce at half the table's 450 GB/s doubles the
-  // tensor-parallel time; attention (the dense peak's) and the network's are the table's.
+  // memory-bound passes', and NVLink's all-reduce at half the table's 450 GB/s with twice its
+  // 10 us latency doubles the tensor-parallel time; attention (the dense peak's) and the
+  // network's are the table's.
   auto seconds = [](const std::string& out, const std::string& part) {
     std::smatch m;
     REQUIRE(std::regex_search(out, m, std::regex("\\| " + part + " \\| ([0-9.]+) \\|")));
@@ -798,7 +799,8 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
   for (const char* part : parts) table.push_back(seconds(r.output, part));
   test::write_file(dir / "preflight.json",
                    R"({"name": "h100", "measured_by": "preflight", "gemm_tflops": 399,)"
-                   R"( "node_busbw_gbps": 225, "network_busbw_gbps": 50, "memory_gbps": 1500})");
+                   R"( "node_busbw_gbps": 225, "network_busbw_gbps": 50, "memory_gbps": 1500,)"
+                   R"( "node_latency_us": 20, "network_latency_us": 20})");
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg +
               " --nodes 16 --explain --hardware " + (dir / "preflight.json") + " 2>&1");
   INFO(r.output);

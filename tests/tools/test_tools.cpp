@@ -90,10 +90,16 @@ TEST_CASE("preflight: 4 ranks as 2 nodes measure every collective in both groups
   CHECK(j["name"] == "cpu");
   for (const char* key : {"node_busbw_gbps", "network_busbw_gbps", "gemm_tflops", "memory_gbps"})
     CHECK(j.value(key, 0.0) > 0);
-  for (const Table& tab : t)
-    if (tab.op == "all_reduce" && tab.group == "network (all ranks)")
+  // The latencies: the first (smallest) all-reduce row's time, in microseconds.
+  for (const Table& tab : t) {
+    if (tab.op != "all_reduce") continue;
+    const bool network = tab.group == "network (all ranks)";
+    if (network)
       CHECK(j["network_busbw_gbps"].get<double>() ==
             Approx(tab.rows.back()[4]).epsilon(0.01).margin(0.002));
+    CHECK(j[network ? "network_latency_us" : "node_latency_us"].get<double>() ==
+          Approx(tab.rows.front()[2]).epsilon(0.01).margin(0.06));
+  }
 }
 
 TEST_CASE("preflight: a wrong element and a missed threshold fail the run, naming them",

@@ -62,6 +62,8 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       {"network_gbps", {&g.network_bw, 1e9}},
       {"gemm_tflops", {&g.gemm_flops, 1e12}},
       {"memory_gbps", {&g.copy_bw, 1e9}},
+      {"node_latency_us", {&g.nvlink_latency, 1e-6}},
+      {"network_latency_us", {&g.network_latency, 1e-6}},
       {"host_copy_gbps", {&st.host_copy_bw, 1e9}},
       {"local_disk_gbps", {&st.local_disk_bw, 1e9}},
       {"storage_gbps", {&st.storage_bw, 1e9}},
@@ -93,8 +95,9 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       return absl::InvalidArgumentError(absl::StrCat(
           "--hardware ", path, ": unknown key '", key,
           "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
-          "gemm_tflops, memory_gbps, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s, "
-          "and preflight --json's node_busbw_gbps, network_busbw_gbps, gemm_n"));
+          "gemm_tflops, memory_gbps, node_latency_us, network_latency_us, host_copy_gbps, "
+          "local_disk_gbps, storage_gbps, restart_s, and preflight --json's node_busbw_gbps, "
+          "network_busbw_gbps, gemm_n"));
     if (auto [it, fresh] = set_by.emplace(target, key); !fresh)
       return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", it->second, " and ",
                                                      key, " set the same number"));
@@ -263,11 +266,16 @@ void plan_communication(const Config& cfg, Plan& plan) {
   const bool sp = f.sequence_parallel;
   const double rc_full = sp ? 1.5 : 1.0, rc_selective = sp ? 1.0 : 0.0;
   const double rc_layers_per_stage = static_cast<double>(plan.recompute_full_layers) / pp;
-  plan.tp_bytes += m * ring_all_reduce(act, tp) * f.recompute_passes() *
-                   (rc_full * rc_layers_per_stage +
-                    (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
+  const double rc_equivalents =
+      f.recompute_passes() *
+      (rc_full * rc_layers_per_stage +
+       (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
+  plan.tp_bytes += m * ring_all_reduce(act, tp) * rc_equivalents;
+  // The calls: each all-reduce, or under sequence parallelism each half of one.
+  plan.tp_calls = tp > 1 ? m * (layers_here * 4.0 + rc_equivalents) * (sp ? 2 : 1) : 0;
   // Activations forward and their gradients back at each of the rank's v chunk boundaries.
   plan.pp_bytes = pp > 1 ? m * 2.0 * act / (sp ? tp : 1) * f.virtual_stages : 0;
+  plan.pp_calls = pp > 1 ? m * 2.0 * f.virtual_stages : 0;
   const double grads = static_cast<double>(plan.stages[0].grads);
   // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
   // compute copy all-gathered.
@@ -275,6 +283,9 @@ void plan_communication(const Config& cfg, Plan& plan) {
   plan.dp_gather_bytes = f.zero1 ? ring_half(plan.stages[0].compute_copy, dp * cp) : 0;
   plan.dp_bytes = plan.dp_gather_bytes +
                   (f.zero1 ? ring_half(reduced, dp * cp) : ring_all_reduce(reduced, dp * cp));
+  // One reduction per bucket (parallel.dp_bucket_elems), and with ZeRO-1 one all-gather.
+  plan.dp_buckets =
+      dp * cp > 1 ? std::ceil(grads / 4 / static_cast<double>(cfg.parallel.dp_bucket_elems)) : 0;
   std::tie(plan.cp_bytes, plan.cp_beside_bytes) =
       cp_bytes_per_step(cfg, f, plan.recompute_full_layers);
 }
@@ -301,18 +312,25 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   plan.bubble_s = slow.pipelined_s() * (stretch - 1);
   plan.compute_s = slow.total_s() + plan.bubble_s;
   const bool tp_in_node = tp <= plan.gpus_per_node;
-  plan.tp_comm_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw);
+  // Each link: bytes over its bandwidth plus its latency per call.
+  plan.tp_comm_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw) +
+                   plan.tp_calls * (tp_in_node ? gpu.nvlink_latency : gpu.network_latency);
   plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s) : plan.tp_comm_s;
   const bool multi_node = plan.world > plan.gpus_per_node;
-  plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw);
+  plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw) +
+              plan.pp_calls * (multi_node ? gpu.network_latency : gpu.nvlink_latency);
   // With parallel.overlap_dp the trainer reduces the gradients bucket by bucket as the last
   // micro-batch's backward finishes them, and with overlap_param_gather ZeRO-1's all-gather of
   // the updated weights runs bucket by bucket under the next step's first forward: the step
   // waits for what those windows do not cover.
-  const double dp_bw = multi_node && tp * pp < plan.world ? gpu.network_bw : gpu.nvlink_bw;
+  const bool dp_across = multi_node && tp * pp < plan.world;
+  const double dp_bw = dp_across ? gpu.network_bw : gpu.nvlink_bw;
+  const double dp_latency =
+      plan.dp_buckets * (dp_across ? gpu.network_latency : gpu.nvlink_latency);
   const double micro_batches = static_cast<double>(plan.layout.micro_batches);
-  plan.dp_comm_s = plan.dp_bytes / dp_bw;
-  const double gather_s = plan.dp_gather_bytes / dp_bw, reduce_s = plan.dp_comm_s - gather_s;
+  const double gather_s = plan.dp_gather_bytes / dp_bw + (plan.layout.zero1 ? dp_latency : 0.0);
+  const double reduce_s = (plan.dp_bytes - plan.dp_gather_bytes) / dp_bw + dp_latency;
+  plan.dp_comm_s = gather_s + reduce_s;
   const double under_backward = cfg.parallel.overlap_dp ? slow.backward_s / micro_batches : 0;
   const double under_forward =
       cfg.parallel.overlap_param_gather ? slow.forward_s / micro_batches : 0;

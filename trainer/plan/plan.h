@@ -68,6 +68,9 @@ struct Plan {
   double bubble = 0;  // of each step idle: the schedule's closed form (parallel/schedule.h)
   double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per GPU per step, sent
   double dp_gather_bytes = 0;  // of dp_bytes, ZeRO-1's all-gather of the updated weights
+  // Collective calls per GPU per step, each paying its link's latency: TP all-reduces (each
+  // half of one under sequence parallelism), PP sends, DP buckets.
+  double tp_calls = 0, pp_calls = 0, dp_buckets = 0;
   // Context parallelism's K/V exchange per GPU per step (parallel.cp_comm), sent, and the part
   // of it that runs beside the attention (the ring's K/V passes).
   double cp_bytes = 0, cp_beside_bytes = 0;
