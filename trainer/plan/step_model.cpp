@@ -163,6 +163,11 @@ std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const 
   ops.pass("residual add: backward", mem, bwd, layers, 2 * each, 3 * h * ts * kBf16, Ts, H);
   ops.pass("rope: backward", mem, bwd, layers, each, 2 * r * t * kBf16, T, R);
   ops.pass("swiglu: backward", mem, bwd, layers, each, 5 * i * t * kBf16, T, I);
+  if (d.qk_norm) {  // qwen3: q and k split out of the qkv rows, normed per head, joined back
+    const double q = static_cast<double>(d.qkv_out());
+    ops.pass("qk-norm: forward", mem, fwd, layers, each + again, (4 * q + 2 * r) * t * kBf16, T, R);
+    ops.pass("qk-norm: backward", mem, bwd, layers, each, (4 * q + 3 * r) * t * kBf16, T, R);
+  }
   if (d.first_stage) {  // the gather of bf16 rows; the scatter-add into fp32 rows
     ops.pass("embedding: forward", mem, fwd, OpPlace::embedding, mb, 2 * h * t * kBf16, T, H);
     ops.pass("embedding: backward", mem, bwd, OpPlace::embedding, mb, h * t * (kBf16 + 8), T, H);

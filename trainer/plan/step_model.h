@@ -7,9 +7,9 @@
 //   products run below it), and the fp32 weight gradient each micro-batch accumulates into.
 // - Attention: cuDNN's flash attention, forward and backward at a fraction of the dense peak
 //   that rises with head_dim (attention_fraction).
-// - Memory-bound passes: RMSNorm, residual adds, RoPE, SwiGLU, the embedding and the
-//   cross-entropy over the logits, by the bytes each reads and writes, at kStreamFraction of
-//   the copy bandwidth.
+// - Memory-bound passes: RMSNorm, residual adds, RoPE, SwiGLU, QK-norm (qwen3), the embedding
+//   and the cross-entropy over the logits, by the bytes each reads and writes, at
+//   kStreamFraction of the copy bandwidth.
 // - The optimizer: the multi-tensor AdamW's bytes per parameter of the rank's range and the
 //   gradient norm's read, at the same fraction.
 //
