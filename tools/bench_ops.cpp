@@ -31,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/bf16.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
@@ -364,11 +365,15 @@ int run(const Args& a) {
       "step s |\n|---|---|---|---|---|---|---|---|\n");
   std::map<std::string, std::pair<double, double>> by_class;  // predicted, measured s per step
   nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::string> untimed;  // ops of the model this tool has no kernel call for
   for (const StepOp& op : ops) {
     if (!a.only.empty() && !absl::StrContains(op.name, a.only)) continue;
     Arena arena(ctx, act);
     std::function<void()> fn = runner(op, d, *cfg, ctx, arena);
-    if (!fn) continue;
+    if (!fn) {
+      untimed.push_back(op.name);
+      continue;
+    }
     const double s = median(time_runs(ctx, a.repeats, fn));
     const std::string rate = op.flop > 0 ? absl::StrFormat("%.4g TFLOP/s", op.flop / s / 1e12)
                                          : absl::StrFormat("%.4g GB/s", op.bytes / s / 1e9);
@@ -401,6 +406,8 @@ int run(const Args& a) {
     measured += pm.second;
   }
   std::printf("| all timed | %.6g | %.6g | %.2f |\n", predicted, measured, measured / predicted);
+  if (!untimed.empty())
+    std::printf("not timed (no single kernel call): %s\n", absl::StrJoin(untimed, ", ").c_str());
   if (!a.json.empty()) {
     std::ofstream f(a.json, std::ios::trunc);
     f << nlohmann::json({{"device", device_name}, {"gpu", gpu->name}, {"ops", rows}}).dump(1)

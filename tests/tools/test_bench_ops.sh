@@ -50,6 +50,12 @@ PY
 "$bin" --config "$src/configs/tiny.yaml" --backend cpu --only swiglu >"$work/only.md"
 [ "$(grep -c '^| swiglu' "$work/only.md")" = 2 ] || { cat "$work/only.md"; fail "--only swiglu"; }
 [ "$(grep -c '^| qkv' "$work/only.md")" = 0 ] || fail "--only swiglu ran other ops"
+! grep -q "not timed" "$work/out.md" || fail "an op of the qwen2 family was not timed"
+# An op without a single kernel call (qwen3's QK-norm: split, norm, join) is named, not timed.
+"$bin" --config "$src/configs/tiny.yaml" --set model.family=qwen3 --backend cpu --only qk-norm \
+  >"$work/qk.md"
+grep -q "^not timed (no single kernel call): qk-norm: forward, qk-norm: backward$" "$work/qk.md" ||
+  { cat "$work/qk.md"; fail "qk-norm named as not timed"; }
 set +e
 "$bin" --config "$src/configs/tiny.yaml" --set parallel.cp=2 --backend cpu >/dev/null 2>"$work/err"
 rc=$?
