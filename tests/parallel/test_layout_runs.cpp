@@ -277,8 +277,8 @@ TEST_CASE("cli: the two-pass vocab-parallel loss matches the three-pass one", "[
   }
 }
 
-// The layouts (tp, pp, dp) of the issue, at the same global batch: losses, validation loss,
-// final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
+// Every layout (tp, pp, dp) of 8 ranks and fewer, at the same global batch: losses, validation
+// loss, final weights and Adam states match the single-rank run to relative 1e-5. Prints the table.
 TEST_CASE("cli: tensor, pipeline and data parallel layouts over MPI ranks match one rank",
           "[cli][mpi]") {
   const std::string args = with_layout_shape(
@@ -437,7 +437,7 @@ TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][
 
 // Save under one data-parallel layout, resume under another: the next losses match an
 // uninterrupted single-rank run (checkpoints hold global tensors; the sample order is global).
-// The issue's reshard test: save at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 after 5 steps, resume
+// Resharding: save at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 after 5 steps, resume
 // at (4, 1, 2), at (1, 2, 4) without ZeRO-1 and at (1, 1, 1), and between context-parallel
 // sizes (saved at cp 2, resumed at cp 1 and cp 4): the next 5 losses and the final weights match
 // an uninterrupted single-rank run.

@@ -1,4 +1,4 @@
-// The trainer as a job (issue: no hang outlives its timeout, shutdown always saves): a hung
+// The trainer as a job (no hang outlives its timeout, shutdown always saves): a hung
 // rank ends the job within parallel.timeout_s, a stop signal is acted on at a micro-batch
 // boundary and saves, the exit codes tell finished from stopped, checkpoint.dir problems are
 // found at start-up, a full disk is one line, and stragglers are named.
@@ -464,13 +464,13 @@ TEST_CASE("jobs: train.sbatch stops on USR1, saves, requeues and resumes to the 
   CHECK(*ckpt::find_latest(run.dir / "ckpt") == run.dir / "ckpt/step_00001500");
 }
 
-// Issue 29 under Slurm: train.sbatch with node-local checkpoints on 4 tasks as 2 "nodes", a rank
-// that hangs in the first start (the job ends with exit 5, and the script requeues it), and a
-// node list that changed on the requeue: the first start's tasks were on n0 and n1, the second's
-// are on n1 and n2 (TR_NODE_NAME from SLURM_PROCID and SLURM_RESTART_COUNT), so n0's parts live
-// on only as the replicas n1 holds and n2 starts empty. The second start resumes from the local
-// checkpoint, its n2 ranks receiving their parts from n1's replicas, and ends bit-identical to an
-// uninterrupted run.
+// Node-local checkpoints under Slurm: train.sbatch with node-local checkpoints on 4 tasks as 2
+// "nodes", a rank that hangs in the first start (the job ends with exit 5, and the script requeues
+// it), and a node list that changed on the requeue: the first start's tasks were on n0 and n1, the
+// second's are on n1 and n2 (TR_NODE_NAME from SLURM_PROCID and SLURM_RESTART_COUNT), so n0's parts
+// live on only as the replicas n1 holds and n2 starts empty. The second start resumes from the
+// local checkpoint, its n2 ranks receiving their parts from n1's replicas, and ends bit-identical
+// to an uninterrupted run.
 TEST_CASE("jobs: a requeued job on a changed node list resumes from the replicas", "[.slurm]") {
   RunDir run(8), ref(8);
   const std::string out = run.dir / "job.out", wrapper = run.dir / "trainer.sh";

@@ -1,4 +1,4 @@
-// Reliability of the trainer under faults (issue: nothing poisoned is ever committed, no run
+// Reliability of the trainer under faults (nothing poisoned is ever committed, no run
 // overwrites another, no hang outlives its timeout, shutdown always saves): the step guard, and
 // end-to-end runs with faults injected through TR_TEST_FAULT (trainer/run/loop.cpp).
 #include <algorithm>
@@ -872,7 +872,7 @@ TEST_CASE("reliability: local_replicas 2 survives two adjacent lost nodes, 0 wri
   CHECK(fresh.output.find("resumed from") == std::string::npos);
 }
 
-// Issue 29's chaos run: tp 2 x pp 2 x dp 2 on 8 ranks as 4 "nodes" of 2, a local checkpoint
+// The chaos run: tp 2 x pp 2 x dp 2 on 8 ranks as 4 "nodes" of 2, a local checkpoint
 // every 2 steps and a persistent one every 10. Ten faults at seeded random steps, in turn: a
 // rank hangs (the job ends after parallel.timeout_s, no rank saves); a rank is killed (kill -9,
 // and its node's local directory goes with it); the launcher is killed (kill -9 of mpirun once
