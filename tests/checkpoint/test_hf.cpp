@@ -297,6 +297,33 @@ TEST_CASE("cli: export-hf, then model.init_from starts those weights under any l
   }
 }
 
+// Trains `trained` one step with `sets`, exports it (fp32) and checks that model.init_from
+// takes the export with the same `sets` and refuses it without them, naming `refusal`. Returns
+// the export's directory.
+std::string export_and_reimport(const RunDir& trained, const std::string& sets,
+                                const std::string& refusal) {
+  {
+    CmdResult r = trained.trainer(kNoWarmup + sets);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+  }
+  const std::string hf = trained.dir / "hf";
+  REQUIRE(export_hf(trained, "step_00000001", hf, "--dtype fp32").exit_code == 0);
+  {
+    RunDir run(1);
+    CmdResult r = run.trainer(kFrozen + kNoWarmup + sets + " --set model.init_from=" + hf);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("initialised from " + hf) != std::string::npos);
+  }
+  RunDir run(1);
+  CmdResult r = run.trainer(kFrozen + kNoWarmup + " --set model.init_from=" + hf);
+  INFO(r.output);
+  CHECK(r.exit_code == kExitBadInput);
+  CHECK(r.output.find(refusal) != std::string::npos);
+  return hf;
+}
+
 // model.rope_scaling (YaRN) as Hugging Face spells it: a run trains with it, the resolved config
 // and export-hf's config.json carry it (both transformers spellings), model.init_from takes the
 // export only with the same rope_scaling, and malformed blocks are one line each.
@@ -304,17 +331,15 @@ TEST_CASE("cli: a YaRN model exports its rope_scaling and imports only with the 
   const std::string yarn =
       " --set 'model.rope_scaling={type: yarn, factor: 4, original_max_position_embeddings: 16}'";
   RunDir trained(1);
-  {
-    CmdResult r = trained.trainer(kNoWarmup + yarn);
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-  }
+  const std::string hf = export_and_reimport(
+      trained, yarn,
+      "config.json has rope_scaling {type: yarn, factor: 4, original_max_position_embeddings: 16, "
+      "beta_fast: 32, beta_slow: 1, attention_factor: 0, truncate: true} but model.rope_scaling "
+      "is none; set model.rope_scaling to {type: yarn");
   CHECK(test::read_file(trained.dir / "log/config.yaml")
             .find("rope_scaling: {type: yarn, factor: 4.0, original_max_position_embeddings: 16, "
                   "beta_fast: 32.0, beta_slow: 1.0, attention_factor: 0.0, truncate: true}") !=
         std::string::npos);
-  const std::string hf = trained.dir / "hf";
-  REQUIRE(export_hf(trained, "step_00000001", hf, "--dtype fp32").exit_code == 0);
   const nlohmann::json config = nlohmann::json::parse(test::read_file(hf + "/config.json"));
   INFO(config.dump());
   CHECK(config["rope_scaling"]["type"] == "yarn");
@@ -323,23 +348,6 @@ TEST_CASE("cli: a YaRN model exports its rope_scaling and imports only with the 
   CHECK(config["rope_parameters"]["rope_type"] == "yarn");
   CHECK(config["rope_parameters"]["factor"] == 4.0);
   CHECK_FALSE(config["rope_parameters"].contains("attention_factor"));  // from the factor
-  {
-    RunDir run(1);
-    CmdResult r = run.trainer(kFrozen + kNoWarmup + yarn + " --set model.init_from=" + hf);
-    INFO(r.output);
-    CHECK(r.exit_code == 0);
-    CHECK(r.output.find("initialised from " + hf) != std::string::npos);
-  }
-  {
-    RunDir run(1);
-    CmdResult r = run.trainer(kFrozen + kNoWarmup + " --set model.init_from=" + hf);
-    INFO(r.output);
-    CHECK(r.exit_code == kExitBadInput);
-    CHECK(r.output.find("config.json has rope_scaling {type: yarn, factor: 4, "
-                        "original_max_position_embeddings: 16, beta_fast: 32, beta_slow: 1, "
-                        "attention_factor: 0, truncate: true} but model.rope_scaling is none; set "
-                        "model.rope_scaling to {type: yarn") != std::string::npos);
-  }
   const struct {
     std::string value, error;
   } bad[] = {
@@ -374,17 +382,14 @@ TEST_CASE("cli: a Llama 3 rope model exports its rope_scaling and imports only w
       " --set 'model.rope_scaling={type: llama3, factor: 8, low_freq_factor: 1, "
       "high_freq_factor: 4, original_max_position_embeddings: 16}'";
   RunDir trained(1);
-  {
-    CmdResult r = trained.trainer(kNoWarmup + llama3);
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-  }
+  const std::string hf = export_and_reimport(
+      trained, llama3,
+      "config.json has rope_scaling {type: llama3, factor: 8, low_freq_factor: 1, "
+      "high_freq_factor: 4, original_max_position_embeddings: 16} but model.rope_scaling is none");
   CHECK(test::read_file(trained.dir / "log/config.yaml")
             .find("rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, "
                   "high_freq_factor: 4.0, original_max_position_embeddings: 16}") !=
         std::string::npos);
-  const std::string hf = trained.dir / "hf";
-  REQUIRE(export_hf(trained, "step_00000001", hf, "--dtype fp32").exit_code == 0);
   const nlohmann::json config = nlohmann::json::parse(test::read_file(hf + "/config.json"));
   INFO(config.dump());
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
@@ -394,36 +399,15 @@ TEST_CASE("cli: a Llama 3 rope model exports its rope_scaling and imports only w
     CHECK(config[key]["high_freq_factor"] == 4.0);
     CHECK(config[key]["original_max_position_embeddings"] == 16);
   }
-  {
-    RunDir run(1);
-    CmdResult r = run.trainer(kFrozen + kNoWarmup + llama3 + " --set model.init_from=" + hf);
-    INFO(r.output);
-    CHECK(r.exit_code == 0);
-    CHECK(r.output.find("initialised from " + hf) != std::string::npos);
-  }
-  {
-    RunDir run(1);
-    CmdResult r = run.trainer(kFrozen + kNoWarmup + " --set model.init_from=" + hf);
-    INFO(r.output);
-    CHECK(r.exit_code == kExitBadInput);
-    CHECK(r.output.find("config.json has rope_scaling {type: llama3, factor: 8, low_freq_factor: "
-                        "1, high_freq_factor: 4, original_max_position_embeddings: 16} but "
-                        "model.rope_scaling is none") != std::string::npos);
-  }
 }
 
 // model.family llama: no q, k, v biases in the checkpoint or the export, config.json says
 // LlamaForCausalLM, and init_from refuses it for a qwen2 run naming the fix.
 TEST_CASE("cli: a llama-family run exports a Llama model and imports only as one", "[cli]") {
-  const std::string llama = " --set model.family=llama";
   RunDir trained(1);
-  {
-    CmdResult r = trained.trainer(kNoWarmup + llama);
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-  }
-  const std::string hf = trained.dir / "hf";
-  REQUIRE(export_hf(trained, "step_00000001", hf, "--dtype fp32").exit_code == 0);
+  const std::string hf = export_and_reimport(
+      trained, " --set model.family=llama",
+      "config.json has model_type llama but model.family is qwen2; set model.family to llama");
   const nlohmann::json config = nlohmann::json::parse(test::read_file(hf + "/config.json"));
   INFO(config.dump());
   CHECK(config["architectures"] == nlohmann::json::array({"LlamaForCausalLM"}));
@@ -437,20 +421,6 @@ TEST_CASE("cli: a llama-family run exports a Llama model and imports only as one
   const nlohmann::json names = nlohmann::json::parse(st.substr(8, header));
   CHECK(names.contains("model.layers.0.self_attn.q_proj.weight"));
   for (const auto& [name, _] : names.items()) CHECK(name.find("bias") == std::string::npos);
-  {
-    RunDir run(1);
-    CmdResult r = run.trainer(kFrozen + kNoWarmup + llama + " --set model.init_from=" + hf);
-    INFO(r.output);
-    CHECK(r.exit_code == 0);
-  }
-  {
-    RunDir run(1);
-    CmdResult r = run.trainer(kFrozen + kNoWarmup + " --set model.init_from=" + hf);
-    INFO(r.output);
-    CHECK(r.exit_code == kExitBadInput);
-    CHECK(r.output.find("config.json has model_type llama but model.family is qwen2; set "
-                        "model.family to llama") != std::string::npos);
-  }
 }
 
 TEST_CASE("cli: bad model.init_from and export-hf input is one error line and exit 2", "[cli]") {
