@@ -290,6 +290,13 @@ void plan_communication(const Config& cfg, Plan& plan) {
       cp_bytes_per_step(cfg, f, plan.recompute_full_layers);
 }
 
+// Seconds on a link for `bytes` sent in `calls` collective calls: bytes over its bandwidth plus its
+// latency per call; NVLink inside a node, the NIC across nodes.
+double link_s(const GpuSpec& gpu, bool in_node, double bytes, double calls) {
+  return in_node ? bytes / gpu.nvlink_bw + calls * gpu.nvlink_latency
+                 : bytes / gpu.network_bw + calls * gpu.network_latency;
+}
+
 // Step time: the slowest stage's compute by op class (step_model.h), its micro-batches' part
 // stretched by the bubble, plus the exposed communication (TP over NVLink inside a node, PP and
 // DP over the network when they cross nodes).
@@ -311,25 +318,20 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   const double stretch = 1 / (1 - plan.bubble);
   plan.bubble_s = slow.pipelined_s() * (stretch - 1);
   plan.compute_s = slow.total_s() + plan.bubble_s;
-  const bool tp_in_node = tp <= plan.gpus_per_node;
-  // Each link: bytes over its bandwidth plus its latency per call.
-  plan.tp_comm_s = plan.tp_bytes / (tp_in_node ? gpu.nvlink_bw : gpu.network_bw) +
-                   plan.tp_calls * (tp_in_node ? gpu.nvlink_latency : gpu.network_latency);
+  plan.tp_comm_s = link_s(gpu, tp <= plan.gpus_per_node, plan.tp_bytes, plan.tp_calls);
   plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s) : plan.tp_comm_s;
   const bool multi_node = plan.world > plan.gpus_per_node;
-  plan.pp_s = plan.pp_bytes / (multi_node ? gpu.network_bw : gpu.nvlink_bw) +
-              plan.pp_calls * (multi_node ? gpu.network_latency : gpu.nvlink_latency);
+  plan.pp_s = link_s(gpu, !multi_node, plan.pp_bytes, plan.pp_calls);
   // With parallel.overlap_dp the trainer reduces the gradients bucket by bucket as the last
   // micro-batch's backward finishes them, and with overlap_param_gather ZeRO-1's all-gather of
   // the updated weights runs bucket by bucket under the next step's first forward: the step
   // waits for what those windows do not cover.
-  const bool dp_across = multi_node && tp * pp < plan.world;
-  const double dp_bw = dp_across ? gpu.network_bw : gpu.nvlink_bw;
-  const double dp_latency =
-      plan.dp_buckets * (dp_across ? gpu.network_latency : gpu.nvlink_latency);
+  const bool dp_in_node = !(multi_node && tp * pp < plan.world);
   const double micro_batches = static_cast<double>(plan.layout.micro_batches);
-  const double gather_s = plan.dp_gather_bytes / dp_bw + (plan.layout.zero1 ? dp_latency : 0.0);
-  const double reduce_s = (plan.dp_bytes - plan.dp_gather_bytes) / dp_bw + dp_latency;
+  const double gather_s =
+      link_s(gpu, dp_in_node, plan.dp_gather_bytes, plan.layout.zero1 ? plan.dp_buckets : 0.0);
+  const double reduce_s =
+      link_s(gpu, dp_in_node, plan.dp_bytes - plan.dp_gather_bytes, plan.dp_buckets);
   plan.dp_comm_s = gather_s + reduce_s;
   const double under_backward = cfg.parallel.overlap_dp ? slow.backward_s / micro_batches : 0;
   const double under_forward =
@@ -337,11 +339,10 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   plan.dp_s = std::max(0.0, reduce_s - under_backward) + std::max(0.0, gather_s - under_forward);
   // CP groups are the next-closest ranks after TP: inside a node while tp x cp GPUs fit in one.
   const int cp = plan.layout.topo.cp;
-  const double cp_bw = tp * cp <= plan.gpus_per_node ? gpu.nvlink_bw : gpu.network_bw;
-  const double attention_s = slow.attention_s;
-  plan.cp_comm_s = plan.cp_bytes / cp_bw;
-  const double beside_s = plan.cp_beside_bytes / cp_bw;
-  plan.cp_s = plan.cp_comm_s - beside_s + std::max(0.0, beside_s - attention_s);
+  const bool cp_in_node = tp * cp <= plan.gpus_per_node;
+  plan.cp_comm_s = link_s(gpu, cp_in_node, plan.cp_bytes, 0);
+  const double beside_s = link_s(gpu, cp_in_node, plan.cp_beside_bytes, 0);
+  plan.cp_s = plan.cp_comm_s - beside_s + std::max(0.0, beside_s - slow.attention_s);
   plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s + plan.cp_s;
   plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;
   plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;
