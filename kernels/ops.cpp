@@ -287,37 +287,46 @@ void check_attention(const OpCheck& c, const Tensor& out, const Tensor& lse, con
   OP_CHECK(c, lse.ndim == 3 && lse.shape[0] == batch && lse.shape[1] == nh &&
                   lse.shape[2] == seq_len && lse.dtype == stat_dtype(qkv.dtype));
 }
+// `docs` empty, or one i32 start per row with a count between 1 and the rows.
+bool are_docs(const DocStarts& docs, int64_t rows) {
+  return docs.empty() || (docs.start.dtype == DType::i32 && docs.start.numel() == rows &&
+                          docs.count >= 1 && docs.count <= rows);
+}
 }  // namespace
 
+int64_t count_documents(const int32_t* start, int64_t tokens, int64_t rows) {
+  TR_ASSERT(rows > 0 && tokens % rows == 0, "count_documents: whole sequences of rows");
+  int64_t n = 0;
+  for (int64_t t = 0; t < tokens; ++t) n += t % rows == 0 || start[t] != start[t - 1];
+  return n;
+}
+
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
-                   int n_heads, int n_kv_heads, int head_dim, Tensor doc_start) {
+                   int n_heads, int n_kv_heads, int head_dim, DocStarts docs) {
   const OpCheck c(ctx, "attention_fwd",
-                  {{"out", out}, {"lse", lse}, {"qkv", qkv}, optional("doc_start", doc_start)});
+                  {{"out", out}, {"lse", lse}, {"qkv", qkv}, optional("doc_start", docs.start)});
   c.same_float_dtype({out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
-  OP_CHECK(c, doc_start.empty() ||
-                  (doc_start.dtype == DType::i32 && doc_start.numel() == int64_t{batch} * seq_len));
-  TR_DISPATCH(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim,
-              doc_start);
+  OP_CHECK(c, are_docs(docs, int64_t{batch} * seq_len));
+  TR_DISPATCH(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim, docs);
 }
 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
-                   Tensor doc_start) {
+                   DocStarts docs) {
   const OpCheck c(ctx, "attention_bwd",
                   {{"dqkv", dqkv},
                    {"dout", dout},
                    {"out", out},
                    {"lse", lse},
                    {"qkv", qkv},
-                   optional("doc_start", doc_start)});
+                   optional("doc_start", docs.start)});
   c.same_float_dtype({dqkv, dout, out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
   OP_CHECK(c, dqkv.same_shape(qkv) && dout.same_shape(out));
-  OP_CHECK(c, doc_start.empty() ||
-                  (doc_start.dtype == DType::i32 && doc_start.numel() == int64_t{batch} * seq_len));
+  OP_CHECK(c, are_docs(docs, int64_t{batch} * seq_len));
   TR_DISPATCH(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
-              head_dim, doc_start);
+              head_dim, docs);
 }
 
 namespace {
@@ -333,24 +342,23 @@ bool is_block_lse(const Tensor& lse, const Tensor& q) {
 }  // namespace
 
 void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                         bool causal, Tensor q_doc_start, int64_t k_first) {
+                         bool causal, DocStarts q_docs, int64_t k_first) {
   const OpCheck c(ctx, "attention_block_fwd",
                   {{"out", out},
                    {"lse", lse},
                    {"q", q},
                    {"k", k},
                    {"v", v},
-                   optional("q_doc_start", q_doc_start)});
+                   optional("q_doc_start", q_docs.start)});
   c.same_float_dtype({out, q, k, v});
   check_block(c, q, k, v, causal);
   OP_CHECK(c, out.same_shape(q) && is_block_lse(lse, q));
-  OP_CHECK(c, q_doc_start.empty() ||
-                  (q_doc_start.dtype == DType::i32 && q_doc_start.numel() == q.shape[0]));
-  TR_DISPATCH(attention_block_fwd, out, lse, q, k, v, causal, q_doc_start, k_first);
+  OP_CHECK(c, are_docs(q_docs, q.shape[0]));
+  TR_DISPATCH(attention_block_fwd, out, lse, q, k, v, causal, q_docs, k_first);
 }
 
 void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
-                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal, Tensor q_doc_start,
+                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal, DocStarts q_docs,
                          int64_t k_first) {
   const OpCheck c(ctx, "attention_block_bwd",
                   {{"dq", dq},
@@ -361,15 +369,13 @@ void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout,
                    {"lse", lse},
                    {"q", q},
                    {"k", k},
-                   optional("q_doc_start", q_doc_start)});
+                   optional("q_doc_start", q_docs.start)});
   c.same_float_dtype({dq, dk, dv, dout, out, q, k, v});
   check_block(c, q, k, v, causal);
   OP_CHECK(c, dq.same_shape(q) && dout.same_shape(q) && out.same_shape(q) && dk.same_shape(k) &&
                   dv.same_shape(k) && is_block_lse(lse, q));
-  OP_CHECK(c, q_doc_start.empty() ||
-                  (q_doc_start.dtype == DType::i32 && q_doc_start.numel() == q.shape[0]));
-  TR_DISPATCH(attention_block_bwd, dq, dk, dv, dout, out, lse, q, k, v, causal, q_doc_start,
-              k_first);
+  OP_CHECK(c, are_docs(q_docs, q.shape[0]));
+  TR_DISPATCH(attention_block_bwd, dq, dk, dv, dout, out, lse, q, k, v, causal, q_docs, k_first);
 }
 
 void attention_merge(Ctx& ctx, Tensor out, Tensor lse, Tensor out2, Tensor lse2) {

@@ -74,40 +74,53 @@ void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rop
 void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope,
               Tensor positions = {});
 
+// Packed documents for block-causal attention (data.document_mask: block_causal): `start` (i32
+// on ctx's device, one per query row) holds for each row the position in its sequence where its
+// document begins, the same for every row of a document; `count` bounds the documents the rows
+// hold (runs of equal starts within a sequence), as count_documents() counted them on the host
+// array `start` was made from: the CUDA backend sizes its launch by it without reading the
+// device. Empty: no documents (causal over the whole sequence).
+struct DocStarts {
+  Tensor start;
+  int64_t count = 0;
+  bool empty() const { return start.empty(); }
+};
+// The documents of `tokens` rows of host starts, `rows` to a sequence: the runs of equal starts
+// within each sequence's rows.
+int64_t count_documents(const int32_t* start, int64_t tokens, int64_t rows);
+
 // ---- causal GQA attention, scale hd^-0.5 ----
 // qkv [T, (nh + 2*nkv) * hd]: per token the nh query heads, then nkv key heads, then nkv value
 // heads (rope already applied). Query head h reads KV head h / (nh / nkv).
 // out [T, nh*hd]; lse [batch, nh, seq_len] log-sum-exp of the scaled scores (for backward;
 // f32, or f64 for f64 ops).
-// Block-causal (documents packed in a sequence): with `doc_start` (i32 [T] on ctx's device: for
-// each token, the position in its sequence where its document begins), key j of the same
-// sequence is visible to query i when doc_start[i] <= j <= i: each document attends only to
-// itself, as if it were a sequence of its own. Empty: every earlier key is visible. (CPU only
-// for now: the CUDA backend refuses it.)
+// Block-causal (documents packed in a sequence): with `docs` (DocStarts: for each token the
+// position in its sequence where its document begins), key j of the same sequence is visible to
+// query i when docs.start[i] <= j <= i: each document attends only to itself, as if it were a
+// sequence of its own. Empty: every earlier key is visible.
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
-                   int n_heads, int n_kv_heads, int head_dim, Tensor doc_start = {});
+                   int n_heads, int n_kv_heads, int head_dim, DocStarts docs = {});
 // dqkv [T, (nh + 2*nkv) * hd] ASSIGNED, from dout [T, nh*hd] and the forward's out, lse, qkv
-// (and the forward's doc_start).
+// (and the forward's docs).
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
-                   Tensor doc_start = {});
+                   DocStarts docs = {});
 
 // ---- attention in blocks (context parallelism: parallel/cp_attention.h) ----
 // One query block of a sequence against one key block: q, out [C, nh, hd]; k, v [Ck, nkv, hd];
 // lse [nh, C] (f32, or f64 for f64 ops). Every key is visible (the key block lies before the
 // query block), or with `causal` (the same block: C == Ck) key j is visible to query i when
 // j <= i. out and lse ASSIGNED: the block's partial attention and the log-sum-exp of its scaled
-// scores (a query that sees no key of the block: out 0, lse -inf). Block-causal: with
-// `q_doc_start` (i32 [C]: each query's document start, a position in the sequence) key j is
-// visible only when k_first + j >= q_doc_start[i], the key block starting at position k_first.
-// (CPU only for now: the CUDA backend refuses q_doc_start.)
+// scores (a query that sees no key of the block: out 0, lse -inf). Block-causal: with `q_docs`
+// (the query rows' DocStarts, each a position in the sequence) key j is visible only when
+// k_first + j >= q_docs.start[i], the key block starting at position k_first.
 void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                         bool causal, Tensor q_doc_start = {}, int64_t k_first = 0);
+                         bool causal, DocStarts q_docs = {}, int64_t k_first = 0);
 // This block's share of the gradients, given the query rows' merged out and lse (over all their
 // blocks) and dout: dq [C, nh, hd], dk, dv [Ck, nkv, hd] ASSIGNED.
 void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
                          Tensor lse, Tensor q, Tensor k, Tensor v, bool causal,
-                         Tensor q_doc_start = {}, int64_t k_first = 0);
+                         DocStarts q_docs = {}, int64_t k_first = 0);
 // (out, lse) becomes the merge of itself with (out2, lse2), both [C, nh, hd] and [nh, C]:
 // lse = log(e^lse + e^lse2), out the two weighted by e^(lse_i - lse). The attention over two
 // sets of keys from the attention over each.

@@ -20,6 +20,10 @@ int chunk_index(int cp, int rank, int which) {
 struct Chunks {
   int64_t C, nh;
   Tensor of(Tensor x, int a) const { return x.slice(a * C, C); }
+  // A chunk's rows hold at most the documents of the rank's rows (DocStarts::count bounds them).
+  DocStarts of(const DocStarts& d, int a) const {
+    return d.empty() ? DocStarts{} : DocStarts{of(d.start, a), d.count};
+  }
   Tensor lse(Tensor l, int a) const { return l.view({2, nh, C}).slice(a, 1).view({nh, C}); }
 };
 
@@ -65,13 +69,13 @@ struct Forward {
   Chunks ch;
   int n, r;
   Tensor out, lse, q;
-  Tensor doc;  // the queries' document starts (block-causal), or empty
+  DocStarts doc;  // the queries' document starts (block-causal), or empty
 
   // The block of query chunk a over keys k, v of chunk index kc, in sc.part and sc.part_lse, then
   // in acc.
   std::pair<Tensor, Tensor> partial(int a, Tensor k, Tensor v, int kc, bool causal) {
-    attention_block_fwd(ctx, sc.part, sc.part_lse, ch.of(q, a), k, v, causal,
-                        doc.empty() ? Tensor() : ch.of(doc, a), kc * ch.C);
+    attention_block_fwd(ctx, sc.part, sc.part_lse, ch.of(q, a), k, v, causal, ch.of(doc, a),
+                        kc * ch.C);
     return {in_acc(ctx, sc.part, sc.part_acc), in_acc(ctx, sc.part_lse, sc.part_lse_acc)};
   }
   void merge(int a, Tensor k, Tensor v, int kc) {
@@ -103,7 +107,7 @@ struct Backward {
   Chunks ch;
   int n, r;
   Tensor dq, dout, out, lse, q;
-  Tensor doc;  // the queries' document starts (block-causal), or empty
+  DocStarts doc;  // the queries' document starts (block-causal), or empty
 
   // Rank s's chunks k, v [L, nkv, hd], accumulating into dk, dv (the same rows, in acc).
   void source(Tensor k, Tensor v, Tensor dk, Tensor dv, int s) {
@@ -113,7 +117,7 @@ struct Backward {
         if (kc > qc) continue;
         attention_block_bwd(ctx, sc.dq_part, sc.dk_part, sc.dv_part, ch.of(dout, a), ch.of(out, a),
                             ch.lse(lse, a), ch.of(q, a), ch.of(k, b), ch.of(v, b),
-                            /*causal=*/kc == qc, doc.empty() ? Tensor() : ch.of(doc, a), kc * ch.C);
+                            /*causal=*/kc == qc, ch.of(doc, a), kc * ch.C);
         add(ctx, ch.of(dq, a), ch.of(dq, a), in_acc(ctx, sc.dq_part, sc.dq_part_acc));
         add(ctx, ch.of(dk, b), ch.of(dk, b), in_acc(ctx, sc.dk_part, sc.dk_part_acc));
         add(ctx, ch.of(dv, b), ch.of(dv, b), in_acc(ctx, sc.dv_part, sc.dv_part_acc));
@@ -168,13 +172,12 @@ CpScratch CpScratch::alloc(Arena& ar, CpExchange how, int cp, int64_t L, int64_t
 }
 
 void cp_attention_fwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& sc, Tensor out,
-                      Tensor lse, Tensor q, Tensor k, Tensor v, int64_t seq_len, Tensor doc_start) {
+                      Tensor lse, Tensor q, Tensor k, Tensor v, int64_t seq_len, DocStarts docs) {
   check(cp, sc, q, k, seq_len);
   const int n = cp.size(), r = cp.rank();
   const int64_t L = q.shape[0];
-  Forward f{
-      ctx, sc,       {L / 2, q.shape[1]}, n, r, acc_for(out, sc.out_acc), acc_for(lse, sc.lse_acc),
-      q,   doc_start};
+  Forward f{ctx, sc,  {L / 2, q.shape[1]}, n, r, acc_for(out, sc.out_acc), acc_for(lse, sc.lse_acc),
+            q,   docs};
   if (how == CpExchange::all_gather) {
     cp.all_gather(sc.k, k);
     cp.all_gather(sc.v, v);
@@ -211,12 +214,11 @@ void cp_attention_fwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& sc, T
 
 void cp_attention_bwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& sc, Tensor dq, Tensor dk,
                       Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                      int64_t seq_len, Tensor doc_start) {
+                      int64_t seq_len, DocStarts docs) {
   check(cp, sc, q, k, seq_len);
   const int n = cp.size(), r = cp.rank();
   const int64_t L = q.shape[0];
-  Backward b{ctx, sc,       {L / 2, q.shape[1]}, n, r, acc_for(dq, sc.dq_acc), dout, out, lse,
-             q,   doc_start};
+  Backward b{ctx, sc, {L / 2, q.shape[1]}, n, r, acc_for(dq, sc.dq_acc), dout, out, lse, q, docs};
   zero_(ctx, b.dq);
   if (how == CpExchange::all_gather) {
     cp.all_gather(sc.k, k);

@@ -16,6 +16,7 @@
 
 #include "core/ctx.h"
 #include "core/tensor.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/context_parallel.h"
 
@@ -48,15 +49,16 @@ struct CpScratch {
 
 // out [L, nh, hd] and lse (f32, f64 for f64 tensors; [2, nh, C]: each chunk's statistics in
 // turn) ASSIGNED, for a sequence of seq_len tokens split over `cp`. On ctx's device; `cp` moves
-// tensors there (NCCL, or MPI for host tensors). Block-causal with `doc_start` (i32 [L]: each of
-// this rank's queries' document start, a position in the sequence): keys before it are hidden.
+// tensors there (NCCL, or MPI for host tensors). Block-causal with `docs` (DocStarts of this
+// rank's L queries, each a position in the sequence): keys before a query's document start are
+// hidden.
 void cp_attention_fwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& scratch, Tensor out,
                       Tensor lse, Tensor q, Tensor k, Tensor v, int64_t seq_len,
-                      Tensor doc_start = {});
+                      DocStarts docs = {});
 // dq, dk, dv ASSIGNED: this rank's share of the sequence's gradients (its queries', and the sums
 // every rank's queries put on its keys and values), from forward's out and lse.
 void cp_attention_bwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& scratch, Tensor dq,
                       Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q, Tensor k,
-                      Tensor v, int64_t seq_len, Tensor doc_start = {});
+                      Tensor v, int64_t seq_len, DocStarts docs = {});
 
 }  // namespace tr

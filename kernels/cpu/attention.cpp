@@ -131,27 +131,34 @@ void attention_bwd_impl(Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor
 namespace {
 // The dims of one call, with its document starts checked: each within its token's sequence.
 AttnDims dims_of(int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
-                 Tensor doc_start) {
+                 const DocStarts& docs) {
   AttnDims d{batch, seq_len, n_heads, n_kv_heads, head_dim};
-  if (doc_start.empty()) return d;
-  d.doc_start = doc_start.ptr<int32_t>();
+  if (docs.empty()) return d;
+  d.doc_start = docs.start.ptr<int32_t>();
+  // A document's tokens share their start, and a token whose start differs from its
+  // predecessor's begins its document (the documents are runs: the CUDA backend reads them so).
   for (int64_t t = 0; t < d.batch * d.seq; ++t)
-    TR_ASSERT(d.doc_start[t] >= 0 && d.doc_start[t] <= t % d.seq,
-              "attention: a token's document starts after it or outside its sequence");
+    TR_ASSERT(
+        d.doc_start[t] >= 0 && d.doc_start[t] <= t % d.seq &&
+            (t % d.seq == 0 || d.doc_start[t] == d.doc_start[t - 1] || d.doc_start[t] == t % d.seq),
+        "attention: a token's document starts after it, outside its sequence, or inside "
+        "another document");
+  TR_ASSERT(count_documents(d.doc_start, d.batch * d.seq, d.seq) <= docs.count,
+            "attention: more documents than docs.count");
   return d;
 }
 }  // namespace
 
 void attention_fwd(Ctx&, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len, int n_heads,
-                   int n_kv_heads, int head_dim, Tensor doc_start) {
-  const AttnDims d = dims_of(batch, seq_len, n_heads, n_kv_heads, head_dim, doc_start);
+                   int n_kv_heads, int head_dim, DocStarts docs) {
+  const AttnDims d = dims_of(batch, seq_len, n_heads, n_kv_heads, head_dim, docs);
   dispatch_float(qkv.dtype, "attention_fwd",
                  [&](auto tag) { attention_fwd_impl<decltype(tag)>(out, lse, qkv, d); });
 }
 
 void attention_bwd(Ctx&, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv, int batch,
-                   int seq_len, int n_heads, int n_kv_heads, int head_dim, Tensor doc_start) {
-  const AttnDims d = dims_of(batch, seq_len, n_heads, n_kv_heads, head_dim, doc_start);
+                   int seq_len, int n_heads, int n_kv_heads, int head_dim, DocStarts docs) {
+  const AttnDims d = dims_of(batch, seq_len, n_heads, n_kv_heads, head_dim, docs);
   dispatch_float(qkv.dtype, "attention_bwd", [&](auto tag) {
     attention_bwd_impl<decltype(tag)>(dqkv, dout, out, lse, qkv, d);
   });

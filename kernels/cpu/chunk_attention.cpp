@@ -175,12 +175,15 @@ namespace {
 // from the key block's start, and so do the documents' starts (q_doc_start - k_first).
 struct BlockPositions {
   std::vector<int64_t> q, k, first;
-  BlockPositions(int64_t sq, int64_t sk, bool causal, Tensor q_doc_start, int64_t k_first)
+  BlockPositions(int64_t sq, int64_t sk, bool causal, const DocStarts& q_docs, int64_t k_first)
       : q(sq), k(sk) {
     for (int64_t i = 0; i < sq; ++i) q[i] = causal ? i : sk + i;
     for (int64_t j = 0; j < sk; ++j) k[j] = j;
-    if (q_doc_start.empty()) return;
-    for (int64_t i = 0; i < sq; ++i) first.push_back(q_doc_start.ptr<int32_t>()[i] - k_first);
+    if (q_docs.empty()) return;
+    const int32_t* start = q_docs.start.ptr<int32_t>();
+    TR_ASSERT(count_documents(start, sq, sq) <= q_docs.count,
+              "attention block: more documents than q_docs.count");
+    for (int64_t i = 0; i < sq; ++i) first.push_back(start[i] - k_first);
   }
 };
 
@@ -200,16 +203,16 @@ void copy_heads(Tensor qkv, int64_t first, Tensor part, bool join) {
 }  // namespace
 
 void attention_block_fwd(Ctx&, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v, bool causal,
-                         Tensor q_doc_start, int64_t k_first) {
-  const BlockPositions p(q.shape[0], k.shape[0], causal, q_doc_start, k_first);
+                         DocStarts q_docs, int64_t k_first) {
+  const BlockPositions p(q.shape[0], k.shape[0], causal, q_docs, k_first);
   chunk_attention_fwd(out, lse, q, k, v, p.q, p.k, p.first);
 }
 
 void attention_block_bwd(Ctx&, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                         Tensor q, Tensor k, Tensor v, bool causal, Tensor q_doc_start,
+                         Tensor q, Tensor k, Tensor v, bool causal, DocStarts q_docs,
                          int64_t k_first) {
   for (Tensor* t : {&dq, &dk, &dv}) std::memset(t->data, 0, t->nbytes());
-  const BlockPositions p(q.shape[0], k.shape[0], causal, q_doc_start, k_first);
+  const BlockPositions p(q.shape[0], k.shape[0], causal, q_docs, k_first);
   chunk_attention_bwd(dq, dk, dv, dout, out, lse, q, k, v, p.q, p.k, p.first);
 }
 

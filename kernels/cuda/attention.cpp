@@ -14,6 +14,13 @@
 // the cuDNN version, the mode and the shape; a backward that cannot be built in the mode asked
 // for falls back to the other mode with one warning line, and the graph says which it is
 // (attention_prepare returns it; the trainer logs it per step as attention_bwd).
+//
+// Block-causal attention (DocStarts) runs the same graphs over a ragged batch: each document of
+// the rows is an entry of its own, read from element offsets into the same packed tensors
+// (attention_docs.h builds them on the device), padding-masked to its length and causal from its
+// first row. The graph's batch is the document count rounded up to a power of two (a handful of
+// graphs per run, built as counts first appear); cuDNN's statistics are row-major there and
+// moved into our lse layout.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
@@ -27,6 +34,7 @@
 #include <unordered_map>
 
 #include "core/exit_codes.h"
+#include "kernels/cuda/attention_docs.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -46,7 +54,8 @@ using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 // A graph's shape. The model's attention reads the packed qkv rows of `batch` sequences of
 // `seq` tokens, causal. Context parallelism's blocks (`blocks`, batch 1) read a query block of
 // `seq` tokens [seq, nh, hd] against a key block of `seq_kv` [seq_kv, nkv, hd], contiguous, with
-// every key visible or (`causal`, seq == seq_kv) the causal diagonal.
+// every key visible or (`causal`, seq == seq_kv) the causal diagonal. With `docs` > 0 the rows
+// are a ragged batch of that many entries (documents) instead of `batch` sequences.
 struct AttnKey {
   int64_t batch, seq, nh, nkv, hd;
   bool backward;
@@ -54,23 +63,31 @@ struct AttnKey {
   bool blocks = false;
   int64_t seq_kv = 0;  // blocks only
   bool causal = true;
+  int64_t docs = 0;
   auto tie() const {
-    return std::tie(batch, seq, nh, nkv, hd, backward, deterministic, blocks, seq_kv, causal);
+    return std::tie(batch, seq, nh, nkv, hd, backward, deterministic, blocks, seq_kv, causal, docs);
   }
   bool operator<(const AttnKey& o) const { return tie() < o.tie(); }
+  int64_t rows() const { return batch * seq; }  // query rows (and key rows unless blocks)
+  int64_t kv_rows() const { return blocks ? seq_kv : rows(); }
   std::string describe() const {
     const std::string heads = std::to_string(nh) + " heads, " + std::to_string(nkv) +
                               " KV heads of " + std::to_string(hd);
+    const std::string in_docs =
+        docs > 0 ? " in a ragged batch of " + std::to_string(docs) + " documents" : "";
     if (blocks)
       return "a block of " + std::to_string(seq) + " queries over " + std::to_string(seq_kv) +
-             (causal ? " keys (causal), " : " keys (all visible), ") + heads;
-    return "batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " + heads;
+             (causal ? " keys (causal), " : " keys (all visible), ") + heads + in_docs;
+    return "batch " + std::to_string(batch) + ", seq " + std::to_string(seq) + ", " + heads +
+           in_docs;
   }
 };
 
 struct AttnGraph {
   std::shared_ptr<fe::graph::Graph> graph;
   TensorPtr q, k, v, o, stats, dout, dq, dk, dv;
+  // A ragged batch's lengths and offsets (RaggedTable), else null.
+  TensorPtr len_q, len_kv, off_q, off_k, off_v, off_o, off_stats;
   int64_t workspace = 0;
   bool deterministic = true;  // a backward built with cuDNN's deterministic algorithm
 };
@@ -92,23 +109,37 @@ class Cudnn {
   // so it grows only then. A growth waits for the stream that last used the old buffer (attention
   // runs on one stream; NCCL's side stream never touches it), not for the whole device, and
   // counts as a host sync.
-  void* workspace(int64_t bytes, cudaStream_t stream) {
-    if (bytes > static_cast<int64_t>(workspace_.bytes())) {
-      if (workspace_.data() != nullptr) {
-        CUDA_CHECK(cudaStreamSynchronize(last_stream_));
-        count_host_sync();
-      }
-      workspace_ = Buffer(static_cast<size_t>(bytes), Device::cuda);
-    }
-    last_stream_ = stream;
-    return workspace_.data();
-  }
+  void* workspace(int64_t bytes, cudaStream_t stream) { return workspace_.get(bytes, stream); }
+  // Block-causal attention's ragged table of `slots` entries and row-major statistics of `rows`
+  // rows of nh heads, in memory of their own grown the same way (the table is rebuilt by every
+  // call, so one region serves them all).
+  struct Ragged {
+    RaggedTable table;
+    float* stats;
+  };
+  Ragged ragged(int64_t slots, int64_t rows, int64_t nh, cudaStream_t stream);
 
  private:
   Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
+  // Device memory that grows to the largest request: a growth waits for the stream that last
+  // used the old buffer and counts as a host sync.
+  struct StreamBuffer {
+    Buffer buf;
+    cudaStream_t last_stream = nullptr;
+    void* get(int64_t bytes, cudaStream_t stream) {
+      if (bytes > static_cast<int64_t>(buf.bytes())) {
+        if (buf.data() != nullptr) {
+          CUDA_CHECK(cudaStreamSynchronize(last_stream));
+          count_host_sync();
+        }
+        buf = Buffer(static_cast<size_t>(bytes), Device::cuda);
+      }
+      last_stream = stream;
+      return buf.data();
+    }
+  };
   cudnnHandle_t handle_ = nullptr;
-  Buffer workspace_;
-  cudaStream_t last_stream_ = nullptr;
+  StreamBuffer workspace_, ragged_;
   // Builds the graph of `key` with the heuristics' first choice, else their fallback list; on
   // failure `error` says which step failed and why.
   std::optional<AttnGraph> build(const AttnKey& key, std::string* error);
@@ -150,6 +181,25 @@ const AttnGraph& Cudnn::graph(const AttnKey& key) {
   return graphs_.emplace(key, std::move(*built)).first->second;
 }
 
+Cudnn::Ragged Cudnn::ragged(int64_t slots, int64_t rows, int64_t nh, cudaStream_t stream) {
+  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t lens = aligned(slots * int64_t{sizeof(int32_t)});
+  const int64_t offs = aligned((slots + 1) * int64_t{sizeof(int64_t)});
+  char* p = static_cast<char*>(
+      ragged_.get(2 * lens + 4 * offs + rows * nh * int64_t{sizeof(float)}, stream));
+  Ragged r;
+  r.table.len_q = reinterpret_cast<int32_t*>(p);
+  r.table.len_kv = reinterpret_cast<int32_t*>(p + lens);
+  int64_t* off[4];
+  for (int i = 0; i < 4; ++i) off[i] = reinterpret_cast<int64_t*>(p + 2 * lens + i * offs);
+  r.table.off_q = off[0];
+  r.table.off_kv = off[1];
+  r.table.off_o = off[2];
+  r.table.off_stats = off[3];
+  r.stats = reinterpret_cast<float*>(p + 2 * lens + 4 * offs);
+  return r;
+}
+
 std::optional<AttnGraph> Cudnn::build(const AttnKey& key, std::string* error) {
   std::optional<AttnGraph> a = build(key, fe::HeurMode_t::A, error);
   if (!a) {
@@ -161,7 +211,9 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, std::string* error) {
 }
 
 std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, std::string* error) {
-  const int64_t B = key.batch, S = key.seq, nh = key.nh, nkv = key.nkv, hd = key.hd;
+  const bool ragged = key.docs > 0;
+  const int64_t B = ragged ? key.docs : key.batch, S = key.seq, nh = key.nh, nkv = key.nkv,
+                hd = key.hd;
   const int64_t Sk = key.blocks ? key.seq_kv : S;
   const int64_t W = (nh + 2 * nkv) * hd;  // qkv row width
   const std::vector<int64_t> q_dim{B, nh, S, hd}, kv_dim{B, nkv, Sk, hd};
@@ -172,7 +224,10 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
       key.blocks ? o_stride : std::vector<int64_t>{S * W, hd, W, 1};
   const std::vector<int64_t> kv_stride =
       key.blocks ? std::vector<int64_t>{Sk * nkv * hd, hd, nkv * hd, 1} : q_stride;
-  const std::vector<int64_t> stats_dim{B, nh, S, 1}, stats_stride{nh * S, S, 1, 1};
+  // Ours [B, nh, S]; a ragged batch's row-major [rows, nh] (the layout cuDNN offsets by row).
+  const std::vector<int64_t> stats_dim{B, nh, S, 1};
+  const std::vector<int64_t> stats_stride =
+      ragged ? std::vector<int64_t>{nh * S, 1, nh, 1} : std::vector<int64_t>{nh * S, S, 1, 1};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   AttnGraph a;
@@ -185,21 +240,56 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
                    const std::vector<int64_t>& stride) {
     return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_dim(dim).set_stride(stride));
   };
+  // A ragged batch's lengths (i32 [B]) and element offsets (i64 [B + 1]), one offset per tensor
+  // (a gradient shares its tensor's).
+  auto index = [&](const char* name, int64_t n, fe::DataType_t type) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_dim({n, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(type));
+  };
+  // Token totals bound cuDNN's ragged workspaces (rounded up as its samples do).
+  const int64_t total_q = (key.rows() + 63) / 64 * 64, total_kv = (key.kv_rows() + 63) / 64 * 64;
+  if (ragged) {
+    a.len_q = index("seq_len_q", B, fe::DataType_t::INT32);
+    a.len_kv = index("seq_len_kv", B, fe::DataType_t::INT32);
+    a.off_q = index("ragged_q", B + 1, fe::DataType_t::INT64);
+    a.off_k = index("ragged_k", B + 1, fe::DataType_t::INT64);
+    a.off_v = index("ragged_v", B + 1, fe::DataType_t::INT64);
+    a.off_o = index("ragged_o", B + 1, fe::DataType_t::INT64);
+    a.off_stats = index("ragged_stats", B + 1, fe::DataType_t::INT64);
+  }
   a.q = input("Q", q_dim, q_stride);
   a.k = input("K", kv_dim, kv_stride);
   a.v = input("V", kv_dim, kv_stride);
+  if (ragged) {
+    a.q->set_ragged_offset(a.off_q);
+    a.k->set_ragged_offset(a.off_k);
+    a.v->set_ragged_offset(a.off_v);
+  }
   if (!key.backward) {
     auto opts = fe::graph::SDPA_attributes()
                     .set_name("sdpa_fwd")
                     .set_generate_stats(true)
                     .set_causal_mask(key.causal)
                     .set_attn_scale(scale);
+    if (ragged)
+      opts.set_padding_mask(true)
+          .set_seq_len_q(a.len_q)
+          .set_seq_len_kv(a.len_kv)
+          .set_max_total_seq_len_q(total_q)
+          .set_max_total_seq_len_kv(total_kv);
     auto [o, stats] = g.sdpa(a.q, a.k, a.v, opts);
     o->set_output(true).set_dim(q_dim).set_stride(o_stride);
     stats->set_output(true)
         .set_data_type(fe::DataType_t::FLOAT)
         .set_dim(stats_dim)
         .set_stride(stats_stride);
+    if (ragged) {
+      o->set_ragged_offset(a.off_o);
+      stats->set_ragged_offset(a.off_stats);
+    }
     a.o = o;
     a.stats = stats;
   } else {
@@ -210,15 +300,31 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
                            .set_dim(stats_dim)
                            .set_stride(stats_stride)
                            .set_data_type(fe::DataType_t::FLOAT));
+    if (ragged) {
+      a.o->set_ragged_offset(a.off_o);
+      a.dout->set_ragged_offset(a.off_o);
+      a.stats->set_ragged_offset(a.off_stats);
+    }
     auto opts = fe::graph::SDPA_backward_attributes()
                     .set_name("sdpa_bwd")
                     .set_causal_mask(key.causal)
                     .set_attn_scale(scale)
                     .set_deterministic_algorithm(key.deterministic);
+    if (ragged)
+      opts.set_padding_mask(true)
+          .set_seq_len_q(a.len_q)
+          .set_seq_len_kv(a.len_kv)
+          .set_max_total_seq_len_q(total_q)
+          .set_max_total_seq_len_kv(total_kv);
     auto [dq, dk, dv] = g.sdpa_backward(a.q, a.k, a.v, a.o, a.dout, a.stats, opts);
     dq->set_output(true).set_dim(q_dim).set_stride(q_stride);
     dk->set_output(true).set_dim(kv_dim).set_stride(kv_stride);
     dv->set_output(true).set_dim(kv_dim).set_stride(kv_stride);
+    if (ragged) {
+      dq->set_ragged_offset(a.off_q);
+      dk->set_ragged_offset(a.off_k);
+      dv->set_ragged_offset(a.off_v);
+    }
     a.dq = dq;
     a.dk = dk;
     a.dv = dv;
@@ -287,12 +393,65 @@ bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, 
       .deterministic;
 }
 
+namespace {
+
+// A ragged batch's graph size for `count` documents in `rows` rows: the next power of two (a
+// few graphs per run), at most the rows.
+int64_t ragged_slots(int64_t count, int64_t rows) {
+  int64_t slots = 1;
+  while (slots < count) slots *= 2;
+  return std::min(slots, rows);
+}
+
+// Ragged GQA attention with 64-bit offsets needs cuDNN 9.6.
+void need_ragged_cudnn() {
+  const auto version = static_cast<long long>(cudnnGetVersion());
+  if (version < 90600)
+    end_job(kExitFailure,
+            "block-causal attention (data.document_mask: block_causal) on CUDA needs "
+            "cuDNN 9.6 or newer for ragged batches; this process loaded cuDNN " +
+                std::to_string(version) +
+                ": install a newer cuDNN, or set data.document_mask: none");
+}
+
+// The ragged batch of `a` for documents of `start` over `rows` query rows: documents (causal,
+// runs restarting every `period` rows) or, for a block of earlier keys, the first document's
+// prefix (ragged_prefix, kv_rows keys from position k_first); bound into `pack` with the
+// row-major statistics cuDNN reads or writes.
+Cudnn::Ragged bind_ragged(Ctx& ctx, const AttnKey& key, const AttnGraph& a,
+                          std::unordered_map<TensorPtr, void*>& pack, const int32_t* start,
+                          int64_t period, RaggedRows w, int64_t k_first) {
+  need_ragged_cudnn();
+  Cudnn::Ragged r =
+      Cudnn::get().ragged(key.docs, key.rows(), key.nh, static_cast<cudaStream_t>(ctx.stream));
+  if (key.causal)
+    ragged_documents(ctx, r.table, key.docs, start, key.rows(), period, w);
+  else
+    ragged_prefix(ctx, r.table, start, key.rows(), key.kv_rows(), k_first, w);
+  pack[a.len_q] = r.table.len_q;
+  pack[a.len_kv] = r.table.len_kv;
+  pack[a.off_q] = r.table.off_q;
+  pack[a.off_k] = r.table.off_kv;
+  pack[a.off_v] = r.table.off_kv;
+  pack[a.off_o] = r.table.off_o;
+  pack[a.off_stats] = r.table.off_stats;
+  pack[a.stats] = r.stats;
+  return r;
+}
+
+// The packed qkv rows' ragged strides: q, k and v rows of the full width, out rows of nh hd.
+RaggedRows packed_rows(int64_t nh, int64_t nkv, int64_t hd) {
+  return {(nh + 2 * nkv) * hd, (nh + 2 * nkv) * hd, nh * hd, nh};
+}
+
+}  // namespace
+
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
-                   int n_heads, int n_kv_heads, int head_dim, Tensor doc_start) {
+                   int n_heads, int n_kv_heads, int head_dim, DocStarts docs) {
   check_bf16(qkv, "attention_fwd");
-  TR_ASSERT(doc_start.empty(), "block-causal attention (doc_start) has no CUDA path yet");
-  const AttnGraph& a =
-      Cudnn::get().graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false});
+  AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false};
+  if (!docs.empty()) key.docs = ragged_slots(docs.count, key.rows());
+  const AttnGraph& a = Cudnn::get().graph(key);
   char* base = static_cast<char*>(qkv.data);
   const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
   std::unordered_map<TensorPtr, void*> pack = {{a.q, base},
@@ -300,16 +459,20 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
                                                {a.v, base + (n_heads + n_kv_heads) * head_bytes},
                                                {a.o, out.data},
                                                {a.stats, lse.data}};
+  if (docs.empty()) return run(ctx, a, pack);
+  const Cudnn::Ragged r = bind_ragged(ctx, key, a, pack, docs.start.ptr<int32_t>(), seq_len,
+                                      packed_rows(n_heads, n_kv_heads, head_dim), 0);
   run(ctx, a, pack);
+  stats_layout(ctx, lse.ptr<float>(), r.stats, batch, seq_len, n_heads, /*to_lse=*/true);
 }
 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
-                   Tensor doc_start) {
+                   DocStarts docs) {
   check_bf16(qkv, "attention_bwd");
-  TR_ASSERT(doc_start.empty(), "block-causal attention (doc_start) has no CUDA path yet");
-  const AttnGraph& a = Cudnn::get().graph(
-      {batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic});
+  AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic};
+  if (!docs.empty()) key.docs = ragged_slots(docs.count, key.rows());
+  const AttnGraph& a = Cudnn::get().graph(key);
   char* base = static_cast<char*>(qkv.data);
   char* dbase = static_cast<char*>(dqkv.data);
   const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
@@ -318,41 +481,64 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
       {a.q, base},     {a.k, base + k_at},   {a.v, base + v_at},
       {a.o, out.data}, {a.dout, dout.data},  {a.stats, lse.data},
       {a.dq, dbase},   {a.dk, dbase + k_at}, {a.dv, dbase + v_at}};
+  if (!docs.empty()) {
+    const Cudnn::Ragged r = bind_ragged(ctx, key, a, pack, docs.start.ptr<int32_t>(), seq_len,
+                                        packed_rows(n_heads, n_kv_heads, head_dim), 0);
+    stats_layout(ctx, lse.ptr<float>(), r.stats, batch, seq_len, n_heads, /*to_lse=*/false);
+  }
   run(ctx, a, pack);
 }
 
 // Context parallelism's blocks (kernels/ops.h): one sequence's query block against a key block,
 // through graphs of their own shape (the chunk length is the same for every block of a run, so
-// a run builds at most four: forward and backward, causal and not).
-void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
-                         bool causal, Tensor q_doc_start, int64_t) {
-  check_bf16(q, "attention_block_fwd");
-  TR_ASSERT(q_doc_start.empty(), "block-causal attention (q_doc_start) has no CUDA path yet");
-  AttnKey key{1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], /*backward=*/false};
+// a run builds at most four: forward and backward, causal and not; block-causal adds the
+// ragged ones). Block-causal: the causal diagonal is the documents of its rows; a block of
+// earlier keys is its first document's prefix, the other rows seeing none of its keys.
+namespace {
+AttnKey block_key(const Tensor& q, const Tensor& k, bool backward, bool deterministic, bool causal,
+                  const DocStarts& q_docs) {
+  AttnKey key{1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], backward, deterministic};
   key.blocks = true;
   key.seq_kv = k.shape[0];
   key.causal = causal;
+  if (!q_docs.empty()) key.docs = causal ? ragged_slots(q_docs.count, key.rows()) : 1;
+  return key;
+}
+RaggedRows block_rows(const AttnKey& key) {
+  return {key.nh * key.hd, key.nkv * key.hd, key.nh * key.hd, key.nh};
+}
+}  // namespace
+
+void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
+                         bool causal, DocStarts q_docs, int64_t k_first) {
+  check_bf16(q, "attention_block_fwd");
+  const AttnKey key = block_key(q, k, /*backward=*/false, /*deterministic=*/true, causal, q_docs);
   const AttnGraph& a = Cudnn::get().graph(key);
   std::unordered_map<TensorPtr, void*> pack = {
       {a.q, q.data}, {a.k, k.data}, {a.v, v.data}, {a.o, out.data}, {a.stats, lse.data}};
+  if (q_docs.empty()) return run(ctx, a, pack);
+  const int32_t* start = q_docs.start.ptr<int32_t>();
+  const Cudnn::Ragged r = bind_ragged(ctx, key, a, pack, start, key.seq, block_rows(key), k_first);
   run(ctx, a, pack);
+  stats_layout(ctx, lse.ptr<float>(), r.stats, 1, key.seq, key.nh, /*to_lse=*/true);
+  if (!causal) hidden_rows_fwd(ctx, out, lse, start, k_first, key.seq_kv);
 }
 
 void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
-                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal, Tensor q_doc_start,
-                         int64_t) {
+                         Tensor lse, Tensor q, Tensor k, Tensor v, bool causal, DocStarts q_docs,
+                         int64_t k_first) {
   check_bf16(q, "attention_block_bwd");
-  TR_ASSERT(q_doc_start.empty(), "block-causal attention (q_doc_start) has no CUDA path yet");
-  AttnKey key{1,          q.shape[0],        q.shape[1],       k.shape[1],
-              q.shape[2], /*backward=*/true, ctx.deterministic};
-  key.blocks = true;
-  key.seq_kv = k.shape[0];
-  key.causal = causal;
+  const AttnKey key = block_key(q, k, /*backward=*/true, ctx.deterministic, causal, q_docs);
   const AttnGraph& a = Cudnn::get().graph(key);
   std::unordered_map<TensorPtr, void*> pack = {
       {a.q, q.data},       {a.k, k.data},   {a.v, v.data},   {a.o, out.data}, {a.dout, dout.data},
       {a.stats, lse.data}, {a.dq, dq.data}, {a.dk, dk.data}, {a.dv, dv.data}};
+  if (q_docs.empty()) return run(ctx, a, pack);
+  const int32_t* start = q_docs.start.ptr<int32_t>();
+  const Cudnn::Ragged r = bind_ragged(ctx, key, a, pack, start, key.seq, block_rows(key), k_first);
+  stats_layout(ctx, lse.ptr<float>(), r.stats, 1, key.seq, key.nh, /*to_lse=*/false);
   run(ctx, a, pack);
+  if (!causal) hidden_rows_bwd(ctx, dq, dk, dv, start, k_first);
 }
 
 }  // namespace tr::cuda

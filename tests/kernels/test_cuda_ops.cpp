@@ -6,6 +6,7 @@
 // Without a CUDA device the binary prints "skipped: no CUDA device" and exits 77, which ctest
 // reports as skipped.
 #define CATCH_CONFIG_RUNNER
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/bf16.h"
@@ -451,6 +453,147 @@ TEST_CASE("cuda: attention blocks, their merge and the qkv split match the CPU",
     CHECK(d_v.download() == cv);
     qkv_join(g.ctx, d_back.t, d_q.t, d_k.t, d_v.t);
     CHECK(d_back.download() == rows);
+  }
+}
+
+// Document starts for `batch` sequences of `seq` rows: documents of random lengths from 1 to
+// `longest` (one-token documents included), a sequence's first row beginning one.
+std::vector<int32_t> random_documents(int64_t batch, int64_t seq, int64_t longest,
+                                      std::mt19937& rng) {
+  std::uniform_int_distribution<int64_t> len(1, longest);
+  std::vector<int32_t> start;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t at = 0; at < seq;) {
+      const int64_t n = std::min(len(rng), seq - at);
+      for (int64_t i = 0; i < n; ++i) start.push_back(static_cast<int32_t>(at));
+      at += n;
+    }
+  return start;
+}
+
+// Statistics with rows that saw no key (-inf): the same rows, and the others close.
+void check_lse(const std::vector<float>& gpu, const std::vector<float>& cpu,
+               const std::string& what) {
+  REQUIRE(gpu.size() == cpu.size());
+  std::vector<float> g, c;
+  int64_t mismatched = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    if (std::isinf(cpu[i]) || std::isinf(gpu[i])) {
+      mismatched += !(std::isinf(cpu[i]) && std::isinf(gpu[i]) && cpu[i] < 0 && gpu[i] < 0);
+      continue;
+    }
+    g.push_back(gpu[i]);
+    c.push_back(cpu[i]);
+  }
+  INFO(what);
+  CHECK(mismatched == 0);
+  CHECK(test::rel_err(g, c) < 1e-3);
+}
+
+// Block-causal attention: cuDNN over ragged batches of documents (the packed rows' documents;
+// a CP block's diagonal; a block of earlier keys, reached only by the first query document)
+// against the CPU's per-document masks, with counts that leave the graph's batch partly empty.
+TEST_CASE("cuda: block-causal attention over ragged documents matches the CPU", "[gpu]") {
+  GpuCtx g;
+  std::mt19937 rng(43);
+  const DType dt = DType::bf16;
+  struct Shape {
+    int batch, seq, nh, nkv, hd, longest;
+  };
+  // The tiny model; 0.5B's heads with short and long documents; 72B's at tp 8.
+  for (Shape s : {Shape{4, 32, 4, 2, 16, 9}, Shape{2, 256, 14, 2, 64, 40},
+                  Shape{1, 1024, 14, 2, 64, 700}, Shape{1, 1024, 8, 1, 128, 300}}) {
+    const int64_t T = int64_t{s.batch} * s.seq, W = int64_t{s.nh + 2 * s.nkv} * s.hd,
+                  O = int64_t{s.nh} * s.hd;
+    if (large(T * W)) continue;
+    const std::vector<int32_t> start = random_documents(s.batch, s.seq, s.longest, rng);
+    const int64_t count = count_documents(start.data(), T, s.seq);
+    const std::string what = "batch=" + std::to_string(s.batch) + " seq=" + std::to_string(s.seq) +
+                             " nh=" + std::to_string(s.nh) + " documents=" + std::to_string(count);
+    INFO(what);
+    std::vector<float> qkv = random_values(T * W, rng, dt, -2, 2),
+                       dout = random_values(T * O, rng, dt);
+    std::vector<float> out(T * O), lse(T * s.nh), dqkv(T * W);
+    std::vector<int32_t> host_start = start;
+    const DocStarts cpu_docs{Tensor(host_start.data(), DType::i32, Device::cpu, {T}), count};
+    attention_fwd(cpu_ctx, host(out, {T, O}), host(lse, {s.batch, s.nh, s.seq}), host(qkv, {T, W}),
+                  s.batch, s.seq, s.nh, s.nkv, s.hd, cpu_docs);
+    Dev d_start(DType::i32, {T}, std::vector<float>(start.begin(), start.end()));
+    Dev d_qkv(dt, {T, W}, qkv), d_out(dt, {T, O}), d_lse(DType::f32, {s.batch, s.nh, s.seq}),
+        d_dout(dt, {T, O}, dout), d_dqkv(dt, {T, W});
+    const DocStarts docs{d_start.t, count};
+    attention_fwd(g.ctx, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv, s.hd, docs);
+    std::vector<float> gpu_out = d_out.download();
+    check_close(gpu_out, out, dt, "out " + what);
+    check_lse(d_lse.download(), lse, "lse " + what);
+    attention_bwd(cpu_ctx, host(dqkv, {T, W}), host(dout, {T, O}), host(gpu_out, {T, O}),
+                  host(lse, {s.batch, s.nh, s.seq}), host(qkv, {T, W}), s.batch, s.seq, s.nh, s.nkv,
+                  s.hd, cpu_docs);
+    attention_bwd(g.ctx, d_dqkv.t, d_dout.t, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv,
+                  s.hd, docs);
+    const std::vector<float> first = d_dqkv.download();
+    check_close(first, dqkv, dt, "dqkv " + what);
+    // A looser count (a bound, as a CP chunk gets) gives the same bits.
+    d_dqkv.poison();
+    attention_bwd(g.ctx, d_dqkv.t, d_dout.t, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv,
+                  s.hd, DocStarts{d_start.t, std::min<int64_t>(T, 3 * count)});
+    CHECK(std::memcmp(first.data(), d_dqkv.download().data(), first.size() * 4) == 0);
+  }
+
+  // Blocks: a chunk of C queries at position q_first whose first document began at `first_doc`.
+  const int64_t C = 128, nh = 8, nkv = 2, hd = 64;
+  const int64_t Q = C * nh * hd, K = C * nkv * hd;
+  std::vector<float> q = random_values(Q, rng, dt, -2, 2), k = random_values(K, rng, dt, -2, 2),
+                     v = random_values(K, rng, dt), dout = random_values(Q, rng, dt);
+  auto hq = [&](std::vector<float>& x) { return host(x, {C, nh, hd}); };
+  auto hk = [&](std::vector<float>& x) { return host(x, {C, nkv, hd}); };
+  Dev d_q(dt, {C, nh, hd}, q), d_k(dt, {C, nkv, hd}, k), d_v(dt, {C, nkv, hd}, v),
+      d_dout(dt, {C, nh, hd}, dout);
+  const int64_t q_first = 3 * C;
+  struct Case {
+    bool causal;
+    int64_t k_first, first_doc;
+  };
+  // The diagonal, its first document from before it; keys of the chunk before, the document
+  // from before them, from inside them, and from after them (no row sees a key).
+  for (Case c :
+       {Case{true, q_first, C + 5}, Case{true, q_first, q_first}, Case{false, 2 * C, C + 5},
+        Case{false, 2 * C, 2 * C + 77}, Case{false, C, 2 * C + 77}}) {
+    std::vector<int32_t> start(C);
+    int64_t doc = c.first_doc, i = 0;
+    for (int64_t n : {int64_t{37}, int64_t{1}, int64_t{50}, int64_t{1000}}) {
+      for (int64_t r = 0; r < n && i < C; ++r) start[i++] = static_cast<int32_t>(doc);
+      doc = q_first + i;
+    }
+    const int64_t count = count_documents(start.data(), C, C);
+    INFO((c.causal ? "diagonal" : "earlier keys")
+         << " k_first=" << c.k_first << " first document at " << c.first_doc);
+    std::vector<int32_t> host_start = start;
+    const DocStarts cpu_docs{Tensor(host_start.data(), DType::i32, Device::cpu, {C}), count};
+    Dev d_start(DType::i32, {C}, std::vector<float>(start.begin(), start.end()));
+    const DocStarts docs{d_start.t, count};
+    std::vector<float> out(Q), lse(nh * C), dq(Q), dk(K), dv(K);
+    attention_block_fwd(cpu_ctx, hq(out), host(lse, {nh, C}), hq(q), hk(k), hk(v), c.causal,
+                        cpu_docs, c.k_first);
+    Dev d_out(dt, {C, nh, hd}), d_lse(DType::f32, {nh, C});
+    attention_block_fwd(g.ctx, d_out.t, d_lse.t, d_q.t, d_k.t, d_v.t, c.causal, docs, c.k_first);
+    std::vector<float> gpu_out = d_out.download();
+    check_close(gpu_out, out, dt, "block out");
+    check_lse(d_lse.download(), lse, "block lse");
+    attention_block_bwd(cpu_ctx, hq(dq), hk(dk), hk(dv), hq(dout), hq(gpu_out), host(lse, {nh, C}),
+                        hq(q), hk(k), hk(v), c.causal, cpu_docs, c.k_first);
+    Dev d_dq(dt, {C, nh, hd}), d_dk(dt, {C, nkv, hd}), d_dv(dt, {C, nkv, hd});
+    attention_block_bwd(g.ctx, d_dq.t, d_dk.t, d_dv.t, d_dout.t, d_out.t, d_lse.t, d_q.t, d_k.t,
+                        d_v.t, c.causal, docs, c.k_first);
+    // All-zero references (no row sees a key) compare exactly.
+    for (auto [gpu, cpu, name] :
+         {std::tuple{d_dq.download(), dq, "block dq"}, std::tuple{d_dk.download(), dk, "block dk"},
+          std::tuple{d_dv.download(), dv, "block dv"}}) {
+      if (std::all_of(cpu.begin(), cpu.end(), [](float x) { return x == 0; }))
+        CHECK(gpu == cpu);
+      else
+        check_close(gpu, cpu, dt, name);
+    }
   }
 }
 

@@ -410,11 +410,11 @@ struct Attn {
   int64_t q(int64_t r, int64_t h, int64_t e) const { return r * width() + h * hd + e; }
   int64_t k(int64_t r, int64_t g, int64_t e) const { return q(r, nh + g, e); }
   int64_t v(int64_t r, int64_t g, int64_t e) const { return q(r, nh + nkv + g, e); }
-  void fwd(Tensor doc_start = {}) {
-    attention_fwd(ctx, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd, doc_start);
+  void fwd(DocStarts docs = {}) {
+    attention_fwd(ctx, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd, docs);
   }
-  void bwd(Tensor doc_start = {}) {
-    attention_bwd(ctx, dqkv.t, dout.t, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd, doc_start);
+  void bwd(DocStarts docs = {}) {
+    attention_bwd(ctx, dqkv.t, dout.t, out.t, lse.t, qkv.t, batch, seq, nh, nkv, hd, docs);
   }
 };
 
@@ -516,7 +516,13 @@ TEST_CASE("kernels: block-causal attention is each document's own attention", "[
   for (const auto& [lo, hi] : docs0)
     for (int i = lo; i < hi; ++i) starts.push_back(lo);
   for (int i = 0; i < 12; ++i) starts.push_back(0);
-  const Tensor doc_start(starts.data(), DType::i32, Device::cpu, {24});
+  const DocStarts doc_start{Tensor(starts.data(), DType::i32, Device::cpu, {24}),
+                            count_documents(starts.data(), 24, 12)};
+  CHECK(doc_start.count == 4);
+  // Sequences of one document each: a sequence's first row begins a document.
+  const std::vector<int32_t> zeros(24, 0);
+  CHECK(count_documents(zeros.data(), 24, 12) == 2);
+  CHECK(count_documents(zeros.data(), 24, 24) == 1);
   std::mt19937 rng(11);
   for (DType dt : kFloatTypes) {
     INFO(dtype_name(dt));

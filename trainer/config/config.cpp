@@ -300,10 +300,6 @@ Status validate(const Config& c) {
   if (c.data.seq_len == 0) return err("data.seq_len is not set");
   if (c.data.seq_len > m.max_seq_len)
     return err("data.seq_len ", c.data.seq_len, " exceeds model.max_seq_len ", m.max_seq_len);
-  if (c.data.document_mask == "block_causal" && c.train.backend == "cuda")
-    return err(
-        "data.document_mask block_causal has no CUDA attention yet; set train.backend: "
-        "cpu or data.document_mask: none");
   if (p.cp > 1 && c.data.seq_len % (2 * p.cp) != 0)
     return err("data.seq_len ", c.data.seq_len, " does not split into 2 x parallel.cp = ", 2 * p.cp,
                " equal chunks; make it a multiple of ", 2 * p.cp, " or change parallel.cp");

@@ -115,7 +115,7 @@ const std::vector<Field>& fields() {
                "block_causal: each token attends only to the earlier tokens of its own document "
                "(documents packed in a sample end at the end-of-document token, data.eod_id), as "
                "Llama 3 was pretrained; none: to every earlier token of the sample (Megatron's "
-               "default). CPU backend for now",
+               "default). On CUDA it needs cuDNN 9.6 or newer",
                {"none", "block_causal"}),
       TR_FIELD(data, eod_id, Int, -1, kMaxI,
                "the end-of-document token id for data.document_mask, reset_position_ids and "

@@ -8,9 +8,10 @@
 
 namespace tr {
 
-Tensor Qwen2Model::doc_starts(int slot, int64_t b) const {
-  const Tensor all = a_->slots[slot].docs.doc_start;
-  return all.empty() ? Tensor() : all.slice(b * seq_len_, seq_len_);
+DocStarts Qwen2Model::doc_starts(int slot, int64_t b) const {
+  const DocStarts& all = a_->slots[slot].docs.doc_start;
+  // A sequence's rows hold at most the micro-batch's documents.
+  return all.empty() ? DocStarts{} : DocStarts{all.start.slice(b * seq_len_, seq_len_), all.count};
 }
 
 void Qwen2Model::context_attention_fwd(int slot, int64_t l) {

@@ -92,9 +92,9 @@ ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& options
 // A micro-batch's documents as the model reads them (data.document_mask, reset_position_ids):
 // i32 [tokens_per_micro_batch()] each, or empty.
 struct MicroBatchDocs {
-  // Block-causal attention's document starts of the tokens, positions in their sequence
-  // (kernels/ops.h attention_fwd).
-  Tensor doc_start;
+  // Block-causal attention's document starts of the tokens, positions in their sequence, and
+  // the count of the documents they hold (kernels/ops.h DocStarts).
+  DocStarts doc_start;
   // RoPE's position of each token (restarting in each document); empty: its position in the
   // sequence (this rank's positions of it under context parallelism).
   Tensor positions;
@@ -121,6 +121,7 @@ class Qwen2Model {
   Ctx ctx() const { return ctx_; }
   // Tokens of a micro-batch on this rank: batch x its seq_len / cp tokens of each sequence.
   int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
+  int64_t rows_per_sequence() const { return seq_len_; }  // seq_len / cp
   ParamBuffer& params() const { return params_; }
   const ParamLayout& layout() const { return params_.layout(); }
 
@@ -206,7 +207,7 @@ class Qwen2Model {
   void layer_final(int64_t l);              // layer l's gradients are final for the step
   Tensor resid(int slot, int64_t l) const;  // the residual stream entering local layer l
   // Sequence b's document starts in `slot` (block-causal attention), or empty.
-  Tensor doc_starts(int slot, int64_t b) const;
+  DocStarts doc_starts(int slot, int64_t b) const;
   // RoPE's positions for the micro-batch in `slot`: its own (MicroBatchDocs::positions), else
   // the sequence's (i32 [seq_len], this rank's under context parallelism).
   Tensor rope_positions(int slot) const;

@@ -98,7 +98,7 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchDoc
   const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
   const bool head = holds_head(chunk);
   const Tensor input = stage_input(slot, chunk);
-  TR_ASSERT(docs.doc_start.empty() || docs.doc_start.numel() == T,
+  TR_ASSERT(docs.doc_start.empty() || docs.doc_start.start.numel() == T,
             "forward_stage: a micro-batch's document starts");
   TR_ASSERT(docs.positions.empty() || docs.positions.numel() == T,
             "forward_stage: a micro-batch's positions");

@@ -27,15 +27,19 @@ class StepIO {
   // a device they are copied into pinned host memory and uploaded with one asynchronous copy. The
   // previous upload from that memory has run by then: the last step's take() waited for the
   // stream, which holds every earlier copy.
-  // `doc_starts` and `positions` (MicroBatchDocs' two arrays, one per micro-batch) may be empty.
+  // `doc_starts` and `positions` (MicroBatchDocs' two arrays, one per micro-batch) may be empty;
+  // each micro-batch's documents are counted here from its starts, `rows` tokens to a sequence
+  // (Qwen2Model::rows_per_sequence).
   void stage(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
              int64_t tokens, const std::vector<const int32_t*>& doc_starts = {},
-             const std::vector<const int32_t*>& positions = {});
+             const std::vector<const int32_t*>& positions = {}, int64_t rows = 0);
   Tensor inputs(size_t micro_batch) const { return inputs_.at(micro_batch); }    // i32 [tokens]
   Tensor targets(size_t micro_batch) const { return targets_.at(micro_batch); }  // i32 [tokens]
   // Its staged document arrays (each empty when none was staged).
   MicroBatchDocs docs(size_t micro_batch) const {
-    return {doc_starts_.empty() ? Tensor() : doc_starts_.at(micro_batch),
+    return {doc_starts_.empty()
+                ? DocStarts{}
+                : DocStarts{doc_starts_.at(micro_batch), doc_counts_.at(micro_batch)},
             positions_.empty() ? Tensor() : positions_.at(micro_batch)};
   }
 
@@ -53,6 +57,7 @@ class StepIO {
   Tensor scalars_;     // f64 [2]: loss_sum, norm_squares
   Buffer host_, dev_;  // the staged arrays: pinned on the host, and on the device
   std::vector<Tensor> inputs_, targets_, doc_starts_, positions_;
+  std::vector<int64_t> doc_counts_;  // documents of each doc_starts_ array
 };
 
 // One micro-batch through a whole (single-stage) model: forward, loss and backward, gradients
