@@ -695,4 +695,25 @@ TEST_CASE("data: prepare_data tool writes a readable dataset") {
         std::make_pair(2, "prepare_data: error: " + dir / "bad.jsonl" +
                               ":1: expected a JSON object with a string field \"text\"\n"));
   CHECK_FALSE(fs::exists(dir / "x.idx"));
+  // An input of several chunks (3 MB of lines) gives the same files on 1 and 3 threads, and
+  // a bad line late in it is the error on both, before a later one.
+  {
+    std::ofstream big(dir / "big.jsonl");
+    for (int i = 0; i < 30000; ++i)
+      big << "{\"text\": \"document " << i << std::string(80 + i % 17, 'x') << "\"}\n";
+  }
+  REQUIRE(run("--output " + dir / "one --threads 1 " + dir / "big.jsonl").first == 0);
+  REQUIRE(run("--output " + dir / "three --threads 3 " + dir / "big.jsonl").first == 0);
+  for (const char* ext : {".bin", ".idx"})
+    CHECK(tr::test::read_file(dir / ("one" + std::string(ext))) ==
+          tr::test::read_file(dir / ("three" + std::string(ext))));
+  CHECK(open_ok(dir / "three")->num_documents() == 30000);
+  {
+    std::ofstream big(dir / "big.jsonl", std::ios::app);
+    big << "{\"text\": 7}\n{\"text\": \"fine\"}\n{\"oops\n";
+  }
+  for (const char* threads : {"1", "3"})
+    CHECK(run("--output " + dir / "late --threads " + threads + " " + dir / "big.jsonl") ==
+          std::make_pair(2, "prepare_data: error: " + dir / "big.jsonl" +
+                                ":30001: expected a JSON object with a string field \"text\"\n"));
 }
