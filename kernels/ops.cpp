@@ -287,18 +287,26 @@ void check_attention(const OpCheck& c, const Tensor& out, const Tensor& lse, con
   OP_CHECK(c, lse.ndim == 3 && lse.shape[0] == batch && lse.shape[1] == nh &&
                   lse.shape[2] == seq_len && lse.dtype == stat_dtype(qkv.dtype));
 }
-// `docs` empty, or one i32 start per row with a count between 1 and the rows.
+// `docs` empty, or one i32 start per row with bounds between 1 and the rows.
 bool are_docs(const DocStarts& docs, int64_t rows) {
-  return docs.empty() || (docs.start.dtype == DType::i32 && docs.start.numel() == rows &&
-                          docs.count >= 1 && docs.count <= rows);
+  return docs.empty() ||
+         (docs.start.dtype == DType::i32 && docs.start.numel() == rows && docs.count >= 1 &&
+          docs.count <= rows && docs.longest >= 1 && docs.longest <= rows);
 }
 }  // namespace
 
-int64_t count_documents(const int32_t* start, int64_t tokens, int64_t rows) {
+DocCount count_documents(const int32_t* start, int64_t tokens, int64_t rows) {
   TR_ASSERT(rows > 0 && tokens % rows == 0, "count_documents: whole sequences of rows");
-  int64_t n = 0;
-  for (int64_t t = 0; t < tokens; ++t) n += t % rows == 0 || start[t] != start[t - 1];
-  return n;
+  DocCount c;
+  int64_t first = 0;  // the current run's first row
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (t % rows == 0 || start[t] != start[t - 1]) {
+      ++c.count;
+      first = t;
+    }
+    c.longest = std::max(c.longest, t - first + 1);
+  }
+  return c;
 }
 
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,

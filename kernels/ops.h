@@ -76,18 +76,23 @@ void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& ro
 
 // Packed documents for block-causal attention (data.document_mask: block_causal): `start` (i32
 // on ctx's device, one per query row) holds for each row the position in its sequence where its
-// document begins, the same for every row of a document; `count` bounds the documents the rows
-// hold (runs of equal starts within a sequence), as count_documents() counted them on the host
-// array `start` was made from: the CUDA backend sizes its launch by it without reading the
-// device. Empty: no documents (causal over the whole sequence).
+// document begins, the same for every row of a document; `count` and `longest` bound how many
+// documents the rows hold (runs of equal starts within a sequence) and the rows of the longest,
+// as count_documents() found them on the host array `start` was made from: the CUDA backend
+// sizes its launch by them without reading the device. Empty: no documents (causal over the
+// whole sequence).
 struct DocStarts {
   Tensor start;
   int64_t count = 0;
+  int64_t longest = 0;
   bool empty() const { return start.empty(); }
 };
-// The documents of `tokens` rows of host starts, `rows` to a sequence: the runs of equal starts
-// within each sequence's rows.
-int64_t count_documents(const int32_t* start, int64_t tokens, int64_t rows);
+// The documents of `tokens` rows of host starts, `rows` to a sequence (the runs of equal starts
+// within each sequence's rows): how many, and the rows of the longest.
+struct DocCount {
+  int64_t count = 0, longest = 0;
+};
+DocCount count_documents(const int32_t* start, int64_t tokens, int64_t rows);
 
 // ---- causal GQA attention, scale hd^-0.5 ----
 // qkv [T, (nh + 2*nkv) * hd]: per token the nh query heads, then nkv key heads, then nkv value

@@ -181,8 +181,9 @@ struct BlockPositions {
     for (int64_t j = 0; j < sk; ++j) k[j] = j;
     if (q_docs.empty()) return;
     const int32_t* start = q_docs.start.ptr<int32_t>();
-    TR_ASSERT(count_documents(start, sq, sq) <= q_docs.count,
-              "attention block: more documents than q_docs.count");
+    const DocCount found = count_documents(start, sq, sq);
+    TR_ASSERT(found.count <= q_docs.count && found.longest <= q_docs.longest,
+              "attention block: more or longer documents than q_docs.count and .longest");
     for (int64_t i = 0; i < sq; ++i) first.push_back(start[i] - k_first);
   }
 };

@@ -18,9 +18,9 @@
 // Block-causal attention (DocStarts) runs the same graphs over a ragged batch: each document of
 // the rows is an entry of its own, read from element offsets into the same packed tensors
 // (attention_docs.h builds them on the device), padding-masked to its length and causal from its
-// first row. The graph's batch is the document count rounded up to a power of two (a handful of
-// graphs per run, built as counts first appear); cuDNN's statistics are row-major there and
-// moved into our lse layout.
+// first row. The graph's batch is the document count rounded up to a power of two, and its
+// entries the longest document's length likewise (a handful of graphs per run, built as they
+// first appear); cuDNN's statistics are row-major there and moved into our lse layout.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
@@ -55,7 +55,8 @@ using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 // `seq` tokens, causal. Context parallelism's blocks (`blocks`, batch 1) read a query block of
 // `seq` tokens [seq, nh, hd] against a key block of `seq_kv` [seq_kv, nkv, hd], contiguous, with
 // every key visible or (`causal`, seq == seq_kv) the causal diagonal. With `docs` > 0 the rows
-// are a ragged batch of that many entries (documents) instead of `batch` sequences.
+// are a ragged batch of that many entries (documents) instead of `batch` sequences, each of at
+// most `doc_len` rows (0: seq, and seq_kv keys).
 struct AttnKey {
   int64_t batch, seq, nh, nkv, hd;
   bool backward;
@@ -64,17 +65,24 @@ struct AttnKey {
   int64_t seq_kv = 0;  // blocks only
   bool causal = true;
   int64_t docs = 0;
+  int64_t doc_len = 0;
   auto tie() const {
-    return std::tie(batch, seq, nh, nkv, hd, backward, deterministic, blocks, seq_kv, causal, docs);
+    return std::tie(batch, seq, nh, nkv, hd, backward, deterministic, blocks, seq_kv, causal, docs,
+                    doc_len);
   }
   bool operator<(const AttnKey& o) const { return tie() < o.tie(); }
   int64_t rows() const { return batch * seq; }  // query rows (and key rows unless blocks)
   int64_t kv_rows() const { return blocks ? seq_kv : rows(); }
+  // The graph's rows per batch entry: queries, and keys.
+  int64_t entry_q() const { return doc_len > 0 ? doc_len : seq; }
+  int64_t entry_kv() const { return doc_len > 0 ? doc_len : blocks ? seq_kv : seq; }
   std::string describe() const {
     const std::string heads = std::to_string(nh) + " heads, " + std::to_string(nkv) +
                               " KV heads of " + std::to_string(hd);
-    const std::string in_docs =
-        docs > 0 ? " in a ragged batch of " + std::to_string(docs) + " documents" : "";
+    const std::string in_docs = docs > 0 ? " in a ragged batch of " + std::to_string(docs) +
+                                               " documents of up to " + std::to_string(entry_q()) +
+                                               " tokens"
+                                         : "";
     if (blocks)
       return "a block of " + std::to_string(seq) + " queries over " + std::to_string(seq_kv) +
              (causal ? " keys (causal), " : " keys (all visible), ") + heads + in_docs;
@@ -212,9 +220,9 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, std::string* error) {
 
 std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, std::string* error) {
   const bool ragged = key.docs > 0;
-  const int64_t B = ragged ? key.docs : key.batch, S = key.seq, nh = key.nh, nkv = key.nkv,
+  const int64_t B = ragged ? key.docs : key.batch, S = key.entry_q(), nh = key.nh, nkv = key.nkv,
                 hd = key.hd;
-  const int64_t Sk = key.blocks ? key.seq_kv : S;
+  const int64_t Sk = key.entry_kv();
   const int64_t W = (nh + 2 * nkv) * hd;  // qkv row width
   const std::vector<int64_t> q_dim{B, nh, S, hd}, kv_dim{B, nkv, Sk, hd};
   const std::vector<int64_t> o_stride{S * nh * hd, hd, nh * hd, 1};
@@ -395,23 +403,69 @@ bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, 
 
 namespace {
 
-// A ragged batch's graph size for `count` documents in `rows` rows: the next power of two (a
-// few graphs per run), at most the rows.
-int64_t ragged_slots(int64_t count, int64_t rows) {
-  int64_t slots = 1;
-  while (slots < count) slots *= 2;
-  return std::min(slots, rows);
+// `n` rounded up to a power of two of at least `least`, at most `most`: a ragged graph's batch
+// and entry length (a few graphs per run).
+int64_t bucket(int64_t n, int64_t least, int64_t most) {
+  int64_t b = least;
+  while (b < n) b *= 2;
+  return std::min(b, most);
 }
 
-// Ragged GQA attention with 64-bit offsets needs cuDNN 9.6.
-void need_ragged_cudnn() {
-  const auto version = static_cast<long long>(cudnnGetVersion());
-  if (version < 90600)
-    end_job(kExitFailure,
-            "block-causal attention (data.document_mask: block_causal) on CUDA needs "
-            "cuDNN 9.6 or newer for ragged batches; this process loaded cuDNN " +
-                std::to_string(version) +
-                ": install a newer cuDNN, or set data.document_mask: none");
+// Ragged GQA attention with 64-bit offsets and row-major statistics in the backward needs cuDNN
+// 9.6 on a Hopper or newer GPU (the frontend refuses the rest): one line naming the fix.
+void need_ragged_attention() {
+  static const bool checked = [] {
+    const auto version = static_cast<long long>(cudnnGetVersion());
+    int device = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    const std::string what =
+        "block-causal attention (data.document_mask: block_causal) on CUDA runs cuDNN's ragged "
+        "batches, which need ";
+    const std::string fix = ": set data.document_mask: none";
+    if (version < 90600)
+      end_job(kExitFailure, what + "cuDNN 9.6 or newer; this process loaded cuDNN " +
+                                std::to_string(version) + ": install a newer one, or" + fix);
+    if (major < 9)
+      end_job(kExitFailure, what + "a Hopper (sm_90) or newer GPU; this one is sm_" +
+                                std::to_string(major) + "x" + fix);
+    return true;
+  }();
+  (void)checked;
+}
+
+// `key` as a ragged batch of the documents of its rows (at most `limit` rows each).
+void set_ragged(AttnKey& key, const DocStarts& docs, int64_t limit) {
+  need_ragged_attention();
+  key.docs = bucket(docs.count, 1, key.rows());
+  key.doc_len = bucket(docs.longest, 64, limit);
+}
+
+// The deterministic backward's dP workspace for `key` on Hopper (the frontend's formula: batch x
+// heads x s_q x s_kv x 2 bytes, padded to its tiles; a lower bound for ragged batches).
+int64_t dp_workspace(const AttnKey& key) {
+  const int64_t b = key.docs > 0 ? key.docs : key.batch;
+  return b * key.nh * ((key.entry_q() + 63) / 64 * 64) * ((key.entry_kv() + 127) / 128 * 128) * 2;
+}
+
+// A ragged backward runs deterministic only where its dP workspace is no larger than the one
+// the same rows take as plain sequences (`plain`; at least 256 MiB): many documents of which one
+// is long would need batch x longest^2. Otherwise the fast backward, with one warning.
+void ragged_backward_mode(AttnKey& key, const AttnKey& plain) {
+  if (!key.deterministic) return;
+  const int64_t need = dp_workspace(key), cap = std::max(dp_workspace(plain), int64_t{256} << 20);
+  if (need <= cap) return;
+  key.deterministic = false;
+  static std::once_flag warned;
+  std::call_once(warned, [&] {
+    std::fprintf(stderr,
+                 "warning: cuDNN's deterministic attention backward over %lld documents of up "
+                 "to %lld tokens would need %.1f GiB of workspace (%.1f GiB as whole "
+                 "sequences); such micro-batches use the fast backward: GPU runs will not "
+                 "repeat bit for bit\n",
+                 static_cast<long long>(key.docs), static_cast<long long>(key.entry_q()),
+                 static_cast<double>(need) / (1 << 30), static_cast<double>(cap) / (1 << 30));
+  });
 }
 
 // The ragged batch of `a` for documents of `start` over `rows` query rows: documents (causal,
@@ -421,7 +475,6 @@ void need_ragged_cudnn() {
 Cudnn::Ragged bind_ragged(Ctx& ctx, const AttnKey& key, const AttnGraph& a,
                           std::unordered_map<TensorPtr, void*>& pack, const int32_t* start,
                           int64_t period, RaggedRows w, int64_t k_first) {
-  need_ragged_cudnn();
   Cudnn::Ragged r =
       Cudnn::get().ragged(key.docs, key.rows(), key.nh, static_cast<cudaStream_t>(ctx.stream));
   if (key.causal)
@@ -450,7 +503,7 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
                    int n_heads, int n_kv_heads, int head_dim, DocStarts docs) {
   check_bf16(qkv, "attention_fwd");
   AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false};
-  if (!docs.empty()) key.docs = ragged_slots(docs.count, key.rows());
+  if (!docs.empty()) set_ragged(key, docs, seq_len);
   const AttnGraph& a = Cudnn::get().graph(key);
   char* base = static_cast<char*>(qkv.data);
   const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
@@ -470,8 +523,13 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
                    DocStarts docs) {
   check_bf16(qkv, "attention_bwd");
-  AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic};
-  if (!docs.empty()) key.docs = ragged_slots(docs.count, key.rows());
+  const AttnKey plain{batch,    seq_len,           n_heads,          n_kv_heads,
+                      head_dim, /*backward=*/true, ctx.deterministic};
+  AttnKey key = plain;
+  if (!docs.empty()) {
+    set_ragged(key, docs, seq_len);
+    ragged_backward_mode(key, plain);
+  }
   const AttnGraph& a = Cudnn::get().graph(key);
   char* base = static_cast<char*>(qkv.data);
   char* dbase = static_cast<char*>(dqkv.data);
@@ -501,7 +559,15 @@ AttnKey block_key(const Tensor& q, const Tensor& k, bool backward, bool determin
   key.blocks = true;
   key.seq_kv = k.shape[0];
   key.causal = causal;
-  if (!q_docs.empty()) key.docs = causal ? ragged_slots(q_docs.count, key.rows()) : 1;
+  if (q_docs.empty()) return key;
+  const AttnKey plain = key;
+  if (causal) {
+    set_ragged(key, q_docs, key.seq);
+  } else {
+    need_ragged_attention();
+    key.docs = 1;  // the first document's prefix, in the whole block's shape
+  }
+  if (backward) ragged_backward_mode(key, plain);
   return key;
 }
 RaggedRows block_rows(const AttnKey& key) {

@@ -516,13 +516,17 @@ TEST_CASE("kernels: block-causal attention is each document's own attention", "[
   for (const auto& [lo, hi] : docs0)
     for (int i = lo; i < hi; ++i) starts.push_back(lo);
   for (int i = 0; i < 12; ++i) starts.push_back(0);
-  const DocStarts doc_start{Tensor(starts.data(), DType::i32, Device::cpu, {24}),
-                            count_documents(starts.data(), 24, 12)};
-  CHECK(doc_start.count == 4);
+  const DocCount found = count_documents(starts.data(), 24, 12);
+  CHECK(found.count == 4);
+  CHECK(found.longest == 12);
+  const DocStarts doc_start{Tensor(starts.data(), DType::i32, Device::cpu, {24}), found.count,
+                            found.longest};
   // Sequences of one document each: a sequence's first row begins a document.
   const std::vector<int32_t> zeros(24, 0);
-  CHECK(count_documents(zeros.data(), 24, 12) == 2);
-  CHECK(count_documents(zeros.data(), 24, 24) == 1);
+  CHECK(count_documents(zeros.data(), 24, 12).count == 2);
+  CHECK(count_documents(zeros.data(), 24, 12).longest == 12);
+  CHECK(count_documents(zeros.data(), 24, 24).count == 1);
+  CHECK(count_documents(starts.data(), 12, 12).longest == 5);
   std::mt19937 rng(11);
   for (DType dt : kFloatTypes) {
     INFO(dtype_name(dt));

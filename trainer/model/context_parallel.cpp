@@ -10,8 +10,11 @@ namespace tr {
 
 DocStarts Qwen2Model::doc_starts(int slot, int64_t b) const {
   const DocStarts& all = a_->slots[slot].docs.doc_start;
-  // A sequence's rows hold at most the micro-batch's documents.
-  return all.empty() ? DocStarts{} : DocStarts{all.start.slice(b * seq_len_, seq_len_), all.count};
+  // A sequence's rows hold no more documents, and none longer, than the micro-batch's, nor
+  // more than its rows.
+  return all.empty() ? DocStarts{}
+                     : DocStarts{all.start.slice(b * seq_len_, seq_len_),
+                                 std::min(all.count, seq_len_), std::min(all.longest, seq_len_)};
 }
 
 void Qwen2Model::context_attention_fwd(int slot, int64_t l) {

@@ -37,10 +37,13 @@ class StepIO {
   Tensor targets(size_t micro_batch) const { return targets_.at(micro_batch); }  // i32 [tokens]
   // Its staged document arrays (each empty when none was staged).
   MicroBatchDocs docs(size_t micro_batch) const {
-    return {doc_starts_.empty()
-                ? DocStarts{}
-                : DocStarts{doc_starts_.at(micro_batch), doc_counts_.at(micro_batch)},
-            positions_.empty() ? Tensor() : positions_.at(micro_batch)};
+    MicroBatchDocs d;
+    if (!doc_starts_.empty()) {
+      const DocCount& n = doc_counts_.at(micro_batch);
+      d.doc_start = DocStarts{doc_starts_.at(micro_batch), n.count, n.longest};
+    }
+    if (!positions_.empty()) d.positions = positions_.at(micro_batch);
+    return d;
   }
 
   // f64 [1] each on the device: the sum of the per-token losses the last stage has computed
@@ -57,7 +60,7 @@ class StepIO {
   Tensor scalars_;     // f64 [2]: loss_sum, norm_squares
   Buffer host_, dev_;  // the staged arrays: pinned on the host, and on the device
   std::vector<Tensor> inputs_, targets_, doc_starts_, positions_;
-  std::vector<int64_t> doc_counts_;  // documents of each doc_starts_ array
+  std::vector<DocCount> doc_counts_;  // the documents of each doc_starts_ array
 };
 
 // One micro-batch through a whole (single-stage) model: forward, loss and backward, gradients
