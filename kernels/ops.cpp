@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <array>
+#include <atomic>
 #include <initializer_list>
 #include <string>
 
@@ -294,6 +295,17 @@ bool are_docs(const DocStarts& docs, int64_t rows) {
           docs.count <= rows && docs.longest >= 1 && docs.longest <= rows);
 }
 }  // namespace
+
+namespace {
+std::atomic<int64_t> g_attention_fast_fallbacks{0};
+}  // namespace
+
+int64_t attention_fast_fallbacks() {
+  return g_attention_fast_fallbacks.load(std::memory_order_relaxed);
+}
+void note_attention_fast_fallback() {
+  g_attention_fast_fallbacks.fetch_add(1, std::memory_order_relaxed);
+}
 
 DocCount count_documents(const int32_t* start, int64_t tokens, int64_t rows) {
   TR_ASSERT(rows > 0 && tokens % rows == 0, "count_documents: whole sequences of rows");

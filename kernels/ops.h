@@ -93,6 +93,12 @@ struct DocCount {
   int64_t count = 0, longest = 0;
 };
 DocCount count_documents(const int32_t* start, int64_t tokens, int64_t rows);
+// Attention backwards that ran cuDNN's fast (non-deterministic) algorithm although
+// ctx.deterministic asked for the deterministic one (a graph cuDNN could not build so, or a
+// ragged batch whose deterministic workspace was too large), since the process began; the
+// backend notes each one.
+int64_t attention_fast_fallbacks();
+void note_attention_fast_fallback();
 
 // ---- causal GQA attention, scale hd^-0.5 ----
 // qkv [T, (nh + 2*nkv) * hd]: per token the nh query heads, then nkv key heads, then nkv value

@@ -223,7 +223,7 @@ class Reader {
 // a chunk read, reading the next one (one reader at a time); the thread that finishes the
 // oldest chunk writes every finished chunk in order (one writer at a time). So reading, parsing
 // and writing overlap the tokenizing, no thread waits at a batch boundary, and the pool reads and
-// parses ahead while the tokenizer loads (start() before begin()).
+// parses ahead while the tokenizer loads (start() before run()).
 class Pipeline {
  public:
   // `json`: each item is a jsonl line whose "text" is the document (else the document itself).
@@ -234,7 +234,7 @@ class Pipeline {
     for (std::thread& t : pool_) t.join();
   }
 
-  // Starts threads - 1 workers: they read and parse until begin() gives them the tokenizer.
+  // Starts threads - 1 workers: they read and parse until run() gives them the tokenizer.
   void start() {
     for (int t = 1; t < threads_; ++t) pool_.emplace_back([this] { work(); });
   }
@@ -269,7 +269,17 @@ class Pipeline {
     bool parsed = false, tokenized = false;
   };
 
+  // A worker's loop; an exception (out of memory) ends the run with its message, not the process
+  // mid-write.
   void work() {
+    try {
+      steps();
+    } catch (const std::exception& e) {
+      stop(absl::InternalError(absl::StrCat("prepare_data stopped: ", e.what())));
+    }
+  }
+
+  void steps() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
       if (!status_.ok()) return;
@@ -294,7 +304,7 @@ class Pipeline {
         ready_.notify_all();
         continue;
       }
-      if (!reading_ && !end_ && chunks_.size() < kInFlight * static_cast<size_t>(threads_)) {
+      if (!reading_ && !end_ && chunks_.size() < in_flight()) {
         reading_ = true;
         lock.unlock();
         auto c = std::make_unique<Chunk>();
@@ -324,7 +334,7 @@ class Pipeline {
       nlohmann::json doc;
       try {
         doc = nlohmann::json::parse(raw);
-      } catch (const nlohmann::json::parse_error& e) {
+      } catch (const nlohmann::json::exception& e) {  // a syntax error, a number overflow
         c.errors[i] = absl::StrCat("invalid JSON (", e.what(), ")");
         continue;
       }
@@ -385,9 +395,9 @@ class Pipeline {
     return c.in.error;
   }
 
-  // Chunks read ahead per thread: enough for the workers to parse ahead while the tokenizer
-  // loads (about 0.2 s for Qwen2.5's).
-  static constexpr size_t kInFlight = 16;
+  // Chunks read ahead: 16 per thread, enough for the workers to parse ahead while the tokenizer
+  // loads (about 0.2 s for Qwen2.5's), and 64 MB at most.
+  size_t in_flight() const { return std::min<size_t>(16 * static_cast<size_t>(threads_), 64); }
   Stats& stats_;
   Reader& reader_;
   const bool json_;

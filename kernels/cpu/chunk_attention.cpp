@@ -185,6 +185,11 @@ struct BlockPositions {
     TR_ASSERT(found.count <= q_docs.count && found.longest <= q_docs.longest,
               "attention block: more or longer documents than q_docs.count and .longest");
     for (int64_t i = 0; i < sq; ++i) first.push_back(start[i] - k_first);
+    // The diagonal's rows are the positions k_first + i: a document starts at or before its row,
+    // and one that differs from the row before begins there (the CUDA backend reads runs so).
+    for (int64_t i = 0; causal && i < sq; ++i)
+      TR_ASSERT(first[i] <= i && (i == 0 || first[i] == first[i - 1] || first[i] == i),
+                "attention block: a query's document starts after it or inside another");
   }
 };
 

@@ -478,7 +478,7 @@ Cudnn::Ragged bind_ragged(Ctx& ctx, const AttnKey& key, const AttnGraph& a,
   Cudnn::Ragged r =
       Cudnn::get().ragged(key.docs, key.rows(), key.nh, static_cast<cudaStream_t>(ctx.stream));
   if (key.causal)
-    ragged_documents(ctx, r.table, key.docs, start, key.rows(), period, w);
+    ragged_documents(ctx, r.table, key.docs, key.entry_q(), start, key.rows(), period, w);
   else
     ragged_prefix(ctx, r.table, start, key.rows(), key.kv_rows(), k_first, w);
   pack[a.len_q] = r.table.len_q;
@@ -531,6 +531,7 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
     ragged_backward_mode(key, plain);
   }
   const AttnGraph& a = Cudnn::get().graph(key);
+  if (ctx.deterministic && !a.deterministic) note_attention_fast_fallback();
   char* base = static_cast<char*>(qkv.data);
   char* dbase = static_cast<char*>(dqkv.data);
   const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
@@ -596,6 +597,7 @@ void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout,
   check_bf16(q, "attention_block_bwd");
   const AttnKey key = block_key(q, k, /*backward=*/true, ctx.deterministic, causal, q_docs);
   const AttnGraph& a = Cudnn::get().graph(key);
+  if (ctx.deterministic && !a.deterministic) note_attention_fast_fallback();
   std::unordered_map<TensorPtr, void*> pack = {
       {a.q, q.data},       {a.k, k.data},   {a.v, v.data},   {a.o, out.data}, {a.dout, dout.data},
       {a.stats, lse.data}, {a.dq, dq.data}, {a.dk, dk.data}, {a.dv, dv.data}};

@@ -12,8 +12,8 @@ constexpr int kScanThreads = 1024;
 // One block: each thread counts the runs beginning in its slice of the rows, a block-wide scan
 // numbers them, and each thread writes its runs' entries; then every entry's length from the
 // next one's start, and the unused entries empty at the end of the rows.
-__global__ void documents_kernel(RaggedTable t, int64_t slots, const int32_t* start, int64_t rows,
-                                 int64_t period, RaggedRows w) {
+__global__ void documents_kernel(RaggedTable t, int64_t slots, int64_t max_len,
+                                 const int32_t* start, int64_t rows, int64_t period, RaggedRows w) {
   __shared__ int64_t scan[kScanThreads];
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t per = (rows + kScanThreads - 1) / kScanThreads;
@@ -45,6 +45,7 @@ __global__ void documents_kernel(RaggedTable t, int64_t slots, const int32_t* st
     if (d < runs) {
       const int64_t first = t.off_o[d] / w.o;
       const int64_t next = d + 1 < runs ? t.off_o[d + 1] / w.o : rows;
+      if (next - first > max_len) __trap();  // DocStarts::longest did not bound it
       t.len_q[d] = t.len_kv[d] = static_cast<int32_t>(next - first);
       continue;
     }
@@ -125,9 +126,10 @@ __global__ void hidden_bwd_kernel(bf16* dq, bf16* dk, bf16* dv, const int32_t* s
 
 }  // namespace
 
-void ragged_documents(Ctx& ctx, const RaggedTable& table, int64_t slots, const int32_t* start,
-                      int64_t rows, int64_t period, RaggedRows w) {
-  documents_kernel<<<1, kScanThreads, 0, stream_of(ctx)>>>(table, slots, start, rows, period, w);
+void ragged_documents(Ctx& ctx, const RaggedTable& table, int64_t slots, int64_t max_len,
+                      const int32_t* start, int64_t rows, int64_t period, RaggedRows w) {
+  documents_kernel<<<1, kScanThreads, 0, stream_of(ctx)>>>(table, slots, max_len, start, rows,
+                                                           period, w);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -32,9 +32,10 @@ struct RaggedRows {
 
 // Entries for the documents of `rows` query rows, each a causal sequence over its own rows: the
 // runs of equal `start`, a run also beginning every `period` rows (a sequence's first row).
-// More runs than `slots` is a broken DocStarts::count: the kernel traps.
-void ragged_documents(Ctx& ctx, const RaggedTable& table, int64_t slots, const int32_t* start,
-                      int64_t rows, int64_t period, RaggedRows w);
+// More runs than `slots`, or one longer than `max_len` (the graph's entry), is a broken
+// DocStarts bound: the kernel traps rather than let cuDNN read past an entry.
+void ragged_documents(Ctx& ctx, const RaggedTable& table, int64_t slots, int64_t max_len,
+                      const int32_t* start, int64_t rows, int64_t period, RaggedRows w);
 // One entry for a block whose `kv_rows` keys all lie before its `rows` queries (context
 // parallelism), the key block starting at position k_first: only the first query document can
 // reach back into it, so the entry is that document's rows over the keys from its start on

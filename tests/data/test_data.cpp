@@ -716,4 +716,13 @@ TEST_CASE("data: prepare_data tool writes a readable dataset") {
     CHECK(run("--output " + dir / "late --threads " + threads + " " + dir / "big.jsonl") ==
           std::make_pair(2, "prepare_data: error: " + dir / "big.jsonl" +
                                 ":30001: expected a JSON object with a string field \"text\"\n"));
+  // A number JSON cannot hold is that line's error too, not a crash.
+  std::ofstream(dir / "huge.jsonl") << "{\"text\": \"a\"}\n{\"text\": \"b\", \"n\": 1e999}\n";
+  for (const char* threads : {"1", "2"}) {
+    const auto [code, said] =
+        run("--output " + dir / "huge --threads " + threads + " " + dir / "huge.jsonl");
+    CHECK(code == 2);
+    CHECK_THAT(said, Catch::StartsWith("prepare_data: error: " + dir / "huge.jsonl" +
+                                       ":2: invalid JSON ("));
+  }
 }

@@ -225,7 +225,8 @@ const std::vector<MetricKey>& metric_keys() {
          return l.m.device_mem_mib > 0 ? nlohmann::json(l.m.device_mem_mib) : nlohmann::json();
        }},
       {"attention_bwd", "step (GPUs)", "",
-       "the cuDNN attention backward that runs: deterministic or fast",
+       "the cuDNN attention backward that ran this step: deterministic, or fast (asked for, or "
+       "where cuDNN could not give the deterministic one for some of the step's attention)",
        [](L l) -> nlohmann::json {
          return *l.m.attention_bwd != '\0' ? nlohmann::json(l.m.attention_bwd) : nlohmann::json();
        }},

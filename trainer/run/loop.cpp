@@ -122,6 +122,7 @@ struct LoopState {
   // while steps are being skipped, so a diverging run never pushes its good checkpoints out.
   int64_t before_skips = -1;
   double busy_s = 0;  // this rank's own work since the last straggler report
+  int64_t fast_fallbacks = attention_fast_fallbacks();  // as of the last step
   LoopState(Session& s)
       : guard(s.cfg.train), saver(s), local(s), trace(s), before_skips(s.last_saved_step) {
     m.total_steps = s.cfg.train.steps;
@@ -152,6 +153,15 @@ int account_step(Session& s, LoopState& l, double blocked_before) {
     l.busy_s = 0;
   }
   m.elapsed_s = seconds_since(l.start);
+  if (s.ctx.device == Device::cuda) {
+    // Fast where asked for, or where cuDNN ran the fast backward for some of this step's
+    // attention (a micro-batch of packed documents, kernels/ops.h attention_fast_fallbacks).
+    const int64_t fallbacks = attention_fast_fallbacks();
+    m.attention_bwd = s.model->attention_bwd_deterministic() && fallbacks == l.fast_fallbacks
+                          ? "deterministic"
+                          : "fast";
+    l.fast_fallbacks = fallbacks;
+  }
   m.peak_mem_mib = peak_mem_mib();
   if (s.ctx.device != Device::cpu) m.device_mem_mib = device_info(s.ctx).memory_used_mib;
   if (s.log.writes())  // rank 0, and with log.tensorboard_all_ranks every rank's event file
