@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "checkpoint/train/ownership.h"
 #include "core/switches.h"
+#include "data/writer.h"
 #include "kernels/ops.h"
 #include "tests/model_util.h"
 #include "tests/test_util.h"
@@ -30,6 +31,7 @@
 #include "trainer/plan/memory_fit.h"
 #include "trainer/plan/plan.h"
 #include "trainer/plan/resilience.h"
+#include "trainer/run/startup.h"
 #include "trainer/session/session.h"
 namespace tr {
 namespace {
@@ -791,6 +793,60 @@ TEST_CASE("plan: the bottleneck is the step's largest part, and --suggest ranks 
 // publish TFLOP/s per GPU counted its way, full attention and the logits included:
 // 72 L h^2 + 12 L s h + 6 V h per token, so their tokens/s is that rate over it. Every row plans
 // and fits, and each held row's prediction is within 15% of its measurement.
+// Block-causal attention costs what the documents make it: on data of 128-token documents and
+// samples of 256, measure_attention_span finds 128 keys per query, and the plan's attention time
+// and its attention FLOPs are half the whole sequences' (its GEMMs unchanged).
+TEST_CASE("plan: block-causal attention is planned over the data's documents", "[plan]") {
+  test::TempDir dir;
+  {
+    auto w = data::IndexedDatasetWriter::create(dir / "docs", 1000);
+    REQUIRE(w.ok());
+    std::vector<int32_t> doc(128);
+    for (int d = 0; d < 64; ++d) {
+      for (int i = 0; i < 127; ++i) doc[i] = 1 + (d * 7 + i) % 900;
+      doc[127] = 0;  // end of document
+      REQUIRE((*w)->add_document(doc).ok());
+    }
+    REQUIRE((*w)->finish().ok());
+  }
+  const std::vector<std::string> base = {"data.train=[{path: " + dir / "docs" + "}]",
+                                         "data.seq_len=256",
+                                         "data.eod_id=0",
+                                         "model.vocab_size=1000",
+                                         "train.global_batch=8",
+                                         "train.micro_batch=1",
+                                         "parallel.tp=8",
+                                         "parallel.pp=1",
+                                         "parallel.dp=auto",
+                                         "model.num_layers=4",
+                                         "train.recompute=full"};
+  std::vector<std::string> blocks = base;
+  blocks.push_back("data.document_mask=block_causal");
+  const Config whole = config_with(base), docs = config_with(blocks);
+  absl::StatusOr<double> span = measure_attention_span(docs, 8);
+  INFO(span.status().message());
+  REQUIRE(span.ok());
+  CHECK(*span == 128);
+  // Without documents the span is the sequence.
+  CHECK(*measure_attention_span(whole, 8) == 256);
+  absl::StatusOr<Plan> a = make_plan(whole, *gpu_spec("h100"), 1, 8);
+  absl::StatusOr<Plan> b = make_plan(docs, *gpu_spec("h100"), 1, 8, {}, *span);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->attention_span == 256);
+  CHECK(b->attention_span == 128);
+  const StageCompute &ca = a->compute[0], &cb = b->compute[0];
+  CHECK(cb.attention_s == Approx(ca.attention_s / 2).epsilon(1e-12));
+  CHECK(cb.gemm_s == ca.gemm_s);
+  // MFU's FLOPs: the documents' causal triangles (what the trainer counts, run_layout.h); the
+  // recomputed forward's attention halves too.
+  CHECK(b->flops_per_token_causal == Approx(flops_per_token(docs, 1.0, 128)).epsilon(1e-12));
+  const double attn = 6.0 * 4 * 128 * (docs.model.num_heads * docs.model.head_dim);
+  CHECK(a->flops_per_token_causal - b->flops_per_token_causal == Approx(attn).epsilon(1e-12));
+  CHECK(a->recompute_flops_per_token - b->recompute_flops_per_token ==
+        Approx(attn / 3).epsilon(1e-12));
+}
+
 TEST_CASE("plan: published runs predicted against their measured tokens/s per GPU", "[plan]") {
   struct Row {
     std::string name;

@@ -194,11 +194,11 @@ void plan_memory(const Config& cfg, Plan& plan) {
 // FLOPs per token (model and recomputed), parameters, checkpoint size and the bubble.
 void plan_flops(const Config& cfg, Plan& plan) {
   const ModelConfig& mc = cfg.model;
-  const int64_t seq = cfg.data.seq_len;
+  const double span = plan.attention_span;  // keys per query (seq_len without documents)
   const double H = static_cast<double>(mc.hidden_size), L = static_cast<double>(mc.num_layers);
-  const double attn =
-      L * static_cast<double>(seq) * static_cast<double>(mc.num_heads * mc.head_dim);
-  plan.flops_per_token_causal = plan.layout.flops_per_token;
+  const double attn = L * span * static_cast<double>(mc.num_heads * mc.head_dim);
+  // What the trainer's MFU counts (trainer/layout/run_layout.h), with the documents' span.
+  plan.flops_per_token_causal = flops_per_token(cfg, 1.0, span);
   plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
   // A fully recomputed layer runs its forward again up to the SwiGLU: the QKV, O and gate/up
   // GEMMs (2 flops per weight per token) and causal attention (2 s nh hd per token). Selective
@@ -206,8 +206,7 @@ void plan_flops(const Config& cfg, Plan& plan) {
   const double Q = static_cast<double>((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim),
                A = static_cast<double>(mc.num_heads * mc.head_dim),
                I = static_cast<double>(mc.intermediate_size);
-  const double layer_fwd =
-      2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * static_cast<double>(seq) * A;
+  const double layer_fwd = 2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * span * A;
   // Under zero_bubble a fully recomputed layer runs its forward again in both the B and the W
   // pass.
   plan.recompute_flops_per_token =
@@ -306,7 +305,7 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   const double tokens_step = static_cast<double>(plan.layout.tokens_per_step);
   std::vector<double> params_on_rank;
   for (const StageMemory& m : plan.stages) params_on_rank.push_back(m.grads / 4);  // fp32
-  plan.compute = stage_compute(cfg, plan.layout, gpu, params_on_rank);
+  plan.compute = stage_compute(cfg, plan.layout, gpu, params_on_rank, plan.attention_span);
   plan.slowest_stage =
       static_cast<int>(std::max_element(plan.compute.begin(), plan.compute.end(),
                                         [](const StageCompute& a, const StageCompute& b) {
@@ -350,7 +349,7 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
 
 // The plan itself (make_plan without its search for a cp that fits).
 absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
-                                const OtherSystem& system = {}) {
+                                const OtherSystem& system, double attention_span) {
   if (nodes < 1 || gpus_per_node < 1)
     return absl::InvalidArgumentError(
         absl::StrCat("--nodes ", nodes, " and --gpus-per-node ", gpus_per_node, " must be >= 1"));
@@ -359,6 +358,7 @@ absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes
   plan.nodes = nodes;
   plan.gpus_per_node = gpus_per_node;
   plan.world = nodes * gpus_per_node;
+  plan.attention_span = attention_span > 0 ? attention_span : static_cast<double>(cfg.data.seq_len);
   absl::StatusOr<RunLayout> layout = run_layout(cfg, plan.world, 0);
   if (!layout.ok()) return layout.status();
   plan.layout = *layout;
@@ -371,14 +371,15 @@ absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes
 
 // The smallest parallel.cp above cfg's, doubling, whose plan on the same GPUs (dp auto) is a
 // valid layout that fits; 0 = none.
-int cp_that_fits(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node) {
+int cp_that_fits(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
+                 double attention_span) {
   const int64_t fixed = cfg.parallel.tp * cfg.parallel.pp;
   for (int64_t cp = cfg.parallel.cp * 2; fixed * cp <= int64_t{nodes} * gpus_per_node; cp *= 2) {
     if (cfg.data.seq_len % (2 * cp) != 0) break;  // config.cpp's rule: nor will a larger cp
     Config c = cfg;
     c.parallel.cp = cp;
     c.parallel.dp = 0;
-    absl::StatusOr<Plan> p = build_plan(c, gpu, nodes, gpus_per_node);
+    absl::StatusOr<Plan> p = build_plan(c, gpu, nodes, gpus_per_node, {}, attention_span);
     if (p.ok() && p->fits) return static_cast<int>(cp);
   }
   return 0;
@@ -387,9 +388,10 @@ int cp_that_fits(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_
 }  // namespace
 
 absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
-                               const OtherSystem& system) {
-  absl::StatusOr<Plan> plan = build_plan(cfg, gpu, nodes, gpus_per_node, system);
-  if (plan.ok() && !plan->fits) plan->cp_needed = cp_that_fits(cfg, gpu, nodes, gpus_per_node);
+                               const OtherSystem& system, double attention_span) {
+  absl::StatusOr<Plan> plan = build_plan(cfg, gpu, nodes, gpus_per_node, system, attention_span);
+  if (plan.ok() && !plan->fits)
+    plan->cp_needed = cp_that_fits(cfg, gpu, nodes, gpus_per_node, attention_span);
   return plan;
 }
 
@@ -576,6 +578,7 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"gpu_memory_gib", p.gpu.memory_bytes / kGiB},
                             {"stages", stages},
                             {"flops_per_token_causal", p.flops_per_token_causal},
+                            {"attention_span", p.attention_span},
                             {"flops_per_token_full", p.flops_per_token_full},
                             {"recompute", cfg.train.recompute},
                             {"recompute_flops_per_token", p.recompute_flops_per_token},

@@ -90,6 +90,10 @@ struct Plan {
   // When the plan does not fit: the smallest parallel.cp (doubling from this one, dp auto on the
   // same GPUs) whose plan fits; 0 = none up to the GPU count.
   int cp_needed = 0;
+  // The keys a query attends to on average: seq_len, or under data.document_mask block_causal
+  // its documents' (measure_attention_span in trainer/run/startup.h); attention's time and the
+  // model FLOPs follow it.
+  double attention_span = 0;
   double tokens_per_s_per_gpu = 0, mfu = 0;
   bool fits = true;
 };
@@ -105,8 +109,9 @@ struct OtherSystem {
 
 // The plan of `cfg` on `nodes` x `gpus_per_node` GPUs of type `gpu`. parallel.dp auto is
 // resolved from the GPU count; the layout is validated as the trainer does.
+// `attention_span` > 0: Plan::attention_span as measured (else seq_len).
 absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
-                               const OtherSystem& system = {});
+                               const OtherSystem& system = {}, double attention_span = 0);
 
 // The human-readable report: memory table, verdict, FLOPs, bubble, communication, prediction.
 std::string format_plan(const Config& cfg, const Plan& plan);
@@ -139,7 +144,9 @@ std::string format_schedule_options(const Config& cfg, const Plan& plan);
 // trainer plan --suggest: the layouts of `cfg`'s model on these GPUs that fit (every tp and pp
 // that divide it, dp auto, ZeRO-1; the config's cp, micro-batch and recompute), the `best`
 // fastest by predicted tokens/s/GPU as a Markdown table; an error naming the fix when none fits.
+// `attention_span` as make_plan's.
 absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gpu, int nodes,
-                                            int gpus_per_node, int best = 8);
+                                            int gpus_per_node, int best = 8,
+                                            double attention_span = 0);
 
 }  // namespace tr

@@ -82,7 +82,8 @@ std::vector<ScheduleOption> schedule_options(const Config& cfg, const Plan& plan
     c.parallel.pipeline_schedule = name;
     c.parallel.virtual_stages = v;
     if (v != own_v) c.parallel.pipeline_layers.clear();
-    absl::StatusOr<Plan> p = make_plan(c, plan.gpu, plan.nodes, plan.gpus_per_node);
+    absl::StatusOr<Plan> p =
+        make_plan(c, plan.gpu, plan.nodes, plan.gpus_per_node, {}, plan.attention_span);
     if (!p.ok()) continue;
     ScheduleOption o;
     o.schedule = p->layout.schedule_text();
@@ -131,7 +132,7 @@ std::string plan_bottleneck(const Plan& p) {
 }
 
 absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gpu, int nodes,
-                                            int gpus_per_node, int best) {
+                                            int gpus_per_node, int best, double attention_span) {
   struct Ranked {
     Plan plan;
     bool current;
@@ -139,7 +140,7 @@ absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gp
   std::vector<Ranked> fit;
   int tried = 0;
   for (const Config& c : candidate_layouts(cfg, gpus_per_node)) {
-    absl::StatusOr<Plan> p = make_plan(c, gpu, nodes, gpus_per_node);
+    absl::StatusOr<Plan> p = make_plan(c, gpu, nodes, gpus_per_node, {}, attention_span);
     if (!p.ok()) continue;  // not a layout of these GPUs (dp, batch or heads do not divide)
     ++tried;
     if (!p->fits) continue;

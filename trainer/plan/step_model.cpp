@@ -74,7 +74,8 @@ class OpList {
     gemm("input gradient", backward, count, m, k, n, 0);
     gemm("weight gradient", backward, count, n, k, m, 8.0 * static_cast<double>(n * k));
   }
-  // Flash attention over `tokens` queries of sequences of `seq`, `width` = heads x head_dim.
+  // Flash attention over `tokens` queries of `seq` keys each on average (causal: a sequence's
+  // length, or its documents' span), `width` = heads x head_dim.
   void attention(double count, double recomputed, double tokens, double seq, double width,
                  int64_t head_dim) {
     const double fwd = 2 * tokens * seq * width;
@@ -118,7 +119,7 @@ class OpList {
 }  // namespace
 
 std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const GpuSpec& gpu,
-                              int stage, double params_on_rank) {
+                              int stage, double params_on_rank, double attention_span) {
   const Topology& topo = layout.topo;
   const double stream = gpu.copy_bw * kStreamFraction;
   OpList ops(gpu.gemm_flops, gpu.peak_bf16_flops, stream);
@@ -142,7 +143,8 @@ std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const 
   ops.projection("attention output projection", OpPlace::layers, each, again, T, H, A);
   ops.projection("gate and up projection", OpPlace::layers, each, again, T, 2 * I, H);
   ops.projection("down projection", OpPlace::layers, each, again, T, H, I);
-  ops.attention(each, again, t, static_cast<double>(seq), static_cast<double>(A), d.head_dim);
+  const double span = attention_span > 0 ? attention_span : static_cast<double>(seq);
+  ops.attention(each, again, t, span, static_cast<double>(A), d.head_dim);
   const OpClass mem = OpClass::memory;
   const OpPhase fwd = OpPhase::forward, bwd = OpPhase::backward;
   const OpPlace layers = OpPlace::layers;
@@ -195,14 +197,15 @@ std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const 
 
 std::vector<StageCompute> stage_compute(const Config& cfg, const RunLayout& layout,
                                         const GpuSpec& gpu,
-                                        const std::vector<double>& params_on_rank) {
+                                        const std::vector<double>& params_on_rank,
+                                        double attention_span) {
   std::vector<StageCompute> out;
   for (int stage = 0; stage < layout.topo.pp; ++stage) {
     StageCompute c;
     c.stage = stage;
     c.layers = ModelDims::from(cfg, layout.of_rank(layout.topo.rank_at(0, 0, stage)).topo).layers;
-    for (const StepOp& op :
-         stage_ops(cfg, layout, gpu, stage, params_on_rank[static_cast<size_t>(stage)])) {
+    for (const StepOp& op : stage_ops(cfg, layout, gpu, stage,
+                                      params_on_rank[static_cast<size_t>(stage)], attention_span)) {
       const double s = op.total_s();
       switch (op.cls) {
         case OpClass::gemm:

@@ -69,9 +69,10 @@ struct StepOp {
 };
 
 // The ops of one GPU of pipeline stage `stage` in a step of `cfg` under `layout` on `gpu`, with
-// `params_on_rank` parameters on that GPU (its fp32 gradients).
+// `params_on_rank` parameters on that GPU (its fp32 gradients); attention over `attention_span`
+// keys per query on average (Plan::attention_span; 0: seq_len).
 std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const GpuSpec& gpu,
-                              int stage, double params_on_rank);
+                              int stage, double params_on_rank, double attention_span = 0);
 
 // One stage's step compute on one of its GPUs, in seconds per step, by op class: stage_ops
 // summed.
@@ -93,9 +94,11 @@ struct StageCompute {
 };
 
 // Each stage's compute for `cfg` under `layout` on `gpu`; `params_on_rank[s]` is the number of
-// parameters a GPU of stage s holds (its fp32 gradients), from the planner's memory.
+// parameters a GPU of stage s holds (its fp32 gradients), from the planner's memory; attention
+// as stage_ops'.
 std::vector<StageCompute> stage_compute(const Config& cfg, const RunLayout& layout,
                                         const GpuSpec& gpu,
-                                        const std::vector<double>& params_on_rank);
+                                        const std::vector<double>& params_on_rank,
+                                        double attention_span = 0);
 
 }  // namespace tr

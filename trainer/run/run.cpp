@@ -390,13 +390,33 @@ int run_plan(const CliOptions& opts) {
   StorageSpec storage;
   if (gpu.ok() && !opts.hardware.empty()) gpu = override_gpu_spec(*gpu, opts.hardware, &storage);
   absl::StatusOr<Plan> plan = absl::InternalError("");
-  if (cfg.ok() && gpu.ok()) plan = make_plan(*cfg, *gpu, opts.nodes, opts.gpus_per_node);
+  // Block-causal attention costs what the data's documents make it: measured on the first
+  // samples of data.train where it can be read, else planned over whole sequences (a bound).
+  double span = 0;
+  std::string span_note;
+  if (cfg.ok() && cfg->data.document_mask == "block_causal") {
+    const int64_t samples = std::clamp<int64_t>((int64_t{4} << 20) / cfg->data.seq_len, 8, 256);
+    absl::StatusOr<double> measured = measure_attention_span(*cfg, samples);
+    if (measured.ok()) {
+      span = *measured;
+      span_note = absl::StrFormat(
+          "attention: block-causal, %.0f keys per query on average (the documents of the first "
+          "%d samples of data.train; %d for whole sequences)\n",
+          span, samples, cfg->data.seq_len);
+    } else {
+      span_note = absl::StrCat(
+          "attention: block-causal, planned over whole sequences (an upper bound): the "
+          "documents of data.train could not be measured: ",
+          measured.status().message(), "\n");
+    }
+  }
+  if (cfg.ok() && gpu.ok()) plan = make_plan(*cfg, *gpu, opts.nodes, opts.gpus_per_node, {}, span);
   for (const absl::Status& st : {cfg.status(), gpu.status(), plan.status()}) {
     if (st.ok()) continue;
     std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
     return kExitBadInput;
   }
-  std::string out = opts.json ? plan_json(*cfg, *plan) : format_plan(*cfg, *plan);
+  std::string out = opts.json ? plan_json(*cfg, *plan) : format_plan(*cfg, *plan) + span_note;
   if (opts.explain && !opts.json) out += explain_plan(*cfg, *plan);
   if (opts.mtbf_hours > 0) {
     const FailurePlan f = plan_failures(*cfg, *plan, opts.mtbf_hours, storage);
@@ -409,7 +429,8 @@ int run_plan(const CliOptions& opts) {
     }
   }
   if (opts.suggest) {
-    absl::StatusOr<std::string> table = suggest_layouts(*cfg, *gpu, opts.nodes, opts.gpus_per_node);
+    absl::StatusOr<std::string> table =
+        suggest_layouts(*cfg, *gpu, opts.nodes, opts.gpus_per_node, 8, span);
     if (!table.ok()) {
       std::fputs(out.c_str(), stdout);
       std::fflush(stdout);

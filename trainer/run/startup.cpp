@@ -83,33 +83,39 @@ absl::StatusOr<int32_t> document_eod(const Config& c) {
       "data.eod_id");
 }
 
-absl::StatusOr<data::LoaderOptions> loader_options(const Session& s,
+// A loader's options for the rank at `topo` of a run of `cfg`.
+absl::StatusOr<data::LoaderOptions> loader_options(const Config& cfg, const Topology& topo,
                                                    const std::vector<DataSource>& srcs,
                                                    bool shuffle) {
   data::LoaderOptions o;
   for (const DataSource& src : srcs) o.paths.push_back({src.path, src.weight});
-  absl::StatusOr<data::SourceFormat> fmt = data::parse_source_format(s.cfg.data.format);
+  absl::StatusOr<data::SourceFormat> fmt = data::parse_source_format(cfg.data.format);
   if (!fmt.ok()) return fmt.status();
   o.format = *fmt;
-  o.seq_len = s.cfg.data.seq_len;
-  o.seed = static_cast<uint64_t>(s.cfg.data.seed);
+  o.seq_len = cfg.data.seq_len;
+  o.seed = static_cast<uint64_t>(cfg.data.seed);
   o.shuffle = shuffle;
-  o.dp_rank = s.topo().dp_rank;
-  o.dp_size = s.topo().dp;
-  if (s.topo().cp > 1) o.positions = cp_positions(o.seq_len, s.topo().cp, s.topo().cp_rank);
-  o.global_batch = s.cfg.train.global_batch;
-  o.micro_batch = s.cfg.train.micro_batch;
+  o.dp_rank = topo.dp_rank;
+  o.dp_size = topo.dp;
+  if (topo.cp > 1) o.positions = cp_positions(o.seq_len, topo.cp, topo.cp_rank);
+  o.global_batch = cfg.train.global_batch;
+  o.micro_batch = cfg.train.micro_batch;
   o.consumed_samples = 0;  // the train loader is reset to the checkpoint's count on resume
-  o.vocab_size = s.cfg.model.vocab_size;
-  if (s.cfg.data.documents()) {
-    absl::StatusOr<int32_t> eod = document_eod(s.cfg);
+  o.vocab_size = cfg.model.vocab_size;
+  if (cfg.data.documents()) {
+    absl::StatusOr<int32_t> eod = document_eod(cfg);
     if (!eod.ok()) return eod.status();
     o.eod_id = *eod;
-    o.doc_starts = s.cfg.data.document_mask == "block_causal";
-    o.reset_positions = s.cfg.data.reset_position_ids;
-    o.mask_after_eod = s.cfg.data.eod_mask_loss;
+    o.doc_starts = cfg.data.document_mask == "block_causal";
+    o.reset_positions = cfg.data.reset_position_ids;
+    o.mask_after_eod = cfg.data.eod_mask_loss;
   }
   return o;
+}
+absl::StatusOr<data::LoaderOptions> loader_options(const Session& s,
+                                                   const std::vector<DataSource>& srcs,
+                                                   bool shuffle) {
+  return loader_options(s.cfg, s.topo(), srcs, shuffle);
 }
 
 absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& s,
@@ -413,6 +419,23 @@ absl::Status lock_run_dirs(Session& s, const std::string& ids_checked) {
 }
 
 }  // namespace
+
+absl::StatusOr<double> measure_attention_span(const Config& cfg, int64_t samples) {
+  absl::StatusOr<data::LoaderOptions> o = loader_options(cfg, Topology{}, cfg.data.train, true);
+  if (!o.ok()) return o.status();
+  o->global_batch = o->micro_batch = std::max<int64_t>(1, samples);
+  o->prefetch_steps = 1;
+  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader = data::DataLoader::create(*o);
+  if (!loader.ok()) return loader.status();
+  absl::StatusOr<data::StepBatch> step = (*loader)->next();
+  if (!step.ok()) return step.status();
+  double sq = 0, tokens = 0;
+  for (const data::MicroBatch& mb : step->micro_batches) {
+    sq += mb.docs.doc_len_sq;
+    tokens += static_cast<double>(mb.inputs.size());
+  }
+  return tokens > 0 ? sq / tokens : static_cast<double>(cfg.data.seq_len);
+}
 
 // See trainer/run/startup.h.
 absl::Status check_inputs(Session& s) {
