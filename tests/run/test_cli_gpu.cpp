@@ -3,6 +3,7 @@
 // in a build without CUDA, the binary prints why and exits 77, which ctest reports as skipped.
 // (The error a train.backend=cuda run gives without a GPU is tested in test_cli.cpp.)
 #define CATCH_CONFIG_RUNNER
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -192,16 +193,18 @@ TEST_CASE("cli gpu: cp 2 and 4 on ranks sharing one GPU match one GPU rank", "[g
 
 // Packed documents on the GPU: block-causal attention through cuDNN's ragged batches, with
 // positions restarting in each document and the end-of-document targets left out, follows the
-// CPU run; and under cp 2 (chunk blocks over ragged documents, both exchanges) on ranks sharing
-// the GPU, one GPU rank. Documents end at every space (token 32), so samples hold several.
+// CPU run and resumes bit for bit; and under cp 2 (chunk blocks over ragged documents, both
+// exchanges) on ranks sharing the GPU, one GPU rank. Documents end at every space (token 32), so
+// samples hold several.
 TEST_CASE("cli gpu: block-causal attention on a GPU follows the CPU, also under cp 2",
           "[gpu][mpi]") {
   const std::string docs =
       " --set data.eod_id=32 --set data.document_mask=block_causal"
       " --set data.reset_position_ids=true --set data.eod_mask_loss=true"
       " --set train.micro_batch=2";
+  const std::string det = "--set train.backend=cuda --set train.deterministic=true" + docs;
   RunDir gpu(20), cpu(20);
-  CmdResult r = gpu.trainer("--set train.backend=cuda" + docs);
+  CmdResult r = gpu.trainer(det);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   REQUIRE(cpu.trainer(docs).exit_code == 0);
@@ -211,6 +214,26 @@ TEST_CASE("cli gpu: block-causal attention on a GPU follows the CPU, also under 
     INFO("step " << i + 1 << ": gpu " << g[i]["loss"] << ", cpu " << c[i]["loss"]);
     CHECK(std::abs(g[i]["loss"].get<double>() / c[i]["loss"].get<double>() - 1) < 2e-2);
   }
+  // Stopped at step 10 and resumed, the GPU run repeats itself bit for bit (where every step's
+  // attention backward was the deterministic one).
+  RunDir split(20);
+  REQUIRE(split.trainer(det + " --set train.exit_interval=10").exit_code == kExitStopped);
+  CmdResult resumed = split.trainer(det);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const std::vector<nlohmann::json> s = split.metrics();
+  REQUIRE(s.size() == 20);
+  const bool deterministic = std::all_of(g.begin(), g.end(), [](const nlohmann::json& l) {
+    return l.value("attention_bwd", "") == "deterministic";
+  });
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("step " << i + 1 << ": straight " << g[i]["loss"] << ", resumed " << s[i]["loss"]);
+    if (deterministic)
+      CHECK(s[i]["loss"].get<double>() == g[i]["loss"].get<double>());
+    else
+      CHECK(std::abs(s[i]["loss"].get<double>() / g[i]["loss"].get<double>() - 1) < 1e-2);
+  }
+  if (!deterministic) WARN("a step ran the fast attention backward: resume checked to 1e-2");
   for (const std::string& cp :
        {std::string(" --set parallel.cp=2 --set parallel.cp_comm=allgather"),
         std::string(" --set parallel.cp=2 --set parallel.cp_comm=ring")}) {
