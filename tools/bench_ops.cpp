@@ -6,6 +6,7 @@
 //
 //   bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME] [--nodes N]
 //             [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT] [--json FILE]
+//             [--doc-len L]
 //
 // Prints one Markdown table (op, shape, times per step, predicted and measured microseconds per
 // run, their ratio, the rate reached, the step's seconds in it) and the totals by op class. The
@@ -20,6 +21,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,17 +52,19 @@ using tr::Tensor;
 constexpr const char* kUsage =
     "usage: bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME]\n"
     "                 [--nodes N] [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT]\n"
-    "                 [--json FILE]\n"
+    "                 [--json FILE] [--doc-len L]\n"
     "  times each op of one GPU's step at the shapes trainer plan models for the config's\n"
     "  layout (pipeline stage S, default the slowest), beside the planner's prediction, on\n"
     "  N x G GPUs (default: one node of tp x pp x cp, dp 1);\n"
     "  --gpu names the GPU table entry the prediction uses (default: this device's, else h100),\n"
-    "  --only times the ops whose name contains TEXT, --json writes every row to FILE\n";
+    "  --only times the ops whose name contains TEXT, --json writes every row to FILE,\n"
+    "  --doc-len runs attention block-causal over documents of L tokens (the planner's span)\n";
 
 struct Args {
   std::string config, backend, gpu, only, json;
   std::vector<std::string> sets;
   int nodes = 1, gpus_per_node = 0, stage = -1, repeats = 0;  // 0: tp x pp x cp GPUs
+  int doc_len = 0;  // > 0: block-causal attention over documents of this many tokens
 };
 
 bool parse_int(const std::string& s, int* v) {
@@ -96,6 +100,8 @@ absl::StatusOr<Args> parse(int argc, char** argv) {
       ok = parse_int(v, &a.stage) && a.stage >= 0;
     else if (f == "--repeats")
       ok = parse_int(v, &a.repeats) && a.repeats >= 1;
+    else if (f == "--doc-len")
+      ok = parse_int(v, &a.doc_len) && a.doc_len >= 1;
     else
       return absl::InvalidArgumentError(absl::StrCat("unknown argument '", f, "'\n", kUsage));
     if (!ok) return absl::InvalidArgumentError(absl::StrCat(f, " ", v, ": expected a count >= 1"));
@@ -134,6 +140,14 @@ class Arena {
     buffers_.emplace_back(static_cast<size_t>(n) * 4, ctx_.device);
     Tensor t(buffers_.back().data(), DType::i32, ctx_.device, {n});
     tr::copy_tensor(t, Tensor(h.data(), DType::i32, Device::cpu, {n}));
+    return t;
+  }
+  // i32 `values` on the device.
+  Tensor ints(const std::vector<int32_t>& values) {
+    const auto n = static_cast<int64_t>(values.size());
+    buffers_.emplace_back(static_cast<size_t>(std::max<int64_t>(n, 1)) * 4, ctx_.device);
+    Tensor t(buffers_.back().data(), DType::i32, ctx_.device, {n});
+    tr::copy_tensor(t, Tensor(const_cast<int32_t*>(values.data()), DType::i32, Device::cpu, {n}));
     return t;
   }
   void clear() { buffers_.clear(); }
@@ -198,8 +212,28 @@ double median(std::vector<double> v) {
 
 // The kernel call that runs `op` (at its shape, on random inputs made in `arena`), or empty for
 // an op this tool does not run.
+// --doc-len: a micro-batch's document starts (documents of `len` tokens, each sequence's last
+// one shorter where len does not divide it), their bounds, and the keys a query attends to on
+// average (the planner's attention span: the documents' lengths squared per token).
+struct Documents {
+  std::vector<int32_t> start;
+  tr::DocCount found;
+  double span = 0;
+  Documents(int64_t batch, int64_t seq, int64_t len) {
+    double sq = 0;
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t at = 0; at < seq; at += len) {
+        const int64_t n = std::min(len, seq - at);
+        sq += static_cast<double>(n * n);
+        start.insert(start.end(), static_cast<size_t>(n), static_cast<int32_t>(at));
+      }
+    found = tr::count_documents(start.data(), batch * seq, seq);
+    span = sq / static_cast<double>(batch * seq);
+  }
+};
+
 std::function<void()> runner(const StepOp& op, const tr::ModelDims& d, const tr::Config& cfg,
-                             tr::Ctx& ctx, Arena& arena) {
+                             tr::Ctx& ctx, Arena& arena, const Documents* documents) {
   const std::string& name = op.name;
   auto ends = [&](const char* s) { return absl::EndsWith(name, s); };
   const DType f32 = DType::f32;
@@ -228,12 +262,18 @@ std::function<void()> runner(const StepOp& op, const tr::ModelDims& d, const tr:
     tr::attention_prepare(ctx, batch, seq, nh, nkv, hd);
     Tensor qkv = arena.act({rows, d.qkv_out()}), out = arena.act({rows, int64_t{nh} * hd});
     Tensor lse = arena.random(f32, {int64_t{batch}, int64_t{nh}, int64_t{seq}});
-    tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd);  // lse and out for backward
+    const tr::DocStarts docs =
+        documents == nullptr ? tr::DocStarts{}
+                             : tr::DocStarts{arena.ints(documents->start), documents->found.count,
+                                             documents->found.longest};
+    // lse and out for the backward (and the ragged graphs built before the timing)
+    tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd, docs);
     if (absl::StrContains(name, "forward"))
-      return [=, &ctx] { tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd); };
+      return [=, &ctx] { tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd, docs); };
     Tensor dout = arena.act({rows, int64_t{nh} * hd}), dqkv = arena.act({rows, d.qkv_out()});
-    return
-        [=, &ctx] { tr::attention_bwd(ctx, dqkv, dout, out, lse, qkv, batch, seq, nh, nkv, hd); };
+    return [=, &ctx] {
+      tr::attention_bwd(ctx, dqkv, dout, out, lse, qkv, batch, seq, nh, nkv, hd, docs);
+    };
   }
   if (absl::StrContains(name, "rmsnorm")) {
     Tensor in = arena.act({T, W}), w = arena.act({W}), out = arena.act({T, W});
@@ -350,8 +390,11 @@ int run(const Args& a) {
   }
   const tr::Topology topo = plan->layout.of_rank(plan->layout.topo.rank_at(0, 0, stage)).topo;
   const tr::ModelDims d = tr::ModelDims::from(*cfg, topo);
+  std::optional<Documents> documents;
+  if (a.doc_len > 0) documents.emplace(cfg->train.micro_batch, cfg->data.seq_len, a.doc_len);
   const std::vector<StepOp> ops = tr::stage_ops(*cfg, plan->layout, *gpu, stage,
-                                                plan->stages[static_cast<size_t>(stage)].grads / 4);
+                                                plan->stages[static_cast<size_t>(stage)].grads / 4,
+                                                documents ? documents->span : 0.0);
   ctx.deterministic = cfg->train.deterministic;
   const DType act = ctx.device == Device::cuda ? DType::bf16 : DType::f32;
   std::printf(
@@ -360,6 +403,11 @@ int run(const Args& a) {
       a.config.c_str(), device_name.c_str(), gpu->name.c_str(), topo.tp, stage, topo.pp,
       static_cast<long long>(plan->layout.micro_batches),
       static_cast<long long>(cfg->train.micro_batch * cfg->data.seq_len), a.repeats);
+  if (documents)
+    std::printf(
+        "attention: block-causal over documents of %d tokens (%lld per micro-batch): "
+        "%.1f keys per query\n",
+        a.doc_len, static_cast<long long>(documents->found.count), documents->span);
   std::printf(
       "| op | shape | per step | predicted us | measured us | measured / predicted | rate | "
       "step s |\n|---|---|---|---|---|---|---|---|\n");
@@ -369,7 +417,7 @@ int run(const Args& a) {
   for (const StepOp& op : ops) {
     if (!a.only.empty() && !absl::StrContains(op.name, a.only)) continue;
     Arena arena(ctx, act);
-    std::function<void()> fn = runner(op, d, *cfg, ctx, arena);
+    std::function<void()> fn = runner(op, d, *cfg, ctx, arena, documents ? &*documents : nullptr);
     if (!fn) {
       untimed.push_back(op.name);
       continue;

@@ -25,7 +25,8 @@
 #   cpu        the pack's CPU tests (every in-process case), 8 at a time
 #   compare    tools/compare_torch.sh: the trainer against PyTorch (0.5B, 1.5B)
 #   opbench    tools/bench_ops: each op of a step against the planner's prediction, at the
-#              shapes of Qwen2.5-1.5B and 0.5B (one GPU) and of the 72B job's tp 8 stage
+#              shapes of Qwen2.5-1.5B and 0.5B (one GPU) and of the 72B job's tp 8 stage, and
+#              1.5B's block-causal attention over documents of 512 and 64 tokens
 # A failing test reports its first error line. Without a GPU the stages that need one say so
 # (tests/tools/test_gpu_check.sh runs this script so on every CI run).
 set -uo pipefail
@@ -310,6 +311,17 @@ stage_opbench() {
     timeout -k 10 $(($(left) - 10)) "$build/tools/bench_ops" --config "configs/$name.yaml" "${sets[@]}"       --json "$work/opbench-$name.json" >"$work/opbench-$name.md" 2>&1
     say "opbench $name (rc $?): $(head -1 "$work/opbench-$name.md")"
     sed -n '/^| op class/,$p' "$work/opbench-$name.md" | tee -a "$summary"
+  done
+  # Block-causal attention (cuDNN's ragged batches) at 1.5B's shapes over documents of 512 and
+  # 64 tokens, beside the planner's prediction at their span.
+  local len
+  for len in 512 64; do
+    if (($(left) < 20)); then say "opbench documents of $len: skipped, $(left) s left"; continue; fi
+    timeout -k 10 $(($(left) - 10)) "$build/tools/bench_ops" --config configs/qwen2.5-1.5b.yaml \
+      --set data.seq_len=4096 --set train.micro_batch=1 --set train.global_batch=8 \
+      --only "attention: " --doc-len $len >"$work/opbench-docs-$len.md" 2>&1
+    say "opbench documents of $len (rc $?):"
+    grep -E '^(attention|\| attention)' "$work/opbench-docs-$len.md" | tee -a "$summary"
   done
 }
 

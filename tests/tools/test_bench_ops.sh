@@ -51,6 +51,23 @@ PY
 [ "$(grep -c '^| swiglu' "$work/only.md")" = 2 ] || { cat "$work/only.md"; fail "--only swiglu"; }
 [ "$(grep -c '^| qkv' "$work/only.md")" = 0 ] || fail "--only swiglu ran other ops"
 ! grep -q "not timed" "$work/out.md" || fail "an op of the qwen2 family was not timed"
+# --doc-len: attention runs block-causal over documents of 40 tokens of the tiny model's 128
+# (40, 40, 40, 8: 38 keys per query), predicted at that span.
+"$bin" --config "$src/configs/tiny.yaml" --backend cpu --only "attention: " --doc-len 40 \
+  --json "$work/docs.json" >"$work/docs.md" || { cat "$work/docs.md"; fail "--doc-len 40"; }
+grep -q "^attention: block-causal over documents of 40 tokens (.* per micro-batch): 38.0 keys per query$" \
+  "$work/docs.md" || { cat "$work/docs.md"; fail "--doc-len line"; }
+python3 - "$work/ops.json" "$work/docs.json" <<'PY' || exit 1
+import json, sys
+whole = {o["op"]: o for o in json.load(open(sys.argv[1]))["ops"]}
+docs = json.load(open(sys.argv[2]))["ops"]
+assert [o["op"] for o in docs] == ["attention: forward", "attention: backward"], docs
+for o in docs:
+    ratio = o["predicted_s"] / whole[o["op"]]["predicted_s"]
+    assert abs(ratio - 38 / 128) < 1e-9, (o["op"], ratio)
+    assert o["measured_s"] > 0
+print("bench_ops: --doc-len ok")
+PY
 # An op without a single kernel call (qwen3's QK-norm: split, norm, join) is named, not timed.
 "$bin" --config "$src/configs/tiny.yaml" --set model.family=qwen3 --backend cpu --only qk-norm \
   >"$work/qk.md"
