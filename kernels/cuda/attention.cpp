@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -126,6 +127,12 @@ class Cudnn {
     float* stats;
   };
   Ragged ragged(int64_t slots, int64_t rows, int64_t nh, cudaStream_t stream);
+  // The ragged key to run `want` with: a graph already built for the same rows whose batch and
+  // entry length cover want's at no more than twice its work (batch x entry^2) and, for a
+  // deterministic backward, a dP workspace of at most `max_dp` bytes; else `want` (built on
+  // first use). Document counts and lengths vary from micro-batch to micro-batch; this keeps
+  // the graphs a run builds (each a cuDNN build, whose first run compiles its kernels) few.
+  AttnKey covering(const AttnKey& want, int64_t max_dp);
 
  private:
   Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
@@ -448,14 +455,51 @@ int64_t dp_workspace(const AttnKey& key) {
   return b * key.nh * ((key.entry_q() + 63) / 64 * 64) * ((key.entry_kv() + 127) / 128 * 128) * 2;
 }
 
+}  // namespace
+
+AttnKey Cudnn::covering(const AttnKey& want, int64_t max_dp) {
+  auto work = [](const AttnKey& k) {
+    return static_cast<double>(k.docs) * static_cast<double>(k.entry_q()) *
+           static_cast<double>(k.entry_q());
+  };
+  // The key without its ragged batch's size (a copy: tie() refers into it).
+  auto shape = [](AttnKey k) {
+    k.docs = k.doc_len = 0;
+    return k;
+  };
+  const AttnKey want_shape = shape(want);
+  std::lock_guard<std::mutex> lock(mu_);
+  AttnKey best = want;
+  double best_work = 2 * work(want);
+  for (const auto& [k, g] : graphs_) {
+    const AttnKey k_shape = shape(k);
+    if (k.docs == 0 || k_shape.tie() != want_shape.tie() || k.docs < want.docs ||
+        k.doc_len < want.doc_len)
+      continue;
+    if (k.backward && k.deterministic && dp_workspace(k) > max_dp) continue;
+    if (work(k) <= best_work) {
+      best = k;
+      best_work = work(k);
+    }
+  }
+  return best;
+}
+
+namespace {
+
 // A ragged backward runs deterministic only where its dP workspace is no larger than the one
 // the same rows take as plain sequences (`plain`; at least 256 MiB): many documents of which one
-// is long would need batch x longest^2. Otherwise the fast backward, with one warning.
+// is long would need batch x longest^2. Otherwise the fast backward, with one warning. Then the
+// graph that covers it (Cudnn::covering), within that workspace.
 void ragged_backward_mode(AttnKey& key, const AttnKey& plain) {
-  if (!key.deterministic) return;
-  const int64_t need = dp_workspace(key), cap = std::max(dp_workspace(plain), int64_t{256} << 20);
-  if (need <= cap) return;
+  const int64_t cap = std::max(dp_workspace(plain), int64_t{256} << 20);
+  if (!key.deterministic || dp_workspace(key) <= cap) {
+    key = Cudnn::get().covering(key, cap);
+    return;
+  }
+  const AttnKey asked = key;
   key.deterministic = false;
+  key = Cudnn::get().covering(key, cap);
   static std::once_flag warned;
   std::call_once(warned, [&] {
     std::fprintf(stderr,
@@ -463,8 +507,9 @@ void ragged_backward_mode(AttnKey& key, const AttnKey& plain) {
                  "to %lld tokens would need %.1f GiB of workspace (%.1f GiB as whole "
                  "sequences); such micro-batches use the fast backward: GPU runs will not "
                  "repeat bit for bit\n",
-                 static_cast<long long>(key.docs), static_cast<long long>(key.entry_q()),
-                 static_cast<double>(need) / (1 << 30), static_cast<double>(cap) / (1 << 30));
+                 static_cast<long long>(asked.docs), static_cast<long long>(asked.entry_q()),
+                 static_cast<double>(dp_workspace(asked)) / (1 << 30),
+                 static_cast<double>(cap) / (1 << 30));
   });
 }
 
@@ -503,7 +548,10 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
                    int n_heads, int n_kv_heads, int head_dim, DocStarts docs) {
   check_bf16(qkv, "attention_fwd");
   AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false};
-  if (!docs.empty()) set_ragged(key, docs, seq_len);
+  if (!docs.empty()) {
+    set_ragged(key, docs, seq_len);
+    key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max());
+  }
   const AttnGraph& a = Cudnn::get().graph(key);
   char* base = static_cast<char*>(qkv.data);
   const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
@@ -568,7 +616,10 @@ AttnKey block_key(const Tensor& q, const Tensor& k, bool backward, bool determin
     need_ragged_attention();
     key.docs = 1;  // the first document's prefix, in the whole block's shape
   }
-  if (backward) ragged_backward_mode(key, plain);
+  if (backward)
+    ragged_backward_mode(key, plain);
+  else
+    key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max());
   return key;
 }
 RaggedRows block_rows(const AttnKey& key) {
