@@ -131,7 +131,7 @@ absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const Loader
   return step;
 }
 
-absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::create(const LoaderOptions& options) {
+absl::StatusOr<SampleSpace> open_sample_space(const LoaderOptions& options) {
   if (auto st = validate_loader_options(options); !st.ok()) return st;
   std::vector<WeightedSource> sources;
   for (const DataPath& p : options.paths) {
@@ -139,8 +139,11 @@ absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::create(const LoaderOptio
     if (!src.ok()) return src.status();
     sources.push_back({std::move(*src), p.weight});
   }
-  auto space =
-      SampleSpace::create(std::move(sources), options.seq_len, options.seed, options.shuffle);
+  return SampleSpace::create(std::move(sources), options.seq_len, options.seed, options.shuffle);
+}
+
+absl::StatusOr<std::unique_ptr<DataLoader>> DataLoader::create(const LoaderOptions& options) {
+  absl::StatusOr<SampleSpace> space = open_sample_space(options);
   if (!space.ok()) return space.status();
   std::unique_ptr<DataLoader> loader(new DataLoader(options, std::move(*space)));
   loader->start(options.consumed_samples);

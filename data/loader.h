@@ -106,6 +106,9 @@ struct StepBatch {
   std::vector<MicroBatch> micro_batches;  // [global_batch / dp_size / micro_batch]
 };
 
+// The options' sources opened and blended into their sample space (the options checked first).
+absl::StatusOr<SampleSpace> open_sample_space(const LoaderOptions& options);
+
 // Builds rank `dp_rank`'s share of the step starting at `consumed` (no thread; used by the
 // loader and by evaluation).
 absl::StatusOr<StepBatch> make_step_batch(const SampleSpace& space, const LoaderOptions& options,

@@ -376,7 +376,10 @@ int run(const Args& a) {
   const auto per_node = static_cast<int>(a.gpus_per_node > 0 ? a.gpus_per_node
                                                              : cfg->parallel.tp * cfg->parallel.pp *
                                                                    cfg->parallel.cp);
-  if (gpu.ok()) plan = tr::make_plan(*cfg, *gpu, a.nodes, per_node);
+  std::optional<Documents> documents;
+  if (a.doc_len > 0) documents.emplace(cfg->train.micro_batch, cfg->data.seq_len, a.doc_len);
+  if (gpu.ok())
+    plan = tr::make_plan(*cfg, *gpu, a.nodes, per_node, {}, documents ? documents->span : 0.0);
   for (const absl::Status& st : {gpu.status(), plan.status()}) {
     if (st.ok()) continue;
     std::fprintf(stderr, "error: %s\n", std::string(st.message()).c_str());
@@ -390,8 +393,6 @@ int run(const Args& a) {
   }
   const tr::Topology topo = plan->layout.of_rank(plan->layout.topo.rank_at(0, 0, stage)).topo;
   const tr::ModelDims d = tr::ModelDims::from(*cfg, topo);
-  std::optional<Documents> documents;
-  if (a.doc_len > 0) documents.emplace(cfg->train.micro_batch, cfg->data.seq_len, a.doc_len);
   const std::vector<StepOp> ops = tr::stage_ops(*cfg, plan->layout, *gpu, stage,
                                                 plan->stages[static_cast<size_t>(stage)].grads / 4,
                                                 documents ? documents->span : 0.0);

@@ -128,11 +128,12 @@ class Cudnn {
   };
   Ragged ragged(int64_t slots, int64_t rows, int64_t nh, cudaStream_t stream);
   // The ragged key to run `want` with: a graph already built for the same rows whose batch and
-  // entry length cover want's at no more than twice its work (batch x entry^2) and, for a
-  // deterministic backward, a dP workspace of at most `max_dp` bytes; else `want` (built on
-  // first use). Document counts and lengths vary from micro-batch to micro-batch; this keeps
-  // the graphs a run builds (each a cuDNN build, whose first run compiles its kernels) few.
-  AttnKey covering(const AttnKey& want, int64_t max_dp);
+  // entry length cover want's at no more than twice its work (batch x entry) and, for a
+  // deterministic backward, a dP workspace of at most `max_dp` bytes; else (or `exact`) `want`
+  // (built on first use). Document counts and lengths vary from micro-batch to micro-batch;
+  // this keeps the graphs a run builds (each a cuDNN build, whose first run compiles its
+  // kernels) few.
+  AttnKey covering(const AttnKey& want, int64_t max_dp, bool exact);
 
  private:
   Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
@@ -457,10 +458,14 @@ int64_t dp_workspace(const AttnKey& key) {
 
 }  // namespace
 
-AttnKey Cudnn::covering(const AttnKey& want, int64_t max_dp) {
+AttnKey Cudnn::covering(const AttnKey& want, int64_t max_dp, bool exact) {
+  // The graphs a process has built depend on its history: a resumed run would run some
+  // micro-batch in another graph than the run never stopped. train.deterministic (`exact`)
+  // keeps to the micro-batch's own buckets.
+  if (want.docs == 0 || exact) return want;
+  // Padded entries' tiles exit at once: the launch grows with batch x entry.
   auto work = [](const AttnKey& k) {
-    return static_cast<double>(k.docs) * static_cast<double>(k.entry_q()) *
-           static_cast<double>(k.entry_q());
+    return static_cast<double>(k.docs) * static_cast<double>(k.entry_q());
   };
   // The key without its ragged batch's size (a copy: tie() refers into it).
   auto shape = [](AttnKey k) {
@@ -491,15 +496,15 @@ namespace {
 // the same rows take as plain sequences (`plain`; at least 256 MiB): many documents of which one
 // is long would need batch x longest^2. Otherwise the fast backward, with one warning. Then the
 // graph that covers it (Cudnn::covering), within that workspace.
-void ragged_backward_mode(AttnKey& key, const AttnKey& plain) {
+void ragged_backward_mode(AttnKey& key, const AttnKey& plain, bool exact) {
   const int64_t cap = std::max(dp_workspace(plain), int64_t{256} << 20);
   if (!key.deterministic || dp_workspace(key) <= cap) {
-    key = Cudnn::get().covering(key, cap);
+    key = Cudnn::get().covering(key, cap, exact);
     return;
   }
   const AttnKey asked = key;
   key.deterministic = false;
-  key = Cudnn::get().covering(key, cap);
+  key = Cudnn::get().covering(key, cap, exact);
   static std::once_flag warned;
   std::call_once(warned, [&] {
     std::fprintf(stderr,
@@ -550,7 +555,7 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
   AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false};
   if (!docs.empty()) {
     set_ragged(key, docs, seq_len);
-    key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max());
+    key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max(), ctx.deterministic);
   }
   const AttnGraph& a = Cudnn::get().graph(key);
   char* base = static_cast<char*>(qkv.data);
@@ -576,7 +581,7 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
   AttnKey key = plain;
   if (!docs.empty()) {
     set_ragged(key, docs, seq_len);
-    ragged_backward_mode(key, plain);
+    ragged_backward_mode(key, plain, ctx.deterministic);
   }
   const AttnGraph& a = Cudnn::get().graph(key);
   if (ctx.deterministic && !a.deterministic) note_attention_fast_fallback();
@@ -602,9 +607,11 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
 // ragged ones). Block-causal: the causal diagonal is the documents of its rows; a block of
 // earlier keys is its first document's prefix, the other rows seeing none of its keys.
 namespace {
-AttnKey block_key(const Tensor& q, const Tensor& k, bool backward, bool deterministic, bool causal,
+// `ctx.deterministic`: the backward's algorithm, and exact ragged graphs (Cudnn::covering).
+AttnKey block_key(const Ctx& ctx, const Tensor& q, const Tensor& k, bool backward, bool causal,
                   const DocStarts& q_docs) {
-  AttnKey key{1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], backward, deterministic};
+  AttnKey key{
+      1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], backward, !backward || ctx.deterministic};
   key.blocks = true;
   key.seq_kv = k.shape[0];
   key.causal = causal;
@@ -617,9 +624,9 @@ AttnKey block_key(const Tensor& q, const Tensor& k, bool backward, bool determin
     key.docs = 1;  // the first document's prefix, in the whole block's shape
   }
   if (backward)
-    ragged_backward_mode(key, plain);
+    ragged_backward_mode(key, plain, ctx.deterministic);
   else
-    key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max());
+    key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max(), ctx.deterministic);
   return key;
 }
 RaggedRows block_rows(const AttnKey& key) {
@@ -630,7 +637,7 @@ RaggedRows block_rows(const AttnKey& key) {
 void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
                          bool causal, DocStarts q_docs, int64_t k_first) {
   check_bf16(q, "attention_block_fwd");
-  const AttnKey key = block_key(q, k, /*backward=*/false, /*deterministic=*/true, causal, q_docs);
+  const AttnKey key = block_key(ctx, q, k, /*backward=*/false, causal, q_docs);
   const AttnGraph& a = Cudnn::get().graph(key);
   std::unordered_map<TensorPtr, void*> pack = {
       {a.q, q.data}, {a.k, k.data}, {a.v, v.data}, {a.o, out.data}, {a.stats, lse.data}};
@@ -646,7 +653,7 @@ void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout,
                          Tensor lse, Tensor q, Tensor k, Tensor v, bool causal, DocStarts q_docs,
                          int64_t k_first) {
   check_bf16(q, "attention_block_bwd");
-  const AttnKey key = block_key(q, k, /*backward=*/true, ctx.deterministic, causal, q_docs);
+  const AttnKey key = block_key(ctx, q, k, /*backward=*/true, causal, q_docs);
   const AttnGraph& a = Cudnn::get().graph(key);
   if (ctx.deterministic && !a.deterministic) note_attention_fast_fallback();
   std::unordered_map<TensorPtr, void*> pack = {

@@ -394,15 +394,16 @@ int run_plan(const CliOptions& opts) {
   // samples of data.train where it can be read, else planned over whole sequences (a bound).
   double span = 0;
   std::string span_note;
+  bool span_measured = false;
   if (cfg.ok() && cfg->data.document_mask == "block_causal") {
-    const int64_t samples = std::clamp<int64_t>((int64_t{4} << 20) / cfg->data.seq_len, 8, 256);
-    absl::StatusOr<double> measured = measure_attention_span(*cfg, samples);
+    absl::StatusOr<AttentionSpan> measured = measure_attention_span(*cfg);
+    span_measured = measured.ok();
     if (measured.ok()) {
-      span = *measured;
+      span = measured->keys;
       span_note = absl::StrFormat(
           "attention: block-causal, %.0f keys per query on average (the documents of the first "
           "%d samples of data.train; %d for whole sequences)\n",
-          span, samples, cfg->data.seq_len);
+          span, measured->samples, cfg->data.seq_len);
     } else {
       span_note = absl::StrCat(
           "attention: block-causal, planned over whole sequences (an upper bound): the "
@@ -417,6 +418,12 @@ int run_plan(const CliOptions& opts) {
     return kExitBadInput;
   }
   std::string out = opts.json ? plan_json(*cfg, *plan) : format_plan(*cfg, *plan) + span_note;
+  if (opts.json && cfg->data.document_mask == "block_causal") {
+    // Whether attention_span was measured on the data, or is the sequence (unreadable data).
+    nlohmann::json j = nlohmann::json::parse(out);
+    j["attention_span_measured"] = span_measured;
+    out = j.dump() + "\n";
+  }
   if (opts.explain && !opts.json) out += explain_plan(*cfg, *plan);
   if (opts.mtbf_hours > 0) {
     const FailurePlan f = plan_failures(*cfg, *plan, opts.mtbf_hours, storage);

@@ -420,21 +420,21 @@ absl::Status lock_run_dirs(Session& s, const std::string& ids_checked) {
 
 }  // namespace
 
-absl::StatusOr<double> measure_attention_span(const Config& cfg, int64_t samples) {
+absl::StatusOr<AttentionSpan> measure_attention_span(const Config& cfg) {
   absl::StatusOr<data::LoaderOptions> o = loader_options(cfg, Topology{}, cfg.data.train, true);
   if (!o.ok()) return o.status();
-  o->global_batch = o->micro_batch = std::max<int64_t>(1, samples);
-  o->prefetch_steps = 1;
-  absl::StatusOr<std::unique_ptr<data::DataLoader>> loader = data::DataLoader::create(*o);
-  if (!loader.ok()) return loader.status();
-  absl::StatusOr<data::StepBatch> step = (*loader)->next();
+  const int64_t samples = std::clamp<int64_t>((int64_t{4} << 20) / cfg.data.seq_len, 8, 256);
+  o->global_batch = o->micro_batch = samples;
+  absl::StatusOr<data::SampleSpace> space = data::open_sample_space(*o);
+  if (!space.ok()) return space.status();
+  absl::StatusOr<data::StepBatch> step = data::make_step_batch(*space, *o, 0);  // no thread
   if (!step.ok()) return step.status();
   double sq = 0, tokens = 0;
   for (const data::MicroBatch& mb : step->micro_batches) {
     sq += mb.docs.doc_len_sq;
     tokens += static_cast<double>(mb.inputs.size());
   }
-  return tokens > 0 ? sq / tokens : static_cast<double>(cfg.data.seq_len);
+  return AttentionSpan{tokens > 0 ? sq / tokens : static_cast<double>(cfg.data.seq_len), samples};
 }
 
 // See trainer/run/startup.h.
@@ -513,7 +513,11 @@ absl::Status check_inputs_for_world(Session& s, int world, const GpuSpec& gpu, i
       return hf.status();
   if (absl::Status st = check_tokenizer_and_batch(s); !st.ok()) return st;
   if (absl::StatusOr<std::string> ids = open_data(s); !ids.ok()) return ids.status();
-  absl::StatusOr<Plan> plan = make_plan(s.cfg, gpu, world / per_node, per_node);
+  // Block-causal attention planned over the data's documents, as trainer plan does.
+  double span = 0;
+  if (s.cfg.data.document_mask == "block_causal")
+    if (absl::StatusOr<AttentionSpan> m = measure_attention_span(s.cfg); m.ok()) span = m->keys;
+  absl::StatusOr<Plan> plan = make_plan(s.cfg, gpu, world / per_node, per_node, {}, span);
   if (!plan.ok()) return plan.status();
   const std::string text = format_plan(s.cfg, *plan);
   if (!plan->fits) {

@@ -21,10 +21,15 @@ absl::Status check_inputs(Session& s);
 // GPU's. Prints the plan; takes and writes nothing. Errors are bad input.
 absl::Status check_inputs_for_world(Session& s, int world, const GpuSpec& gpu, int gpus_per_node);
 
-// The keys a query attends to on average over the first `samples` samples of data.train in
-// the run's order (the sum of their documents' lengths squared per token, the loader's
-// DocumentStats::doc_len_sq): under data.document_mask block_causal, what attention costs per
-// token; seq_len for whole sequences. trainer plan asks for it; errors name the data.
-absl::StatusOr<double> measure_attention_span(const Config& cfg, int64_t samples);
+// The keys a query attends to on average (`keys`) over the first `samples` samples of
+// data.train in the run's order (256, fewer for long sequences: about 4M tokens): the sum of
+// their documents' lengths squared per token (the loader's DocumentStats::doc_len_sq). Under
+// data.document_mask block_causal, what attention costs per token; seq_len for whole
+// sequences. trainer plan and --dry-run ask for it; errors name the data.
+struct AttentionSpan {
+  double keys = 0;
+  int64_t samples = 0;
+};
+absl::StatusOr<AttentionSpan> measure_attention_span(const Config& cfg);
 
 }  // namespace tr
