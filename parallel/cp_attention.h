@@ -50,8 +50,8 @@ struct CpScratch {
 // out [L, nh, hd] and lse (f32, f64 for f64 tensors; [2, nh, C]: each chunk's statistics in
 // turn) ASSIGNED, for a sequence of seq_len tokens split over `cp`. On ctx's device; `cp` moves
 // tensors there (NCCL, or MPI for host tensors). Block-causal with `docs` (DocStarts of this
-// rank's L queries, each a position in the sequence): keys before a query's document start are
-// hidden.
+// rank's L queries, each a position in the sequence, with bounds that hold for each of its two
+// chunks: the blocks take chunks): keys before a query's document start are hidden.
 void cp_attention_fwd(Ctx& ctx, Comm& cp, CpExchange how, const CpScratch& scratch, Tensor out,
                       Tensor lse, Tensor q, Tensor k, Tensor v, int64_t seq_len,
                       DocStarts docs = {});

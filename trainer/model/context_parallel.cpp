@@ -9,12 +9,14 @@
 namespace tr {
 
 DocStarts Qwen2Model::doc_starts(int slot, int64_t b) const {
-  const DocStarts& all = a_->slots[slot].docs.doc_start;
-  // A sequence's rows hold no more documents, and none longer, than the micro-batch's, nor
-  // more than its rows.
-  return all.empty() ? DocStarts{}
-                     : DocStarts{all.start.slice(b * seq_len_, seq_len_),
-                                 std::min(all.count, seq_len_), std::min(all.longest, seq_len_)};
+  const MicroBatchDocs& docs = a_->slots[slot].docs;
+  const DocStarts& all = docs.doc_start;
+  if (all.empty()) return {};
+  const Tensor rows = all.start.slice(b * seq_len_, seq_len_);
+  // The bounds the blocks take: each chunk's (counted when staged), else the micro-batch's,
+  // clamped to the rows.
+  if (docs.chunk.count > 0) return {rows, docs.chunk.count, docs.chunk.longest};
+  return {rows, std::min(all.count, seq_len_), std::min(all.longest, seq_len_)};
 }
 
 void Qwen2Model::context_attention_fwd(int slot, int64_t l) {

@@ -95,6 +95,9 @@ struct MicroBatchDocs {
   // Block-causal attention's document starts of the tokens, positions in their sequence, and
   // the count of the documents they hold (kernels/ops.h DocStarts).
   DocStarts doc_start;
+  // Under context parallelism: bounds that hold for each of a sequence's two chunks on this rank
+  // (count_documents over each; the blocks take chunks); zero: doc_start's, clamped.
+  DocCount chunk;
   // RoPE's position of each token (restarting in each document); empty: its position in the
   // sequence (this rank's positions of it under context parallelism).
   Tensor positions;
@@ -122,6 +125,8 @@ class Qwen2Model {
   // Tokens of a micro-batch on this rank: batch x its seq_len / cp tokens of each sequence.
   int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
   int64_t rows_per_sequence() const { return seq_len_; }  // seq_len / cp
+  // Rows of one chunk under context parallelism (two per sequence on a rank), else 0.
+  int64_t rows_per_chunk() const { return dims_.cp > 1 ? seq_len_ / 2 : 0; }
   ParamBuffer& params() const { return params_; }
   const ParamLayout& layout() const { return params_.layout(); }
 

@@ -144,7 +144,7 @@ void stage_batch(Session& s, const data::StepBatch& batch) {
     if (!mb.positions.empty()) positions.push_back(mb.positions.data());
   }
   s.io->stage(inputs, targets, s.model->tokens_per_micro_batch(), doc_starts, positions,
-              s.model->rows_per_sequence());
+              s.model->rows_per_sequence(), s.model->rows_per_chunk());
 }
 
 double forward_pipeline(Session& s, const data::StepBatch& batch) {
