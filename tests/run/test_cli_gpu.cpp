@@ -191,31 +191,28 @@ TEST_CASE("cli gpu: cp 2 and 4 on ranks sharing one GPU match one GPU rank", "[g
   }
 }
 
-// Packed documents on the GPU: block-causal attention through cuDNN's ragged batches, with
-// positions restarting in each document and the end-of-document targets left out, follows the
-// CPU run and resumes bit for bit; and under cp 2 (chunk blocks over ragged documents, both
-// exchanges) on ranks sharing the GPU, one GPU rank. Documents end at every space (token 32), so
-// samples hold several.
-TEST_CASE("cli gpu: block-causal attention on a GPU follows the CPU, also under cp 2",
-          "[gpu][mpi]") {
-  const std::string docs =
-      " --set data.eod_id=32 --set data.document_mask=block_causal"
-      " --set data.reset_position_ids=true --set data.eod_mask_loss=true"
-      " --set train.micro_batch=2";
-  const std::string det = "--set train.backend=cuda --set train.deterministic=true" + docs;
+// Packed documents on the GPU (the options below): block-causal attention through cuDNN's ragged
+// batches, with positions restarting in each document and the end-of-document targets left out.
+// Documents end at every space (token 32), so samples hold several.
+const std::string kDocs =
+    " --set data.eod_id=32 --set data.document_mask=block_causal"
+    " --set data.reset_position_ids=true --set data.eod_mask_loss=true --set train.micro_batch=2";
+
+// One GPU follows the CPU run and, stopped at step 10 and resumed, repeats itself bit for bit
+// (where every step's attention backward was the deterministic one).
+TEST_CASE("cli gpu: block-causal attention on a GPU follows the CPU and resumes exactly", "[gpu]") {
+  const std::string det = "--set train.backend=cuda --set train.deterministic=true" + kDocs;
   RunDir gpu(20), cpu(20);
   CmdResult r = gpu.trainer(det);
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  REQUIRE(cpu.trainer(docs).exit_code == 0);
+  REQUIRE(cpu.trainer(kDocs).exit_code == 0);
   const std::vector<nlohmann::json> g = gpu.metrics(), c = cpu.metrics();
   REQUIRE(g.size() == 20);
   for (size_t i = 0; i < g.size(); ++i) {
     INFO("step " << i + 1 << ": gpu " << g[i]["loss"] << ", cpu " << c[i]["loss"]);
     CHECK(std::abs(g[i]["loss"].get<double>() / c[i]["loss"].get<double>() - 1) < 2e-2);
   }
-  // Stopped at step 10 and resumed, the GPU run repeats itself bit for bit (where every step's
-  // attention backward was the deterministic one).
   RunDir split(20);
   REQUIRE(split.trainer(det + " --set train.exit_interval=10").exit_code == kExitStopped);
   CmdResult resumed = split.trainer(det);
@@ -234,12 +231,24 @@ TEST_CASE("cli gpu: block-causal attention on a GPU follows the CPU, also under 
       CHECK(std::abs(s[i]["loss"].get<double>() / g[i]["loss"].get<double>() - 1) < 1e-2);
   }
   if (!deterministic) WARN("a step ran the fast attention backward: resume checked to 1e-2");
+}
+
+// Under cp 2 (chunk blocks over ragged documents, both exchanges) on ranks sharing the GPU: the
+// losses of one GPU rank.
+TEST_CASE("cli gpu: block-causal attention under cp 2 on ranks sharing the GPU matches one rank",
+          "[gpu][mpi]") {
+  RunDir one(20);
+  CmdResult r = one.trainer("--set train.backend=cuda" + kDocs);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<nlohmann::json> g = one.metrics();
+  REQUIRE(g.size() == 20);
   for (const std::string& cp :
        {std::string(" --set parallel.cp=2 --set parallel.cp_comm=allgather"),
         std::string(" --set parallel.cp=2 --set parallel.cp_comm=ring")}) {
     RunDir run(20);
-    CmdResult m = run.mpirun(
-        2, "--set train.backend=cuda" + docs + cp + " --set parallel.comm=mpi" + kSharedGpuTimeout);
+    CmdResult m = run.mpirun(2, "--set train.backend=cuda" + kDocs + cp +
+                                    " --set parallel.comm=mpi" + kSharedGpuTimeout);
     INFO(cp << "\n" << m.output);
     REQUIRE(m.exit_code == 0);
     const std::vector<nlohmann::json> b = run.metrics();
