@@ -279,6 +279,16 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
   a.q = input("Q", q_dim, q_stride);
   a.k = input("K", kv_dim, kv_stride);
   a.v = input("V", kv_dim, kv_stride);
+  // A ragged batch's options, the same for the forward's and the backward's attributes: each
+  // entry padding-masked to its length, the token totals bounding cuDNN's ragged workspaces.
+  auto padded = [&](auto& opts) {
+    if (!ragged) return;
+    opts.set_padding_mask(true)
+        .set_seq_len_q(a.len_q)
+        .set_seq_len_kv(a.len_kv)
+        .set_max_total_seq_len_q(total_q)
+        .set_max_total_seq_len_kv(total_kv);
+  };
   if (ragged) {
     a.q->set_ragged_offset(a.off_q);
     a.k->set_ragged_offset(a.off_k);
@@ -290,12 +300,7 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
                     .set_generate_stats(true)
                     .set_causal_mask(key.causal)
                     .set_attn_scale(scale);
-    if (ragged)
-      opts.set_padding_mask(true)
-          .set_seq_len_q(a.len_q)
-          .set_seq_len_kv(a.len_kv)
-          .set_max_total_seq_len_q(total_q)
-          .set_max_total_seq_len_kv(total_kv);
+    padded(opts);
     auto [o, stats] = g.sdpa(a.q, a.k, a.v, opts);
     o->set_output(true).set_dim(q_dim).set_stride(o_stride);
     stats->set_output(true)
@@ -326,12 +331,7 @@ std::optional<AttnGraph> Cudnn::build(const AttnKey& key, fe::HeurMode_t mode, s
                     .set_causal_mask(key.causal)
                     .set_attn_scale(scale)
                     .set_deterministic_algorithm(key.deterministic);
-    if (ragged)
-      opts.set_padding_mask(true)
-          .set_seq_len_q(a.len_q)
-          .set_seq_len_kv(a.len_kv)
-          .set_max_total_seq_len_q(total_q)
-          .set_max_total_seq_len_kv(total_kv);
+    padded(opts);
     auto [dq, dk, dv] = g.sdpa_backward(a.q, a.k, a.v, a.o, a.dout, a.stats, opts);
     dq->set_output(true).set_dim(q_dim).set_stride(q_stride);
     dk->set_output(true).set_dim(kv_dim).set_stride(kv_stride);
