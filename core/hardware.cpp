@@ -12,8 +12,8 @@ const std::vector<GpuSpec>& gpu_table() {
   // and copy ceilings: measured on an H100 (798 TFLOP/s, 3.0 TB/s) and on an H200 by preflight
   // (830 TFLOP/s, 4.23 TB/s, 2026-11-27, docs/PERFORMANCE.md); for the others not yet measured,
   // 0.8 of the peak and 0.85 of the HBM bandwidth, the H100's ratios. Collective latencies:
-  // 10 us inside a node and 20 us across nodes for all (NCCL's small all-reduce; preflight
-  // measures a cluster's own).
+  // 10 us inside a node and 20 us across two nodes for all (NCCL's small all-reduce; preflight
+  // measures a cluster's own), each further step between nodes 5 us.
   static const std::vector<GpuSpec> table = {
       {"h100", "H100", 989.4e12, 80.0 * kGiB, 3.35e12, 450e9, 50e9, 798e12, 3.0e12},
       {"h200", "H200", 989.4e12, 141.0 * kGiB, 4.8e12, 450e9, 50e9, 830e12, 4.23e12},

@@ -25,10 +25,14 @@ struct GpuSpec {
   // bytes/s counting bytes read plus written.
   double gemm_flops;
   double copy_bw;
-  // A collective's fixed cost, whatever its size (the time of the smallest all-reduce): inside
-  // a node and across nodes. The planner charges it once per call, beside bytes / bandwidth.
+  // A collective's fixed cost, whatever its size. Inside a node: the smallest all-reduce's time.
+  // Across nodes: a per-call part, plus a per-step part for each step the algorithm takes
+  // between nodes (trainer/plan/collectives.h); the defaults make the smallest all-reduce
+  // between two nodes (two steps) 20 us, as NCCL's own model has it (2.7 to 9.6 us per network
+  // step by protocol).
   double nvlink_latency = 10e-6;
-  double network_latency = 20e-6;
+  double network_latency = 10e-6;
+  double network_hop_latency = 5e-6;
 };
 
 // A cluster's numbers for saves and restarts, for `trainer plan --mtbf-hours` (estimates:

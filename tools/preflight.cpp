@@ -67,8 +67,8 @@ constexpr const char* kUsage =
     "                    network_busbw_gbps (all-reduce at the largest size), gemm_tflops,\n"
     "                    memory_gbps\n"
     "  --json FILE       writes what was measured under those keys (rank 0), and the\n"
-    "                    smallest all-reduce's time as node_latency_us and network_latency_us,\n"
-    "                    for `trainer plan --hardware FILE`\n"
+    "                    smallest all-reduce's time as node_latency_us and network_latency_us\n"
+    "                    (over network_nodes nodes), for `trainer plan --hardware FILE`\n"
     "  --ranks-per-node N  group ranks into nodes by rank / N instead of by hostname\n"
     "  --corrupt 1       (for testing) world rank 1 perturbs one input element of every checked\n"
     "                    call, so the #wrong counts and the exit code must show it\n"
@@ -524,8 +524,11 @@ void measure_collectives(const Args& a, const Target& d, Comm& world, Groups& g,
       }
       if (op == "all_reduce" && s.comm->size() > 1) {
         measured[s.key] = last.busbw / 1e9;
-        // The smallest all-reduce's time: a collective's fixed cost (the planner's latency).
+        // The smallest all-reduce's time: a collective's fixed cost (the planner's latency),
+        // across the network with the nodes it spanned (the planner splits it into per-call and
+        // per-step parts: trainer/plan/collectives.h).
         measured[s.latency_key] = first.seconds * 1e6;
+        if (s.comm == g.all.get()) measured["network_nodes"] = g.nodes;
       }
       if (op == "all_reduce" && want.count(s.key) && s.comm->size() > 1)
         checks.push_back({s.label + " all_reduce busbw (GB/s, largest size)", last.busbw / 1e9,

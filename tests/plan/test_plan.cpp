@@ -28,6 +28,7 @@
 #include "trainer/model/step_io.h"
 #include "trainer/obs/step_timing.h"
 #include "trainer/optim/optim.h"
+#include "trainer/plan/collectives.h"
 #include "trainer/plan/memory_fit.h"
 #include "trainer/plan/plan.h"
 #include "trainer/plan/resilience.h"
@@ -132,6 +133,112 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
       q->stages[0].optimizer - p->stages[0].optimizer ==
       static_cast<double>(arena_bytes(DType::bf16, stage0) + arena_bytes(DType::bf16, stage0 / 2)));
   CHECK(p->fits);
+}
+
+// The collective model (collectives.h) by hand: the nodes a group spans, each algorithm's steps
+// across them, the faster of ring and tree for an all-reduce, the latencies a measured smallest
+// all-reduce sets, and where a plan's groups land.
+TEST_CASE("plan: collectives take the ring or the tree by size and the nodes they span", "[plan]") {
+  CHECK(group_span(8, 1, 8).nodes == 1);    // tp 8
+  CHECK(group_span(16, 1, 8).nodes == 2);   // tp 16
+  CHECK(group_span(8, 8, 8).nodes == 8);    // dp 8 beside tp 8: one rank per node
+  CHECK(group_span(48, 4, 8).nodes == 24);  // dp 48 beside tp 4: two per node
+  CHECK(group_span(4, 2, 8).nodes == 1);    // dp 4 beside tp 2: one node
+  CHECK(network_steps(Collective::all_reduce, CollectiveAlgorithm::ring, 64) == 126);
+  CHECK(network_steps(Collective::reduce_scatter, CollectiveAlgorithm::ring, 64) == 63);
+  CHECK(network_steps(Collective::all_reduce, CollectiveAlgorithm::tree, 64) == 12);
+  CHECK(network_steps(Collective::all_reduce, CollectiveAlgorithm::tree, 48) == 10);
+  CHECK(network_steps(Collective::send, CollectiveAlgorithm::ring, 2) == 1);
+  const GpuSpec gpu = *gpu_spec("h100");  // 10 us per call, 5 us per step, 50 GB/s
+  // Over 64 nodes the ring's 114 extra steps (570 us) cost what a tree's 0.9 bandwidth loses
+  // at 570e-6 x 50e9 x 9 = 256.5 MB per call: below it the tree, above it the ring.
+  const GroupSpan nodes64{64, 64};
+  const CollectiveTime small = collective_time(gpu, Collective::all_reduce, nodes64, 400e6, 2);
+  CHECK(small.algorithm == CollectiveAlgorithm::tree);
+  CHECK(small.seconds == Approx(2 * (10e-6 + 12 * 5e-6) + 400e6 / (0.9 * 50e9)));
+  const CollectiveTime large = collective_time(gpu, Collective::all_reduce, nodes64, 600e6, 2);
+  CHECK(large.algorithm == CollectiveAlgorithm::ring);
+  CHECK(large.seconds == Approx(2 * (10e-6 + 126 * 5e-6) + 600e6 / 50e9));
+  // Reduce-scatters run on rings at any size; inside a node the per-call latency alone.
+  const CollectiveTime rs = collective_time(gpu, Collective::reduce_scatter, nodes64, 1e3, 1);
+  CHECK(rs.algorithm == CollectiveAlgorithm::ring);
+  CHECK(rs.seconds == Approx(10e-6 + 63 * 5e-6 + 1e3 / 50e9));
+  CHECK(collective_time(gpu, Collective::all_reduce, {8, 1}, 1e9, 3).seconds ==
+        Approx(1e9 / gpu.nvlink_bw + 3 * gpu.nvlink_latency));
+  CHECK(collective_time(gpu, Collective::all_reduce, {1, 1}, 1e9, 3).seconds == 0);
+  // A smallest all-reduce of 50 us over 16 nodes (a tree's 8 steps at 5 us) leaves 10 us per
+  // call; one of 20 us is all steps: 2.5 us each.
+  GpuSpec measured = gpu;
+  set_network_latency(measured, 50e-6, 16);
+  CHECK(measured.network_latency == Approx(10e-6));
+  CHECK(measured.network_hop_latency == Approx(5e-6));
+  set_network_latency(measured, 20e-6, 16);
+  CHECK(measured.network_latency == 0);
+  CHECK(measured.network_hop_latency == Approx(2.5e-6));
+  // In a plan: tp 2 x dp 4 x pp 4 on 4 nodes keeps each DP group inside a node (ranks tp
+  // apart); tp 8 x dp 4 spreads it over 4 nodes, and without ZeRO-1 its all-reduce of many
+  // small buckets takes the tree over 32 nodes, of few large ones the ring.
+  const std::vector<std::string> base = {"model.preset=",
+                                         "model.hidden_size=512",
+                                         "model.intermediate_size=1024",
+                                         "model.num_layers=8",
+                                         "model.num_heads=8",
+                                         "model.num_kv_heads=8",
+                                         "model.head_dim=64",
+                                         "model.vocab_size=1000",
+                                         "data.seq_len=512",
+                                         "train.micro_batch=1",
+                                         "parallel.sequence_parallel=false"};
+  auto plan = [&](std::vector<std::string> sets, int nodes) {
+    sets.insert(sets.begin(), base.begin(), base.end());
+    absl::StatusOr<Plan> p = make_plan(config_with(sets), gpu, nodes, 8);
+    INFO(p.status().message());
+    REQUIRE(p.ok());
+    return *p;
+  };
+  const Plan in_node = plan({"parallel.tp=2", "parallel.pp=4", "parallel.dp=4",
+                             "train.global_batch=16", "parallel.zero1=true"},
+                            4);
+  CHECK(in_node.dp_span.ranks == 4);
+  CHECK(in_node.dp_span.nodes == 1);
+  CHECK(in_node.dp_comm_s ==
+        Approx(in_node.dp_bytes / gpu.nvlink_bw + 2 * in_node.dp_buckets * gpu.nvlink_latency));
+  const Plan many =
+      plan({"parallel.tp=8", "parallel.pp=1", "parallel.dp=32", "train.global_batch=64",
+            "parallel.zero1=false", "parallel.dp_bucket_elems=65536"},
+           32);
+  CHECK(many.dp_span.nodes == 32);
+  CHECK(many.dp_algorithm == CollectiveAlgorithm::tree);
+  CHECK(many.dp_buckets > 10);
+  CHECK(many.dp_comm_s ==
+        Approx(many.dp_buckets * (10e-6 + 10 * 5e-6) + many.dp_bytes / (0.9 * gpu.network_bw)));
+  // Over 32 nodes the crossing is at 52 steps' 260 us: 117 MB per call.
+  // --hardware: preflight's smallest all-reduce across its network_nodes sets both latencies
+  // (two nodes without the key); a fractional node count is refused, naming the key.
+  test::TempDir dir;
+  test::write_file(dir / "hw.json", R"({"network_latency_us": 50, "network_nodes": 16})");
+  absl::StatusOr<GpuSpec> hw = override_gpu_spec(gpu, dir / "hw.json");
+  REQUIRE(hw.ok());
+  CHECK(hw->network_latency == Approx(10e-6));
+  CHECK(hw->network_hop_latency == Approx(5e-6));
+  test::write_file(dir / "two.yaml", "network_latency_us: 30\nnetwork_hop_latency_us: 8\n");
+  hw = override_gpu_spec(gpu, dir / "two.yaml");
+  REQUIRE(hw.ok());
+  CHECK(hw->network_latency == Approx(14e-6));
+  CHECK(hw->network_hop_latency == Approx(8e-6));
+  test::write_file(dir / "bad.yaml", "network_latency_us: 30\nnetwork_nodes: 2.5\n");
+  CHECK(override_gpu_spec(gpu, dir / "bad.yaml").status().message() ==
+        "--hardware " + (dir / "bad.yaml") +
+            ": network_nodes must be a whole number of nodes, 2 or more");
+  const Plan few =
+      plan({"model.hidden_size=2048", "model.intermediate_size=4096", "model.num_heads=16",
+            "model.num_kv_heads=16", "model.head_dim=128", "parallel.tp=8", "parallel.pp=1",
+            "parallel.dp=32", "train.global_batch=64", "parallel.zero1=false"},
+           32);
+  CHECK(few.dp_bytes / few.dp_buckets > 117e6);
+  CHECK(few.dp_algorithm == CollectiveAlgorithm::ring);
+  CHECK(few.dp_comm_s ==
+        Approx(few.dp_buckets * (10e-6 + 62 * 5e-6) + few.dp_bytes / gpu.network_bw));
 }
 
 // The step model (step_model.h) against what it must add up to: its GEMMs compute exactly the

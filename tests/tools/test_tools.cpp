@@ -90,7 +90,9 @@ TEST_CASE("preflight: 4 ranks as 2 nodes measure every collective in both groups
   CHECK(j["name"] == "cpu");
   for (const char* key : {"node_busbw_gbps", "network_busbw_gbps", "gemm_tflops", "memory_gbps"})
     CHECK(j.value(key, 0.0) > 0);
-  // The latencies: the first (smallest) all-reduce row's time, in microseconds.
+  // The latencies: the first (smallest) all-reduce row's time, in microseconds; the network's
+  // with the nodes it spanned.
+  CHECK(j["network_nodes"] == 2);
   for (const Table& tab : t) {
     if (tab.op != "all_reduce") continue;
     const bool network = tab.group == "network (all ranks)";

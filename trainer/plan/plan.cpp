@@ -18,6 +18,7 @@
 #include "trainer/model/model.h"
 #include "trainer/model/step_io.h"
 #include "trainer/optim/optim.h"
+#include "trainer/plan/collectives.h"
 #include "trainer/plan/step_model.h"
 #include "yaml-cpp/yaml.h"
 
@@ -45,6 +46,9 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
                                           StorageSpec* storage) {
   StorageSpec unused;
   StorageSpec& st = storage != nullptr ? *storage : unused;
+  // The smallest all-reduce across network_nodes nodes (2 unless the file says, as preflight's
+  // does): split into the per-call and per-step latencies after every key is read.
+  double network_smallest = 0, network_nodes = 2;
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);
@@ -63,19 +67,22 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       {"gemm_tflops", {&g.gemm_flops, 1e12}},
       {"memory_gbps", {&g.copy_bw, 1e9}},
       {"node_latency_us", {&g.nvlink_latency, 1e-6}},
-      {"network_latency_us", {&g.network_latency, 1e-6}},
+      {"network_latency_us", {&network_smallest, 1e-6}},
+      {"network_hop_latency_us", {&g.network_hop_latency, 1e-6}},
       {"host_copy_gbps", {&st.host_copy_bw, 1e9}},
       {"local_disk_gbps", {&st.local_disk_bw, 1e9}},
       {"storage_gbps", {&st.storage_bw, 1e9}},
       {"restart_s", {&st.restart_s, 1.0}}};
   // What `preflight --json` measured (its --expect keys) beside gemm_tflops and memory_gbps,
   // which are the table's own ceilings: the links' all-reduce bus bandwidth stands in for the
-  // table's per-GPU bandwidths; gemm_n is the size the GEMM ceiling was measured at.
+  // table's per-GPU bandwidths; gemm_n is the size the GEMM ceiling was measured at,
+  // network_nodes the nodes the network's all-reduces spanned.
   double gemm_n = 0;
   const std::pair<const char*, std::pair<double*, double>> measured[] = {
       {"node_busbw_gbps", {&g.nvlink_bw, 1e9}},
       {"network_busbw_gbps", {&g.network_bw, 1e9}},
-      {"gemm_n", {&gemm_n, 1.0}}};
+      {"gemm_n", {&gemm_n, 1.0}},
+      {"network_nodes", {&network_nodes, 1.0}}};
   const std::string table_name = g.name;
   std::string measured_by;
   std::map<const double*, std::string> set_by;  // each number set by one key only
@@ -95,9 +102,9 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       return absl::InvalidArgumentError(absl::StrCat(
           "--hardware ", path, ": unknown key '", key,
           "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
-          "gemm_tflops, memory_gbps, node_latency_us, network_latency_us, host_copy_gbps, "
-          "local_disk_gbps, storage_gbps, restart_s, and preflight --json's node_busbw_gbps, "
-          "network_busbw_gbps, gemm_n"));
+          "gemm_tflops, memory_gbps, node_latency_us, network_latency_us, "
+          "network_hop_latency_us, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s, and "
+          "preflight --json's node_busbw_gbps, network_busbw_gbps, gemm_n, network_nodes"));
     if (auto [it, fresh] = set_by.emplace(target, key); !fresh)
       return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", it->second, " and ",
                                                      key, " set the same number"));
@@ -120,6 +127,11 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat("--hardware ", path, ": gemm_tflops was measured at ", gemm_n,
                      "^3; the GEMM ceiling is for 8192^3 (preflight --gemm 8192)"));
+  if (network_nodes < 2 || network_nodes != std::floor(network_nodes))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--hardware ", path, ": network_nodes must be a whole number of nodes, 2 or more"));
+  if (network_smallest > 0)
+    set_network_latency(g, network_smallest, static_cast<int>(network_nodes));
   return g;
 }
 
@@ -289,19 +301,12 @@ void plan_communication(const Config& cfg, Plan& plan) {
       cp_bytes_per_step(cfg, f, plan.recompute_full_layers);
 }
 
-// Seconds on a link for `bytes` sent in `calls` collective calls: bytes over its bandwidth plus its
-// latency per call; NVLink inside a node, the NIC across nodes.
-double link_s(const GpuSpec& gpu, bool in_node, double bytes, double calls) {
-  return in_node ? bytes / gpu.nvlink_bw + calls * gpu.nvlink_latency
-                 : bytes / gpu.network_bw + calls * gpu.network_latency;
-}
-
 // Step time: the slowest stage's compute by op class (step_model.h), its micro-batches' part
-// stretched by the bubble, plus the exposed communication (TP over NVLink inside a node, PP and
-// DP over the network when they cross nodes).
+// stretched by the bubble, plus the exposed communication, each group's collectives timed on
+// the links it spans (collectives.h: NVLink inside a node, the NIC across nodes).
 void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   const GpuSpec& gpu = plan.gpu;
-  const int pp = plan.layout.topo.pp, tp = plan.layout.topo.tp;
+  const int tp = plan.layout.topo.tp;
   const double tokens_step = static_cast<double>(plan.layout.tokens_per_step);
   std::vector<double> params_on_rank;
   for (const StageMemory& m : plan.stages) params_on_rank.push_back(m.grads / 4);  // fp32
@@ -317,30 +322,45 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   const double stretch = 1 / (1 - plan.bubble);
   plan.bubble_s = slow.pipelined_s() * (stretch - 1);
   plan.compute_s = slow.total_s() + plan.bubble_s;
-  plan.tp_comm_s = link_s(gpu, tp <= plan.gpus_per_node, plan.tp_bytes, plan.tp_calls);
+  const int g = plan.gpus_per_node;
+  // Under sequence parallelism each TP all-reduce is a reduce-scatter and an all-gather.
+  plan.tp_comm_s =
+      collective_time(
+          gpu, plan.layout.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce,
+          group_span(tp, 1, g), plan.tp_bytes, plan.tp_calls)
+          .seconds;
   plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s) : plan.tp_comm_s;
-  const bool multi_node = plan.world > plan.gpus_per_node;
-  plan.pp_s = link_s(gpu, !multi_node, plan.pp_bytes, plan.pp_calls);
+  // Stage neighbours are tp x cp x dp ranks apart: some cross nodes once the job spans nodes.
+  const bool multi_node = plan.world > g;
+  plan.pp_s =
+      collective_time(gpu, Collective::send, {2, multi_node ? 2 : 1}, plan.pp_bytes, plan.pp_calls)
+          .seconds;
   // With parallel.overlap_dp the trainer reduces the gradients bucket by bucket as the last
   // micro-batch's backward finishes them, and with overlap_param_gather ZeRO-1's all-gather of
   // the updated weights runs bucket by bucket under the next step's first forward: the step
   // waits for what those windows do not cover.
-  const bool dp_in_node = !(multi_node && tp * pp < plan.world);
+  const int cp = plan.layout.topo.cp;
+  plan.dp_span = group_span(plan.layout.topo.dp * cp, tp, g);
   const double micro_batches = static_cast<double>(plan.layout.micro_batches);
   const double gather_s =
-      link_s(gpu, dp_in_node, plan.dp_gather_bytes, plan.layout.zero1 ? plan.dp_buckets : 0.0);
-  const double reduce_s =
-      link_s(gpu, dp_in_node, plan.dp_bytes - plan.dp_gather_bytes, plan.dp_buckets);
+      collective_time(gpu, Collective::all_gather, plan.dp_span, plan.dp_gather_bytes,
+                      plan.layout.zero1 ? plan.dp_buckets : 0.0)
+          .seconds;
+  const CollectiveTime reduce =
+      collective_time(gpu, plan.layout.zero1 ? Collective::reduce_scatter : Collective::all_reduce,
+                      plan.dp_span, plan.dp_bytes - plan.dp_gather_bytes, plan.dp_buckets);
+  plan.dp_algorithm = reduce.algorithm;
+  const double reduce_s = reduce.seconds;
   plan.dp_comm_s = gather_s + reduce_s;
   const double under_backward = cfg.parallel.overlap_dp ? slow.backward_s / micro_batches : 0;
   const double under_forward =
       cfg.parallel.overlap_param_gather ? slow.forward_s / micro_batches : 0;
   plan.dp_s = std::max(0.0, reduce_s - under_backward) + std::max(0.0, gather_s - under_forward);
   // CP groups are the next-closest ranks after TP: inside a node while tp x cp GPUs fit in one.
-  const int cp = plan.layout.topo.cp;
-  const bool cp_in_node = tp * cp <= plan.gpus_per_node;
-  plan.cp_comm_s = link_s(gpu, cp_in_node, plan.cp_bytes, 0);
-  const double beside_s = link_s(gpu, cp_in_node, plan.cp_beside_bytes, 0);
+  const GroupSpan cp_span = group_span(cp, tp, g);
+  plan.cp_comm_s = collective_time(gpu, Collective::send, cp_span, plan.cp_bytes, 0).seconds;
+  const double beside_s =
+      collective_time(gpu, Collective::send, cp_span, plan.cp_beside_bytes, 0).seconds;
   plan.cp_s = plan.cp_comm_s - beside_s + std::max(0.0, beside_s - slow.attention_s);
   plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s + plan.cp_s;
   plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;

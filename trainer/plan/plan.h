@@ -17,13 +17,16 @@
 #include "parallel/topology.h"
 #include "trainer/config/config.h"
 #include "trainer/layout/run_layout.h"
+#include "trainer/plan/collectives.h"
 #include "trainer/plan/step_model.h"
 
 namespace tr {
 
 // `base` with the numbers a YAML file sets: any of name, peak_bf16_tflops, memory_gib,
 // hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_tflops and memory_gbps (the
-// measured ceilings, as preflight --json writes them); and, into `storage`
+// measured ceilings, as preflight --json writes them), node_latency_us, network_latency_us
+// (the smallest all-reduce across network_nodes nodes, 2 unless given: set_network_latency)
+// and network_hop_latency_us; and, into `storage`
 // when given, host_copy_gbps (per GPU), local_disk_gbps (per node), storage_gbps (the job's),
 // restart_s. Errors name the file and key.
 absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_path,
@@ -71,6 +74,10 @@ struct Plan {
   // Collective calls per GPU per step, each paying its link's latency: TP all-reduces (each
   // half of one under sequence parallelism), PP sends, DP buckets.
   double tp_calls = 0, pp_calls = 0, dp_buckets = 0;
+  // The DP x CP group's ranks and nodes, and the algorithm its gradient reduction takes
+  // (collectives.h: a tree only for all-reduces, where it is the faster).
+  GroupSpan dp_span;
+  CollectiveAlgorithm dp_algorithm = CollectiveAlgorithm::ring;
   // Context parallelism's K/V exchange per GPU per step (parallel.cp_comm), sent, and the part
   // of it that runs beside the attention (the ring's K/V passes).
   double cp_bytes = 0, cp_beside_bytes = 0;
