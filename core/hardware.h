@@ -33,6 +33,15 @@ struct GpuSpec {
   double nvlink_latency = 10e-6;
   double network_latency = 10e-6;
   double network_hop_latency = 5e-6;
+  // The step model's efficiencies on this part (trainer/plan/step_model.h): flash attention's
+  // forward and backward as fractions of the dense peak at head_dim 64 and at 128 (linear
+  // between), the memory-bound kernels' fraction of the copy bandwidth, and the GEMM shape
+  // model's fill constant (each of M, N, K costs d / (d + fill)). Leads set against the H200's
+  // whole steps (docs/PERFORMANCE.md) until `bench_ops --calibration` measures a cluster's own.
+  double attention_fwd_hd64 = 0.38, attention_bwd_hd64 = 0.27;
+  double attention_fwd_hd128 = 0.60, attention_bwd_hd128 = 0.45;
+  double stream_fraction = 0.85;
+  double gemm_fill = 256;
 };
 
 // A cluster's numbers for saves and restarts, for `trainer plan --mtbf-hours` (estimates:

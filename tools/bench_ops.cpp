@@ -6,15 +6,17 @@
 //
 //   bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME] [--nodes N]
 //             [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT] [--json FILE]
-//             [--doc-len L]
+//             [--doc-len L] [--hardware FILE ...] [--calibration FILE]
 //
 // Prints one Markdown table (op, shape, times per step, predicted and measured microseconds per
 // run, their ratio, the rate reached, the step's seconds in it) and the totals by op class. The
 // layout (tp, pp, cp 1, micro-batch) gives the per-GPU shapes: the 72B job's tp 8 stage runs on
 // one GPU here. Inputs are random (never zeros), each op runs once to warm up, then R times;
-// the median run counts.
+// the median run counts. Then what the ops reached, as the efficiencies of the planner's GPU
+// table (core/hardware.h), which --calibration writes as a `trainer plan --hardware` file.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -24,6 +26,8 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -52,17 +56,20 @@ using tr::Tensor;
 constexpr const char* kUsage =
     "usage: bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME]\n"
     "                 [--nodes N] [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT]\n"
-    "                 [--json FILE] [--doc-len L]\n"
+    "                 [--json FILE] [--doc-len L] [--hardware FILE ...] [--calibration FILE]\n"
     "  times each op of one GPU's step at the shapes trainer plan models for the config's\n"
     "  layout (pipeline stage S, default the slowest), beside the planner's prediction, on\n"
     "  N x G GPUs (default: one node of tp x pp x cp, dp 1);\n"
     "  --gpu names the GPU table entry the prediction uses (default: this device's, else h100),\n"
     "  --only times the ops whose name contains TEXT, --json writes every row to FILE,\n"
-    "  --doc-len runs attention block-causal over documents of L tokens (the planner's span)\n";
+    "  --doc-len runs attention block-causal over documents of L tokens (the planner's span),\n"
+    "  --hardware overrides the GPU table's numbers as trainer plan's does, --calibration\n"
+    "  writes what the ops reached (GEMM fill, attention fractions at this head_dim, stream\n"
+    "  fraction) as a file for trainer plan --hardware\n";
 
 struct Args {
-  std::string config, backend, gpu, only, json;
-  std::vector<std::string> sets;
+  std::string config, backend, gpu, only, json, calibration;
+  std::vector<std::string> sets, hardware;
   int nodes = 1, gpus_per_node = 0, stage = -1, repeats = 0;  // 0: tp x pp x cp GPUs
   int doc_len = 0;  // > 0: block-causal attention over documents of this many tokens
 };
@@ -92,6 +99,10 @@ absl::StatusOr<Args> parse(int argc, char** argv) {
       a.only = v;
     else if (f == "--json")
       a.json = v;
+    else if (f == "--hardware")
+      a.hardware.push_back(v);
+    else if (f == "--calibration")
+      a.calibration = v;
     else if (f == "--nodes")
       ok = parse_int(v, &a.nodes) && a.nodes >= 1;
     else if (f == "--gpus-per-node")
@@ -348,6 +359,73 @@ std::string shape_of(const StepOp& op) {
   return op.n > 1 ? absl::StrFormat("%d x %d", op.m, op.n) : absl::StrFormat("%d", op.m);
 }
 
+// What the timed ops reached, as efficiencies of the planner's GPU table (core/hardware.h) under
+// the keys of trainer plan --hardware, each the value that makes the model's time for its ops the
+// measured one: attention's fractions at this head_dim (an anchor of the model: 64 or below, 128
+// or above; not written between them, nor under --doc-len, whose attention is ragged), scaled by
+// predicted over measured time; stream_fraction the same over the memory-bound passes, the loss
+// and the optimizer; gemm_fill the fill constant whose predictions (`remodel` re-runs the step
+// model with it) come nearest the GEMMs' times, by least squares of the log ratio weighted by the
+// measured time, over a log grid from 1 to 65536, at the table's GEMM ceiling. `measured[i]` is
+// ops[i]'s median run, 0 where it was not timed.
+std::vector<std::pair<std::string, double>> calibrate(
+    const std::vector<StepOp>& ops, const std::vector<double>& measured, const tr::GpuSpec& gpu,
+    int64_t head_dim, bool documents,
+    const std::function<std::vector<StepOp>(const tr::GpuSpec&)>& remodel) {
+  std::vector<std::pair<std::string, double>> out;
+  // The fraction `now` scaled so that the ops `pick` selects take their measured time.
+  auto scaled = [&](auto pick, double now) {
+    double predicted = 0, took = 0;
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (measured[i] > 0 && pick(ops[i])) {
+        predicted += ops[i].total_s();
+        took += ops[i].count * measured[i];
+      }
+    return took > 0 ? now * predicted / took : 0.0;
+  };
+  bool any_gemm = false;
+  for (size_t i = 0; i < ops.size(); ++i)
+    any_gemm |= measured[i] > 0 && ops[i].cls == tr::OpClass::gemm;
+  if (any_gemm) {
+    auto error = [&](double fill) {
+      tr::GpuSpec g = gpu;
+      g.gemm_fill = fill;
+      const std::vector<StepOp> model = remodel(g);
+      double e = 0;
+      for (size_t i = 0; i < ops.size(); ++i)
+        if (measured[i] > 0 && ops[i].cls == tr::OpClass::gemm) {
+          const double r = std::log(measured[i] / model[i].seconds);
+          e += ops[i].count * measured[i] * r * r;
+        }
+      return e;
+    };
+    double best = gpu.gemm_fill, least = error(best);
+    for (int step = 0; step <= 480; ++step) {
+      const double fill = std::pow(2.0, step / 30.0);
+      if (const double e = error(fill); e < least) std::tie(best, least) = std::pair(fill, e);
+    }
+    out.emplace_back("gemm_fill", best);
+  }
+  const bool anchor = head_dim <= 64 || head_dim >= 128;
+  const std::string hd = head_dim <= 64 ? "hd64" : "hd128";
+  for (const bool backward : {false, true}) {
+    auto pick = [&](const StepOp& op) {
+      return op.cls == tr::OpClass::attention && (op.name == "attention: backward") == backward;
+    };
+    const double f = scaled(pick, tr::attention_fraction(gpu, head_dim, backward));
+    if (f > 0 && anchor && !documents)
+      out.emplace_back(absl::StrCat("attention_", backward ? "bwd_" : "fwd_", hd), f);
+  }
+  const double stream = scaled(
+      [](const StepOp& op) {
+        return op.cls == tr::OpClass::memory || op.cls == tr::OpClass::loss ||
+               op.cls == tr::OpClass::optimizer;
+      },
+      gpu.stream_fraction);
+  if (stream > 0) out.emplace_back("stream_fraction", stream);
+  return out;
+}
+
 int run(const Args& a) {
   absl::StatusOr<tr::Config> cfg = tr::load_config(a.config, a.sets);
   if (!cfg.ok()) {
@@ -372,6 +450,8 @@ int run(const Args& a) {
     gpu_name = here != nullptr ? here->name : "h100";
   }
   absl::StatusOr<tr::GpuSpec> gpu = tr::gpu_spec(gpu_name);
+  for (const std::string& file : a.hardware)
+    if (gpu.ok()) gpu = tr::override_gpu_spec(*gpu, file);
   absl::StatusOr<tr::Plan> plan = absl::InternalError("");
   const auto per_node = static_cast<int>(a.gpus_per_node > 0 ? a.gpus_per_node
                                                              : cfg->parallel.tp * cfg->parallel.pp *
@@ -415,7 +495,9 @@ int run(const Args& a) {
   std::map<std::string, std::pair<double, double>> by_class;  // predicted, measured s per step
   nlohmann::json rows = nlohmann::json::array();
   std::vector<std::string> untimed;  // ops of the model this tool has no kernel call for
-  for (const StepOp& op : ops) {
+  std::vector<double> measured_s(ops.size(), 0.0);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const StepOp& op = ops[i];
     if (!a.only.empty() && !absl::StrContains(op.name, a.only)) continue;
     Arena arena(ctx, act);
     std::function<void()> fn = runner(op, d, *cfg, ctx, arena, documents ? &*documents : nullptr);
@@ -424,6 +506,7 @@ int run(const Args& a) {
       continue;
     }
     const double s = median(time_runs(ctx, a.repeats, fn));
+    measured_s[i] = s;
     const std::string rate = op.flop > 0 ? absl::StrFormat("%.4g TFLOP/s", op.flop / s / 1e12)
                                          : absl::StrFormat("%.4g GB/s", op.bytes / s / 1e9);
     std::printf("| %s | %s | %.0f | %.1f | %.1f | %.2f | %s | %.4f |\n", op.name.c_str(),
@@ -457,9 +540,48 @@ int run(const Args& a) {
   std::printf("| all timed | %.6g | %.6g | %.2f |\n", predicted, measured, measured / predicted);
   if (!untimed.empty())
     std::printf("not timed (no single kernel call): %s\n", absl::StrJoin(untimed, ", ").c_str());
+  const std::vector<std::pair<std::string, double>> calibration = calibrate(
+      ops, measured_s, *gpu, cfg->model.head_dim, documents.has_value(), [&](const tr::GpuSpec& g) {
+        return tr::stage_ops(*cfg, plan->layout, g, stage,
+                             plan->stages[static_cast<size_t>(stage)].grads / 4,
+                             documents ? documents->span : 0.0);
+      });
+  std::string keys;
+  nlohmann::json calibration_json = nlohmann::json::object();
+  for (const auto& [key, value] : calibration) {
+    absl::StrAppendFormat(&keys, "%s%s %.6g", keys.empty() ? "" : ", ", key, value);
+    calibration_json[key] = value;
+  }
+  if (!calibration.empty())
+    std::printf("what the ops reached, as trainer plan --hardware keys (--calibration): %s\n",
+                keys.c_str());
+  if (documents)
+    std::printf(
+        "attention over documents is not a calibration of the whole sequences' fractions; "
+        "run without --doc-len for those\n");
+  else if (cfg->model.head_dim > 64 && cfg->model.head_dim < 128)
+    std::printf(
+        "attention at head_dim %lld lies between the model's anchors (64, 128): not "
+        "calibrated\n",
+        static_cast<long long>(cfg->model.head_dim));
+  if (!a.calibration.empty()) {
+    std::ofstream f(a.calibration, std::ios::trunc);
+    f << "# bench_ops --config " << a.config << " on " << device_name
+      << ": what its ops reached, for trainer plan --hardware\nname: " << gpu->name
+      << "\nmeasured_by: bench_ops\n";
+    for (const auto& [key, value] : calibration) f << absl::StrFormat("%s: %.6g\n", key, value);
+    if (!f) {
+      std::fprintf(stderr, "error: cannot write --calibration %s\n", a.calibration.c_str());
+      return 1;
+    }
+  }
   if (!a.json.empty()) {
     std::ofstream f(a.json, std::ios::trunc);
-    f << nlohmann::json({{"device", device_name}, {"gpu", gpu->name}, {"ops", rows}}).dump(1)
+    f << nlohmann::json({{"device", device_name},
+                         {"gpu", gpu->name},
+                         {"ops", rows},
+                         {"calibration", calibration_json}})
+             .dump(1)
       << "\n";
     if (!f) {
       std::fprintf(stderr, "error: cannot write --json %s\n", a.json.c_str());

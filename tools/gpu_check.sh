@@ -297,8 +297,9 @@ stage_cpu() {
 
 # Each op of a step timed beside the planner's prediction (docs/PERFORMANCE.md: the step model):
 # the benchmarks' two models on this GPU, and the 72B job's per-GPU shapes (tp 8, its slowest
-# stage; 16 nodes x 8 for its micro-batch counts). The op-class totals go to the summary, every
-# row to the logs.
+# stage; 16 nodes x 8 for its micro-batch counts). The op-class totals and the efficiencies the
+# ops reached go to the summary, every row to the logs, the 1.5B and 0.5B calibration files
+# beside the summary (trainer plan --hardware reads them).
 stage_opbench() {
   local name sets
   for name in qwen2.5-1.5b qwen2.5-0.5b qwen2.5-72b; do
@@ -306,7 +307,9 @@ stage_opbench() {
     sets=(--set data.seq_len=4096 --set train.micro_batch=1)
     case $name in
       qwen2.5-72b) sets+=(--nodes 16 --gpus-per-node 8) ;;
-      *) sets+=(--set train.global_batch=8) ;;
+      # One GPU's models: what their ops reach, as trainer plan --hardware files (head_dim 128
+      # and 64: both attention anchors).
+      *) sets+=(--set train.global_batch=8 --calibration "$out/calibration-$name.yaml") ;;
     esac
     timeout -k 10 $(($(left) - 10)) "$build/tools/bench_ops" --config "configs/$name.yaml" "${sets[@]}"       --json "$work/opbench-$name.json" >"$work/opbench-$name.md" 2>&1
     say "opbench $name (rc $?): $(head -1 "$work/opbench-$name.md")"

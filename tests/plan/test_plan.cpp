@@ -241,17 +241,70 @@ TEST_CASE("plan: collectives take the ring or the tree by size and the nodes the
         Approx(few.dp_buckets * (10e-6 + 62 * 5e-6) + few.dp_bytes / gpu.network_bw));
 }
 
+// The step model's efficiencies are the GPU's: a --hardware file (as bench_ops --calibration
+// writes it) that halves attention's fractions doubles attention's time, halving the stream
+// fraction doubles the memory-bound passes', the loss's and the optimizer's, and a larger GEMM
+// fill slows the thin products more than the wide ones; a fraction above 1 is refused.
+TEST_CASE("plan: --hardware sets the step model's efficiencies", "[plan]") {
+  const Config cfg = config_with(
+      {"model.preset=", "model.hidden_size=1024", "model.intermediate_size=4096",
+       "model.num_layers=4", "model.num_heads=8", "model.num_kv_heads=2", "model.head_dim=128",
+       "model.vocab_size=32000", "data.seq_len=2048", "train.global_batch=8", "train.micro_batch=2",
+       "parallel.tp=1", "parallel.pp=1", "parallel.dp=1"});
+  const GpuSpec h100 = *gpu_spec("h100");
+  test::TempDir dir;
+  test::write_file(
+      dir / "cal.yaml",
+      absl::StrCat(
+          "name: h100\nmeasured_by: bench_ops\nattention_fwd_hd128: ", h100.attention_fwd_hd128 / 2,
+          "\nattention_bwd_hd128: ", h100.attention_bwd_hd128 / 2,
+          "\nstream_fraction: ", h100.stream_fraction / 2, "\ngemm_fill: 1024\n"));
+  absl::StatusOr<GpuSpec> cal = override_gpu_spec(h100, dir / "cal.yaml");
+  INFO(cal.status().message());
+  REQUIRE(cal.ok());
+  absl::StatusOr<Plan> before = make_plan(cfg, h100, 1, 1), after = make_plan(cfg, *cal, 1, 1);
+  REQUIRE(before.ok());
+  REQUIRE(after.ok());
+  const StageCompute &b = before->compute[0], &c = after->compute[0];
+  CHECK(c.attention_s == Approx(2 * b.attention_s));
+  CHECK(c.memory_s == Approx(2 * b.memory_s));
+  CHECK(c.loss_s == Approx(2 * b.loss_s));
+  CHECK(c.optimizer_s == Approx(2 * b.optimizer_s));
+  CHECK(c.gemm_s > b.gemm_s);
+  // A GEMM's time: FLOPs over the ceiling times its shape's efficiency at the fill.
+  for (const StepOp& op : stage_ops(cfg, after->layout, *cal, 0, after->stages[0].grads / 4))
+    if (op.cls == OpClass::gemm && op.bytes == 0)
+      CHECK(op.seconds == Approx(op.flop / (cal->gemm_flops *
+                                            gemm_shape_efficiency(*cal, static_cast<double>(op.m),
+                                                                  static_cast<double>(op.n),
+                                                                  static_cast<double>(op.k)))));
+  test::write_file(dir / "over.yaml", "attention_bwd_hd64: 1.2\n");
+  CHECK(override_gpu_spec(h100, dir / "over.yaml").status().message() ==
+        "--hardware " + (dir / "over.yaml") +
+            ": attention_bwd_hd64 is a fraction of a ceiling, at most 1");
+}
+
 // The step model (step_model.h) against what it must add up to: its GEMMs compute exactly the
 // matmul part of the FLOPs per token, tensor parallelism divides them, the optimizer moves its
 // bytes per parameter, and each op class follows the ceiling it is charged to.
 TEST_CASE("plan: the step model's FLOPs, bytes and ceilings add up", "[model]") {
-  CHECK(gemm_shape_efficiency(8192, 8192, 8192) == Approx(1.0));
-  CHECK(gemm_shape_efficiency(16384, 16384, 16384) == 1.0);  // the ceiling, not above it
-  CHECK(gemm_shape_efficiency(4096, 8192, 1024) < gemm_shape_efficiency(4096, 8192, 8192));
-  CHECK(attention_fraction(64, false) < attention_fraction(128, false));
-  CHECK(attention_fraction(128, true) < attention_fraction(128, false));
-  CHECK(attention_fraction(96, true) ==
-        Approx((attention_fraction(64, true) + attention_fraction(128, true)) / 2));
+  const GpuSpec h100 = *gpu_spec("h100");
+  CHECK(gemm_shape_efficiency(h100, 8192, 8192, 8192) == Approx(1.0));
+  CHECK(gemm_shape_efficiency(h100, 16384, 16384, 16384) == 1.0);  // the ceiling, not above it
+  CHECK(gemm_shape_efficiency(h100, 4096, 8192, 1024) <
+        gemm_shape_efficiency(h100, 4096, 8192, 8192));
+  // d / (d + fill) per dimension, over 8192^3's.
+  const double fill = h100.gemm_fill;
+  CHECK(gemm_shape_efficiency(h100, 1024, 2048, 4096) ==
+        Approx(1024 / (1024 + fill) * 2048 / (2048 + fill) * 4096 / (4096 + fill) /
+               std::pow(8192 / (8192 + fill), 3)));
+  CHECK(attention_fraction(h100, 64, false) == h100.attention_fwd_hd64);
+  CHECK(attention_fraction(h100, 32, true) == h100.attention_bwd_hd64);
+  CHECK(attention_fraction(h100, 256, false) == h100.attention_fwd_hd128);
+  CHECK(attention_fraction(h100, 64, false) < attention_fraction(h100, 128, false));
+  CHECK(attention_fraction(h100, 128, true) < attention_fraction(h100, 128, false));
+  CHECK(attention_fraction(h100, 96, true) ==
+        Approx((h100.attention_bwd_hd64 + h100.attention_bwd_hd128) / 2));
   const std::vector<std::string> shape = {"model.preset=",
                                           "model.hidden_size=1024",
                                           "model.intermediate_size=4096",
@@ -286,16 +339,14 @@ TEST_CASE("plan: the step model's FLOPs, bytes and ceilings add up", "[model]") 
   CHECK(c.gemm_flop == Approx((one.flops_per_token_causal - attention) * tokens));
   CHECK(two.compute[0].gemm_flop == Approx(c.gemm_flop / 2));  // tp 2: half of every product
   // The optimizer: 30 bytes per parameter updated and 4 of the norm's read, at the stream rate.
-  const GpuSpec h100 = *gpu_spec("h100");
-  const double stream = h100.copy_bw * kStreamFraction;
+  const double stream = h100.copy_bw * h100.stream_fraction;
   CHECK(c.optimizer_s == Approx(one.stages[0].grads / 4 * 34 / stream));
   CHECK(c.memory_s == Approx(c.memory_bytes / stream));
   // Attention at its fractions of the peak: forward a third of 6 L s nh hd per token, backward
   // two thirds.
-  CHECK(c.attention_s ==
-        Approx(attention / 3 * tokens *
-               (1 / attention_fraction(128, false) + 2 / attention_fraction(128, true)) /
-               h100.peak_bf16_flops));
+  CHECK(c.attention_s == Approx(attention / 3 * tokens *
+                                (1 / h100.attention_fwd_hd128 + 2 / h100.attention_bwd_hd128) /
+                                h100.peak_bf16_flops));
   // The parts add up: by op class and by where they run.
   CHECK(c.pipelined_s() == Approx(c.forward_s + c.backward_s));
   CHECK(c.pipelined_s() == Approx(c.layers_s + c.head_s + c.embedding_s));

@@ -46,6 +46,63 @@ for cls in ("GEMM", "attention", "memory", "loss", "optimizer"):
     assert abs(float(row.group(2)) - total) <= 1e-3 * total + 1e-6, (cls, row.group(2), total)
 print("bench_ops: ops and totals ok")
 PY
+# --calibration: what the ops reached, as trainer plan --hardware keys. Planned with that file,
+# attention's ops (forward, backward) and the streaming ops (passes, loss, optimizer) are
+# predicted at exactly the time they took, and the fitted GEMM fill predicts the GEMMs no worse
+# than the table's; trainer plan reads the file, a second --hardware over it.
+"$bin" --config "$src/configs/tiny.yaml" --backend cpu --json "$work/cal1.json" \
+  --calibration "$work/cal.yaml" >"$work/cal1.md" || { cat "$work/cal1.md"; fail "--calibration"; }
+grep -q "^measured_by: bench_ops$" "$work/cal.yaml" || { cat "$work/cal.yaml"; fail "cal.yaml"; }
+"$bin" --config "$src/configs/tiny.yaml" --backend cpu --json "$work/cal2.json" \
+  --hardware "$work/cal.yaml" >"$work/cal2.md" || { cat "$work/cal2.md"; fail "--hardware"; }
+python3 - "$work/cal1.json" "$work/cal2.json" "$work/cal.yaml" <<'PY' || exit 1
+import json, math, sys
+one, two = (json.load(open(f)) for f in sys.argv[1:3])
+written = {}
+for line in open(sys.argv[3]):
+    if line.startswith("#"):
+        continue
+    key, value = line.split(":", 1)
+    written[key] = value.strip()
+assert written["name"] == "h100", written
+cal = one["calibration"]
+assert set(cal) == {"gemm_fill", "attention_fwd_hd64", "attention_bwd_hd64", "stream_fraction"}, cal
+for key, value in cal.items():
+    assert abs(float(written[key]) - value) <= 1e-5 * value, (key, written[key], value)
+groups = {
+    "attention forward": lambda o: o["class"] == "attention" and o["op"] != "attention: backward",
+    "attention backward": lambda o: o["op"] == "attention: backward",
+    "streaming": lambda o: o["class"] in ("memory", "loss", "optimizer"),
+}
+for name, pick in groups.items():
+    took = sum(o["count"] * o["measured_s"] for o in one["ops"] if pick(o))
+    now = sum(o["count"] * o["predicted_s"] for o in two["ops"] if pick(o))
+    assert took > 0 and abs(now - took) <= 1e-4 * took, (name, now, took)
+def error(run):
+    e = 0
+    for a, b in zip(one["ops"], run["ops"]):
+        assert a["op"] == b["op"]
+        if a["class"] == "GEMM":
+            e += a["count"] * a["measured_s"] * math.log(a["measured_s"] / b["predicted_s"]) ** 2
+    return e
+assert error(two) <= error(one), (error(two), error(one))
+print("bench_ops: --calibration ok")
+PY
+echo "stream_fraction: 0.5" >"$work/half.yaml"
+trainer=$1/trainer/trainer
+"$trainer" plan --config "$src/configs/tiny.yaml" --gpus-per-node 1 --hardware "$work/cal.yaml" \
+  --json >"$work/plan1.json" || fail "trainer plan --hardware cal.yaml"
+"$trainer" plan --config "$src/configs/tiny.yaml" --gpus-per-node 1 --hardware "$work/cal.yaml" \
+  --hardware "$work/half.yaml" --json >"$work/plan2.json" || fail "trainer plan, two --hardware"
+python3 - "$work/plan1.json" "$work/plan2.json" "$work/cal.yaml" <<'PY' || exit 1
+import json, sys
+a, b = (json.load(open(f))["compute"][0] for f in sys.argv[1:3])
+stream = next(float(l.split(":")[1]) for l in open(sys.argv[3]) if l.startswith("stream_fraction"))
+for part in ("memory_s", "loss_s", "optimizer_s"):
+    assert abs(b[part] / a[part] - stream / 0.5) <= 1e-4 * stream / 0.5, (part, a[part], b[part])
+assert b["attention_s"] == a["attention_s"]  # the GEMMs' fp32 accumulation streams too
+print("trainer plan: --hardware twice ok")
+PY
 # --only narrows the ops; bad arguments: one line, exit 2.
 "$bin" --config "$src/configs/tiny.yaml" --backend cpu --only swiglu >"$work/only.md"
 [ "$(grep -c '^| swiglu' "$work/only.md")" = 2 ] || { cat "$work/only.md"; fail "--only swiglu"; }
@@ -61,6 +118,8 @@ python3 - "$work/ops.json" "$work/docs.json" <<'PY' || exit 1
 import json, sys
 whole = {o["op"]: o for o in json.load(open(sys.argv[1]))["ops"]}
 docs = json.load(open(sys.argv[2]))["ops"]
+# Ragged attention does not calibrate the whole sequences' fractions.
+assert json.load(open(sys.argv[2]))["calibration"] == {}
 assert [o["op"] for o in docs] == ["attention: forward", "attention: backward"], docs
 for o in docs:
     ratio = o["predicted_s"] / whole[o["op"]]["predicted_s"]

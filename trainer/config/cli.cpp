@@ -35,13 +35,14 @@ std::string usage() {
          "versions\n"
          "\n"
          "       trainer plan --config FILE [--set K=V ...] [--gpu h100|h200|b200|b300|a100]\n"
-         "               [--nodes N] [--gpus-per-node G] [--hardware FILE] [--mtbf-hours H]\n"
+         "               [--nodes N] [--gpus-per-node G] [--hardware FILE ...] [--mtbf-hours H]\n"
          "               [--json] [--suggest] [--explain]\n"
          "  per-GPU memory, FLOPs per token, pipeline bubble, communication per step and a\n"
          "  predicted step time, tokens/s/GPU and MFU, without a GPU (defaults: h100, 1 node,\n"
-         "  8 GPUs per node; FILE overrides the GPU's numbers: peak_bf16_tflops, memory_gib,\n"
-         "  hbm_tbps, nvlink_gbps, network_gbps, gemm_tflops, memory_gbps (the ceilings\n"
-         "  preflight --json measures; its file is read as it is), and the cluster's for\n"
+         "  8 GPUs per node; each FILE overrides the GPU's numbers, the last over the first:\n"
+         "  peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, the ceilings\n"
+         "  and latencies preflight --json measures and the op efficiencies bench_ops\n"
+         "  --calibration measures (their files are read as they are), and the cluster's for\n"
          "  --mtbf-hours: host_copy_gbps, local_disk_gbps, storage_gbps, restart_s). With\n"
          "  --mtbf-hours (one node's mean time between failures) also the work a failure loses,\n"
          "  the goodput of the checkpoint intervals and Young/Daly's intervals for persistent\n"
@@ -97,6 +98,10 @@ Status add_set(CliOptions& o, const std::string& v) {
   o.sets.push_back(v);  // --set=a.b=c keeps everything after the first '='
   return Status();
 }
+Status add_hardware(CliOptions& o, const std::string& v) {
+  o.hardware.push_back(v);
+  return Status();
+}
 Status set_world(CliOptions& o, const std::string& v) {
   return positive_int("--world", v, &o.world);
 }
@@ -147,7 +152,7 @@ const Flag kFlags[] = {
     {"--json", Cmd::plan, &CliOptions::json},
     {"--suggest", Cmd::plan, &CliOptions::suggest},
     {"--explain", Cmd::plan, &CliOptions::explain},
-    {"--hardware", Cmd::plan, nullptr, &CliOptions::hardware},
+    {"--hardware", Cmd::plan, nullptr, nullptr, add_hardware},
     {"--world", Cmd::any, nullptr, nullptr, set_world},
     {"--gpu", Cmd::any, nullptr, nullptr, set_gpu},
     {"--nodes", Cmd::plan, nullptr, nullptr, set_nodes},

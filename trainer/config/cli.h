@@ -31,11 +31,12 @@ struct CliOptions {
   std::string gpu = "h100";  // --gpu h100|h200|b200|b300
   int nodes = 1;             // --nodes N
   int gpus_per_node = 8;     // --gpus-per-node G
-  std::string hardware;      // --hardware FILE: YAML overrides of the GPU's numbers
-  bool json = false;         // --json: the plan as one JSON object
-  bool suggest = false;      // --suggest: the layouts that fit, ranked by predicted speed
-  bool explain = false;      // --explain: the predicted step by op class, stage and part
-  double mtbf_hours = 0;     // --mtbf-hours H: a node's mean time between failures (0: none)
+  // --hardware FILE, repeatable: YAML overrides of the GPU's numbers, each file over the last.
+  std::vector<std::string> hardware;
+  bool json = false;      // --json: the plan as one JSON object
+  bool suggest = false;   // --suggest: the layouts that fit, ranked by predicted speed
+  bool explain = false;   // --explain: the predicted step by op class, stage and part
+  double mtbf_hours = 0;  // --mtbf-hours H: a node's mean time between failures (0: none)
   // trainer export-hf --checkpoint DIR --out DIR [--dtype bf16|fp32] [--tokenizer FILE]
   //                   [--max-shard-gib G]: a checkpoint as a Hugging Face model directory.
   bool export_hf = false;

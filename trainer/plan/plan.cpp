@@ -69,6 +69,12 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
       {"node_latency_us", {&g.nvlink_latency, 1e-6}},
       {"network_latency_us", {&network_smallest, 1e-6}},
       {"network_hop_latency_us", {&g.network_hop_latency, 1e-6}},
+      {"attention_fwd_hd64", {&g.attention_fwd_hd64, 1.0}},
+      {"attention_bwd_hd64", {&g.attention_bwd_hd64, 1.0}},
+      {"attention_fwd_hd128", {&g.attention_fwd_hd128, 1.0}},
+      {"attention_bwd_hd128", {&g.attention_bwd_hd128, 1.0}},
+      {"stream_fraction", {&g.stream_fraction, 1.0}},
+      {"gemm_fill", {&g.gemm_fill, 1.0}},
       {"host_copy_gbps", {&st.host_copy_bw, 1e9}},
       {"local_disk_gbps", {&st.local_disk_bw, 1e9}},
       {"storage_gbps", {&st.storage_bw, 1e9}},
@@ -98,13 +104,16 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
     for (const Keys list : {Keys(keys), Keys(measured)})
       for (const auto& [name, at] : list)
         if (key == name) std::tie(target, unit) = at;
-    if (target == nullptr)
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--hardware ", path, ": unknown key '", key,
-          "'; known: name, peak_bf16_tflops, memory_gib, hbm_tbps, nvlink_gbps, network_gbps, "
-          "gemm_tflops, memory_gbps, node_latency_us, network_latency_us, "
-          "network_hop_latency_us, host_copy_gbps, local_disk_gbps, storage_gbps, restart_s, and "
-          "preflight --json's node_busbw_gbps, network_busbw_gbps, gemm_n, network_nodes"));
+    if (target == nullptr) {
+      auto names = [](auto& list) {
+        std::vector<std::string> n;
+        for (const auto& entry : list) n.emplace_back(entry.first);
+        return absl::StrJoin(n, ", ");
+      };
+      return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": unknown key '", key,
+                                                     "'; known: name, ", names(keys),
+                                                     ", and preflight --json's ", names(measured)));
+    }
     if (auto [it, fresh] = set_by.emplace(target, key); !fresh)
       return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", it->second, " and ",
                                                      key, " set the same number"));
@@ -127,6 +136,12 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat("--hardware ", path, ": gemm_tflops was measured at ", gemm_n,
                      "^3; the GEMM ceiling is for 8192^3 (preflight --gemm 8192)"));
+  for (const double* fraction :
+       {&g.attention_fwd_hd64, &g.attention_bwd_hd64, &g.attention_fwd_hd128,
+        &g.attention_bwd_hd128, &g.stream_fraction})
+    if (*fraction > 1)
+      return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", set_by[fraction],
+                                                     " is a fraction of a ceiling, at most 1"));
   if (network_nodes < 2 || network_nodes != std::floor(network_nodes))
     return absl::InvalidArgumentError(absl::StrCat(
         "--hardware ", path, ": network_nodes must be a whole number of nodes, 2 or more"));

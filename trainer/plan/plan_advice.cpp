@@ -188,18 +188,18 @@ std::string explain_plan(const Config& cfg, const Plan& p) {
   auto row = [&](const std::string& part, double s, const std::string& at) {
     absl::StrAppendFormat(&out, "| %s | %.4f | %.1f%% | %s |\n", part, s, 100 * s / p.step_s, at);
   };
-  const double stream = g.copy_bw * kStreamFraction;
+  const double stream = g.copy_bw * g.stream_fraction;
   row("GEMMs", c.gemm_s,
       absl::StrFormat("%.0f TFLOP/s on average, %.2f of the %.0f TFLOP/s GEMM ceiling",
                       c.gemm_flop / c.gemm_s / 1e12, c.gemm_flop / c.gemm_s / g.gemm_flops,
                       g.gemm_flops / 1e12));
   row("attention", c.attention_s,
       absl::StrFormat("forward %.2f, backward %.2f of the %.0f TFLOP/s peak (head_dim %d)",
-                      attention_fraction(cfg.model.head_dim, false),
-                      attention_fraction(cfg.model.head_dim, true), g.peak_bf16_flops / 1e12,
+                      attention_fraction(g, cfg.model.head_dim, false),
+                      attention_fraction(g, cfg.model.head_dim, true), g.peak_bf16_flops / 1e12,
                       static_cast<int>(cfg.model.head_dim)));
   const std::string streaming = absl::StrFormat("%.0f GB/s (%.2f of the %.0f GB/s copy)",
-                                                stream / 1e9, kStreamFraction, g.copy_bw / 1e9);
+                                                stream / 1e9, g.stream_fraction, g.copy_bw / 1e9);
   row("memory-bound passes", c.memory_s,
       absl::StrFormat("%.1f GB at %s", c.memory_bytes / 1e9, streaming));
   row("loss (cross-entropy)", c.loss_s, c.loss_s > 0 ? streaming : "not on this stage");

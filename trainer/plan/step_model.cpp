@@ -6,14 +6,15 @@
 
 namespace tr {
 
-double gemm_shape_efficiency(double m, double n, double k) {
-  auto fill = [](double d) { return d / (d + 256.0); };
+double gemm_shape_efficiency(const GpuSpec& gpu, double m, double n, double k) {
+  auto fill = [&](double d) { return d / (d + gpu.gemm_fill); };
   const double full = fill(8192) * fill(8192) * fill(8192);
   return std::min(1.0, fill(m) * fill(n) * fill(k) / full);
 }
 
-double attention_fraction(int64_t head_dim, bool backward) {
-  const double at64 = backward ? 0.27 : 0.38, at128 = backward ? 0.45 : 0.60;
+double attention_fraction(const GpuSpec& gpu, int64_t head_dim, bool backward) {
+  const double at64 = backward ? gpu.attention_bwd_hd64 : gpu.attention_fwd_hd64;
+  const double at128 = backward ? gpu.attention_bwd_hd128 : gpu.attention_fwd_hd128;
   const double x = std::clamp((static_cast<double>(head_dim) - 64.0) / 64.0, 0.0, 1.0);
   return at64 + x * (at128 - at64);
 }
@@ -42,8 +43,11 @@ constexpr double kBf16 = 2.0;  // bytes per activation element
 // out.
 class OpList {
  public:
-  OpList(double gemm_rate, double peak, double stream)
-      : gemm_rate_(gemm_rate), peak_(peak), stream_(stream) {}
+  explicit OpList(const GpuSpec& gpu)
+      : gpu_(gpu),
+        gemm_rate_(gpu.gemm_flops),
+        peak_(gpu.peak_bf16_flops),
+        stream_(gpu.copy_bw * gpu.stream_fraction) {}
 
   // A projection's forward, input gradient and weight gradient (M x N x K as linear_fwd runs
   // it; the weight gradient accumulates into the fp32 gradient: 8 bytes per weight read and
@@ -61,7 +65,7 @@ class OpList {
            .count = times,
            .flop = flop,
            .bytes = bytes,
-           .seconds = flop / (gemm_rate_ * gemm_shape_efficiency(static_cast<double>(a),
+           .seconds = flop / (gemm_rate_ * gemm_shape_efficiency(gpu_, static_cast<double>(a),
                                                                  static_cast<double>(b),
                                                                  static_cast<double>(c))) +
                       bytes / stream_,
@@ -87,7 +91,7 @@ class OpList {
            .place = OpPlace::layers,
            .count = times,
            .flop = flop,
-           .seconds = flop / (peak_ * attention_fraction(head_dim, backward))});
+           .seconds = flop / (peak_ * attention_fraction(gpu_, head_dim, backward))});
     };
     op("forward", OpPhase::forward, count, fwd, false);
     op("forward (recomputed)", OpPhase::backward, recomputed, fwd, false);
@@ -112,6 +116,7 @@ class OpList {
   void add(StepOp op) {
     if (op.count > 0) ops_.push_back(std::move(op));
   }
+  const GpuSpec& gpu_;
   double gemm_rate_, peak_, stream_;
   std::vector<StepOp> ops_;
 };
@@ -121,8 +126,7 @@ class OpList {
 std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const GpuSpec& gpu,
                               int stage, double params_on_rank, double attention_span) {
   const Topology& topo = layout.topo;
-  const double stream = gpu.copy_bw * kStreamFraction;
-  OpList ops(gpu.gemm_flops, gpu.peak_bf16_flops, stream);
+  OpList ops(gpu);
   const double mb = static_cast<double>(layout.micro_batches);
   const int64_t seq = cfg.data.seq_len;
   const int64_t T = cfg.train.micro_batch * seq / topo.cp;  // tokens of a micro-batch here

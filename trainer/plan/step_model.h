@@ -8,14 +8,15 @@
 // - Attention: cuDNN's flash attention, forward and backward at a fraction of the dense peak
 //   that rises with head_dim (attention_fraction).
 // - Memory-bound passes: RMSNorm, residual adds, RoPE, SwiGLU, QK-norm (qwen3), the embedding
-//   and the cross-entropy over the logits, by the bytes each reads and writes, at
-//   kStreamFraction of the copy bandwidth.
+//   and the cross-entropy over the logits, by the bytes each reads and writes, at the GPU's
+//   stream_fraction of the copy bandwidth (16-byte loads, one pass each; the multi-tensor AdamW
+//   reached 94% on an H200).
 // - The optimizer: the multi-tensor AdamW's bytes per parameter of the rank's range and the
 //   gradient norm's read, at the same fraction.
 //
 // Communication and the pipeline bubble are the planner's (plan.cpp); this is the compute they
-// are added to. The fractions below are leads until a GPU run measures each op class (docs/
-// PERFORMANCE.md: what the first H200 run gave for the whole step).
+// are added to. The efficiencies are the GPU's (core/hardware.h), leads until a GPU run
+// measures each op class (`bench_ops --calibration`; docs/PERFORMANCE.md).
 #pragma once
 
 #include <cstdint>
@@ -28,18 +29,14 @@
 
 namespace tr {
 
-// The fraction of the measured copy bandwidth our memory-bound kernels reach (16-byte loads,
-// one pass each; the multi-tensor AdamW reached 94% on an H200).
-inline constexpr double kStreamFraction = 0.85;
+// An M x N x K bf16 GEMM's rate on `gpu` relative to 8192^3's (the ceiling preflight measures):
+// each dimension d costs d / (d + gpu.gemm_fill) of it (tiles and waves left partly empty),
+// normalised so that 8192^3 gives 1.
+double gemm_shape_efficiency(const GpuSpec& gpu, double m, double n, double k);
 
-// An M x N x K bf16 GEMM's rate relative to 8192^3's (the ceiling preflight measures): each
-// dimension d costs d / (d + 128) of it (tiles and waves left partly empty), normalised so that
-// 8192^3 gives 1.
-double gemm_shape_efficiency(double m, double n, double k);
-
-// Flash attention's rate as a fraction of the dense bf16 peak, forward or backward, by head_dim
-// (64: 0.45 and 0.33; 128 and above: 0.60 and 0.45; linear between).
-double attention_fraction(int64_t head_dim, bool backward);
+// Flash attention's rate on `gpu` as a fraction of the dense bf16 peak, forward or backward, by
+// head_dim: the GPU's fractions at 64 and 128 (at or below 64, at or above 128), linear between.
+double attention_fraction(const GpuSpec& gpu, int64_t head_dim, bool backward);
 
 enum class OpClass { gemm, attention, memory, loss, optimizer };
 const char* op_class_name(OpClass c);  // "GEMM", "attention", "memory", "loss", "optimizer"

@@ -388,7 +388,8 @@ int run_plan(const CliOptions& opts) {
   absl::StatusOr<Config> cfg = load_config(opts.config, opts.sets);
   absl::StatusOr<GpuSpec> gpu = gpu_spec(opts.gpu);
   StorageSpec storage;
-  if (gpu.ok() && !opts.hardware.empty()) gpu = override_gpu_spec(*gpu, opts.hardware, &storage);
+  for (const std::string& file : opts.hardware)
+    if (gpu.ok()) gpu = override_gpu_spec(*gpu, file, &storage);
   absl::StatusOr<Plan> plan = absl::InternalError("");
   // Block-causal attention costs what the data's documents make it: measured on the first
   // samples of data.train where it can be read, else planned over whole sequences (a bound).
