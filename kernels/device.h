@@ -23,6 +23,9 @@ bool cuda_built();
 // A named range on the profiler's timeline (NVTX: Nsight Systems shows it); ranges nest.
 void profiler_range_push(const char* name);
 void profiler_range_pop();
+// cudaProfilerStart (on) or cudaProfilerStop (off): what a profiler started with capture off
+// records lies between them. Nothing on the CPU backend.
+void profiler_capture(bool on);
 
 namespace cuda {
 

@@ -6,7 +6,10 @@
 #
 #   tools/bench.sh [--config FILE | --preset qwen2.5-1.5b] [--seq-len 4096] [--micro-batch 1]
 #                  [--global-batch 8] [--steps 20] [--warmup 3] [--backend cuda]
-#                  [--build build] [--out DIR] [-- extra trainer arguments]
+#                  [--build build] [--out DIR] [--wrap "PROFILER ARGS"] [-- extra trainer arguments]
+#
+# --wrap runs the trainer under a command (a profiler: tools/gpu_check.sh profile runs it under
+# ncu, capturing the steps of log.profile_steps).
 #
 # MFU = flops_per_token x tokens/s / (ranks x dense bf16 peak of the device); flops_per_token
 # counts 6 x matmul parameters (LM head included) + 6 x layers x seq_len x heads x head_dim
@@ -15,7 +18,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 preset=qwen2.5-0.5b config="" seq_len=4096 micro=1 global=8 steps=20 warmup=3 backend=cuda
 build=$root/build out="" vocab=151936
-extra=()
+extra=() wrap=()
 while (($#)); do
   case $1 in
     --config) config=$2; shift 2 ;;
@@ -29,6 +32,7 @@ while (($#)); do
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --vocab) vocab=$2; shift 2 ;;
+    --wrap) read -ra wrap <<<"$2"; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     *) echo "bench.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -44,7 +48,7 @@ if [ -z "$config" ]; then
   printf 'model: {preset: %s}\n' "$preset" >"$config"
 fi
 name=${config##*/}; [ "$config" = "$out/bench.yaml" ] && name=$preset
-"$build/trainer/trainer" --config "$config" --resume none \
+"${wrap[@]}" "$build/trainer/trainer" --config "$config" --resume none \
   --set "data.train=[{path: $out/data/synthetic, weight: 1.0}]" --set data.valid=[] \
   --set data.seq_len="$seq_len" --set train.steps="$steps" --set train.global_batch="$global" \
   --set train.micro_batch="$micro" --set train.backend="$backend" --set train.eval_interval=0 \

@@ -27,6 +27,9 @@
 #   opbench    tools/bench_ops: each op of a step against the planner's prediction, at the
 #              shapes of Qwen2.5-1.5B and 0.5B (one GPU) and of the 72B job's tp 8 stage, and
 #              1.5B's block-causal attention over documents of 512 and 64 tokens
+#   profile    one step of Qwen2.5-1.5B (2 micro-batches of 4096 tokens) under ncu, captured by
+#              log.profile_steps: every kernel's device time by class and by kernel
+#              (tools/ncu_table.py)
 # A failing test reports its first error line. Without a GPU the stages that need one say so
 # (tests/tools/test_gpu_check.sh runs this script so on every CI run).
 set -uo pipefail
@@ -40,7 +43,7 @@ while (($#)); do
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     first) stages+=(probe ops e2e bench preflight memcheck); shift ;;
-    probe | ops | e2e | bench | preflight | memcheck | bisect | cpu | compare | opbench) stages+=("$1"); shift ;;
+    probe | ops | e2e | bench | preflight | memcheck | bisect | cpu | compare | opbench | profile) stages+=("$1"); shift ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -77,7 +80,7 @@ any_failed=0
 # Seconds a stage needs at least to tell us something (a stage gets all that is left, and each
 # test its own limit within it). The "would not finish" skip compares these with the clock.
 declare -A need=([probe]=10 [ops]=60 [e2e]=120 [bench]=120 [preflight]=30 [memcheck]=60
-                 [bisect]=240 [cpu]=120 [compare]=300 [opbench]=90)
+                 [bisect]=240 [cpu]=120 [compare]=300 [opbench]=90 [profile]=150)
 
 say() { echo "$*" | tee -a "$summary"; }
 left() { echo $((deadline - $(date +%s))); }
@@ -326,6 +329,26 @@ stage_opbench() {
     say "opbench documents of $len (rc $?):"
     grep -E '^(attention|\| attention)' "$work/opbench-docs-$len.md" | tee -a "$summary"
   done
+}
+
+# One step of the 1.5B benchmark (step 4 of 4; 2 micro-batches, so the optimizer's share is 4x
+# the 8-micro-batch step's) under ncu, which records only what log.profile_steps brackets with
+# cudaProfilerStart/Stop, each kernel's time with warm caches and the clocks left alone. ncu
+# runs the kernels one at a time: the table's sum is the step's kernel time, against the bench
+# stage's step time for what the device spent idle.
+stage_profile() {
+  local ncu
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$ncu" ] || { say "profile: skipped, ncu not found"; return; }
+  timeout -k 10 $(($(left) - 15)) bash tools/bench.sh --preset qwen2.5-1.5b --seq-len 4096 \
+    --micro-batch 1 --global-batch 2 --steps 4 --warmup 2 --build "$build" --out "$work/profile" \
+    --wrap "$ncu --profile-from-start off --clock-control none --cache-control none --csv --page raw \
+--print-units base --print-kernel-base function --metrics gpu__time_duration.sum \
+--log-file $work/profile-ncu.csv" -- --set 'log.profile_steps=[4, 4]' >"$work/profile.md" 2>&1
+  say "profile (rc $?): qwen2.5-1.5b step 4, 2 micro-batches of 4096 tokens, under ncu:"
+  grep -m2 -E '^==(ERROR|WARNING)==' "$work/profile-ncu.csv" 2>/dev/null | tee -a "$summary"
+  python3 tools/ncu_table.py "$work/profile-ncu.csv" --top 30 >"$work/profile-table.md" 2>&1
+  tee -a "$summary" <"$work/profile-table.md"
 }
 
 stage_compare() {

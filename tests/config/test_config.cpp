@@ -134,6 +134,8 @@ TEST_CASE("config: cross-field checks", "[config]") {
         "log.trace_steps is [first, last] with first <= last, e.g. [10, 11]; got 2 values 3 > 2");
   CHECK(error_of(kBase, {"log.trace_steps=[3]"}) ==
         "log.trace_steps is [first, last] with first <= last, e.g. [10, 11]; got 1 value");
+  CHECK(error_of(kBase, {"log.profile_steps=[5, 4]"}) ==
+        "log.profile_steps is [first, last] with first <= last, e.g. [10, 11]; got 2 values 5 > 4");
   CHECK(error_of(kBase, {"optim.warmup_steps=20"}) ==
         "optim.warmup_steps 20 exceeds train.steps 10; set optim.warmup_steps to at most 10 (a "
         "tenth, 1, is common) or raise train.steps");

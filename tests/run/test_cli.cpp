@@ -156,6 +156,32 @@ TEST_CASE("cli: Ctrl-C says what it will do, and a second one stops without savi
   CHECK(WEXITSTATUS(status) == 128 + SIGINT);
 }
 
+// log.profile_steps: the capture starts before the window's first step and stops after its last,
+// once; a window past the run's last step stops with the run.
+TEST_CASE("cli: log.profile_steps brackets those steps with the profiler's capture", "[cli]") {
+  RunDir run(5);
+  CmdResult r = run.trainer("--set log.interval=1 --set 'log.profile_steps=[2, 3]'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto at = [&](const std::string& text) {
+    const size_t i = r.output.find(text);
+    CHECK(i != std::string::npos);
+    CHECK(r.output.find(text, i + 1) == std::string::npos);  // once
+    return i;
+  };
+  const size_t start = at("profiler: capturing steps 2 to 3 (cudaProfilerStart)\n");
+  const size_t stop = at("profiler: capture stopped after step 3 (cudaProfilerStop)\n");
+  CHECK(at("step 1/5") < start);
+  CHECK(start < at("step 2/5"));
+  CHECK(at("step 3/5") < stop);
+  CHECK(stop < at("step 4/5"));
+  r = run.trainer("--resume none --force --set 'log.profile_steps=[4, 9]'");
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("profiler: capturing steps 4 to 5 (cudaProfilerStart)") != std::string::npos);
+  CHECK(r.output.find("profiler: capture stopped after step 5") != std::string::npos);
+}
+
 // log.trace_steps: a Chrome trace of steps 2 and 3 on 4 ranks (tp 2 x pp 2): every rank a
 // process named by its coordinates, every traced step a span, and its phases (forward, backward,
 // pipeline wait, TP collectives, ...) adding up to the step time rank 0 logged.

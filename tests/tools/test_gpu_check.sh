@@ -39,6 +39,11 @@ cmp -s <(grep -v '^(' "$s") <(grep -vE '^\(' "$work/first.log") || fail "what wa
 tar -tzf "$work/first/logs.tar.gz" >"$work/first/logs.list"
 grep -q "ops/cases.txt" "$work/first/logs.list" || fail "logs.tar.gz lacks the op tests' logs"
 
+echo "== the stages after the first window's, without a GPU: each skipped, saying why"
+bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/later" compare opbench profile \
+  >"$work/later.log" 2>&1 || { cat "$work/later.log"; fail "gpu_check.sh compare opbench profile"; }
+for stage in compare opbench profile; do expect "$work/later/summary.txt" "^$stage: skipped, no GPU$"; done
+
 echo "== the clock: a stage that would not finish in what is left is skipped, saying so"
 bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/short" --budget 30 ops cpu >/dev/null 2>&1
 expect "$work/short/summary.txt" "^ops: skipped, would not finish: needs 60 s, (2[0-9]|30) s left$"

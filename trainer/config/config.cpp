@@ -335,11 +335,13 @@ Status validate(const Config& c) {
     return err("optim.warmup_steps ", o.warmup_steps, " exceeds train.steps ", t.steps,
                "; set optim.warmup_steps to at most ", t.steps, " (a tenth, ",
                std::max<int64_t>(t.steps / 10, 1), ", is common) or raise train.steps");
-  if (const std::vector<int64_t>& w = c.log.trace_steps;
-      !w.empty() && (w.size() != 2 || w[1] < w[0]))
-    return err("log.trace_steps is [first, last] with first <= last, e.g. [10, 11]; got ", w.size(),
-               " value", w.size() == 1 ? "" : "s",
-               w.size() == 2 ? absl::StrCat(" ", w[0], " > ", w[1]) : "");
+  for (const auto& [key, w] :
+       {std::pair<const char*, const std::vector<int64_t>&>{"log.trace_steps", c.log.trace_steps},
+        {"log.profile_steps", c.log.profile_steps}})
+    if (!w.empty() && (w.size() != 2 || w[1] < w[0]))
+      return err(key, " is [first, last] with first <= last, e.g. [10, 11]; got ", w.size(),
+                 " value", w.size() == 1 ? "" : "s",
+                 w.size() == 2 ? absl::StrCat(" ", w[0], " > ", w[1]) : "");
   if (c.checkpoint.dir.empty()) return err("checkpoint.dir must not be empty");
   if (c.log.dir.empty()) return err("log.dir must not be empty");
   return absl::OkStatus();

@@ -196,6 +196,9 @@ struct LogConfig {
   // [first, last]: the steps whose phases every rank writes as a Chrome trace
   // (trainer/step/trace.h); empty = none.
   std::vector<int64_t> trace_steps;
+  // [first, last]: the steps run between cudaProfilerStart and cudaProfilerStop, for a profiler
+  // that captures only those (trainer/step/trace.h: ProfileWindow); empty = none.
+  std::vector<int64_t> profile_steps;
 };
 
 struct Config {

@@ -213,6 +213,10 @@ const std::vector<Field>& fields() {
                "[first, last]: every rank's phases in those steps (forward and backward per "
                "micro-batch, collectives, waits, optimizer) as a Chrome trace, "
                "log.dir/trace.json (chrome://tracing, ui.perfetto.dev); [] = none"),
+      TR_FIELD(log, profile_steps, IntList, 1, kMaxI,
+               "[first, last]: those steps run between cudaProfilerStart and cudaProfilerStop, "
+               "so a profiler started with capture off records only them (ncu "
+               "--profile-from-start off, nsys --capture-range=cudaProfilerApi); [] = none"),
   };
   return f;
 }

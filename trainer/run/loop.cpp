@@ -118,13 +118,19 @@ struct LoopState {
   Saver saver;
   LocalCheckpoints local;
   StepTrace trace;
+  ProfileWindow profile;
   // The newest checkpoint from before the current run of skipped steps: interval saves pause
   // while steps are being skipped, so a diverging run never pushes its good checkpoints out.
   int64_t before_skips = -1;
   double busy_s = 0;  // this rank's own work since the last straggler report
   int64_t fast_fallbacks = attention_fast_fallbacks();  // as of the last step
   LoopState(Session& s)
-      : guard(s.cfg.train), saver(s), local(s), trace(s), before_skips(s.last_saved_step) {
+      : guard(s.cfg.train),
+        saver(s),
+        local(s),
+        trace(s),
+        profile(s),
+        before_skips(s.last_saved_step) {
     m.total_steps = s.cfg.train.steps;
     m.peak_flops = device_info(s.ctx).peak_bf16_flops;
     if (s.ctx.device == Device::cuda)
@@ -215,11 +221,13 @@ int train_loop_steps(Session& s) {
   while (s.state.step < s.cfg.train.steps) {
     const double blocked_before = mpi_blocked_seconds();
     l.trace.before_step(s.state.step + 1);
+    l.profile.before_step(s.state.step + 1);
     StepOutcome out = train_step(s, l.m, l.guard, *fault);
     if (out.code != kExitOk) return agree_on_exit(*s.groups.world, out.own, out.status);
     if (!out.ran) return stop_and_save(s, l.saver, false);
     l.trace.after_step(s, l.m.step);
     if (int code = account_step(s, l, blocked_before); code != kExitOk) return code;
+    l.profile.after_step(l.m.step);  // after the step's log line
     if (l.guard.diverged())  // the same on every rank: the verdicts were agreed
       return agree_on_exit(*s.groups.world, kExitDiverged,
                            diverged_error(s, l.guard, l.m.step, l.before_skips));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/fs_io.h"
+#include "kernels/device.h"
 #include "nlohmann/json.hpp"
 
 namespace tr {
@@ -87,6 +88,36 @@ std::string rank_events(const Topology& t, const std::vector<PhaseInterval>& int
 }
 
 }  // namespace
+
+ProfileWindow::ProfileWindow(const Session& s) : logger_(s.logger()) {
+  const std::vector<int64_t>& w = s.cfg.log.profile_steps;
+  if (w.size() != 2) return;
+  first_ = w[0];
+  last_ = std::min(w[1], s.cfg.train.steps);
+}
+
+ProfileWindow::~ProfileWindow() {
+  if (capturing_) profiler_capture(false);
+}
+
+void ProfileWindow::before_step(int64_t step) {
+  if (first_ <= 0 || capturing_ || done_ || step < first_ || step > last_) return;
+  profiler_capture(true);
+  capturing_ = true;
+  if (logger_)
+    std::printf("profiler: capturing steps %lld to %lld (cudaProfilerStart)\n",
+                static_cast<long long>(step), static_cast<long long>(last_));
+}
+
+void ProfileWindow::after_step(int64_t step) {
+  if (!capturing_ || step < last_) return;
+  profiler_capture(false);
+  capturing_ = false;
+  done_ = true;
+  if (logger_)
+    std::printf("profiler: capture stopped after step %lld (cudaProfilerStop)\n",
+                static_cast<long long>(step));
+}
 
 StepTrace::StepTrace(const Session& s) {
   const std::vector<int64_t>& w = s.cfg.log.trace_steps;

@@ -18,6 +18,25 @@
 
 namespace tr {
 
+// log.profile_steps: [a, b]: steps a to b run between cudaProfilerStart and cudaProfilerStop on
+// every rank, so that a profiler started with capture off records those steps and not the
+// start-up, the warm-up steps or the saves: `ncu --profile-from-start off` (a table of every
+// kernel's time: tools/gpu_check.sh profile), `nsys profile --capture-range=cudaProfilerApi`.
+// Rank 0 logs where the capture starts and stops; on the CPU backend nothing is captured.
+class ProfileWindow {
+ public:
+  explicit ProfileWindow(const Session& s);
+  ~ProfileWindow();  // a run that ends inside the window stops the capture
+  ProfileWindow(const ProfileWindow&) = delete;
+  ProfileWindow& operator=(const ProfileWindow&) = delete;
+  void before_step(int64_t step);
+  void after_step(int64_t step);
+
+ private:
+  int64_t first_ = 0, last_ = 0;  // the window; first_ 0 = none
+  bool capturing_ = false, done_ = false, logger_ = false;
+};
+
 class StepTrace {
  public:
   explicit StepTrace(const Session& s);
