@@ -228,7 +228,8 @@ int train_loop_steps(Session& s) {
     l.trace.after_step(s, l.m.step);
     if (int code = account_step(s, l, blocked_before); code != kExitOk) return code;
     l.profile.after_step(l.m.step);  // after the step's log line
-    if (l.guard.diverged())  // the same on every rank: the verdicts were agreed
+    // The same on every rank: the verdicts were agreed.
+    if (l.guard.diverged())
       return agree_on_exit(*s.groups.world, kExitDiverged,
                            diverged_error(s, l.guard, l.m.step, l.before_skips));
     if (int code = maybe_evaluate(s, l); code >= 0) return code;
