@@ -366,13 +366,20 @@ std::string shape_of(const StepOp& op) {
 // predicted over measured time; stream_fraction the same over the memory-bound passes, the loss
 // and the optimizer; gemm_fill the fill constant whose predictions (`remodel` re-runs the step
 // model with it) come nearest the GEMMs' times, by least squares of the log ratio weighted by the
-// measured time, over a log grid from 1 to 65536, at the table's GEMM ceiling. `measured[i]` is
-// ops[i]'s median run, 0 where it was not timed.
+// measured time, over a log grid from 1 to 65536, at the table's GEMM ceiling. A fraction above 1
+// (ops whose data stayed in L2 beat the copy ceiling) is written as 1, saying so. `measured[i]`
+// is ops[i]'s median run, 0 where it was not timed.
 std::vector<std::pair<std::string, double>> calibrate(
     const std::vector<StepOp>& ops, const std::vector<double>& measured, const tr::GpuSpec& gpu,
     int64_t head_dim, bool documents,
     const std::function<std::vector<StepOp>(const tr::GpuSpec&)>& remodel) {
   std::vector<std::pair<std::string, double>> out;
+  auto fraction = [&](const std::string& key, double f) {
+    if (f > 1)
+      std::printf("%s: the ops reached %.3g of the ceiling (their data in L2?); written as 1\n",
+                  key.c_str(), f);
+    out.emplace_back(key, std::min(f, 1.0));
+  };
   // The fraction `now` scaled so that the ops `pick` selects take their measured time.
   auto scaled = [&](auto pick, double now) {
     double predicted = 0, took = 0;
@@ -414,7 +421,7 @@ std::vector<std::pair<std::string, double>> calibrate(
     };
     const double f = scaled(pick, tr::attention_fraction(gpu, head_dim, backward));
     if (f > 0 && anchor && !documents)
-      out.emplace_back(absl::StrCat("attention_", backward ? "bwd_" : "fwd_", hd), f);
+      fraction(absl::StrCat("attention_", backward ? "bwd_" : "fwd_", hd), f);
   }
   const double stream = scaled(
       [](const StepOp& op) {
@@ -422,7 +429,7 @@ std::vector<std::pair<std::string, double>> calibrate(
                op.cls == tr::OpClass::optimizer;
       },
       gpu.stream_fraction);
-  if (stream > 0) out.emplace_back("stream_fraction", stream);
+  if (stream > 0) fraction("stream_fraction", stream);
   return out;
 }
 
@@ -448,6 +455,16 @@ int run(const Args& a) {
   if (gpu_name.empty()) {
     const tr::GpuSpec* here = tr::gpu_of_device(device_name);
     gpu_name = here != nullptr ? here->name : "h100";
+  }
+  // A calibration is this device's: filed under another table entry it would mislead its plans.
+  if (const tr::GpuSpec* here = tr::gpu_of_device(device_name);
+      !a.calibration.empty() && a.backend == "cuda" &&
+      (here == nullptr || here->name != gpu_name)) {
+    std::fprintf(stderr,
+                 "error: --calibration measures this device (%s), not --gpu %s; drop --gpu%s\n",
+                 device_name.c_str(), gpu_name.c_str(),
+                 here == nullptr ? " and add its type to the GPU table (core/hardware.cpp)" : "");
+    return 2;
   }
   absl::StatusOr<tr::GpuSpec> gpu = tr::gpu_spec(gpu_name);
   for (const std::string& file : a.hardware)

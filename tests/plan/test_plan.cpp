@@ -140,11 +140,16 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
 // across them, the faster of ring and tree for an all-reduce, the latencies a measured smallest
 // all-reduce sets, and where a plan's groups land.
 TEST_CASE("plan: collectives take the ring or the tree by size and the nodes they span", "[plan]") {
-  CHECK(group_span(8, 1, 8).nodes == 1);    // tp 8
-  CHECK(group_span(16, 1, 8).nodes == 2);   // tp 16
-  CHECK(group_span(8, 8, 8).nodes == 8);    // dp 8 beside tp 8: one rank per node
-  CHECK(group_span(48, 4, 8).nodes == 24);  // dp 48 beside tp 4: two per node
-  CHECK(group_span(4, 2, 8).nodes == 1);    // dp 4 beside tp 2: one node
+  CHECK(group_span(8, 1, 128, 8).nodes == 1);    // tp 8
+  CHECK(group_span(16, 1, 32, 8).nodes == 2);    // tp 16
+  CHECK(group_span(8, 8, 128, 8).nodes == 8);    // dp 8 beside tp 8: one rank per node
+  CHECK(group_span(48, 4, 192, 8).nodes == 24);  // dp 48 beside tp 4: two per node
+  CHECK(group_span(4, 2, 32, 8).nodes == 1);     // dp 4 beside tp 2 (x pp 4): one node
+  // Groups that straddle a node boundary: tp 2 x dp 3 x pp 4 on nodes of 8, stage 1's DP groups
+  // are ranks 6, 8, 10 and 7, 9, 11 (nodes 0 and 1); tp 6 on nodes of 8, ranks 6 to 11.
+  CHECK(group_span(3, 2, 24, 8).nodes == 2);
+  CHECK(group_span(6, 1, 24, 8).nodes == 2);
+  CHECK(group_span(6, 1, 24, 8).ranks == 6);
   CHECK(network_steps(Collective::all_reduce, CollectiveAlgorithm::ring, 64) == 126);
   CHECK(network_steps(Collective::reduce_scatter, CollectiveAlgorithm::ring, 64) == 63);
   CHECK(network_steps(Collective::all_reduce, CollectiveAlgorithm::tree, 64) == 12);
@@ -227,6 +232,11 @@ TEST_CASE("plan: collectives take the ring or the tree by size and the nodes the
   REQUIRE(hw.ok());
   CHECK(hw->network_latency == Approx(14e-6));
   CHECK(hw->network_hop_latency == Approx(8e-6));
+  test::write_file(dir / "alone.yaml", "network_nodes: 4\n");
+  CHECK(override_gpu_spec(gpu, dir / "alone.yaml").status().message() ==
+        "--hardware " + (dir / "alone.yaml") +
+            ": network_nodes is the nodes network_latency_us was measured across; give both, or "
+            "neither");
   test::write_file(dir / "bad.yaml", "network_latency_us: 30\nnetwork_nodes: 2.5\n");
   CHECK(override_gpu_spec(gpu, dir / "bad.yaml").status().message() ==
         "--hardware " + (dir / "bad.yaml") +

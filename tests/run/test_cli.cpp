@@ -808,7 +808,8 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --hardware " +
               (dir / "bad.yaml") + " 2>&1");
   CHECK(r.exit_code == 2);
-  CHECK(r.output.find("unknown key 'netwrk'; known: name, peak_bf16_tflops") != std::string::npos);
+  CHECK(r.output.find("unknown key 'netwrk'; known: name, measured_by, peak_bf16_tflops") !=
+        std::string::npos);
   // What preflight --json measured, through --explain's rows: GEMMs at half the table's H100
   // ceiling (798 TFLOP/s) double the GEMMs' time, a copy at 1.5 TB/s instead of 3.0 doubles the
   // memory-bound passes', and NVLink's all-reduce at half the table's 450 GB/s with twice its

@@ -103,6 +103,14 @@ for part in ("memory_s", "loss_s", "optimizer_s"):
 assert b["attention_s"] == a["attention_s"]  # the GEMMs' fp32 accumulation streams too
 print("trainer plan: --hardware twice ok")
 PY
+# A fraction above 1 (here: a copy ceiling set far below what the CPU's passes reach) is written
+# as 1, saying so.
+echo "memory_gbps: 0.0001" >"$work/slow.yaml"
+"$bin" --config "$src/configs/tiny.yaml" --backend cpu --only swiglu --hardware "$work/slow.yaml" \
+  --calibration "$work/capped.yaml" >"$work/capped.md" || { cat "$work/capped.md"; fail "capped"; }
+grep -q "^stream_fraction: the ops reached [0-9.e+]* of the ceiling (their data in L2?); written as 1$" \
+  "$work/capped.md" || { cat "$work/capped.md"; fail "no capped line"; }
+grep -qx "stream_fraction: 1" "$work/capped.yaml" || { cat "$work/capped.yaml"; fail "capped.yaml"; }
 # --only narrows the ops; bad arguments: one line, exit 2.
 "$bin" --config "$src/configs/tiny.yaml" --backend cpu --only swiglu >"$work/only.md"
 [ "$(grep -c '^| swiglu' "$work/only.md")" = 2 ] || { cat "$work/only.md"; fail "--only swiglu"; }

@@ -8,9 +8,20 @@ const char* algorithm_name(CollectiveAlgorithm a) {
   return a == CollectiveAlgorithm::ring ? "ring" : "tree";
 }
 
-GroupSpan group_span(int ranks, int stride, int gpus_per_node) {
-  const int per_node = std::clamp(gpus_per_node / std::max(stride, 1), 1, std::max(ranks, 1));
-  return {ranks, (ranks + per_node - 1) / per_node};
+GroupSpan group_span(int ranks, int stride, int world, int gpus_per_node) {
+  GroupSpan widest{ranks, 1};
+  const int64_t block = int64_t{ranks} * stride, g = std::max(gpus_per_node, 1);
+  for (int64_t b = 0; b + block <= world; b += block)
+    for (int64_t t = 0; t < stride; ++t) {
+      int nodes = 0;
+      for (int64_t i = 0, last = -1; i < ranks; ++i)
+        if (const int64_t node = (b + t + i * stride) / g; node != last) {
+          ++nodes;
+          last = node;
+        }
+      widest.nodes = std::max(widest.nodes, nodes);
+    }
+  return widest;
 }
 
 int network_steps(Collective c, CollectiveAlgorithm a, int nodes) {

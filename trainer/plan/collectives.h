@@ -20,10 +20,11 @@ struct GroupSpan {
   int nodes = 1;
 };
 
-// The span of a group of `ranks` ranks, neighbours `stride` ranks apart, on nodes of
-// `gpus_per_node` GPUs filled in rank order (parallel/topology.h: TP fastest, then CP, DP, PP):
-// a TP group has stride 1, a DP x CP group stride tp.
-GroupSpan group_span(int ranks, int stride, int gpus_per_node);
+// The widest of a world's groups of `ranks` ranks, neighbours `stride` ranks apart (each block of
+// ranks x stride consecutive ranks holds `stride` of them), on nodes of `gpus_per_node` GPUs
+// filled in rank order (parallel/topology.h: TP fastest, then CP, DP, PP): a TP group has stride
+// 1, a CP or a DP x CP group stride tp. A group that straddles a node boundary spans both.
+GroupSpan group_span(int ranks, int stride, int world, int gpus_per_node);
 
 // Steps one call takes across nodes: ring all-reduce 2 (k - 1), ring reduce-scatter or
 // all-gather k - 1, tree all-reduce 2 floor(log2 k) (up the tree and down), a send 1.

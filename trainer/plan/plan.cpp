@@ -111,7 +111,7 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
         return absl::StrJoin(n, ", ");
       };
       return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": unknown key '", key,
-                                                     "'; known: name, ", names(keys),
+                                                     "'; known: name, measured_by, ", names(keys),
                                                      ", and preflight --json's ", names(measured)));
     }
     if (auto [it, fresh] = set_by.emplace(target, key); !fresh)
@@ -142,6 +142,11 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
     if (*fraction > 1)
       return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", set_by[fraction],
                                                      " is a fraction of a ceiling, at most 1"));
+  if (set_by.count(&network_nodes) != 0 && network_smallest == 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hardware ", path,
+                     ": network_nodes is the nodes network_latency_us was measured across; give "
+                     "both, or neither"));
   if (network_nodes < 2 || network_nodes != std::floor(network_nodes))
     return absl::InvalidArgumentError(absl::StrCat(
         "--hardware ", path, ": network_nodes must be a whole number of nodes, 2 or more"));
@@ -342,7 +347,7 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   plan.tp_comm_s =
       collective_time(
           gpu, plan.layout.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce,
-          group_span(tp, 1, g), plan.tp_bytes, plan.tp_calls)
+          group_span(tp, 1, plan.world, g), plan.tp_bytes, plan.tp_calls)
           .seconds;
   plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s) : plan.tp_comm_s;
   // Stage neighbours are tp x cp x dp ranks apart: some cross nodes once the job spans nodes.
@@ -355,7 +360,7 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   // the updated weights runs bucket by bucket under the next step's first forward: the step
   // waits for what those windows do not cover.
   const int cp = plan.layout.topo.cp;
-  plan.dp_span = group_span(plan.layout.topo.dp * cp, tp, g);
+  plan.dp_span = group_span(plan.layout.topo.dp * cp, tp, plan.world, g);
   const double micro_batches = static_cast<double>(plan.layout.micro_batches);
   const double gather_s =
       collective_time(gpu, Collective::all_gather, plan.dp_span, plan.dp_gather_bytes,
@@ -372,7 +377,7 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
       cfg.parallel.overlap_param_gather ? slow.forward_s / micro_batches : 0;
   plan.dp_s = std::max(0.0, reduce_s - under_backward) + std::max(0.0, gather_s - under_forward);
   // CP groups are the next-closest ranks after TP: inside a node while tp x cp GPUs fit in one.
-  const GroupSpan cp_span = group_span(cp, tp, g);
+  const GroupSpan cp_span = group_span(cp, tp, plan.world, g);
   plan.cp_comm_s = collective_time(gpu, Collective::send, cp_span, plan.cp_bytes, 0).seconds;
   const double beside_s =
       collective_time(gpu, Collective::send, cp_span, plan.cp_beside_bytes, 0).seconds;

@@ -211,10 +211,12 @@ std::string explain_plan(const Config& cfg, const Plan& p) {
                       p.tp_comm_s));
   row("pp sends", p.pp_s, absl::StrFormat("%.2f GB in %.0f sends", p.pp_bytes / 1e9, p.pp_calls));
   row("dp reduction (exposed)", p.dp_s,
-      absl::StrFormat("%.2f GB in %.0f buckets (%s over %d %s), %.4f s, the rest under the last "
-                      "backward and first forward",
-                      p.dp_bytes / 1e9, p.dp_buckets, algorithm_name(p.dp_algorithm),
-                      p.dp_span.nodes, p.dp_span.nodes > 1 ? "nodes" : "node", p.dp_comm_s));
+      p.dp_buckets == 0
+          ? std::string("no data-parallel group")
+          : absl::StrFormat("%.2f GB in %.0f buckets (%s over %d %s), %.4f s, the rest under the "
+                            "last backward and first forward",
+                            p.dp_bytes / 1e9, p.dp_buckets, algorithm_name(p.dp_algorithm),
+                            p.dp_span.nodes, p.dp_span.nodes > 1 ? "nodes" : "node", p.dp_comm_s));
   if (p.layout.topo.cp > 1) row("cp exchange (exposed)", p.cp_s, "");
   row("step", p.step_s,
       absl::StrFormat("%.0f tokens/s/GPU, MFU %.1f%%", p.tokens_per_s_per_gpu, 100 * p.mfu));

@@ -3,7 +3,7 @@
 // rate and the device copy bandwidth) and the shapes and bytes of the ops the trainer runs.
 //
 // - GEMMs: every projection of a layer and the LM head, forward, input gradient and weight
-//   gradient, each at the GEMM ceiling times gemm_shape_efficiency(M, N, K) (thin and small
+//   gradient, each at the GEMM ceiling times gemm_shape_efficiency(gpu, M, N, K) (thin and small
 //   products run below it), and the fp32 weight gradient each micro-batch accumulates into.
 // - Attention: cuDNN's flash attention, forward and backward at a fraction of the dense peak
 //   that rises with head_dim (attention_fraction).

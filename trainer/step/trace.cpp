@@ -89,7 +89,8 @@ std::string rank_events(const Topology& t, const std::vector<PhaseInterval>& int
 
 }  // namespace
 
-ProfileWindow::ProfileWindow(const Session& s) : logger_(s.logger()) {
+ProfileWindow::ProfileWindow(const Session& s)
+    : logger_(s.logger()), gpu_(s.ctx.device == Device::cuda) {
   const std::vector<int64_t>& w = s.cfg.log.profile_steps;
   if (w.size() != 2) return;
   first_ = w[0];
@@ -97,12 +98,12 @@ ProfileWindow::ProfileWindow(const Session& s) : logger_(s.logger()) {
 }
 
 ProfileWindow::~ProfileWindow() {
-  if (capturing_) profiler_capture(false);
+  if (capturing_ && gpu_) profiler_capture(false);
 }
 
 void ProfileWindow::before_step(int64_t step) {
   if (first_ <= 0 || capturing_ || done_ || step < first_ || step > last_) return;
-  profiler_capture(true);
+  if (gpu_) profiler_capture(true);
   capturing_ = true;
   if (logger_)
     std::printf("profiler: capturing steps %lld to %lld (cudaProfilerStart)\n",
@@ -111,7 +112,7 @@ void ProfileWindow::before_step(int64_t step) {
 
 void ProfileWindow::after_step(int64_t step) {
   if (!capturing_ || step < last_) return;
-  profiler_capture(false);
+  if (gpu_) profiler_capture(false);
   capturing_ = false;
   done_ = true;
   if (logger_)

@@ -35,6 +35,7 @@ class ProfileWindow {
  private:
   int64_t first_ = 0, last_ = 0;  // the window; first_ 0 = none
   bool capturing_ = false, done_ = false, logger_ = false;
+  bool gpu_ = false;  // the CUDA backend: only there is there a capture to start
 };
 
 class StepTrace {
