@@ -354,10 +354,13 @@ TEST_CASE("plan: the step model's FLOPs, bytes and ceilings add up", "[model]") 
   CHECK(c.optimizer_s == Approx(one.stages[0].grads / 4 * 34 / stream));
   CHECK(c.memory_s == Approx(c.memory_bytes / stream));
   // Attention at its fractions of the peak: forward a third of 6 L s nh hd per token, backward
-  // two thirds.
+  // two thirds, at 2048 keys per query: s / (s + 128) against 4096's.
+  const double at2048 = (2048.0 / 2176) / (4096.0 / 4224);
+  CHECK(attention_length_factor(2048) == Approx(at2048));
+  CHECK(attention_length_factor(4096) == Approx(1));
   CHECK(c.attention_s == Approx(attention / 3 * tokens *
                                 (1 / h100.attention_fwd_hd128 + 2 / h100.attention_bwd_hd128) /
-                                h100.peak_bf16_flops));
+                                (h100.peak_bf16_flops * at2048)));
   // The parts add up: by op class and by where they run.
   CHECK(c.pipelined_s() == Approx(c.forward_s + c.backward_s));
   CHECK(c.pipelined_s() == Approx(c.layers_s + c.head_s + c.embedding_s));
@@ -957,8 +960,8 @@ TEST_CASE("plan: the bottleneck is the step's largest part, and --suggest ranks 
 }  // namespace
 
 // Block-causal attention costs what the documents make it: on data of 128-token documents and
-// samples of 256, measure_attention_span finds 128 keys per query, and the plan's attention time
-// and its attention FLOPs are half the whole sequences' (its GEMMs unchanged).
+// samples of 256, measure_attention_span finds 128 keys per query, and the plan's attention FLOPs
+// are half the whole sequences', its time half at the shorter span's rate (its GEMMs unchanged).
 TEST_CASE("plan: block-causal attention is planned over the data's documents", "[plan]") {
   test::TempDir dir;
   {
@@ -1001,7 +1004,10 @@ TEST_CASE("plan: block-causal attention is planned over the data's documents", "
   CHECK(a->attention_span == 256);
   CHECK(b->attention_span == 128);
   const StageCompute &ca = a->compute[0], &cb = b->compute[0];
-  CHECK(cb.attention_s == Approx(ca.attention_s / 2).epsilon(1e-12));
+  // Half the FLOPs, at the rate of 128 keys per query against 256's.
+  CHECK(cb.attention_s ==
+        Approx(ca.attention_s / 2 * attention_length_factor(256) / attention_length_factor(128))
+            .epsilon(1e-12));
   CHECK(cb.gemm_s == ca.gemm_s);
   // MFU's FLOPs: the documents' causal triangles (what the trainer counts, run_layout.h); the
   // recomputed forward's attention halves too.

@@ -193,11 +193,16 @@ std::string explain_plan(const Config& cfg, const Plan& p) {
       absl::StrFormat("%.0f TFLOP/s on average, %.2f of the %.0f TFLOP/s GEMM ceiling",
                       c.gemm_flop / c.gemm_s / 1e12, c.gemm_flop / c.gemm_s / g.gemm_flops,
                       g.gemm_flops / 1e12));
+  // The keys per query move the rate where they are far from 4096 (attention_length_factor).
+  const std::string length = absl::StrFormat("%.2f", attention_length_factor(p.attention_span));
   row("attention", c.attention_s,
-      absl::StrFormat("forward %.2f, backward %.2f of the %.0f TFLOP/s peak (head_dim %d)",
+      absl::StrFormat("forward %.2f, backward %.2f of the %.0f TFLOP/s peak (head_dim %d%s)",
                       attention_fraction(g, cfg.model.head_dim, false),
                       attention_fraction(g, cfg.model.head_dim, true), g.peak_bf16_flops / 1e12,
-                      static_cast<int>(cfg.model.head_dim)));
+                      static_cast<int>(cfg.model.head_dim),
+                      length == "1.00" ? ""
+                                       : absl::StrFormat(", x%s at %.0f keys per query", length,
+                                                         p.attention_span)));
   const std::string streaming = absl::StrFormat("%.0f GB/s (%.2f of the %.0f GB/s copy)",
                                                 stream / 1e9, g.stream_fraction, g.copy_bw / 1e9);
   row("memory-bound passes", c.memory_s,

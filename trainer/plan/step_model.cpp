@@ -19,6 +19,11 @@ double attention_fraction(const GpuSpec& gpu, int64_t head_dim, bool backward) {
   return at64 + x * (at128 - at64);
 }
 
+double attention_length_factor(double keys) {
+  constexpr double kTile = 128;
+  return keys / (keys + kTile) / (4096.0 / (4096.0 + kTile));
+}
+
 const char* op_class_name(OpClass c) {
   switch (c) {
     case OpClass::gemm:
@@ -91,7 +96,8 @@ class OpList {
            .place = OpPlace::layers,
            .count = times,
            .flop = flop,
-           .seconds = flop / (peak_ * attention_fraction(gpu_, head_dim, backward))});
+           .seconds = flop / (peak_ * attention_fraction(gpu_, head_dim, backward) *
+                              attention_length_factor(seq))});
     };
     op("forward", OpPhase::forward, count, fwd, false);
     op("forward (recomputed)", OpPhase::backward, recomputed, fwd, false);

@@ -6,7 +6,8 @@
 //   gradient, each at the GEMM ceiling times gemm_shape_efficiency(gpu, M, N, K) (thin and small
 //   products run below it), and the fp32 weight gradient each micro-batch accumulates into.
 // - Attention: cuDNN's flash attention, forward and backward at a fraction of the dense peak
-//   that rises with head_dim (attention_fraction).
+//   that rises with head_dim (attention_fraction) and with the keys per query
+//   (attention_length_factor).
 // - Memory-bound passes: RMSNorm, residual adds, RoPE, SwiGLU, QK-norm (qwen3), the embedding
 //   and the cross-entropy over the logits, by the bytes each reads and writes, at the GPU's
 //   stream_fraction of the copy bandwidth (16-byte loads, one pass each; the multi-tensor AdamW
@@ -35,8 +36,17 @@ namespace tr {
 double gemm_shape_efficiency(const GpuSpec& gpu, double m, double n, double k);
 
 // Flash attention's rate on `gpu` as a fraction of the dense bf16 peak, forward or backward, by
-// head_dim: the GPU's fractions at 64 and 128 (at or below 64, at or above 128), linear between.
+// head_dim, at 4096 keys per query: the GPU's fractions at 64 and 128 (at or below 64, at or
+// above 128), linear between.
 double attention_fraction(const GpuSpec& gpu, int64_t head_dim, bool backward);
+
+// How attention's rate follows the keys per query (a sequence's length, or its documents'
+// span): s / (s + 128) against 4096's, as if each query tile paid for one more tile of 128 keys
+// (the causal diagonal's half-empty tile, the softmax's epilogue). cuDNN's forward on an H100
+// (the FlashAttention-3 paper's benchmark, head_dim 64 and 128) runs at 0.82 of its 4k rate at
+// 512 keys, 0.91-0.94 at 1k, 0.97-1.01 at 2k and 0.98-1.01 at 8k and 16k; this gives 0.83,
+// 0.92, 0.97, 1.015 and 1.02.
+double attention_length_factor(double keys);
 
 enum class OpClass { gemm, attention, memory, loss, optimizer };
 const char* op_class_name(OpClass c);  // "GEMM", "attention", "memory", "loss", "optimizer"
