@@ -1057,7 +1057,9 @@ TEST_CASE("plan: published runs predicted against their measured tokens/s per GP
          "train.global_batch=" + std::to_string(batch), "train.micro_batch=1",
          "parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
          "parallel.zero1=true",
-         "parallel.sequence_parallel=" + std::string(tp > 1 ? "true" : "false")},
+         "parallel.sequence_parallel=" + std::string(tp > 1 ? "true" : "false"),
+         // Megatron-Core's buckets: max(40M, 1M x dp) parameters.
+         "parallel.dp_bucket_elems=48000000"},
         48 * tp * pp,
         tflops * 1e12 / flops,
         megatron_overlaps};
