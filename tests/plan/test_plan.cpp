@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/train/ownership.h"
@@ -614,7 +615,14 @@ TEST_CASE("plan: context parallelism's traffic by hand, and the cp a long sequen
   // K and V round the ring in forward and backward, dK and dV (fp32) cp = 2 passes home.
   CHECK(ring->cp_bytes == Approx(sequences * layers * (2 * c + 2 * c + 8 * c)));
   CHECK(ring->cp_beside_bytes == Approx(sequences * layers * 4 * c));
-  CHECK(ring->cp_s < ring->cp_comm_s);     // this tiny attention still hides some of it
+  CHECK(ring->cp_s < ring->cp_comm_s);  // this tiny attention still hides some of it
+  // --explain's row: the exposed time, the traffic and what the exchange runs beside.
+  CHECK(explain_plan(config_with(sets), *ring)
+            .find(absl::StrFormat("| cp exchange (exposed) | %.4f | ", ring->cp_s)) !=
+        std::string::npos);
+  CHECK(explain_plan(config_with(sets), *ring)
+            .find(absl::StrFormat("%.2f GB, %.4f s; the K/V passes beside the chunk attention",
+                                  ring->cp_bytes / 1e9, ring->cp_comm_s)) != std::string::npos);
   sets.push_back("train.recompute=full");  // the forward's K/V exchange again
   absl::StatusOr<Plan> rc = make_plan(config_with(sets), *gpu_spec("h100"), 1, 8);
   REQUIRE(rc.ok());

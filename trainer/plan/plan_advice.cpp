@@ -222,7 +222,12 @@ std::string explain_plan(const Config& cfg, const Plan& p) {
                             "last backward and first forward",
                             p.dp_bytes / 1e9, p.dp_buckets, algorithm_name(p.dp_algorithm),
                             p.dp_span.nodes, p.dp_span.nodes > 1 ? "nodes" : "node", p.dp_comm_s));
-  if (p.layout.topo.cp > 1) row("cp exchange (exposed)", p.cp_s, "");
+  if (p.layout.topo.cp > 1)
+    row("cp exchange (exposed)", p.cp_s,
+        absl::StrFormat("%.2f GB, %.4f s; %s", p.cp_bytes / 1e9, p.cp_comm_s,
+                        cfg.parallel.cp_comm == "ring"
+                            ? "the K/V passes beside the chunk attention, the rest waited for"
+                            : "the attention waits for the gathered K and V"));
   row("step", p.step_s,
       absl::StrFormat("%.0f tokens/s/GPU, MFU %.1f%%", p.tokens_per_s_per_gpu, 100 * p.mfu));
   absl::StrAppendFormat(
