@@ -570,8 +570,8 @@ int run(const Args& a) {
     calibration_json[key] = value;
   }
   if (!calibration.empty())
-    std::printf("what the ops reached, as trainer plan --hardware keys (--calibration): %s\n",
-                keys.c_str());
+    std::printf("what the ops reached, as trainer plan --hardware keys (--calibration): %s%s\n",
+                keys.c_str(), a.only.empty() ? "" : " (from the ops --only picked)");
   if (documents)
     std::printf(
         "attention over documents is not a calibration of the whole sequences' fractions; "

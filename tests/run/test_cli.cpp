@@ -180,6 +180,11 @@ TEST_CASE("cli: log.profile_steps brackets those steps with the profiler's captu
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("profiler: capturing steps 4 to 5 (cudaProfilerStart)") != std::string::npos);
   CHECK(r.output.find("profiler: capture stopped after step 5") != std::string::npos);
+  r = run.trainer("--resume none --force --set 'log.profile_steps=[7, 9]'");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("profiler: log.profile_steps starts at step 7, after train.steps 5: "
+                      "nothing is captured") != std::string::npos);
+  CHECK(r.output.find("profiler: capturing") == std::string::npos);
 }
 
 // log.trace_steps: a Chrome trace of steps 2 and 3 on 4 ranks (tp 2 x pp 2): every rank a

@@ -95,6 +95,11 @@ ProfileWindow::ProfileWindow(const Session& s)
   if (w.size() != 2) return;
   first_ = w[0];
   last_ = std::min(w[1], s.cfg.train.steps);
+  if (first_ > s.cfg.train.steps && logger_)
+    std::printf(
+        "profiler: log.profile_steps starts at step %lld, after train.steps %lld: "
+        "nothing is captured\n",
+        static_cast<long long>(first_), static_cast<long long>(s.cfg.train.steps));
 }
 
 ProfileWindow::~ProfileWindow() {
