@@ -44,6 +44,23 @@ bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/later" compare opbe
   >"$work/later.log" 2>&1 || { cat "$work/later.log"; fail "gpu_check.sh compare opbench profile"; }
 for stage in compare opbench profile; do expect "$work/later/summary.txt" "^$stage: skipped, no GPU$"; done
 
+echo "== the profile stage's plumbing: bench.sh runs the trainer under --wrap, log.profile_steps set"
+cat >"$work/fake-ncu" <<'SH'
+#!/bin/sh
+# Stands in for ncu: notes its own flags, then runs the program.
+while [ "${1#-}" != "$1" ]; do echo "flag $1" >>"$(dirname "$0")/fake-ncu.log"; shift; done
+exec "$@"
+SH
+chmod +x "$work/fake-ncu"
+bash "$src/tools/bench.sh" --config "$src/configs/tiny.yaml" --backend cpu --seq-len 32 --steps 4 \
+  --warmup 1 --global-batch 4 --micro-batch 2 --vocab 257 --build "$build" --out "$work/wrap" \
+  --wrap "$work/fake-ncu --profile-from-start=off --csv" -- --set 'log.profile_steps=[4, 4]' \
+  >"$work/wrap.md" 2>&1 || { cat "$work/wrap.md"; fail "bench.sh --wrap"; }
+expect "$work/fake-ncu.log" "^flag --profile-from-start=off$"
+expect "$work/fake-ncu.log" "^flag --csv$"
+expect "$work/wrap/trainer.log" "^profiler: capturing steps 4 to 4 \(cudaProfilerStart\)$"
+expect "$work/wrap.md" "^\| tiny.yaml \| cpu x1 \| 32 \| 2 \| 4 \| [1-9]"
+
 echo "== the clock: a stage that would not finish in what is left is skipped, saying so"
 bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/short" --budget 30 ops cpu >/dev/null 2>&1
 expect "$work/short/summary.txt" "^ops: skipped, would not finish: needs 60 s, (2[0-9]|30) s left$"
