@@ -36,6 +36,9 @@ const std::array<SwitchInfo, kSwitches> kSwitchTable = {{
     {"TR_TRACE_DP", SwitchKind::trace,
      "world rank 0 prints, per step, the DP buckets started during backward and the weight "
      "buckets completed by the forward"},
+    {"TR_TRACE_TP", SwitchKind::trace,
+     "world rank 0 prints, per step, how many column-parallel input-gradient reductions ran "
+     "beside their weight gradients (parallel.overlap_tp)"},
     {"TR_TEST_POISON_GRADS", SwitchKind::test,
      "every gradient is NaN before each step (proves the step assigns what it does not zero)"},
     {"TR_TEST_COMPUTE_COPY", SwitchKind::test,

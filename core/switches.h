@@ -27,6 +27,7 @@ enum class Switch : int {
   grad_zero,          // TR_GRAD_ZERO
   trace_pipeline,     // TR_TRACE_PIPELINE
   trace_dp,           // TR_TRACE_DP
+  trace_tp,           // TR_TRACE_TP
   test_poison_grads,  // TR_TEST_POISON_GRADS
   test_compute_copy,  // TR_TEST_COMPUTE_COPY
   test_small_shapes,  // TR_TEST_SMALL_SHAPES

@@ -18,6 +18,9 @@ void sum(Comm* group, Tensor t);
 // share of the sums: the all-reduced `partial` itself (no sequence parallelism: local is
 // partial), or its reduce-scattered block of T / tp tokens.
 void reduce_out(Comm* group, bool sequence_parallel, Tensor partial, Tensor local);
+// reduce_out started on the group's side lane (Comm::Lane::beside), to overlap what follows:
+// neither buffer may be touched until group->wait(ticket). kDone when there is nothing to do.
+Comm::Ticket reduce_out_start(Comm* group, bool sequence_parallel, Tensor partial, Tensor local);
 // Entering a region: this rank's tokens `local` as the whole sequence: all-gathered into `full`
 // and returned (sequence parallelism), or `local` itself.
 Tensor gather_in(Comm* group, bool sequence_parallel, Tensor local, Tensor full);

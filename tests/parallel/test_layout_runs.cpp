@@ -81,6 +81,44 @@ TEST_CASE("cli: data-parallel buckets overlap backward and change no bit", "[cli
   CHECK(z.output.find("step 6: 9 of 16 dp buckets started during backward") != std::string::npos);
 }
 
+// parallel.overlap_tp: each column-parallel layer's input-gradient reduction over TP runs beside
+// the layer's weight-gradient GEMM (MPI's non-blocking collective here, the TP communicator's
+// side stream on GPUs), with and without sequence parallelism. With 2 TP ranks every sum is
+// a + b in either order, so the runs are bit-identical to the in-order ones; the trace counts
+// 2 layers x 2 column-parallel layers x 2 micro-batches per step. A zero-bubble schedule's
+// input-only pass has no weight GEMM to overlap: none there.
+TEST_CASE("cli: TP input-gradient reductions overlap the weight gradients and change no bit",
+          "[cli][mpi]") {
+  for (const std::string sp : {"true", "false"}) {
+    INFO("sequence_parallel " << sp);
+    const std::string args = " --set parallel.tp=2 --set parallel.sequence_parallel=" + sp;
+    RunDir off(6), on(6);
+    CmdResult a = off.mpirun(2, args + " --set parallel.overlap_tp=false", "TR_TRACE_TP=1");
+    INFO(a.output);
+    REQUIRE(a.exit_code == 0);
+    CmdResult b = on.mpirun(2, args, "TR_TRACE_TP=1");
+    INFO(b.output);
+    REQUIRE(b.exit_code == 0);
+    expect_same_bits(off.metrics(), on.metrics(), 6);
+    test::check_same_checkpoint(off.config, off.dir / "ckpt/step_00000006", on.config,
+                                on.dir / "ckpt/step_00000006");
+    for (int step = 1; step <= 6; ++step) {
+      const std::string s = "step " + std::to_string(step) + ": ";
+      CHECK(b.output.find(s + "8 tp input-gradient reductions ran beside the weight gradients") !=
+            std::string::npos);
+      CHECK(a.output.find(s + "0 tp input-gradient reductions ran beside") != std::string::npos);
+    }
+  }
+  RunDir zb(6);
+  CmdResult z = zb.mpirun(4,
+                          " --set parallel.tp=2 --set parallel.pp=2 --set "
+                          "parallel.pipeline_schedule=zero_bubble",
+                          "TR_TRACE_TP=1");
+  INFO(z.output);
+  REQUIRE(z.exit_code == 0);
+  CHECK(z.output.find("step 6: 0 tp input-gradient reductions ran beside") != std::string::npos);
+}
+
 // ZeRO-1's weight all-gather, bucket by bucket in the shards' layout: with overlap_param_gather
 // the next forward completes each bucket as it reaches the layer that reads it, instead of the
 // update waiting for all of them; the run is the same bit for bit (losses, norms, checkpoints),

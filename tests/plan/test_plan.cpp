@@ -87,6 +87,26 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   CHECK(p->pp_calls == 4 * 2);
   CHECK(p->dp_buckets == 1);
   CHECK(p->tp_comm_s == Approx(p->tp_bytes / gpu.nvlink_bw + 32 * gpu.nvlink_latency));
+  // parallel.overlap_tp: of those, the backward's QKV and gate/up input-gradient all-reduces (2
+  // per layer and micro-batch) run beside their weight gradients, hidden as far as those GEMMs
+  // last; off, or under a zero-bubble schedule (no weight GEMM in the input pass), none.
+  CHECK(p->tp_beside_bytes == Approx(4 * 2 * 2 * 1.0 * (64 * 64 * 2)));
+  CHECK(p->tp_beside_calls == 4 * 2 * 2);
+  const double beside_s = p->tp_beside_bytes / gpu.nvlink_bw + 16 * gpu.nvlink_latency;
+  const StageCompute& slow = p->compute[static_cast<size_t>(p->slowest_stage)];
+  CHECK(slow.column_weight_grad_s > 0);
+  CHECK(p->tp_hidden_s == Approx(std::min(beside_s, slow.column_weight_grad_s)));
+  CHECK(p->tp_s == Approx(p->tp_comm_s - p->tp_hidden_s));
+  Config no_overlap = cfg, zero_bubble = cfg;
+  no_overlap.parallel.overlap_tp = false;
+  zero_bubble.parallel.pipeline_schedule = "zero_bubble";
+  for (const Config& c : {no_overlap, zero_bubble}) {
+    absl::StatusOr<Plan> q = make_plan(c, gpu, 1, 8);
+    INFO(q.status().message());
+    REQUIRE(q.ok());
+    CHECK(q->tp_hidden_s == 0);
+    CHECK(q->tp_s == q->tp_comm_s);
+  }
   // Memory: stage 0 as the trainer builds it on a rank (tp 0, dp 0, pp 0), measured by a real
   // (CPU) buffer and model with the same arguments; the masters by hand below (ZeRO-1 over dp 2
   // keeps half of them).
@@ -1109,7 +1129,8 @@ TEST_CASE("plan: published runs predicted against their measured tokens/s per GP
         "model.num_heads=64", "model.num_kv_heads=8", "model.head_dim=128",
         "model.vocab_size=128256", "model.tie_embeddings=false", "data.seq_len=8192",
         "train.global_batch=512", "train.micro_batch=1", "parallel.tp=8", "parallel.pp=1",
-        "parallel.zero1=true", "parallel.sequence_parallel=true", "train.recompute=full"},
+        "parallel.zero1=true", "parallel.sequence_parallel=true", "train.recompute=full",
+        "parallel.overlap_tp=false"},  // vanilla TP: nothing overlapped
        256,
        597.3,
        {},

@@ -83,8 +83,9 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool zero1 = false;
   int64_t dp_bucket_elems = int64_t{1} << 25;  // gradient all-reduce bucket
-  bool overlap_dp = true;                  // buckets start during the last micro-batch's backward
-  bool overlap_param_gather = true;        // ZeRO-1: the next forward completes each weight bucket
+  bool overlap_dp = true;            // buckets start during the last micro-batch's backward
+  bool overlap_param_gather = true;  // ZeRO-1: the next forward completes each weight bucket
+  bool overlap_tp = true;  // backward: a column-parallel input gradient's TP reduction beside dW
   std::string grad_reduce_dtype = "fp32";  // fp32 | bf16: the DP gradient reduction's type
   std::string comm = "nccl";               // GPU ranks: nccl, or mpi (staged through host memory)
   double timeout_s = 600;                  // comm watchdog (NCCL and MPI), exit 5; 0 = none

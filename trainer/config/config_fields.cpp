@@ -88,6 +88,11 @@ const std::vector<Field>& fields() {
                "with zero1: all-gather the updated weights bucket by bucket during the next "
                "forward, each layer waiting only for the buckets that hold its weights (false: "
                "all of them at the end of the update)"),
+      TR_FIELD(parallel, overlap_tp, Bool, 0, 0,
+               "in backward, reduce each column-parallel layer's input gradient over TP (the "
+               "reduce-scatter under sequence_parallel, else the all-reduce) beside the layer's "
+               "weight-gradient GEMM (Megatron's bulk overlap); not in a zero-bubble schedule's "
+               "input-only pass"),
       TR_FIELD(parallel, grad_reduce_dtype, String, 0, 0,
                "type of the data-parallel gradient reduction: fp32 (exact sums of the fp32 "
                "gradients), or bf16 (each bucket rounded to bf16 and summed in bf16: half the "

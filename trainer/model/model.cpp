@@ -25,6 +25,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
       seq_total_(o.seq_len),
       slots_(o.slots),
       split_(o.split_backward),
+      overlap_tp_(o.overlap_tp),
       ctx_(ctx),
       dtype_(o.dtype),
       sdtype_(stat_dtype(o.dtype)),

@@ -72,6 +72,9 @@ struct ModelOptions {
   // The backward runs as two passes (zero-bubble pipelines): backward_input, then later
   // backward_weight; each slot keeps the linears' output gradients in between.
   bool split_backward = false;
+  // A whole backward reduces each column-parallel layer's input gradient over TP beside the
+  // layer's weight-gradient GEMM (parallel.overlap_tp).
+  bool overlap_tp = false;
   // Allocate nothing: the arenas only measure (for the planner, which sizes a 72B rank on a
   // laptop); such a model answers activation_bytes() and loss_chunk() and nothing else.
   bool plan_only = false;
@@ -180,6 +183,9 @@ class Qwen2Model {
   size_t attention_workspace_bytes() const { return attention_.workspace_bytes; }
   // Whether attention's backward is deterministic (cuDNN may have built only the other mode).
   bool attention_bwd_deterministic() const { return attention_.deterministic_bwd; }
+  // The column-parallel input-gradient reductions that ran beside their weight gradients since
+  // the last call (parallel.overlap_tp; TR_TRACE_TP), and resets the count.
+  int64_t take_tp_overlapped() { return std::exchange(tp_overlapped_, 0); }
 
  private:
   struct Acts;
@@ -225,6 +231,8 @@ class Qwen2Model {
   int64_t chunk_ = 0;  // tokens per loss chunk (C)
   int slots_ = 1;
   bool split_ = false;              // ModelOptions::split_backward
+  bool overlap_tp_ = false;         // ModelOptions::overlap_tp
+  int64_t tp_overlapped_ = 0;       // input-gradient reductions run beside dW, since last asked
   std::vector<int64_t> layer_pos_;  // each local layer's place in its chunk (and in a slot)
   Comm* tp_ = nullptr;
   Comm* cp_ = nullptr;

@@ -331,6 +331,24 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     cast(ctx_, store, dy);
     return store;
   };
+  // A column-parallel layer's backward: its input gradient into a.dln, reduced over TP (every
+  // rank's share of d ln). With parallel.overlap_tp and the weights' gradients in this pass, the
+  // reduction runs on the TP group's side lane beside the weight-gradient GEMM, which reads
+  // neither of its buffers.
+  const bool overlap = weights && overlap_tp_ && d.tp > 1;
+  const auto column_bwd = [&](Tensor dout, Tensor in, Tensor weight, Tensor dw, Tensor db) {
+    if (!overlap) {
+      linear_bwd(ctx_, full_or(a.dln), dw, db, dout, in, weight, gw);
+      reduce_to_local(full_or(a.dln), a.dln);
+      return;
+    }
+    linear_bwd(ctx_, full_or(a.dln), Tensor(), Tensor(), dout, in, weight, gw);
+    const Comm::Ticket t =
+        tp::reduce_out_start(tp_group(), d.sequence_parallel, full_or(a.dln), a.dln);
+    linear_bwd(ctx_, Tensor(), dw, db, dout, in, weight, gw);
+    tp_group()->wait(t);
+    ++tp_overlapped_;
+  };
   for (int64_t l = end - 1; l >= begin; --l) {
     const LayerWeights& w = w_.layers[l];
     const LayerWeights& g = g_.layers[l];
@@ -341,9 +359,7 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     linear_bwd(ctx_, a.dact, weight_grad(g.down_w), Tensor(), dy, L.act, w.down_w, gw);
     swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
     const Tensor dgateup = kept(a.dgateup, L.dgateup);  // (gateup is not read after this)
-    linear_bwd(ctx_, full_or(a.dln), weight_grad(g.gateup_w), Tensor(), dgateup, L.ln2, w.gateup_w,
-               gw);
-    reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input: every rank's share of d ln2
+    column_bwd(dgateup, L.ln2, w.gateup_w, weight_grad(g.gateup_w), Tensor());  // d ln2
     rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true, gw);
     // dres now holds d x_mid
     // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
@@ -355,9 +371,7 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
              rope_positions(slot));
     if (d.qk_norm) qk_norm_bwd(slot, l, a.dqkv, gw);
     const Tensor dqkv = kept(a.dqkv, L.dqkv);  // (qkv is not read after attention's backward)
-    linear_bwd(ctx_, full_or(a.dln), weight_grad(g.qkv_w), weight_grad(g.qkv_b), dqkv, L.ln1,
-               w.qkv_w, gw);
-    reduce_to_local(full_or(a.dln), a.dln);  // column-parallel input
+    column_bwd(dqkv, L.ln1, w.qkv_w, weight_grad(g.qkv_w), weight_grad(g.qkv_b));  // d ln1
     rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, resid(slot, l), w.ln1, L.rstd1,
                 /*accumulate_din=*/true, gw);
     // dres now holds d resid[l]

@@ -304,6 +304,14 @@ void plan_communication(const Config& cfg, Plan& plan) {
   plan.tp_bytes += m * ring_all_reduce(act, tp) * rc_equivalents;
   // The calls: each all-reduce, or under sequence parallelism each half of one.
   plan.tp_calls = tp > 1 ? m * (layers_here * 4.0 + rc_equivalents) * (sp ? 2 : 1) : 0;
+  // With parallel.overlap_tp a whole backward (not a zero-bubble schedule's split one) reduces
+  // each column-parallel layer's input gradient (QKV's and gate/up's: a reduce-scatter under
+  // sequence parallelism, else an all-reduce) beside the layer's weight-gradient GEMM.
+  if (tp > 1 && cfg.parallel.overlap_tp && !f.split_backward()) {
+    plan.tp_beside_bytes =
+        m * layers_here * 2.0 * (sp ? ring_half(act, tp) : ring_all_reduce(act, tp));
+    plan.tp_beside_calls = m * layers_here * 2.0;
+  }
   // Activations forward and their gradients back at each of the rank's v chunk boundaries.
   plan.pp_bytes = pp > 1 ? m * 2.0 * act / (sp ? tp : 1) * f.virtual_stages : 0;
   plan.pp_calls = pp > 1 ? m * 2.0 * f.virtual_stages : 0;
@@ -343,13 +351,17 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   plan.bubble_s = slow.pipelined_s() * (stretch - 1);
   plan.compute_s = slow.total_s() + plan.bubble_s;
   const int g = plan.gpus_per_node;
-  // Under sequence parallelism each TP all-reduce is a reduce-scatter and an all-gather.
-  plan.tp_comm_s =
-      collective_time(
-          gpu, plan.layout.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce,
-          group_span(tp, 1, plan.world, g), plan.tp_bytes, plan.tp_calls)
-          .seconds;
-  plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s) : plan.tp_comm_s;
+  // Under sequence parallelism each TP all-reduce is a reduce-scatter and an all-gather. The
+  // step waits for all of it but what the column-parallel weight gradients hide.
+  const Collective tp_kind =
+      plan.layout.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce;
+  const GroupSpan tp_span = group_span(tp, 1, plan.world, g);
+  plan.tp_comm_s = collective_time(gpu, tp_kind, tp_span, plan.tp_bytes, plan.tp_calls).seconds;
+  plan.tp_hidden_s = std::min(
+      collective_time(gpu, tp_kind, tp_span, plan.tp_beside_bytes, plan.tp_beside_calls).seconds,
+      slow.column_weight_grad_s);
+  plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s)
+                                : plan.tp_comm_s - plan.tp_hidden_s;
   // Stage neighbours are tp x cp x dp ranks apart: some cross nodes once the job spans nodes.
   const bool multi_node = plan.world > g;
   plan.pp_s =

@@ -76,6 +76,9 @@ struct Plan {
   // Collective calls per GPU per step, each paying its link's latency: TP all-reduces (each
   // half of one under sequence parallelism), PP sends, DP buckets.
   double tp_calls = 0, pp_calls = 0, dp_buckets = 0;
+  // Of tp_bytes and tp_calls: the column-parallel input-gradient reductions that run beside the
+  // weight-gradient GEMMs (parallel.overlap_tp), and the part of their time those GEMMs hide.
+  double tp_beside_bytes = 0, tp_beside_calls = 0, tp_hidden_s = 0;
   // The DP x CP group's ranks and nodes, and the algorithm its gradient reduction takes
   // (collectives.h: a tree only for all-reduces, where it is the faster).
   GroupSpan dp_span;

@@ -212,8 +212,12 @@ std::string explain_plan(const Config& cfg, const Plan& p) {
   row("pipeline bubble", p.bubble_s,
       absl::StrFormat("%.1f%% of the micro-batches' time idle", 100 * p.bubble));
   row("tp communication", p.tp_s,
-      absl::StrFormat("%.2f GB in %.0f calls, %.4f s, not overlapped", p.tp_bytes / 1e9, p.tp_calls,
-                      p.tp_comm_s));
+      p.tp_hidden_s > 0
+          ? absl::StrFormat("%.2f GB in %.0f calls, %.4f s, %.4f s of it beside the QKV and "
+                            "gate/up weight gradients",
+                            p.tp_bytes / 1e9, p.tp_calls, p.tp_comm_s, p.tp_hidden_s)
+          : absl::StrFormat("%.2f GB in %.0f calls, %.4f s, not overlapped", p.tp_bytes / 1e9,
+                            p.tp_calls, p.tp_comm_s));
   row("pp sends", p.pp_s, absl::StrFormat("%.2f GB in %.0f sends", p.pp_bytes / 1e9, p.pp_calls));
   row("dp reduction (exposed)", p.dp_s,
       p.dp_buckets == 0

@@ -58,11 +58,12 @@ class OpList {
   // it; the weight gradient accumulates into the fp32 gradient: 8 bytes per weight read and
   // written besides the product). `recomputed` more forwards run in the backward.
   void projection(const std::string& name, OpPlace place, double count, double recomputed,
-                  int64_t m, int64_t n, int64_t k, OpPhase backward = OpPhase::backward) {
+                  int64_t m, int64_t n, int64_t k, OpPhase backward = OpPhase::backward,
+                  bool column_parallel = false) {
     const double flop =
         2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     auto gemm = [&](const std::string& what, OpPhase phase, double times, int64_t a, int64_t b,
-                    int64_t c, double bytes) {
+                    int64_t c, double bytes, bool column_weight = false) {
       add({.name = name + ": " + what,
            .cls = OpClass::gemm,
            .phase = phase,
@@ -76,12 +77,14 @@ class OpList {
                       bytes / stream_,
            .m = a,
            .n = b,
-           .k = c});
+           .k = c,
+           .column_weight_grad = column_weight});
     };
     gemm("forward", OpPhase::forward, count, m, n, k, 0);
     gemm("forward (recomputed)", OpPhase::backward, recomputed, m, n, k, 0);
     gemm("input gradient", backward, count, m, k, n, 0);
-    gemm("weight gradient", backward, count, n, k, m, 8.0 * static_cast<double>(n * k));
+    gemm("weight gradient", backward, count, n, k, m, 8.0 * static_cast<double>(n * k),
+         column_parallel);
   }
   // Flash attention over `tokens` queries of `seq` keys each on average (causal: a sequence's
   // length, or its documents' span), `width` = heads x head_dim.
@@ -149,9 +152,11 @@ std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const 
   const double t = static_cast<double>(T), ts = static_cast<double>(Ts);
   // Per layer and micro-batch: the four projections (gate and up as one), attention, and the
   // memory-bound passes (forward and backward elements read plus written).
-  ops.projection("qkv projection", OpPlace::layers, each, again, T, d.qkv_out(), H);
+  ops.projection("qkv projection", OpPlace::layers, each, again, T, d.qkv_out(), H,
+                 OpPhase::backward, /*column_parallel=*/true);
   ops.projection("attention output projection", OpPlace::layers, each, again, T, H, A);
-  ops.projection("gate and up projection", OpPlace::layers, each, again, T, 2 * I, H);
+  ops.projection("gate and up projection", OpPlace::layers, each, again, T, 2 * I, H,
+                 OpPhase::backward, /*column_parallel=*/true);
   ops.projection("down projection", OpPlace::layers, each, again, T, H, I);
   const double span = attention_span > 0 ? attention_span : static_cast<double>(seq);
   ops.attention(each, again, t, span, static_cast<double>(A), d.head_dim);
@@ -241,6 +246,7 @@ std::vector<StageCompute> stage_compute(const Config& cfg, const RunLayout& layo
        : op.place == OpPlace::head      ? c.head_s
        : op.place == OpPlace::embedding ? c.embedding_s
                                         : update) += s;
+      if (op.column_weight_grad) c.column_weight_grad_s += s;
       if (op.phase == OpPhase::forward) c.forward_s += s;
       if (op.phase == OpPhase::backward) c.backward_s += s;
     }

@@ -72,6 +72,9 @@ struct StepOp {
   // GEMMs: the product M x N x K as linear_fwd runs it (out [M, N] = in [M, K] . W[N, K]^T);
   // a weight gradient's M is the tokens summed over. Element-wise ops: rows x width.
   int64_t m = 0, n = 0, k = 0;
+  // The weight gradient of a column-parallel layer of the body (QKV, gate and up): with
+  // parallel.overlap_tp the TP reduction of the layer's input gradient runs beside it.
+  bool column_weight_grad = false;
   double total_s() const { return count * seconds; }
 };
 
@@ -95,6 +98,8 @@ struct StageCompute {
   // The micro-batches' work split into forward (the LM head's whole loss chunk included: its
   // backward runs inside the forward) and backward, for what each can hide.
   double forward_s = 0, backward_s = 0;
+  // Of the GEMMs: the column-parallel layers' weight gradients (StepOp::column_weight_grad).
+  double column_weight_grad_s = 0;
   // The work of the micro-batches (what the pipeline schedule runs and the bubble stretches).
   double pipelined_s() const { return gemm_s + attention_s + memory_s + loss_s; }
   double total_s() const { return pipelined_s() + optimizer_s; }

@@ -85,6 +85,17 @@ void trace_dp(const Session& s, int64_t step) {
                red.buckets_waited_in_forward(), red.weight_buckets());
 }
 
+// TR_TRACE_TP=1 (world rank 0): how many column-parallel input-gradient reductions ran over TP
+// beside their weight-gradient GEMMs this step (parallel.overlap_tp).
+void trace_tp(Session& s, int64_t step) {
+  const int64_t overlapped = s.model->take_tp_overlapped();
+  if (s.topo().rank != 0 || !take(Switch::trace_tp)) return;
+  std::fprintf(stderr,
+               "step %lld: %lld tp input-gradient reductions ran beside the weight "
+               "gradients\n",
+               static_cast<long long>(step), static_cast<long long>(overlapped));
+}
+
 // The step's loss (summed over the tokens of the global batch) and this rank's squared
 // gradient norm: the step's one host sync. Grad-norm clipping needs the global norm.
 struct StepScalars {
@@ -198,6 +209,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   }
   const StepScalars scalars = read_step_scalars(s, m, fault, step);
   trace_dp(s, step);
+  trace_tp(s, step);
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   m.loss = scalars.loss_sum / loss_targets * fault.loss_factor(step);
   // A stop signal that came during the step is acted on right after it.
