@@ -197,7 +197,12 @@ class NcclComm final : public Comm {
   }
   cudaStream_t side_stream() {
     if (side_ == nullptr) {
-      CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      // The highest priority: a collective beside a GEMM gets SMs as the GEMM's blocks retire
+      // rather than after all of them (an overlapped reduction that waits for the GEMM is
+      // not overlapped).
+      int least = 0, greatest = 0;
+      CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      CUDA_CHECK(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest));
       CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
       CUDA_CHECK(cudaEventCreateWithFlags(&side_done_, cudaEventDisableTiming));
     }

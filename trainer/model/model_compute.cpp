@@ -346,8 +346,10 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     const Comm::Ticket t =
         tp::reduce_out_start(tp_group(), d.sequence_parallel, full_or(a.dln), a.dln);
     linear_bwd(ctx_, Tensor(), dw, db, dout, in, weight, gw);
-    tp_group()->wait(t);
-    ++tp_overlapped_;
+    // wait_all: this is the TP group's one operation beside, and it releases the ticket (a
+    // communicator keeps its started tickets until then).
+    tp_group()->wait_all();
+    if (t != Comm::kDone) ++tp_overlapped_;  // (staged GPU ranks complete it in start)
   };
   for (int64_t l = end - 1; l >= begin; --l) {
     const LayerWeights& w = w_.layers[l];

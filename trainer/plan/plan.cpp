@@ -357,9 +357,15 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
       plan.layout.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce;
   const GroupSpan tp_span = group_span(tp, 1, plan.world, g);
   plan.tp_comm_s = collective_time(gpu, tp_kind, tp_span, plan.tp_bytes, plan.tp_calls).seconds;
-  plan.tp_hidden_s = std::min(
-      collective_time(gpu, tp_kind, tp_span, plan.tp_beside_bytes, plan.tp_beside_calls).seconds,
-      slow.column_weight_grad_s);
+  // Each projection's reduction (an equal share of the overlapped traffic) hides only behind its
+  // own weight-gradient GEMM.
+  if (const auto n = static_cast<double>(slow.column_weight_grads.size());
+      n > 0 && plan.tp_beside_calls > 0) {
+    const double each =
+        collective_time(gpu, tp_kind, tp_span, plan.tp_beside_bytes / n, plan.tp_beside_calls / n)
+            .seconds;
+    for (const double w : slow.column_weight_grads) plan.tp_hidden_s += std::min(each, w);
+  }
   plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s)
                                 : plan.tp_comm_s - plan.tp_hidden_s;
   // Stage neighbours are tp x cp x dp ranks apart: some cross nodes once the job spans nodes.

@@ -213,8 +213,8 @@ std::string explain_plan(const Config& cfg, const Plan& p) {
       absl::StrFormat("%.1f%% of the micro-batches' time idle", 100 * p.bubble));
   row("tp communication", p.tp_s,
       p.tp_hidden_s > 0
-          ? absl::StrFormat("%.2f GB in %.0f calls, %.4f s, %.4f s of it beside the QKV and "
-                            "gate/up weight gradients",
+          ? absl::StrFormat("%.2f GB in %.0f calls, %.4f s, %.4f s of it hidden beside the QKV "
+                            "and gate/up weight gradients",
                             p.tp_bytes / 1e9, p.tp_calls, p.tp_comm_s, p.tp_hidden_s)
           : absl::StrFormat("%.2f GB in %.0f calls, %.4f s, not overlapped", p.tp_bytes / 1e9,
                             p.tp_calls, p.tp_comm_s));

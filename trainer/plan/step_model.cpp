@@ -246,7 +246,7 @@ std::vector<StageCompute> stage_compute(const Config& cfg, const RunLayout& layo
        : op.place == OpPlace::head      ? c.head_s
        : op.place == OpPlace::embedding ? c.embedding_s
                                         : update) += s;
-      if (op.column_weight_grad) c.column_weight_grad_s += s;
+      if (op.column_weight_grad) c.column_weight_grads.push_back(s);
       if (op.phase == OpPhase::forward) c.forward_s += s;
       if (op.phase == OpPhase::backward) c.backward_s += s;
     }

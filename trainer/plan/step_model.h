@@ -98,8 +98,9 @@ struct StageCompute {
   // The micro-batches' work split into forward (the LM head's whole loss chunk included: its
   // backward runs inside the forward) and backward, for what each can hide.
   double forward_s = 0, backward_s = 0;
-  // Of the GEMMs: the column-parallel layers' weight gradients (StepOp::column_weight_grad).
-  double column_weight_grad_s = 0;
+  // Of the GEMMs: each column-parallel layer's weight gradients per step (QKV's, gate/up's:
+  // StepOp::column_weight_grad), what its input gradient's TP reduction runs beside.
+  std::vector<double> column_weight_grads;
   // The work of the micro-batches (what the pipeline schedule runs and the bubble stretches).
   double pipelined_s() const { return gemm_s + attention_s + memory_s + loss_s; }
   double total_s() const { return pipelined_s() + optimizer_s; }
