@@ -66,10 +66,12 @@ class DeviceContext {
 // Device-side timing of a stream's work without host syncs: marks queued on the stream (CUDA
 // events), each with a tag; collect() charges the time between each two consecutive marks that
 // have both completed to the earlier mark's tag. Called right after a host sync, it sees
-// everything queued before the sync. Marks past `capacity` uncollected ones are dropped (and
-// counted), so a caller that never collects costs nothing more.
+// everything queued before the sync. The ring starts at `capacity` marks and doubles when a mark
+// finds it full of uncollected ones (a 72B stage's step makes about 10^5), up to kMaxMarks;
+// marks past that are dropped (and counted), so a caller that never collects stops growing.
 class EventTimeline {
  public:
+  static constexpr int64_t kMaxMarks = int64_t{1} << 20;
   EventTimeline(const Ctx& ctx, int capacity);
   ~EventTimeline();
   EventTimeline(const EventTimeline&) = delete;

@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -88,10 +90,31 @@ EventTimeline::~EventTimeline() {
 }
 
 void EventTimeline::mark(int tag) {
-  const auto n = static_cast<int64_t>(events_.size());
+  auto n = static_cast<int64_t>(events_.size());
   if (count_ == n) {
-    ++dropped_;
-    return;
+    if (n >= kMaxMarks) {
+      ++dropped_;
+      return;
+    }
+    // Doubles the ring, the uncollected marks first and in order (all n of them: it is full).
+    std::vector<void*> events;
+    std::vector<int> tags;
+    events.reserve(static_cast<size_t>(2 * n));
+    tags.reserve(static_cast<size_t>(2 * n));
+    for (int64_t i = 0; i < n; ++i) {
+      events.push_back(events_[static_cast<size_t>((first_ + i) % n)]);
+      tags.push_back(tags_[static_cast<size_t>((first_ + i) % n)]);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      cudaEvent_t ev = nullptr;
+      CUDA_CHECK(cudaEventCreate(&ev));
+      events.push_back(ev);
+      tags.push_back(0);
+    }
+    events_ = std::move(events);
+    tags_ = std::move(tags);
+    first_ = 0;
+    n *= 2;
   }
   const size_t at = static_cast<size_t>((first_ + count_) % n);
   CUDA_CHECK(

@@ -130,6 +130,28 @@ bool large(int64_t elements) {
 // (tokens, hidden): tiny and odd (no 16-byte packs), Qwen2.5-0.5B, 72B.
 const std::pair<int64_t, int64_t> kRowShapes[] = {{5, 102}, {64, 896}, {16, 8192}};
 
+// The device phase timeline doubles its ring rather than drop marks: 41 marks on a ring of 4 are
+// all kept, and every completed interval is charged to its tag (the step breakdown of a 72B
+// stage makes about 10^5 marks a step).
+TEST_CASE("cuda: the event timeline grows past its capacity and charges every interval", "[gpu]") {
+  GpuCtx g;
+  cuda::EventTimeline t(g.ctx, 4);
+  Buffer buf{size_t{64} << 20, Device::cuda};
+  for (int i = 0; i < 40; ++i) {
+    t.mark(i % 3);
+    CUDA_CHECK(cudaMemsetAsync(buf.data(), i, buf.bytes(), g.stream));  // some device time
+  }
+  t.mark(3);
+  CUDA_CHECK(cudaStreamSynchronize(g.stream));
+  CHECK(t.marked() == 41);
+  CHECK(t.dropped() == 0);
+  double s[4] = {};
+  t.collect(s, 4, t.marked());
+  for (int tag = 0; tag < 3; ++tag) CHECK(s[tag] > 0);
+  CHECK(s[3] == 0);         // the last mark starts no interval
+  CHECK(t.marked() == 41);  // collected marks still counted
+}
+
 TEST_CASE("cuda: rmsnorm forward and backward match the CPU", "[gpu]") {
   GpuCtx g;
   std::mt19937 rng(1);

@@ -60,8 +60,9 @@ ScopedPhase::~ScopedPhase() {
   phase_clock().enter(prev_);
 }
 
-// Enough marks for a 72B stage's step (tp collectives of 40 layers, forward and backward, 16
-// micro-batches: about 10^4 changes of phase); a ring, collected every step.
+// The timeline's first ring, collected every step; it doubles when a step makes more marks (a
+// 72B stage's: TP collectives of 40 layers, forward and backward, 128 micro-batches, about
+// 10^5 changes of phase).
 constexpr int kDeviceMarks = 1 << 15;
 
 struct DevicePhaseTimes::Impl {
