@@ -413,15 +413,14 @@ std::vector<std::pair<std::string, double>> calibrate(
     }
     out.emplace_back("gemm_fill", best);
   }
-  const bool anchor = head_dim <= 64 || head_dim >= 128;
-  const std::string hd = head_dim <= 64 ? "hd64" : "hd128";
+  const char* anchor = tr::attention_anchor(head_dim);
   for (const bool backward : {false, true}) {
     auto pick = [&](const StepOp& op) {
       return op.cls == tr::OpClass::attention && (op.name == "attention: backward") == backward;
     };
     const double f = scaled(pick, tr::attention_fraction(gpu, head_dim, backward));
-    if (f > 0 && anchor && !documents)
-      fraction(absl::StrCat("attention_", backward ? "bwd_" : "fwd_", hd), f);
+    if (f > 0 && anchor != nullptr && !documents)
+      fraction(absl::StrCat("attention_", backward ? "bwd_" : "fwd_", anchor), f);
   }
   const double stream = scaled(
       [](const StepOp& op) {
@@ -576,7 +575,7 @@ int run(const Args& a) {
     std::printf(
         "attention over documents is not a calibration of the whole sequences' fractions; "
         "run without --doc-len for those\n");
-  else if (cfg->model.head_dim > 64 && cfg->model.head_dim < 128)
+  else if (tr::attention_anchor(cfg->model.head_dim) == nullptr)
     std::printf(
         "attention at head_dim %lld lies between the model's anchors (64, 128): not "
         "calibrated\n",

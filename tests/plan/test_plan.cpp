@@ -335,6 +335,10 @@ TEST_CASE("plan: the step model's FLOPs, bytes and ceilings add up", "[model]") 
   CHECK(attention_fraction(h100, 64, false) == h100.attention_fwd_hd64);
   CHECK(attention_fraction(h100, 32, true) == h100.attention_bwd_hd64);
   CHECK(attention_fraction(h100, 256, false) == h100.attention_fwd_hd128);
+  CHECK(std::string(attention_anchor(32)) == "hd64");
+  CHECK(std::string(attention_anchor(64)) == "hd64");
+  CHECK(attention_anchor(96) == nullptr);
+  CHECK(std::string(attention_anchor(128)) == "hd128");
   CHECK(attention_fraction(h100, 64, false) < attention_fraction(h100, 128, false));
   CHECK(attention_fraction(h100, 128, true) < attention_fraction(h100, 128, false));
   CHECK(attention_fraction(h100, 96, true) ==

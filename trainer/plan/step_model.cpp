@@ -19,6 +19,10 @@ double attention_fraction(const GpuSpec& gpu, int64_t head_dim, bool backward) {
   return at64 + x * (at128 - at64);
 }
 
+const char* attention_anchor(int64_t head_dim) {
+  return head_dim <= 64 ? "hd64" : head_dim >= 128 ? "hd128" : nullptr;
+}
+
 double attention_length_factor(double keys) {
   constexpr double kTile = 128;
   return keys / (keys + kTile) / (4096.0 / (4096.0 + kTile));

@@ -39,6 +39,9 @@ double gemm_shape_efficiency(const GpuSpec& gpu, double m, double n, double k);
 // head_dim, at 4096 keys per query: the GPU's fractions at 64 and 128 (at or below 64, at or
 // above 128), linear between.
 double attention_fraction(const GpuSpec& gpu, int64_t head_dim, bool backward);
+// The anchor whose fractions attention at `head_dim` runs at, as the GPU table's keys name it:
+// "hd64" (64 or below), "hd128" (128 or above); nullptr between them (interpolated).
+const char* attention_anchor(int64_t head_dim);
 
 // How attention's rate follows the keys per query (a sequence's length, or its documents'
 // span): s / (s + 128) against 4096's, as if each query tile paid for one more tile of 128 keys
