@@ -288,17 +288,24 @@ void check_attention(const OpCheck& c, const Tensor& out, const Tensor& lse, con
   OP_CHECK(c, lse.ndim == 3 && lse.shape[0] == batch && lse.shape[1] == nh &&
                   lse.shape[2] == seq_len && lse.dtype == stat_dtype(qkv.dtype));
 }
-// `docs` empty, or one i32 start per row with bounds between 1 and the rows.
+// `docs` empty, or one i32 start per row, on the device and on the host.
 bool are_docs(const DocStarts& docs, int64_t rows) {
   return docs.empty() ||
-         (docs.start.dtype == DType::i32 && docs.start.numel() == rows && docs.count >= 1 &&
-          docs.count <= rows && docs.longest >= 1 && docs.longest <= rows);
+         (docs.start.dtype == DType::i32 && docs.start.numel() == rows && docs.host != nullptr);
 }
 }  // namespace
 
 namespace {
 std::atomic<int64_t> g_attention_fast_fallbacks{0};
+std::atomic<int64_t> g_attention_ragged_launches{0};
 }  // namespace
+
+int64_t attention_ragged_launches() {
+  return g_attention_ragged_launches.load(std::memory_order_relaxed);
+}
+void note_attention_ragged_launch() {
+  g_attention_ragged_launches.fetch_add(1, std::memory_order_relaxed);
+}
 
 int64_t attention_fast_fallbacks() {
   return g_attention_fast_fallbacks.load(std::memory_order_relaxed);
@@ -639,13 +646,14 @@ void adamw_update_pieces(Ctx& ctx, Tensor param, Tensor grad, Tensor m, Tensor v
 }
 
 AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                                int head_dim, int cp_chunk) {
+                                int head_dim, int cp_chunk, bool documents) {
 #ifdef TRAINER_HAVE_CUDA
   if (ctx.device == Device::cuda)
-    return cuda::attention_prepare(ctx, batch, seq_len, n_heads, n_kv_heads, head_dim, cp_chunk);
+    return cuda::attention_prepare(ctx, batch, seq_len, n_heads, n_kv_heads, head_dim, cp_chunk,
+                                   documents);
 #endif
   (void)ctx, (void)batch, (void)seq_len, (void)n_heads, (void)n_kv_heads, (void)head_dim,
-      (void)cp_chunk;
+      (void)cp_chunk, (void)documents;
   return {};
 }
 

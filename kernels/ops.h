@@ -74,31 +74,43 @@ void rope_fwd(Ctx& ctx, Tensor x, int n_rope_heads, int seq_len, const Rope& rop
 void rope_bwd(Ctx& ctx, Tensor dx, int n_rope_heads, int seq_len, const Rope& rope,
               Tensor positions = {});
 
-// Packed documents for block-causal attention (data.document_mask: block_causal): `start` (i32
-// on ctx's device, one per query row) holds for each row the position in its sequence where its
-// document begins, the same for every row of a document; `count` and `longest` bound how many
-// documents the rows hold (runs of equal starts within a sequence) and the rows of the longest,
-// as count_documents() found them on the host array `start` was made from: the CUDA backend
-// sizes its launch by them without reading the device. Empty: no documents (causal over the
-// whole sequence).
-struct DocStarts {
-  Tensor start;
-  int64_t count = 0;
-  int64_t longest = 0;
-  bool empty() const { return start.empty(); }
-};
 // The documents of `tokens` rows of host starts, `rows` to a sequence (the runs of equal starts
 // within each sequence's rows): how many, and the rows of the longest.
 struct DocCount {
   int64_t count = 0, longest = 0;
 };
 DocCount count_documents(const int32_t* start, int64_t tokens, int64_t rows);
+
+// Packed documents for block-causal attention (data.document_mask: block_causal): `start` (i32
+// on ctx's device, one per query row) holds for each row the position in its sequence where its
+// document begins, the same for every row of a document; `host` holds the same starts on the
+// host (on the CPU, start's own data), so that a backend counts each call's documents without
+// reading the device. Empty: no documents (causal over the whole sequence).
+struct DocStarts {
+  Tensor start;
+  const int32_t* host = nullptr;
+  bool empty() const { return start.empty(); }
+  // Rows [first, first + n) of both arrays.
+  DocStarts slice(int64_t first, int64_t n) const {
+    return empty() ? DocStarts{} : DocStarts{start.slice(first, n), host + first};
+  }
+  // The documents of its rows, a sequence beginning every `period` rows.
+  DocCount documents(int64_t period) const { return count_documents(host, start.numel(), period); }
+};
+// Host starts as the CPU backend's DocStarts (`start` i32 on the CPU).
+inline DocStarts host_doc_starts(Tensor start) {
+  return {start, start.ptr<int32_t>()};
+}
 // Attention backwards that ran cuDNN's fast (non-deterministic) algorithm although
 // ctx.deterministic asked for the deterministic one (a graph cuDNN could not build so, or a
 // ragged batch whose deterministic workspace was too large), since the process began; the
 // backend notes each one.
 int64_t attention_fast_fallbacks();
 void note_attention_fast_fallback();
+// Launches of block-causal attention over ragged batches (cuDNN's, one per part of a call's
+// documents) since the process began: the trainer logs each step's as attention_ragged.
+int64_t attention_ragged_launches();
+void note_attention_ragged_launch();
 
 // ---- causal GQA attention, scale hd^-0.5 ----
 // qkv [T, (nh + 2*nkv) * hd]: per token the nh query heads, then nkv key heads, then nkv value
@@ -146,13 +158,15 @@ void qkv_join(Ctx& ctx, Tensor dqkv, Tensor dq, Tensor dk, Tensor dv);
 // CPU), and whether the backward is deterministic (on CUDA ctx.deterministic asks for it; cuDNN
 // may only build the other mode, with a warning; the CPU's always is). With cp_chunk > 0
 // (context parallelism) it builds the graphs of attention_block_fwd/bwd on blocks of cp_chunk
-// tokens, causal and not, instead of the whole sequence's (batch and seq_len unused).
+// tokens, causal and not, instead of the whole sequence's (batch and seq_len unused). With
+// `documents` (block-causal attention) its ragged graphs' workspace and tables too, so that no
+// step grows them.
 struct AttentionPlan {
   size_t workspace_bytes = 0;
   bool deterministic_bwd = true;
 };
 AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                                int head_dim, int cp_chunk = 0);
+                                int head_dim, int cp_chunk = 0, bool documents = false);
 
 // ---- SwiGLU: out[T,I] = silu(gate) * up, gateup [T, 2I] = [gate | up] per row ----
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);

@@ -20,12 +20,7 @@ int chunk_index(int cp, int rank, int which) {
 struct Chunks {
   int64_t C, nh;
   Tensor of(Tensor x, int a) const { return x.slice(a * C, C); }
-  // A chunk's rows hold no more documents, and none longer, than the rank's rows of the
-  // sequence, nor more than its C rows.
-  DocStarts of(const DocStarts& d, int a) const {
-    return d.empty() ? DocStarts{}
-                     : DocStarts{of(d.start, a), std::min(d.count, C), std::min(d.longest, C)};
-  }
+  DocStarts of(const DocStarts& d, int a) const { return d.slice(a * C, C); }
   Tensor lse(Tensor l, int a) const { return l.view({2, nh, C}).slice(a, 1).view({nh, C}); }
 };
 

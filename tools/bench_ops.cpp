@@ -270,13 +270,12 @@ std::function<void()> runner(const StepOp& op, const tr::ModelDims& d, const tr:
             hd = static_cast<int>(d.head_dim);
   if (absl::StartsWith(name, "attention:")) {
     const int64_t rows = static_cast<int64_t>(batch) * seq;
-    tr::attention_prepare(ctx, batch, seq, nh, nkv, hd);
+    tr::attention_prepare(ctx, batch, seq, nh, nkv, hd, 0, documents != nullptr);
     Tensor qkv = arena.act({rows, d.qkv_out()}), out = arena.act({rows, int64_t{nh} * hd});
     Tensor lse = arena.random(f32, {int64_t{batch}, int64_t{nh}, int64_t{seq}});
     const tr::DocStarts docs =
         documents == nullptr ? tr::DocStarts{}
-                             : tr::DocStarts{arena.ints(documents->start), documents->found.count,
-                                             documents->found.longest};
+                             : tr::DocStarts{arena.ints(documents->start), documents->start.data()};
     // lse and out for the backward (and the ragged graphs built before the timing)
     tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd, docs);
     if (absl::StrContains(name, "forward"))

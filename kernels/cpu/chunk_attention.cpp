@@ -181,9 +181,9 @@ struct BlockPositions {
     for (int64_t j = 0; j < sk; ++j) k[j] = j;
     if (q_docs.empty()) return;
     const int32_t* start = q_docs.start.ptr<int32_t>();
-    const DocCount found = count_documents(start, sq, sq);
-    TR_ASSERT(found.count <= q_docs.count && found.longest <= q_docs.longest,
-              "attention block: more or longer documents than q_docs.count and .longest");
+    TR_ASSERT(std::equal(start, start + sq, q_docs.host),
+              "attention block: q_docs.host disagrees with q_docs.start (the CUDA backend counts "
+              "on the host)");
     for (int64_t i = 0; i < sq; ++i) first.push_back(start[i] - k_first);
     // The diagonal's rows are the positions k_first + i: a document starts at or before its row,
     // and one that differs from the row before begins there (the CUDA backend reads runs so).

@@ -15,12 +15,13 @@
 // for falls back to the other mode with one warning line, and the graph says which it is
 // (attention_prepare returns it; the trainer logs it per step as attention_bwd).
 //
-// Block-causal attention (DocStarts) runs the same graphs over a ragged batch: each document of
+// Block-causal attention (DocStarts) runs the same graphs over ragged batches: each document of
 // the rows is an entry of its own, read from element offsets into the same packed tensors
 // (attention_docs.h builds them on the device), padding-masked to its length and causal from its
-// first row. The graph's batch is the document count rounded up to a power of two, and its
-// entries the longest document's length likewise (a handful of graphs per run, built as they
-// first appear); cuDNN's statistics are row-major there and moved into our lse layout.
+// first row. The documents go in parts of a power-of-two count (kernels/ragged.h), one launch
+// each, so no entry is ever empty; a graph's entry length is its part's longest document rounded
+// up to a power of two (a handful of graphs per run). cuDNN's statistics are row-major there and
+// moved into our lse layout.
 #include <cudnn_frontend.h>
 
 #include <algorithm>
@@ -38,6 +39,7 @@
 #include "kernels/cuda/attention_docs.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/ragged.h"
 
 #define CUDNN_FE_CHECK(expr)                                                            \
   do {                                                                                  \
@@ -119,21 +121,24 @@ class Cudnn {
   // runs on one stream; NCCL's side stream never touches it), not for the whole device, and
   // counts as a host sync.
   void* workspace(int64_t bytes, cudaStream_t stream) { return workspace_.get(bytes, stream); }
-  // Block-causal attention's ragged table of `slots` entries and row-major statistics of `rows`
-  // rows of nh heads, in memory of their own grown the same way (the table is rebuilt by every
-  // call, so one region serves them all).
+  // Block-causal attention's ragged table of `slots` entries, the documents' first rows (up to
+  // `rows` + 1) and row-major statistics of `rows` rows of nh heads, in memory of their own
+  // grown the same way (the table is rebuilt by every call, so one region serves them all).
   struct Ragged {
     RaggedTable table;
+    int64_t* first;
     float* stats;
   };
   Ragged ragged(int64_t slots, int64_t rows, int64_t nh, cudaStream_t stream);
-  // The ragged key to run `want` with: a graph already built for the same rows whose batch and
-  // entry length cover want's at no more than twice its work (batch x entry) and, for a
-  // deterministic backward, a dP workspace of at most `max_dp` bytes; else (or `exact`) `want`
-  // (built on first use). Document counts and lengths vary from micro-batch to micro-batch;
-  // this keeps the graphs a run builds (each a cuDNN build, whose first run compiles its
-  // kernels) few.
+  // The ragged key to run `want` with: a graph already built for the same rows and documents
+  // whose entry length covers want's at no more than twice its work and, for a deterministic
+  // backward, a dP workspace of at most `max_dp` bytes; else (or `exact`) `want` (built on first
+  // use). Document lengths vary from micro-batch to micro-batch; this keeps the graphs a run
+  // builds (each a cuDNN build, whose first run compiles its kernels) few.
   AttnKey covering(const AttnKey& want, int64_t max_dp, bool exact);
+  // The graph of `key` if cuDNN builds it, else null (no warning, nothing ends): a graph built
+  // only to size the workspace before the first step.
+  const AttnGraph* try_graph(const AttnKey& key);
 
  private:
   Cudnn() { CUDNN_CHECK(cudnnCreate(&handle_)); }
@@ -201,8 +206,9 @@ Cudnn::Ragged Cudnn::ragged(int64_t slots, int64_t rows, int64_t nh, cudaStream_
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t lens = aligned(slots * int64_t{sizeof(int32_t)});
   const int64_t offs = aligned((slots + 1) * int64_t{sizeof(int64_t)});
+  const int64_t firsts = aligned((rows + 1) * int64_t{sizeof(int64_t)});
   char* p = static_cast<char*>(
-      ragged_.get(2 * lens + 4 * offs + rows * nh * int64_t{sizeof(float)}, stream));
+      ragged_.get(2 * lens + 4 * offs + firsts + rows * nh * int64_t{sizeof(float)}, stream));
   Ragged r;
   r.table.len_q = reinterpret_cast<int32_t*>(p);
   r.table.len_kv = reinterpret_cast<int32_t*>(p + lens);
@@ -212,8 +218,19 @@ Cudnn::Ragged Cudnn::ragged(int64_t slots, int64_t rows, int64_t nh, cudaStream_
   r.table.off_kv = off[1];
   r.table.off_o = off[2];
   r.table.off_stats = off[3];
-  r.stats = reinterpret_cast<float*>(p + 2 * lens + 4 * offs);
+  r.first = reinterpret_cast<int64_t*>(p + 2 * lens + 4 * offs);
+  r.stats = reinterpret_cast<float*>(p + 2 * lens + 4 * offs + firsts);
   return r;
+}
+
+const AttnGraph* Cudnn::try_graph(const AttnKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = graphs_.find(key);
+  if (it != graphs_.end()) return &it->second;
+  std::string error;
+  std::optional<AttnGraph> built = build(key, &error);
+  if (!built) return nullptr;
+  return &graphs_.emplace(key, std::move(*built)).first->second;
 }
 
 std::optional<AttnGraph> Cudnn::build(const AttnKey& key, std::string* error) {
@@ -377,42 +394,10 @@ void run(Ctx& ctx, const AttnGraph& a, std::unordered_map<TensorPtr, void*>& pac
 
 }  // namespace
 
-AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                                int head_dim, int cp_chunk) {
-  Cudnn& c = Cudnn::get();
-  int64_t bytes = 0;
-  bool deterministic = true;
-  for (bool causal : {true, false}) {
-    for (bool backward : {false, true}) {
-      AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, backward, ctx.deterministic};
-      if (cp_chunk > 0) {
-        key.batch = 1;
-        key.seq = key.seq_kv = cp_chunk;
-        key.blocks = true;
-        key.causal = causal;
-      }
-      if (!backward) key.deterministic = true;  // the forward's key, as its callers spell it
-      const AttnGraph& g = c.graph(key);
-      bytes = std::max(bytes, g.workspace);
-      if (backward) deterministic = deterministic && g.deterministic;
-    }
-    if (cp_chunk == 0) break;  // the whole sequence's graphs are causal only
-  }
-  c.workspace(bytes, static_cast<cudaStream_t>(ctx.stream));
-  return {static_cast<size_t>(bytes), deterministic};
-}
-
-bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                                 int head_dim) {
-  return Cudnn::get()
-      .graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic})
-      .deterministic;
-}
-
 namespace {
 
-// `n` rounded up to a power of two of at least `least`, at most `most`: a ragged graph's batch
-// and entry length (a few graphs per run).
+// `n` rounded up to a power of two of at least `least`, at most `most`: a ragged graph's entry
+// length (a few graphs per run).
 int64_t bucket(int64_t n, int64_t least, int64_t most) {
   int64_t b = least;
   while (b < n) b *= 2;
@@ -442,18 +427,17 @@ void need_ragged_attention() {
   (void)checked;
 }
 
-// `key` as a ragged batch of the documents of its rows (at most `limit` rows each).
-void set_ragged(AttnKey& key, const DocStarts& docs, int64_t limit) {
-  need_ragged_attention();
-  key.docs = bucket(docs.count, 1, key.rows());
-  key.doc_len = bucket(docs.longest, 64, limit);
-}
-
 // The deterministic backward's dP workspace for `key` on Hopper (the frontend's formula: batch x
 // heads x s_q x s_kv x 2 bytes, padded to its tiles; a lower bound for ragged batches).
 int64_t dp_workspace(const AttnKey& key) {
   const int64_t b = key.docs > 0 ? key.docs : key.batch;
   return b * key.nh * ((key.entry_q() + 63) / 64 * 64) * ((key.entry_kv() + 127) / 128 * 128) * 2;
+}
+
+// The dP workspace a ragged deterministic backward may take: no more than the same rows take as
+// plain sequences (`plain`), or 256 MiB.
+int64_t dp_cap(const AttnKey& plain) {
+  return std::max(dp_workspace(plain), int64_t{256} << 20);
 }
 
 }  // namespace
@@ -463,13 +447,11 @@ AttnKey Cudnn::covering(const AttnKey& want, int64_t max_dp, bool exact) {
   // micro-batch in another graph than the run never stopped. train.deterministic (`exact`)
   // keeps to the micro-batch's own buckets.
   if (want.docs == 0 || exact) return want;
-  // Padded entries' tiles exit at once: the launch grows with batch x entry.
-  auto work = [](const AttnKey& k) {
-    return static_cast<double>(k.docs) * static_cast<double>(k.entry_q());
-  };
-  // The key without its ragged batch's size (a copy: tie() refers into it).
+  // Padded rows' tiles exit at once: the launch grows with documents x entry.
+  auto work = [](const AttnKey& k) { return static_cast<double>(k.entry_q()); };
+  // The key without its entry length (a copy: tie() refers into it).
   auto shape = [](AttnKey k) {
-    k.docs = k.doc_len = 0;
+    k.doc_len = 0;
     return k;
   };
   const AttnKey want_shape = shape(want);
@@ -477,10 +459,7 @@ AttnKey Cudnn::covering(const AttnKey& want, int64_t max_dp, bool exact) {
   AttnKey best = want;
   double best_work = 2 * work(want);
   for (const auto& [k, g] : graphs_) {
-    const AttnKey k_shape = shape(k);
-    if (k.docs == 0 || k_shape.tie() != want_shape.tie() || k.docs < want.docs ||
-        k.doc_len < want.doc_len)
-      continue;
+    if (k.docs == 0 || shape(k).tie() != want_shape.tie() || k.doc_len < want.doc_len) continue;
     if (k.backward && k.deterministic && dp_workspace(k) > max_dp) continue;
     if (work(k) <= best_work) {
       best = k;
@@ -490,14 +469,104 @@ AttnKey Cudnn::covering(const AttnKey& want, int64_t max_dp, bool exact) {
   return best;
 }
 
+AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                                int head_dim, int cp_chunk, bool documents) {
+  Cudnn& c = Cudnn::get();
+  const auto stream = static_cast<cudaStream_t>(ctx.stream);
+  int64_t bytes = 0;
+  bool deterministic = true;
+  for (bool causal : {true, false}) {
+    for (bool backward : {false, true}) {
+      AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, backward, ctx.deterministic};
+      if (cp_chunk > 0) {
+        key.batch = 1;
+        key.seq = key.seq_kv = cp_chunk;
+        key.blocks = true;
+        key.causal = causal;
+      }
+      if (!backward) key.deterministic = true;  // the forward's key, as its callers spell it
+      const AttnGraph& g = c.graph(key);
+      bytes = std::max(bytes, g.workspace);
+      if (backward) deterministic = deterministic && g.deterministic;
+      if (!documents) continue;
+      // The ragged graphs' workspace, so that no part grows it in a step (a host sync): their
+      // fast backward's accumulators span the rows whatever the documents, so the extremes (one
+      // document as long as the rows' sequence; as many documents as rows, of one row each)
+      // bound it; a deterministic backward's dP workspace may reach dp_cap beyond the plain
+      // graph's. A graph cuDNN refuses here is left to the step, which names it.
+      need_ragged_attention();
+      AttnKey one = key, many = key;
+      one.docs = 1;
+      if (key.causal) {
+        one.doc_len = bucket(key.seq, 64, key.seq);
+        many.docs = int64_t{1} << (63 - __builtin_clzll(static_cast<uint64_t>(key.rows())));
+        many.doc_len = 64;
+      }
+      for (AttnKey k : {one, many}) {
+        if (k.docs == 0) continue;
+        if (k.backward) k.deterministic = false;
+        if (const AttnGraph* r = c.try_graph(k)) bytes = std::max(bytes, r->workspace);
+      }
+      if (backward && ctx.deterministic)
+        bytes = std::max(bytes, g.workspace + dp_cap(key) - dp_workspace(key));
+    }
+    if (cp_chunk == 0) break;  // the whole sequence's graphs are causal only
+  }
+  c.workspace(bytes, stream);
+  if (documents) {
+    const int64_t rows = cp_chunk > 0 ? cp_chunk : int64_t{batch} * seq_len;
+    c.ragged(ragged_slots_bound(rows), rows, n_heads, stream);
+  }
+  return {static_cast<size_t>(bytes), deterministic};
+}
+
+bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
+                                 int head_dim) {
+  return Cudnn::get()
+      .graph({batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/true, ctx.deterministic})
+      .deterministic;
+}
+
 namespace {
 
-// A ragged backward runs deterministic only where its dP workspace is no larger than the one
-// the same rows take as plain sequences (`plain`; at least 256 MiB): many documents of which one
-// is long would need batch x longest^2. Otherwise the fast backward, with one warning. Then the
-// graph that covers it (Cudnn::covering), within that workspace.
+// The device pointers a graph's tensors bind to (the backward's gradients and dout null in a
+// forward).
+struct Bindings {
+  void *q, *k, *v, *o, *stats;
+  void *dout = nullptr, *dq = nullptr, *dk = nullptr, *dv = nullptr;
+};
+std::unordered_map<TensorPtr, void*> bind(const AttnGraph& a, const Bindings& b) {
+  std::unordered_map<TensorPtr, void*> pack = {
+      {a.q, b.q}, {a.k, b.k}, {a.v, b.v}, {a.o, b.o}, {a.stats, b.stats}};
+  if (a.dq != nullptr) {
+    pack[a.dout] = b.dout;
+    pack[a.dq] = b.dq;
+    pack[a.dk] = b.dk;
+    pack[a.dv] = b.dv;
+  }
+  return pack;
+}
+// The packed qkv rows' pointers: Q, K and V heads at their column offsets.
+Bindings packed(Tensor qkv, Tensor out, Tensor lse, int n_heads, int n_kv_heads, int head_dim) {
+  char* base = static_cast<char*>(qkv.data);
+  const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
+  return {base, base + n_heads * head_bytes, base + (n_heads + n_kv_heads) * head_bytes, out.data,
+          lse.data};
+}
+void packed_grads(Bindings& b, Tensor dqkv, Tensor dout, int n_heads, int n_kv_heads,
+                  int head_dim) {
+  const Bindings d = packed(dqkv, dout, Tensor(), n_heads, n_kv_heads, head_dim);
+  b.dout = dout.data;
+  b.dq = d.q;
+  b.dk = d.k;
+  b.dv = d.v;
+}
+
+// A ragged backward runs deterministic only where its dP workspace is no larger than dp_cap:
+// many documents of which one is long would need documents x longest^2. Otherwise the fast
+// backward, with one warning. Then the graph that covers it (Cudnn::covering), within that cap.
 void ragged_backward_mode(AttnKey& key, const AttnKey& plain, bool exact) {
-  const int64_t cap = std::max(dp_workspace(plain), int64_t{256} << 20);
+  const int64_t cap = dp_cap(plain);
   if (!key.deterministic || dp_workspace(key) <= cap) {
     key = Cudnn::get().covering(key, cap, exact);
     return;
@@ -518,28 +587,49 @@ void ragged_backward_mode(AttnKey& key, const AttnKey& plain, bool exact) {
   });
 }
 
-// The ragged batch of `a` for documents of `start` over `rows` query rows: documents (causal,
-// runs restarting every `period` rows) or, for a block of earlier keys, the first document's
-// prefix (ragged_prefix, kv_rows keys from position k_first); bound into `pack` with the
-// row-major statistics cuDNN reads or writes.
-Cudnn::Ragged bind_ragged(Ctx& ctx, const AttnKey& key, const AttnGraph& a,
-                          std::unordered_map<TensorPtr, void*>& pack, const int32_t* start,
-                          int64_t period, RaggedRows w, int64_t k_first) {
-  Cudnn::Ragged r =
-      Cudnn::get().ragged(key.docs, key.rows(), key.nh, static_cast<cudaStream_t>(ctx.stream));
-  if (key.causal)
-    ragged_documents(ctx, r.table, key.docs, key.entry_q(), start, key.rows(), period, w);
-  else
-    ragged_prefix(ctx, r.table, start, key.rows(), key.kv_rows(), k_first, w);
-  pack[a.len_q] = r.table.len_q;
-  pack[a.len_kv] = r.table.len_kv;
-  pack[a.off_q] = r.table.off_q;
-  pack[a.off_k] = r.table.off_kv;
-  pack[a.off_v] = r.table.off_kv;
-  pack[a.off_o] = r.table.off_o;
-  pack[a.off_stats] = r.table.off_stats;
-  pack[a.stats] = r.stats;
-  return r;
+// Runs the ragged graph of `key` (its documents set) over the table from `slot` on, the other
+// tensors bound by `b` (statistics: the table's row-major ones).
+void run_ragged(Ctx& ctx, const AttnKey& key, const Cudnn::Ragged& r, int64_t slot, Bindings b) {
+  const AttnGraph& a = Cudnn::get().graph(key);
+  if (ctx.deterministic && key.backward && !a.deterministic) note_attention_fast_fallback();
+  b.stats = r.stats;
+  std::unordered_map<TensorPtr, void*> pack = bind(a, b);
+  pack[a.len_q] = r.table.len_q + slot;
+  pack[a.len_kv] = r.table.len_kv + slot;
+  pack[a.off_q] = r.table.off_q + slot;
+  pack[a.off_k] = r.table.off_kv + slot;
+  pack[a.off_v] = r.table.off_kv + slot;
+  pack[a.off_o] = r.table.off_o + slot;
+  pack[a.off_stats] = r.table.off_stats + slot;
+  run(ctx, a, pack);
+  note_attention_ragged_launch();
+}
+
+// Block-causal attention over the documents of `docs` (a sequence every `period` rows) as ragged
+// batches: the table built on the device, then each part through the graph of `plain`'s shape
+// with the part's documents, entries `limit` rows at most. The statistics move between cuDNN's
+// rows and `lse` ([rows / period, nh, period]) after a forward, before a backward.
+void run_documents(Ctx& ctx, const AttnKey& plain, const DocStarts& docs, int64_t period,
+                   int64_t limit, RaggedRows w, Bindings b) {
+  need_ragged_attention();
+  const int64_t rows = docs.start.numel();
+  const RaggedParts parts = ragged_parts(docs.host, rows, period);
+  const Cudnn::Ragged r =
+      Cudnn::get().ragged(parts.slots, rows, plain.nh, static_cast<cudaStream_t>(ctx.stream));
+  ragged_documents(ctx, r.table, parts, r.first, docs.start.ptr<int32_t>(), rows, period, w);
+  auto* lse = static_cast<float*>(b.stats);
+  if (plain.backward) stats_layout(ctx, lse, r.stats, rows / period, period, plain.nh, false);
+  for (int i = 0; i < parts.n; ++i) {
+    AttnKey key = plain;
+    key.docs = parts.part[i].count;
+    key.doc_len = bucket(parts.part[i].longest, 64, limit);
+    if (key.backward)
+      ragged_backward_mode(key, plain, ctx.deterministic);
+    else
+      key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max(), ctx.deterministic);
+    run_ragged(ctx, key, r, parts.part[i].slot, b);
+  }
+  if (!plain.backward) stats_layout(ctx, lse, r.stats, rows / period, period, plain.nh, true);
 }
 
 // The packed qkv rows' ragged strides: q, k and v rows of the full width, out rows of nh hd.
@@ -552,52 +642,30 @@ RaggedRows packed_rows(int64_t nh, int64_t nkv, int64_t hd) {
 void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int seq_len,
                    int n_heads, int n_kv_heads, int head_dim, DocStarts docs) {
   check_bf16(qkv, "attention_fwd");
-  AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false};
-  if (!docs.empty()) {
-    set_ragged(key, docs, seq_len);
-    key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max(), ctx.deterministic);
-  }
+  const AttnKey key{batch, seq_len, n_heads, n_kv_heads, head_dim, /*backward=*/false};
+  const Bindings b = packed(qkv, out, lse, n_heads, n_kv_heads, head_dim);
+  if (!docs.empty())
+    return run_documents(ctx, key, docs, seq_len, seq_len,
+                         packed_rows(n_heads, n_kv_heads, head_dim), b);
   const AttnGraph& a = Cudnn::get().graph(key);
-  char* base = static_cast<char*>(qkv.data);
-  const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
-  std::unordered_map<TensorPtr, void*> pack = {{a.q, base},
-                                               {a.k, base + n_heads * head_bytes},
-                                               {a.v, base + (n_heads + n_kv_heads) * head_bytes},
-                                               {a.o, out.data},
-                                               {a.stats, lse.data}};
-  if (docs.empty()) return run(ctx, a, pack);
-  const Cudnn::Ragged r = bind_ragged(ctx, key, a, pack, docs.start.ptr<int32_t>(), seq_len,
-                                      packed_rows(n_heads, n_kv_heads, head_dim), 0);
+  std::unordered_map<TensorPtr, void*> pack = bind(a, b);
   run(ctx, a, pack);
-  stats_layout(ctx, lse.ptr<float>(), r.stats, batch, seq_len, n_heads, /*to_lse=*/true);
 }
 
 void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, Tensor qkv,
                    int batch, int seq_len, int n_heads, int n_kv_heads, int head_dim,
                    DocStarts docs) {
   check_bf16(qkv, "attention_bwd");
-  const AttnKey plain{batch,    seq_len,           n_heads,          n_kv_heads,
-                      head_dim, /*backward=*/true, ctx.deterministic};
-  AttnKey key = plain;
-  if (!docs.empty()) {
-    set_ragged(key, docs, seq_len);
-    ragged_backward_mode(key, plain, ctx.deterministic);
-  }
+  const AttnKey key{batch,    seq_len,           n_heads,          n_kv_heads,
+                    head_dim, /*backward=*/true, ctx.deterministic};
+  Bindings b = packed(qkv, out, lse, n_heads, n_kv_heads, head_dim);
+  packed_grads(b, dqkv, dout, n_heads, n_kv_heads, head_dim);
+  if (!docs.empty())
+    return run_documents(ctx, key, docs, seq_len, seq_len,
+                         packed_rows(n_heads, n_kv_heads, head_dim), b);
   const AttnGraph& a = Cudnn::get().graph(key);
   if (ctx.deterministic && !a.deterministic) note_attention_fast_fallback();
-  char* base = static_cast<char*>(qkv.data);
-  char* dbase = static_cast<char*>(dqkv.data);
-  const size_t head_bytes = static_cast<size_t>(head_dim) * 2;
-  const size_t k_at = n_heads * head_bytes, v_at = (n_heads + n_kv_heads) * head_bytes;
-  std::unordered_map<TensorPtr, void*> pack = {
-      {a.q, base},     {a.k, base + k_at},   {a.v, base + v_at},
-      {a.o, out.data}, {a.dout, dout.data},  {a.stats, lse.data},
-      {a.dq, dbase},   {a.dk, dbase + k_at}, {a.dv, dbase + v_at}};
-  if (!docs.empty()) {
-    const Cudnn::Ragged r = bind_ragged(ctx, key, a, pack, docs.start.ptr<int32_t>(), seq_len,
-                                        packed_rows(n_heads, n_kv_heads, head_dim), 0);
-    stats_layout(ctx, lse.ptr<float>(), r.stats, batch, seq_len, n_heads, /*to_lse=*/false);
-  }
+  std::unordered_map<TensorPtr, void*> pack = bind(a, b);
   run(ctx, a, pack);
 }
 
@@ -605,66 +673,76 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
 // through graphs of their own shape (the chunk length is the same for every block of a run, so
 // a run builds at most four: forward and backward, causal and not; block-causal adds the
 // ragged ones). Block-causal: the causal diagonal is the documents of its rows; a block of
-// earlier keys is its first document's prefix, the other rows seeing none of its keys.
+// earlier keys is its first document's prefix, the other rows seeing none of its keys, and no
+// launch at all where that document starts after the block.
 namespace {
-// `ctx.deterministic`: the backward's algorithm, and exact ragged graphs (Cudnn::covering).
-AttnKey block_key(const Ctx& ctx, const Tensor& q, const Tensor& k, bool backward, bool causal,
-                  const DocStarts& q_docs) {
+// `ctx.deterministic`: the backward's algorithm.
+AttnKey block_key(const Ctx& ctx, const Tensor& q, const Tensor& k, bool backward, bool causal) {
   AttnKey key{
       1, q.shape[0], q.shape[1], k.shape[1], q.shape[2], backward, !backward || ctx.deterministic};
   key.blocks = true;
   key.seq_kv = k.shape[0];
   key.causal = causal;
-  if (q_docs.empty()) return key;
-  const AttnKey plain = key;
-  if (causal) {
-    set_ragged(key, q_docs, key.seq);
-  } else {
-    need_ragged_attention();
-    key.docs = 1;  // the first document's prefix, in the whole block's shape
-  }
-  if (backward)
-    ragged_backward_mode(key, plain, ctx.deterministic);
-  else
-    key = Cudnn::get().covering(key, std::numeric_limits<int64_t>::max(), ctx.deterministic);
   return key;
 }
 RaggedRows block_rows(const AttnKey& key) {
   return {key.nh * key.hd, key.nkv * key.hd, key.nh * key.hd, key.nh};
+}
+// Whether the first query document of a block of earlier keys (starting at position k_first)
+// reaches back into it: the host's copy of the starts says so.
+bool sees_keys(const DocStarts& q_docs, int64_t k_first, int64_t kv_rows) {
+  return q_docs.host[0] - k_first < kv_rows;
+}
+// The block of earlier keys as its first document's prefix: one entry, in the whole block's
+// shape, bound by `b`.
+void run_prefix(Ctx& ctx, const AttnKey& plain, const DocStarts& q_docs, int64_t k_first,
+                Bindings b) {
+  need_ragged_attention();
+  AttnKey key = plain;
+  key.docs = 1;
+  if (key.backward) ragged_backward_mode(key, plain, /*exact=*/true);
+  const Cudnn::Ragged r = Cudnn::get().ragged(ragged_slots_bound(1), key.seq, key.nh,
+                                              static_cast<cudaStream_t>(ctx.stream));
+  ragged_prefix(ctx, r.table, q_docs.start.ptr<int32_t>(), key.seq, key.seq_kv, k_first,
+                block_rows(key));
+  auto* lse = static_cast<float*>(b.stats);
+  if (key.backward) stats_layout(ctx, lse, r.stats, 1, key.seq, key.nh, /*to_lse=*/false);
+  run_ragged(ctx, key, r, 0, b);
+  if (!key.backward) stats_layout(ctx, lse, r.stats, 1, key.seq, key.nh, /*to_lse=*/true);
 }
 }  // namespace
 
 void attention_block_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v,
                          bool causal, DocStarts q_docs, int64_t k_first) {
   check_bf16(q, "attention_block_fwd");
-  const AttnKey key = block_key(ctx, q, k, /*backward=*/false, causal, q_docs);
-  const AttnGraph& a = Cudnn::get().graph(key);
-  std::unordered_map<TensorPtr, void*> pack = {
-      {a.q, q.data}, {a.k, k.data}, {a.v, v.data}, {a.o, out.data}, {a.stats, lse.data}};
-  if (q_docs.empty()) return run(ctx, a, pack);
-  const int32_t* start = q_docs.start.ptr<int32_t>();
-  const Cudnn::Ragged r = bind_ragged(ctx, key, a, pack, start, key.seq, block_rows(key), k_first);
-  run(ctx, a, pack);
-  stats_layout(ctx, lse.ptr<float>(), r.stats, 1, key.seq, key.nh, /*to_lse=*/true);
-  if (!causal) hidden_rows_fwd(ctx, out, lse, start, k_first, key.seq_kv);
+  const AttnKey key = block_key(ctx, q, k, /*backward=*/false, causal);
+  const Bindings b{q.data, k.data, v.data, out.data, lse.data};
+  if (q_docs.empty()) {
+    const AttnGraph& a = Cudnn::get().graph(key);
+    std::unordered_map<TensorPtr, void*> pack = bind(a, b);
+    return run(ctx, a, pack);
+  }
+  if (causal) return run_documents(ctx, key, q_docs, key.seq, key.seq, block_rows(key), b);
+  if (sees_keys(q_docs, k_first, key.seq_kv)) run_prefix(ctx, key, q_docs, k_first, b);
+  hidden_rows_fwd(ctx, out, lse, q_docs.start.ptr<int32_t>(), k_first, key.seq_kv);
 }
 
 void attention_block_bwd(Ctx& ctx, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
                          Tensor lse, Tensor q, Tensor k, Tensor v, bool causal, DocStarts q_docs,
                          int64_t k_first) {
   check_bf16(q, "attention_block_bwd");
-  const AttnKey key = block_key(ctx, q, k, /*backward=*/true, causal, q_docs);
-  const AttnGraph& a = Cudnn::get().graph(key);
-  if (ctx.deterministic && !a.deterministic) note_attention_fast_fallback();
-  std::unordered_map<TensorPtr, void*> pack = {
-      {a.q, q.data},       {a.k, k.data},   {a.v, v.data},   {a.o, out.data}, {a.dout, dout.data},
-      {a.stats, lse.data}, {a.dq, dq.data}, {a.dk, dk.data}, {a.dv, dv.data}};
-  if (q_docs.empty()) return run(ctx, a, pack);
-  const int32_t* start = q_docs.start.ptr<int32_t>();
-  const Cudnn::Ragged r = bind_ragged(ctx, key, a, pack, start, key.seq, block_rows(key), k_first);
-  stats_layout(ctx, lse.ptr<float>(), r.stats, 1, key.seq, key.nh, /*to_lse=*/false);
-  run(ctx, a, pack);
-  if (!causal) hidden_rows_bwd(ctx, dq, dk, dv, start, k_first);
+  const AttnKey key = block_key(ctx, q, k, /*backward=*/true, causal);
+  const Bindings b{q.data,    k.data,  v.data,  out.data, lse.data,
+                   dout.data, dq.data, dk.data, dv.data};
+  if (q_docs.empty()) {
+    const AttnGraph& a = Cudnn::get().graph(key);
+    if (ctx.deterministic && !a.deterministic) note_attention_fast_fallback();
+    std::unordered_map<TensorPtr, void*> pack = bind(a, b);
+    return run(ctx, a, pack);
+  }
+  if (causal) return run_documents(ctx, key, q_docs, key.seq, key.seq, block_rows(key), b);
+  if (sees_keys(q_docs, k_first, key.seq_kv)) run_prefix(ctx, key, q_docs, k_first, b);
+  hidden_rows_bwd(ctx, dq, dk, dv, q_docs.start.ptr<int32_t>(), k_first);
 }
 
 }  // namespace tr::cuda

@@ -10,9 +10,9 @@ namespace {
 constexpr int kScanThreads = 1024;
 
 // One block: each thread counts the runs beginning in its slice of the rows, a block-wide scan
-// numbers them, and each thread writes its runs' entries; then every entry's length from the
-// next one's start, and the unused entries empty at the end of the rows.
-__global__ void documents_kernel(RaggedTable t, int64_t slots, int64_t max_len,
+// numbers them and each thread writes its runs' first rows to `first`; then every document's
+// entry at its part's slot.
+__global__ void documents_kernel(RaggedTable t, RaggedParts parts, int64_t* first,
                                  const int32_t* start, int64_t rows, int64_t period, RaggedRows w) {
   __shared__ int64_t scan[kScanThreads];
   const int tid = static_cast<int>(threadIdx.x);
@@ -29,31 +29,28 @@ __global__ void documents_kernel(RaggedTable t, int64_t slots, int64_t max_len,
     scan[tid] += add;
     __syncthreads();
   }
-  const int64_t runs = scan[kScanThreads - 1];
-  if (runs > slots) __trap();  // DocStarts::count did not bound the documents
+  if (scan[kScanThreads - 1] != parts.documents) __trap();  // the host counted other documents
   int64_t e = scan[tid] - own;
-  for (int64_t r = lo; r < hi; ++r) {
-    if (!begins(r)) continue;
-    t.off_q[e] = r * w.q;
-    t.off_kv[e] = r * w.kv;
-    t.off_o[e] = r * w.o;
-    t.off_stats[e] = r * w.stats;
-    ++e;
-  }
+  for (int64_t r = lo; r < hi; ++r)
+    if (begins(r)) first[e++] = r;
+  if (tid == 0) first[parts.documents] = rows;
   __syncthreads();  // the block's global writes are visible to the whole block after this
-  for (int64_t d = tid; d <= slots; d += kScanThreads) {
-    if (d < runs) {
-      const int64_t first = t.off_o[d] / w.o;
-      const int64_t next = d + 1 < runs ? t.off_o[d + 1] / w.o : rows;
-      if (next - first > max_len) __trap();  // DocStarts::longest did not bound it
-      t.len_q[d] = t.len_kv[d] = static_cast<int32_t>(next - first);
-      continue;
-    }
-    t.off_q[d] = rows * w.q;
-    t.off_kv[d] = rows * w.kv;
-    t.off_o[d] = rows * w.o;
-    t.off_stats[d] = rows * w.stats;
-    if (d < slots) t.len_q[d] = t.len_kv[d] = 0;
+  for (int64_t d = tid; d < parts.documents; d += kScanThreads) {
+    int p = 0;
+    while (d >= parts.part[p].first + parts.part[p].count) ++p;
+    const RaggedPart& part = parts.part[p];
+    const int64_t slot = part.slot + d - part.first, row = first[d], end = first[d + 1];
+    if (end - row > part.longest) __trap();  // the host found its part's documents shorter
+    t.len_q[slot] = t.len_kv[slot] = static_cast<int32_t>(end - row);
+    t.off_q[slot] = row * w.q;
+    t.off_kv[slot] = row * w.kv;
+    t.off_o[slot] = row * w.o;
+    t.off_stats[slot] = row * w.stats;
+    if (d + 1 < part.first + part.count) continue;
+    t.off_q[slot + 1] = end * w.q;  // the part's end
+    t.off_kv[slot + 1] = end * w.kv;
+    t.off_o[slot + 1] = end * w.o;
+    t.off_stats[slot + 1] = end * w.stats;
   }
 }
 
@@ -70,7 +67,8 @@ __global__ void prefix_kernel(RaggedTable t, const int32_t* start, int64_t rows,
   if (threadIdx.x != 0) return;
   const int64_t from = min(max(int64_t{first_doc} - k_first, int64_t{0}), kv_rows);
   const int64_t len_kv = kv_rows - from;
-  const int64_t len_q = len_kv > 0 ? static_cast<int64_t>(other) : 0;
+  if (len_kv == 0) __trap();  // the host saw keys for the first document: the starts differ
+  const auto len_q = static_cast<int64_t>(other);
   t.len_q[0] = static_cast<int32_t>(len_q);
   t.len_kv[0] = static_cast<int32_t>(len_kv);
   t.off_q[0] = t.off_o[0] = t.off_stats[0] = 0;
@@ -126,9 +124,11 @@ __global__ void hidden_bwd_kernel(bf16* dq, bf16* dk, bf16* dv, const int32_t* s
 
 }  // namespace
 
-void ragged_documents(Ctx& ctx, const RaggedTable& table, int64_t slots, int64_t max_len,
-                      const int32_t* start, int64_t rows, int64_t period, RaggedRows w) {
-  documents_kernel<<<1, kScanThreads, 0, stream_of(ctx)>>>(table, slots, max_len, start, rows,
+void ragged_documents(Ctx& ctx, const RaggedTable& table, const RaggedParts& parts,
+                      int64_t* scratch, const int32_t* start, int64_t rows, int64_t period,
+                      RaggedRows w) {
+  if (parts.documents == 0) return;
+  documents_kernel<<<1, kScanThreads, 0, stream_of(ctx)>>>(table, parts, scratch, start, rows,
                                                            period, w);
   CUDA_CHECK_LAUNCH();
 }

@@ -10,12 +10,13 @@
 
 #include "core/ctx.h"
 #include "core/tensor.h"
+#include "kernels/ragged.h"
 
 namespace tr::cuda {
 
-// The ragged batch as cuDNN binds it: `slots` entries (a graph's batch), lengths i32 [slots],
-// element offsets i64 [slots + 1] of each entry's first row in q (and dq), k and v (and their
-// gradients), out (and dout) and the row-major statistics. Unused entries are empty.
+// A ragged batch's table as cuDNN binds it: lengths i32 and element offsets i64 of each entry's
+// first row in q (and dq), k and v (and their gradients), out (and dout) and the row-major
+// statistics, each entry at its slot (kernels/ragged.h RaggedParts).
 struct RaggedTable {
   int32_t* len_q = nullptr;
   int32_t* len_kv = nullptr;
@@ -30,16 +31,17 @@ struct RaggedRows {
   int64_t q, kv, o, stats;
 };
 
-// Entries for the documents of `rows` query rows, each a causal sequence over its own rows: the
-// runs of equal `start`, a run also beginning every `period` rows (a sequence's first row).
-// More runs than `slots`, or one longer than `max_len` (the graph's entry), is a broken
-// DocStarts bound: the kernel traps rather than let cuDNN read past an entry.
-void ragged_documents(Ctx& ctx, const RaggedTable& table, int64_t slots, int64_t max_len,
-                      const int32_t* start, int64_t rows, int64_t period, RaggedRows w);
+// The table of every part (kernels/ragged.h: ragged_parts, whose host starts are these device
+// starts' copy), built on the device: an entry per document, causal over its own rows. A device
+// count of documents or a length other than the host's traps rather than let cuDNN read past an
+// entry. `scratch`: parts.documents + 1 i64 (each document's first row, then `rows`).
+void ragged_documents(Ctx& ctx, const RaggedTable& table, const RaggedParts& parts,
+                      int64_t* scratch, const int32_t* start, int64_t rows, int64_t period,
+                      RaggedRows w);
 // One entry for a block whose `kv_rows` keys all lie before its `rows` queries (context
 // parallelism), the key block starting at position k_first: only the first query document can
 // reach back into it, so the entry is that document's rows over the keys from its start on
-// (empty when it starts after the block).
+// (the caller skips a block whose first document starts after it: no key is visible).
 void ragged_prefix(Ctx& ctx, const RaggedTable& table, const int32_t* start, int64_t rows,
                    int64_t kv_rows, int64_t k_first, RaggedRows w);
 // Statistics between ours, lse [batch, nh, seq], and cuDNN's row-major rows [batch * seq, nh]:

@@ -31,7 +31,7 @@ void synchronize(const Ctx& ctx);
 
 // bf16 only (cuDNN fused attention).
 AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
-                                int head_dim, int cp_chunk);
+                                int head_dim, int cp_chunk, bool documents);
 // Whether the backward graph attention_bwd runs for this shape and ctx.deterministic is cuDNN's
 // deterministic one (it may have fallen back to the other mode); builds it if needed.
 bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,

@@ -19,9 +19,11 @@
 
 #include "core/bf16.h"
 #include "core/switches.h"
+#include "kernels/cuda/attention_docs.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
+#include "kernels/ragged.h"
 #include "tests/test_util.h"
 
 namespace tr {
@@ -523,75 +525,179 @@ void check_close_or_zero(const std::vector<float>& gpu, const std::vector<float>
   }
 }
 
-// A DocStarts over a device copy of `start`, with the bounds count_documents() finds (or
-// looser ones).
-struct DevDocs {
-  Dev start;
-  DocCount found;
-  DevDocs(const std::vector<int32_t>& s, int64_t rows)
-      : start(DType::i32, {static_cast<int64_t>(s.size())}, std::vector<float>(s.begin(), s.end())),
-        found(count_documents(s.data(), static_cast<int64_t>(s.size()), rows)) {}
-  DocStarts docs() const { return {start.t, found.count, found.longest}; }
-};
-DocStarts host_docs(std::vector<int32_t>& s, int64_t rows) {
-  const DocCount found = count_documents(s.data(), static_cast<int64_t>(s.size()), rows);
-  return {Tensor(s.data(), DType::i32, Device::cpu, {static_cast<int64_t>(s.size())}), found.count,
-          found.longest};
+// Starts of `batch` sequences of `seq` rows cut into documents of `lengths` in turn (each
+// sequence's last one cut at its end).
+std::vector<int32_t> documents_of(int64_t batch, int64_t seq, const std::vector<int64_t>& lengths) {
+  std::vector<int32_t> start;
+  size_t next = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t at = 0; at < seq;) {
+      const int64_t n = std::min(lengths[next++ % lengths.size()], seq - at);
+      for (int64_t i = 0; i < n; ++i) start.push_back(static_cast<int32_t>(at));
+      at += n;
+    }
+  return start;
 }
 
-// Block-causal attention: cuDNN over ragged batches of documents (the packed rows' documents;
-// a CP block's diagonal; a block of earlier keys, reached only by the first query document)
-// against the CPU's per-document masks, with bounds that leave the graph's batch partly empty.
-TEST_CASE("cuda: block-causal attention over ragged documents matches the CPU", "[gpu]") {
+// A DocStarts over a device copy of `start`, its host copy `start` itself.
+struct DevDocs {
+  Dev start;
+  const std::vector<int32_t>& host;
+  explicit DevDocs(const std::vector<int32_t>& s)
+      : start(DType::i32, {static_cast<int64_t>(s.size())}, std::vector<float>(s.begin(), s.end())),
+        host(s) {}
+  DocStarts docs() const { return {start.t, host.data()}; }
+};
+DocStarts host_docs(std::vector<int32_t>& s) {
+  return host_doc_starts(
+      Tensor(s.data(), DType::i32, Device::cpu, {static_cast<int64_t>(s.size())}));
+}
+
+// Set bits of n: the parts (and launches) of n documents.
+int64_t parts_of(int64_t n) {
+  int64_t bits = 0;
+  for (; n > 0; n >>= 1) bits += n & 1;
+  return bits;
+}
+
+struct DocShape {
+  int batch, seq, nh, nkv, hd;
+};
+
+// Block-causal attention over the packed rows' documents `start`: cuDNN's ragged batches against
+// the CPU's per-document masks, forward and backward, each part of the documents one launch.
+void check_documents(GpuCtx& g, const DocShape& s, std::vector<int32_t>& start, std::mt19937& rng) {
+  const DType dt = DType::bf16;
+  const int64_t T = int64_t{s.batch} * s.seq, W = int64_t{s.nh + 2 * s.nkv} * s.hd,
+                O = int64_t{s.nh} * s.hd;
+  const DevDocs dev(start);
+  const DocCount found = count_documents(start.data(), T, s.seq);
+  const std::string what = "batch=" + std::to_string(s.batch) + " seq=" + std::to_string(s.seq) +
+                           " nh=" + std::to_string(s.nh) +
+                           " documents=" + std::to_string(found.count) +
+                           " longest=" + std::to_string(found.longest);
+  INFO(what);
+  std::vector<float> qkv = random_values(T * W, rng, dt, -2, 2),
+                     dout = random_values(T * O, rng, dt);
+  std::vector<float> out(T * O), lse(T * s.nh), dqkv(T * W);
+  const DocStarts cpu_docs = host_docs(start);
+  attention_fwd(cpu_ctx, host(out, {T, O}), host(lse, {s.batch, s.nh, s.seq}), host(qkv, {T, W}),
+                s.batch, s.seq, s.nh, s.nkv, s.hd, cpu_docs);
+  Dev d_qkv(dt, {T, W}, qkv), d_out(dt, {T, O}), d_lse(DType::f32, {s.batch, s.nh, s.seq}),
+      d_dout(dt, {T, O}, dout), d_dqkv(dt, {T, W});
+  const int64_t before = attention_ragged_launches();
+  attention_fwd(g.ctx, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv, s.hd, dev.docs());
+  CHECK(attention_ragged_launches() - before == parts_of(found.count));
+  std::vector<float> gpu_out = d_out.download();
+  check_close(gpu_out, out, dt, "out " + what);
+  check_lse(d_lse.download(), lse, "lse " + what);
+  attention_bwd(cpu_ctx, host(dqkv, {T, W}), host(dout, {T, O}), host(gpu_out, {T, O}),
+                host(lse, {s.batch, s.nh, s.seq}), host(qkv, {T, W}), s.batch, s.seq, s.nh, s.nkv,
+                s.hd, cpu_docs);
+  attention_bwd(g.ctx, d_dqkv.t, d_dout.t, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv,
+                s.hd, dev.docs());
+  CHECK(attention_ragged_launches() - before == 2 * parts_of(found.count));
+  check_close(d_dqkv.download(), dqkv, dt, "dqkv " + what);
+}
+
+// The shapes: the tiny model; 0.5B's heads; 72B's at tp 8.
+const DocShape kTiny{4, 32, 4, 2, 16}, kHalfB{2, 256, 14, 2, 64}, k72Tp8{1, 1024, 8, 1, 128};
+
+// The device's ragged table (every part at its aligned slot, no entry empty) is the host's
+// (kernels/ragged.h ragged_table, checked on the CPU in test_kernels).
+TEST_CASE("cuda: block-causal attention's ragged table is the host's", "[gpu]") {
+  GpuCtx g;
+  std::mt19937 rng(41);
+  for (int64_t longest : {1, 9, 40, 700}) {
+    std::vector<int32_t> start = random_documents(2, 1024, longest, rng);
+    const int64_t rows = static_cast<int64_t>(start.size()), period = 1024;
+    const RaggedParts parts = ragged_parts(start.data(), rows, period);
+    const RaggedTableRows want = ragged_table(parts, start.data(), rows, period);
+    INFO("documents=" << parts.documents << " parts=" << parts.n);
+    const DevDocs dev(start);
+    Buffer lens(2 * parts.slots * sizeof(int32_t), Device::cuda),
+        offs(4 * (parts.slots + 1) * sizeof(int64_t), Device::cuda),
+        first((parts.documents + 1) * sizeof(int64_t), Device::cuda);
+    CUDA_CHECK(cudaMemset(lens.data(), 0xff, lens.bytes()));
+    CUDA_CHECK(cudaMemset(offs.data(), 0xff, offs.bytes()));
+    auto* len = static_cast<int32_t*>(lens.data());
+    auto* off = static_cast<int64_t*>(offs.data());
+    const int64_t n = parts.slots + 1;
+    const cuda::RaggedTable table{len, len + parts.slots, off, off + n, off + 2 * n, off + 3 * n};
+    const cuda::RaggedRows w{7, 5, 3, 2};  // each tensor's row width, distinct
+    cuda::ragged_documents(g.ctx, table, parts, static_cast<int64_t*>(first.data()),
+                           dev.start.t.ptr<int32_t>(), rows, period, w);
+    std::vector<int32_t> got_len(2 * parts.slots);
+    std::vector<int64_t> got_off(4 * n);
+    copy_tensor(Tensor(got_len.data(), DType::i32, Device::cpu, {2 * parts.slots}),
+                Tensor(len, DType::i32, Device::cuda, {2 * parts.slots}));
+    copy_tensor(Tensor(got_off.data(), DType::i64, Device::cpu, {4 * n}),
+                Tensor(off, DType::i64, Device::cuda, {4 * n}));
+    int64_t used = 0;
+    for (int64_t slot = 0; slot < parts.slots; ++slot) {
+      if (want.len[slot] < 0) continue;
+      ++used;
+      INFO("slot " << slot);
+      CHECK(want.len[slot] > 0);
+      CHECK(got_len[slot] == want.len[slot]);
+      CHECK(got_len[parts.slots + slot] == want.len[slot]);
+    }
+    CHECK(used == parts.documents);
+    for (int64_t slot = 0; slot <= parts.slots; ++slot) {
+      if (want.row[slot] < 0) continue;
+      INFO("offset slot " << slot);
+      CHECK(got_off[slot] == want.row[slot] * w.q);
+      CHECK(got_off[n + slot] == want.row[slot] * w.kv);
+      CHECK(got_off[2 * n + slot] == want.row[slot] * w.o);
+      CHECK(got_off[3 * n + slot] == want.row[slot] * w.stats);
+    }
+  }
+}
+
+TEST_CASE("cuda: block-causal attention, a power-of-two document count (one launch)", "[gpu]") {
   GpuCtx g;
   std::mt19937 rng(43);
-  const DType dt = DType::bf16;
-  struct Shape {
-    int batch, seq, nh, nkv, hd, longest;
-  };
-  // The tiny model; 0.5B's heads with short and long documents; 72B's at tp 8.
-  for (Shape s : {Shape{4, 32, 4, 2, 16, 9}, Shape{2, 256, 14, 2, 64, 40},
-                  Shape{1, 1024, 14, 2, 64, 700}, Shape{1, 1024, 8, 1, 128, 300}}) {
-    const int64_t T = int64_t{s.batch} * s.seq, W = int64_t{s.nh + 2 * s.nkv} * s.hd,
-                  O = int64_t{s.nh} * s.hd;
-    if (large(T * W)) continue;
-    std::vector<int32_t> start = random_documents(s.batch, s.seq, s.longest, rng);
-    const DevDocs dev(start, s.seq);
-    const std::string what = "batch=" + std::to_string(s.batch) + " seq=" + std::to_string(s.seq) +
-                             " nh=" + std::to_string(s.nh) +
-                             " documents=" + std::to_string(dev.found.count) +
-                             " longest=" + std::to_string(dev.found.longest);
-    INFO(what);
-    std::vector<float> qkv = random_values(T * W, rng, dt, -2, 2),
-                       dout = random_values(T * O, rng, dt);
-    std::vector<float> out(T * O), lse(T * s.nh), dqkv(T * W);
-    const DocStarts cpu_docs = host_docs(start, s.seq);
-    attention_fwd(cpu_ctx, host(out, {T, O}), host(lse, {s.batch, s.nh, s.seq}), host(qkv, {T, W}),
-                  s.batch, s.seq, s.nh, s.nkv, s.hd, cpu_docs);
-    Dev d_qkv(dt, {T, W}, qkv), d_out(dt, {T, O}), d_lse(DType::f32, {s.batch, s.nh, s.seq}),
-        d_dout(dt, {T, O}, dout), d_dqkv(dt, {T, W});
-    attention_fwd(g.ctx, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv, s.hd, dev.docs());
-    std::vector<float> gpu_out = d_out.download();
-    check_close(gpu_out, out, dt, "out " + what);
-    check_lse(d_lse.download(), lse, "lse " + what);
-    attention_bwd(cpu_ctx, host(dqkv, {T, W}), host(dout, {T, O}), host(gpu_out, {T, O}),
-                  host(lse, {s.batch, s.nh, s.seq}), host(qkv, {T, W}), s.batch, s.seq, s.nh, s.nkv,
-                  s.hd, cpu_docs);
-    attention_bwd(g.ctx, d_dqkv.t, d_dout.t, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv,
-                  s.hd, dev.docs());
-    check_close(d_dqkv.download(), dqkv, dt, "dqkv " + what);
-    // Looser bounds (as a CP chunk gets them): a larger graph whose extra entries are empty.
-    const DocStarts loose{dev.start.t, std::min<int64_t>(T, 3 * dev.found.count + 1), s.seq};
-    d_out.poison();
-    attention_fwd(g.ctx, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv, s.hd, loose);
-    check_close(d_out.download(), out, dt, "out, loose bounds " + what);
-    d_dqkv.poison();
-    attention_bwd(g.ctx, d_dqkv.t, d_dout.t, d_out.t, d_lse.t, d_qkv.t, s.batch, s.seq, s.nh, s.nkv,
-                  s.hd, loose);
-    check_close(d_dqkv.download(), dqkv, dt, "dqkv, loose bounds " + what);
+  // 8, 8 and 16 documents: each call one launch of one graph.
+  for (const auto& [s, lengths] :
+       {std::pair<DocShape, std::vector<int64_t>>{kTiny, {16}}, {kHalfB, {64}}, {k72Tp8, {64}}}) {
+    if (large(int64_t{s.batch} * s.seq * (s.nh + 2 * s.nkv) * s.hd)) continue;
+    std::vector<int32_t> start = documents_of(s.batch, s.seq, lengths);
+    check_documents(g, s, start, rng);
   }
+}
 
-  // Blocks: a chunk of C queries at position q_first whose first document began at `first_doc`.
+TEST_CASE("cuda: block-causal attention, other document counts (a launch per part)", "[gpu]") {
+  GpuCtx g;
+  std::mt19937 rng(44);
+  // 13 = 8 + 4 + 1 documents of mixed lengths, 7 = 4 + 2 + 1, and random ones (short and long).
+  std::vector<int32_t> thirteen = documents_of(1, 256, {3, 40, 1, 17, 9, 30, 2, 50, 5, 11, 8, 20});
+  std::vector<int32_t> seven = documents_of(1, 1024, {300, 1, 100, 64, 7, 500});
+  REQUIRE(count_documents(thirteen.data(), 256, 256).count == 13);
+  REQUIRE(count_documents(seven.data(), 1024, 1024).count == 7);
+  check_documents(g, {1, 256, 14, 2, 64}, thirteen, rng);
+  if (!large(1024 * 10 * 128)) check_documents(g, {1, 1024, 8, 1, 128}, seven, rng);
+  for (const auto& [s, longest] : {std::pair<DocShape, int64_t>{kTiny, 9},
+                                   {kHalfB, 40},
+                                   {DocShape{1, 1024, 14, 2, 64}, 700},
+                                   {k72Tp8, 300}}) {
+    if (large(int64_t{s.batch} * s.seq * (s.nh + 2 * s.nkv) * s.hd)) continue;
+    std::vector<int32_t> start = random_documents(s.batch, s.seq, longest, rng);
+    check_documents(g, s, start, rng);
+  }
+}
+
+// Context parallelism's blocks: a chunk of C queries at position q_first whose first document
+// began at `first_doc`, against the CPU.
+struct BlockCase {
+  bool causal;
+  int64_t k_first, first_doc;
+  std::vector<int64_t> lengths;  // the documents' rows in the chunk (the last to its end)
+  int64_t launches;              // the ragged launches of the forward (and of the backward)
+};
+void check_blocks(const std::vector<BlockCase>& cases) {
+  GpuCtx g;
+  std::mt19937 rng(45);
+  const DType dt = DType::bf16;
   const int64_t C = 128, nh = 8, nkv = 2, hd = 64;
   const int64_t Q = C * nh * hd, K = C * nkv * hd;
   std::vector<float> q = random_values(Q, rng, dt, -2, 2), k = random_values(K, rng, dt, -2, 2),
@@ -601,19 +707,7 @@ TEST_CASE("cuda: block-causal attention over ragged documents matches the CPU", 
   Dev d_q(dt, {C, nh, hd}, q), d_k(dt, {C, nkv, hd}, k), d_v(dt, {C, nkv, hd}, v),
       d_dout(dt, {C, nh, hd}, dout);
   const int64_t q_first = 3 * C;
-  struct Case {
-    bool causal;
-    int64_t k_first, first_doc;
-    std::vector<int64_t> lengths;  // the documents' rows in the chunk (the last to its end)
-  };
-  const std::vector<int64_t> four = {37, 1, 50, C}, five = {10, 20, 1, 40, C};
-  // The diagonal, its first document from before it or at its start (4 and 5 documents: a
-  // graph batch of 8 with empty entries); keys of the chunk before, the first document from
-  // before them, from inside them (and 37 queries over the last 5 keys), and from after them
-  // (no row sees a key).
-  for (const Case& c : {Case{true, q_first, C + 5, four}, Case{true, q_first, q_first, five},
-                        Case{false, 2 * C, C + 5, four}, Case{false, 2 * C, 2 * C + 77, four},
-                        Case{false, 2 * C, 3 * C - 5, four}, Case{false, C, 2 * C + 77, five}}) {
+  for (const BlockCase& c : cases) {
     std::vector<int32_t> start(C);
     int64_t doc = c.first_doc, i = 0;
     for (int64_t n : c.lengths) {
@@ -623,14 +717,16 @@ TEST_CASE("cuda: block-causal attention over ragged documents matches the CPU", 
     INFO((c.causal ? "diagonal" : "earlier keys")
          << " k_first=" << c.k_first << " first document at " << c.first_doc << ", "
          << c.lengths.size() << " documents");
-    const DocStarts cpu_docs = host_docs(start, C);
-    const DevDocs dev(start, C);
+    const DocStarts cpu_docs = host_docs(start);
+    const DevDocs dev(start);
     std::vector<float> out(Q), lse(nh * C), dq(Q), dk(K), dv(K);
     attention_block_fwd(cpu_ctx, hq(out), host(lse, {nh, C}), hq(q), hk(k), hk(v), c.causal,
                         cpu_docs, c.k_first);
     Dev d_out(dt, {C, nh, hd}), d_lse(DType::f32, {nh, C});
+    const int64_t before = attention_ragged_launches();
     attention_block_fwd(g.ctx, d_out.t, d_lse.t, d_q.t, d_k.t, d_v.t, c.causal, dev.docs(),
                         c.k_first);
+    CHECK(attention_ragged_launches() - before == c.launches);
     std::vector<float> gpu_out = d_out.download();
     check_close_or_zero(gpu_out, out, "block out");
     check_lse(d_lse.download(), lse, "block lse");
@@ -639,10 +735,33 @@ TEST_CASE("cuda: block-causal attention over ragged documents matches the CPU", 
     Dev d_dq(dt, {C, nh, hd}), d_dk(dt, {C, nkv, hd}), d_dv(dt, {C, nkv, hd});
     attention_block_bwd(g.ctx, d_dq.t, d_dk.t, d_dv.t, d_dout.t, d_out.t, d_lse.t, d_q.t, d_k.t,
                         d_v.t, c.causal, dev.docs(), c.k_first);
+    CHECK(attention_ragged_launches() - before == 2 * c.launches);
     check_close_or_zero(d_dq.download(), dq, "block dq");
     check_close_or_zero(d_dk.download(), dk, "block dk");
     check_close_or_zero(d_dv.download(), dv, "block dv");
   }
+}
+
+const std::vector<int64_t> kFour = {37, 1, 50, 128}, kFive = {10, 20, 1, 40, 128};
+
+// The diagonal, its first document from before it or at its start: 4 documents (one launch) and
+// 5 (4 + 1).
+TEST_CASE("cuda: block-causal attention blocks, the causal diagonal", "[gpu]") {
+  check_blocks({{true, 3 * 128, 128 + 5, kFour, 1}, {true, 3 * 128, 3 * 128, kFive, 2}});
+}
+
+// Keys of the chunk before: the first document from before them, from inside them, and from
+// their last 5 keys (37 queries over 5 keys); each one launch, the other rows hidden.
+TEST_CASE("cuda: block-causal attention blocks of earlier keys", "[gpu]") {
+  check_blocks({{false, 2 * 128, 128 + 5, kFour, 1},
+                {false, 2 * 128, 2 * 128 + 77, kFour, 1},
+                {false, 2 * 128, 3 * 128 - 5, kFour, 1}});
+}
+
+// The first document starts after the key block (inside the next chunk, or with the queries):
+// no row sees a key, and cuDNN is not called.
+TEST_CASE("cuda: block-causal attention blocks that no query sees", "[gpu]") {
+  check_blocks({{false, 128, 2 * 128 + 77, kFive, 0}, {false, 0, 3 * 128, kFour, 0}});
 }
 
 // Both kernels: the fp32 table one (the default) and the fp64 one (TR_ROPE_FP64=1), which a

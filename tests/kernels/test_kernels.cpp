@@ -15,6 +15,7 @@
 #include "core/bf16.h"
 #include "kernels/cpu/chunk_attention.h"
 #include "kernels/ops.h"
+#include "kernels/ragged.h"
 #include "kernels/versions.h"
 #include "parallel/context_parallel.h"
 #include "tests/host_tensor.h"
@@ -519,8 +520,9 @@ TEST_CASE("kernels: block-causal attention is each document's own attention", "[
   const DocCount found = count_documents(starts.data(), 24, 12);
   CHECK(found.count == 4);
   CHECK(found.longest == 12);
-  const DocStarts doc_start{Tensor(starts.data(), DType::i32, Device::cpu, {24}), found.count,
-                            found.longest};
+  const DocStarts doc_start = host_doc_starts(Tensor(starts.data(), DType::i32, Device::cpu, {24}));
+  CHECK(doc_start.documents(12).count == 4);
+  CHECK(doc_start.slice(12, 12).documents(12).count == 1);
   // Sequences of one document each: a sequence's first row begins a document.
   const std::vector<int32_t> zeros(24, 0);
   CHECK(count_documents(zeros.data(), 24, 12).count == 2);
@@ -579,6 +581,76 @@ TEST_CASE("kernels: block-causal attention is each document's own attention", "[
   loss();
   a.bwd(doc_start);
   CHECK(rel_err(a.dqkv.values(), numeric_grad(a.qkv, loss)) < kFdTol);
+}
+
+// Block-causal attention's ragged batches (kernels/ragged.h): the documents go in parts of a
+// power-of-two count, largest first, each at a 16-byte aligned slot; no entry is empty; the
+// entries cover every row in order. The host table is the CUDA kernel's oracle.
+TEST_CASE("kernels: ragged parts cover the documents without an empty entry", "[kernels]") {
+  // 13 documents in one sequence: parts of 8, 4 and 1 at slots 0, 12 and 20.
+  std::vector<int32_t> thirteen;  // documents of 1, 2 and 3 rows in turn
+  for (int d = 0; d < 13; ++d) {
+    const auto first = static_cast<int32_t>(thirteen.size());
+    thirteen.insert(thirteen.end(), static_cast<size_t>(1 + d % 3), first);
+  }
+  const int64_t n13 = static_cast<int64_t>(thirteen.size());
+  const RaggedParts p13 = ragged_parts(thirteen.data(), n13, n13);
+  REQUIRE(p13.documents == 13);
+  REQUIRE(p13.n == 3);
+  CHECK(p13.part[0].count == 8);
+  CHECK(p13.part[1].count == 4);
+  CHECK(p13.part[2].count == 1);
+  CHECK(p13.part[0].slot == 0);
+  CHECK(p13.part[1].slot == 12);
+  CHECK(p13.part[2].slot == 20);
+  CHECK(p13.slots == 24);
+  // Equal starts across a sequence boundary are two documents.
+  const std::vector<int32_t> zeros(24, 0);
+  CHECK(ragged_parts(zeros.data(), 24, 12).documents == 2);
+  CHECK(ragged_parts(zeros.data(), 24, 24).documents == 1);
+
+  std::mt19937 rng(5);
+  for (int64_t longest : {1, 3, 17, 64, 300}) {
+    for (int64_t period : {64, 256}) {
+      const int64_t rows = 4 * period;
+      std::vector<int32_t> start;
+      std::uniform_int_distribution<int64_t> len(1, longest);
+      for (int64_t b = 0; b < rows / period; ++b)
+        for (int64_t at = 0; at < period;) {
+          const int64_t n = std::min(len(rng), period - at);
+          start.insert(start.end(), static_cast<size_t>(n), static_cast<int32_t>(at));
+          at += n;
+        }
+      INFO("longest " << longest << ", period " << period);
+      const RaggedParts p = ragged_parts(start.data(), rows, period);
+      CHECK(p.documents == count_documents(start.data(), rows, period).count);
+      CHECK(p.slots <= ragged_slots_bound(rows));
+      const RaggedTableRows t = ragged_table(p, start.data(), rows, period);
+      int64_t next_doc = 0, next_row = 0;
+      for (int i = 0; i < p.n; ++i) {
+        const RaggedPart& part = p.part[i];
+        INFO("part " << i);
+        CHECK((part.count & (part.count - 1)) == 0);  // a power of two
+        CHECK((i == 0 || part.count < p.part[i - 1].count));
+        CHECK(part.first == next_doc);
+        CHECK(part.slot % 4 == 0);
+        CHECK((i == 0 || part.slot >= p.part[i - 1].slot + p.part[i - 1].count + 1));
+        int64_t longest_here = 0;
+        for (int64_t e = 0; e < part.count; ++e) {
+          const int64_t slot = part.slot + e;
+          CHECK(t.len[slot] >= 1);
+          CHECK(t.row[slot] == next_row);
+          next_row += t.len[slot];
+          longest_here = std::max<int64_t>(longest_here, t.len[slot]);
+        }
+        CHECK(t.row[part.slot + part.count] == next_row);  // the part's end
+        CHECK(part.longest == longest_here);
+        next_doc += part.count;
+      }
+      CHECK(next_doc == p.documents);
+      CHECK(next_row == rows);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- swiglu

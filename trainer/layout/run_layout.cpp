@@ -113,6 +113,7 @@ ModelOptions model_options(const Config& cfg, const RunLayout& layout, Device de
   o.slots = layout.in_flight();
   o.split_backward = layout.split_backward();
   o.overlap_tp = cfg.parallel.overlap_tp;
+  o.documents = cfg.data.document_mask == "block_causal";
   o.separate_compute_copy = separate_compute_copy;
   o.plan_only = plan_only;
   o.shards = dp_shards(cfg, layout.topo);

@@ -9,14 +9,7 @@
 namespace tr {
 
 DocStarts Qwen2Model::doc_starts(int slot, int64_t b) const {
-  const MicroBatchDocs& docs = a_->slots[slot].docs;
-  const DocStarts& all = docs.doc_start;
-  if (all.empty()) return {};
-  const Tensor rows = all.start.slice(b * seq_len_, seq_len_);
-  // The bounds the blocks take: each chunk's (counted when staged), else the micro-batch's,
-  // clamped to the rows.
-  if (docs.chunk.count > 0) return {rows, docs.chunk.count, docs.chunk.longest};
-  return {rows, std::min(all.count, seq_len_), std::min(all.longest, seq_len_)};
+  return a_->slots[slot].docs.doc_start.slice(b * seq_len_, seq_len_);
 }
 
 void Qwen2Model::context_attention_fwd(int slot, int64_t l) {

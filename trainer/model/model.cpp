@@ -87,7 +87,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
     attention_ = attention_prepare(ctx_, static_cast<int>(batch_), static_cast<int>(seq_len_),
                                    static_cast<int>(dims_.heads), static_cast<int>(dims_.kv_heads),
                                    static_cast<int>(dims_.head_dim),
-                                   dims_.cp > 1 ? static_cast<int>(seq_len_ / 2) : 0);
+                                   dims_.cp > 1 ? static_cast<int>(seq_len_ / 2) : 0, o.documents);
 }
 
 void Qwen2Model::alloc_acts(Arena& ar) {

@@ -75,6 +75,9 @@ struct ModelOptions {
   // A whole backward reduces each column-parallel layer's input gradient over TP beside the
   // layer's weight-gradient GEMM (parallel.overlap_tp).
   bool overlap_tp = false;
+  // Block-causal attention over packed documents (data.document_mask: block_causal): its ragged
+  // graphs are prepared with the others.
+  bool documents = false;
   // Allocate nothing: the arenas only measure (for the planner, which sizes a 72B rank on a
   // laptop); such a model answers activation_bytes() and loss_chunk() and nothing else.
   bool plan_only = false;
@@ -95,12 +98,9 @@ ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& options
 // A micro-batch's documents as the model reads them (data.document_mask, reset_position_ids):
 // i32 [tokens_per_micro_batch()] each, or empty.
 struct MicroBatchDocs {
-  // Block-causal attention's document starts of the tokens, positions in their sequence, and
-  // the count of the documents they hold (kernels/ops.h DocStarts).
+  // Block-causal attention's document starts of the tokens, positions in their sequence, on the
+  // device and the host (kernels/ops.h DocStarts).
   DocStarts doc_start;
-  // Under context parallelism: bounds that hold for each of a sequence's two chunks on this rank
-  // (count_documents over each; the blocks take chunks); zero: doc_start's, clamped.
-  DocCount chunk;
   // RoPE's position of each token (restarting in each document); empty: its position in the
   // sequence (this rank's positions of it under context parallelism).
   Tensor positions;
@@ -127,9 +127,6 @@ class Qwen2Model {
   Ctx ctx() const { return ctx_; }
   // Tokens of a micro-batch on this rank: batch x its seq_len / cp tokens of each sequence.
   int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
-  int64_t rows_per_sequence() const { return seq_len_; }  // seq_len / cp
-  // Rows of one chunk under context parallelism (two per sequence on a rank), else 0.
-  int64_t rows_per_chunk() const { return dims_.cp > 1 ? seq_len_ / 2 : 0; }
   ParamBuffer& params() const { return params_; }
   const ParamLayout& layout() const { return params_.layout(); }
 

@@ -20,25 +20,13 @@ size_t StepIO::device_bytes(int64_t micro_batches, int64_t tokens, Device device
 void StepIO::stage(const std::vector<const int32_t*>& inputs,
                    const std::vector<const int32_t*>& targets, int64_t tokens,
                    const std::vector<const int32_t*>& doc_starts,
-                   const std::vector<const int32_t*>& positions, int64_t rows, int64_t chunk_rows) {
+                   const std::vector<const int32_t*>& positions) {
   const std::pair<const std::vector<const int32_t*>*, std::vector<Tensor>*> lists[] = {
       {&inputs, &inputs_},
       {&targets, &targets_},
       {&doc_starts, &doc_starts_},
       {&positions, &positions_}};
-  doc_counts_.clear();
-  chunk_counts_.clear();
-  for (const int32_t* p : doc_starts) {
-    TR_ASSERT(rows > 0, "StepIO::stage: document starts need the rows of a sequence");
-    doc_counts_.push_back(count_documents(p, tokens, rows));
-    DocCount chunk;  // the largest bounds of any one chunk
-    for (int64_t at = 0; chunk_rows > 0 && at < tokens; at += chunk_rows) {
-      const DocCount c = count_documents(p + at, chunk_rows, chunk_rows);
-      chunk.count = std::max(chunk.count, c.count);
-      chunk.longest = std::max(chunk.longest, c.longest);
-    }
-    chunk_counts_.push_back(chunk);
-  }
+  doc_hosts_.clear();
   size_t arrays = 0;
   for (const auto& [from, into] : lists) {
     into->clear();
@@ -48,6 +36,7 @@ void StepIO::stage(const std::vector<const int32_t*>& inputs,
     for (const auto& [from, into] : lists)
       for (const int32_t* p : *from)
         into->push_back(Tensor(const_cast<int32_t*>(p), DType::i32, Device::cpu, {tokens}));
+    doc_hosts_ = doc_starts;
     return;
   }
   const size_t bytes = arrays * static_cast<size_t>(tokens) * sizeof(int32_t);
@@ -62,6 +51,7 @@ void StepIO::stage(const std::vector<const int32_t*>& inputs,
     for (const int32_t* p : *from) {
       std::memcpy(host + i * tokens, p, static_cast<size_t>(tokens) * sizeof(int32_t));
       into->push_back(Tensor(dev + i * tokens, DType::i32, ctx_.device, {tokens}));
+      if (into == &doc_starts_) doc_hosts_.push_back(host + i * tokens);
       ++i;
     }
   }
@@ -92,8 +82,7 @@ double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t*
   std::vector<const int32_t*> starts, at;
   if (doc_start != nullptr) starts.push_back(doc_start);
   if (positions != nullptr) at.push_back(positions);
-  io.stage({tokens}, {targets}, model.tokens_per_micro_batch(), starts, at,
-           model.rows_per_sequence(), model.rows_per_chunk());
+  io.stage({tokens}, {targets}, model.tokens_per_micro_batch(), starts, at);
   model.forward_stage(0, io.inputs(0), 0, io.docs(0));
   model.stage_loss(0, io.targets(0), grad_scale, true, io.loss_sum());
   model.backward_stage(0, io.inputs(0), /*last_of_step=*/true);

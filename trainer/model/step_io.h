@@ -28,21 +28,17 @@ class StepIO {
   // previous upload from that memory has run by then: the last step's take() waited for the
   // stream, which holds every earlier copy.
   // `doc_starts` and `positions` (MicroBatchDocs' two arrays, one per micro-batch) may be empty;
-  // each micro-batch's documents are counted here from its starts, `rows` tokens to a sequence
-  // (Qwen2Model::rows_per_sequence) and, with `chunk_rows` (rows_per_chunk), in each chunk.
+  // the document starts stay readable on the host (DocStarts::host) until the next stage().
   void stage(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
              int64_t tokens, const std::vector<const int32_t*>& doc_starts = {},
-             const std::vector<const int32_t*>& positions = {}, int64_t rows = 0,
-             int64_t chunk_rows = 0);
+             const std::vector<const int32_t*>& positions = {});
   Tensor inputs(size_t micro_batch) const { return inputs_.at(micro_batch); }    // i32 [tokens]
   Tensor targets(size_t micro_batch) const { return targets_.at(micro_batch); }  // i32 [tokens]
   // Its staged document arrays (each empty when none was staged).
   MicroBatchDocs docs(size_t micro_batch) const {
     MicroBatchDocs d;
     if (!doc_starts_.empty()) {
-      const DocCount& n = doc_counts_.at(micro_batch);
-      d.doc_start = DocStarts{doc_starts_.at(micro_batch), n.count, n.longest};
-      d.chunk = chunk_counts_.at(micro_batch);
+      d.doc_start = DocStarts{doc_starts_.at(micro_batch), doc_hosts_.at(micro_batch)};
     }
     if (!positions_.empty()) d.positions = positions_.at(micro_batch);
     return d;
@@ -62,8 +58,7 @@ class StepIO {
   Tensor scalars_;     // f64 [2]: loss_sum, norm_squares
   Buffer host_, dev_;  // the staged arrays: pinned on the host, and on the device
   std::vector<Tensor> inputs_, targets_, doc_starts_, positions_;
-  std::vector<DocCount> doc_counts_;    // the documents of each doc_starts_ array
-  std::vector<DocCount> chunk_counts_;  // their bounds per chunk (zero without chunk rows)
+  std::vector<const int32_t*> doc_hosts_;  // each doc_starts_ array on the host
 };
 
 // One micro-batch through a whole (single-stage) model: forward, loss and backward, gradients

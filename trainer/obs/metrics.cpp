@@ -230,6 +230,13 @@ const std::vector<MetricKey>& metric_keys() {
        [](L l) -> nlohmann::json {
          return *l.m.attention_bwd != '\0' ? nlohmann::json(l.m.attention_bwd) : nlohmann::json();
        }},
+      {"attention_ragged", "step (GPUs)", "count",
+       "block-causal attention's cuDNN launches over ragged batches of documents since the last "
+       "step line (one per power-of-two part of each call's documents; data.document_mask: "
+       "block_causal)",
+       [](L l) -> nlohmann::json {
+         return l.m.attention_ragged >= 0 ? nlohmann::json(l.m.attention_ragged) : nlohmann::json();
+       }},
       {"val_loss", "eval", "nats/token", "validation loss, mean over train.eval_steps batches"},
       {"eval_time_s", "eval", "s", "wall time of the evaluation"},
       {"event", "checkpoint, local_checkpoint, resume, start, exit", "",

@@ -35,6 +35,8 @@ struct StepMetrics {
   // GPUs: which attention backward runs ("deterministic" or "fast"; cuDNN may have built only the
   // other mode than train.deterministic asked for); "" on the CPU (always deterministic).
   const char* attention_bwd = "";
+  // GPUs under block-causal attention: its ragged cuDNN launches this step; -1 = not logged.
+  int64_t attention_ragged = -1;
   double elapsed_s = 0;         // since this process started training
   int64_t steps_done_here = 0;  // steps run by this process (for the ETA)
   const char* skipped = "";   // why this step was not applied ("non_finite", "spike"); "" = it was

@@ -123,7 +123,8 @@ struct LoopState {
   // while steps are being skipped, so a diverging run never pushes its good checkpoints out.
   int64_t before_skips = -1;
   double busy_s = 0;  // this rank's own work since the last straggler report
-  int64_t fast_fallbacks = attention_fast_fallbacks();  // as of the last step
+  int64_t fast_fallbacks = attention_fast_fallbacks();    // as of the last step
+  int64_t ragged_launches = attention_ragged_launches();  // the same
   LoopState(Session& s)
       : guard(s.cfg.train),
         saver(s),
@@ -167,6 +168,11 @@ int account_step(Session& s, LoopState& l, double blocked_before) {
                           ? "deterministic"
                           : "fast";
     l.fast_fallbacks = fallbacks;
+    if (s.cfg.data.document_mask == "block_causal") {
+      const int64_t launches = attention_ragged_launches();
+      m.attention_ragged = launches - l.ragged_launches;
+      l.ragged_launches = launches;
+    }
   }
   m.peak_mem_mib = peak_mem_mib();
   if (s.ctx.device != Device::cpu) m.device_mem_mib = device_info(s.ctx).memory_used_mib;

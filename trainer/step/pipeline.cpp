@@ -143,8 +143,7 @@ void stage_batch(Session& s, const data::StepBatch& batch) {
     if (!mb.doc_start.empty()) doc_starts.push_back(mb.doc_start.data());
     if (!mb.positions.empty()) positions.push_back(mb.positions.data());
   }
-  s.io->stage(inputs, targets, s.model->tokens_per_micro_batch(), doc_starts, positions,
-              s.model->rows_per_sequence(), s.model->rows_per_chunk());
+  s.io->stage(inputs, targets, s.model->tokens_per_micro_batch(), doc_starts, positions);
 }
 
 double forward_pipeline(Session& s, const data::StepBatch& batch) {
