@@ -158,7 +158,10 @@ struct OptimConfig {
 
 struct CheckpointConfig {
   std::string dir = "checkpoints";
-  int64_t interval = 0;  // steps between saves; 0 = only at the end
+  int64_t interval = 0;  // steps between saves; 0 = none before the end
+  // Save when the run reaches train.steps. Benchmarks turn it off (their end state is never
+  // resumed, and a 1.5B save takes longer than its timed steps); a stop signal still saves.
+  bool save_at_end = true;
   int64_t keep_last = 2;
   // Seconds a save (or the load at start-up) may take: ranks waiting for the slowest disk get
   // this long before parallel.timeout_s ends the job, and a slower save is warned about (it

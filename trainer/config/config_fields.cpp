@@ -180,7 +180,10 @@ const std::vector<Field>& fields() {
       TR_FIELD(checkpoint, dir, String, 0, 0,
                "directory of step_NNNNNNNN/ checkpoints and `latest`"),
       TR_FIELD(checkpoint, interval, Int, 0, kMaxI,
-               "steps between checkpoints; 0 = only at the end"),
+               "steps between checkpoints; 0 = none before the end (save_at_end)"),
+      TR_FIELD(checkpoint, save_at_end, Bool, 0, 0,
+               "save when the run reaches train.steps; benchmarks turn it off (tools/bench.sh): "
+               "a stop signal and train.exit_interval still save"),
       TR_FIELD(checkpoint, keep_last, Int, 2, 1 << 20, "committed checkpoints kept (>= 2)"),
       TR_FIELD(checkpoint, save_timeout_s, Float, 1, kInf,
                "seconds a save or the start-up load may take (ranks waiting for the slowest disk "

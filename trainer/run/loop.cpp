@@ -196,8 +196,9 @@ int maybe_evaluate(Session& s, LoopState& l) {
   return -1;
 }
 
-// The saves after an applied step: interval, exit_interval and the last step's; a stop signal
-// saves and ends the run. Returns the exit code, or -1 to go on.
+// The saves after an applied step: interval, exit_interval and the last step's (unless
+// checkpoint.save_at_end is off); a stop signal saves and ends the run. Returns the exit code,
+// or -1 to go on.
 int save_after_step(Session& s, LoopState& l, bool stop) {
   const TrainConfig& t = s.cfg.train;
   const int64_t step = l.m.step;
@@ -206,9 +207,15 @@ int save_after_step(Session& s, LoopState& l, bool stop) {
   const bool interval = s.cfg.checkpoint.interval > 0 && step % s.cfg.checkpoint.interval == 0 &&
                         l.guard.skipped_in_a_row() == 0;
   const bool exit_now = t.exit_interval > 0 && step % t.exit_interval == 0 && step < t.steps;
+  const bool last = step == t.steps;
   if (stop) return stop_and_save(s, l.saver, true);
-  if (interval || exit_now || step == t.steps) {
-    if (int code = save_step(s, l.saver, exit_now || step == t.steps); code != kExitOk) return code;
+  if (interval || exit_now || (last && s.cfg.checkpoint.save_at_end)) {
+    if (int code = save_step(s, l.saver, exit_now || last); code != kExitOk) return code;
+  } else if (last) {  // no save at the end: an earlier one still in flight commits first
+    const absl::Status st = l.saver.settle(true);
+    if (int code = agree_on_exit(*s.groups.world, st.ok() ? kExitOk : kExitFailure, st);
+        code != kExitOk)
+      return code;
   }
   if (exit_now) {
     std::printf(
@@ -244,8 +251,10 @@ int train_loop_steps(Session& s) {
     if (l.local.due(l.m.step) && l.guard.skipped_in_a_row() == 0) l.local.save();
   }
   l.local.settle(true);  // a finished run's last local part counts
-  std::printf("done: %lld steps, last loss %.4f, %s\n", static_cast<long long>(s.state.step),
-              l.m.loss, format_duration(seconds_since(l.start)).c_str());
+  std::printf("done: %lld steps, last loss %.4f, %s; last checkpoint: %s%s\n",
+              static_cast<long long>(s.state.step), l.m.loss,
+              format_duration(seconds_since(l.start)).c_str(), s.last_checkpoint().c_str(),
+              s.cfg.checkpoint.save_at_end ? "" : " (checkpoint.save_at_end: false)");
   return kExitOk;
 }
 
