@@ -2,7 +2,8 @@
 # Training benchmark: runs the trainer for a fixed number of steps on synthetic tokens and
 # prints one Markdown table row set: tokens/s, tokens/s per GPU (rank), MFU, step time and its
 # breakdown (data wait, gradient reduction + optimizer), host and device memory. Steps after
-# the first --warmup are summarised by their median.
+# the first --warmup are summarised by their median. No checkpoint is written
+# (checkpoint.save_at_end=false): a 1.5B save takes longer than the timed steps (docs/gpu.md).
 #
 #   tools/bench.sh [--config FILE | --preset qwen2.5-1.5b] [--seq-len 4096] [--micro-batch 1]
 #                  [--global-batch 8] [--steps 20] [--warmup 3] [--backend cuda]
@@ -52,8 +53,8 @@ name=${config##*/}; [ "$config" = "$out/bench.yaml" ] && name=$preset
   --set "data.train=[{path: $out/data/synthetic, weight: 1.0}]" --set data.valid=[] \
   --set data.seq_len="$seq_len" --set train.steps="$steps" --set train.global_batch="$global" \
   --set train.micro_batch="$micro" --set train.backend="$backend" --set train.eval_interval=0 \
-  --set optim.warmup_steps=1 --set checkpoint.interval=0 --set checkpoint.dir="$out/ckpt" \
-  --set checkpoint.keep_last=2 --set log.dir="$out/log" --set log.interval=1 "${extra[@]}" \
+  --set optim.warmup_steps=1 --set checkpoint.interval=0 --set checkpoint.save_at_end=false \
+  --set checkpoint.dir="$out/ckpt" --set log.dir="$out/log" --set log.interval=1 "${extra[@]}" \
   >"$out/trainer.log" 2>&1 || { echo "bench.sh: the trainer failed; see $out/trainer.log" >&2; tail -5 "$out/trainer.log" >&2; exit 1; }
 python3 - "$out/log/metrics.jsonl" "$name" "$seq_len" "$micro" "$global" "$warmup" "$backend" <<'PY'
 import json, statistics, sys

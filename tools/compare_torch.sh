@@ -4,10 +4,11 @@
 # Qwen2ForCausalLM, SDPA, torch.compile, bf16, fused AdamW), one after the other, then ONE
 # Markdown table: tokens/s, MFU, peak memory of each and ours ÷ torch. Both count FLOPs our way
 # (6·N_matmul + 6·L·s·nh·hd, docs/PERFORMANCE.md) and take the median of the steps after --warmup.
+# Neither side saves a checkpoint (bench.sh sets checkpoint.save_at_end=false).
 #
-#   tools/compare_torch.sh [--presets "qwen2.5-0.5b qwen2.5-1.5b"] [--config FILE]...
-#                          [--seq-len 4096] [--micro-batch 1] [--global-batch 8] [--steps 20]
-#                          [--warmup 3] [--build build] [--python python3] [--device cuda|cpu]
+#   tools/compare_torch.sh [--presets "qwen2.5-1.5b qwen2.5-0.5b"] [--config FILE]...
+#                          [--seq-len 4096] [--micro-batch 1] [--global-batch 8] [--steps 8]
+#                          [--warmup 2] [--build build] [--python python3] [--device cuda|cpu]
 #                          [--precision autocast|bf16] [--no-compile] [--out DIR]
 #                          [--torch-args "extra torch_baseline.py arguments"]
 #
@@ -16,9 +17,13 @@
 # --device cpu --no-compile). Logs, per-run JSON and the table (compare.md) go to --out (default
 # a new /tmp/trainer-compare.*). Exits 1 if any run failed (its row says "failed" and the tail of
 # its log is printed), 2 on a bad argument.
+#
+# 8 steps, 2 of them warm-up: the first step builds the graphs (cuDNN's and cuBLASLt's plans here,
+# torch.compile's there) and the second may still recompile; the median of the 6 after is
+# unmoved by two slow steps, and each step more costs both sides ~0.7 s at 1.5B (docs/gpu.md).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-presets="qwen2.5-0.5b qwen2.5-1.5b" configs=() seq_len=4096 micro=1 global=8 steps=20 warmup=3
+presets="qwen2.5-1.5b qwen2.5-0.5b" configs=() seq_len=4096 micro=1 global=8 steps=8 warmup=2
 build=$root/build python=python3 device=cuda precision=autocast compile_flag="" out=""
 torch_args=""
 while (($#)); do

@@ -60,6 +60,8 @@ expect "$work/fake-ncu.log" "^flag --profile-from-start=off$"
 expect "$work/fake-ncu.log" "^flag --csv$"
 expect "$work/wrap/trainer.log" "^profiler: capturing steps 4 to 4 \(cudaProfilerStart\)$"
 expect "$work/wrap.md" "^\| tiny.yaml \| cpu x1 \| 32 \| 2 \| 4 \| [1-9]"
+ls "$work/wrap/ckpt" >"$work/wrap-ckpt.txt" 2>/dev/null || true
+grep -qE '^(latest|step_)' "$work/wrap-ckpt.txt" && fail "bench.sh saved a checkpoint: $(cat "$work/wrap-ckpt.txt")"
 
 echo "== the clock: a stage that would not finish in what is left is skipped, saying so"
 bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/short" --budget 30 ops cpu >/dev/null 2>&1
