@@ -5,11 +5,16 @@
 # cut off at its limit still returns every stage before.
 #
 #   bash tools/gpu_check.sh [--budget SECONDS] [--build DIR] [--out DIR] STAGE...
+#   bash tools/gpu_check.sh --needs [--budget SECONDS] STAGE...   (the stages' needs; no run)
+#   bash tools/gpu_check.sh --targets [STAGE...]    (the programs the stages run; default all)
 #
 #   --budget  seconds the whole run may take (default 540: a 10-minute call with room to spare)
 #   --build   the build to run: default the pack (.gpu/pack.tar.xz, unpacked into build-packed/),
 #             else build-gpu/, else build/
 #   --out     where summary.txt and logs.tar.gz go (default $OUT, else gpu-out/)
+#   --needs   prints each stage's need and their sum against the budget; exit 1 if over it
+#   --targets prints the build paths (trainer/trainer, tests/test_cuda_ops, ...) of the programs
+#             the stages run: what tools/gpu_pack.sh packs and the fallback build makes
 #
 # STAGE, or a set of them ("first" = probe ops e2e bench preflight memcheck):
 #   probe      the GPU, driver and CUDA, the cuDNN/cuBLASLt/NCCL the trainer loads, trainer
@@ -23,32 +28,92 @@
 #   memcheck   compute-sanitizer memcheck over the op tests of our own kernels, small shapes
 #   bisect     the GPU training test again under each kernel switch of docs/debug.md
 #   cpu        the pack's CPU tests (every in-process case), 8 at a time
-#   compare    tools/compare_torch.sh: the trainer against PyTorch (0.5B, 1.5B)
+#   compare    tools/compare_torch.sh: the trainer against PyTorch, 1.5B; then 0.5B if time is left
 #   opbench    tools/bench_ops: each op of a step against the planner's prediction, at the
 #              shapes of Qwen2.5-1.5B and 0.5B (one GPU) and of the 72B job's tp 8 stage, and
 #              1.5B's block-causal attention over documents of 512 and 64 tokens
 #   profile    one step of Qwen2.5-1.5B (2 micro-batches of 4096 tokens) under ncu, captured by
 #              log.profile_steps: every kernel's device time by class and by kernel
-#              (tools/ncu_table.py)
+#              (tools/ncu_table.py); a run cut at its limit says how far it got
 # A failing test reports its first error line. Without a GPU the stages that need one say so
 # (tests/tools/test_gpu_check.sh runs this script so on every CI run).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
-budget=540 build="" out=${OUT:-gpu-out}
+budget=540 build="" out=${OUT:-gpu-out} mode=run
+all_stages=(probe ops e2e bench preflight memcheck bisect cpu compare opbench profile)
 stages=()
 while (($#)); do
   case $1 in
     --budget) budget=$2; shift 2 ;;
     --build) build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --needs) mode=needs; shift ;;
+    --targets) mode=targets; shift ;;
     first) stages+=(probe ops e2e bench preflight memcheck); shift ;;
     probe | ops | e2e | bench | preflight | memcheck | bisect | cpu | compare | opbench | profile) stages+=("$1"); shift ;;
     *) echo "gpu_check.sh: unknown argument '$1' (see the header of $0)" >&2; exit 2 ;;
   esac
 done
+[ $mode = targets ] && ((${#stages[@]} == 0)) && stages=("${all_stages[@]}")
 ((${#stages[@]})) || { echo "gpu_check.sh: name a stage, or 'first' (see the header of $0)" >&2; exit 2; }
 [ "${stages[0]}" = probe ] || stages=(probe "${stages[@]}")
+
+# Seconds each stage needs to finish, from the first window (docs/gpu.md: one H200, `first` in
+# 498 s): a stage gets all that is left and each test its own limit within it, but one that
+# would not finish in what is left is skipped, and --needs sums them for a documented command.
+#   probe      10  the versions and 7 runtime packages unpacked (not timed alone; small)
+#   ops       130  as long as its slowest case (4 at a time): the first window's ran to its
+#                  120 s limit
+#   e2e       210  the 10 s smoke run, then the cases 2 at a time: the first window's hung case
+#                  ran to its 200 s limit
+#   bench      90  20 steps of 0.638 s (1.5B) and of 0.272 s (0.5B), and two start-ups; the 26 s
+#                  and 8 s final saves of the first window are gone (checkpoint.save_at_end)
+#   preflight  30  and memcheck 60: with probe and bench (saves included) they took at most the
+#                  168 s of the first window's 498 s that ops (>= 120) and e2e (210) left
+#   bisect    240  a run of the GPU training test for each kernel switch, 120 s at most each
+#   cpu       120  the in-process CPU cases, 8 at a time
+#   compare   170  1.5B only: ours is a start-up and 8 steps of 0.638 s (~30 s); PyTorch's
+#                  import, model and torch.compile of the first step (~120 s, not measured yet)
+#                  and 8 steps; the 0.5B pair only when compare_small s are left after it
+#   opbench    90  never run: five bench_ops processes, each a start-up and 11 runs of each op
+#   profile   150  never run: the start-up under ncu, 4 steps, then ncu timing each kernel of
+#                  step 4 (~2,500 kernels)
+declare -A need=([probe]=10 [ops]=130 [e2e]=210 [bench]=90 [preflight]=30 [memcheck]=60
+                 [bisect]=240 [cpu]=120 [compare]=170 [opbench]=90 [profile]=150)
+compare_small=100  # the 0.5B pair: a shorter start-up and compile of the same
+
+# The programs each stage runs (build paths); tools/gpu_pack.sh packs them all, and the
+# fallback build makes those of the stages named.
+declare -A runs=([probe]="trainer/trainer" [ops]="tests/test_cuda_ops"
+  [e2e]="trainer/trainer tools/prepare_data tools/preflight tests/test_cli_gpu"
+  [bench]="trainer/trainer tools/prepare_data" [preflight]="tools/preflight"
+  [memcheck]="tests/test_cuda_ops"
+  [bisect]="trainer/trainer tools/prepare_data tools/preflight tests/test_cli_gpu"
+  [cpu]="trainer/trainer tools/prepare_data tests/test_kernels tests/test_data
+         tests/test_checkpoint tests/test_config tests/test_trainer tests/test_schedule
+         tests/test_tools tests/test_comm tests/test_reliability tests/test_hf tests/test_tokenizer"
+  [compare]="trainer/trainer tools/prepare_data" [opbench]="tools/bench_ops"
+  [profile]="trainer/trainer tools/prepare_data")
+# The build paths of the named stages' programs, one per line, each once.
+# shellcheck disable=SC2086 # each runs[] entry is a word list
+targets() { for s in "$@"; do printf '%s\n' ${runs[$s]}; done | awk '!seen[$0]++'; }
+
+# The needs of the stages and their sum against the budget (1 when over it).
+needs() {
+  local total=0 line="" s
+  for s in "$@"; do total=$((total + need[$s])); line+="${line:+ + }$s ${need[$s]}"; done
+  if ((total <= budget)); then
+    echo "needs: $line = $total s of the $budget s budget"
+  else
+    echo "needs: $line = $total s: more than the $budget s budget"
+    return 1
+  fi
+}
+case $mode in
+  needs) needs "${stages[@]}"; exit ;;
+  targets) targets "${stages[@]}"; exit 0 ;;
+esac
 # The pack (tools/gpu_pack.sh) is unpacked into build-packed/ (ignored, so never carried back)
 # when that is missing or older than the pack.
 unpack() {
@@ -76,11 +141,6 @@ start=$(date +%s)
 deadline=$((start + budget))
 gpu=0
 any_failed=0
-
-# Seconds a stage needs at least to tell us something (a stage gets all that is left, and each
-# test its own limit within it). The "would not finish" skip compares these with the clock.
-declare -A need=([probe]=10 [ops]=60 [e2e]=120 [bench]=120 [preflight]=30 [memcheck]=60
-                 [bisect]=240 [cpu]=120 [compare]=300 [opbench]=90 [profile]=150)
 
 say() { echo "$*" | tee -a "$summary"; }
 left() { echo $((deadline - $(date +%s))); }
@@ -165,8 +225,8 @@ gpu_libraries() {
     while read -r so; do [ -e "$so" ] && readlink -f "$so"; done | tr '\n' ' '
 }
 
-# Builds the targets a window runs on this machine, for its GPU (the fallback when the pack's
-# binaries do not load), into build-gpu/.
+# Builds the programs of the named stages on this machine, for its GPU (the fallback when the
+# pack's binaries do not load), into build-gpu/.
 build_here() {
   local t0 dev=.gpu/dev-debs
   t0=$(date +%s)
@@ -175,10 +235,13 @@ build_here() {
     mkdir -p "$work/cudnn-frontend" && tar -xJf .gpu/cudnn-frontend.tar.xz -C "$work/cudnn-frontend" &&
       export CUDNN_FRONTEND_INCLUDE=$work/cudnn-frontend/include
   fi
+  local names
+  names=$(targets "${stages[@]}" | sed 's|.*/||' | tr '\n' ' ')
+  # shellcheck disable=SC2086 # $names is a word list
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRAINER_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${GPU_ARCH:-native}" >"$work/configure.log" 2>&1 &&
-    timeout -k 10 $(($(left) - 10)) cmake --build build-gpu -j"$(nproc)" --target \
-      trainer prepare_data preflight test_cuda_ops test_cli_gpu >"$work/build.log" 2>&1
+    timeout -k 10 $(($(left) - 10)) cmake --build build-gpu -j"$(nproc)" --target $names \
+      >"$work/build.log" 2>&1
   local rc=$?
   if [ $rc = 0 ]; then
     build=$root/build-gpu
@@ -335,32 +398,63 @@ stage_opbench() {
 # the 8-micro-batch step's) under ncu, which records only what log.profile_steps brackets with
 # cudaProfilerStart/Stop, each kernel's time with warm caches and the clocks left alone. ncu
 # runs the kernels one at a time: the table's sum is the step's kernel time, against the bench
-# stage's step time for what the device spent idle.
+# stage's step time for what the device spent idle. ncu writes its CSV only when the run exits,
+# so the run must end by itself: 4 short steps and no save (bench.sh), inside a limit 20 s short
+# of what is left; a run cut there says how far it got.
 stage_profile() {
-  local ncu
+  local ncu limit t0 rc
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$ncu" ] || { say "profile: skipped, ncu not found"; return; }
-  timeout -k 10 $(($(left) - 15)) bash tools/bench.sh --preset qwen2.5-1.5b --seq-len 4096 \
+  limit=$(($(left) - 20)) t0=$(date +%s)
+  timeout -k 10 "$limit" bash tools/bench.sh --preset qwen2.5-1.5b --seq-len 4096 \
     --micro-batch 1 --global-batch 2 --steps 4 --warmup 2 --build "$build" --out "$work/profile" \
     --wrap "$ncu --profile-from-start off --clock-control none --cache-control none --csv --page raw \
 --print-units base --print-kernel-base function --metrics gpu__time_duration.sum \
 --log-file $work/profile-ncu.csv" -- --set 'log.profile_steps=[4, 4]' >"$work/profile.md" 2>&1
-  say "profile (rc $?): qwen2.5-1.5b step 4, 2 micro-batches of 4096 tokens, under ncu:"
+  rc=$?
+  if ((rc == 124 || rc == 137)); then
+    say "profile: cut at its $limit s limit (ncu writes its CSV only at exit, so there is none):" \
+      "$(profile_progress)"
+    return
+  fi
+  say "profile (rc $rc, $(($(date +%s) - t0)) s): qwen2.5-1.5b step 4, 2 micro-batches of 4096 tokens, under ncu:"
   grep -m2 -E '^==(ERROR|WARNING)==' "$work/profile-ncu.csv" 2>/dev/null | tee -a "$summary"
   python3 tools/ncu_table.py "$work/profile-ncu.csv" --top 30 >"$work/profile-table.md" 2>&1
   tee -a "$summary" <"$work/profile-table.md"
 }
 
+# How far a cut profile run got: the trainer's steps, whether the capture began, ncu's kernels.
+profile_progress() {
+  local steps kernels
+  steps=$(grep -c '"loss"' "$work/profile/log/metrics.jsonl" 2>/dev/null)
+  kernels=$(cat "$work/profile-ncu.csv" "$work/profile/trainer.log" 2>/dev/null | grep -c '^==PROF== Profiling')
+  echo "the trainer logged ${steps:-0} of 4 steps;" \
+    "$(grep -q '^profiler: capturing' "$work/profile/trainer.log" 2>/dev/null &&
+      echo "the capture of step 4 began, ncu had timed $kernels kernels" || echo "the capture never began")"
+}
+
+# 1.5B first (the target's shape), then the 0.5B pair only if what is left holds it; 8 steps,
+# 2 of them warm-up (tools/compare_torch.sh says why).
 stage_compare() {
-  timeout -k 10 $(($(left) - 15)) bash tools/compare_torch.sh --presets "qwen2.5-0.5b qwen2.5-1.5b" --seq-len 4096 \
-    --micro-batch 1 --global-batch 8 --steps 20 --warmup 3 --build "$build" \
-    --out "$work/compare" >"$work/compare.log" 2>&1
-  say "compare with PyTorch (rc $?):"
-  tee -a "$summary" <"$work/compare/compare.md" 2>/dev/null || tail -30 "$work/compare.log" | tee -a "$summary"
+  local preset rc
+  for preset in qwen2.5-1.5b qwen2.5-0.5b; do
+    if [ "$preset" = qwen2.5-0.5b ] && (($(left) < compare_small)); then
+      say "compare $preset: skipped, would not finish: needs $compare_small s, $(left) s left"
+      continue
+    fi
+    timeout -k 10 $(($(left) - 15)) bash tools/compare_torch.sh --presets "$preset" --seq-len 4096 \
+      --micro-batch 1 --global-batch 8 --steps 8 --warmup 2 --build "$build" \
+      --out "$work/compare-$preset" >"$work/compare-$preset.log" 2>&1
+    rc=$?
+    say "compare $preset with PyTorch (rc $rc):"
+    tee -a "$summary" <"$work/compare-$preset/compare.md" 2>/dev/null ||
+      tail -30 "$work/compare-$preset.log" | tee -a "$summary"
+  done
 }
 
 say "gpu_check: $(date -u +'%Y-%m-%d %H:%M UTC') $(git rev-parse --short HEAD 2>/dev/null); budget ${budget} s;" \
   "stages $(for s in "${stages[@]}"; do printf '%s (>= %s s) ' "$s" "${need[$s]}"; done)"
+needs "${stages[@]}" >/dev/null || say "gpu_check: $(needs "${stages[@]}"); the last will be skipped"
 # The stages that run without a GPU: probe, the op and end-to-end tests (each case then says
 # "skipped: no CUDA device" itself) and the CPU tests.
 runs_without_gpu() { case $1 in probe | ops | e2e | cpu) return 0 ;; *) return 1 ;; esac; }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU window's scripts on a machine without a GPU, so that a scripting error never costs
-# GPU time: tools/gpu_check.sh's staging, clock, summary and skips (the dry run of `first`), a
-# run killed mid-stage returning the stages before it, and tools/gpu_pack.sh's pack moved into
-# another directory, whose CPU tests pass there reading that directory's files.
+# GPU time: tools/gpu_check.sh's staging, clock, summary and skips (the dry run of `first`), the
+# windows docs/gpu.md names fitting their budgets, a run killed mid-stage returning the stages
+# before it, and tools/gpu_pack.sh's pack moved into another directory, whose CPU tests pass
+# there reading that directory's files.
 #
 #   test_gpu_check.sh BUILD_DIR WORK_DIR
 set -euo pipefail
@@ -39,6 +40,32 @@ cmp -s <(grep -v '^(' "$s") <(grep -vE '^\(' "$work/first.log") || fail "what wa
 tar -tzf "$work/first/logs.tar.gz" >"$work/first/logs.list"
 grep -q "ops/cases.txt" "$work/first/logs.list" || fail "logs.tar.gz lacks the op tests' logs"
 
+echo "== the windows docs/gpu.md names: each command's stages fit its budget"
+# The documented commands, as "bash tools/gpu_check.sh --budget N STAGE... # the next window"
+# and "... # the window after"; their needs summed by gpu_check.sh --needs (probe added).
+for window in "the next window" "the window after"; do
+  cmd=$(grep -E "^bash tools/gpu_check.sh --budget [0-9]+ [a-z0-9 ]+# $window" "$src/docs/gpu.md") ||
+    fail "docs/gpu.md names no command for $window ('bash tools/gpu_check.sh --budget N ... # $window')"
+  read -ra args <<<"${cmd%%#*}"
+  budget=${args[3]}
+  ((budget <= 560)) || fail "$window: --budget $budget leaves a 600 s call no time to return"
+  bash "$src/tools/gpu_check.sh" --needs "${args[@]:2}" >"$work/needs.txt" ||
+    fail "$window does not fit: $(cat "$work/needs.txt")"
+  expect "$work/needs.txt" "^needs: probe [0-9]+ \+ .* = [0-9]+ s of the $budget s budget$"
+done
+bash "$src/tools/gpu_check.sh" --needs --budget 300 ops e2e compare >"$work/needs.txt" &&
+  fail "ops e2e compare fit 300 s: $(cat "$work/needs.txt")"
+expect "$work/needs.txt" "^needs: probe [0-9]+ \+ ops [0-9]+ \+ e2e [0-9]+ \+ compare [0-9]+ = [0-9]+ s: more than the 300 s budget$"
+
+echo "== every program a stage runs is one gpu_check.sh --targets names (packed, built in the fallback)"
+bash "$src/tools/gpu_check.sh" --targets >"$work/targets.txt"
+cat "$src"/tools/{gpu_check,bench,compare_torch}.sh | grep -oE '\$build"?/(trainer|tools|tests)/[a-z_]+\*?' |
+  sed 's|^\$build"\{0,1\}/||' | sort -u >"$work/runs.txt"
+while read -r f; do
+  case $f in *\*) continue ;; esac  # the CPU tests' glob: the cpu stage's own list
+  grep -qx "$f" "$work/targets.txt" || fail "a stage runs $f, which gpu_check.sh --targets leaves out"
+done <"$work/runs.txt"
+
 echo "== the stages after the first window's, without a GPU: each skipped, saying why"
 bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/later" compare opbench profile \
   >"$work/later.log" 2>&1 || { cat "$work/later.log"; fail "gpu_check.sh compare opbench profile"; }
@@ -65,8 +92,8 @@ grep -qE '^(latest|step_)' "$work/wrap-ckpt.txt" && fail "bench.sh saved a check
 
 echo "== the clock: a stage that would not finish in what is left is skipped, saying so"
 bash "$src/tools/gpu_check.sh" --build "$build" --out "$work/short" --budget 30 ops cpu >/dev/null 2>&1
-expect "$work/short/summary.txt" "^ops: skipped, would not finish: needs 60 s, (2[0-9]|30) s left$"
-expect "$work/short/summary.txt" "^cpu: skipped, would not finish: needs 120 s, (2[0-9]|30) s left$"
+expect "$work/short/summary.txt" "^ops: skipped, would not finish: needs [0-9]+ s, (2[0-9]|30) s left$"
+expect "$work/short/summary.txt" "^cpu: skipped, would not finish: needs [0-9]+ s, (2[0-9]|30) s left$"
 
 echo "== cut off mid-stage by kill -9: the summary and logs of the stages before it are there"
 # A build whose one test hangs once it has started (and says so), so the kill lands mid-stage.
@@ -113,5 +140,6 @@ echo "spoilt" >"$moved/docs/debug.md"
   fail "the packed test did not read the moved tree's docs/debug.md"
 TR_SOURCE_DIR=$src "$moved/build-packed/tests/test_config" "$case_name" >/dev/null ||
   fail "TR_SOURCE_DIR=$src did not take the packed test back to the checkout"
+
 rm -rf "$work"
 echo "test_gpu_check: passed"
