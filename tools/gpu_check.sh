@@ -10,7 +10,7 @@
 #
 #   --budget  seconds the whole run may take (default 540: a 10-minute call with room to spare)
 #   --build   the build to run: default the pack (.gpu/pack.tar.xz, unpacked into build-packed/),
-#             else build-gpu/, else build/
+#             else build-gpu/, else build/; with none of them, built here from .gpu-dev/
 #   --out     where summary.txt and logs.tar.gz go (default $OUT, else gpu-out/)
 #   --needs   prints each stage's need and their sum against the budget; exit 1 if over it
 #   --targets prints the build paths (trainer/trainer, tests/test_cuda_ops, ...) of the programs
@@ -130,6 +130,11 @@ if [ -z "$build" ]; then
     unpack || { echo "gpu_check.sh: could not unpack .gpu/pack.tar.xz into build-packed/" >&2; exit 2; }
   fi
   for build in build-packed build-gpu build; do [ -x "$build/trainer/trainer" ] && break; done
+  # No pack, no build: the fallback window (.gpu-dev/ sent instead of .gpu/) builds in probe.
+  if [ ! -x "$build/trainer/trainer" ] && [ -d .gpu-dev/dev-debs ]; then
+    build="build-gpu"
+    mkdir -p "$build"
+  fi
 fi
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "gpu_check.sh: no build at '$build'" >&2; exit 2; }
 mkdir -p "$out"
@@ -210,9 +215,12 @@ missing_libraries() {
     sort -u | tr '\n' ' '
 }
 
-# The pack's Debian packages and the cuDNN/NCCL of PyTorch's wheels, on a machine that lacks them.
+# The pack's Debian packages (.gpu/, or .gpu-dev/ in a fallback window) and the cuDNN/NCCL of
+# PyTorch's wheels, on a machine that lacks them.
 setup_env() {
-  if [ -f /tmp/gpu-env.sh ] || { [ -d .gpu/debs ] && bash tools/gpu_setup.sh .gpu/debs >"$work/setup.log" 2>&1; }; then
+  local debs=.gpu/debs
+  [ -d "$debs" ] || debs=.gpu-dev/debs
+  if [ -f /tmp/gpu-env.sh ] || { [ -d "$debs" ] && bash tools/gpu_setup.sh "$debs" >"$work/setup.log" 2>&1; }; then
     [ -f "$work/setup.log" ] && say "setup: $(tail -1 "$work/setup.log")"
     # shellcheck disable=SC1091
     source /tmp/gpu-env.sh
@@ -225,14 +233,20 @@ gpu_libraries() {
     while read -r so; do [ -e "$so" ] && readlink -f "$so"; done | tr '\n' ' '
 }
 
-# Builds the programs of the named stages on this machine, for its GPU (the fallback when the
-# pack's binaries do not load), into build-gpu/.
+# Builds the programs of the named stages on this machine, for its GPU, into build-gpu/: the
+# fallback when the pack's binaries do not load. Needs the -dev packages and the cuDNN frontend
+# of .gpu-dev/, which a window carries instead of .gpu/ (64 MiB do not hold both).
 build_here() {
-  local t0 dev=.gpu/dev-debs
+  local t0 dev=.gpu-dev
   t0=$(date +%s)
-  [ -d "$dev" ] && bash tools/gpu_setup.sh "$dev" >>"$work/setup.log" 2>&1
-  if [ -f .gpu/cudnn-frontend.tar.xz ]; then
-    mkdir -p "$work/cudnn-frontend" && tar -xJf .gpu/cudnn-frontend.tar.xz -C "$work/cudnn-frontend" &&
+  if [ ! -d "$dev/dev-debs" ]; then
+    say "probe: building here needs the -dev packages, and .gpu-dev/ was not sent: carry" \
+      "[\".gpu-dev\"] instead of [\".gpu\"] in the next window (tools/gpu_pack.sh makes both)"
+    return 1
+  fi
+  bash tools/gpu_setup.sh "$dev/dev-debs" >>"$work/setup.log" 2>&1
+  if [ -f "$dev/cudnn-frontend.tar.xz" ]; then
+    mkdir -p "$work/cudnn-frontend" && tar -xJf "$dev/cudnn-frontend.tar.xz" -C "$work/cudnn-frontend" &&
       export CUDNN_FRONTEND_INCLUDE=$work/cudnn-frontend/include
   fi
   local names
@@ -262,6 +276,11 @@ stage_probe() {
   fi
   [ -n "$(missing_libraries)" ] && setup_env
   say "probe: nvcc $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'not found'); build $build"
+  if [ ! -x "$build/trainer/trainer" ]; then
+    say "probe: no prebuilt binaries (.gpu/pack.tar.xz not sent); building here"
+    setup_env
+    build_here || return 1
+  fi
   local missing
   missing=$(missing_libraries)
   if [ -n "$missing" ]; then

@@ -2,8 +2,9 @@
 # The GPU window's scripts on a machine without a GPU, so that a scripting error never costs
 # GPU time: tools/gpu_check.sh's staging, clock, summary and skips (the dry run of `first`), the
 # windows docs/gpu.md names fitting their budgets, a run killed mid-stage returning the stages
-# before it, and tools/gpu_pack.sh's pack moved into another directory, whose CPU tests pass
-# there reading that directory's files.
+# before it, the fallback build's missing packages named, and tools/gpu_pack.sh's pack moved
+# into another directory, whose CPU tests pass there reading that directory's files, refused
+# once it leaves less than its margin.
 #
 #   test_gpu_check.sh BUILD_DIR WORK_DIR
 set -euo pipefail
@@ -122,7 +123,13 @@ mkdir -p "$moved"
   tar -xf - -C "$moved"
 XZ_LEVEL=-0 bash "$moved/tools/gpu_pack.sh" --from-build "$build" --no-debs >"$work/pack.log" 2>&1 ||
   { cat "$work/pack.log"; fail "gpu_pack.sh --from-build failed"; }
-expect "$work/pack.log" "^gpu_pack.sh: pack [0-9.]+ MiB \+ tree [0-9.]+ MiB = [0-9.]+ MiB of the 64 MiB carried$"
+expect "$work/pack.log" '^gpu_pack.sh: carry \[".gpu"\]: pack [0-9.]+ MiB \+ tree [0-9.]+ MiB = [0-9.]+ MiB of the 64 MiB carried$'
+# Past 58 MiB (the 6 MiB margin gone) it refuses, saying so: 56 MiB more, a sparse file.
+truncate -s 56M "$moved/.gpu/filler"
+XZ_LEVEL=-0 bash "$moved/tools/gpu_pack.sh" --from-build "$build" --no-debs >"$work/pack-full.log" 2>&1 &&
+  { cat "$work/pack-full.log"; fail "gpu_pack.sh packed past its margin"; }
+expect "$work/pack-full.log" "^gpu_pack.sh: .gpu with the tree is [0-9.]+ MiB, over 58 MiB: the 6 MiB margin is gone"
+rm "$moved/.gpu/filler"
 rm -rf "$moved/build-packed"  # gpu_check.sh unpacks the pack itself, as on the GPU machine
 bash "$moved/tools/gpu_check.sh" --out "$work/moved-out" cpu >/dev/null 2>&1
 m=$work/moved-out/summary.txt
@@ -141,5 +148,19 @@ echo "spoilt" >"$moved/docs/debug.md"
 TR_SOURCE_DIR=$src "$moved/build-packed/tests/test_config" "$case_name" >/dev/null ||
   fail "TR_SOURCE_DIR=$src did not take the packed test back to the checkout"
 
+echo "== binaries that do not load and no .gpu-dev/: probe says what the next window must carry"
+nl=$work/noload
+mkdir -p "$nl/trainer"
+echo 'int gone(void) { return 0; }' >"$nl/gone.c"
+echo 'int gone(void); int main(void) { return gone(); }' >"$nl/main.c"
+{ cc -shared -fPIC -o "$nl/libgone.so" "$nl/gone.c" &&
+  cc -o "$nl/trainer/trainer" "$nl/main.c" -L"$nl" -lgone && rm "$nl/libgone.so"; } ||
+  fail "could not build a program whose library is missing"
+bash "$moved/tools/gpu_check.sh" --build "$nl" --out "$work/noload-out" ops >/dev/null 2>&1 &&
+  fail "gpu_check.sh went on with binaries that do not load"
+n=$work/noload-out/summary.txt
+expect "$n" "^probe: the binaries do not load: libgone.so not found; building here$"
+expect "$n" '^probe: building here needs the -dev packages, and .gpu-dev/ was not sent: carry \[".gpu-dev"\] instead of \[".gpu"\]'
+expect "$n" "^probe: failed; the stages after it need a loadable build, stopping$"
 rm -rf "$work"
 echo "test_gpu_check: passed"
