@@ -4,14 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
-#include <span>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "core/tensor.h"
 #include "parallel/topology.h"
 #include "trainer/layout/flat_buffers.h"
@@ -20,7 +17,6 @@
 #include "trainer/optim/optim.h"
 #include "trainer/plan/collectives.h"
 #include "trainer/plan/step_model.h"
-#include "yaml-cpp/yaml.h"
 
 namespace tr {
 namespace {
@@ -41,119 +37,6 @@ double ring_half(double bytes, int n) {
 }
 
 }  // namespace
-
-absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec g, const std::string& path,
-                                          StorageSpec* storage) {
-  StorageSpec unused;
-  StorageSpec& st = storage != nullptr ? *storage : unused;
-  // The smallest all-reduce across network_nodes nodes (2 unless the file says, as preflight's
-  // does): split into the per-call and per-step latencies after every key is read.
-  double network_smallest = 0, network_nodes = 2;
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hardware ", path, ": cannot read YAML (", e.what(), ")"));
-  }
-  if (!root.IsMap())
-    return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": expected a mapping"));
-  const std::pair<const char*, std::pair<double*, double>> keys[] = {
-      {"peak_bf16_tflops", {&g.peak_bf16_flops, 1e12}},
-      {"memory_gib", {&g.memory_bytes, kGiB}},
-      {"hbm_tbps", {&g.hbm_bw, 1e12}},
-      {"nvlink_gbps", {&g.nvlink_bw, 1e9}},
-      {"network_gbps", {&g.network_bw, 1e9}},
-      {"gemm_tflops", {&g.gemm_flops, 1e12}},
-      {"memory_gbps", {&g.copy_bw, 1e9}},
-      {"node_latency_us", {&g.nvlink_latency, 1e-6}},
-      {"network_latency_us", {&network_smallest, 1e-6}},
-      {"network_hop_latency_us", {&g.network_hop_latency, 1e-6}},
-      {"attention_fwd_hd64", {&g.attention_fwd_hd64, 1.0}},
-      {"attention_bwd_hd64", {&g.attention_bwd_hd64, 1.0}},
-      {"attention_fwd_hd128", {&g.attention_fwd_hd128, 1.0}},
-      {"attention_bwd_hd128", {&g.attention_bwd_hd128, 1.0}},
-      {"stream_fraction", {&g.stream_fraction, 1.0}},
-      {"gemm_fill", {&g.gemm_fill, 1.0}},
-      {"host_copy_gbps", {&st.host_copy_bw, 1e9}},
-      {"local_disk_gbps", {&st.local_disk_bw, 1e9}},
-      {"storage_gbps", {&st.storage_bw, 1e9}},
-      {"restart_s", {&st.restart_s, 1.0}}};
-  // What `preflight --json` measured (its --expect keys) beside gemm_tflops and memory_gbps,
-  // which are the table's own ceilings: the links' all-reduce bus bandwidth stands in for the
-  // table's per-GPU bandwidths; gemm_n is the size the GEMM ceiling was measured at,
-  // network_nodes the nodes the network's all-reduces spanned.
-  double gemm_n = 0;
-  const std::pair<const char*, std::pair<double*, double>> measured[] = {
-      {"node_busbw_gbps", {&g.nvlink_bw, 1e9}},
-      {"network_busbw_gbps", {&g.network_bw, 1e9}},
-      {"gemm_n", {&gemm_n, 1.0}},
-      {"network_nodes", {&network_nodes, 1.0}}};
-  const std::string table_name = g.name;
-  std::string measured_by;
-  std::map<const double*, std::string> set_by;  // each number set by one key only
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>("");
-    if (key == "name" || key == "measured_by") {
-      (key == "name" ? g.name : measured_by) = kv.second.as<std::string>("");
-      continue;
-    }
-    double* target = nullptr;
-    double unit = 1;
-    using Keys = std::span<const std::pair<const char*, std::pair<double*, double>>>;
-    for (const Keys list : {Keys(keys), Keys(measured)})
-      for (const auto& [name, at] : list)
-        if (key == name) std::tie(target, unit) = at;
-    if (target == nullptr) {
-      auto names = [](auto& list) {
-        std::vector<std::string> n;
-        for (const auto& entry : list) n.emplace_back(entry.first);
-        return absl::StrJoin(n, ", ");
-      };
-      return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": unknown key '", key,
-                                                     "'; known: name, measured_by, ", names(keys),
-                                                     ", and preflight --json's ", names(measured)));
-    }
-    if (auto [it, fresh] = set_by.emplace(target, key); !fresh)
-      return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", it->second, " and ",
-                                                     key, " set the same number"));
-    double v = -1;
-    try {
-      v = kv.second.as<double>();
-    } catch (const YAML::Exception&) {
-    }
-    if (!(v > 0))
-      return absl::InvalidArgumentError(
-          absl::StrCat("--hardware ", path, ": ", key, " must be a positive number"));
-    *target = v * unit;
-  }
-  // A preflight file describes the GPU type it ran on: planning another with it would mix them.
-  if (!measured_by.empty() && g.name != table_name)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--hardware ", path, ": measured on ", g.name, ", but the plan is for ", table_name,
-        "; pass --gpu ", g.name, " (or remove its name to apply the numbers anyway)"));
-  if (gemm_n != 0 && gemm_n != 8192)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hardware ", path, ": gemm_tflops was measured at ", gemm_n,
-                     "^3; the GEMM ceiling is for 8192^3 (preflight --gemm 8192)"));
-  for (const double* fraction :
-       {&g.attention_fwd_hd64, &g.attention_bwd_hd64, &g.attention_fwd_hd128,
-        &g.attention_bwd_hd128, &g.stream_fraction})
-    if (*fraction > 1)
-      return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", set_by[fraction],
-                                                     " is a fraction of a ceiling, at most 1"));
-  if (set_by.count(&network_nodes) != 0 && network_smallest == 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hardware ", path,
-                     ": network_nodes is the nodes network_latency_us was measured across; give "
-                     "both, or neither"));
-  if (network_nodes < 2 || network_nodes != std::floor(network_nodes))
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--hardware ", path, ": network_nodes must be a whole number of nodes, 2 or more"));
-  if (network_smallest > 0)
-    set_network_latency(g, network_smallest, static_cast<int>(network_nodes));
-  return g;
-}
 
 StageMemory rank_memory(const Config& cfg, const RunLayout& layout, Device device,
                         bool separate_compute_copy, int64_t loss_chunk) {
@@ -405,6 +288,34 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;
 }
 
+// The plan's own outputs: finite, and an MFU in (0, 1]. Each --hardware key lies in its range,
+// but numbers in range can still combine into an absurd plan: the error names the keys behind
+// the part at fault.
+absl::Status check_outputs(const Plan& p) {
+  const char* compute = "gemm_tflops, gemm_fill, attention_*, stream_fraction, memory_gbps";
+  const char* links =
+      "nvlink_gbps, node_latency_us, network_gbps, network_latency_us, network_hop_latency_us";
+  const std::tuple<const char*, double, const char*> parts[] = {
+      {"compute time", p.compute_s, compute},
+      {"tp communication time", p.tp_s, links},
+      {"pp communication time", p.pp_s, links},
+      {"dp communication time", p.dp_s, links},
+      {"cp communication time", p.cp_s, links},
+      {"step time", p.step_s, compute},
+      {"tokens/s per GPU", p.tokens_per_s_per_gpu, compute}};
+  for (const auto& [what, value, keys] : parts)
+    if (!std::isfinite(value) || value < 0)
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--hardware: the plan's %s is %g; set the GPU's %s to numbers it reaches",
+                          what, value, keys));
+  if (!(p.mfu > 0 && p.mfu <= 1))
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--hardware: the plan's MFU is %g, outside (0, 1]; peak_bf16_tflops must be above what "
+        "gemm_tflops and attention_* reach",
+        p.mfu));
+  return absl::OkStatus();
+}
+
 // The plan itself (make_plan without its search for a cp that fits).
 absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
                                 const OtherSystem& system, double attention_span) {
@@ -424,6 +335,7 @@ absl::StatusOr<Plan> build_plan(const Config& cfg, const GpuSpec& gpu, int nodes
   plan_flops(cfg, plan);
   plan_communication(cfg, plan);
   plan_time(cfg, system, plan);
+  if (absl::Status st = check_outputs(plan); !st.ok()) return st;
   return plan;
 }
 

@@ -18,21 +18,10 @@
 #include "trainer/config/config.h"
 #include "trainer/layout/run_layout.h"
 #include "trainer/plan/collectives.h"
+#include "trainer/plan/hardware_file.h"
 #include "trainer/plan/step_model.h"
 
 namespace tr {
-
-// `base` with the numbers a YAML file sets: any of name, peak_bf16_tflops, memory_gib,
-// hbm_tbps, nvlink_gbps, network_gbps (GB/s per GPU), gemm_tflops and memory_gbps (the
-// measured ceilings, as preflight --json writes them), node_latency_us, network_latency_us
-// (the smallest all-reduce across network_nodes nodes, 2 unless given, split by
-// set_network_latency with the hop latency in effect: the table's, an earlier file's or this
-// file's network_hop_latency_us), the step model's efficiencies (attention_{fwd,bwd}_hd{64,128},
-// stream_fraction, gemm_fill, as bench_ops --calibration writes them); and, into `storage`
-// when given, host_copy_gbps (per GPU), local_disk_gbps (per node), storage_gbps (the job's),
-// restart_s. Errors name the file and key.
-absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_path,
-                                          StorageSpec* storage = nullptr);
 
 // Bytes per GPU of one pipeline stage (its largest rank).
 struct StageMemory {
