@@ -43,6 +43,7 @@
 #include "kernels/ops.h"
 #include "trainer/config/config.h"
 #include "trainer/model/model_layout.h"
+#include "trainer/plan/hardware_file.h"
 #include "trainer/plan/plan.h"
 #include "trainer/plan/step_model.h"
 
@@ -379,6 +380,17 @@ std::vector<std::pair<std::string, double>> calibrate(
                   key.c_str(), f);
     out.emplace_back(key, std::min(f, 1.0));
   };
+  // A value outside its key's range (a fraction so small trainer plan would refuse it) is
+  // written as the range's end, saying so.
+  auto in_range = [&]() {
+    for (auto& [key, value] : out)
+      for (const tr::HardwareKey& k : tr::hardware_keys())
+        if (key == k.name && (value < k.min || value > k.max)) {
+          std::printf("%s: %.3g lies outside trainer plan's range [%g, %g]; written as %g\n",
+                      key.c_str(), value, k.min, k.max, std::clamp(value, k.min, k.max));
+          value = std::clamp(value, k.min, k.max);
+        }
+  };
   // The fraction `now` scaled so that the ops `pick` selects take their measured time.
   auto scaled = [&](auto pick, double now) {
     double predicted = 0, took = 0;
@@ -428,6 +440,7 @@ std::vector<std::pair<std::string, double>> calibrate(
       },
       gpu.stream_fraction);
   if (stream > 0) fraction("stream_fraction", stream);
+  in_range();
   return out;
 }
 
