@@ -137,6 +137,11 @@ TEST_CASE("preflight: bad flags are one line and exit 2", "[tools]") {
   r = run_cmd(bin + " --max-bytes lots");
   CHECK(r.exit_code == 2);
   CHECK(r.output == "preflight: --max-bytes 'lots' is not a size (e.g. 4096, 64K, 1G)\n");
+  // A --hardware path that is a directory (it aborted, exit 134).
+  test::TempDir dir;
+  r = run_cmd(bin + " --gpu h100 --hardware " + dir.path() + " --gemm 0 --mem-bytes 0");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "preflight: --hardware " + dir.path() + ": not a regular file\n");
 }
 
 TEST_CASE("preflight: one process names the GPU table's thresholds", "[tools]") {
