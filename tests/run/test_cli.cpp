@@ -815,6 +815,17 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("unknown key 'netwrk'; known: name, measured_by, peak_bf16_tflops") !=
         std::string::npos);
+  // A directory (it aborted, exit 134) and a name that is not UTF-8 (it aborted --json).
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --hardware " + dir.path() +
+              " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: --hardware " + dir.path() + ": not a regular file\n");
+  test::write_file(dir / "name.yaml", "name: h\xff\xfe100\n");
+  r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --json --hardware " +
+              (dir / "name.yaml") + " 2>&1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.output == "error: --hardware " + (dir / "name.yaml") +
+                        ": name must be UTF-8 text without control characters\n");
   // What preflight --json measured, through --explain's rows: GEMMs at half the table's H100
   // ceiling (798 TFLOP/s) double the GEMMs' time, a copy at 1.5 TB/s instead of 3.0 doubles the
   // memory-bound passes', and NVLink's all-reduce at half the table's 450 GB/s with twice its
