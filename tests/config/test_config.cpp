@@ -150,6 +150,18 @@ TEST_CASE("config: cross-field checks", "[config]") {
         std::string::npos);
 }
 
+// data.eod_id names a token of the vocabulary: one at or above it never occurs in the data.
+TEST_CASE("config: data.eod_id at or above model.vocab_size is refused naming it", "[config]") {
+  for (const std::string id : {"257", "300", "65536", "1099511627776"}) {
+    INFO(id);
+    CHECK(error_of(kBase, {"data.eod_id=" + id}) ==
+          "data.eod_id " + id +
+              " is not a token of the model's vocabulary (model.vocab_size 257: ids 0 to 256); "
+              "set the data's end-of-document id, or -1 for the one prepare_data recorded");
+  }
+  CHECK(parse_config(kBase, {"data.eod_id=256"}).ok());
+}
+
 TEST_CASE("config: --set overrides and its errors", "[config]") {
   absl::StatusOr<Config> c =
       parse_config(kBase, {"train.micro_batch=4", "optim.lr=1e-3", "parallel.dp=1"});

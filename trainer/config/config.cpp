@@ -303,6 +303,10 @@ Status validate(const Config& c) {
   if (p.cp > 1 && c.data.seq_len % (2 * p.cp) != 0)
     return err("data.seq_len ", c.data.seq_len, " does not split into 2 x parallel.cp = ", 2 * p.cp,
                " equal chunks; make it a multiple of ", 2 * p.cp, " or change parallel.cp");
+  if (c.data.eod_id >= m.vocab_size)
+    return err("data.eod_id ", c.data.eod_id, " is not a token of the model's vocabulary (",
+               "model.vocab_size ", m.vocab_size, ": ids 0 to ", m.vocab_size - 1,
+               "); set the data's end-of-document id, or -1 for the one prepare_data recorded");
   const TrainConfig& t = c.train;
   if (t.global_batch == 0) return err("train.global_batch is not set");
   // The batch against micro_batch x dp needs the world size (parallel.dp auto): run_layout()

@@ -124,7 +124,8 @@ const std::vector<Field>& fields() {
                {"none", "block_causal"}),
       TR_FIELD(data, eod_id, Int, -1, kMaxI,
                "the end-of-document token id for data.document_mask, reset_position_ids and "
-               "eod_mask_loss; -1 = the one prepare_data recorded in the datasets' metadata"),
+               "eod_mask_loss, below model.vocab_size; -1 = the one prepare_data recorded in the "
+               "datasets' metadata"),
       TR_FIELD(data, reset_position_ids, Bool, 0, 0,
                "RoPE positions restart at 0 in each document of a sample (Megatron's "
                "--reset-position-ids; with block_causal each document is as if alone)"),

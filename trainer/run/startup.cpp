@@ -128,8 +128,9 @@ absl::StatusOr<std::unique_ptr<data::DataLoader>> make_loader(const Session& s,
 
 // The datasets' tokenizer (PREFIX.meta.json, written by prepare_data) against the model: ids
 // that do not fit model.vocab_size, byte data under a preset, or datasets from two tokenizers
-// are bad input. Datasets made elsewhere carry no metadata and are not checked.
-absl::Status check_data_tokenizer(const Config& c) {
+// are bad input. Datasets made elsewhere carry no metadata and are not checked. With `say`, a
+// data.eod_id other than the metadata's end-of-document id is a warning line.
+absl::Status check_data_tokenizer(const Config& c, bool say) {
   std::optional<data::DatasetMeta> first;
   std::string first_path;
   for (const std::vector<DataSource>* list : {&c.data.train, &c.data.valid})
@@ -157,6 +158,13 @@ absl::Status check_data_tokenizer(const Config& c) {
                                                        first->describe(),
                                                        "; every dataset of a run must come from "
                                                        "one tokenizer"));
+      if (say && !first && c.data.documents() && c.data.eod_id >= 0 && m.eod_id >= 0 &&
+          m.eod_id != c.data.eod_id)
+        std::printf(
+            "warning: data.eod_id %lld is not the end-of-document id %d that %s records; "
+            "documents end at data.eod_id (set it to -1 to use the metadata's)\n",
+            static_cast<long long>(c.data.eod_id), m.eod_id,
+            data::dataset_meta_path(src.path).c_str());
       if (!first) {
         first = m;
         first_path = src.path;
@@ -367,7 +375,7 @@ absl::StatusOr<std::string> check_all_token_ids(const Session& s) {
 
 // The datasets' tokenizer against the model, and the batch arithmetic of the layout.
 absl::Status check_tokenizer_and_batch(const Session& s) {
-  if (absl::Status st = check_data_tokenizer(s.cfg); !st.ok()) return st;
+  if (absl::Status st = check_data_tokenizer(s.cfg, s.topo().rank == 0); !st.ok()) return st;
   absl::StatusOr<data::LoaderOptions> batch = loader_options(s, s.cfg.data.train, true);
   if (!batch.ok()) return batch.status();
   return data::validate_loader_options(*batch);
