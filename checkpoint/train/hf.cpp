@@ -37,42 +37,35 @@ struct HfShape {
 };
 
 // A rope_scaling (transformers 4) or rope_parameters (transformers 5) object: default/none, or
-// YaRN with its fields; `where` names it in errors.
+// yarn or llama3 with their fields (make_rope_scaling checks them, as it does the YAML's); `where`
+// names it in errors. rope_parameters also holds rope_theta, read by the caller.
 absl::StatusOr<RopeScaling> read_rope_scaling(const json& r, const std::string& where) {
-  RopeScaling out;
-  const std::string type = r.contains("rope_type") ? r["rope_type"].dump()
-                           : r.contains("type")    ? r["type"].dump()
-                                                   : "\"default\"";
-  if (type == "\"default\"") return out;
-  if (type != "\"yarn\"" && type != "\"llama3\"")
+  const char* type_key = r.contains("rope_type") ? "rope_type" : "type";
+  std::string type = "default";
+  if (r.contains(type_key)) {
+    if (!r[type_key].is_string())
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " has rope type ", r[type_key].dump(),
+                       "; the trainer supports plain RoPE (default), yarn and llama3"));
+    type = r[type_key].get<std::string>();
+  }
+  if (type != "default" && type != "yarn" && type != "llama3")
     return absl::InvalidArgumentError(
-        absl::StrCat(where, " has rope type ", type,
-                     "; the trainer supports plain RoPE (default), yarn and llama3"));
-  out.type = type == "\"yarn\"" ? "yarn" : "llama3";
-  auto number = [&](const char* key, double* v) -> absl::Status {
-    if (!r.contains(key) || r[key].is_null()) return absl::OkStatus();
-    if (!r[key].is_number())
-      return absl::InvalidArgumentError(absl::StrCat(where, ".", key, " is not a number"));
-    *v = r[key].get<double>();
-    return absl::OkStatus();
-  };
-  double original = 0;
-  for (auto [key, v] : {std::pair{"factor", &out.factor},
-                        {"beta_fast", &out.beta_fast},
-                        {"beta_slow", &out.beta_slow},
-                        {"attention_factor", &out.attention_factor},
-                        {"low_freq_factor", &out.low_freq_factor},
-                        {"high_freq_factor", &out.high_freq_factor},
-                        {"original_max_position_embeddings", &original}})
-    if (absl::Status st = number(key, v); !st.ok()) return st;
-  out.original_max_position_embeddings = static_cast<int64_t>(original);
-  if (r.contains("truncate") && r["truncate"].is_boolean()) out.truncate = r["truncate"];
+        absl::StrCat(where, " has rope type \"", type,
+                     "\"; the trainer supports plain RoPE (default), yarn and llama3"));
   if (r.contains("mscale") || r.contains("mscale_all_dim"))
     return absl::InvalidArgumentError(
         absl::StrCat(where, " has mscale or mscale_all_dim (DeepSeek's YaRN); not supported"));
-  if (const std::string why = out.problem(); !why.empty())
-    return absl::InvalidArgumentError(absl::StrCat(where, why));
-  return out;
+  std::vector<std::pair<std::string, RopeValue>> keys;
+  for (const auto& [key, v] : r.items()) {
+    if (key == "rope_type" || key == "type" || key == "rope_theta" || v.is_null()) continue;
+    RopeValue value;
+    value.text = v.dump();
+    if (v.is_number()) value.number = v.get<double>();
+    if (v.is_boolean()) value.flag = v.get<bool>();
+    keys.emplace_back(key, value);
+  }
+  return make_rope_scaling(type == "default" ? "none" : type, keys, where);
 }
 
 // The fields of a config.json object at `path` (read_hf_config's body: a value of another JSON

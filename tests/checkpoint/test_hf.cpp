@@ -355,12 +355,12 @@ TEST_CASE("cli: a YaRN model exports its rope_scaling and imports only with the 
        "model.rope_scaling.type must be yarn, llama3 or none (got 'linear')"},
       {"{type: llama3, factor: 8, low_freq_factor: 4, high_freq_factor: 1, "
        "original_max_position_embeddings: 16}",
-       "model.rope_scaling: llama3 needs factor >= 1 (got 8), original_max_position_embeddings > "
-       "0 (got 16) and 0 < low_freq_factor < high_freq_factor (got 4 and 1)"},
+       "model.rope_scaling: llama3 needs low_freq_factor < high_freq_factor (got 4 and 1)"},
       {"{type: yarn, factor: 4}",
-       "model.rope_scaling: yarn needs factor >= 1 (got 4), "
-       "original_max_position_embeddings > 0 (got 0)"},
-      {"{type: yarn, factr: 4}", "model.rope_scaling: unknown key 'factr'; did you mean 'factor'?"},
+       "model.rope_scaling.original_max_position_embeddings is missing; a yarn block needs "
+       "factor, original_max_position_embeddings"},
+      {"{type: yarn, factr: 4}",
+       "model.rope_scaling.factr is not a rope_scaling key; did you mean 'factor'?"},
       {"4",
        "model.rope_scaling: expected none, {type: yarn, factor: F, "
        "original_max_position_embeddings: N} or {type: llama3, factor: F, low_freq_factor: L, "
@@ -693,6 +693,78 @@ TEST_CASE("hf: damaged config.json and safetensors files import exactly or are o
   }
   CHECK(imported >= 50);  // both outcomes were exercised
   CHECK(refused >= 100);
+}
+
+// A config.json's rope block is checked by the same list of fields as the YAML's: a llama3
+// block without low_freq_factor (which transformers refuses), a value out of range, a key of
+// the other type or none known are one line naming the field, under rope_scaling or
+// rope_parameters; the complete block imports.
+TEST_CASE("hf: config.json rope blocks are checked field by field, as the YAML's are", "[hf]") {
+  absl::StatusOr<Config> cfg =
+      parse_config(kTinyModel, {"model.rope_scaling={type: llama3, factor: 8, low_freq_factor: 1, "
+                                "high_freq_factor: 4, original_max_position_embeddings: 16}"});
+  REQUIRE(cfg.ok());
+  TempDir dir;
+  cfg->model.init_from = dir.path();
+  const absl::StatusOr<Topology> one = Topology::make(1, 0, 1, 1, 1);
+  REQUIRE(one.ok());
+  test::write_file(dir / "model.safetensors", tiny_safetensors(*cfg));
+  const nlohmann::json llama3 = {{"rope_type", "llama3"},
+                                 {"factor", 8.0},
+                                 {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0},
+                                 {"original_max_position_embeddings", 16}};
+  auto open_with = [&](const char* key, const nlohmann::json& block) {
+    nlohmann::json config = nlohmann::json::parse(tiny_config_json());
+    config[key] = block;
+    test::write_file(dir / "config.json", config.dump());
+    return open_hf_model(dir.path(), *cfg, *one).status();
+  };
+  REQUIRE(open_with("rope_scaling", llama3).ok());
+  const std::string at = dir / "config.json: ";
+  const auto without = [&](const char* field) {
+    nlohmann::json b = llama3;
+    b.erase(field);
+    return b;
+  };
+  const auto with = [&](const char* field, const nlohmann::json& v) {
+    nlohmann::json b = llama3;
+    b[field] = v;
+    return b;
+  };
+  const struct {
+    const char* key;
+    nlohmann::json block;
+    std::string error;
+  } bad[] = {
+      {"rope_scaling", without("low_freq_factor"),
+       "rope_scaling.low_freq_factor is missing; a llama3 block needs factor, "
+       "original_max_position_embeddings, low_freq_factor, high_freq_factor"},
+      {"rope_parameters", without("high_freq_factor"),
+       "rope_parameters.high_freq_factor is missing; a llama3 block"},
+      {"rope_scaling", with("factor", 1e300),
+       "rope_scaling.factor must be a finite number in [1, 1e+06] (got 1e+300)"},
+      {"rope_scaling", with("original_max_position_embeddings", -16),
+       "rope_scaling.original_max_position_embeddings must be a finite whole number"},
+      {"rope_scaling", with("beta_fast", 32),
+       "rope_scaling.beta_fast is not a key of a llama3 block"},
+      {"rope_scaling", with("truncate", "yes"),
+       "rope_scaling.truncate is not a key of a llama3 block"},
+      {"rope_scaling", with("low_freq", 1), "rope_scaling.low_freq is not a rope_scaling key"},
+      {"rope_scaling", with("factor", "8"),
+       "rope_scaling.factor must be a finite number in [1, 1e+06] (got \"8\")"},
+      {"rope_scaling",
+       {{"type", "yarn"},
+        {"factor", 4.0},
+        {"original_max_position_embeddings", 16},
+        {"beta_slow", 0}},
+       "rope_scaling.beta_slow must be a finite number in (0, 1e+06] (got 0)"}};
+  for (const auto& b : bad) {
+    const absl::Status st = open_with(b.key, b.block);
+    INFO(b.block.dump() << "\n" << st.message());
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(st.message()).rfind(at + b.error, 0) == 0);
+  }
 }
 
 // The same kind of damage through the processes: trainer --dry-run with model.init_from ends in

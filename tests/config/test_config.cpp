@@ -162,6 +162,55 @@ TEST_CASE("config: data.eod_id at or above model.vocab_size is refused naming it
   CHECK(parse_config(kBase, {"data.eod_id=256"}).ok());
 }
 
+// model.rope_scaling's fields as one list says: required ones given, numbers finite and in range,
+// no key of another rope type; each error names the field.
+TEST_CASE("config: rope_scaling blocks are checked field by field", "[config]") {
+  const std::string llama3 = "type: llama3, factor: 8, original_max_position_embeddings: 16";
+  const std::string yarn = "type: yarn, factor: 4, original_max_position_embeddings: 16";
+  const struct {
+    std::string block, error;
+  } bad[] = {
+      {llama3 + ", low_freq_factor: 1",
+       "model.rope_scaling.high_freq_factor is missing; a llama3 block needs factor, "
+       "original_max_position_embeddings, low_freq_factor, high_freq_factor"},
+      {"type: llama3, factor: .inf, original_max_position_embeddings: 16, low_freq_factor: 1, "
+       "high_freq_factor: 4",
+       "model.rope_scaling.factor must be a finite number in [1, 1e+06] (got '.inf')"},
+      {llama3 + ", low_freq_factor: 1, high_freq_factor: 4, beta_fast: 32",
+       "model.rope_scaling.beta_fast is not a key of a llama3 block, which has factor, "
+       "original_max_position_embeddings, low_freq_factor, high_freq_factor"},
+      {llama3 + ", low_freq_factor: 0, high_freq_factor: 4",
+       "model.rope_scaling.low_freq_factor must be a finite number in (0, 1e+06] (got '0')"},
+      {"type: yarn, factor: 4",
+       "model.rope_scaling.original_max_position_embeddings is missing; "
+       "a yarn block needs factor, original_max_position_embeddings"},
+      {yarn + ", beta_slow: .nan",
+       "model.rope_scaling.beta_slow must be a finite number in (0, 1e+06] (got '.nan')"},
+      {"type: yarn, factor: 4, original_max_position_embeddings: 16.5",
+       "model.rope_scaling.original_max_position_embeddings must be a finite whole number in [1, "
+       "1.67772e+07] (got '16.5')"},
+      {yarn + ", high_freq_factor: 4",
+       "model.rope_scaling.high_freq_factor is not a key of a yarn block, which has factor, "
+       "original_max_position_embeddings, beta_fast, beta_slow, attention_factor, truncate"},
+      {yarn + ", truncate: 3", "model.rope_scaling.truncate: expected a bool, got '3'"},
+      {yarn + ", factr: 4",
+       "model.rope_scaling.factr is not a rope_scaling key; did you mean "
+       "'factor'?"},
+  };
+  for (const auto& b : bad) {
+    INFO(b.block);
+    CHECK(error_of(kBase, {"model.rope_scaling={" + b.block + "}"}) == b.error);
+  }
+  absl::StatusOr<Config> c = parse_config(
+      kBase, {"model.rope_scaling={" + llama3 + ", low_freq_factor: 1, high_freq_factor: 4}"});
+  REQUIRE(c.ok());
+  CHECK(c->model.rope_scaling.high_freq_factor == 4);
+  c = parse_config(kBase, {"model.rope_scaling={" + yarn + ", beta_fast: 16, truncate: false}"});
+  REQUIRE(c.ok());
+  CHECK(c->model.rope_scaling.beta_fast == 16);
+  CHECK_FALSE(c->model.rope_scaling.truncate);
+}
+
 TEST_CASE("config: --set overrides and its errors", "[config]") {
   absl::StatusOr<Config> c =
       parse_config(kBase, {"train.micro_batch=4", "optim.lr=1e-3", "parallel.dp=1"});

@@ -12,26 +12,9 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/rope.h"
+#include "trainer/config/rope_scaling.h"
 
 namespace tr {
-
-// model.rope_scaling, as Hugging Face's config.json spells it: {type: yarn, factor: 4.0,
-// original_max_position_embeddings: 32768} (beta_fast 32, beta_slow 1, attention_factor
-// 0.1 ln(factor) + 1 and truncate true unless given).
-struct RopeScaling {
-  std::string type = "none";  // none | yarn | llama3
-  double factor = 1;
-  int64_t original_max_position_embeddings = 0;
-  double beta_fast = 32, beta_slow = 1;              // yarn
-  double attention_factor = 0;                       // yarn; 0: from factor
-  bool truncate = true;                              // yarn
-  double low_freq_factor = 1, high_freq_factor = 4;  // llama3
-  bool operator==(const RopeScaling&) const = default;
-  // Why the block is not one the trainer runs (": ..." or ".type ..." after its key's name), or
-  // "" when it is.
-  std::string problem() const;
-  std::string text() const;  // as one line for messages: none, or {type: yarn, ...}
-};
 
 struct ModelConfig {
   std::string preset;             // "" or a preset name; explicit fields override it

@@ -33,7 +33,8 @@ const std::vector<Field>& fields() {
                "original_max_position_embeddings: N} (and optionally beta_fast 32, beta_slow 1, "
                "attention_factor 0.1 ln F + 1, truncate true), or Llama 3's: {type: llama3, "
                "factor: F, low_freq_factor: L, high_freq_factor: H, "
-               "original_max_position_embeddings: N}"),
+               "original_max_position_embeddings: N}; every number finite and in its range, "
+               "another type's keys refused (trainer/config/rope_scaling.cpp lists them)"),
       TR_FIELD(model, rms_norm_eps, Float, 1e-30, 1, "RMSNorm epsilon (used in fp32)"),
       TR_FIELD(model, tie_embeddings, Bool, 0, 0, "LM head shares the input embedding"),
       TR_FIELD(model, init_std, Float, 0, 10,

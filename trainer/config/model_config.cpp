@@ -91,9 +91,8 @@ namespace config_detail {
 
 // model.rope_scaling: none (or null), or a mapping as Hugging Face's config.json has it.
 absl::Status parse_rope_scaling(const YAML::Node& n, const std::string& name, RopeScaling* out) {
-  RopeScaling r;
   if (n.IsNull() || (n.IsScalar() && n.Scalar() == "none")) {
-    *out = r;
+    *out = RopeScaling{};
     return absl::OkStatus();
   }
   if (!n.IsMap())
@@ -103,88 +102,33 @@ absl::Status parse_rope_scaling(const YAML::Node& n, const std::string& name, Ro
         "{type: llama3, factor: F, low_freq_factor: L, high_freq_factor: H, "
         "original_max_position_embeddings: N}, got ",
         scalar_text(n)));
-  const std::vector<std::string> keys = {"type",
-                                         "rope_type",
-                                         "factor",
-                                         "beta_fast",
-                                         "beta_slow",
-                                         "attention_factor",
-                                         "truncate",
-                                         "original_max_position_embeddings",
-                                         "low_freq_factor",
-                                         "high_freq_factor"};
+  // The type keys here; the rest is the block's, checked where its fields are listed.
+  std::string type = "none";
+  std::vector<std::pair<std::string, RopeValue>> keys;
   for (const auto& kv : n) {
     const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "";
-    if (std::find(keys.begin(), keys.end(), k) == keys.end())
-      return absl::InvalidArgumentError(absl::StrCat(
-          name, ": unknown key '", k, "'",
-          suggest(k, keys).empty() ? absl::StrCat("; keys: ", absl::StrJoin(keys, ", "))
-                                   : suggest(k, keys)));
-    const std::string where = absl::StrCat(name, ".", k);
-    try {
-      if (k == "type" || k == "rope_type")
-        r.type = kv.second.as<std::string>();
-      else if (k == "factor")
-        r.factor = kv.second.as<double>();
-      else if (k == "original_max_position_embeddings")
-        r.original_max_position_embeddings = kv.second.as<int64_t>();
-      else if (k == "beta_fast")
-        r.beta_fast = kv.second.as<double>();
-      else if (k == "beta_slow")
-        r.beta_slow = kv.second.as<double>();
-      else if (k == "attention_factor")
-        r.attention_factor = kv.second.as<double>();
-      else if (k == "low_freq_factor")
-        r.low_freq_factor = kv.second.as<double>();
-      else if (k == "high_freq_factor")
-        r.high_freq_factor = kv.second.as<double>();
-      else
-        r.truncate = kv.second.as<bool>();
-    } catch (const YAML::Exception&) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": expected a ",
-                                                     k == "truncate" ? "bool" : "value", ", got ",
-                                                     scalar_text(kv.second)));
+    const YAML::Node& v = kv.second;
+    if (k == "type" || k == "rope_type") {
+      if (!v.IsScalar())
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ".", k, ": expected yarn, llama3 or none, got ", scalar_text(v)));
+      type = v.Scalar();
+      continue;
     }
+    RopeValue value;
+    value.text = scalar_text(v);
+    double x = 0;
+    bool b = false;
+    if (v.IsScalar() && YAML::convert<double>::decode(v, x)) value.number = x;
+    if (v.IsScalar() && YAML::convert<bool>::decode(v, b)) value.flag = b;
+    keys.emplace_back(k, value);
   }
-  if (const std::string why = r.problem(); !why.empty())
-    return absl::InvalidArgumentError(absl::StrCat(name, why));
-  *out = r;
+  absl::StatusOr<RopeScaling> r = make_rope_scaling(type, keys, name);
+  if (!r.ok()) return r.status();
+  *out = *r;
   return absl::OkStatus();
 }
 
 }  // namespace config_detail
-
-std::string RopeScaling::problem() const {
-  if (type != "yarn" && type != "llama3" && type != "none")
-    return absl::StrCat(".type must be yarn, llama3 or none (got '", type,
-                        "'); other Hugging Face rope types are not supported");
-  if (type == "llama3" && !(factor >= 1 && original_max_position_embeddings > 0 &&
-                            low_freq_factor > 0 && high_freq_factor > low_freq_factor))
-    return absl::StrFormat(
-        ": llama3 needs factor >= 1 (got %g), original_max_position_embeddings > 0 (got %d) and "
-        "0 < low_freq_factor < high_freq_factor (got %g and %g)",
-        factor, original_max_position_embeddings, low_freq_factor, high_freq_factor);
-  if (type == "yarn" && !(factor >= 1 && original_max_position_embeddings > 0 && beta_fast > 0 &&
-                          beta_slow > 0 && attention_factor >= 0))
-    return absl::StrFormat(
-        ": yarn needs factor >= 1 (got %g), original_max_position_embeddings > 0 (got %d), "
-        "beta_fast and beta_slow > 0 and attention_factor >= 0",
-        factor, original_max_position_embeddings);
-  return "";
-}
-
-std::string RopeScaling::text() const {
-  if (type == "llama3")
-    return absl::StrFormat(
-        "{type: llama3, factor: %g, low_freq_factor: %g, high_freq_factor: %g, "
-        "original_max_position_embeddings: %d}",
-        factor, low_freq_factor, high_freq_factor, original_max_position_embeddings);
-  if (type != "yarn") return "none";
-  return absl::StrFormat(
-      "{type: yarn, factor: %g, original_max_position_embeddings: %d, beta_fast: %g, "
-      "beta_slow: %g, attention_factor: %g, truncate: %s}",
-      factor, original_max_position_embeddings, beta_fast, beta_slow, attention_factor,
-      truncate ? "true" : "false");
-}
 
 }  // namespace tr
