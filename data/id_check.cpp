@@ -23,6 +23,21 @@ nlohmann::json identity(const std::string& file, int64_t limit) {
           {"limit", limit}};
 }
 
+// A cache entry: a file's identity and, when the scan found it, its id range ("ids": [lo, hi]).
+bool same_file(nlohmann::json entry, const nlohmann::json& id) {
+  if (!entry.is_object()) return false;
+  entry.erase("ids");
+  return entry == id;
+}
+
+IdRange range_of(const nlohmann::json& entry) {
+  const auto it = entry.find("ids");
+  if (it == entry.end() || !it->is_array() || it->size() != 2 || !(*it)[0].is_number_integer() ||
+      !(*it)[1].is_number_integer())
+    return IdRange{};
+  return IdRange{(*it)[0].get<int64_t>(), (*it)[1].get<int64_t>(), true};
+}
+
 }  // namespace
 
 absl::StatusOr<IdCheck> check_token_ids(const std::vector<std::string>& paths, SourceFormat format,
@@ -38,15 +53,24 @@ absl::StatusOr<IdCheck> check_token_ids(const std::vector<std::string>& paths, S
     absl::StatusOr<std::unique_ptr<TokenSource>> src = TokenSource::open(path, format);
     if (!src.ok()) return src.status();
     const nlohmann::json id = identity((*src)->token_file(), limit);
-    if (!id.is_null() && std::find(known.begin(), known.end(), id) != known.end()) {
+    const auto seen = std::find_if(known.begin(), known.end(), [&](const nlohmann::json& e) {
+      return !id.is_null() && same_file(e, id);
+    });
+    if (seen != known.end()) {
       ++out.cached;
+      out.ranges.push_back(range_of(*seen));
       continue;
     }
-    if (absl::Status st = (*src)->check_ids(limit); !st.ok()) return st;
+    absl::StatusOr<IdRange> range = (*src)->check_ids(limit);
+    if (!range.ok()) return range.status();
     ++out.scanned;
     out.bytes_scanned += static_cast<double>((*src)->num_tokens()) *
                          static_cast<double>(token_dtype_size((*src)->dtype()));
-    if (!id.is_null()) known.push_back(id);
+    out.ranges.push_back(*range);
+    if (id.is_null()) continue;
+    nlohmann::json entry = id;
+    if (range->known) entry["ids"] = {range->lo, range->hi};
+    known.push_back(entry);
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   out.cache_json = nlohmann::json{{"checked", known}}.dump(1) + "\n";

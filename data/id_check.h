@@ -17,12 +17,13 @@ namespace tr::data {
 struct IdCheck {
   int scanned = 0, cached = 0;  // files scanned now, files the cache vouched for
   double bytes_scanned = 0, seconds = 0;
-  std::string cache_json;  // the cache with this check's files: store it once the run owns it
+  std::string cache_json;       // the cache with this check's files: store it once the run owns it
+  std::vector<IdRange> ranges;  // each path's smallest and largest id, in the order given
 };
 
 // Checks every token of `paths` (opened as `format`) is a whole number in [0, limit). `cache` is
 // the text of a cache written before ("" for none; a malformed one counts as none). Errors are
-// read()'s one line naming the file and the first bad token.
+// read()'s one line naming the file and the first bad token. The cache keeps each file's range.
 absl::StatusOr<IdCheck> check_token_ids(const std::vector<std::string>& paths, SourceFormat format,
                                         int64_t limit, const std::string& cache);
 

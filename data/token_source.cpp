@@ -373,7 +373,7 @@ std::pair<int64_t, int64_t> min_max(const uint8_t* p, int64_t count) {
 
 }  // namespace
 
-absl::Status TokenSource::check_ids(int64_t limit) const {
+absl::StatusOr<IdRange> TokenSource::check_ids(int64_t limit) const {
   constexpr int64_t kMaxId = std::numeric_limits<int32_t>::max();
   if (limit <= 0 || limit > kMaxId) limit = kMaxId;
   const uint8_t* p = tokens_.data() + first_byte_;
@@ -389,7 +389,7 @@ absl::Status TokenSource::check_ids(int64_t limit) const {
       range = min_max<int16_t>(p, num_tokens_);
       break;
     case TokenDType::u16:
-      if (limit > std::numeric_limits<uint16_t>::max()) return absl::OkStatus();  // all fit
+      if (limit > std::numeric_limits<uint16_t>::max()) return IdRange{};  // all fit
       range = min_max<uint16_t>(p, num_tokens_);
       break;
     case TokenDType::i32:
@@ -406,17 +406,22 @@ absl::Status TokenSource::check_ids(int64_t limit) const {
       range = {-1, -1};  // whole numbers are checked by read(), chunk by chunk
       break;
   }
-  if (num_tokens_ == 0 || (range.first >= 0 && range.second < limit)) return absl::OkStatus();
-  // Out of range (or floats): read() names the first bad token.
+  if (num_tokens_ == 0) return IdRange{0, -1, true};
+  if (range.first >= 0 && range.second < limit) return IdRange{range.first, range.second, true};
+  // Out of range (or floats): read() names the first bad token; floats' range from their ids.
   constexpr int64_t kChunk = int64_t{1} << 20;
   std::vector<int32_t> buf(static_cast<size_t>(std::min(kChunk, num_tokens_)));
+  IdRange ids{std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min(), true};
   for (int64_t i = 0; i < num_tokens_; i += kChunk) {
     const int64_t n = std::min(kChunk, num_tokens_ - i);
     if (absl::Status st = read(i, std::span<int32_t>(buf.data(), static_cast<size_t>(n)), limit);
         !st.ok())
       return st;
+    const auto [lo, hi] = std::minmax_element(buf.begin(), buf.begin() + n);
+    ids.lo = std::min<int64_t>(ids.lo, *lo);
+    ids.hi = std::max<int64_t>(ids.hi, *hi);
   }
-  return absl::OkStatus();
+  return ids;
 }
 
 absl::Status TokenSource::read(int64_t begin, std::span<int32_t> out, int64_t limit) const {

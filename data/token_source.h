@@ -26,6 +26,15 @@ enum class SourceFormat { auto_detect, megatron, llmc };
 absl::StatusOr<SourceFormat> parse_source_format(std::string_view name);
 const char* source_format_name(SourceFormat format);
 
+// The smallest and largest token id of a stream (lo > hi: it has none); not known when the
+// scan was skipped (u16 tokens under a limit above 65535 all fit).
+struct IdRange {
+  int64_t lo = 0, hi = -1;
+  bool known = false;
+  // Every token is `id` (or there is none): what a check for any other token needs to know.
+  bool only(int64_t id) const { return known && (lo > hi || (lo == id && hi == id)); }
+};
+
 class TokenSource {
  public:
   // Opens `path`: a Megatron prefix (PREFIX.bin + PREFIX.idx) or an llm.c shard file.
@@ -51,8 +60,8 @@ class TokenSource {
 
   // Every token of the stream a whole number in [0, limit) (limit <= 0: [0, 2^31)): a scan of the
   // mapped file for its smallest and largest id (memory bandwidth: data/id_check.h), and only
-  // where those fail, the error read() gives for the first bad token.
-  absl::Status check_ids(int64_t limit) const;
+  // where those fail, the error read() gives for the first bad token. Returns that range.
+  absl::StatusOr<IdRange> check_ids(int64_t limit) const;
 
  private:
   TokenSource() = default;

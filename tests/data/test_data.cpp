@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "data/id_check.h"
 #include "data/loader.h"
 #include "data/sampling.h"
 #include "data/token_source.h"
@@ -199,6 +200,28 @@ TEST_CASE("data: writer round trip, u16 and i32") {
   CHECK_THAT(std::string(st.message()),
              Catch::Contains("token 0 of " + dir / "big.bin") && Catch::Contains("value 151643"));
   CHECK_FALSE(big_src->read(3, two).ok());  // past the end
+}
+
+// The id scan reports each file's smallest and largest id, also from its cache: a file of
+// nothing but the end-of-document token is found without a second pass (data.eod_mask_loss).
+TEST_CASE("data: the id check reports each file's id range, also when cached") {
+  TempDir dir;
+  write_dataset(dir / "eod", {{256, 256}, {256}}, 257);
+  write_dataset(dir / "text", {{1, 2, 256}, {7, 256}}, 257);
+  const std::vector<std::string> paths = {dir / "eod", dir / "text"};
+  absl::StatusOr<IdCheck> first = check_token_ids(paths, SourceFormat::megatron, 257, "");
+  REQUIRE(first.ok());
+  absl::StatusOr<IdCheck> again =
+      check_token_ids(paths, SourceFormat::megatron, 257, first->cache_json);
+  REQUIRE(again.ok());
+  CHECK(again->cached == 2);
+  for (const IdCheck* c : {&*first, &*again}) {
+    REQUIRE(c->ranges.size() == 2);
+    CHECK(c->ranges[0].only(256));
+    CHECK_FALSE(c->ranges[1].only(256));
+    CHECK(c->ranges[1].lo == 1);
+    CHECK(c->ranges[1].hi == 256);
+  }
 }
 
 TEST_CASE("data: writer rejects bad tokens and leaves no half-written pair") {

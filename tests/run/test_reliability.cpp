@@ -26,6 +26,7 @@
 #include "checkpoint/lock.h"
 #include "core/exit_codes.h"
 #include "core/fs_io.h"
+#include "data/dataset_meta.h"
 #include "tests/cli_util.h"
 #include "trainer/config/cli.h"
 #include "trainer/step/guard.h"
@@ -48,22 +49,22 @@ TEST_CASE("guard: non-finite steps are skipped, spikes past the window's mean to
   t.spike_factor = 4;
   StepGuard g(t);
   std::string why;
-  CHECK(g.judge(kNaN, 1.0, &why) == StepGuard::Verdict::skip_non_finite);
+  CHECK(g.judge(kNaN, 1.0, 1, &why) == StepGuard::Verdict::skip_non_finite);
   CHECK(why == "the loss is nan");
-  CHECK(g.judge(2.0, kInfinity, &why) == StepGuard::Verdict::skip_non_finite);
+  CHECK(g.judge(2.0, kInfinity, 1, &why) == StepGuard::Verdict::skip_non_finite);
   CHECK(why == "the gradient norm is inf");
   // The first step has no history and is not judged; from the second on, the mean of what there
   // is (here one loss).
-  CHECK(g.judge(100.0, 1.0, &why) == StepGuard::Verdict::apply);
+  CHECK(g.judge(100.0, 1.0, 1, &why) == StepGuard::Verdict::apply);
   CHECK(why.empty());
   g.record(StepGuard::Verdict::apply, 1.0);
-  CHECK(g.judge(4.0, 1.0, &why) == StepGuard::Verdict::apply);
-  CHECK(g.judge(100.0, 1.0, &why) == StepGuard::Verdict::skip_spike);
+  CHECK(g.judge(4.0, 1.0, 1, &why) == StepGuard::Verdict::apply);
+  CHECK(g.judge(100.0, 1.0, 1, &why) == StepGuard::Verdict::skip_spike);
   CHECK(why == "the loss 100 is over 4 x the mean 1 of the last 1 step");
   for (int i = 1; i < kSpikeWindow + 5; ++i) g.record(StepGuard::Verdict::apply, 1.0 + (i % 2));
-  CHECK(g.mean() == Approx(1.5).epsilon(1e-12));                // 1, then 2, 1, 2, ... (20 values)
-  CHECK(g.judge(6.0, 1.0, &why) == StepGuard::Verdict::apply);  // exactly 4 x the mean
-  CHECK(g.judge(6.01, 1.0, &why) == StepGuard::Verdict::skip_spike);
+  CHECK(g.mean() == Approx(1.5).epsilon(1e-12));  // 1, then 2, 1, 2, ... (20 values)
+  CHECK(g.judge(6.0, 1.0, 1, &why) == StepGuard::Verdict::apply);  // exactly 4 x the mean
+  CHECK(g.judge(6.01, 1.0, 1, &why) == StepGuard::Verdict::skip_spike);
   CHECK(why == "the loss 6.01 is over 4 x the mean 1.5 of the last 20 steps");
   // Skips count in a row and in all; an applied step ends the row, not the total.
   g.record(StepGuard::Verdict::skip_spike, 6.01);
@@ -80,7 +81,96 @@ TEST_CASE("guard: non-finite steps are skipped, spikes past the window's mean to
   t.spike_factor = 0;
   StepGuard off(t);
   for (int i = 0; i < kSpikeWindow; ++i) off.record(StepGuard::Verdict::apply, 1.0);
-  CHECK(off.judge(1e6, 1.0, &why) == StepGuard::Verdict::apply);
+  CHECK(off.judge(1e6, 1.0, 1, &why) == StepGuard::Verdict::apply);
+}
+
+// A global batch whose every target is masked (data.eod_mask_loss) has nothing to learn: the
+// guard skips it first, whatever its loss and norm.
+TEST_CASE("guard: a step without targets is skipped as no_targets", "[guard]") {
+  StepGuard g{TrainConfig{}};
+  std::string why;
+  CHECK(g.judge(0.0, 0.0, 0, &why) == StepGuard::Verdict::skip_no_targets);
+  CHECK(why.find("no target") != std::string::npos);
+  CHECK(g.judge(kNaN, 0.0, 0, &why) == StepGuard::Verdict::skip_no_targets);
+  CHECK(g.judge(2.0, 1.0, 1, &why) == StepGuard::Verdict::apply);
+  CHECK(std::string(skip_name(StepGuard::Verdict::skip_no_targets)) == "no_targets");
+}
+
+// run's train data replaced by `eod_docs` documents of 33 end-of-document tokens and, when
+// `text`, one document of 40 other tokens (so a sample or two keep targets under eod_mask_loss).
+void write_masked_data(const RunDir& run, int eod_docs, bool text) {
+  auto w = data::IndexedDatasetWriter::create(run.dir / "train", 257);
+  REQUIRE(w.ok());
+  for (int d = 0; d < eod_docs; ++d)
+    REQUIRE((*w)->add_document(std::vector<int32_t>(33, 256)).ok());
+  if (text) {
+    std::vector<int32_t> doc(40);
+    for (int i = 0; i < 40; ++i) doc[i] = 'a' + i % 26;
+    REQUIRE((*w)->add_document(doc).ok());
+  }
+  REQUIRE((*w)->finish().ok());
+}
+
+// Training on nothing is not training: data of nothing but the end-of-document token with
+// data.eod_mask_loss is refused at start-up (exit 2, one line), and a step whose global batch
+// keeps no target is skipped (counted, said, no update) on 1 rank, under cp 2 and under tp 2,
+// on the same steps.
+TEST_CASE("reliability: masked-out data is refused, a step without targets is skipped",
+          "[cli][mpi]") {
+  const std::string masked = "--set data.eod_mask_loss=true --set data.eod_id=256 ";
+  {
+    RunDir run(6);
+    write_masked_data(run, 60, false);
+    test::expect_bad_input(run.trainer(masked),
+                           "holds no token but the end-of-document 256, so with "
+                           "data.eod_mask_loss every target is masked");
+    test::expect_bad_input(run.mpirun(2, masked + "--set parallel.tp=2"),
+                           "holds no token but the end-of-document 256");
+  }
+  std::vector<int64_t> skipped_one;
+  for (const auto& [ranks, layout] : std::vector<std::pair<int, std::string>>{
+           {1, ""}, {2, "--set parallel.cp=2"}, {2, "--set parallel.tp=2"}}) {
+    RunDir run(6);
+    write_masked_data(run, 60, true);
+    const std::string args = masked + "--set train.max_skipped_steps=100 " + layout;
+    CmdResult r = ranks == 1 ? run.trainer(args) : run.mpirun(ranks, args);
+    INFO(layout << "\n" << r.output);
+    REQUIRE(r.exit_code == 0);
+    std::vector<int64_t> skipped;
+    for (const nlohmann::json& j : run.metrics("loss"))
+      if (j.contains("skipped")) {
+        CHECK(j["skipped"] == "no_targets");
+        skipped.push_back(j["step"].get<int64_t>());
+      }
+    CHECK(skipped.size() >= 3);  // at most 3 of the 6 steps' batches hold the text
+    CHECK(r.output.find("skipped, no update: the global batch has no target to learn from") !=
+          std::string::npos);
+    if (ranks == 1)
+      skipped_one = skipped;
+    else
+      CHECK(skipped == skipped_one);
+  }
+}
+
+// data.eod_id outside the vocabulary is refused; one other than the metadata's is a warning.
+TEST_CASE("reliability: data.eod_id is checked against the vocabulary and the metadata", "[cli]") {
+  RunDir run(6);
+  data::DatasetMeta meta;
+  meta.tokenizer = "byte";
+  meta.vocab_size = 257;
+  meta.eod_id = 256;
+  REQUIRE(data::write_dataset_meta(run.dir / "train", meta).ok());
+  for (const char* id : {"257", "300", "65536", "1099511627776"})
+    test::expect_bad_input(run.trainer(std::string("--dry-run --set data.eod_id=") + id),
+                           "is not a token of the model's vocabulary (model.vocab_size 257");
+  CmdResult r = run.trainer("--dry-run --set data.eod_id=32 --set data.eod_mask_loss=true");
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("warning: data.eod_id 32 is not the end-of-document id 256 that") !=
+        std::string::npos);
+  r = run.trainer("--dry-run --set data.eod_id=256 --set data.eod_mask_loss=true");
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("warning: data.eod_id") == std::string::npos);
 }
 
 // The step's metrics lines by step number (1-based index = step).

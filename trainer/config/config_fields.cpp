@@ -160,8 +160,9 @@ const std::vector<Field>& fields() {
           "save a checkpoint and exit (code 3) after a step divisible by this (time-sliced jobs); "
           "0 = off"),
       TR_FIELD(train, max_skipped_steps, Int, 1, kMaxI,
-               "steps skipped in a row (non-finite loss or gradient norm, loss spike) after which "
-               "the run stops with exit code 4; 1 = stop at the first"),
+               "steps skipped in a row (non-finite loss or gradient norm, loss spike, no target "
+               "left by data.eod_mask_loss) after which the run stops with exit code 4; 1 = stop "
+               "at the first"),
       TR_FIELD(train, spike_factor, Float, 0, kInf,
                "skip a step whose loss exceeds this times the mean loss of the previous 20 "
                "accepted steps (of those there are, from the second step on); 0 = off"),

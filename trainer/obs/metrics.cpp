@@ -196,7 +196,8 @@ const std::vector<MetricKey>& metric_keys() {
       {"time_other_s", "step", "s",
        "the rest: the ranks' agreements, the gradient norm, bookkeeping",
        phase_seconds<Phase::other>},
-      {"skipped", "step (skipped steps)", "", "why the step was not applied: non_finite or spike",
+      {"skipped", "step (skipped steps)", "",
+       "why the step was not applied: non_finite, spike or no_targets",
        [](L l) -> nlohmann::json {
          return *l.m.skipped != '\0' ? nlohmann::json(l.m.skipped) : nlohmann::json();
        }},

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/train/hf.h"
 #include "core/fs_io.h"
 #include "core/switches.h"
@@ -346,6 +347,24 @@ MemoryBudget memory_budget(const Session& s) {
 // Where a run remembers the data files whose ids it checked (data/id_check.h).
 constexpr char kIdCacheFile[] = "data-ids-checked.json";
 
+// With data.eod_mask_loss a target is kept only after a token other than the end-of-document
+// one: training data of nothing else (`ranges`: the train files' first, from the id scan) gives
+// no step anything to learn, and is refused.
+absl::Status check_some_target(const Config& c, const std::vector<data::IdRange>& ranges) {
+  if (!c.data.eod_mask_loss) return absl::OkStatus();
+  absl::StatusOr<int32_t> eod = document_eod(c);
+  if (!eod.ok()) return eod.status();
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < c.data.train.size(); ++i) {
+    if (i >= ranges.size() || !ranges[i].only(*eod)) return absl::OkStatus();
+    paths.push_back(c.data.train[i].path);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "data.train (", absl::StrJoin(paths, ", "), ") holds no token but the end-of-document ", *eod,
+      ", so with data.eod_mask_loss every target is masked and no step has anything to "
+      "learn; train on other data, or check data.eod_id"));
+}
+
 // Rank 0 checks every token id of the training (and, with evaluation, validation) files against
 // model.vocab_size before any training; the other ranks learn of a bad file in the agreement
 // after check_inputs. Returns the cache to store in checkpoint.dir ("" on other ranks).
@@ -362,6 +381,7 @@ absl::StatusOr<std::string> check_all_token_ids(const Session& s) {
   absl::StatusOr<data::IdCheck> ids =
       data::check_token_ids(paths, *fmt, s.cfg.model.vocab_size, cache.ok() ? *cache : "");
   if (!ids.ok()) return ids.status();
+  if (absl::Status st = check_some_target(s.cfg, ids->ranges); !st.ok()) return st;
   const bool gb = ids->bytes_scanned >= 1e9;
   if (ids->scanned > 0)
     std::printf(

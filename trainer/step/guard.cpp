@@ -13,8 +13,13 @@ double StepGuard::mean() const {
   return window_.empty() ? 0.0 : sum / static_cast<double>(window_.size());
 }
 
-StepGuard::Verdict StepGuard::judge(double loss, double grad_norm, std::string* why) const {
+StepGuard::Verdict StepGuard::judge(double loss, double grad_norm, double targets,
+                                    std::string* why) const {
   why->clear();
+  if (!(targets > 0)) {
+    *why = "the global batch has no target to learn from (every one masked by data.eod_mask_loss)";
+    return Verdict::skip_no_targets;
+  }
   if (!std::isfinite(loss)) {
     *why = absl::StrFormat("the loss is %g", loss);
     return Verdict::skip_non_finite;
@@ -56,6 +61,8 @@ const char* skip_name(StepGuard::Verdict v) {
       return "non_finite";
     case StepGuard::Verdict::skip_spike:
       return "spike";
+    case StepGuard::Verdict::skip_no_targets:
+      return "no_targets";
     case StepGuard::Verdict::apply:
       break;
   }

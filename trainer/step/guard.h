@@ -20,15 +20,18 @@ inline constexpr int kSpikeWindow = 20;
 
 class StepGuard {
  public:
-  enum class Verdict { apply, skip_non_finite, skip_spike };
+  // The ranks agree on the highest value: a step without targets is that on every rank.
+  enum class Verdict { apply, skip_non_finite, skip_spike, skip_no_targets };
 
   explicit StepGuard(const TrainConfig& t)
       : max_skipped_(t.max_skipped_steps), spike_(t.spike_factor) {}
 
-  // The verdict for a step with this loss and (pre-clipping) gradient norm, and why (for the
-  // warning line: "the gradient norm is nan", "the loss 48.2 is over 10 x the mean 4.81 of the
-  // last 20 steps"; "" for apply).
-  Verdict judge(double loss, double grad_norm, std::string* why) const;
+  // The verdict for a step with this loss, (pre-clipping) gradient norm and count of targets
+  // the loss keeps over the global batch, and why (for the warning line: "the gradient norm is
+  // nan", "the loss 48.2 is over 10 x the mean 4.81 of the last 20 steps"; "" for apply). A step
+  // without targets (all masked by data.eod_mask_loss) has nothing to learn: only weight decay
+  // would act.
+  Verdict judge(double loss, double grad_norm, double targets, std::string* why) const;
   // Records the verdict the ranks agreed on for a step with this loss.
   void record(Verdict v, double loss);
   // Steps skipped in a row (0 after an applied step) and in all, in this run (a resumed run
@@ -52,7 +55,7 @@ class StepGuard {
   int64_t in_a_row_ = 0, total_ = 0;
 };
 
-// The metrics' name of a skip verdict: "non_finite" or "spike" ("" for apply).
+// The metrics' name of a skip verdict: "non_finite", "spike" or "no_targets" ("" for apply).
 const char* skip_name(StepGuard::Verdict v);
 
 }  // namespace tr

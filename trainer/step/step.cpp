@@ -125,15 +125,16 @@ void apply_update(Session& s, const StepMetrics& m, int64_t step) {
   s.opt->update(m.lr, step);
 }
 
-// The step's verdict (apply, or skip a non-finite or spiking step), agreed by every rank with
-// any stop signal riding along; applies the update or reports the skip.
+// The step's verdict (apply, or skip a step without targets, a non-finite or a spiking one),
+// agreed by every rank with any stop signal riding along; applies the update or reports the
+// skip. `targets`: the global batch's kept targets, the same on every rank.
 bool judge_and_apply(Session& s, StepMetrics& m, StepGuard& guard, const StepScalars& scalars,
-                     int64_t step) {
+                     double targets, int64_t step) {
   // Nothing non-finite (or, with train.spike_factor, spiking) is applied. The loss and the
   // norm are the same on every rank; the ranks still agree on the verdict.
   std::string why;
   const Agreed agreed =
-      agree(*s.groups.world, static_cast<int32_t>(guard.judge(m.loss, m.grad_norm, &why)));
+      agree(*s.groups.world, static_cast<int32_t>(guard.judge(m.loss, m.grad_norm, targets, &why)));
   const auto v = static_cast<StepGuard::Verdict>(agreed.value);
   guard.record(v, m.loss);
   m.skipped = skip_name(v);
@@ -213,7 +214,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   m.loss = scalars.loss_sum / loss_targets * fault.loss_factor(step);
   // A stop signal that came during the step is acted on right after it.
-  out.stop = judge_and_apply(s, m, guard, scalars, step) || pipe.stop;
+  out.stop = judge_and_apply(s, m, guard, scalars, docs.loss_targets, step) || pipe.stop;
   // No synchronize here: the update runs on while the next step's data is fetched, and the next
   // step's read waits for it (so in steady state each step's time is its own).
   m.optimizer_s = seconds_since(t1);
