@@ -152,6 +152,15 @@ TEST_CASE("reliability: masked-out data is refused, a step without targets is sk
     else
       CHECK(skipped == skipped_one);
   }
+  // train.max_skipped_steps of them in a row end the run (exit 4) naming the data, not a
+  // divergence that a lower learning rate would cure.
+  RunDir stop(6);
+  write_masked_data(stop, 60, true);
+  const CmdResult r = stop.trainer(masked + "--set train.max_skipped_steps=1");
+  INFO(r.output);
+  CHECK(r.exit_code == kExitDiverged);
+  CHECK(r.output.find("the last with no target to learn from") != std::string::npos);
+  CHECK(r.output.find("lower optim.lr") == std::string::npos);
 }
 
 // data.eod_id outside the vocabulary is refused; one other than the metadata's is a warning.

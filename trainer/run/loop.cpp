@@ -97,6 +97,13 @@ void report_stragglers(Session& s, StepMetrics& m, double busy_per_step) {
 // says there is none) and the --resume that continues from it.
 absl::Status diverged_error(const Session& s, const StepGuard& guard, int64_t step,
                             int64_t before_skips) {
+  // Steps without a target are the data's fault, not the run's: no resume helps.
+  if (guard.last_skip() == StepGuard::Verdict::skip_no_targets)
+    return absl::AbortedError(absl::StrFormat(
+        "training stopped: %d steps in a row skipped (train.max_skipped_steps) up to step %d, the "
+        "last with no target to learn from (every target masked: data.eod_mask_loss over "
+        "end-of-document tokens); check data.eod_id and the data's documents",
+        guard.skipped_in_a_row(), step));
   if (before_skips < 0)
     return absl::AbortedError(absl::StrFormat(
         "training diverged: %d steps in a row skipped (train.max_skipped_steps) up to step %d, "

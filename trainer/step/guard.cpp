@@ -48,6 +48,7 @@ void StepGuard::record(Verdict v, double loss) {
   if (v != Verdict::apply) {
     ++in_a_row_;
     ++total_;
+    last_skip_ = v;
     return;
   }
   in_a_row_ = 0;

@@ -38,6 +38,8 @@ class StepGuard {
   // continues the counts its checkpoint kept).
   int64_t skipped_in_a_row() const { return in_a_row_; }
   int64_t skipped_total() const { return total_; }
+  // The verdict of the last skipped step (apply before any).
+  Verdict last_skip() const { return last_skip_; }
   // The losses of the last applied steps, oldest first (at most kSpikeWindow).
   std::vector<double> window() const { return {window_.begin(), window_.end()}; }
   // Continues from a checkpoint's state: its window (the newest kSpikeWindow losses kept) and
@@ -53,6 +55,7 @@ class StepGuard {
   double spike_;
   std::deque<double> window_;  // losses of the last kSpikeWindow applied steps
   int64_t in_a_row_ = 0, total_ = 0;
+  Verdict last_skip_ = Verdict::apply;
 };
 
 // The metrics' name of a skip verdict: "non_finite", "spike" or "no_targets" ("" for apply).
