@@ -11,12 +11,16 @@ attention, NCCL collectives, this trainer's own kernels), and the kernels with t
 each with its calls, total and mean time and share, per captured step (--steps: how many the
 capture held). ncu runs the kernels one at a time, so the sum is the step's kernel time, not
 its wall time: the difference from the step time of an uncaptured run is what the device spent
-idle or overlapped. Exit 1 when the file holds no profiled kernel (ncu exits 0 then).
+idle or overlapped. Exit 1 when the file holds no profiled kernel (ncu exits 0 then); bad input
+(a missing file, one that is not text, bad flags): one line, exit 2.
 """
-import argparse
 import csv
+import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+from tool_io import ArgumentParser, InputError, read_text, run  # noqa: E402
 from collections import defaultdict
 
 METRIC = "gpu__time_duration.sum"
@@ -38,8 +42,11 @@ def kernel_class(name):
 
 def read_kernels(path):
     """(kernel name, seconds) for each profiled kernel of an ncu raw-page CSV log."""
-    with open(path, newline="", errors="replace") as f:
-        lines = [l for l in f if not l.startswith("==")]  # ==PROF==, ==WARNING== banners
+    text = read_text(path, "ncu --csv --page raw log")
+    if "\0" in text:
+        raise InputError(f"{path}: holds NUL bytes; pass ncu's --log-file (--csv --page raw)")
+    # ==PROF==, ==WARNING== banners
+    lines = [ln for ln in text.splitlines(keepends=True) if not ln.startswith("==")]
     rows = list(csv.reader(lines))
     header = next((i for i, r in enumerate(rows) if "Kernel Name" in r and METRIC in r), None)
     if header is None:
@@ -58,23 +65,20 @@ def read_kernels(path):
             continue
         scale = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}.get(unit)
         if scale is None:
-            sys.exit(f"ncu_table: {path}: unknown unit '{unit}' for {METRIC}; use --print-units base")
+            raise InputError(f"{path}: unknown unit '{unit}' for {METRIC}; use --print-units base")
         kernels.append((r[name_at], t * scale))
     return kernels
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="ncu_table", description=__doc__.split("\n\n")[0])
     ap.add_argument("log", help="ncu's --log-file (--csv --page raw)")
     ap.add_argument("--steps", type=int, default=1, help="steps the capture held (default 1)")
     ap.add_argument("--top", type=int, default=25, help="kernels listed (default 25)")
     a = ap.parse_args()
     if a.steps < 1 or a.top < 1:
-        sys.exit("ncu_table: --steps and --top are counts >= 1")
-    try:
-        kernels = read_kernels(a.log)
-    except OSError as e:
-        sys.exit(f"ncu_table: cannot read {a.log}: {e.strerror}")
+        raise InputError("--steps and --top are counts >= 1")
+    kernels = read_kernels(a.log)
     if not kernels:
         print(f"ncu_table: {a.log} holds no profiled kernel (no '{METRIC}' column with values): "
               "was log.profile_steps set and ncu run with --profile-from-start off?",
@@ -108,4 +112,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run("ncu_table", main)

@@ -51,6 +51,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
+from tool_io import ArgumentParser  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MODEL_KEYS = ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
@@ -112,7 +115,7 @@ def flops(m, seq_len):
 # ---------------------------------------------------------------------------------------------
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = ArgumentParser(prog="torch_baseline.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--preset", default="qwen2.5-0.5b", help="configs/PRESET.yaml, e.g. qwen2.5-1.5b")
