@@ -136,6 +136,11 @@ TEST_CASE("config: cross-field checks", "[config]") {
         "log.trace_steps is [first, last] with first <= last, e.g. [10, 11]; got 1 value");
   CHECK(error_of(kBase, {"log.profile_steps=[5, 4]"}) ==
         "log.profile_steps is [first, last] with first <= last, e.g. [10, 11]; got 2 values 5 > 4");
+  // The value is printed as given, not rounded through a double (which wrapped to INT64_MIN).
+  CHECK(error_of(kBase, {"log.trace_steps=[2, 9223372036854775807]"}) ==
+        "log.trace_steps[1] must be at most 9000000000000000000 (got 9223372036854775807)");
+  CHECK(
+      error_of(kBase, {"train.steps=9223372036854775807"}).ends_with("(got 9223372036854775807)"));
   CHECK(error_of(kBase, {"optim.warmup_steps=20"}) ==
         "optim.warmup_steps 20 exceeds train.steps 10; set optim.warmup_steps to at most 10 (a "
         "tenth, 1, is common) or raise train.steps");

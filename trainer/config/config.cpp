@@ -90,13 +90,14 @@ std::string yaml_float(double v) {
 }
 
 // Names the bound the value broke: below the lowest ("> 0" for positive-only fields), above the
-// highest, or the whole range where both are ordinary numbers.
-Status range_error(const std::string& name, double v, const Field& f) {
+// highest, or the whole range where both are ordinary numbers. `text` is the value as given: an
+// int64 near its top does not survive a round trip through a double.
+Status range_error(const std::string& name, double v, const std::string& text, const Field& f) {
   auto num = [&](double x) {
     return f.kind == Kind::Float ? fmt_double(x) : absl::StrCat(static_cast<int64_t>(x));
   };
   std::string lo = num(f.lo), hi = num(f.hi);
-  const std::string got = absl::StrCat(" (got ", num(v), ")");
+  const std::string got = absl::StrCat(" (got ", text, ")");
   if (f.hi >= kMaxI && v > f.hi)
     return InvalidArgumentError(absl::StrCat(name, " must be at most ", hi, got));
   if (f.lo == 1e-300) return InvalidArgumentError(absl::StrCat(name, " must be > 0", got));
@@ -165,14 +166,15 @@ Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
       case Kind::Int: {
         if (!n.IsScalar()) throw YAML::Exception(YAML::Mark(), "");
         int64_t v = n.as<int64_t>();
-        if (v < f.lo || v > f.hi) return range_error(name, static_cast<double>(v), f);
+        if (v < f.lo || v > f.hi)
+          return range_error(name, static_cast<double>(v), absl::StrCat(v), f);
         *static_cast<int64_t*>(p) = v;
         return absl::OkStatus();
       }
       case Kind::Float: {
         if (!n.IsScalar()) throw YAML::Exception(YAML::Mark(), "");
         double v = n.as<double>();
-        if (!(v >= f.lo && v <= f.hi)) return range_error(name, v, f);
+        if (!(v >= f.lo && v <= f.hi)) return range_error(name, v, fmt_double(v), f);
         *static_cast<double*>(p) = v;
         return absl::OkStatus();
       }
@@ -201,7 +203,8 @@ Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
         for (size_t i = 0; n.IsSequence() && i < n.size(); ++i) {
           const int64_t x = n[i].as<int64_t>();
           if (x < f.lo || x > f.hi)
-            return range_error(absl::StrCat(name, "[", i, "]"), static_cast<double>(x), f);
+            return range_error(absl::StrCat(name, "[", i, "]"), static_cast<double>(x),
+                               absl::StrCat(x), f);
           v.push_back(x);
         }
         *static_cast<std::vector<int64_t>*>(p) = v;
