@@ -1,6 +1,7 @@
 #include "checkpoint/train/hf.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -455,13 +456,12 @@ absl::Status copy_tokenizer(const std::string& dir, const std::string& tokenizer
   return absl::OkStatus();
 }
 
-// Every file of the export into `tmp` (created here), made durable; the file of each tensor.
+// Every file of the export into the directory `tmp`, made durable; the file of each tensor.
 absl::StatusOr<std::map<std::string, std::string>> write_export(const std::string& tmp,
                                                                 const ExportOptions& o,
                                                                 const ModelConfig& m,
                                                                 const ExportShards& shards,
                                                                 int64_t eos) {
-  if (absl::Status st = fs::make_dirs(tmp); !st.ok()) return written(st);
   absl::StatusOr<std::map<std::string, std::string>> where =
       write_weights(tmp, shards, o.checkpoint);
   if (!where.ok()) return where.status();
@@ -478,13 +478,53 @@ absl::StatusOr<std::map<std::string, std::string>> write_export(const std::strin
   return where;
 }
 
+// A bad --out is bad input, refused before anything is read or written: an existing path that is
+// not an empty directory, or a path under a file. `dest` is --out without a trailing '/', so that
+// "FILE/" is FILE.
+absl::Status check_out(const std::string& out, const std::string& dest) {
+  std::error_code ec;
+  if (sfs::exists(dest, ec) && !(sfs::is_directory(dest, ec) && sfs::is_empty(dest, ec)))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--out ", out, " exists and is not an empty directory; choose a new directory"));
+  sfs::path up = sfs::path(dest).parent_path();
+  while (!up.empty() && !sfs::exists(up, ec) && up != up.parent_path()) up = up.parent_path();
+  if (!up.empty() && sfs::exists(up, ec) && !sfs::is_directory(up, ec))
+    return absl::InvalidArgumentError(absl::StrCat("--out ", out, ": ", up.string(),
+                                                   " is not a directory; choose a path in one"));
+  return absl::OkStatus();
+}
+
+// Makes OUT.tmp afresh, where the export is written. A directory the export cannot be made in
+// (read-only, forbidden) is bad input; any other failure (a full disk) fails the run.
+absl::Status make_tmp(const std::string& out, const std::string& tmp) {
+  std::error_code ec;
+  sfs::remove_all(tmp, ec);
+  if (!ec) sfs::create_directories(tmp, ec);
+  if (!ec) return absl::OkStatus();
+  const std::string why = absl::StrCat("--out ", out, ": cannot create ", tmp, ": ", ec.message());
+  switch (ec.value()) {
+    case EACCES:
+    case EPERM:
+    case EROFS:
+    case ENOTDIR:
+    case EEXIST:
+    case ENAMETOOLONG:
+    case ELOOP:
+      return absl::InvalidArgumentError(absl::StrCat(why, "; choose a directory you can write"));
+    default:
+      return absl::InternalError(why);
+  }
+}
+
 }  // namespace
 
 absl::Status export_hf(const ExportOptions& o) {
   std::error_code ec;
-  if (sfs::exists(o.out, ec) && !(sfs::is_directory(o.out, ec) && sfs::is_empty(o.out, ec)))
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--out ", o.out, " exists and is not an empty directory; choose a new directory"));
+  // Everything is written into OUT.tmp, then renamed: a failed export leaves no OUT, and removes
+  // the OUT.tmp it began (OUT without a trailing '/', so that OUT.tmp is beside it).
+  std::string dest = sfs::path(o.out).lexically_normal().string();
+  if (dest.size() > 1 && dest.ends_with('/')) dest.pop_back();
+  if (absl::Status st = check_out(o.out, dest); !st.ok()) return st;
   if (!o.tokenizer.empty() && !sfs::is_regular_file(o.tokenizer, ec))
     return absl::InvalidArgumentError(
         absl::StrCat("--tokenizer ", o.tokenizer, ": no such file; pass a tokenizer.json"));
@@ -496,12 +536,8 @@ absl::Status export_hf(const ExportOptions& o) {
   const ModelConfig& m = cfg->model;
   const int64_t eos = o.tokenizer.empty() ? -1 : end_of_text_id(o.tokenizer);
   const ExportShards shards = plan_export(*cfg, o);
-  // Everything is written into OUT.tmp, then renamed: a failed export leaves no OUT, and removes
-  // the OUT.tmp it began (OUT without a trailing '/', so that OUT.tmp is beside it).
-  std::string dest = sfs::path(o.out).lexically_normal().string();
-  if (dest.size() > 1 && dest.ends_with('/')) dest.pop_back();
   const std::string tmp = dest + ".tmp";
-  if (absl::Status st = fs::remove_all(tmp); !st.ok()) return written(st);
+  if (absl::Status st = make_tmp(o.out, tmp); !st.ok()) return st;
   absl::StatusOr<std::map<std::string, std::string>> where = write_export(tmp, o, m, shards, eos);
   if (!where.ok()) {
     (void)fs::remove_all(tmp);

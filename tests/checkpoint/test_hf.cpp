@@ -531,6 +531,38 @@ TEST_CASE("cli: bad model.init_from and export-hf input is one error line and ex
   CHECK_FALSE(sfs::exists(full + ".tmp"));
 }
 
+// A bad export-hf --out is bad input, refused before the checkpoint is read and leaving every
+// file as it was: a path under a regular file (once exit 1, "cannot remove .../out.tmp"), that
+// file itself, and that file with a trailing '/' (once removed and replaced by the export).
+TEST_CASE("hf: a bad export-hf --out is one line naming it, and damages nothing", "[hf]") {
+  TempDir dir;
+  const std::string file = dir.path() + "/file";
+  std::ofstream(file) << "keep";
+  auto refusal = [&](const std::string& out) {
+    ExportOptions o;
+    o.checkpoint = dir.path() + "/no_checkpoint";
+    o.out = out;
+    const absl::Status st = export_hf(o);
+    INFO(out << ": " << st);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(st.message()).starts_with("--out " + out));
+    CHECK(test::read_file(file) == "keep");
+    return std::string(st.message());
+  };
+  CHECK(refusal(file + "/out") ==
+        "--out " + file + "/out: " + file + " is not a directory; choose a path in one");
+  CHECK(refusal(file + "/a/b").find(file + " is not a directory") != std::string::npos);
+  CHECK(refusal(file).find("exists and is not an empty directory") != std::string::npos);
+  CHECK(refusal(file + "/").find("exists and is not an empty directory") != std::string::npos);
+  CHECK_FALSE(sfs::exists(file + ".tmp"));
+
+  // Through the trainer: exit 2 and one line.
+  expect_bad_input(run_cmd(tr::test::trainer_bin() + " export-hf --checkpoint " + dir.path() +
+                           " --out " + file + "/out"),
+                   "--out " + file + "/out: " + file + " is not a directory");
+  CHECK(test::read_file(file) == "keep");
+}
+
 // The fuzz tests' model: RunDir's tiny Qwen2 (tests/cli_util.h), and a Hugging Face directory
 // of it written here (config.json as transformers spells it; model.safetensors of seeded weights,
 // in F32, BF16 and F16).
