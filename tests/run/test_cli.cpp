@@ -157,7 +157,8 @@ TEST_CASE("cli: Ctrl-C says what it will do, and a second one stops without savi
 }
 
 // log.profile_steps: the capture starts before the window's first step and stops after its last,
-// once; a window past the run's last step stops with the run.
+// once; a window past the run's last step stops with the run. A profile or trace window cut at
+// train.steps, or lying past it, is one warning at start-up.
 TEST_CASE("cli: log.profile_steps brackets those steps with the profiler's capture", "[cli]") {
   RunDir run(5);
   CmdResult r = run.trainer("--set log.interval=1 --set 'log.profile_steps=[2, 3]'");
@@ -175,16 +176,26 @@ TEST_CASE("cli: log.profile_steps brackets those steps with the profiler's captu
   CHECK(start < at("step 2/5"));
   CHECK(at("step 3/5") < stop);
   CHECK(stop < at("step 4/5"));
-  r = run.trainer("--resume none --force --set 'log.profile_steps=[4, 9]'");
+  r = run.trainer(
+      "--resume none --force --set 'log.profile_steps=[4, 9]' --set 'log.trace_steps=[5, 50]'");
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("profiler: capturing steps 4 to 5 (cudaProfilerStart)") != std::string::npos);
   CHECK(r.output.find("profiler: capture stopped after step 5") != std::string::npos);
-  r = run.trainer("--resume none --force --set 'log.profile_steps=[7, 9]'");
+  CHECK(r.output.find("warning: profiler: log.profile_steps ends at step 9, after train.steps 5: "
+                      "only steps 4 to 5 are captured\n") != std::string::npos);
+  CHECK(r.output.find("warning: trace: log.trace_steps ends at step 50, after train.steps 5: "
+                      "only steps 5 to 5 are traced\n") != std::string::npos);
+  CHECK(r.output.find("trace: steps 5-5 of 1 of 1 ranks") != std::string::npos);
+  r = run.trainer(
+      "--resume none --force --set 'log.profile_steps=[7, 9]' --set 'log.trace_steps=[50, 60]'");
+  INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("profiler: log.profile_steps starts at step 7, after train.steps 5: "
-                      "nothing is captured") != std::string::npos);
+  CHECK(r.output.find("warning: profiler: log.profile_steps starts at step 7, after train.steps "
+                      "5: nothing is captured\n") != std::string::npos);
   CHECK(r.output.find("profiler: capturing") == std::string::npos);
+  CHECK(r.output.find("warning: trace: log.trace_steps starts at step 50, after train.steps 5: "
+                      "nothing is traced\n") != std::string::npos);
 }
 
 // log.trace_steps: a Chrome trace of steps 2 and 3 on 4 ranks (tp 2 x pp 2): every rank a

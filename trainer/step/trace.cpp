@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -87,19 +89,30 @@ std::string rank_events(const Topology& t, const std::vector<PhaseInterval>& int
   return out;
 }
 
+// A log.*_steps window [first, last] cut at train.steps ({0, 0}: none). Rank 0 warns when it lies
+// past the run or is cut; `who` prefixes the line, `done` is what the window's steps are.
+std::pair<int64_t, int64_t> run_window(const Session& s, const char* key,
+                                       const std::vector<int64_t>& w, const char* who,
+                                       const char* done) {
+  if (w.size() != 2) return {0, 0};
+  const long long first = w[0], last = w[1], steps = s.cfg.train.steps;
+  if (s.logger() && first > steps)
+    std::printf("warning: %s: %s starts at step %lld, after train.steps %lld: nothing is %s\n", who,
+                key, first, steps, done);
+  else if (s.logger() && last > steps)
+    std::printf(
+        "warning: %s: %s ends at step %lld, after train.steps %lld: only steps %lld to %lld are "
+        "%s\n",
+        who, key, last, steps, first, steps, done);
+  return {w[0], std::min(w[1], s.cfg.train.steps)};
+}
+
 }  // namespace
 
 ProfileWindow::ProfileWindow(const Session& s)
     : logger_(s.logger()), gpu_(s.ctx.device == Device::cuda) {
-  const std::vector<int64_t>& w = s.cfg.log.profile_steps;
-  if (w.size() != 2) return;
-  first_ = w[0];
-  last_ = std::min(w[1], s.cfg.train.steps);
-  if (first_ > s.cfg.train.steps && logger_)
-    std::printf(
-        "profiler: log.profile_steps starts at step %lld, after train.steps %lld: "
-        "nothing is captured\n",
-        static_cast<long long>(first_), static_cast<long long>(s.cfg.train.steps));
+  std::tie(first_, last_) =
+      run_window(s, "log.profile_steps", s.cfg.log.profile_steps, "profiler", "captured");
 }
 
 ProfileWindow::~ProfileWindow() {
@@ -126,10 +139,8 @@ void ProfileWindow::after_step(int64_t step) {
 }
 
 StepTrace::StepTrace(const Session& s) {
-  const std::vector<int64_t>& w = s.cfg.log.trace_steps;
-  if (w.size() != 2) return;
-  first_ = w[0];
-  last_ = std::min(w[1], s.cfg.train.steps);
+  std::tie(first_, last_) =
+      run_window(s, "log.trace_steps", s.cfg.log.trace_steps, "trace", "traced");
 }
 
 StepTrace::~StepTrace() {
