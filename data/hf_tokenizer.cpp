@@ -20,6 +20,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "data/utf8.h"
 
 namespace tr::data {
 namespace {
@@ -67,28 +68,6 @@ absl::StatusOr<std::string> to_bytes(const std::string& token, const ByteOfChar&
     out.push_back(static_cast<char>(b));
     p += n;
     left -= n;
-  }
-  return out;
-}
-
-// Valid UTF-8 with every malformed byte replaced by U+FFFD (as Python's errors="replace").
-std::string valid_utf8(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  const auto* p = reinterpret_cast<const utf8proc_uint8_t*>(text.data());
-  utf8proc_ssize_t left = static_cast<utf8proc_ssize_t>(text.size());
-  while (left > 0) {
-    utf8proc_int32_t cp = 0;
-    const utf8proc_ssize_t n = utf8proc_iterate(p, left, &cp);
-    if (n > 0) {
-      out.append(reinterpret_cast<const char*>(p), static_cast<size_t>(n));
-      p += n;
-      left -= n;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++p;
-      --left;
-    }
   }
   return out;
 }
@@ -549,7 +528,8 @@ void HfBpeTokenizer::encode_segment(const std::string& raw, std::vector<int32_t>
 }
 
 std::vector<int32_t> HfBpeTokenizer::encode(std::string_view input) const {
-  const std::string text = valid_utf8(input);
+  std::string text(input);
+  replace_malformed_utf8(text);
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3);
   size_t start = 0;  // of the text not yet encoded
