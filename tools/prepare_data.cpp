@@ -31,6 +31,7 @@
 #include "core/fs_io.h"
 #include "data/dataset_meta.h"
 #include "data/tokenizer.h"
+#include "data/utf8.h"
 #include "data/writer.h"
 
 namespace {
@@ -331,6 +332,8 @@ class Pipeline {
         c.texts[i] = std::move(raw);
         continue;
       }
+      // JSON is UTF-8: malformed bytes become U+FFFD first, as the tokenizer does for text.
+      tr::data::replace_malformed_utf8(raw);
       nlohmann::json doc;
       try {
         doc = nlohmann::json::parse(raw);

@@ -3,9 +3,11 @@
 // errors for what it does not implement. tests/tools/test_tokenizer.py checks it against the
 // `tokenizers` package on Qwen2.5's real tokenizer.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -236,6 +238,68 @@ TEST_CASE("tokenizer: the trainer refuses data whose tokenizer does not fit the 
                              run.dir / "train" + " by tok.json");
   prepare(run.dir / "valid", hf);
   CHECK(run.trainer("--dry-run --set model.vocab_size=262").exit_code == 0);
+}
+
+// Malformed UTF-8 through prepare_data --tokenizer, in text and in jsonl, is Python's
+// errors="replace": the shards equal those of the replaced text, on 1 and 2 threads, over
+// several 1 MB chunks.
+TEST_CASE("tokenizer: prepare_data replaces malformed UTF-8 as Python does on 1 and 2 threads",
+          "[cli]") {
+  test::TempDir dir;
+  // Each malformed piece and Python's replacement of it (U+FFFD per maximal subpart).
+  const std::string r = "\xEF\xBF\xBD";
+  const std::vector<std::pair<std::string, std::string>> pieces = {
+      {"\xE2\x82", r},
+      {"\xF0\x80", r + r},
+      {"\xED\xA0\x80", r + r + r},
+      {"\xC0\xAF", r + r},
+      {"\xF4\x90\x80\x80", r + r + r + r},
+      {"\xFF", r},
+      {"\xF0\x9F\x98", r},
+      {"\xE2\x82\xAC", "\xE2\x82\xAC"}};
+  std::string bad_jsonl, good_jsonl;
+  std::vector<std::string> bad_docs(4), good_docs(4);
+  for (int i = 0; i < 24000; ++i) {
+    const auto& [bad, good] = pieces[static_cast<size_t>(i) % pieces.size()];
+    const std::string word = "hello " + std::to_string(i) + " world " + std::string(40, 'x') + " ";
+    bad_jsonl += R"({"text": ")" + word + bad + "x" + bad + "\"}\n";
+    good_jsonl += R"({"text": ")" + word + good + "x" + good + "\"}\n";
+    bad_docs[static_cast<size_t>(i) % 4] += word + bad + "\n";
+    good_docs[static_cast<size_t>(i) % 4] += word + good + "\n";
+  }
+  bad_docs[3] += "\xE2\x82";  // cut short at the end of the input
+  good_docs[3] += r;
+  std::filesystem::create_directories(dir / "bad");
+  std::filesystem::create_directories(dir / "good");
+  for (size_t k = 0; k < bad_docs.size(); ++k) {
+    test::write_file(dir / ("bad/" + std::to_string(k)), bad_docs[k]);
+    test::write_file(dir / ("good/" + std::to_string(k)), good_docs[k]);
+  }
+  test::write_file(dir / "bad.jsonl", bad_jsonl);
+  test::write_file(dir / "good.jsonl", good_jsonl);
+  test::write_file(dir / "tok.json", small_tokenizer().dump());
+  auto prepare = [&](const std::string& out, const std::string& args) {
+    const test::CmdResult c =
+        test::run_cmd(tr::test::prepare_data_bin() + " --output " + (dir / out) + " --tokenizer " +
+                      (dir / "tok.json") + " " + args);
+    INFO(c.output);
+    REQUIRE(c.exit_code == 0);
+  };
+  auto same = [&](const std::string& a, const std::string& b) {
+    for (const char* ext : {".bin", ".idx"})
+      CHECK((test::read_file(dir / (a + ext)) == test::read_file(dir / (b + ext))));
+  };
+  for (const std::string format : {"text", "jsonl"}) {
+    const bool text = format == "text";
+    const std::string bad = text ? dir / "bad" : dir / "bad.jsonl";
+    const std::string good = text ? dir / "good" : dir / "good.jsonl";
+    prepare(format + "_want", "--format " + format + " --threads 1 " + good);
+    for (const char* threads : {"1", "2"}) {
+      INFO(format << " on " << threads << " threads");
+      prepare(format + "_" + threads, "--format " + format + " --threads " + threads + " " + bad);
+      same(format + "_" + threads, format + "_want");
+    }
+  }
 }
 
 // A few hundred seeded mutations of a tokenizer.json (bytes and JSON structure): each loads into
