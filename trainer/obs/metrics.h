@@ -39,7 +39,8 @@ struct StepMetrics {
   int64_t attention_ragged = -1;
   double elapsed_s = 0;         // since this process started training
   int64_t steps_done_here = 0;  // steps run by this process (for the ETA)
-  const char* skipped = "";   // why this step was not applied ("non_finite", "spike", "no_targets"); "" = it was
+  // Why this step was not applied ("non_finite", "spike", "no_targets"); "" = it was.
+  const char* skipped = "";
   int64_t skipped_total = 0;  // steps skipped by this process
   // The straggler report (every log.interval steps on more than one rank; -1 = none this step):
   // the rank with the most own work per step (step time minus time blocked in MPI), and the
