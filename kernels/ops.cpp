@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/ragged.h"
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
 #endif
@@ -315,16 +316,11 @@ void note_attention_fast_fallback() {
 }
 
 DocCount count_documents(const int32_t* start, int64_t tokens, int64_t rows) {
-  TR_ASSERT(rows > 0 && tokens % rows == 0, "count_documents: whole sequences of rows");
   DocCount c;
-  int64_t first = 0;  // the current run's first row
-  for (int64_t t = 0; t < tokens; ++t) {
-    if (t % rows == 0 || start[t] != start[t - 1]) {
-      ++c.count;
-      first = t;
-    }
-    c.longest = std::max(c.longest, t - first + 1);
-  }
+  for_each_document(start, tokens, rows, [&](int64_t, int64_t len) {
+    ++c.count;
+    c.longest = std::max(c.longest, len);
+  });
   return c;
 }
 

@@ -11,19 +11,6 @@ int64_t aligned_slot(int64_t slot) {
   return (slot + 3) / 4 * 4;
 }
 
-// Calls f(first_row, rows) for each document (run of equal starts within a sequence) in order.
-template <class F>
-void for_each_document(const int32_t* start, int64_t rows, int64_t period, F&& f) {
-  TR_ASSERT(period > 0 && rows % period == 0, "ragged: whole sequences of rows");
-  int64_t first = 0;
-  for (int64_t r = 1; r <= rows; ++r) {
-    if (r == rows || r % period == 0 || start[r] != start[r - 1]) {
-      f(first, r - first);
-      first = r;
-    }
-  }
-}
-
 }  // namespace
 
 int64_t ragged_slots_bound(int64_t rows) {

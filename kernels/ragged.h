@@ -6,7 +6,24 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/check.h"
+
 namespace tr {
+
+// Calls f(first_row, rows) for each document of `rows` starts (each row's document's first
+// position in its sequence), a sequence beginning every `period` rows: the runs of equal starts
+// within each sequence, in order. The one host reading of document starts.
+template <class F>
+void for_each_document(const int32_t* start, int64_t rows, int64_t period, F&& f) {
+  TR_ASSERT(period > 0 && rows % period == 0, "documents: whole sequences of rows");
+  int64_t first = 0;
+  for (int64_t r = 1; r <= rows; ++r) {
+    if (r == rows || r % period == 0 || start[r] != start[r - 1]) {
+      f(first, r - first);
+      first = r;
+    }
+  }
+}
 
 // The documents of a call in parts of a power-of-two count, largest first (13 = 8 + 4 + 1): each
 // part one launch over exactly its documents, so that no entry is ever empty (cuDNN before 9.25
