@@ -16,13 +16,13 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/safetensors.h"
-#include "checkpoint/train/hf.h"
-#include "checkpoint/train/ownership.h"
 #include "core/bf16.h"
 #include "core/exit_codes.h"
 #include "tests/cli_util.h"
 #include "tests/mutate.h"
 #include "tests/test_util.h"
+#include "trainer/checkpoint/hf.h"
+#include "trainer/checkpoint/ownership.h"
 
 namespace tr {
 namespace {

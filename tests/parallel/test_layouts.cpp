@@ -1,7 +1,7 @@
 // Multi-rank correctness in process: a layout's training step on 8 MPI ranks against one
 // process's step of the same batch, tensor by tensor. Each rank builds its session as the
 // trainer does (run/run.h open_session), takes one step, and sends the blocks of every tensor it
-// owns (checkpoint/train/ownership.h: the fp32 weights after the update and both Adam moments)
+// owns (trainer/checkpoint/ownership.h: the fp32 weights after the update and both Adam moments)
 // to rank 0, which assembles the global tensors and compares them with one rank's, naming the
 // first tensor (in model order) whose gradient, update or second moment differs. After one
 // step Adam's first moment is (1 - beta1) times the clipped gradient, so a wrong gradient is
@@ -21,12 +21,12 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "checkpoint/train/ownership.h"
 #include "core/check.h"
 #include "core/exit_codes.h"
 #include "parallel/mpi_comm.h"
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
+#include "trainer/checkpoint/ownership.h"
 #include "trainer/run/run.h"
 #include "trainer/step/step.h"
 

@@ -15,11 +15,11 @@
 
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "checkpoint/train/ownership.h"
 #include "core/clock.h"
 #include "core/switches.h"
 #include "kernels/ops.h"
 #include "tests/test_util.h"
+#include "trainer/checkpoint/ownership.h"
 #include "trainer/config/config.h"
 #include "trainer/layout/run_layout.h"
 #include "trainer/model/init.h"

@@ -13,10 +13,10 @@ declare -A may=(
   [data]="core data"
   [checkpoint]="core checkpoint"
 )
-# The trainer's rooms in order; checkpoint/train is checkpoint's train-side layer, which knows
-# the model, the optimizer and the session.
+# The trainer's rooms in order; trainer/checkpoint (which rank writes what, the saver, node-local
+# checkpoints, Hugging Face in and out) is the train side over checkpoint/'s HDF5 layer.
 rooms=(trainer/config trainer/obs trainer/model trainer/optim trainer/layout trainer/plan
-       trainer/session trainer/step checkpoint/train trainer/run trainer)
+       trainer/session trainer/step trainer/checkpoint trainer/run trainer)
 below="core kernels parallel data checkpoint"
 for room in "${rooms[@]}"; do
   below+=" $room"
@@ -33,7 +33,7 @@ place_of() {
 bad=0
 checked=0
 for place in "${!may[@]}"; do
-  # A place's own files: not those of a room inside it (checkpoint/train in checkpoint).
+  # A place's own files: not those of a room inside it (trainer/model in trainer).
   while IFS= read -r file; do
     [[ $(place_of "$file") == "$place" ]] || continue
     checked=$((checked + 1))
@@ -50,7 +50,7 @@ done
 ((checked > 100)) || { echo "test_layers: only $checked files found under $PWD"; exit 1; }
 # Above the kernels, the GPU is kernels/device.h and kernels/ops.h: no room includes the CUDA
 # backend's own headers (kernels/cuda/).
-backend=$(grep -rnE '^#include "kernels/cuda/' trainer checkpoint/train)
+backend=$(grep -rnE '^#include "kernels/cuda/' trainer)
 [[ -z $backend ]] || { echo "rooms including the CUDA backend's headers: $backend"; bad=1; }
 # trainer/ holds nothing of its own at the top but main.cpp: everything else is in a room.
 loose=$(find trainer -maxdepth 1 -type f \( -name '*.h' -o -name '*.cpp' \) -not -name main.cpp)

@@ -34,7 +34,7 @@ struct ModelConfig {
   bool tie_embeddings = false;
   double init_std = 0.02;  // std of the normal init of matrices and the embedding
   // A Hugging Face model directory (config.json + safetensors) whose weights start a fresh run
-  // instead of the random init; a resumed run ignores it. See checkpoint/train/hf.h.
+  // instead of the random init; a resumed run ignores it. See trainer/checkpoint/hf.h.
   std::string init_from;
   // Whether q, k and v have biases (Qwen2's do, Llama's and Qwen3's do not).
   bool attention_bias() const { return family == "qwen2"; }
@@ -153,7 +153,7 @@ struct CheckpointConfig {
   // Copy the state to host memory and write it in a background thread while training goes on;
   // committed at the first step boundary after every rank has written its part.
   bool async = false;
-  // Node-local checkpoints (checkpoint/train/local_ckpt.h): every local_interval steps (0 = off)
+  // Node-local checkpoints (trainer/checkpoint/local_ckpt.h): every local_interval steps (0 = off)
   // each rank writes its own part of the training state to local_dir (node-local: tmpfs or NVMe),
   // keeping the newest local_keep; --resume auto takes one when it is newer than the newest
   // persistent checkpoint and every rank has its part. Each part also goes to local_replicas other

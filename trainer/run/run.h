@@ -26,8 +26,9 @@ int run(const CliOptions& opts);
 int open_session(Session& s);
 // `trainer plan`: prints the plan of the config (trainer/plan/plan.h); exit 2 on bad input.
 int run_plan(const CliOptions& opts);
-// `trainer export-hf`: a checkpoint as a Hugging Face model directory (checkpoint/train/hf.h); exit
-// 2 on bad input (a missing or damaged checkpoint, an --out that holds files), 1 on a failed write.
+// `trainer export-hf`: a checkpoint as a Hugging Face model directory (trainer/checkpoint/hf.h);
+// exit 2 on bad input (a missing or damaged checkpoint, an --out that holds files), 1 on a failed
+// write.
 int run_export_hf(const CliOptions& opts);
 
 }  // namespace tr

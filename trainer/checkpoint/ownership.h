@@ -1,4 +1,4 @@
-// checkpoint/train: the train-side layer of checkpointing, over the HDF5 layer of checkpoint/ and
+// trainer/checkpoint: the train-side layer of checkpointing, over the HDF5 layer of checkpoint/ and
 // a room of the trainer between step/ and run/: block ownership (here), the saver (saver.h),
 // node-local checkpoints (local_ckpt.h, local_part.h) and Hugging Face import and export
 // (hf.h).

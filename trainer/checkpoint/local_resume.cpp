@@ -1,5 +1,5 @@
-// The resume side of node-local checkpoints (checkpoint/train/local_ckpt.h): which step every rank
-// can take, fetching parts from their replicas' holders, and loading them.
+// The resume side of node-local checkpoints (trainer/checkpoint/local_ckpt.h): which step every
+// rank can take, fetching parts from their replicas' holders, and loading them.
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -9,10 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/train/local_ckpt.h"
-#include "checkpoint/train/local_part.h"
 #include "core/check.h"
 #include "core/fs_io.h"
+#include "trainer/checkpoint/local_ckpt.h"
+#include "trainer/checkpoint/local_part.h"
 #include "trainer/step/agree.h"
 
 namespace tr {

@@ -1,8 +1,8 @@
 // Checkpoint saves of the training loop (docs/checkpoints.md). Every rank writes the blocks it
-// owns (checkpoint/train/ownership.h) into its own shard file; rank 0 prepares the directory before
-// and commits after. With checkpoint.async the blocks are first copied into a host buffer (kept and
-// reused) and a background thread writes the shard while training goes on; the commit follows
-// at the first step boundary where every rank's writer has finished, so a crash before then
+// owns (trainer/checkpoint/ownership.h) into its own shard file; rank 0 prepares the directory
+// before and commits after. With checkpoint.async the blocks are first copied into a host buffer
+// (kept and reused) and a background thread writes the shard while training goes on; the commit
+// follows at the first step boundary where every rank's writer has finished, so a crash before then
 // leaves the previous checkpoint as `latest`. Internal to trainer/.
 #pragma once
 

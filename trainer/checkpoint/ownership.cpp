@@ -1,4 +1,4 @@
-#include "checkpoint/train/ownership.h"
+#include "trainer/checkpoint/ownership.h"
 
 #include <algorithm>
 #include <set>

@@ -1,4 +1,4 @@
-#include "checkpoint/train/saver.h"
+#include "trainer/checkpoint/saver.h"
 
 #include <cstdio>
 #include <cstring>
@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/train/ownership.h"
 #include "core/clock.h"
 #include "kernels/ops.h"
+#include "trainer/checkpoint/ownership.h"
 #include "trainer/step/agree.h"
 
 namespace tr {

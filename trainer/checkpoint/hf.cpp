@@ -1,4 +1,4 @@
-#include "checkpoint/train/hf.h"
+#include "trainer/checkpoint/hf.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -13,9 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/train/ownership.h"
 #include "core/check.h"
 #include "nlohmann/json.hpp"
+#include "trainer/checkpoint/ownership.h"
 
 namespace tr {
 namespace {

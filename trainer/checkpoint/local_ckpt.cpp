@@ -1,4 +1,4 @@
-#include "checkpoint/train/local_ckpt.h"
+#include "trainer/checkpoint/local_ckpt.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/train/local_part.h"
 #include "core/check.h"
 #include "core/clock.h"
 #include "core/exit_codes.h"
@@ -22,6 +21,7 @@
 #include "core/switches.h"
 #include "kernels/ops.h"
 #include "parallel/mpi_comm.h"
+#include "trainer/checkpoint/local_part.h"
 #include "trainer/step/agree.h"
 
 namespace tr {

@@ -1,4 +1,4 @@
-#include "checkpoint/train/local_part.h"
+#include "trainer/checkpoint/local_part.h"
 
 #include <algorithm>
 #include <cstdio>

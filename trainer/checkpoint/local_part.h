@@ -1,4 +1,4 @@
-// The file format and helpers of node-local checkpoints (checkpoint/train/local_ckpt.h): a part's
+// The file format and helpers of node-local checkpoints (trainer/checkpoint/local_ckpt.h): a part's
 // header, its layout key, file names and the steps a node's directory holds, and chunked
 // point-to-point byte transfers. Shared by the save side (local_ckpt.cpp) and the resume side
 // (local_resume.cpp).
