@@ -5,6 +5,8 @@
 
 namespace tr {
 
+class OpLog;  // kernels/op_log.h
+
 struct Ctx {
   Device device = Device::cpu;
   void* stream = nullptr;  // cudaStream_t on the CUDA backend
@@ -16,6 +18,9 @@ struct Ctx {
   // Ops with a faster non-deterministic algorithm (cuDNN's attention backward) use it when
   // false; true gives the same bits run after run. CPU ops are always deterministic.
   bool deterministic = true;
+  // Where the ops on this context are recorded (kernels/op_log.h: tests comparing what ran with
+  // the model's op list); null = nowhere.
+  OpLog* log = nullptr;
 };
 
 }  // namespace tr

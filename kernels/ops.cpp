@@ -13,6 +13,7 @@
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/op_log.h"
 #include "kernels/ragged.h"
 #ifdef TRAINER_HAVE_CUDA
 #include "kernels/cuda/cuda_ops.h"
@@ -37,7 +38,7 @@ Arg optional(const char* name, Tensor t) {
 class OpCheck {
  public:
   OpCheck(const Ctx& ctx, const char* op, std::initializer_list<Arg> args)
-      : op_(op), device_(ctx.device) {
+      : op_(op), device_(ctx.device), log_(ctx.log) {
     TR_ASSERT(args.size() <= args_.size(), std::string(op) + ": too many arguments to check");
     for (const Arg& a : args) args_[n_++] = a;
     for (int i = 0; i < n_; ++i) {
@@ -70,6 +71,24 @@ class OpCheck {
               describe("a parameter gradient is the activations' dtype or f32"));
   }
 
+  // The call as Ctx::log records it (kernels/op_log.h), when the entry point's shape is not its
+  // first tensor's rows x the rest: once per product it runs (linear_bwd's two). Without a note
+  // the call is recorded at its end by its first tensor.
+  // `part` names one of several products ("din": "linear_bwd.din").
+  void note(int64_t m, int64_t n, int64_t k = 1, const char* part = nullptr) const {
+    noted_ = true;
+    if (log_ != nullptr)
+      log_->note({part == nullptr ? std::string(op_) : std::string(op_) + "." + part, m, n, k});
+  }
+  ~OpCheck() {
+    if (log_ == nullptr || noted_ || n_ == 0) return;
+    const Tensor& t = args_[0].t;
+    const int64_t rows = t.ndim > 0 ? t.shape[0] : 1;
+    log_->note({op_, rows, rows > 0 ? t.numel() / rows : 0});
+  }
+  OpCheck(const OpCheck&) = delete;
+  OpCheck& operator=(const OpCheck&) = delete;
+
   std::string describe(const std::string& detail = "") const {
     std::string s = std::string(op_) + "(";
     for (int i = 0; i < n_; ++i)
@@ -84,6 +103,8 @@ class OpCheck {
   Device device_;
   std::array<Arg, 10> args_{};
   int n_ = 0;
+  OpLog* log_;
+  mutable bool noted_ = false;
 };
 
 bool is_matrix(const Tensor& t, int64_t rows, int64_t cols) {
@@ -157,6 +178,7 @@ void embedding_bwd(Ctx& ctx, Tensor dtable, Tensor dout, Tensor tokens, int64_t 
   OP_CHECK(c, tokens.dtype == DType::i32 && tokens.ndim == 1 && dtable.ndim == 2);
   OP_CHECK(c, is_matrix(dout, tokens.shape[0], dtable.shape[1]));
   OP_CHECK(c, vocab_offset >= 0);
+  c.note(dout.shape[0], dout.shape[1]);
   TR_DISPATCH(embedding_bwd, dtable, dout, tokens, vocab_offset);
 }
 
@@ -210,6 +232,7 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
   OP_CHECK(c, in.ndim == 2 && weight.ndim == 2 && weight.shape[1] == in.shape[1]);
   OP_CHECK(c, is_matrix(out, in.shape[0], weight.shape[0]));
   OP_CHECK(c, bias.empty() || is_vector(bias, weight.shape[0]));
+  c.note(in.shape[0], weight.shape[0], in.shape[1]);
   TR_DISPATCH(linear_fwd, out, in, weight, bias);
 }
 
@@ -230,6 +253,8 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
   OP_CHECK(c, dweight.empty() ? dbias.empty() && !din.empty() : dweight.same_shape(weight));
   OP_CHECK(c, din.empty() || din.same_shape(in));
   OP_CHECK(c, dbias.empty() || is_vector(dbias, weight.shape[0]));
+  if (!din.empty()) c.note(in.shape[0], in.shape[1], weight.shape[0], "din");
+  if (!dweight.empty()) c.note(weight.shape[0], weight.shape[1], in.shape[0], "dweight");
   TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight, dw == GradWrite::assign);
 }
 
@@ -258,6 +283,7 @@ void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len
                       ? " yarn factor=" + std::to_string(rope.factor) +
                             " original_max_position=" + std::to_string(rope.original_max_position)
                       : "")));
+  c.note(x.shape[0], int64_t{n_rope_heads} * x.shape[2]);
 }
 }  // namespace
 
@@ -331,6 +357,7 @@ void attention_fwd(Ctx& ctx, Tensor out, Tensor lse, Tensor qkv, int batch, int 
   c.same_float_dtype({out, qkv});
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
   OP_CHECK(c, are_docs(docs, int64_t{batch} * seq_len));
+  c.note(int64_t{batch} * seq_len, int64_t{n_heads} * head_dim, seq_len);
   TR_DISPATCH(attention_fwd, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim, docs);
 }
 
@@ -348,6 +375,7 @@ void attention_bwd(Ctx& ctx, Tensor dqkv, Tensor dout, Tensor out, Tensor lse, T
   check_attention(c, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads, head_dim);
   OP_CHECK(c, dqkv.same_shape(qkv) && dout.same_shape(out));
   OP_CHECK(c, are_docs(docs, int64_t{batch} * seq_len));
+  c.note(int64_t{batch} * seq_len, int64_t{n_heads} * head_dim, seq_len);
   TR_DISPATCH(attention_bwd, dqkv, dout, out, lse, qkv, batch, seq_len, n_heads, n_kv_heads,
               head_dim, docs);
 }
@@ -418,6 +446,7 @@ void check_qkv_parts(const OpCheck& c, const Tensor& q, const Tensor& k, const T
   OP_CHECK(c, q.ndim == 3 && k.ndim == 3 && v.same_shape(k) && k.shape[0] == q.shape[0] &&
                   k.shape[2] == q.shape[2] &&
                   is_matrix(packed, q.shape[0], (q.shape[1] + 2 * k.shape[1]) * q.shape[2]));
+  c.note(packed.shape[0], packed.shape[1]);
 }
 }  // namespace
 
@@ -445,6 +474,7 @@ void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup) {
   c.same_float_dtype({dgateup, dout, gateup});
   OP_CHECK(c, dout.ndim == 2 && is_matrix(gateup, dout.shape[0], 2 * dout.shape[1]));
   OP_CHECK(c, dgateup.same_shape(gateup));
+  c.note(dout.shape[0], dout.shape[1]);
   TR_DISPATCH(swiglu_bwd, dgateup, dout, gateup);
 }
 
@@ -485,6 +515,7 @@ void accumulate_sum(Ctx& ctx, Tensor acc, Tensor x) {
   const OpCheck c(ctx, "accumulate_sum", {{"acc", acc}, {"x", x}});
   c.same_float_dtype({x});
   OP_CHECK(c, acc.dtype == DType::f64 && acc.numel() == 1);
+  c.note(x.numel(), 1);
   TR_DISPATCH(accumulate_sum, acc, x, /*squares=*/false);
 }
 
@@ -533,6 +564,7 @@ void cross_entropy_fwd_bwd(Ctx& ctx, Tensor losses, Tensor logits, Tensor target
                   is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_valid > 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  c.note(logits.shape[0], logits.shape[1]);
   TR_DISPATCH(cross_entropy_fwd_bwd, losses, logits, targets, vocab_valid, grad_scale,
               compute_grad);
 }
@@ -544,6 +576,7 @@ void xent_row_max(Ctx& ctx, Tensor row_max, Tensor logits, int64_t vocab_valid) 
   OP_CHECK(c, logits.ndim == 2 && is_vector(row_max, logits.shape[0]));
   TR_ASSERT(vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  c.note(logits.shape[0], logits.shape[1]);
   TR_DISPATCH(xent_row_max, row_max, logits, vocab_valid);
 }
 
@@ -558,6 +591,7 @@ void xent_sums(Ctx& ctx, Tensor sums, Tensor logits, Tensor targets, Tensor row_
                   is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  c.note(logits.shape[0], logits.shape[1]);
   TR_DISPATCH(xent_sums, sums, logits, targets, row_max, vocab_offset, vocab_valid);
 }
 
@@ -578,6 +612,7 @@ void xent_loss_grad(Ctx& ctx, Tensor losses, Tensor logits, Tensor targets, Tens
                   targets.dtype == DType::i32 && is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  c.note(logits.shape[0], logits.shape[1]);
   TR_DISPATCH(xent_loss_grad, losses, logits, targets, row_max, sums, vocab_offset, vocab_valid,
               grad_scale, compute_grad);
 }
@@ -592,6 +627,7 @@ void xent_shard_stats(Ctx& ctx, Tensor stats, Tensor logits, Tensor targets, int
                   is_vector(targets, logits.shape[0]));
   TR_ASSERT(vocab_offset >= 0 && vocab_valid >= 0 && vocab_valid <= logits.shape[1],
             c.describe("vocab_valid=" + std::to_string(vocab_valid)));
+  c.note(logits.shape[0], logits.shape[1]);
   TR_DISPATCH(xent_shard_stats, stats, logits, targets, vocab_offset, vocab_valid);
 }
 

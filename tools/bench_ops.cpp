@@ -244,20 +244,21 @@ struct Documents {
   }
 };
 
+// A call of the kernel that runs `op` (StepOp::kernel, at its shape), on buffers of `arena`;
+// empty for a kernel this tool has no call for.
 std::function<void()> runner(const StepOp& op, const tr::ModelDims& d, const tr::Config& cfg,
                              tr::Ctx& ctx, Arena& arena, const Documents* documents) {
-  const std::string& name = op.name;
-  auto ends = [&](const char* s) { return absl::EndsWith(name, s); };
+  const std::string& kernel = op.kernel;
   const DType f32 = DType::f32;
   if (op.cls == tr::OpClass::gemm) {
     // Back to the projection's own shape: out [T, N] = in [T, K] . W [N, K]^T.
     int64_t T = op.m, N = op.n, K = op.k;
-    if (ends("input gradient")) T = op.m, N = op.k, K = op.n;
-    if (ends("weight gradient")) T = op.k, N = op.m, K = op.n;
+    if (kernel == "linear_bwd.din") T = op.m, N = op.k, K = op.n;
+    if (kernel == "linear_bwd.dweight") T = op.k, N = op.m, K = op.n;
     Tensor in = arena.act({T, K}), w = arena.act({N, K}), out = arena.act({T, N});
-    if (absl::StrContains(name, "forward"))
+    if (kernel == "linear_fwd")
       return [&ctx, out, in, w] { tr::linear_fwd(ctx, out, in, w, Tensor()); };
-    if (ends("input gradient")) {
+    if (kernel == "linear_bwd.din") {
       Tensor din = arena.act({T, K});
       return [&ctx, din, in, w, out] { tr::linear_bwd(ctx, din, Tensor(), Tensor(), out, in, w); };
     }
@@ -269,7 +270,7 @@ std::function<void()> runner(const StepOp& op, const tr::ModelDims& d, const tr:
   const int seq = static_cast<int>(cfg.data.seq_len);  // parallel.cp 1
   const int nh = static_cast<int>(d.heads), nkv = static_cast<int>(d.kv_heads),
             hd = static_cast<int>(d.head_dim);
-  if (absl::StartsWith(name, "attention:")) {
+  if (kernel == "attention_fwd" || kernel == "attention_bwd") {
     const int64_t rows = static_cast<int64_t>(batch) * seq;
     tr::attention_prepare(ctx, batch, seq, nh, nkv, hd, 0, documents != nullptr);
     Tensor qkv = arena.act({rows, d.qkv_out()}), out = arena.act({rows, int64_t{nh} * hd});
@@ -279,55 +280,92 @@ std::function<void()> runner(const StepOp& op, const tr::ModelDims& d, const tr:
                              : tr::DocStarts{arena.ints(documents->start), documents->start.data()};
     // lse and out for the backward (and the ragged graphs built before the timing)
     tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd, docs);
-    if (absl::StrContains(name, "forward"))
+    if (kernel == "attention_fwd")
       return [=, &ctx] { tr::attention_fwd(ctx, out, lse, qkv, batch, seq, nh, nkv, hd, docs); };
     Tensor dout = arena.act({rows, int64_t{nh} * hd}), dqkv = arena.act({rows, d.qkv_out()});
     return [=, &ctx] {
       tr::attention_bwd(ctx, dqkv, dout, out, lse, qkv, batch, seq, nh, nkv, hd, docs);
     };
   }
-  if (absl::StrContains(name, "rmsnorm")) {
+  const float eps = static_cast<float>(cfg.model.rms_norm_eps);
+  if (kernel == "rmsnorm_fwd" || kernel == "rmsnorm_bwd" || kernel == "add_rmsnorm_fwd") {
     Tensor in = arena.act({T, W}), w = arena.act({W}), out = arena.act({T, W});
     Tensor rstd = arena.random(f32, {T});
-    const float eps = static_cast<float>(cfg.model.rms_norm_eps);
-    if (absl::StrContains(name, "forward"))
-      return [=, &ctx] { tr::rmsnorm_fwd(ctx, out, rstd, in, w, eps); };
+    if (kernel == "rmsnorm_fwd") return [=, &ctx] { tr::rmsnorm_fwd(ctx, out, rstd, in, w, eps); };
+    if (kernel == "add_rmsnorm_fwd") {
+      Tensor b = arena.act({T, W}), sum = arena.act({T, W});
+      return [=, &ctx] { tr::add_rmsnorm_fwd(ctx, sum, out, rstd, in, b, w, eps); };
+    }
     Tensor dw = arena.random(f32, {W});
     return [=, &ctx] { tr::rmsnorm_bwd(ctx, out, dw, in, in, w, rstd); };
   }
-  if (absl::StartsWith(name, "residual add")) {
+  if (kernel == "add") {
     Tensor a = arena.act({T, W}), b = arena.act({T, W}), out = arena.act({T, W});
     return [=, &ctx] { tr::add(ctx, out, a, b); };
   }
-  if (absl::StartsWith(name, "rope")) {
+  if (kernel == "cast") {
+    Tensor in = arena.act({T, W}), out = arena.act({T, W});
+    return [=, &ctx] { tr::cast(ctx, out, in); };
+  }
+  if (kernel == "zero_") {
+    Tensor x = arena.random(f32, {T, W});
+    return [=, &ctx] { tr::zero_(ctx, x); };
+  }
+  if (kernel == "qkv_split" || kernel == "qkv_join") {
+    Tensor qkv = arena.act({T, d.qkv_out()}), q = arena.act({T, int64_t{nh}, int64_t{hd}});
+    Tensor k = arena.act({T, int64_t{nkv}, int64_t{hd}}), v = arena.act({T, int64_t{nkv}, hd});
+    if (kernel == "qkv_split") return [=, &ctx] { tr::qkv_split(ctx, q, k, v, qkv); };
+    return [=, &ctx] { tr::qkv_join(ctx, qkv, q, k, v); };
+  }
+  if (kernel == "rope_fwd" || kernel == "rope_bwd") {
     Tensor x = arena.act({T, nh + 2 * int64_t{nkv}, hd});
     const tr::Rope rope = d.rope;
     const int rope_heads = nh + nkv;
-    if (absl::StrContains(name, "forward"))
-      return [=, &ctx] { tr::rope_fwd(ctx, x, rope_heads, seq, rope); };
+    if (kernel == "rope_fwd") return [=, &ctx] { tr::rope_fwd(ctx, x, rope_heads, seq, rope); };
     return [=, &ctx] { tr::rope_bwd(ctx, x, rope_heads, seq, rope); };
   }
-  if (absl::StartsWith(name, "swiglu")) {
+  if (kernel == "swiglu_fwd" || kernel == "swiglu_bwd") {
     Tensor gateup = arena.act({T, 2 * W}), out = arena.act({T, W});
-    if (absl::StrContains(name, "forward")) return [=, &ctx] { tr::swiglu_fwd(ctx, out, gateup); };
+    if (kernel == "swiglu_fwd") return [=, &ctx] { tr::swiglu_fwd(ctx, out, gateup); };
     Tensor dgateup = arena.act({T, 2 * W});
     return [=, &ctx] { tr::swiglu_bwd(ctx, dgateup, out, gateup); };
   }
-  if (absl::StartsWith(name, "embedding")) {
+  if (kernel == "embedding_fwd" || kernel == "embedding_bwd") {
     Tensor tokens = arena.ids(T, d.vocab_local), table = arena.act({d.vocab_local, W});
     Tensor out = arena.act({T, W});
-    if (ends("forward")) return [=, &ctx] { tr::embedding_fwd(ctx, out, tokens, table, 0); };
+    if (kernel == "embedding_fwd")
+      return [=, &ctx] { tr::embedding_fwd(ctx, out, tokens, table, 0); };
     Tensor dtable = arena.random(f32, {d.vocab_local, W});
     return [=, &ctx] { tr::embedding_bwd(ctx, dtable, out, tokens, 0); };
   }
-  if (name == "cross-entropy") {
-    Tensor logits = arena.act({T, W}), targets = arena.ids(T, d.vocab_valid_local());
+  const int64_t valid = d.vocab_valid_local();
+  if (kernel == "cross_entropy_fwd_bwd" || kernel == "xent_shard_stats" ||
+      kernel == "xent_loss_grad") {
+    Tensor logits = arena.act({T, W}), targets = arena.ids(T, valid);
     Tensor losses = arena.random(f32, {T});
-    const int64_t valid = d.vocab_valid_local();
-    return
-        [=, &ctx] { tr::cross_entropy_fwd_bwd(ctx, losses, logits, targets, valid, 1e-4f, true); };
+    if (kernel == "cross_entropy_fwd_bwd")
+      return [=, &ctx] {
+        tr::cross_entropy_fwd_bwd(ctx, losses, logits, targets, valid, 1e-4f, true);
+      };
+    if (kernel == "xent_shard_stats") {
+      Tensor stats = arena.random(f32, {T, 3});
+      return [=, &ctx] { tr::xent_shard_stats(ctx, stats, logits, targets, 0, valid); };
+    }
+    Tensor row_max = arena.random(f32, {T}), sums = arena.random(f32, {T, 2});
+    return [=, &ctx] {
+      tr::xent_loss_grad(ctx, losses, logits, targets, row_max, sums, 0, valid, 1e-4f, true);
+    };
   }
-  if (name == "adamw") {
+  if (kernel == "xent_combine") {
+    Tensor row_max = arena.random(f32, {T}), sums = arena.random(f32, {T, 2});
+    Tensor all = arena.random(f32, {int64_t{d.tp}, T, 3});
+    return [=, &ctx] { tr::xent_combine(ctx, row_max, sums, all); };
+  }
+  if (kernel == "accumulate_sum") {
+    Tensor x = arena.random(f32, {T}), acc = arena.random(DType::f64, {1});
+    return [=, &ctx] { tr::accumulate_sum(ctx, acc, x); };
+  }
+  if (kernel == "adamw_update_pieces") {
     Tensor p = arena.random(f32, {T}), g = arena.random(f32, {T}), m = arena.random(f32, {T}),
            v = arena.random(f32, {T});
     // The bf16 weights the update writes on a GPU (the CPU computes in f32: none).
@@ -346,7 +384,7 @@ std::function<void()> runner(const StepOp& op, const tr::ModelDims& d, const tr:
       tr::adamw_update_pieces(ctx, p, g, m, v, copy, pieces, tr::AdamWIndex{}, a, 1.0f);
     };
   }
-  if (name == "gradient norm") {
+  if (kernel == "accumulate_sum_squares_pieces") {  // the norm's read of every gradient
     Tensor g = arena.random(f32, {T}), acc = arena.random(DType::f64, {1});
     return [=, &ctx] { tr::accumulate_sum_squares(ctx, acc, g); };
   }

@@ -27,6 +27,7 @@
 #include "tests/cli_util.h"
 #include "tests/test_util.h"
 #include "trainer/checkpoint/ownership.h"
+#include "trainer/model/op_list.h"
 #include "trainer/run/run.h"
 #include "trainer/step/step.h"
 
@@ -80,8 +81,18 @@ Stepped step_once(const test::RunDir& dir, const std::vector<std::string>& sets,
   StepGuard guard(s.cfg.train);
   absl::StatusOr<FaultInjector> fault = FaultInjector::from_switches();
   TR_ASSERT(fault.ok(), fault.status().ToString());
+  OpLog log;
+  s.model->set_op_log(&log);
   const StepOutcome step = train_step(s, out.m, guard, *fault);
+  s.model->set_op_log(nullptr);
   TR_ASSERT(step.code == kExitOk && step.ran, "the step failed: " + step.status.ToString());
+  // The kernels this rank's model ran are those its op list (the planner's and bench_ops') says.
+  const std::string differs = op_count_difference(
+      log.counts(),
+      op_counts(model_ops(s.model->dims(), s.model->options(), s.layout.micro_batches)));
+  INFO("rank " << s.topo().rank << ", kernels run against the model's op list:\n" << differs);
+  CHECK(!log.counts().empty());
+  CHECK(differs.empty());
   return out;
 }
 

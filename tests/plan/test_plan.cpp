@@ -445,8 +445,11 @@ TEST_CASE("plan: each pipeline schedule's bubble, traffic and memory, and the pi
   // Full recomputation runs each layer's forward again in B and in W.
   CHECK(c->recompute_flops_per_token == Approx(2 * a->recompute_flops_per_token));
   CHECK(b->recompute_flops_per_token == Approx(a->recompute_flops_per_token));
-  // The bubble is the only difference in compute time here.
-  CHECK(b->compute_s - b->bubble_s == Approx(a->compute_s - a->bubble_s));
+  // The bubble is the only difference in compute time here, but for the chunks' boundaries: each
+  // of the interleaved schedule's extra chunks ends in a residual add and starts with a norm
+  // (two passes where the fused add + norm runs one), under 0.1% of the step.
+  CHECK(b->compute_s - b->bubble_s > a->compute_s - a->bubble_s);
+  CHECK(b->compute_s - b->bubble_s == Approx(a->compute_s - a->bubble_s).epsilon(1e-3));
   // Each stage's activations are a real model's, with the schedule's slots, chunks and kept
   // output gradients.
   for (const Config* cfg : {&one_f, &inter, &zb}) {

@@ -2,6 +2,7 @@
 // micro-batch meets the CP group's other chunks through parallel/cp_attention.h. One sequence's
 // q, k and v are split out of the packed qkv rows and its dq, dk, dv joined back into dqkv; out
 // and lse are already one sequence's contiguous block (lse in cp_attention's chunk-major order).
+#include "kernels/op_log.h"
 #include "parallel/cp_attention.h"
 #include "trainer/model/model.h"
 #include "trainer/model/model_acts.h"
@@ -20,6 +21,7 @@ void Qwen2Model::context_attention_fwd(int slot, int64_t l) {
   const int64_t S = seq_len_, nh = d.heads, hd = d.head_dim;
   for (int64_t b = 0; b < batch_; ++b) {
     qkv_split(ctx_, a.q, a.k, a.v, L.qkv.slice(b * S, S));
+    const OpLog::Compound op(ctx_, {"cp_attention_fwd", S, nh * hd, seq_total_});
     cp_attention_fwd(ctx_, *cp_, d.cp_exchange, a.cp, L.att.slice(b * S, S).view({S, nh, hd}),
                      L.lse.slice(b, 1), a.q, a.k, a.v, seq_total_, doc_starts(slot, b));
   }
@@ -32,10 +34,13 @@ void Qwen2Model::context_attention_bwd(int slot, int64_t l) {
   const int64_t S = seq_len_, nh = d.heads, hd = d.head_dim;
   for (int64_t b = 0; b < batch_; ++b) {
     qkv_split(ctx_, a.q, a.k, a.v, L.qkv.slice(b * S, S));
-    cp_attention_bwd(ctx_, *cp_, d.cp_exchange, a.cp, a.dq, a.dk, a.dv,
-                     a.datt.slice(b * S, S).view({S, nh, hd}),
-                     L.att.slice(b * S, S).view({S, nh, hd}), L.lse.slice(b, 1), a.q, a.k, a.v,
-                     seq_total_, doc_starts(slot, b));
+    {  // one op on the model's list, whatever blocks it runs
+      const OpLog::Compound op(ctx_, {"cp_attention_bwd", S, nh * hd, seq_total_});
+      cp_attention_bwd(ctx_, *cp_, d.cp_exchange, a.cp, a.dq, a.dk, a.dv,
+                       a.datt.slice(b * S, S).view({S, nh, hd}),
+                       L.att.slice(b * S, S).view({S, nh, hd}), L.lse.slice(b, 1), a.q, a.k, a.v,
+                       seq_total_, doc_starts(slot, b));
+    }
     qkv_join(ctx_, a.dqkv.slice(b * S, S), a.dq, a.dk, a.dv);
   }
 }

@@ -14,12 +14,19 @@
 
 namespace tr {
 
+int64_t loss_chunk_of(const ModelDims& dims, const ModelOptions& o) {
+  const int64_t tokens = o.batch * (o.seq_len / dims.cp);
+  return o.loss_chunk > 0 ? std::max<int64_t>(1, std::min(tokens, o.loss_chunk))
+                          : loss_chunk_tokens(tokens, dims.vocab_local, o.dtype);
+}
+
 ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& o, Device device) {
   return ParamBuffer(ParamLayout::make(dims, o.flat_multiple), o.dtype, device, o.plan_only);
 }
 
 Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer& params, Ctx ctx)
     : dims_(dims),
+      options_(o),
       batch_(o.batch),
       seq_len_(o.seq_len / dims.cp),
       seq_total_(o.seq_len),
@@ -42,7 +49,6 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
   TR_ASSERT(ParamLayout::make(dims_, o.flat_multiple).capacity == params.layout().capacity,
             "the parameter buffer's layout is another model's");
   const bool plan_only = o.plan_only;
-  const int64_t loss_chunk = o.loss_chunk;
   if (!plan_only) {
     w_ = views(params.weights_padded());
     g_ = views(params.grads_padded());
@@ -66,9 +72,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
     }
   }
 
-  const int64_t T = batch_ * seq_len_;
-  chunk_ = loss_chunk > 0 ? std::max<int64_t>(1, std::min<int64_t>(T, loss_chunk))
-                          : loss_chunk_tokens(T, dims.vocab_local, dtype_);
+  chunk_ = loss_chunk_of(dims, o);
   // Measure the activation buffers, then allocate exactly that once.
   Arena plan = Arena::planner(ctx.device);
   alloc_acts(plan);

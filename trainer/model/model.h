@@ -90,6 +90,10 @@ struct ModelOptions {
   DpShards shards = DpShards();
 };
 
+// Tokens per loss chunk of a model of `dims` built with `options`: options.loss_chunk (at most a
+// micro-batch's tokens), or loss_chunk_tokens() when that is 0.
+int64_t loss_chunk_of(const ModelDims& dims, const ModelOptions& options);
+
 // The parameter buffer a model of `dims` built with `options` computes with: its layout (padded to
 // options.flat_multiple), weights in options.dtype. The trainer holds it in its Session beside the
 // model and the optimizer; tests and the planner beside their model.
@@ -122,8 +126,11 @@ class Qwen2Model {
   // The one subscriber to what the model reports about the flat buffer as it runs (the
   // distributed optimizer), set once; null = none.
   void set_param_events(ParamEvents* events) { events_ = events; }
+  // Records every op the model dispatches on `log` (kernels/op_log.h; null: stops recording).
+  void set_op_log(OpLog* log) { ctx_.log = log; }
 
   const ModelDims& dims() const { return dims_; }
+  const ModelOptions& options() const { return options_; }
   Ctx ctx() const { return ctx_; }
   // Tokens of a micro-batch on this rank: batch x its seq_len / cp tokens of each sequence.
   int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
@@ -222,6 +229,7 @@ class Qwen2Model {
   bool holds_head(int chunk) const;  // the final norm and the LM head follow `chunk`
 
   ModelDims dims_;
+  ModelOptions options_;
   int64_t batch_;
   int64_t seq_len_;    // tokens of each sequence on this rank (seq_total_ / cp)
   int64_t seq_total_;  // tokens of each sequence

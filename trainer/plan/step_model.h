@@ -1,19 +1,19 @@
 // The planner's step model: what one GPU of a pipeline stage spends on a step's computation, op
-// class by op class, from the GPU's measured ceilings (core/hardware.h: the 8192^3 bf16 GEMM
-// rate and the device copy bandwidth) and the shapes and bytes of the ops the trainer runs.
+// by op, from the GPU's measured ceilings (core/hardware.h: the 8192^3 bf16 GEMM rate and the
+// device copy bandwidth). The ops, their shapes, FLOPs and bytes are the model's own list
+// (trainer/model/op_list.h: what its kernels dispatch, checked by a test); this prices them:
 //
 // - GEMMs: every projection of a layer and the LM head, forward, input gradient and weight
 //   gradient, each at the GEMM ceiling times gemm_shape_efficiency(gpu, M, N, K) (thin and small
-//   products run below it), and the fp32 weight gradient each micro-batch accumulates into.
+//   products run below it), plus the fp32 weight gradient each micro-batch accumulates into.
 // - Attention: cuDNN's flash attention, forward and backward at a fraction of the dense peak
 //   that rises with head_dim (attention_fraction) and with the keys per query
 //   (attention_length_factor).
-// - Memory-bound passes: RMSNorm, residual adds, RoPE, SwiGLU, QK-norm (qwen3), the embedding
-//   and the cross-entropy over the logits, by the bytes each reads and writes, at the GPU's
+// - Memory-bound passes and the loss: by the bytes each reads and writes, at the GPU's
 //   stream_fraction of the copy bandwidth (16-byte loads, one pass each; the multi-tensor AdamW
 //   reached 94% on an H200).
-// - The optimizer: the multi-tensor AdamW's bytes per parameter of the rank's range and the
-//   gradient norm's read, at the same fraction.
+// - The optimizer (the planner's own ops): the multi-tensor AdamW's bytes per parameter of the
+//   rank's range and the gradient norm's read, at the same fraction.
 //
 // Communication and the pipeline bubble are the planner's (plan.cpp); this is the compute they
 // are added to. The efficiencies are the GPU's (core/hardware.h), leads until a GPU run
@@ -27,6 +27,7 @@
 #include "core/hardware.h"
 #include "trainer/config/config.h"
 #include "trainer/layout/run_layout.h"
+#include "trainer/model/op_list.h"
 
 namespace tr {
 
@@ -51,29 +52,20 @@ const char* attention_anchor(int64_t head_dim);
 // 0.92, 0.97, 1.015 and 1.02.
 double attention_length_factor(double keys);
 
-enum class OpClass { gemm, attention, memory, loss, optimizer };
-const char* op_class_name(OpClass c);  // "GEMM", "attention", "memory", "loss", "optimizer"
-
-// Where an op runs in the step: a micro-batch's forward (the LM head's whole loss chunk
-// included: its backward runs inside the forward), its backward, or the update.
-enum class OpPhase { forward, backward, update };
-
-// Where an op belongs: the stage's transformer layers, the LM head with the loss, the input
-// embedding, the optimizer.
-enum class OpPlace { layers, head, embedding, optimizer };
-
-// One op of a stage's step as the model charges it, and the shape a benchmark runs it at
-// (tools/bench_ops).
+// One op of a stage's step as the model lists it (trainer/model/op_list.h) and the planner prices
+// it, and the shape a benchmark runs it at (tools/bench_ops).
 struct StepOp {
-  std::string name;  // "qkv projection: forward", "attention: backward", "swiglu: backward", ...
+  std::string name;    // "qkv projection: forward", "attention: backward", "swiglu: backward", ...
+  std::string kernel;  // the kernels/ops.h entry point that runs it ("linear_bwd.din": its part)
   OpClass cls = OpClass::gemm;
   OpPhase phase = OpPhase::forward;
   OpPlace place = OpPlace::layers;
   double count = 0;            // times per step on one GPU of the stage
   double flop = 0, bytes = 0;  // once: FLOPs computed (GEMMs, attention), bytes moved
   double seconds = 0;          // once, predicted
-  // GEMMs: the product M x N x K as linear_fwd runs it (out [M, N] = in [M, K] . W[N, K]^T);
-  // a weight gradient's M is the tokens summed over. Element-wise ops: rows x width.
+  // The shape as the op list keys it (kernels/op_log.h): GEMMs the product M x N x K it runs
+  // (a weight gradient's K the tokens summed over); attention tokens x width x keys of a
+  // sequence; element-wise ops rows x width.
   int64_t m = 0, n = 0, k = 0;
   // The weight gradient of a column-parallel layer of the body (QKV, gate and up): with
   // parallel.overlap_tp the TP reduction of the layer's input gradient runs beside it.

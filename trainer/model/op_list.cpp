@@ -1,0 +1,377 @@
+#include "trainer/model/op_list.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+
+namespace tr {
+
+const char* op_class_name(OpClass c) {
+  switch (c) {
+    case OpClass::gemm:
+      return "GEMM";
+    case OpClass::attention:
+      return "attention";
+    case OpClass::memory:
+      return "memory";
+    case OpClass::loss:
+      return "loss";
+    case OpClass::optimizer:
+      return "optimizer";
+  }
+  return "?";
+}
+
+namespace {
+
+// A micro-batch's shapes on this rank (ModelDims' heads, intermediate size and vocabulary are
+// its TP shard).
+struct Shape {
+  int64_t T;              // tokens of a micro-batch here: batch x seq / cp
+  int64_t Ts;             // of them outside the TP regions: T / tp under sequence parallelism
+  int64_t S;              // of one sequence here (seq / cp)
+  int64_t seq;            // of a whole sequence
+  int64_t batch;          // sequences
+  int64_t H, Q, A, I, R;  // hidden, qkv rows, attention width, intermediate, RoPE's width
+  double e;               // bytes per activation element
+};
+
+// The list under construction: ops added with their counts, identical ones (name and key)
+// merged, those run zero times left out.
+class Ops {
+ public:
+  explicit Ops(double e) : e_(e) {}
+
+  void add(ModelOp op) {
+    if (op.count <= 0) return;
+    for (ModelOp& o : ops_)
+      if (o.name == op.name && o.key == op.key && o.phase == op.phase) {
+        o.count += op.count;
+        return;
+      }
+    ops_.push_back(std::move(op));
+  }
+  // A memory-bound pass over rows x width that moves `elems` elements (read plus written).
+  void pass(const std::string& name, const char* kernel, OpPhase phase, OpPlace place, double count,
+            int64_t rows, int64_t width, double elems, OpClass cls = OpClass::memory) {
+    add({.name = name,
+         .key = {kernel, rows, width},
+         .cls = cls,
+         .phase = phase,
+         .place = place,
+         .count = count,
+         .bytes = elems * e_});
+  }
+  // A projection's forward: out [m, n] = in [m, k] . W[n, k]^T.
+  void linear_fwd(const std::string& name, OpPhase phase, OpPlace place, double count, int64_t m,
+                  int64_t n, int64_t k) {
+    add({.name = name,
+         .key = {"linear_fwd", m, n, k},
+         .phase = phase,
+         .place = place,
+         .count = count,
+         .flop = flop(m, n, k)});
+  }
+  // Its input gradient [m, k] (`din` times) and weight gradient [n, k] (`dweight` times, summed
+  // over the m tokens into the fp32 gradient: 8 bytes a weight read and written besides).
+  void linear_bwd(const std::string& name, OpPlace place, OpPhase phase, double din, double dweight,
+                  int64_t m, int64_t n, int64_t k, bool column_parallel = false) {
+    add({.name = name + ": input gradient",
+         .key = {"linear_bwd.din", m, k, n},
+         .phase = phase,
+         .place = place,
+         .count = din,
+         .flop = flop(m, n, k)});
+    add({.name = name + ": weight gradient",
+         .key = {"linear_bwd.dweight", n, k, m},
+         .phase = phase,
+         .place = place,
+         .count = dweight,
+         .flop = flop(m, n, k),
+         .bytes = 8.0 * static_cast<double>(n) * static_cast<double>(k),
+         .column_weight_grad = column_parallel});
+  }
+  // Causal attention of m queries over sequences of k keys, width n = heads x head_dim.
+  void attention(const std::string& name, const char* kernel, OpPhase phase, double count,
+                 int64_t m, int64_t n, int64_t k, bool backward) {
+    add({.name = name,
+         .key = {kernel, m, n, k},
+         .cls = OpClass::attention,
+         .phase = phase,
+         .count = count,
+         .flop = (backward ? 2.0 : 1.0) * flop(m, n, k)});
+  }
+  std::vector<ModelOp> take() { return std::move(ops_); }
+
+ private:
+  static double flop(int64_t m, int64_t n, int64_t k) {
+    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+  }
+  double e_;
+  std::vector<ModelOp> ops_;
+};
+
+constexpr OpPhase kFwd = OpPhase::forward, kBwd = OpPhase::backward;
+// Elements an RMSNorm backward moves per element of its input: din's pass reads dout and in and
+// writes din (and reads it too when it accumulates into the residual stream's gradient), and
+// dweight's column sums read dout and in again (kernels/cuda/rmsnorm.cu).
+constexpr double kNormBwd = 5, kNormBwdAccumulate = 6;
+constexpr OpPlace kLayers = OpPlace::layers;
+
+// How a pass over a layer runs: its forward in the forward (count per step, phase forward) or
+// again in the backward for recomputation (phase backward, names marked so).
+struct Run {
+  double count;
+  OpPhase phase;
+  std::string suffix;  // "" or " (recomputed)"
+};
+
+// The attention block: q, k, v projection (QK-norm over each head, qwen3), RoPE, attention over
+// the sequence (under context parallelism each sequence over the CP group: one compound op), the
+// output projection. Its input norm's forward is the residual joins'; its backward is here.
+struct AttentionBlock {
+  const ModelDims& d;
+  const Shape& s;
+
+  void forward(Ops& ops, const Run& r) const {
+    const double T = static_cast<double>(s.T), q = static_cast<double>(s.Q),
+                 nh = static_cast<double>(d.heads * d.head_dim),
+                 nkv = static_cast<double>(d.kv_heads * d.head_dim);
+    ops.linear_fwd("qkv projection: forward" + r.suffix, r.phase, kLayers, r.count, s.T, s.Q, s.H);
+    if (d.qk_norm) {  // q and k split out of the rows, each head normed, joined back
+      ops.pass("qk-norm: split" + r.suffix, "qkv_split", r.phase, kLayers, r.count, s.T, s.Q,
+               2 * q * T);
+      ops.pass("qk-norm: q forward" + r.suffix, "rmsnorm_fwd", r.phase, kLayers, r.count,
+               s.T * d.heads, d.head_dim, 2 * nh * T);
+      ops.pass("qk-norm: k forward" + r.suffix, "rmsnorm_fwd", r.phase, kLayers, r.count,
+               s.T * d.kv_heads, d.head_dim, 2 * nkv * T);
+      ops.pass("qk-norm: join" + r.suffix, "qkv_join", r.phase, kLayers, r.count, s.T, s.Q,
+               2 * q * T);
+    }
+    ops.pass("rope: forward" + r.suffix, "rope_fwd", r.phase, kLayers, r.count, s.T, s.R,
+             2.0 * static_cast<double>(s.R) * T);
+    attention(ops, "attention: forward" + r.suffix, r.phase, r.count, false);
+    ops.linear_fwd("attention output projection: forward" + r.suffix, r.phase, kLayers, r.count,
+                   s.T, s.H, s.A);
+  }
+
+  // `din`: backward passes that compute input gradients (whole, or B); `dweight`: those that
+  // compute the weight gradients (whole, or W); `kept`: B passes keeping the projections' output
+  // gradients for W (a copy each).
+  void backward(Ops& ops, double din, double dweight, double kept) const {
+    const double T = static_cast<double>(s.T), q = static_cast<double>(s.Q),
+                 nh = static_cast<double>(d.heads * d.head_dim),
+                 nkv = static_cast<double>(d.kv_heads * d.head_dim);
+    ops.pass("attention output projection: output gradient kept", "cast", kBwd, kLayers, kept, s.T,
+             s.H, 2.0 * static_cast<double>(s.H) * T);
+    ops.linear_bwd("attention output projection", kLayers, kBwd, din, dweight, s.T, s.H, s.A);
+    attention(ops, "attention: backward", kBwd, din, true);
+    ops.pass("rope: backward", "rope_bwd", kBwd, kLayers, din, s.T, s.R,
+             2.0 * static_cast<double>(s.R) * T);
+    if (d.qk_norm) {
+      ops.pass("qk-norm: split gradients", "qkv_split", kBwd, kLayers, din, s.T, s.Q, 2 * q * T);
+      ops.pass("qk-norm: q backward", "rmsnorm_bwd", kBwd, kLayers, din, s.T * d.heads, d.head_dim,
+               kNormBwd * nh * T);
+      ops.pass("qk-norm: k backward", "rmsnorm_bwd", kBwd, kLayers, din, s.T * d.kv_heads,
+               d.head_dim, kNormBwd * nkv * T);
+      ops.pass("qk-norm: join gradients", "qkv_join", kBwd, kLayers, din, s.T, s.Q, 2 * q * T);
+    }
+    ops.pass("qkv projection: output gradient kept", "cast", kBwd, kLayers, kept, s.T, s.Q,
+             2 * q * T);
+    ops.linear_bwd("qkv projection", kLayers, kBwd, din, dweight, s.T, s.Q, s.H,
+                   /*column_parallel=*/true);
+    // The input norm's backward, accumulated into the residual stream's gradient.
+    ops.pass("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, din, s.Ts, s.H,
+             kNormBwdAccumulate * static_cast<double>(s.H * s.Ts));
+  }
+
+ private:
+  void attention(Ops& ops, const std::string& name, OpPhase phase, double count,
+                 bool backward) const {
+    const char* kernel = backward ? "attention_bwd" : "attention_fwd";
+    if (d.cp == 1) return ops.attention(name, kernel, phase, count, s.T, s.A, s.seq, backward);
+    // Each sequence: its q, k and v split out of the rows, the CP group's attention, and in the
+    // backward dq, dk and dv joined back.
+    const double n = count * static_cast<double>(s.batch), q = static_cast<double>(s.Q),
+                 rows = static_cast<double>(s.S);
+    ops.pass("attention: split q, k, v", "qkv_split", phase, kLayers, n, s.S, s.Q, 2 * q * rows);
+    ops.attention(name, backward ? "cp_attention_bwd" : "cp_attention_fwd", phase, n, s.S, s.A,
+                  s.seq, backward);
+    if (backward)
+      ops.pass("attention: join dq, dk, dv", "qkv_join", phase, kLayers, n, s.S, s.Q, 2 * q * rows);
+  }
+};
+
+// The MLP block, dense SwiGLU: gate and up projection, silu(gate) * up, down projection. Its
+// input norm's forward is the residual joins'; its backward is here.
+struct MlpBlock {
+  const ModelDims& d;
+  const Shape& s;
+
+  // `down`: with the down projection (recomputation stops before it).
+  void forward(Ops& ops, const Run& r, bool down = true) const {
+    const double T = static_cast<double>(s.T), i = static_cast<double>(s.I);
+    ops.linear_fwd("gate and up projection: forward" + r.suffix, r.phase, kLayers, r.count, s.T,
+                   2 * s.I, s.H);
+    ops.pass("swiglu: forward" + r.suffix, "swiglu_fwd", r.phase, kLayers, r.count, s.T, s.I,
+             3 * i * T);
+    if (down)
+      ops.linear_fwd("down projection: forward" + r.suffix, r.phase, kLayers, r.count, s.T, s.H,
+                     s.I);
+  }
+
+  void backward(Ops& ops, double din, double dweight, double kept) const {
+    const double T = static_cast<double>(s.T), i = static_cast<double>(s.I),
+                 h = static_cast<double>(s.H);
+    ops.pass("down projection: output gradient kept", "cast", kBwd, kLayers, kept, s.T, s.H,
+             2 * h * T);
+    ops.linear_bwd("down projection", kLayers, kBwd, din, dweight, s.T, s.H, s.I);
+    ops.pass("swiglu: backward", "swiglu_bwd", kBwd, kLayers, din, s.T, s.I, 5 * i * T);
+    ops.pass("gate and up projection: output gradient kept", "cast", kBwd, kLayers, kept, s.T,
+             2 * s.I, 4 * i * T);
+    ops.linear_bwd("gate and up projection", kLayers, kBwd, din, dweight, s.T, 2 * s.I, s.H,
+                   /*column_parallel=*/true);
+    ops.pass("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, din, s.Ts, s.H,
+             kNormBwdAccumulate * static_cast<double>(s.H * s.Ts));
+  }
+};
+
+// The LM head with the cross-entropy, chunk by chunk (each chunk's backward right after it, in
+// the forward), over `mb` micro-batches.
+void head_ops(Ops& ops, const ModelDims& d, const Shape& s, int64_t chunk, double mb) {
+  const OpPlace head = OpPlace::head;
+  const double v = static_cast<double>(d.vocab_local);
+  for (int64_t n : {chunk, s.T % chunk}) {
+    const double times = mb * static_cast<double>(n == chunk ? s.T / chunk : n > 0 ? 1 : 0);
+    const double rows = static_cast<double>(n);
+    ops.linear_fwd("LM head: forward", kFwd, head, times, n, d.vocab_local, s.H);
+    if (d.tp == 1) {
+      ops.pass("cross-entropy", "cross_entropy_fwd_bwd", kFwd, head, times, n, d.vocab_local,
+               3 * v * rows, OpClass::loss);
+    } else {  // vocab-parallel: each shard's statistics, combined over TP, then loss and gradient
+      ops.pass("cross-entropy: shard statistics", "xent_shard_stats", kFwd, head, times, n,
+               d.vocab_local, v * rows, OpClass::loss);
+      ops.pass("cross-entropy: combine", "xent_combine", kFwd, head, times, n, 1,
+               3.0 * static_cast<double>(d.tp) * rows * 4 / s.e, OpClass::loss);
+      ops.pass("cross-entropy: loss and gradient", "xent_loss_grad", kFwd, head, times, n,
+               d.vocab_local, 2 * v * rows, OpClass::loss);
+    }
+    ops.pass("loss sum", "accumulate_sum", kFwd, head, times, n, 1, rows * 4 / s.e, OpClass::loss);
+    ops.linear_bwd("LM head", head, kFwd, times, times, n, d.vocab_local, s.H);
+  }
+}
+
+}  // namespace
+
+std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_t micro_batches) {
+  Shape s{};
+  s.batch = o.batch;
+  s.seq = o.seq_len;
+  s.S = o.seq_len / d.cp;
+  s.T = o.batch * s.S;
+  s.Ts = d.sequence_parallel ? s.T / d.tp : s.T;
+  s.H = d.hidden;
+  s.Q = d.qkv_out();
+  s.A = d.heads * d.head_dim;
+  s.I = d.inter;
+  s.R = (d.heads + d.kv_heads) * d.head_dim;
+  s.e = static_cast<double>(dtype_size(o.dtype));
+  Ops ops(s.e);
+  const double mb = static_cast<double>(micro_batches);
+  const double passes = o.split_backward ? 2 : 1;  // recomputation runs again for W
+  const double kept = o.split_backward ? mb : 0;
+  const AttentionBlock attention{d, s};
+  const MlpBlock mlp{d, s};
+  const double h = static_cast<double>(s.H), ts = static_cast<double>(s.Ts);
+  const auto norm = [&](const std::string& name, const char* kernel, OpPhase phase, OpPlace place,
+                        double count, double elems) {
+    ops.pass(name, kernel, phase, place, count, s.Ts, s.H, elems * h * ts);
+  };
+  if (d.first_stage) {
+    const double t = static_cast<double>(s.T);
+    ops.pass("embedding: forward", "embedding_fwd", kFwd, OpPlace::embedding, mb, s.T, s.H,
+             2 * h * t);
+    // The scatter-add into fp32 rows.
+    ops.add({.name = "embedding: backward",
+             .key = {"embedding_bwd", s.T, s.H},
+             .cls = OpClass::memory,
+             .phase = kBwd,
+             .place = OpPlace::embedding,
+             .count = mb,
+             .bytes = h * t * (s.e + 8)});
+    // What no backward assigns: the embedding's gradient, zeroed at the step's start (unless
+    // the tied LM head on this stage writes it first).
+    if (!(d.tied && d.last_stage))
+      ops.add({.name = "embedding: gradient zeroed",
+               .key = {"zero_", d.vocab_local, s.H},
+               .cls = OpClass::memory,
+               .phase = kFwd,
+               .place = OpPlace::embedding,
+               .count = 1,
+               .bytes = 4 * static_cast<double>(d.vocab_local) * h});
+  }
+  int64_t l = 0;  // local layer index
+  for (int c = 0; c < d.num_chunks(); ++c) {
+    const int64_t n = d.chunks[c].layers;
+    const bool head = d.last_stage && c == d.num_chunks() - 1;
+    // The residual joins: the chunk's first norm; in each layer the residual add fused with the
+    // MLP's norm, and at each layer's end with the next layer's norm; after the chunk's last
+    // layer the final norm (fused with its residual add) or the residual add alone.
+    if (n > 0) norm("rmsnorm: forward", "rmsnorm_fwd", kFwd, kLayers, mb, 2);
+    norm("add + rmsnorm: forward", "add_rmsnorm_fwd", kFwd, kLayers,
+         mb * static_cast<double>(std::max<int64_t>(2 * n - 1, 0)), 4);
+    if (head && n > 0)
+      norm("final rmsnorm: forward", "add_rmsnorm_fwd", kFwd, OpPlace::head, mb, 4);
+    else if (head)
+      norm("final rmsnorm: forward", "rmsnorm_fwd", kFwd, OpPlace::head, mb, 2);
+    else if (n > 0)
+      norm("residual add: forward", "add", kFwd, kLayers, mb, 3);
+    for (int64_t j = 0; j < n; ++j, ++l) {
+      attention.forward(ops, {mb, kFwd, ""});
+      mlp.forward(ops, {mb, kFwd, ""});
+      const bool full = l < d.recompute_full;
+      if (full || d.recompute_selective) {  // the layer's input norm again
+        norm("rmsnorm: forward (recomputed)", "rmsnorm_fwd", kBwd, kLayers, mb * passes, 2);
+      }
+      if (full) {
+        const Run again{mb * passes, kBwd, " (recomputed)"};
+        attention.forward(ops, again);
+        norm("add + rmsnorm: forward (recomputed)", "add_rmsnorm_fwd", kBwd, kLayers, mb * passes,
+             4);
+        mlp.forward(ops, again, /*down=*/false);
+      } else if (d.recompute_selective) {  // the norms' and SwiGLU's outputs
+        norm("rmsnorm: forward (recomputed)", "rmsnorm_fwd", kBwd, kLayers, mb * passes, 2);
+        ops.pass("swiglu: forward (recomputed)", "swiglu_fwd", kBwd, kLayers, mb * passes, s.T, s.I,
+                 3.0 * static_cast<double>(s.I * s.T));
+      }
+      mlp.backward(ops, mb, mb, kept);
+      attention.backward(ops, mb, mb, kept);
+    }
+    if (head) {
+      norm("final rmsnorm: backward", "rmsnorm_bwd", kBwd, OpPlace::head, mb, kNormBwd);
+      head_ops(ops, d, s, loss_chunk_of(d, o), mb);
+    }
+  }
+  return ops.take();
+}
+
+std::map<OpKey, int64_t> op_counts(const std::vector<ModelOp>& ops) {
+  std::map<OpKey, int64_t> out;
+  for (const ModelOp& op : ops) out[op.key] += static_cast<int64_t>(op.count);
+  return out;
+}
+
+std::string op_count_difference(const std::map<OpKey, int64_t>& logged,
+                                const std::map<OpKey, int64_t>& listed) {
+  std::map<OpKey, std::pair<int64_t, int64_t>> both;
+  for (const auto& [key, n] : logged) both[key].first = n;
+  for (const auto& [key, n] : listed) both[key].second = n;
+  std::string out;
+  for (const auto& [key, n] : both)
+    if (n.first != n.second)
+      absl::StrAppend(&out, key.str(), ": ran ", n.first, ", listed ", n.second, "\n");
+  return out;
+}
+
+}  // namespace tr
