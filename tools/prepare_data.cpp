@@ -7,7 +7,8 @@
 // INPUT is a file or a directory (all regular files below it, recursively, in sorted order).
 // text: each file is one document. jsonl: each non-blank line is a JSON object whose "text"
 // string is one document. The tokenizer's end-of-document id is appended to every document;
-// empty documents are skipped. Exit 0 on success, 2 on bad input or a write failure.
+// empty documents are skipped. Exit 0 on success, 2 on bad input or a write failure. --help lists
+// the flags (tools/flags.h reads them).
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -24,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -33,6 +36,26 @@
 #include "data/tokenizer.h"
 #include "data/utf8.h"
 #include "data/writer.h"
+#include "tools/flags.h"
+
+// The flags, read by tools/flags.h's parser; --help lists them from these definitions.
+ABSL_FLAG(std::string, output, "",
+          "output prefix: PREFIX.bin and PREFIX.idx; parent directories are created (required)");
+ABSL_FLAG(std::string, format, "jsonl",
+          "jsonl: one document per non-blank line, from its \"text\" field; text: one document "
+          "per file");
+ABSL_FLAG(std::string, tokenizer, "byte",
+          "byte: bytes 0..255, end of document 256; or FILE: a Hugging Face tokenizer.json of the "
+          "byte-level BPE kind (GPT-2, Qwen2/2.5, Llama 3), special tokens in the text recognised");
+ABSL_FLAG(std::string, eod_token, "",
+          "the end-of-document token of a tokenizer FILE (empty: <|endoftext|>)");
+ABSL_FLAG(int32_t, threads, 1, "tokenize on N threads (1..1024); the output is the same");
+ABSL_FLAG(std::optional<tr::tools::Positive>, synthetic, std::nullopt,
+          "instead of INPUTs: this many uniform random ids in [0, --vocab) in documents of "
+          "1..8192 tokens, for benchmarks");
+ABSL_FLAG(std::optional<tr::tools::Positive>, vocab, std::nullopt,
+          "the ids' range of --synthetic (required with it)");
+ABSL_FLAG(tr::tools::Count, seed, tr::tools::Count{1}, "the random seed of --synthetic");
 
 namespace {
 
@@ -40,32 +63,26 @@ namespace fs = std::filesystem;
 using tr::data::IndexedDatasetWriter;
 using tr::data::Tokenizer;
 
-constexpr const char* kUsage =
-    "usage: prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte|FILE]\n"
-    "                    [--eod-token TOKEN] [--threads N] INPUT...\n"
-    "  Tokenizes INPUT files (or every regular file below an INPUT directory, sorted) into\n"
-    "  the Megatron indexed dataset PREFIX.bin + PREFIX.idx.\n"
-    "  --output PREFIX     output prefix; parent directories are created\n"
-    "  --format jsonl      one document per line, from the \"text\" field (default)\n"
-    "  --format text       one document per file\n"
-    "  --tokenizer byte    bytes 0..255, end of document 256 (default)\n"
-    "  --tokenizer FILE    a Hugging Face tokenizer.json of the byte-level BPE kind (GPT-2,\n"
-    "                      Qwen2/2.5, Llama 3); special tokens in the text are recognised\n"
-    "  --eod-token TOKEN   the end-of-document token of FILE (default <|endoftext|>)\n"
-    "  --threads N         tokenize on N threads (default 1); the output is the same\n"
-    "  --synthetic TOKENS  instead of INPUTs: TOKENS uniform random ids in [0, V) in documents\n"
-    "                      of 1..8192 tokens, for benchmarks (--vocab V, --seed S, default 1)\n"
-    "  The end-of-document token is appended to every document; empty documents are skipped.\n";
+const tr::tools::Usage kUsage{
+    .tool = "prepare_data",
+    .file = __FILE__,
+    .synopsis =
+        "prepare_data --output PREFIX [--format jsonl|text] [--tokenizer byte|FILE] "
+        "[--eod-token TOKEN] [--threads N] INPUT...\n"
+        "prepare_data --output PREFIX --synthetic TOKENS --vocab V [--seed S]",
+    .about =
+        "Tokenizes INPUT files (or every regular file below an INPUT directory, sorted) into "
+        "the Megatron indexed dataset PREFIX.bin + PREFIX.idx. The end-of-document token is "
+        "appended to every document; empty documents are skipped.\n"
+        "Exit 0 on success, 2 on bad input or a write failure.",
+    .positionals = true,
+    .error_prefix = "prepare_data: error: "};
 
 struct Args {
-  std::string output;
-  std::string format = "jsonl";
-  std::string tokenizer = "byte";
-  std::string eod_token;
+  std::string output, format, tokenizer, eod_token;
   std::vector<std::string> inputs;
   int64_t synthetic = 0, vocab = 0, seed = 1;
   int threads = 1;
-  bool help = false;
 };
 
 struct Stats {
@@ -73,51 +90,21 @@ struct Stats {
   int64_t skipped_empty = 0;
 };
 
+// The flags and INPUTs, checked together.
 absl::StatusOr<Args> parse_args(int argc, char** argv) {
   Args args;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      args.help = true;
-      return args;
-    }
-    if (arg.rfind("--", 0) != 0) {
-      args.inputs.push_back(arg);
-      continue;
-    }
-    std::string value;
-    const size_t eq = arg.find('=');
-    if (eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(arg, " needs a value; see --help"));
-    }
-    if (arg == "--output") {
-      args.output = value;
-    } else if (arg == "--format") {
-      args.format = value;
-    } else if (arg == "--tokenizer") {
-      args.tokenizer = value;
-    } else if (arg == "--eod-token") {
-      args.eod_token = value;
-    } else if (arg == "--threads") {
-      if (!absl::SimpleAtoi(value, &args.threads) || args.threads < 1 || args.threads > 1024)
-        return absl::InvalidArgumentError(
-            absl::StrCat("--threads '", value, "' is not a thread count (1..1024)"));
-    } else if (arg == "--synthetic" || arg == "--vocab" || arg == "--seed") {
-      int64_t n = 0;
-      if (!absl::SimpleAtoi(value, &n) || n < (arg == "--seed" ? 0 : 1))
-        return absl::InvalidArgumentError(
-            absl::StrCat(arg, " '", value, "' is not a ",
-                         arg == "--seed" ? "non-negative" : "positive", " integer"));
-      (arg == "--synthetic" ? args.synthetic : arg == "--vocab" ? args.vocab : args.seed) = n;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg, "; see --help"));
-    }
-  }
+  args.inputs = tr::tools::parse_or_exit(argc, argv, kUsage);
+  args.output = absl::GetFlag(FLAGS_output);
+  args.format = absl::GetFlag(FLAGS_format);
+  args.tokenizer = absl::GetFlag(FLAGS_tokenizer);
+  args.eod_token = absl::GetFlag(FLAGS_eod_token);
+  args.threads = absl::GetFlag(FLAGS_threads);
+  args.synthetic = tr::tools::value_or(absl::GetFlag(FLAGS_synthetic), 0);
+  args.vocab = tr::tools::value_or(absl::GetFlag(FLAGS_vocab), 0);
+  args.seed = absl::GetFlag(FLAGS_seed).value;
+  if (args.threads < 1 || args.threads > 1024)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads '", args.threads, "' is not a thread count (1..1024)"));
   if (args.output.empty()) return absl::InvalidArgumentError("--output PREFIX is required");
   if (args.format != "jsonl" && args.format != "text")
     return absl::InvalidArgumentError(
@@ -503,10 +490,6 @@ absl::Status run(const Args& args) {
 
 int main(int argc, char** argv) {
   auto args = parse_args(argc, argv);
-  if (args.ok() && args->help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
   absl::Status st = args.ok() ? run(*args) : args.status();
   if (!st.ok()) {
     std::fprintf(stderr, "prepare_data: error: %s\n", std::string(st.message()).c_str());
