@@ -18,21 +18,23 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "absl/strings/ascii.h"
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
 #include "core/bf16.h"
 #include "core/fs_io.h"
 #include "kernels/ops.h"
 #include "parallel/mpi_comm.h"
 #include "parallel/nccl_comm.h"
+#include "tools/flags.h"
 #include "trainer/plan/plan.h"
 #include "trainer/run/run.h"
 #ifdef TRAINER_HAVE_CUDA
@@ -40,6 +42,44 @@
 
 #include "kernels/cuda/cuda_ops.h"
 #endif
+
+// The flags, read by tools/flags.h's parser; --help lists them from these definitions.
+ABSL_FLAG(std::string, backend, "cpu", "cpu or cuda");
+ABSL_FLAG(std::string, comm, "nccl",
+          "the GPUs' collectives on cuda: nccl, or mpi (staged through host memory)");
+ABSL_FLAG(std::vector<std::string>, ops,
+          std::vector<std::string>({"all_reduce", "all_gather", "reduce_scatter", "sendrecv"}),
+          "the collectives measured, of all_reduce, all_gather, reduce_scatter, sendrecv");
+ABSL_FLAG(tr::tools::Bytes, min_bytes, tr::tools::Bytes{1024}, "the smallest message");
+ABSL_FLAG(std::optional<tr::tools::Bytes>, max_bytes, std::nullopt,
+          "the largest message (default 1G on cuda, 4M on cpu)");
+ABSL_FLAG(double, factor, 4, "the step from one message size to the next, > 1");
+ABSL_FLAG(tr::tools::Positive, iters, tr::tools::Positive{20},
+          "timed repetitions per size, after --warmup");
+ABSL_FLAG(tr::tools::Count, warmup, tr::tools::Count{5}, "untimed repetitions per size");
+ABSL_FLAG(std::optional<tr::tools::Count>, gemm, std::nullopt,
+          "N: an N x N x N GEMM, bf16 on cuda, f32 on cpu (default 8192 on cuda, 256 on cpu; "
+          "0 skips it)");
+ABSL_FLAG(std::optional<tr::tools::Bytes>, mem_bytes, std::nullopt,
+          "the device copy that measures the memory bandwidth (default 1G on cuda, 64M on cpu; "
+          "0 skips it)");
+ABSL_FLAG(std::string, gpu, "",
+          "the threshold table of this GPU type: h100, h200, b200, b300 (default on cuda: from "
+          "the device name)");
+ABSL_FLAG(std::string, hardware, "",
+          "FILE: overrides of that table's numbers (the YAML of `trainer plan --hardware`)");
+ABSL_FLAG(tr::tools::Repeated, expect, {},
+          "KEY=VALUE: a threshold of your own, over the table's: node_busbw_gbps, "
+          "network_busbw_gbps (all-reduce at the largest size), gemm_tflops, memory_gbps");
+ABSL_FLAG(std::string, json, "",
+          "FILE: writes what was measured under those keys (rank 0), and the smallest "
+          "all-reduce's time as node_latency_us and network_latency_us (over network_nodes "
+          "nodes), for `trainer plan --hardware FILE`");
+ABSL_FLAG(tr::tools::Count, ranks_per_node, tr::tools::Count{0},
+          "N: groups ranks into nodes by rank / N (0: by hostname)");
+ABSL_FLAG(tr::tools::Count, corrupt, tr::tools::Count{0},
+          "(for testing) 1: world rank 1 perturbs one input element of every checked call, so "
+          "the #wrong counts and the exit code must show it");
 
 namespace {
 
@@ -49,146 +89,77 @@ using tr::DType;
 using tr::Tensor;
 using Clock = std::chrono::steady_clock;
 
-constexpr const char* kUsage =
-    "usage: preflight [--backend cpu|cuda] [--comm nccl|mpi] [--ops LIST] [--min-bytes N]\n"
-    "                 [--max-bytes N] [--factor F] [--iters N] [--warmup N] [--gemm N]\n"
-    "                 [--mem-bytes N] [--gpu h100|h200|b200|b300] [--hardware FILE]\n"
-    "                 [--expect KEY=VALUE ...]\n"
-    "  Under srun or mpirun: every rank takes part; rank 0 prints. Sizes take K, M, G suffixes.\n"
-    "  --ops LIST        all_reduce,all_gather,reduce_scatter,sendrecv (default: all four)\n"
-    "  --min-bytes N     smallest message (default 1K); --max-bytes N largest (default 1G on\n"
-    "                    cuda, 4M on cpu); --factor F size step (default 4)\n"
-    "  --iters N         timed repetitions per size (default 20), after --warmup N (default 5)\n"
-    "  --gemm N          N x N x N GEMM (bf16 on cuda, f32 on cpu; default 8192 / 256; 0 = skip)\n"
-    "  --mem-bytes N     device copy for the memory bandwidth (default 1G / 64M; 0 = skip)\n"
-    "  --gpu TYPE        threshold table of this GPU type (default on cuda: from the device name)\n"
-    "  --hardware FILE   overrides of that table's numbers (the YAML of `trainer plan`)\n"
-    "  --expect KEY=V    a threshold of your own (overrides the table): node_busbw_gbps,\n"
-    "                    network_busbw_gbps (all-reduce at the largest size), gemm_tflops,\n"
-    "                    memory_gbps\n"
-    "  --json FILE       writes what was measured under those keys (rank 0), and the\n"
-    "                    smallest all-reduce's time as node_latency_us and network_latency_us\n"
-    "                    (over network_nodes nodes), for `trainer plan --hardware FILE`\n"
-    "  --ranks-per-node N  group ranks into nodes by rank / N instead of by hostname\n"
-    "  --corrupt 1       (for testing) world rank 1 perturbs one input element of every checked\n"
-    "                    call, so the #wrong counts and the exit code must show it\n"
-    "  Exit 0: all checks passed; 1: a check fell short or a collective was wrong; 2: bad input.\n"
-    "  Scaling across node counts (a short training run at 2, 4, 8, 16 nodes, efficiency\n"
-    "  against the smallest): tools/sweep with grid {nodes: [2, 4, 8, 16]}, see docs/sweep.md.\n";
+const tr::tools::Usage kUsage{
+    .tool = "preflight",
+    .file = __FILE__,
+    .synopsis =
+        "preflight [--backend cpu|cuda] [--comm nccl|mpi] [--ops LIST] [--min-bytes N] "
+        "[--max-bytes N] [--factor F] [--iters N] [--warmup N] [--gemm N] [--mem-bytes N] "
+        "[--gpu h100|h200|b200|b300] [--hardware FILE] [--expect KEY=VALUE ...] "
+        "[--json FILE]",
+    .about =
+        "Measures collectives over a size sweep (time, algbw, busbw, #wrong), a GEMM and the "
+        "memory bandwidth, and checks them against the GPU type's thresholds. Under srun or "
+        "mpirun: every rank takes part; rank 0 prints. Sizes take K, M, G suffixes.\n"
+        "Exit 0: all checks passed; 1: a check fell short or a collective was wrong; 2: bad "
+        "input.\n"
+        "Scaling across node counts (a short training run at 2, 4, 8, 16 nodes, efficiency "
+        "against the smallest): tools/sweep with grid {nodes: [2, 4, 8, 16]}, see "
+        "docs/sweep.md.",
+    .positionals = false,
+    .error_prefix = "preflight: "};
 
 struct Args {
-  std::string backend = "cpu", comm = "nccl", gpu, hardware, json;
-  std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"};
-  int64_t min_bytes = 1024, max_bytes = -1, gemm = -1, mem_bytes = -1;
+  std::string backend, comm, gpu, hardware, json;
+  std::vector<std::string> ops;
+  int64_t min_bytes = 0, max_bytes = 0, gemm = 0, mem_bytes = 0;
   double factor = 4;
-  int iters = 20, warmup = 5, ranks_per_node = 0, corrupt = 0;
+  int iters = 0, warmup = 0, ranks_per_node = 0, corrupt = 0;
   std::map<std::string, double> expect;
 };
 
-bool parse_bytes(const std::string& s, int64_t* out) {
-  if (s.empty()) return false;
-  int64_t unit = 1;
-  std::string num = s;
-  switch (s.back()) {
-    case 'K':
-    case 'k':
-      unit = int64_t{1} << 10;
-      break;
-    case 'M':
-    case 'm':
-      unit = int64_t{1} << 20;
-      break;
-    case 'G':
-    case 'g':
-      unit = int64_t{1} << 30;
-      break;
-    default:
-      break;
-  }
-  if (unit != 1) num.pop_back();
-  int64_t v = 0;
-  if (!absl::SimpleAtoi(num, &v) || v < 0) return false;
-  *out = v * unit;
-  return true;
-}
-
-// "" on success, else the one-line error.
+// The flags, checked together (the defaults that depend on --backend filled in); "" or the error.
 std::string parse_args(int argc, char** argv, Args* a) {
-  const std::vector<std::string> known_expect = {"node_busbw_gbps", "network_busbw_gbps",
-                                                 "gemm_tflops", "memory_gbps"};
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") return "help";
-    if (i + 1 >= argc) return flag + " needs a value (or is unknown); see --help";
-    const std::string v = argv[++i];
-    auto bytes = [&](int64_t* out) {
-      return parse_bytes(v, out) ? "" : flag + " '" + v + "' is not a size (e.g. 4096, 64K, 1G)";
-    };
-    auto count = [&](int* out) {
-      return absl::SimpleAtoi(v, out) && *out >= 0 ? "" : flag + " '" + v + "' is not a count";
-    };
-    std::string err;
-    if (flag == "--backend") {
-      a->backend = v;
-      if (v != "cpu" && v != "cuda") err = "--backend '" + v + "' must be cpu or cuda";
-    } else if (flag == "--comm") {
-      a->comm = v;
-      if (v != "nccl" && v != "mpi") err = "--comm '" + v + "' must be nccl or mpi";
-    } else if (flag == "--ops") {
-      a->ops = absl::StrSplit(v, ',');
-      for (const std::string& op : a->ops)
-        if (op != "all_reduce" && op != "all_gather" && op != "reduce_scatter" && op != "sendrecv")
-          err = "--ops: unknown '" + op +
-                "'; known: all_reduce, all_gather, reduce_scatter, "
-                "sendrecv";
-    } else if (flag == "--min-bytes") {
-      err = bytes(&a->min_bytes);
-    } else if (flag == "--max-bytes") {
-      err = bytes(&a->max_bytes);
-    } else if (flag == "--mem-bytes") {
-      err = bytes(&a->mem_bytes);
-    } else if (flag == "--gemm") {
-      int n = 0;
-      err = count(&n);
-      a->gemm = n;
-    } else if (flag == "--factor") {
-      if (!absl::SimpleAtod(v, &a->factor) || a->factor <= 1)
-        err = "--factor '" + v + "' must be a number > 1";
-    } else if (flag == "--iters") {
-      err = count(&a->iters);
-      if (err.empty() && a->iters == 0) err = "--iters must be at least 1";
-    } else if (flag == "--warmup") {
-      err = count(&a->warmup);
-    } else if (flag == "--ranks-per-node") {
-      err = count(&a->ranks_per_node);
-    } else if (flag == "--corrupt") {
-      err = count(&a->corrupt);
-    } else if (flag == "--gpu") {
-      a->gpu = v;
-    } else if (flag == "--hardware") {
-      a->hardware = v;
-    } else if (flag == "--json") {
-      a->json = v;
-    } else if (flag == "--expect") {
-      const size_t eq = v.find('=');
-      double x = 0;
-      const std::string key = v.substr(0, eq);
-      if (eq == std::string::npos || !absl::SimpleAtod(v.substr(eq + 1), &x))
-        err = "--expect '" + v + "' must be KEY=NUMBER";
-      else if (std::find(known_expect.begin(), known_expect.end(), key) == known_expect.end())
-        err = "--expect: unknown key '" + key +
-              "'; known: node_busbw_gbps, network_busbw_gbps, gemm_tflops, memory_gbps";
-      else
-        a->expect[key] = x;
-    } else {
-      err = "unknown argument '" + flag + "'; see --help";
-    }
-    if (!err.empty()) return err;
+  tr::tools::parse_or_exit(argc, argv, kUsage);
+  a->backend = absl::GetFlag(FLAGS_backend);
+  a->comm = absl::GetFlag(FLAGS_comm);
+  a->ops = absl::GetFlag(FLAGS_ops);
+  a->factor = absl::GetFlag(FLAGS_factor);
+  a->iters = static_cast<int>(absl::GetFlag(FLAGS_iters).value);
+  a->warmup = static_cast<int>(absl::GetFlag(FLAGS_warmup).value);
+  a->ranks_per_node = static_cast<int>(absl::GetFlag(FLAGS_ranks_per_node).value);
+  a->corrupt = static_cast<int>(absl::GetFlag(FLAGS_corrupt).value);
+  a->gpu = absl::GetFlag(FLAGS_gpu);
+  a->hardware = absl::GetFlag(FLAGS_hardware);
+  a->json = absl::GetFlag(FLAGS_json);
+  const std::vector<std::string> ops = {"all_reduce", "all_gather", "reduce_scatter", "sendrecv"},
+                                 keys = {"node_busbw_gbps", "network_busbw_gbps", "gemm_tflops",
+                                         "memory_gbps"};
+  auto known = [](const std::vector<std::string>& names, const std::string& name) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  if (a->backend != "cpu" && a->backend != "cuda")
+    return "--backend '" + a->backend + "' must be cpu or cuda";
+  if (a->comm != "nccl" && a->comm != "mpi") return "--comm '" + a->comm + "' must be nccl or mpi";
+  // --ops '' (no op) reads as the unknown op ''.
+  for (const std::string& op : a->ops.empty() ? std::vector<std::string>{""} : a->ops)
+    if (!known(ops, op)) return "--ops: unknown '" + op + "'; known: " + absl::StrJoin(ops, ", ");
+  if (!(a->factor > 1)) return absl::StrCat("--factor '", a->factor, "' must be a number > 1");
+  for (const std::string& v : absl::GetFlag(FLAGS_expect).values) {
+    const size_t eq = v.find('=');
+    const std::string key = v.substr(0, eq);
+    if (eq == std::string::npos || !absl::SimpleAtod(v.substr(eq + 1), &a->expect[key]))
+      return "--expect '" + v + "' must be KEY=NUMBER";
+    if (!known(keys, key))
+      return "--expect: unknown key '" + key + "'; known: " + absl::StrJoin(keys, ", ");
   }
   const bool gpu = a->backend == "cuda";
-  if (a->max_bytes < 0) a->max_bytes = gpu ? int64_t{1} << 30 : int64_t{4} << 20;
-  if (a->gemm < 0) a->gemm = gpu ? 8192 : 256;
-  if (a->mem_bytes < 0) a->mem_bytes = gpu ? int64_t{1} << 30 : int64_t{64} << 20;
+  a->min_bytes = absl::GetFlag(FLAGS_min_bytes).value;
+  a->max_bytes = tr::tools::value_or(absl::GetFlag(FLAGS_max_bytes),
+                                     gpu ? int64_t{1} << 30 : int64_t{4} << 20);
+  a->gemm = tr::tools::value_or(absl::GetFlag(FLAGS_gemm), gpu ? 8192 : 256);
+  a->mem_bytes = tr::tools::value_or(absl::GetFlag(FLAGS_mem_bytes),
+                                     gpu ? int64_t{1} << 30 : int64_t{64} << 20);
   if (a->min_bytes < 4 || a->min_bytes > a->max_bytes)
     return absl::StrCat("--min-bytes ", a->min_bytes, " must be >= 4 and <= --max-bytes ",
                         a->max_bytes);
@@ -597,14 +568,7 @@ void report(const std::vector<Check>& checks, std::vector<std::string>& failures
 
 int main(int argc, char** argv) {
   Args a;
-  if (std::string err = parse_args(argc, argv, &a); !err.empty()) {
-    if (err == "help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    std::fprintf(stderr, "preflight: %s\n", err.c_str());
-    return 2;
-  }
+  if (std::string err = parse_args(argc, argv, &a); !err.empty()) tr::tools::bad_input(kUsage, err);
   std::unique_ptr<tr::MpiRuntime> mpi;
   if (tr::launched_by_mpi_launcher()) mpi = std::make_unique<tr::MpiRuntime>(&argc, &argv);
   std::unique_ptr<Comm> world = mpi ? tr::make_mpi_world() : tr::make_self_comm("world");
