@@ -7,6 +7,7 @@
 //   bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME] [--nodes N]
 //             [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT] [--json FILE]
 //             [--doc-len L] [--hardware FILE ...] [--calibration FILE]
+// (--help lists the flags; tools/flags.h reads them.)
 //
 // Prints one Markdown table (op, shape, times per step, predicted and measured microseconds per
 // run, their ratio, the rate reached, the step's seconds in it) and the totals by op class. The
@@ -32,6 +33,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -41,11 +43,39 @@
 #include "core/bf16.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
+#include "tools/flags.h"
 #include "trainer/config/config.h"
 #include "trainer/model/model_layout.h"
 #include "trainer/plan/hardware_file.h"
 #include "trainer/plan/plan.h"
 #include "trainer/plan/step_model.h"
+
+// The flags, read by tools/flags.h's parser; --help lists them from these definitions.
+ABSL_FLAG(std::string, config, "", "FILE: the trainer config whose step is timed (required)");
+ABSL_FLAG(tr::tools::Repeated, set, {},
+          "K=V: overrides a key of the config, as the trainer's --set");
+ABSL_FLAG(std::string, backend, "",
+          "cuda or cpu (default: cuda where a device is visible, else cpu)");
+ABSL_FLAG(std::string, gpu, "",
+          "the GPU table entry the prediction uses (default: this device's, else h100)");
+ABSL_FLAG(tr::tools::Positive, nodes, tr::tools::Positive{1}, "N: nodes of the layout");
+ABSL_FLAG(std::optional<tr::tools::Positive>, gpus_per_node, std::nullopt,
+          "G: GPUs per node (default: one node of tp x pp x cp, dp 1)");
+ABSL_FLAG(std::optional<tr::tools::Count>, stage, std::nullopt,
+          "S: the pipeline stage whose ops are timed (default: the slowest)");
+ABSL_FLAG(std::optional<tr::tools::Positive>, repeats, std::nullopt,
+          "R: timed runs per op, after one to warm up; the median counts (default 10 on cuda, 1 "
+          "on cpu)");
+ABSL_FLAG(std::string, only, "", "TEXT: times only the ops whose name contains TEXT");
+ABSL_FLAG(std::string, json, "", "FILE: writes every row to FILE");
+ABSL_FLAG(std::optional<tr::tools::Positive>, doc_len, std::nullopt,
+          "L: runs attention block-causal over documents of L tokens (the planner's span)");
+ABSL_FLAG(tr::tools::Repeated, hardware, {},
+          "FILE: overrides the GPU table's numbers as trainer plan's --hardware does, each file "
+          "over the last");
+ABSL_FLAG(std::string, calibration, "",
+          "FILE: writes what the ops reached (GEMM fill, attention fractions at this head_dim, "
+          "stream fraction) as a file for trainer plan --hardware");
 
 namespace {
 
@@ -54,19 +84,19 @@ using tr::DType;
 using tr::StepOp;
 using tr::Tensor;
 
-constexpr const char* kUsage =
-    "usage: bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME]\n"
-    "                 [--nodes N] [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT]\n"
-    "                 [--json FILE] [--doc-len L] [--hardware FILE ...] [--calibration FILE]\n"
-    "  times each op of one GPU's step at the shapes trainer plan models for the config's\n"
-    "  layout (pipeline stage S, default the slowest), beside the planner's prediction, on\n"
-    "  N x G GPUs (default: one node of tp x pp x cp, dp 1);\n"
-    "  --gpu names the GPU table entry the prediction uses (default: this device's, else h100),\n"
-    "  --only times the ops whose name contains TEXT, --json writes every row to FILE,\n"
-    "  --doc-len runs attention block-causal over documents of L tokens (the planner's span),\n"
-    "  --hardware overrides the GPU table's numbers as trainer plan's does, --calibration\n"
-    "  writes what the ops reached (GEMM fill, attention fractions at this head_dim, stream\n"
-    "  fraction) as a file for trainer plan --hardware\n";
+const tr::tools::Usage kUsage{
+    .tool = "bench_ops",
+    .file = __FILE__,
+    .synopsis =
+        "bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME] "
+        "[--nodes N] [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT] "
+        "[--json FILE] [--doc-len L] [--hardware FILE ...] [--calibration FILE]",
+    .about =
+        "Times each op of one GPU's step at the shapes trainer plan models for the config's "
+        "layout (pipeline stage S), beside the planner's prediction, on N x G GPUs; then "
+        "what the ops reached, as the GPU table's efficiencies.",
+    .positionals = false,
+    .error_prefix = "bench_ops: "};
 
 struct Args {
   std::string config, backend, gpu, only, json, calibration;
@@ -75,57 +105,30 @@ struct Args {
   int doc_len = 0;  // > 0: block-causal attention over documents of this many tokens
 };
 
-bool parse_int(const std::string& s, int* v) {
-  return absl::SimpleAtoi(s, v);
-}
-
-// One line naming the problem, or the arguments.
+// The flags, checked together (the defaults that depend on the device filled in).
 absl::StatusOr<Args> parse(int argc, char** argv) {
+  tr::tools::parse_or_exit(argc, argv, kUsage);
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f == "--help" || f == "-h") return absl::InvalidArgumentError(kUsage);
-    if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(f, " needs a value"));
-    const std::string v = argv[++i];
-    bool ok = true;
-    if (f == "--config")
-      a.config = v;
-    else if (f == "--set")
-      a.sets.push_back(v);
-    else if (f == "--backend")
-      a.backend = v;
-    else if (f == "--gpu")
-      a.gpu = v;
-    else if (f == "--only")
-      a.only = v;
-    else if (f == "--json")
-      a.json = v;
-    else if (f == "--hardware")
-      a.hardware.push_back(v);
-    else if (f == "--calibration")
-      a.calibration = v;
-    else if (f == "--nodes")
-      ok = parse_int(v, &a.nodes) && a.nodes >= 1;
-    else if (f == "--gpus-per-node")
-      ok = parse_int(v, &a.gpus_per_node) && a.gpus_per_node >= 1;
-    else if (f == "--stage")
-      ok = parse_int(v, &a.stage) && a.stage >= 0;
-    else if (f == "--repeats")
-      ok = parse_int(v, &a.repeats) && a.repeats >= 1;
-    else if (f == "--doc-len")
-      ok = parse_int(v, &a.doc_len) && a.doc_len >= 1;
-    else
-      return absl::InvalidArgumentError(absl::StrCat("unknown argument '", f, "'\n", kUsage));
-    if (!ok) return absl::InvalidArgumentError(absl::StrCat(f, " ", v, ": expected a count >= 1"));
-  }
-  if (a.config.empty())
-    return absl::InvalidArgumentError(absl::StrCat("--config is required\n", kUsage));
+  a.config = absl::GetFlag(FLAGS_config);
+  a.sets = absl::GetFlag(FLAGS_set).values;
+  a.backend = absl::GetFlag(FLAGS_backend);
+  a.gpu = absl::GetFlag(FLAGS_gpu);
+  a.only = absl::GetFlag(FLAGS_only);
+  a.json = absl::GetFlag(FLAGS_json);
+  a.hardware = absl::GetFlag(FLAGS_hardware).values;
+  a.calibration = absl::GetFlag(FLAGS_calibration);
+  a.nodes = static_cast<int>(absl::GetFlag(FLAGS_nodes).value);
+  a.gpus_per_node = static_cast<int>(tr::tools::value_or(absl::GetFlag(FLAGS_gpus_per_node), 0));
+  a.stage = static_cast<int>(tr::tools::value_or(absl::GetFlag(FLAGS_stage), -1));
+  a.doc_len = static_cast<int>(tr::tools::value_or(absl::GetFlag(FLAGS_doc_len), 0));
+  if (a.config.empty()) return absl::InvalidArgumentError("--config is required; see --help");
   if (a.backend.empty()) a.backend = tr::cuda::device_available() ? "cuda" : "cpu";
   if (a.backend != "cuda" && a.backend != "cpu")
     return absl::InvalidArgumentError("--backend " + a.backend + ": use cuda or cpu");
   if (a.backend == "cuda" && !tr::cuda::device_available())
     return absl::InvalidArgumentError("--backend cuda: no CUDA device here; use --backend cpu");
-  if (a.repeats == 0) a.repeats = a.backend == "cuda" ? 10 : 1;
+  a.repeats = static_cast<int>(
+      tr::tools::value_or(absl::GetFlag(FLAGS_repeats), a.backend == "cuda" ? 10 : 1));
   return a;
 }
 
@@ -661,12 +664,6 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   absl::StatusOr<Args> a = parse(argc, argv);
-  if (!a.ok()) {
-    const std::string m(a.status().message());
-    const bool help = absl::StartsWith(m, "usage:");
-    std::fprintf(help ? stdout : stderr, "%s%s", help ? "" : "bench_ops: ", m.c_str());
-    if (!absl::EndsWith(m, "\n")) std::fputc('\n', help ? stdout : stderr);
-    return help ? 0 : 2;
-  }
+  if (!a.ok()) tr::tools::bad_input(kUsage, a.status().message());
   return run(*a);
 }
