@@ -831,7 +831,9 @@ TEST_CASE("cli: trainer plan prints the 72B plan, and a bad --gpu is one error l
               " 2>&1");
   CHECK(r.exit_code == 2);
   CHECK(r.output == "error: --hardware " + dir.path() + ": not a regular file\n");
-  test::write_file(dir / "name.yaml", "name: h\xff\xfe100\n");
+  test::write_file(dir / "name.yaml",
+                   "name: h\xff\xfe"
+                   "100\n");
   r = run_cmd(tr::test::trainer_bin() + " plan --config " + cfg + " --json --hardware " +
               (dir / "name.yaml") + " 2>&1");
   CHECK(r.exit_code == 2);

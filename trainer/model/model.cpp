@@ -36,7 +36,8 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
       ctx_(ctx),
       dtype_(o.dtype),
       sdtype_(stat_dtype(o.dtype)),
-      params_(params) {
+      params_(params),
+      mlp_(dims, o.dtype, o.batch * (o.seq_len / dims.cp)) {
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
   for (int c = 0; c < dims.num_chunks(); ++c)
     for (int64_t j = 0; j < dims.chunks[c].layers; ++j) layer_pos_.push_back(j);
@@ -61,7 +62,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
     for (const LayerWeights& g : g_.layers) {
       int64_t lo = params.layout().total, hi = 0, n = 0;
       for (const Tensor* t : {&g.ln1, &g.qkv_w, &g.qkv_b, &g.q_norm, &g.k_norm, &g.o_w, &g.ln2,
-                              &g.gateup_w, &g.down_w}) {
+                              &g.mlp.gateup_w, &g.mlp.down_w}) {
         if (t->empty()) continue;
         lo = std::min(lo, at(*t));
         hi = std::max(hi, at(*t) + t->numel());
@@ -97,15 +98,15 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
 void Qwen2Model::alloc_acts(Arena& ar) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_, H = d.hidden, Q = d.qkv_out(), A = d.heads * d.head_dim,
-                I = d.inter, C = chunk_;
+                C = chunk_;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
   a_ = std::make_unique<Acts>();
-  // A layer's buffers: those selective recomputation drops (the norm outputs and the SwiGLU
-  // output), and those every mode but full recomputation keeps per micro-batch.
+  // A layer's buffers: those selective recomputation drops (the norm outputs and the MLP
+  // block's), and those every mode but full recomputation keeps per micro-batch.
   auto recomputed = [&](Acts::Layer& L) {
     L.ln1 = ar.alloc(dtype_, {T, H});
     L.ln2 = ar.alloc(dtype_, {T, H});
-    L.act = ar.alloc(dtype_, {T, I});
+    mlp_.alloc_recomputed(ar, L.mlp);
   };
   auto kept = [&](Acts::Layer& L) {
     L.rstd1 = ar.alloc(sdtype_, {Tl});
@@ -120,7 +121,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     L.lse = ar.alloc(sdtype_, {batch_, d.heads, seq_len_});
     L.x_mid = ar.alloc(dtype_, {Tl, H});
     L.rstd2 = ar.alloc(sdtype_, {Tl});
-    L.gateup = ar.alloc(dtype_, {T, 2 * I});
+    mlp_.alloc_kept(ar, L.mlp);
   };
   const int64_t full = std::min(d.recompute_full, d.layers);
   if (full > 0 || d.recompute_selective) recomputed(a_->rc);
@@ -147,7 +148,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
       if (d.recompute_selective) {
         L.ln1 = a_->rc.ln1;
         L.ln2 = a_->rc.ln2;
-        L.act = a_->rc.act;
+        L.mlp.act = a_->rc.mlp.act;
       } else {
         recomputed(L);
       }
@@ -156,15 +157,14 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     }
     // A split backward keeps the linears' output gradients from B to W. Two of them go where
     // B leaves activations that W does not read: dqkv over qkv (attention's input, which W's
-    // recomputation does not remake unless in full) and dgateup over gateup (unless
+    // recomputation does not remake unless in full) and the MLP's dgateup over gateup (unless
     // recomputation remakes the SwiGLU output from it).
     if (split_)
       for (int64_t j = 0; j < positions; ++j) {
         Acts::Layer& L = slot.layers[j];
-        L.dy_down = ar.alloc(dtype_, {T, H});
+        mlp_.alloc_split(ar, L.mlp, full_at(j) || d.recompute_selective);
         L.dy_o = ar.alloc(dtype_, {T, H});
         L.dqkv = full_at(j) ? ar.alloc(dtype_, {T, Q}) : L.qkv;
-        L.dgateup = full_at(j) || d.recompute_selective ? ar.alloc(dtype_, {T, 2 * I}) : L.gateup;
       }
     if (d.last_stage) {
       slot.lnf = ar.alloc(dtype_, {T, H});
@@ -188,8 +188,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
       *t = ar.alloc(dtype_, {T, d.kv_heads, d.head_dim});
   }
   a_->datt = ar.alloc(dtype_, {T, A});
-  a_->dgateup = ar.alloc(dtype_, {T, 2 * I});
-  a_->dact = ar.alloc(dtype_, {T, I});
+  mlp_.alloc_scratch(ar);
   a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
   a_->row_max = ar.alloc(sdtype_, {C});
   a_->sums = ar.alloc(sdtype_, {C, 2});
@@ -227,7 +226,8 @@ Qwen2Model::~Qwen2Model() = default;
 Weights Qwen2Model::views(Tensor flat) const {
   const ModelDims& d = dims_;
   const int64_t H = d.hidden, Q = d.qkv_out();
-  // Fused views (qkv, gateup) start at their first member and span the adjacent ones.
+  // Fused views (qkv here, the MLP's gate and up) start at their first member and span the
+  // adjacent ones.
   auto at = [&](const std::string& name, std::initializer_list<int64_t> shape) {
     return flat.at(layout().find(name).offset, shape);
   };
@@ -245,8 +245,7 @@ Weights Qwen2Model::views(Tensor flat) const {
     }
     L.o_w = at(p + "self_attn/o_proj/weight", {H, d.heads * d.head_dim});
     L.ln2 = at(p + "post_attention_layernorm/weight", {H});
-    L.gateup_w = at(p + "mlp/gate_proj/weight", {2 * d.inter, H});
-    L.down_w = at(p + "mlp/down_proj/weight", {H, d.inter});
+    L.mlp = mlp_.views(at, p);
     w.layers.push_back(L);
   }
   if (d.last_stage) {

@@ -20,6 +20,7 @@
 #include "parallel/dp_shards.h"
 #include "parallel/topology.h"
 #include "trainer/config/config.h"
+#include "trainer/model/mlp_block.h"
 #include "trainer/model/model_layout.h"
 #include "trainer/model/param_buffer.h"
 
@@ -33,8 +34,7 @@ struct LayerWeights {
   Tensor q_norm, k_norm;  // [hd] each (model.family qwen3); else empty
   Tensor o_w;             // [H, nh hd]
   Tensor ln2;             // [H]
-  Tensor gateup_w;        // [2I, H]: gate_proj rows then up_proj rows
-  Tensor down_w;          // [H, I]
+  MlpWeights mlp;         // the MLP block's (trainer/model/mlp_block.h)
 };
 struct Weights {
   Tensor embed;  // [Vl, H] (first stage)
@@ -256,6 +256,7 @@ class Qwen2Model {
   std::unique_ptr<Arena> act_arena_;
   size_t activation_bytes_ = 0;
   AttentionPlan attention_;
+  DenseMlp mlp_;  // every layer's MLP block
   Weights w_, g_;
   std::unique_ptr<Acts> a_;
 };

@@ -20,20 +20,17 @@ struct Qwen2Model::Acts {
     // QK-norm (model.family qwen3): q [T, nh, hd] and k [T, nkv, hd] before their norms, and
     // each head row's rstd [T nh], [T nkv].
     Tensor q_in, k_in, rstd_q, rstd_k;
-    Tensor att;     // [T, nh hd] attention output before o_proj
-    Tensor lse;     // [B, nh, S] (under context parallelism each sequence's [2, nh, S / 2])
-    Tensor x_mid;   // [Tl, H] residual after attention
-    Tensor ln2;     // [T, H]
-    Tensor rstd2;   // [Tl]
-    Tensor gateup;  // [T, 2I]
-    Tensor act;     // [T, I] silu(gate) * up
-    // Split backward (ModelOptions::split_backward): the output gradients of the layer's
-    // linears, from its B pass to its W pass (dqkv and dgateup in qkv's and gateup's memory
-    // where W does not need those again).
-    Tensor dy_down;  // [T, H]
-    Tensor dgateup;  // [T, 2I]
-    Tensor dy_o;     // [T, H]
-    Tensor dqkv;     // [T, (nh + 2 nkv) hd]
+    Tensor att;    // [T, nh hd] attention output before o_proj
+    Tensor lse;    // [B, nh, S] (under context parallelism each sequence's [2, nh, S / 2])
+    Tensor x_mid;  // [Tl, H] residual after attention
+    Tensor ln2;    // [T, H]
+    Tensor rstd2;  // [Tl]
+    MlpActs mlp;   // the MLP block's (trainer/model/mlp_block.h)
+    // Split backward (ModelOptions::split_backward): the output gradients of the attention
+    // block's linears, from its B pass to its W pass (dqkv in qkv's memory where W does not
+    // need qkv again).
+    Tensor dy_o;  // [T, H]
+    Tensor dqkv;  // [T, (nh + 2 nkv) hd]
   };
   // [T, ...] buffers hold the whole micro-batch; [Tl, ...] ones this rank's tokens (Tl = T, or
   // T / tp with sequence parallelism).
@@ -47,7 +44,8 @@ struct Qwen2Model::Acts {
   Layer& layer(int slot, int64_t pos) { return slots[slot].layers[pos]; }  // pos: in its chunk
   // Activation recomputation: the buffers of the layers' recomputed activations, shared by all
   // layers and slots (every buffer for fully recomputed layers; ln1, ln2 and act for selective
-  // recomputation). A slot's Layer views them instead of owning them.
+  // recomputation; the MLP block's act for selective). A slot's Layer views them instead of
+  // owning them.
   Layer rc;
   Tensor tmp;  // [T, H] projection outputs
   // backward scratch
@@ -60,8 +58,6 @@ struct Qwen2Model::Acts {
   // gradients of q and k before the norms.
   Tensor qn_q, qn_k, qn_v, qn_dq, qn_dk;
   Tensor datt;              // [T, nh hd]
-  Tensor dgateup;           // [T, 2I]
-  Tensor dact;              // [T, I]
   Tensor logits;            // [C, Vl] one loss chunk; overwritten by its gradient
   Tensor losses;            // [C]
   Tensor row_max, sums;     // [C], [C, 2] vocab-parallel cross-entropy statistics

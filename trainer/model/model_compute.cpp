@@ -127,7 +127,7 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchDoc
     if (events_ != nullptr)
       events_->weights_needed(layer_ranges_[l].first, layer_ranges_[l].second);
     layer_fwd(slot, l);
-    linear_fwd(ctx_, full_or(a.tmp), L.act, w.down_w, Tensor());
+    mlp_.forward_out(ctx_, L.mlp, w.mlp, full_or(a.tmp));
     reduce_to_local(full_or(a.tmp), a.tmp);          // row-parallel
     const Tensor next = S.resid[layer_pos_[l] + 1];  // layer l's output
     if (l + 1 < end) {
@@ -171,8 +171,7 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, resid(slot, l), a.tmp, w.ln2,
                   d.eps);
   gather_tokens(a.ln_local, L.ln2);
-  linear_fwd(ctx_, L.gateup, L.ln2, w.gateup_w, Tensor());
-  swiglu_fwd(ctx_, L.act, L.gateup);
+  mlp_.forward_in(ctx_, L.mlp, w.mlp, L.ln2);
 }
 
 void Qwen2Model::qk_norm_fwd(int slot, int64_t l) {
@@ -242,7 +241,7 @@ void Qwen2Model::recompute_layer(int slot, int64_t l) {
   if (full) return layer_fwd(slot, l);
   rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
   gather_tokens(a.ln_local, L.ln2);
-  swiglu_fwd(ctx_, L.act, L.gateup);
+  mlp_.recompute(ctx_, L.mlp);
 }
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
@@ -351,21 +350,18 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     tp_group()->wait_all();
     if (t != Comm::kDone) ++tp_overlapped_;  // (staged GPU ranks complete it in start)
   };
+  const BlockBackward how{gw, weights, kept, column_bwd};
   for (int64_t l = end - 1; l >= begin; --l) {
     const LayerWeights& w = w_.layers[l];
     const LayerWeights& g = g_.layers[l];
     Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     recompute_layer(slot, l);
-    // resid[l + 1] = x_mid + down(swiglu(gateup(ln2(x_mid)))); dres holds d resid[l + 1].
-    Tensor dy = kept(gather_tokens(a.dres, a.full), L.dy_down);
-    linear_bwd(ctx_, a.dact, weight_grad(g.down_w), Tensor(), dy, L.act, w.down_w, gw);
-    swiglu_bwd(ctx_, a.dgateup, a.dact, L.gateup);
-    const Tensor dgateup = kept(a.dgateup, L.dgateup);  // (gateup is not read after this)
-    column_bwd(dgateup, L.ln2, w.gateup_w, weight_grad(g.gateup_w), Tensor());  // d ln2
+    // resid[l + 1] = x_mid + mlp(ln2(x_mid)); dres holds d resid[l + 1].
+    mlp_.backward(ctx_, L.mlp, w.mlp, g.mlp, gather_tokens(a.dres, a.full), L.ln2, how);  // d ln2
     rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true, gw);
     // dres now holds d x_mid
     // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
-    dy = kept(gather_tokens(a.dres, a.full), L.dy_o);
+    Tensor dy = kept(gather_tokens(a.dres, a.full), L.dy_o);
     linear_bwd(ctx_, a.datt, weight_grad(g.o_w), Tensor(), dy, L.att, w.o_w, gw);
     attention_bwd_of(slot, l);
     rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
@@ -397,8 +393,7 @@ void Qwen2Model::backward_weight(int slot, bool last_of_step, int chunk) {
     const LayerWeights& g = g_.layers[l];
     const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     recompute_layer(slot, l);  // the GEMMs' inputs that recomputation dropped, again
-    linear_bwd(ctx_, Tensor(), g.down_w, Tensor(), L.dy_down, L.act, w.down_w, gw);
-    linear_bwd(ctx_, Tensor(), g.gateup_w, Tensor(), L.dgateup, L.ln2, w.gateup_w, gw);
+    mlp_.weight_grads(ctx_, L.mlp, w.mlp, g.mlp, L.ln2, gw);
     linear_bwd(ctx_, Tensor(), g.o_w, Tensor(), L.dy_o, L.att, w.o_w, gw);
     linear_bwd(ctx_, Tensor(), g.qkv_w, g.qkv_b, L.dqkv, L.ln1, w.qkv_w, gw);
     if (last_of_step) layer_final(l);

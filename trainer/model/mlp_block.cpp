@@ -1,0 +1,63 @@
+#include "trainer/model/mlp_block.h"
+
+namespace tr {
+
+DenseMlp::DenseMlp(const ModelDims& dims, DType dtype, int64_t tokens)
+    : T_(tokens), H_(dims.hidden), I_(dims.inter), dtype_(dtype) {}
+
+MlpWeights DenseMlp::views(
+    const std::function<Tensor(const std::string&, std::initializer_list<int64_t>)>& at,
+    const std::string& prefix) const {
+  // The fused gate and up view starts at gate_proj and spans up_proj after it.
+  return {.gateup_w = at(prefix + "mlp/gate_proj/weight", {2 * I_, H_}),
+          .down_w = at(prefix + "mlp/down_proj/weight", {H_, I_})};
+}
+
+void DenseMlp::alloc_recomputed(Arena& ar, MlpActs& a) const {
+  a.act = ar.alloc(dtype_, {T_, I_});
+}
+
+void DenseMlp::alloc_kept(Arena& ar, MlpActs& a) const {
+  a.gateup = ar.alloc(dtype_, {T_, 2 * I_});
+}
+
+void DenseMlp::alloc_split(Arena& ar, MlpActs& a, bool fresh_dgateup) const {
+  a.dy_down = ar.alloc(dtype_, {T_, H_});
+  a.dgateup = fresh_dgateup ? ar.alloc(dtype_, {T_, 2 * I_}) : a.gateup;
+}
+
+void DenseMlp::alloc_scratch(Arena& ar) {
+  dgateup_ = ar.alloc(dtype_, {T_, 2 * I_});
+  dact_ = ar.alloc(dtype_, {T_, I_});
+}
+
+void DenseMlp::forward_in(Ctx& ctx, const MlpActs& a, const MlpWeights& w, Tensor in) const {
+  linear_fwd(ctx, a.gateup, in, w.gateup_w, Tensor());
+  swiglu_fwd(ctx, a.act, a.gateup);
+}
+
+void DenseMlp::forward_out(Ctx& ctx, const MlpActs& a, const MlpWeights& w, Tensor out) const {
+  linear_fwd(ctx, out, a.act, w.down_w, Tensor());
+}
+
+void DenseMlp::recompute(Ctx& ctx, const MlpActs& a) const {
+  swiglu_fwd(ctx, a.act, a.gateup);
+}
+
+void DenseMlp::backward(Ctx& ctx, const MlpActs& a, const MlpWeights& w, const MlpWeights& g,
+                        Tensor dy, Tensor in, const BlockBackward& how) const {
+  const auto weight_grad = [&](const Tensor& t) { return how.weights ? t : Tensor(); };
+  dy = how.keep(dy, a.dy_down);
+  linear_bwd(ctx, dact_, weight_grad(g.down_w), Tensor(), dy, a.act, w.down_w, how.write);
+  swiglu_bwd(ctx, dgateup_, dact_, a.gateup);
+  const Tensor dgateup = how.keep(dgateup_, a.dgateup);  // (gateup is not read after this)
+  how.column(dgateup, in, w.gateup_w, weight_grad(g.gateup_w), Tensor());
+}
+
+void DenseMlp::weight_grads(Ctx& ctx, const MlpActs& a, const MlpWeights& w, const MlpWeights& g,
+                            Tensor in, GradWrite write) const {
+  linear_bwd(ctx, Tensor(), g.down_w, Tensor(), a.dy_down, a.act, w.down_w, write);
+  linear_bwd(ctx, Tensor(), g.gateup_w, Tensor(), a.dgateup, in, w.gateup_w, write);
+}
+
+}  // namespace tr
