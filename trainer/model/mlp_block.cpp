@@ -60,4 +60,29 @@ void DenseMlp::weight_grads(Ctx& ctx, const MlpActs& a, const MlpWeights& w, con
   linear_bwd(ctx, Tensor(), g.gateup_w, Tensor(), a.dgateup, in, w.gateup_w, write);
 }
 
+void DenseMlp::forward_ops(OpLister& ops, const Run& r, bool down) const {
+  const double T = static_cast<double>(T_), i = static_cast<double>(I_);
+  ops.linear_fwd("gate and up projection: forward" + r.suffix, r.phase, OpPlace::layers, r.count,
+                 T_, 2 * I_, H_);
+  ops.pass("swiglu: forward" + r.suffix, "swiglu_fwd", r.phase, OpPlace::layers, r.count, T_, I_,
+           3 * i * T);
+  if (down)
+    ops.linear_fwd("down projection: forward" + r.suffix, r.phase, OpPlace::layers, r.count, T_, H_,
+                   I_);
+}
+
+void DenseMlp::backward_ops(OpLister& ops, double din, double dweight, double kept) const {
+  const double T = static_cast<double>(T_), i = static_cast<double>(I_),
+               h = static_cast<double>(H_);
+  const OpPhase bwd = OpPhase::backward;
+  const OpPlace layers = OpPlace::layers;
+  ops.pass("down projection: output gradient kept", "cast", bwd, layers, kept, T_, H_, 2 * h * T);
+  ops.linear_bwd("down projection", layers, bwd, din, dweight, T_, H_, I_);
+  ops.pass("swiglu: backward", "swiglu_bwd", bwd, layers, din, T_, I_, 5 * i * T);
+  ops.pass("gate and up projection: output gradient kept", "cast", bwd, layers, kept, T_, 2 * I_,
+           4 * i * T);
+  ops.linear_bwd("gate and up projection", layers, bwd, din, dweight, T_, 2 * I_, H_,
+                 /*column_parallel=*/true);
+}
+
 }  // namespace tr

@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "kernels/ops.h"
 #include "trainer/model/model_layout.h"
+#include "trainer/model/op_lister.h"
 
 namespace tr {
 
@@ -73,6 +74,13 @@ class DenseMlp {
   // The W pass of a split backward: the weight gradients from the kept output gradients.
   void weight_grads(Ctx& ctx, const MlpActs& acts, const MlpWeights& w, const MlpWeights& g,
                     Tensor in, GradWrite write) const;
+
+  // The ops of the above as the model's op list has them (trainer/model/op_list.h): the forward
+  // run `r` (with the down projection unless recomputing); the backward with `din` passes
+  // computing the input gradient, `dweight` the weight gradients and `kept` keeping the output
+  // gradients for a W pass.
+  void forward_ops(OpLister& ops, const Run& r, bool down = true) const;
+  void backward_ops(OpLister& ops, double din, double dweight, double kept) const;
 
  private:
   int64_t T_, H_, I_;

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "trainer/model/mlp_block.h"
 
 namespace tr {
 
@@ -25,6 +26,74 @@ const char* op_class_name(OpClass c) {
 
 namespace {
 
+// 2 m n k: a product's multiply-adds.
+double flop(int64_t m, int64_t n, int64_t k) {
+  return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+}
+
+}  // namespace
+
+void OpLister::add(ModelOp op) {
+  if (op.count <= 0) return;
+  for (ModelOp& o : ops_)
+    if (o.name == op.name && o.key == op.key && o.phase == op.phase) {
+      o.count += op.count;
+      return;
+    }
+  ops_.push_back(std::move(op));
+}
+
+void OpLister::pass(const std::string& name, const char* kernel, OpPhase phase, OpPlace place,
+                    double count, int64_t rows, int64_t width, double elems, OpClass cls) {
+  add({.name = name,
+       .key = {kernel, rows, width},
+       .cls = cls,
+       .phase = phase,
+       .place = place,
+       .count = count,
+       .bytes = elems * e_});
+}
+
+void OpLister::linear_fwd(const std::string& name, OpPhase phase, OpPlace place, double count,
+                          int64_t m, int64_t n, int64_t k) {
+  add({.name = name,
+       .key = {"linear_fwd", m, n, k},
+       .phase = phase,
+       .place = place,
+       .count = count,
+       .flop = flop(m, n, k)});
+}
+
+void OpLister::linear_bwd(const std::string& name, OpPlace place, OpPhase phase, double din,
+                          double dweight, int64_t m, int64_t n, int64_t k, bool column_parallel) {
+  add({.name = name + ": input gradient",
+       .key = {"linear_bwd.din", m, k, n},
+       .phase = phase,
+       .place = place,
+       .count = din,
+       .flop = flop(m, n, k)});
+  add({.name = name + ": weight gradient",
+       .key = {"linear_bwd.dweight", n, k, m},
+       .phase = phase,
+       .place = place,
+       .count = dweight,
+       .flop = flop(m, n, k),
+       .bytes = 8.0 * static_cast<double>(n) * static_cast<double>(k),
+       .column_weight_grad = column_parallel});
+}
+
+void OpLister::attention(const std::string& name, const char* kernel, OpPhase phase, double count,
+                         int64_t m, int64_t n, int64_t k, bool backward) {
+  add({.name = name,
+       .key = {kernel, m, n, k},
+       .cls = OpClass::attention,
+       .phase = phase,
+       .count = count,
+       .flop = (backward ? 2.0 : 1.0) * flop(m, n, k)});
+}
+
+namespace {
+
 // A micro-batch's shapes on this rank (ModelDims' heads, intermediate size and vocabulary are
 // its TP shard).
 struct Shape {
@@ -37,81 +106,6 @@ struct Shape {
   double e;               // bytes per activation element
 };
 
-// The list under construction: ops added with their counts, identical ones (name and key)
-// merged, those run zero times left out.
-class Ops {
- public:
-  explicit Ops(double e) : e_(e) {}
-
-  void add(ModelOp op) {
-    if (op.count <= 0) return;
-    for (ModelOp& o : ops_)
-      if (o.name == op.name && o.key == op.key && o.phase == op.phase) {
-        o.count += op.count;
-        return;
-      }
-    ops_.push_back(std::move(op));
-  }
-  // A memory-bound pass over rows x width that moves `elems` elements (read plus written).
-  void pass(const std::string& name, const char* kernel, OpPhase phase, OpPlace place, double count,
-            int64_t rows, int64_t width, double elems, OpClass cls = OpClass::memory) {
-    add({.name = name,
-         .key = {kernel, rows, width},
-         .cls = cls,
-         .phase = phase,
-         .place = place,
-         .count = count,
-         .bytes = elems * e_});
-  }
-  // A projection's forward: out [m, n] = in [m, k] . W[n, k]^T.
-  void linear_fwd(const std::string& name, OpPhase phase, OpPlace place, double count, int64_t m,
-                  int64_t n, int64_t k) {
-    add({.name = name,
-         .key = {"linear_fwd", m, n, k},
-         .phase = phase,
-         .place = place,
-         .count = count,
-         .flop = flop(m, n, k)});
-  }
-  // Its input gradient [m, k] (`din` times) and weight gradient [n, k] (`dweight` times, summed
-  // over the m tokens into the fp32 gradient: 8 bytes a weight read and written besides).
-  void linear_bwd(const std::string& name, OpPlace place, OpPhase phase, double din, double dweight,
-                  int64_t m, int64_t n, int64_t k, bool column_parallel = false) {
-    add({.name = name + ": input gradient",
-         .key = {"linear_bwd.din", m, k, n},
-         .phase = phase,
-         .place = place,
-         .count = din,
-         .flop = flop(m, n, k)});
-    add({.name = name + ": weight gradient",
-         .key = {"linear_bwd.dweight", n, k, m},
-         .phase = phase,
-         .place = place,
-         .count = dweight,
-         .flop = flop(m, n, k),
-         .bytes = 8.0 * static_cast<double>(n) * static_cast<double>(k),
-         .column_weight_grad = column_parallel});
-  }
-  // Causal attention of m queries over sequences of k keys, width n = heads x head_dim.
-  void attention(const std::string& name, const char* kernel, OpPhase phase, double count,
-                 int64_t m, int64_t n, int64_t k, bool backward) {
-    add({.name = name,
-         .key = {kernel, m, n, k},
-         .cls = OpClass::attention,
-         .phase = phase,
-         .count = count,
-         .flop = (backward ? 2.0 : 1.0) * flop(m, n, k)});
-  }
-  std::vector<ModelOp> take() { return std::move(ops_); }
-
- private:
-  static double flop(int64_t m, int64_t n, int64_t k) {
-    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  }
-  double e_;
-  std::vector<ModelOp> ops_;
-};
-
 constexpr OpPhase kFwd = OpPhase::forward, kBwd = OpPhase::backward;
 // Elements an RMSNorm backward moves per element of its input: din's pass reads dout and in and
 // writes din (and reads it too when it accumulates into the residual stream's gradient), and
@@ -119,22 +113,14 @@ constexpr OpPhase kFwd = OpPhase::forward, kBwd = OpPhase::backward;
 constexpr double kNormBwd = 5, kNormBwdAccumulate = 6;
 constexpr OpPlace kLayers = OpPlace::layers;
 
-// How a pass over a layer runs: its forward in the forward (count per step, phase forward) or
-// again in the backward for recomputation (phase backward, names marked so).
-struct Run {
-  double count;
-  OpPhase phase;
-  std::string suffix;  // "" or " (recomputed)"
-};
-
 // The attention block: q, k, v projection (QK-norm over each head, qwen3), RoPE, attention over
 // the sequence (under context parallelism each sequence over the CP group: one compound op), the
-// output projection. Its input norm's forward is the residual joins'; its backward is here.
+// output projection. Its input norm is the layer's (model_ops).
 struct AttentionBlock {
   const ModelDims& d;
   const Shape& s;
 
-  void forward(Ops& ops, const Run& r) const {
+  void forward(OpLister& ops, const Run& r) const {
     const double T = static_cast<double>(s.T), q = static_cast<double>(s.Q),
                  nh = static_cast<double>(d.heads * d.head_dim),
                  nkv = static_cast<double>(d.kv_heads * d.head_dim);
@@ -159,7 +145,7 @@ struct AttentionBlock {
   // `din`: backward passes that compute input gradients (whole, or B); `dweight`: those that
   // compute the weight gradients (whole, or W); `kept`: B passes keeping the projections' output
   // gradients for W (a copy each).
-  void backward(Ops& ops, double din, double dweight, double kept) const {
+  void backward(OpLister& ops, double din, double dweight, double kept) const {
     const double T = static_cast<double>(s.T), q = static_cast<double>(s.Q),
                  nh = static_cast<double>(d.heads * d.head_dim),
                  nkv = static_cast<double>(d.kv_heads * d.head_dim);
@@ -181,13 +167,10 @@ struct AttentionBlock {
              2 * q * T);
     ops.linear_bwd("qkv projection", kLayers, kBwd, din, dweight, s.T, s.Q, s.H,
                    /*column_parallel=*/true);
-    // The input norm's backward, accumulated into the residual stream's gradient.
-    ops.pass("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, din, s.Ts, s.H,
-             kNormBwdAccumulate * static_cast<double>(s.H * s.Ts));
   }
 
  private:
-  void attention(Ops& ops, const std::string& name, OpPhase phase, double count,
+  void attention(OpLister& ops, const std::string& name, OpPhase phase, double count,
                  bool backward) const {
     const char* kernel = backward ? "attention_bwd" : "attention_fwd";
     if (d.cp == 1) return ops.attention(name, kernel, phase, count, s.T, s.A, s.seq, backward);
@@ -203,43 +186,9 @@ struct AttentionBlock {
   }
 };
 
-// The MLP block, dense SwiGLU: gate and up projection, silu(gate) * up, down projection. Its
-// input norm's forward is the residual joins'; its backward is here.
-struct MlpBlock {
-  const ModelDims& d;
-  const Shape& s;
-
-  // `down`: with the down projection (recomputation stops before it).
-  void forward(Ops& ops, const Run& r, bool down = true) const {
-    const double T = static_cast<double>(s.T), i = static_cast<double>(s.I);
-    ops.linear_fwd("gate and up projection: forward" + r.suffix, r.phase, kLayers, r.count, s.T,
-                   2 * s.I, s.H);
-    ops.pass("swiglu: forward" + r.suffix, "swiglu_fwd", r.phase, kLayers, r.count, s.T, s.I,
-             3 * i * T);
-    if (down)
-      ops.linear_fwd("down projection: forward" + r.suffix, r.phase, kLayers, r.count, s.T, s.H,
-                     s.I);
-  }
-
-  void backward(Ops& ops, double din, double dweight, double kept) const {
-    const double T = static_cast<double>(s.T), i = static_cast<double>(s.I),
-                 h = static_cast<double>(s.H);
-    ops.pass("down projection: output gradient kept", "cast", kBwd, kLayers, kept, s.T, s.H,
-             2 * h * T);
-    ops.linear_bwd("down projection", kLayers, kBwd, din, dweight, s.T, s.H, s.I);
-    ops.pass("swiglu: backward", "swiglu_bwd", kBwd, kLayers, din, s.T, s.I, 5 * i * T);
-    ops.pass("gate and up projection: output gradient kept", "cast", kBwd, kLayers, kept, s.T,
-             2 * s.I, 4 * i * T);
-    ops.linear_bwd("gate and up projection", kLayers, kBwd, din, dweight, s.T, 2 * s.I, s.H,
-                   /*column_parallel=*/true);
-    ops.pass("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, din, s.Ts, s.H,
-             kNormBwdAccumulate * static_cast<double>(s.H * s.Ts));
-  }
-};
-
 // The LM head with the cross-entropy, chunk by chunk (each chunk's backward right after it, in
 // the forward), over `mb` micro-batches.
-void head_ops(Ops& ops, const ModelDims& d, const Shape& s, int64_t chunk, double mb) {
+void head_ops(OpLister& ops, const ModelDims& d, const Shape& s, int64_t chunk, double mb) {
   const OpPlace head = OpPlace::head;
   const double v = static_cast<double>(d.vocab_local);
   for (int64_t n : {chunk, s.T % chunk}) {
@@ -277,12 +226,12 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
   s.I = d.inter;
   s.R = (d.heads + d.kv_heads) * d.head_dim;
   s.e = static_cast<double>(dtype_size(o.dtype));
-  Ops ops(s.e);
+  OpLister ops(s.e);
   const double mb = static_cast<double>(micro_batches);
   const double passes = o.split_backward ? 2 : 1;  // recomputation runs again for W
   const double kept = o.split_backward ? mb : 0;
   const AttentionBlock attention{d, s};
-  const MlpBlock mlp{d, s};
+  const DenseMlp mlp(d, o.dtype, s.T);
   const double h = static_cast<double>(s.H), ts = static_cast<double>(s.Ts);
   const auto norm = [&](const std::string& name, const char* kernel, OpPhase phase, OpPlace place,
                         double count, double elems) {
@@ -329,7 +278,7 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
       norm("residual add: forward", "add", kFwd, kLayers, mb, 3);
     for (int64_t j = 0; j < n; ++j, ++l) {
       attention.forward(ops, {mb, kFwd, ""});
-      mlp.forward(ops, {mb, kFwd, ""});
+      mlp.forward_ops(ops, {mb, kFwd, ""});
       const bool full = l < d.recompute_full;
       if (full || d.recompute_selective) {  // the layer's input norm again
         norm("rmsnorm: forward (recomputed)", "rmsnorm_fwd", kBwd, kLayers, mb * passes, 2);
@@ -339,13 +288,15 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
         attention.forward(ops, again);
         norm("add + rmsnorm: forward (recomputed)", "add_rmsnorm_fwd", kBwd, kLayers, mb * passes,
              4);
-        mlp.forward(ops, again, /*down=*/false);
+        mlp.forward_ops(ops, again, /*down=*/false);
       } else if (d.recompute_selective) {  // the norms' and SwiGLU's outputs
         norm("rmsnorm: forward (recomputed)", "rmsnorm_fwd", kBwd, kLayers, mb * passes, 2);
         ops.pass("swiglu: forward (recomputed)", "swiglu_fwd", kBwd, kLayers, mb * passes, s.T, s.I,
                  3.0 * static_cast<double>(s.I * s.T));
       }
-      mlp.backward(ops, mb, mb, kept);
+      mlp.backward_ops(ops, mb, mb, kept);
+      // Both blocks' input norms, accumulated into the residual stream's gradient.
+      norm("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, 2 * mb, kNormBwdAccumulate);
       attention.backward(ops, mb, mb, kept);
     }
     if (head) {

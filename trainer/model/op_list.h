@@ -11,39 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/op_log.h"
 #include "trainer/model/model.h"
+#include "trainer/model/op_lister.h"
 
 namespace tr {
-
-// What prices an op: GEMM rates, attention's, memory bandwidth; the optimizer's class is the
-// planner's own (its update is not the model's).
-enum class OpClass { gemm, attention, memory, loss, optimizer };
-const char* op_class_name(OpClass c);  // "GEMM", "attention", "memory", "loss", "optimizer"
-
-// Where an op runs in the step: a micro-batch's forward (the LM head's whole loss chunk
-// included: its backward runs inside the forward), its backward, or the update.
-enum class OpPhase { forward, backward, update };
-
-// Where an op belongs: the stage's transformer layers, the LM head with the loss, the input
-// embedding, the optimizer.
-enum class OpPlace { layers, head, embedding, optimizer };
-
-// One op of a rank's step: a kernel at one shape, how often it runs and what it costs once.
-struct ModelOp {
-  std::string name;  // "qkv projection: forward", "attention: backward", "swiglu: backward", ...
-  OpKey key;         // the kernel and its shape as Ctx::log records them (kernels/op_log.h)
-  OpClass cls = OpClass::gemm;
-  OpPhase phase = OpPhase::forward;
-  OpPlace place = OpPlace::layers;
-  double count = 0;  // times per step on this rank
-  // Once: FLOPs (GEMMs; attention at its full causal span of key.k keys per query) and bytes
-  // read plus written (memory-bound passes; a weight gradient's fp32 accumulation).
-  double flop = 0, bytes = 0;
-  // The weight gradient of a column-parallel layer of the body (QKV, gate and up): with
-  // parallel.overlap_tp the TP reduction of the layer's input gradient runs beside it.
-  bool column_weight_grad = false;
-};
 
 // The ops a model of `dims` built with `options` runs in a training step of `micro_batches`
 // micro-batches (each chunk of its layers forward and backward once per micro-batch), bytes at

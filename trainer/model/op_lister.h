@@ -1,0 +1,77 @@
+// What a step's op list is made of (trainer/model/op_list.h): each op a kernel at one shape with
+// its count, FLOPs and bytes, and the builder the model's blocks list their ops with.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/op_log.h"
+
+namespace tr {
+
+// What prices an op: GEMM rates, attention's, memory bandwidth; the optimizer's class is the
+// planner's own (its update is not the model's).
+enum class OpClass { gemm, attention, memory, loss, optimizer };
+const char* op_class_name(OpClass c);  // "GEMM", "attention", "memory", "loss", "optimizer"
+
+// Where an op runs in the step: a micro-batch's forward (the LM head's whole loss chunk
+// included: its backward runs inside the forward), its backward, or the update.
+enum class OpPhase { forward, backward, update };
+
+// Where an op belongs: the stage's transformer layers, the LM head with the loss, the input
+// embedding, the optimizer.
+enum class OpPlace { layers, head, embedding, optimizer };
+
+// One op of a rank's step: a kernel at one shape, how often it runs and what it costs once.
+struct ModelOp {
+  std::string name;  // "qkv projection: forward", "attention: backward", "swiglu: backward", ...
+  OpKey key;         // the kernel and its shape as Ctx::log records them (kernels/op_log.h)
+  OpClass cls = OpClass::gemm;
+  OpPhase phase = OpPhase::forward;
+  OpPlace place = OpPlace::layers;
+  double count = 0;  // times per step on this rank
+  // Once: FLOPs (GEMMs; attention at its full causal span of key.k keys per query) and bytes
+  // read plus written (memory-bound passes; a weight gradient's fp32 accumulation).
+  double flop = 0, bytes = 0;
+  // The weight gradient of a column-parallel layer of the body (QKV, gate and up): with
+  // parallel.overlap_tp the TP reduction of the layer's input gradient runs beside it.
+  bool column_weight_grad = false;
+};
+
+// A list under construction: ops added with their counts, identical ones (name and key)
+// merged, those run zero times left out.
+class OpLister {
+ public:
+  explicit OpLister(double elem_bytes) : e_(elem_bytes) {}  // bytes per activation element
+
+  void add(ModelOp op);
+  // A memory-bound pass over rows x width that moves `elems` elements (read plus written).
+  void pass(const std::string& name, const char* kernel, OpPhase phase, OpPlace place, double count,
+            int64_t rows, int64_t width, double elems, OpClass cls = OpClass::memory);
+  // A projection's forward: out [m, n] = in [m, k] . W[n, k]^T.
+  void linear_fwd(const std::string& name, OpPhase phase, OpPlace place, double count, int64_t m,
+                  int64_t n, int64_t k);
+  // Its input gradient [m, k] (`din` times) and weight gradient [n, k] (`dweight` times, summed
+  // over the m tokens into the fp32 gradient: 8 bytes a weight read and written besides).
+  void linear_bwd(const std::string& name, OpPlace place, OpPhase phase, double din, double dweight,
+                  int64_t m, int64_t n, int64_t k, bool column_parallel = false);
+  // Causal attention of m queries over sequences of k keys, width n = heads x head_dim.
+  void attention(const std::string& name, const char* kernel, OpPhase phase, double count,
+                 int64_t m, int64_t n, int64_t k, bool backward);
+  std::vector<ModelOp> take() { return std::move(ops_); }
+
+ private:
+  double e_;
+  std::vector<ModelOp> ops_;
+};
+
+// How a pass over a layer runs: its forward in the forward (count per step, phase forward) or
+// again in the backward for recomputation (phase backward, names marked so).
+struct Run {
+  double count;
+  OpPhase phase;
+  std::string suffix;  // "" or " (recomputed)"
+};
+
+}  // namespace tr
