@@ -37,6 +37,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
       dtype_(o.dtype),
       sdtype_(stat_dtype(o.dtype)),
       params_(params),
+      attn_(dims, o.dtype, o.batch, o.seq_len),
       mlp_(dims, o.dtype, o.batch * (o.seq_len / dims.cp)) {
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
   for (int c = 0; c < dims.num_chunks(); ++c)
@@ -61,8 +62,8 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
     };
     for (const LayerWeights& g : g_.layers) {
       int64_t lo = params.layout().total, hi = 0, n = 0;
-      for (const Tensor* t : {&g.ln1, &g.qkv_w, &g.qkv_b, &g.q_norm, &g.k_norm, &g.o_w, &g.ln2,
-                              &g.mlp.gateup_w, &g.mlp.down_w}) {
+      for (const Tensor* t : {&g.ln1, &g.attn.qkv_w, &g.attn.qkv_b, &g.attn.q_norm, &g.attn.k_norm,
+                              &g.attn.o_w, &g.ln2, &g.mlp.gateup_w, &g.mlp.down_w}) {
         if (t->empty()) continue;
         lo = std::min(lo, at(*t));
         hi = std::max(hi, at(*t) + t->numel());
@@ -97,8 +98,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
 
 void Qwen2Model::alloc_acts(Arena& ar) {
   const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_, H = d.hidden, Q = d.qkv_out(), A = d.heads * d.head_dim,
-                C = chunk_;
+  const int64_t T = batch_ * seq_len_, H = d.hidden, C = chunk_;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
   a_ = std::make_unique<Acts>();
   // A layer's buffers: those selective recomputation drops (the norm outputs and the MLP
@@ -110,15 +110,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   };
   auto kept = [&](Acts::Layer& L) {
     L.rstd1 = ar.alloc(sdtype_, {Tl});
-    L.qkv = ar.alloc(dtype_, {T, Q});
-    if (d.qk_norm) {  // q and k before their norms, and the norms' statistics
-      L.q_in = ar.alloc(dtype_, {T, d.heads, d.head_dim});
-      L.k_in = ar.alloc(dtype_, {T, d.kv_heads, d.head_dim});
-      L.rstd_q = ar.alloc(sdtype_, {T * d.heads});
-      L.rstd_k = ar.alloc(sdtype_, {T * d.kv_heads});
-    }
-    L.att = ar.alloc(dtype_, {T, A});
-    L.lse = ar.alloc(sdtype_, {batch_, d.heads, seq_len_});
+    attn_.alloc_kept(ar, L.attn);
     L.x_mid = ar.alloc(dtype_, {Tl, H});
     L.rstd2 = ar.alloc(sdtype_, {Tl});
     mlp_.alloc_kept(ar, L.mlp);
@@ -163,8 +155,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
       for (int64_t j = 0; j < positions; ++j) {
         Acts::Layer& L = slot.layers[j];
         mlp_.alloc_split(ar, L.mlp, full_at(j) || d.recompute_selective);
-        L.dy_o = ar.alloc(dtype_, {T, H});
-        L.dqkv = full_at(j) ? ar.alloc(dtype_, {T, Q}) : L.qkv;
+        attn_.alloc_split(ar, L.attn, full_at(j));
       }
     if (d.last_stage) {
       slot.lnf = ar.alloc(dtype_, {T, H});
@@ -181,13 +172,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     a_->ln_local = ar.alloc(dtype_, {Tl, H});
     a_->dlnf_local = ar.alloc(dtype_, {Tl, H});
   }
-  a_->dqkv = ar.alloc(dtype_, {T, Q});
-  if (d.qk_norm) {
-    for (Tensor* t : {&a_->qn_q, &a_->qn_dq}) *t = ar.alloc(dtype_, {T, d.heads, d.head_dim});
-    for (Tensor* t : {&a_->qn_k, &a_->qn_dk, &a_->qn_v})
-      *t = ar.alloc(dtype_, {T, d.kv_heads, d.head_dim});
-  }
-  a_->datt = ar.alloc(dtype_, {T, A});
+  attn_.alloc_scratch(ar);
   mlp_.alloc_scratch(ar);
   a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
   a_->row_max = ar.alloc(sdtype_, {C});
@@ -197,14 +182,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
     a_->all_stats = ar.alloc(sdtype_, {d.tp * C * 3});
   }
   a_->losses = ar.alloc(sdtype_, {C});
-  if (d.cp > 1) {
-    const int64_t S = seq_len_, nh = d.heads, nkv = d.kv_heads, hd = d.head_dim;
-    a_->positions = ar.alloc(DType::i32, {S});
-    for (Tensor* t : {&a_->q, &a_->dq}) *t = ar.alloc(dtype_, {S, nh, hd});
-    for (Tensor* t : {&a_->k, &a_->v, &a_->dk, &a_->dv}) *t = ar.alloc(dtype_, {S, nkv, hd});
-    a_->cp = CpScratch::alloc(ar, d.cp_exchange, d.cp, S, nh, nkv, hd, dtype_,
-                              cp_accumulator_dtype(dtype_));
-  }
+  if (d.cp > 1) a_->positions = ar.alloc(DType::i32, {seq_len_});
 }
 
 void Qwen2Model::begin_step_grads() {
@@ -225,7 +203,7 @@ Qwen2Model::~Qwen2Model() = default;
 
 Weights Qwen2Model::views(Tensor flat) const {
   const ModelDims& d = dims_;
-  const int64_t H = d.hidden, Q = d.qkv_out();
+  const int64_t H = d.hidden;
   // Fused views (qkv here, the MLP's gate and up) start at their first member and span the
   // adjacent ones.
   auto at = [&](const std::string& name, std::initializer_list<int64_t> shape) {
@@ -237,13 +215,7 @@ Weights Qwen2Model::views(Tensor flat) const {
     const std::string p = absl::StrCat("layers/", i, "/");
     LayerWeights L;
     L.ln1 = at(p + "input_layernorm/weight", {H});
-    L.qkv_w = at(p + "self_attn/q_proj/weight", {Q, H});
-    if (d.qkv_bias) L.qkv_b = at(p + "self_attn/q_proj/bias", {Q});  // else empty: no bias
-    if (d.qk_norm) {
-      L.q_norm = at(p + "self_attn/q_norm/weight", {d.head_dim});
-      L.k_norm = at(p + "self_attn/k_norm/weight", {d.head_dim});
-    }
-    L.o_w = at(p + "self_attn/o_proj/weight", {H, d.heads * d.head_dim});
+    L.attn = attn_.views(at, p);
     L.ln2 = at(p + "post_attention_layernorm/weight", {H});
     L.mlp = mlp_.views(at, p);
     w.layers.push_back(L);

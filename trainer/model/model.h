@@ -1,8 +1,10 @@
-// The model room: the Qwen2 model (here; context parallelism's attention in context_parallel.cpp),
-// its parameter layout (model_layout.h) and buffer (param_buffer.h), initialisation (init.h) and
-// the step's staged tokens (step_io.h). It uses the config room only.
+// The model room: the decoder model (here), its layers' blocks (attention_block.h, mlp_block.h),
+// its op list (op_list.h), its parameter layout (model_layout.h) and buffer (param_buffer.h),
+// initialisation (init.h) and the step's staged tokens (step_io.h). It uses the config room only.
 //
-// Qwen2 decoder with explicit forward and backward over preallocated buffers (no autograd). Its
+// Decoder with explicit forward and backward over preallocated buffers (no autograd): the
+// embedding, layers of an attention block and an MLP block each behind an RMSNorm on the
+// residual stream, the final norm and the LM head with the loss, on a pipeline stage's chunks. Its
 // weights and gradients are views into a ParamBuffer (trainer/model/param_buffer.h) at the offsets
 // ParamLayout records; the optimizer's state is the optimizer's (trainer/optim/optim.h).
 #pragma once
@@ -20,6 +22,7 @@
 #include "parallel/dp_shards.h"
 #include "parallel/topology.h"
 #include "trainer/config/config.h"
+#include "trainer/model/attention_block.h"
 #include "trainer/model/mlp_block.h"
 #include "trainer/model/model_layout.h"
 #include "trainer/model/param_buffer.h"
@@ -29,10 +32,7 @@ namespace tr {
 // Views of one copy of the parameters (weights or gradients) as the model uses them.
 struct LayerWeights {
   Tensor ln1;             // [H]
-  Tensor qkv_w;           // [(nh + 2 nkv) hd, H]: q_proj, k_proj, v_proj rows back to back
-  Tensor qkv_b;           // [(nh + 2 nkv) hd]; empty without q, k, v biases (model.family llama)
-  Tensor q_norm, k_norm;  // [hd] each (model.family qwen3); else empty
-  Tensor o_w;             // [H, nh hd]
+  AttentionWeights attn;  // the attention block's (trainer/model/attention_block.h)
   Tensor ln2;             // [H]
   MlpWeights mlp;         // the MLP block's (trainer/model/mlp_block.h)
 };
@@ -122,7 +122,7 @@ class Qwen2Model {
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
-  void set_cp_comm(Comm* cp) { cp_ = cp; }
+  void set_cp_comm(Comm* cp) { attn_.set_cp_comm(cp); }
   // The one subscriber to what the model reports about the flat buffer as it runs (the
   // distributed optimizer), set once; null = none.
   void set_param_events(ParamEvents* events) { events_ = events; }
@@ -200,20 +200,12 @@ class Qwen2Model {
   Tensor full_or(Tensor local) const;  // the [T, H] buffer for a [Tl, H] one
   void reduce_to_local(Tensor partial, Tensor local);  // end of a TP region
   Tensor gather_tokens(Tensor local, Tensor full);     // start of a TP region
-  // Layer l of micro-batch slot `slot` from its normed input (ln1, all-gathered) to its SwiGLU
-  // output (act).
+  // Layer l of micro-batch slot `slot` from its normed input (ln1, all-gathered) to its MLP
+  // block's input side (forward_in; the down projection and the residual add are the caller's).
   void layer_fwd(int slot, int64_t l);
-  // QK-norm (model.family qwen3): each q and k head of layer l's qkv rows normed in place,
-  // before RoPE; and its backward on dqkv (after RoPE's), the norms' weight gradients written
-  // with `gw`.
-  void qk_norm_fwd(int slot, int64_t l);
-  void qk_norm_bwd(int slot, int64_t l, Tensor dqkv, GradWrite gw);
-  // Attention of layer l over the micro-batch, and its backward into dqkv: the whole sequence
-  // here, or (cp > 1, context_parallel.cpp) each sequence over the CP group.
-  void attention_fwd_of(int slot, int64_t l);
-  void attention_bwd_of(int slot, int64_t l);
-  void context_attention_fwd(int slot, int64_t l);
-  void context_attention_bwd(int slot, int64_t l);
+  // What attention reads of the micro-batch in `slot` besides its activations: RoPE's positions
+  // (its own, MicroBatchDocs::positions, else this rank's of the sequence) and its documents.
+  AttentionInput attention_input(int slot) const;
   // Before layer l's backward: its activations that recomputation dropped, again.
   void recompute_layer(int slot, int64_t l);
   void chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale, bool grad);
@@ -221,12 +213,7 @@ class Qwen2Model {
   void backward_pass(int slot, Tensor tokens, int chunk, bool weights, bool last_of_step);
   void layer_final(int64_t l);              // layer l's gradients are final for the step
   Tensor resid(int slot, int64_t l) const;  // the residual stream entering local layer l
-  // Sequence b's document starts in `slot` (block-causal attention), or empty.
-  DocStarts doc_starts(int slot, int64_t b) const;
-  // RoPE's positions for the micro-batch in `slot`: its own (MicroBatchDocs::positions), else
-  // the sequence's (i32 [seq_len], this rank's under context parallelism).
-  Tensor rope_positions(int slot) const;
-  bool holds_head(int chunk) const;  // the final norm and the LM head follow `chunk`
+  bool holds_head(int chunk) const;         // the final norm and the LM head follow `chunk`
 
   ModelDims dims_;
   ModelOptions options_;
@@ -240,7 +227,6 @@ class Qwen2Model {
   int64_t tp_overlapped_ = 0;       // input-gradient reductions run beside dW, since last asked
   std::vector<int64_t> layer_pos_;  // each local layer's place in its chunk (and in a slot)
   Comm* tp_ = nullptr;
-  Comm* cp_ = nullptr;
   ParamEvents* events_ = nullptr;
   void need(const Tensor& w);  // events_->weights_needed over the flat range of w (a view of w_)
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
@@ -256,7 +242,8 @@ class Qwen2Model {
   std::unique_ptr<Arena> act_arena_;
   size_t activation_bytes_ = 0;
   AttentionPlan attention_;
-  DenseMlp mlp_;  // every layer's MLP block
+  AttentionBlock attn_;  // every layer's attention block
+  DenseMlp mlp_;         // every layer's MLP block
   Weights w_, g_;
   std::unique_ptr<Acts> a_;
 };

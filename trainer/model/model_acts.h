@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "parallel/cp_attention.h"
 #include "trainer/model/model.h"
 
 namespace tr {
@@ -14,23 +13,13 @@ namespace tr {
 // all micro-batches. T = batch * seq_len.
 struct Qwen2Model::Acts {
   struct Layer {
-    Tensor ln1;    // [T, H] input_layernorm output (all-gathered)
-    Tensor rstd1;  // [Tl]
-    Tensor qkv;    // [T, (nh + 2 nkv) hd], rope applied to q and k
-    // QK-norm (model.family qwen3): q [T, nh, hd] and k [T, nkv, hd] before their norms, and
-    // each head row's rstd [T nh], [T nkv].
-    Tensor q_in, k_in, rstd_q, rstd_k;
-    Tensor att;    // [T, nh hd] attention output before o_proj
-    Tensor lse;    // [B, nh, S] (under context parallelism each sequence's [2, nh, S / 2])
-    Tensor x_mid;  // [Tl, H] residual after attention
-    Tensor ln2;    // [T, H]
-    Tensor rstd2;  // [Tl]
-    MlpActs mlp;   // the MLP block's (trainer/model/mlp_block.h)
-    // Split backward (ModelOptions::split_backward): the output gradients of the attention
-    // block's linears, from its B pass to its W pass (dqkv in qkv's memory where W does not
-    // need qkv again).
-    Tensor dy_o;  // [T, H]
-    Tensor dqkv;  // [T, (nh + 2 nkv) hd]
+    Tensor ln1;          // [T, H] input_layernorm output (all-gathered)
+    Tensor rstd1;        // [Tl]
+    AttentionActs attn;  // the attention block's (trainer/model/attention_block.h)
+    Tensor x_mid;        // [Tl, H] residual after attention
+    Tensor ln2;          // [T, H]
+    Tensor rstd2;        // [Tl]
+    MlpActs mlp;         // the MLP block's (trainer/model/mlp_block.h)
   };
   // [T, ...] buffers hold the whole micro-batch; [Tl, ...] ones this rank's tokens (Tl = T, or
   // T / tp with sequence parallelism).
@@ -43,9 +32,8 @@ struct Qwen2Model::Acts {
   std::vector<Slot> slots;
   Layer& layer(int slot, int64_t pos) { return slots[slot].layers[pos]; }  // pos: in its chunk
   // Activation recomputation: the buffers of the layers' recomputed activations, shared by all
-  // layers and slots (every buffer for fully recomputed layers; ln1, ln2 and act for selective
-  // recomputation; the MLP block's act for selective). A slot's Layer views them instead of
-  // owning them.
+  // layers and slots (every buffer for fully recomputed layers; ln1, ln2 and the MLP block's
+  // act for selective recomputation). A slot's Layer views them instead of owning them.
   Layer rc;
   Tensor tmp;  // [T, H] projection outputs
   // backward scratch
@@ -53,13 +41,8 @@ struct Qwen2Model::Acts {
                      // stage input's gradient (sent to the previous stage)
   Tensor grad_in;    // [T, H] the next stage's gradient, received; swapped into dres
   Tensor dln, dlnf;  // [T, H]
-  Tensor dqkv;       // [T, (nh + 2 nkv) hd]
-  // QK-norm scratch: q, k, v split out of the qkv rows (normed, or their gradients), and the
-  // gradients of q and k before the norms.
-  Tensor qn_q, qn_k, qn_v, qn_dq, qn_dk;
-  Tensor datt;              // [T, nh hd]
-  Tensor logits;            // [C, Vl] one loss chunk; overwritten by its gradient
-  Tensor losses;            // [C]
+  Tensor logits;     // [C, Vl] one loss chunk; overwritten by its gradient
+  Tensor losses;     // [C]
   Tensor row_max, sums;     // [C], [C, 2] vocab-parallel cross-entropy statistics
   Tensor stats, all_stats;  // [C, 3], [tp * C * 3]: this rank's and every TP rank's
   // Sequence parallelism: the residual stream, norms and their gradients hold Tl = T / tp
@@ -67,13 +50,9 @@ struct Qwen2Model::Acts {
   Tensor full;        // [T, H] all-gathered or not yet reduce-scattered
   Tensor ln_local;    // [Tl, H] norm output before its all-gather
   Tensor dlnf_local;  // [Tl, H]
-  // Context parallelism (cp > 1; S = seq_len / cp tokens of one sequence on this rank): their
-  // positions in the sequence (i32 [S], for RoPE), and one sequence's q, k, v and gradients
-  // unpacked from the qkv rows for the CP group's attention ([S, nh, hd], [S, nkv, hd]), and
-  // the scratch of its exchange.
+  // Context parallelism (cp > 1): the positions in the sequence of this rank's S = seq_len / cp
+  // tokens of each sequence (i32 [S], for RoPE).
   Tensor positions;
-  Tensor q, k, v, dq, dk, dv;
-  CpScratch cp;  // the CP group's exchange buffers (parallel/cp_attention.h)
 };
 
 }  // namespace tr

@@ -155,18 +155,11 @@ void Qwen2Model::need(const Tensor& w) {
 
 void Qwen2Model::layer_fwd(int slot, int64_t l) {
   const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_;
   const bool sp = d.sequence_parallel;
   Acts& a = *a_;
   const LayerWeights& w = w_.layers[l];
   Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
-  linear_fwd(ctx_, L.qkv, L.ln1, w.qkv_w, w.qkv_b);
-  if (d.qk_norm) qk_norm_fwd(slot, l);
-  Tensor heads = L.qkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim});
-  rope_fwd(ctx_, heads, static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_),
-           d.rope, rope_positions(slot));
-  attention_fwd_of(slot, l);
-  linear_fwd(ctx_, full_or(a.tmp), L.att, w.o_w, Tensor());
+  attn_.forward(ctx_, L.attn, w.attn, L.ln1, attention_input(slot), full_or(a.tmp));
   reduce_to_local(full_or(a.tmp), a.tmp);  // row-parallel: partial sums over the TP ranks' heads
   add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, resid(slot, l), a.tmp, w.ln2,
                   d.eps);
@@ -174,56 +167,10 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   mlp_.forward_in(ctx_, L.mlp, w.mlp, L.ln2);
 }
 
-void Qwen2Model::qk_norm_fwd(int slot, int64_t l) {
-  const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_, hd = d.head_dim;
-  Acts& a = *a_;
-  const LayerWeights& w = w_.layers[l];
-  Acts::Layer& L = a.layer(slot, layer_pos_[l]);
-  qkv_split(ctx_, L.q_in, L.k_in, a.qn_v, L.qkv);
-  rmsnorm_fwd(ctx_, a.qn_q.view({T * d.heads, hd}), L.rstd_q, L.q_in.view({T * d.heads, hd}),
-              w.q_norm, d.eps);
-  rmsnorm_fwd(ctx_, a.qn_k.view({T * d.kv_heads, hd}), L.rstd_k, L.k_in.view({T * d.kv_heads, hd}),
-              w.k_norm, d.eps);
-  qkv_join(ctx_, L.qkv, a.qn_q, a.qn_k, a.qn_v);
-}
-
-void Qwen2Model::qk_norm_bwd(int slot, int64_t l, Tensor dqkv, GradWrite gw) {
-  const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_, hd = d.head_dim;
-  Acts& a = *a_;
-  const LayerWeights& w = w_.layers[l];
-  const LayerWeights& g = g_.layers[l];
-  const Acts::Layer& L = a.layer(slot, layer_pos_[l]);
-  qkv_split(ctx_, a.qn_q, a.qn_k, a.qn_v, dqkv);  // d(normed q), d(normed k), dv
-  rmsnorm_bwd(ctx_, a.qn_dq.view({T * d.heads, hd}), g.q_norm, a.qn_q.view({T * d.heads, hd}),
-              L.q_in.view({T * d.heads, hd}), w.q_norm, L.rstd_q, /*accumulate_din=*/false, gw);
-  rmsnorm_bwd(ctx_, a.qn_dk.view({T * d.kv_heads, hd}), g.k_norm, a.qn_k.view({T * d.kv_heads, hd}),
-              L.k_in.view({T * d.kv_heads, hd}), w.k_norm, L.rstd_k, /*accumulate_din=*/false, gw);
-  qkv_join(ctx_, dqkv, a.qn_dq, a.qn_dk, a.qn_v);
-}
-
-void Qwen2Model::attention_fwd_of(int slot, int64_t l) {
-  const ModelDims& d = dims_;
-  if (d.cp > 1) return context_attention_fwd(slot, l);
-  const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
-  attention_fwd(ctx_, L.att, L.lse, L.qkv, static_cast<int>(batch_), static_cast<int>(seq_len_),
-                static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
-                static_cast<int>(d.head_dim), a_->slots[slot].docs.doc_start);
-}
-
-Tensor Qwen2Model::rope_positions(int slot) const {
-  const Tensor& own = a_->slots[slot].docs.positions;
-  return own.empty() ? a_->positions : own;
-}
-
-void Qwen2Model::attention_bwd_of(int slot, int64_t l) {
-  const ModelDims& d = dims_;
-  if (d.cp > 1) return context_attention_bwd(slot, l);
-  const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
-  attention_bwd(ctx_, a_->dqkv, a_->datt, L.att, L.lse, L.qkv, static_cast<int>(batch_),
-                static_cast<int>(seq_len_), static_cast<int>(d.heads), static_cast<int>(d.kv_heads),
-                static_cast<int>(d.head_dim), a_->slots[slot].docs.doc_start);
+AttentionInput Qwen2Model::attention_input(int slot) const {
+  const MicroBatchDocs& docs = a_->slots[slot].docs;
+  return {.positions = docs.positions.empty() ? a_->positions : docs.positions,
+          .docs = docs.doc_start};
 }
 
 void Qwen2Model::recompute_layer(int slot, int64_t l) {
@@ -324,7 +271,6 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     std::swap(a.dres, a.grad_in);  // the received gradient becomes the running one
   // A B pass leaves out the matrices' weight gradients and keeps, in the slot, each linear's
   // output gradient for its W pass; a whole backward computes them from scratch buffers.
-  const auto weight_grad = [&](const Tensor& g) { return weights ? g : Tensor(); };
   const auto kept = [&](Tensor dy, Tensor store) {
     if (weights) return dy;
     cast(ctx_, store, dy);
@@ -360,16 +306,9 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
     mlp_.backward(ctx_, L.mlp, w.mlp, g.mlp, gather_tokens(a.dres, a.full), L.ln2, how);  // d ln2
     rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true, gw);
     // dres now holds d x_mid
-    // x_mid = resid[l] + o_proj(attention(rope(qkv(ln1(resid[l])))))
-    Tensor dy = kept(gather_tokens(a.dres, a.full), L.dy_o);
-    linear_bwd(ctx_, a.datt, weight_grad(g.o_w), Tensor(), dy, L.att, w.o_w, gw);
-    attention_bwd_of(slot, l);
-    rope_bwd(ctx_, a.dqkv.view({T, d.heads + 2 * d.kv_heads, d.head_dim}),
-             static_cast<int>(d.heads + d.kv_heads), static_cast<int>(seq_total_), d.rope,
-             rope_positions(slot));
-    if (d.qk_norm) qk_norm_bwd(slot, l, a.dqkv, gw);
-    const Tensor dqkv = kept(a.dqkv, L.dqkv);  // (qkv is not read after attention's backward)
-    column_bwd(dqkv, L.ln1, w.qkv_w, weight_grad(g.qkv_w), weight_grad(g.qkv_b));  // d ln1
+    // x_mid = resid[l] + attention(ln1(resid[l]))
+    attn_.backward(ctx_, L.attn, w.attn, g.attn, gather_tokens(a.dres, a.full), L.ln1,
+                   attention_input(slot), how);  // d ln1
     rmsnorm_bwd(ctx_, a.dres, g.ln1, a.dln, resid(slot, l), w.ln1, L.rstd1,
                 /*accumulate_din=*/true, gw);
     // dres now holds d resid[l]
@@ -394,8 +333,7 @@ void Qwen2Model::backward_weight(int slot, bool last_of_step, int chunk) {
     const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     recompute_layer(slot, l);  // the GEMMs' inputs that recomputation dropped, again
     mlp_.weight_grads(ctx_, L.mlp, w.mlp, g.mlp, L.ln2, gw);
-    linear_bwd(ctx_, Tensor(), g.o_w, Tensor(), L.dy_o, L.att, w.o_w, gw);
-    linear_bwd(ctx_, Tensor(), g.qkv_w, g.qkv_b, L.dqkv, L.ln1, w.qkv_w, gw);
+    attn_.weight_grads(ctx_, L.attn, w.attn, g.attn, L.ln1, gw);
     if (last_of_step) layer_final(l);
   }
   weight_write_[chunk] = GradWrite::add;
@@ -409,12 +347,9 @@ void Qwen2Model::layer_final(int64_t l) {
     tp_sum(g_.layers[l].ln2);
     tp_sum(g_.layers[l].ln1);
   }
-  // QK-norm's weights serve every head, and each TP rank holds other heads: their gradients
-  // are summed over TP with or without sequence parallelism.
-  if (dims_.qk_norm) {
-    tp_sum(g_.layers[l].q_norm);
-    tp_sum(g_.layers[l].k_norm);
-  }
+  // Weights that serve every head (QK-norm's), each TP rank holding other heads: their
+  // gradients are summed over TP with or without sequence parallelism.
+  for (const Tensor& t : attn_.replicated_over_heads(g_.layers[l].attn)) tp_sum(t);
   if (events_ != nullptr) events_->grads_final(layer_ranges_[l].first, layer_ranges_[l].second);
 }
 

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "trainer/model/attention_block.h"
 #include "trainer/model/mlp_block.h"
 
 namespace tr {
@@ -97,94 +98,14 @@ namespace {
 // A micro-batch's shapes on this rank (ModelDims' heads, intermediate size and vocabulary are
 // its TP shard).
 struct Shape {
-  int64_t T;              // tokens of a micro-batch here: batch x seq / cp
-  int64_t Ts;             // of them outside the TP regions: T / tp under sequence parallelism
-  int64_t S;              // of one sequence here (seq / cp)
-  int64_t seq;            // of a whole sequence
-  int64_t batch;          // sequences
-  int64_t H, Q, A, I, R;  // hidden, qkv rows, attention width, intermediate, RoPE's width
-  double e;               // bytes per activation element
+  int64_t T;   // tokens of a micro-batch here: batch x seq / cp
+  int64_t Ts;  // of them outside the TP regions: T / tp under sequence parallelism
+  int64_t H, I;
+  double e;  // bytes per activation element
 };
 
 constexpr OpPhase kFwd = OpPhase::forward, kBwd = OpPhase::backward;
-// Elements an RMSNorm backward moves per element of its input: din's pass reads dout and in and
-// writes din (and reads it too when it accumulates into the residual stream's gradient), and
-// dweight's column sums read dout and in again (kernels/cuda/rmsnorm.cu).
-constexpr double kNormBwd = 5, kNormBwdAccumulate = 6;
 constexpr OpPlace kLayers = OpPlace::layers;
-
-// The attention block: q, k, v projection (QK-norm over each head, qwen3), RoPE, attention over
-// the sequence (under context parallelism each sequence over the CP group: one compound op), the
-// output projection. Its input norm is the layer's (model_ops).
-struct AttentionBlock {
-  const ModelDims& d;
-  const Shape& s;
-
-  void forward(OpLister& ops, const Run& r) const {
-    const double T = static_cast<double>(s.T), q = static_cast<double>(s.Q),
-                 nh = static_cast<double>(d.heads * d.head_dim),
-                 nkv = static_cast<double>(d.kv_heads * d.head_dim);
-    ops.linear_fwd("qkv projection: forward" + r.suffix, r.phase, kLayers, r.count, s.T, s.Q, s.H);
-    if (d.qk_norm) {  // q and k split out of the rows, each head normed, joined back
-      ops.pass("qk-norm: split" + r.suffix, "qkv_split", r.phase, kLayers, r.count, s.T, s.Q,
-               2 * q * T);
-      ops.pass("qk-norm: q forward" + r.suffix, "rmsnorm_fwd", r.phase, kLayers, r.count,
-               s.T * d.heads, d.head_dim, 2 * nh * T);
-      ops.pass("qk-norm: k forward" + r.suffix, "rmsnorm_fwd", r.phase, kLayers, r.count,
-               s.T * d.kv_heads, d.head_dim, 2 * nkv * T);
-      ops.pass("qk-norm: join" + r.suffix, "qkv_join", r.phase, kLayers, r.count, s.T, s.Q,
-               2 * q * T);
-    }
-    ops.pass("rope: forward" + r.suffix, "rope_fwd", r.phase, kLayers, r.count, s.T, s.R,
-             2.0 * static_cast<double>(s.R) * T);
-    attention(ops, "attention: forward" + r.suffix, r.phase, r.count, false);
-    ops.linear_fwd("attention output projection: forward" + r.suffix, r.phase, kLayers, r.count,
-                   s.T, s.H, s.A);
-  }
-
-  // `din`: backward passes that compute input gradients (whole, or B); `dweight`: those that
-  // compute the weight gradients (whole, or W); `kept`: B passes keeping the projections' output
-  // gradients for W (a copy each).
-  void backward(OpLister& ops, double din, double dweight, double kept) const {
-    const double T = static_cast<double>(s.T), q = static_cast<double>(s.Q),
-                 nh = static_cast<double>(d.heads * d.head_dim),
-                 nkv = static_cast<double>(d.kv_heads * d.head_dim);
-    ops.pass("attention output projection: output gradient kept", "cast", kBwd, kLayers, kept, s.T,
-             s.H, 2.0 * static_cast<double>(s.H) * T);
-    ops.linear_bwd("attention output projection", kLayers, kBwd, din, dweight, s.T, s.H, s.A);
-    attention(ops, "attention: backward", kBwd, din, true);
-    ops.pass("rope: backward", "rope_bwd", kBwd, kLayers, din, s.T, s.R,
-             2.0 * static_cast<double>(s.R) * T);
-    if (d.qk_norm) {
-      ops.pass("qk-norm: split gradients", "qkv_split", kBwd, kLayers, din, s.T, s.Q, 2 * q * T);
-      ops.pass("qk-norm: q backward", "rmsnorm_bwd", kBwd, kLayers, din, s.T * d.heads, d.head_dim,
-               kNormBwd * nh * T);
-      ops.pass("qk-norm: k backward", "rmsnorm_bwd", kBwd, kLayers, din, s.T * d.kv_heads,
-               d.head_dim, kNormBwd * nkv * T);
-      ops.pass("qk-norm: join gradients", "qkv_join", kBwd, kLayers, din, s.T, s.Q, 2 * q * T);
-    }
-    ops.pass("qkv projection: output gradient kept", "cast", kBwd, kLayers, kept, s.T, s.Q,
-             2 * q * T);
-    ops.linear_bwd("qkv projection", kLayers, kBwd, din, dweight, s.T, s.Q, s.H,
-                   /*column_parallel=*/true);
-  }
-
- private:
-  void attention(OpLister& ops, const std::string& name, OpPhase phase, double count,
-                 bool backward) const {
-    const char* kernel = backward ? "attention_bwd" : "attention_fwd";
-    if (d.cp == 1) return ops.attention(name, kernel, phase, count, s.T, s.A, s.seq, backward);
-    // Each sequence: its q, k and v split out of the rows, the CP group's attention, and in the
-    // backward dq, dk and dv joined back.
-    const double n = count * static_cast<double>(s.batch), q = static_cast<double>(s.Q),
-                 rows = static_cast<double>(s.S);
-    ops.pass("attention: split q, k, v", "qkv_split", phase, kLayers, n, s.S, s.Q, 2 * q * rows);
-    ops.attention(name, backward ? "cp_attention_bwd" : "cp_attention_fwd", phase, n, s.S, s.A,
-                  s.seq, backward);
-    if (backward)
-      ops.pass("attention: join dq, dk, dv", "qkv_join", phase, kLayers, n, s.S, s.Q, 2 * q * rows);
-  }
-};
 
 // The LM head with the cross-entropy, chunk by chunk (each chunk's backward right after it, in
 // the forward), over `mb` micro-batches.
@@ -215,22 +136,16 @@ void head_ops(OpLister& ops, const ModelDims& d, const Shape& s, int64_t chunk, 
 
 std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_t micro_batches) {
   Shape s{};
-  s.batch = o.batch;
-  s.seq = o.seq_len;
-  s.S = o.seq_len / d.cp;
-  s.T = o.batch * s.S;
+  s.T = o.batch * (o.seq_len / d.cp);
   s.Ts = d.sequence_parallel ? s.T / d.tp : s.T;
   s.H = d.hidden;
-  s.Q = d.qkv_out();
-  s.A = d.heads * d.head_dim;
   s.I = d.inter;
-  s.R = (d.heads + d.kv_heads) * d.head_dim;
   s.e = static_cast<double>(dtype_size(o.dtype));
   OpLister ops(s.e);
   const double mb = static_cast<double>(micro_batches);
   const double passes = o.split_backward ? 2 : 1;  // recomputation runs again for W
   const double kept = o.split_backward ? mb : 0;
-  const AttentionBlock attention{d, s};
+  const AttentionBlock attention(d, o.dtype, o.batch, o.seq_len);
   const DenseMlp mlp(d, o.dtype, s.T);
   const double h = static_cast<double>(s.H), ts = static_cast<double>(s.Ts);
   const auto norm = [&](const std::string& name, const char* kernel, OpPhase phase, OpPlace place,
@@ -277,7 +192,7 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
     else if (n > 0)
       norm("residual add: forward", "add", kFwd, kLayers, mb, 3);
     for (int64_t j = 0; j < n; ++j, ++l) {
-      attention.forward(ops, {mb, kFwd, ""});
+      attention.forward_ops(ops, {mb, kFwd, ""});
       mlp.forward_ops(ops, {mb, kFwd, ""});
       const bool full = l < d.recompute_full;
       if (full || d.recompute_selective) {  // the layer's input norm again
@@ -285,7 +200,7 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
       }
       if (full) {
         const Run again{mb * passes, kBwd, " (recomputed)"};
-        attention.forward(ops, again);
+        attention.forward_ops(ops, again);
         norm("add + rmsnorm: forward (recomputed)", "add_rmsnorm_fwd", kBwd, kLayers, mb * passes,
              4);
         mlp.forward_ops(ops, again, /*down=*/false);
@@ -296,11 +211,11 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
       }
       mlp.backward_ops(ops, mb, mb, kept);
       // Both blocks' input norms, accumulated into the residual stream's gradient.
-      norm("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, 2 * mb, kNormBwdAccumulate);
-      attention.backward(ops, mb, mb, kept);
+      norm("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, 2 * mb, kNormBwdAccumulateElems);
+      attention.backward_ops(ops, mb, mb, kept);
     }
     if (head) {
-      norm("final rmsnorm: backward", "rmsnorm_bwd", kBwd, OpPlace::head, mb, kNormBwd);
+      norm("final rmsnorm: backward", "rmsnorm_bwd", kBwd, OpPlace::head, mb, kNormBwdElems);
       head_ops(ops, d, s, loss_chunk_of(d, o), mb);
     }
   }

@@ -39,6 +39,11 @@ struct ModelOp {
   bool column_weight_grad = false;
 };
 
+// Elements an RMSNorm backward moves per element of its input: din's pass reads dout and in and
+// writes din (and reads it too when it accumulates into the residual stream's gradient), and
+// dweight's column sums read dout and in again (kernels/cuda/rmsnorm.cu).
+inline constexpr double kNormBwdElems = 5, kNormBwdAccumulateElems = 6;
+
 // A list under construction: ops added with their counts, identical ones (name and key)
 // merged, those run zero times left out.
 class OpLister {
