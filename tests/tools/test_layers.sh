@@ -13,10 +13,11 @@ declare -A may=(
   [data]="core data"
   [checkpoint]="core checkpoint"
 )
-# The trainer's rooms in order; trainer/checkpoint (which rank writes what, the saver, node-local
+# The trainer's rooms in order: trainer/family (the model families) lowest, since the config
+# applies their presets; trainer/checkpoint (which rank writes what, the saver, node-local
 # checkpoints, Hugging Face in and out) is the train side over checkpoint/'s HDF5 layer.
-rooms=(trainer/config trainer/obs trainer/model trainer/optim trainer/layout trainer/plan
-       trainer/session trainer/step trainer/checkpoint trainer/run trainer)
+rooms=(trainer/family trainer/config trainer/obs trainer/model trainer/optim trainer/layout
+       trainer/plan trainer/session trainer/step trainer/checkpoint trainer/run trainer)
 below="core kernels parallel data checkpoint"
 for room in "${rooms[@]}"; do
   below+=" $room"
