@@ -18,7 +18,7 @@ namespace tr {
 
 struct ModelConfig {
   std::string preset;             // "" or a preset name; explicit fields override it
-  std::string family = "qwen2";   // qwen2 | llama | qwen3: what differs beyond the shape
+  std::string family = "qwen2";   // a family of trainer/family/: what differs beyond the shape
   int64_t hidden_size = 0;        // H
   int64_t intermediate_size = 0;  // I (MLP)
   int64_t num_layers = 0;
@@ -36,10 +36,6 @@ struct ModelConfig {
   // A Hugging Face model directory (config.json + safetensors) whose weights start a fresh run
   // instead of the random init; a resumed run ignores it. See trainer/checkpoint/hf.h.
   std::string init_from;
-  // Whether q, k and v have biases (Qwen2's do, Llama's and Qwen3's do not).
-  bool attention_bias() const { return family == "qwen2"; }
-  // Whether each head's queries and keys pass an RMSNorm (over head_dim) before RoPE (Qwen3).
-  bool qk_norm() const { return family == "qwen3"; }
   // The rotary embedding these fields describe.
   Rope rope() const {
     const RopeScaling& y = rope_scaling;
@@ -216,7 +212,7 @@ std::vector<std::string> config_differences(const std::string& before_yaml,
 std::string config_docs_markdown();
 // Names of the built-in model presets.
 std::vector<std::string> preset_names();
-// Fills every model field of `m` with preset `name`'s shapes (trainer/config/model_config.cpp).
+// Fills every model field of `m` with preset `name`'s shapes (a family's, trainer/family/).
 absl::Status apply_model_preset(const std::string& name, ModelConfig* m);
 
 }  // namespace tr

@@ -1,5 +1,10 @@
 #include "trainer/config/config_fields.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "trainer/family/family.h"
+
 namespace tr::config_detail {
 
 #define TR_FIELD(sec, name, kind, lo, hi, doc, ...)                                \
@@ -8,16 +13,30 @@ namespace tr::config_detail {
         [](Config & c) -> void* { return &c.sec.name; } __VA_OPT__(, ) __VA_ARGS__ \
   }
 
+namespace {
+
+// model.family's doc line, from the table of families: "the architecture: qwen2 (Qwen2 / Qwen2.5:
+// biases on q, k and v), llama (...) or qwen3 (...); the rest of the shape is ...".
+const char* family_doc() {
+  static const std::string doc =
+      absl::StrCat("the architecture: ",
+                   join_families(
+                       [](const Family& f, size_t) {
+                         return absl::StrCat(f.name, " (", f.title, ": ", f.layer_doc, ")");
+                       },
+                       " or "),
+                   "; the rest of the shape is the fields below");
+  return doc.c_str();
+}
+
+}  // namespace
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       TR_FIELD(model, preset, String, 0, 0,
-               "Qwen2.5, Llama 3 or Qwen3 preset filling every model field (explicit fields "
-               "override); '' = none"),
-      TR_FIELD(model, family, String, 0, 0,
-               "the architecture: qwen2 (Qwen2 / Qwen2.5: biases on q, k and v), llama (Llama "
-               "3.x: no biases) or qwen3 (Qwen3 dense: no biases, an RMSNorm over each head's "
-               "queries and keys before RoPE); the rest of the shape is the fields below",
-               {"qwen2", "llama", "qwen3"}),
+               "a released model (a family's preset, configs/<preset>.yaml) filling every model "
+               "field (explicit fields override); '' = none"),
+      TR_FIELD(model, family, String, 0, 0, family_doc(), family_names()),
       TR_FIELD(model, hidden_size, Int, 1, 1 << 20, "hidden size H"),
       TR_FIELD(model, intermediate_size, Int, 1, 1 << 22, "MLP intermediate size"),
       TR_FIELD(model, num_layers, Int, 1, 4096, "decoder layers"),

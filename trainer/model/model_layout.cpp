@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "trainer/family/family.h"
 #include "trainer/model/model.h"
 
 namespace tr {
@@ -64,8 +65,9 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
   d.eps = static_cast<float>(m.rms_norm_eps);
   d.rope = m.rope();
   d.tied = m.tie_embeddings;
-  d.qkv_bias = m.attention_bias();
-  d.qk_norm = m.qk_norm();
+  const Family& family = family_of(m.family);
+  d.qkv_bias = family.qkv_bias;
+  d.qk_norm = family.qk_norm;
   return d;
 }
 
