@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "nlohmann/json.hpp"
 #include "trainer/checkpoint/ownership.h"
+#include "trainer/family/family.h"
 
 namespace tr {
 namespace {
@@ -30,7 +31,7 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 // The numbers of a config.json that decide the weights' shapes and the model's numerics.
 struct HfShape {
-  std::string family;  // model.family: model_type qwen2, llama or qwen3
+  std::string family;  // model.family: model_type, a family's name
   int64_t hidden = 0, inter = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
   double rope_theta = 10000, eps = 1e-6;
   RopeScaling rope_scaling;
@@ -76,21 +77,22 @@ absl::StatusOr<HfShape> read_hf_fields(const json& j, const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
   };
   const std::string type = j.value("model_type", "");
-  if (type != "qwen2" && type != "llama" && type != "qwen3")
-    return bad(absl::StrCat("model_type is '", type,
-                            "'; the trainer imports Qwen2 / Qwen2.5 (model_type qwen2), Llama 3.x "
-                            "(llama) and Qwen3 dense (qwen3) models"));
+  const Family* family = find_family(type);
+  if (family == nullptr)
+    return bad(absl::StrCat("model_type is '", type, "'; the trainer imports ",
+                            join_families(
+                                [](const Family& f, size_t i) {
+                                  return absl::StrCat(f.title, " (", i == 0 ? "model_type " : "",
+                                                      f.name, ")");
+                                },
+                                " and "),
+                            " models"));
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     return bad(absl::StrCat("hidden_act is ", j["hidden_act"].dump(), "; the trainer uses silu"));
   if (j.value("use_sliding_window", false))
     return bad("use_sliding_window is true; the trainer attends over the whole sequence");
-  // Llama's and Qwen3's projections have no biases; a config.json that asks for them is
-  // another model.
-  for (const char* key : {"attention_bias", "mlp_bias"})
-    if (type != "qwen2" && j.value(key, false))
-      return bad(absl::StrCat(key, " is true; the trainer's ", type, " family has none"));
-  if (type == "llama" && j.value("pretraining_tp", 1) != 1)
-    return bad("pretraining_tp is not 1; re-save the model with pretraining_tp 1");
+  // What the family's own keys ask for that the trainer does not implement.
+  if (absl::Status st = family->hf_refusal(j); !st.ok()) return bad(std::string(st.message()));
   HfShape s;
   s.family = type;
   // rope_scaling and rope_parameters: null (absent) or a block; anything else is refused.
@@ -156,11 +158,14 @@ absl::StatusOr<HfShape> read_hf_config(const std::string& dir) {
   try {
     return read_hf_fields(j, path);
   } catch (const json::exception& e) {  // a field of another type than the configs have
-    return absl::InvalidArgumentError(absl::StrCat(path, ": a field has the wrong JSON type (",
-                                                   e.what(),
-                                                   "); is it a Qwen2 or Llama config.json?"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": a field has the wrong JSON type (", e.what(), "); is it the config.json of a ",
+        join_families([](const Family& f, size_t) { return std::string(f.title); }, " or "),
+        " model?"));
   }
 }
+
+}  // namespace
 
 absl::Status check_hf_config(const std::string& dir, const ModelConfig& m) {
   absl::StatusOr<HfShape> s = read_hf_config(dir);
@@ -199,7 +204,9 @@ absl::Status check_hf_config(const std::string& dir, const ModelConfig& m) {
   return absl::OkStatus();
 }
 
-// Tensors a Qwen2 or Llama directory may hold that the model does not use.
+namespace {
+
+// Tensors a model directory may hold that the model does not use.
 bool ignorable(const std::string& hf, bool tied) {
   return hf.ends_with(".rotary_emb.inv_freq") || (tied && hf == "lm_head.weight");
 }
@@ -229,13 +236,13 @@ int64_t end_of_text_id(const std::string& tokenizer_json) {
   return -1;
 }
 
-std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
+}  // namespace
+
+std::string hf_config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
+  const Family& family = family_of(m.family);
   ordered_json j;
-  const bool llama = m.family == "llama";
-  j["architectures"] = {llama                 ? "LlamaForCausalLM"
-                        : m.family == "qwen3" ? "Qwen3ForCausalLM"
-                                              : "Qwen2ForCausalLM"};
-  j["model_type"] = m.family;
+  j["architectures"] = {family.hf_architecture};
+  j["model_type"] = family.name;
   j["hidden_size"] = m.hidden_size;
   j["intermediate_size"] = m.intermediate_size;
   j["num_hidden_layers"] = m.num_layers;
@@ -277,16 +284,7 @@ std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = m.init_std;
   j["use_cache"] = true;
-  if (llama) {
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
-    j["pretraining_tp"] = 1;
-  } else {
-    if (m.family == "qwen3") j["attention_bias"] = false;
-    j["use_sliding_window"] = false;
-    j["sliding_window"] = nullptr;
-    j["max_window_layers"] = m.num_layers;
-  }
+  family.hf_extra_keys(j);
   j["torch_dtype"] = dtype == st::ElemType::f32    ? "float32"
                      : dtype == st::ElemType::bf16 ? "bfloat16"
                                                    : "float16";
@@ -296,6 +294,8 @@ std::string config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos) {
   }
   return j.dump(2) + "\n";
 }
+
+namespace {
 
 std::string generation_config_json(int64_t eos) {
   ordered_json j;
@@ -465,7 +465,7 @@ absl::StatusOr<std::map<std::string, std::string>> write_export(const std::strin
   absl::StatusOr<std::map<std::string, std::string>> where =
       write_weights(tmp, shards, o.checkpoint);
   if (!where.ok()) return where.status();
-  if (absl::Status st = write_text(fs::join(tmp, "config.json"), config_json(m, o.dtype, eos));
+  if (absl::Status st = write_text(fs::join(tmp, "config.json"), hf_config_json(m, o.dtype, eos));
       !st.ok())
     return st;
   if (absl::Status st =

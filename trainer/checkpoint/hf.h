@@ -1,4 +1,4 @@
-// Hugging Face interop for Qwen2 and Llama 3 models (model.family): start a run from a model
+// Hugging Face interop for the model families (trainer/family/): start a run from a model
 // directory that `save_pretrained` wrote (model.init_from), and write one from a checkpoint
 // (trainer export-hf).
 //
@@ -21,7 +21,7 @@ namespace tr {
 std::string hf_name(const std::string& ours);
 
 // A Hugging Face model directory opened for model.init_from, checked against the run's config:
-// config.json (a Qwen2 or Llama causal LM whose family, shape and numerics equal model.*: one line
+// config.json (a causal LM whose model_type, shape and numerics equal model.*: one line
 // naming the first field that differs and both values) and the safetensors (every tensor of the
 // model with its global shape, in F32, BF16 or F16; nothing else but rotary caches and the lm_head
 // of a tied model). Cheap: headers only.
@@ -32,6 +32,14 @@ absl::StatusOr<st::Reader> open_hf_model(const std::string& dir, const Config& c
 // fp32); vocabulary padding rows are zeroed.
 absl::Status load_hf_rank_part(const st::Reader& model, const Config& cfg, const Topology& topo,
                                float* params);
+
+// The config.json in `dir` against model.*: OK when its model_type, shape and numerics are the
+// model's; else one line naming the first field that differs, or what the file cannot be.
+absl::Status check_hf_config(const std::string& dir, const ModelConfig& m);
+
+// The config.json that export-hf writes for model `m`: the generic keys, then its family's.
+// torch_dtype is `dtype`; eos >= 0 is its bos_token_id and eos_token_id.
+std::string hf_config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos);
 
 struct ExportOptions {
   std::string checkpoint;  // a committed step directory
