@@ -6,6 +6,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/safetensors.h"
 #include "parallel/topology.h"
@@ -121,6 +122,18 @@ TEST_CASE("family: each family's config.json reads back as that family", "[hf]")
                  Catch::EndsWith(std::string("attention_bias is true; the trainer's ") + f->name +
                                  " family has none"));
   }
+  // A model_type of no family: refused, naming every family.
+  test::TempDir dir;
+  const ModelConfig m = preset_config(families().front()->presets.front().name).model;
+  nlohmann::json other = nlohmann::json::parse(hf_config_json(m, st::ElemType::bf16, -1));
+  other["model_type"] = "qwen4";
+  test::write_file(dir / "config.json", other.dump());
+  const std::string error(check_hf_config(dir.path(), m).message());
+  INFO(error);
+  CHECK_THAT(error, Catch::Contains("model_type is 'qwen4'; the trainer imports"));
+  for (const Family* f : families())
+    CHECK_THAT(error, Catch::Contains(absl::StrCat(f->title, " (")) &&
+                          Catch::Contains(absl::StrCat(f->name, ")")));
 }
 
 }  // namespace

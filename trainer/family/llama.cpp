@@ -32,6 +32,7 @@ void hf_extra_keys(nlohmann::ordered_json& j) {
 
 }  // namespace
 
+// Its row of the table (families.cpp); constinit: set before any static initializer runs.
 extern constinit const Family kLlamaFamily = {
     .name = "llama",
     .title = "Llama 3.x",

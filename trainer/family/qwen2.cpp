@@ -24,6 +24,7 @@ absl::Status hf_refusal(const nlohmann::json&) {
 
 }  // namespace
 
+// Its row of the table (families.cpp); constinit: set before any static initializer runs.
 extern constinit const Family kQwen2Family = {
     .name = "qwen2",
     .title = "Qwen2 / Qwen2.5",

@@ -28,6 +28,7 @@ void hf_extra_keys(nlohmann::ordered_json& j) {
 
 }  // namespace
 
+// Its row of the table (families.cpp); constinit: set before any static initializer runs.
 extern constinit const Family kQwen3Family = {
     .name = "qwen3",
     .title = "Qwen3 dense",
