@@ -60,7 +60,9 @@ absl::Status refuse_biases(const nlohmann::json& config, const char* family) {
 void full_attention_keys(nlohmann::ordered_json& config) {
   config["use_sliding_window"] = false;
   config["sliding_window"] = nullptr;
-  config["max_window_layers"] = config["num_hidden_layers"];
+  // A copy first: adding a key may move the others.
+  const nlohmann::ordered_json layers = config.at("num_hidden_layers");
+  config["max_window_layers"] = layers;
 }
 
 }  // namespace tr
