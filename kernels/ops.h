@@ -1,6 +1,7 @@
-// The op set of the Qwen2 model: one typed entry point per op, implemented by kernels/cpu
-// (fp32 and fp64 reference) and kernels/cuda. Each call dispatches on ctx.device and checks
-// shapes, dtypes and devices before running.
+// The op set of the decoder models (Qwen2.5, Llama 3, Qwen3): one typed entry point per op,
+// implemented by kernels/cpu (fp32 and fp64 reference) and kernels/cuda. Each call dispatches on
+// ctx.device and checks shapes, dtypes and devices before running (and records itself on
+// Ctx::log when set: kernels/op_log.h).
 //
 // Gradient rule: backward of a parameter ACCUMULATES (+=) by default, or ASSIGNS (=) when given
 // GradWrite::assign (the first micro-batch of a step, so the buffer need not be zeroed first);

@@ -19,7 +19,7 @@ namespace tr::test {
 // the optimizer (which holds the masters) over that.
 struct Built {
   ParamBuffer params;
-  Qwen2Model model;
+  DecoderModel model;
   DistributedOptimizer opt;
   Built(const ModelDims& d, const ModelOptions& o, const OptimConfig& oc = OptimConfig())
       : params(make_param_buffer(d, o, Device::cpu)),

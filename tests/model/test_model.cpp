@@ -111,7 +111,7 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
   const int64_t B = read_attr(f.id, "batch"), S = read_attr(f.id, "seq_len"), V = mc.vocab_size;
   Topology topo;
   Built b(ModelDims::from(mc, topo), {.batch = B, .seq_len = S, .dtype = dtype});
-  Qwen2Model& model = b.model;
+  DecoderModel& model = b.model;
   REQUIRE(model.dims().vocab_padded == 384);  // 300 padded to a multiple of 128
 
   for (const ParamInfo& p : model.layout().tensors) {
@@ -314,7 +314,7 @@ TEST_CASE("gradients accumulate over micro-batches", "[model]") {
   Topology topo;
   Built b(ModelDims::from(mc, topo), {.batch = 1, .seq_len = 8});
   b.init_weights(7, 0.1);
-  Qwen2Model& model = b.model;
+  DecoderModel& model = b.model;
   std::vector<int32_t> tok = {1, 5, 9, 2, 44, 3, 7, 7}, tgt = {5, 9, 2, 44, 3, 7, 7, 0};
   forward_backward(model, tok.data(), tgt.data(), 1.0f);
   std::vector<float> once(b.params.grads().ptr<float>(),
@@ -354,7 +354,7 @@ TEST_CASE("model: activation recomputation gives the same gradients bit for bit 
     d.recompute_full = m.full;
     Built b(d, {.batch = 2, .seq_len = 8, .slots = 2});
     b.init_weights(5, 0.2);
-    Qwen2Model& model = b.model;
+    DecoderModel& model = b.model;
     std::vector<int32_t> tok(16), tgt(16);
     for (int i = 0; i < 16; ++i) tok[i] = (7 * i + 3) % 50, tgt[i] = (11 * i + 1) % 50;
     StepIO io{Ctx{}};
@@ -466,7 +466,7 @@ TEST_CASE("switches: each kernel switch changes the path taken, and both paths a
     oc.grad_clip = 0.05;
     Built b(d, {.batch = 1, .seq_len = 8}, oc);
     b.init_weights(11, 0.1);
-    Qwen2Model& model = b.model;
+    DecoderModel& model = b.model;
     DistributedOptimizer& opt = b.opt;
     Run r;
     for (int step = 1; step <= 2; ++step) {

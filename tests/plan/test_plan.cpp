@@ -121,7 +121,7 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
                                 .slots = 2,
                                 .shards = dp_shards(cfg, topo)};
   ParamBuffer buffer = make_param_buffer(dims, options, Device::cpu);
-  const Qwen2Model real(dims, options, buffer, Ctx{});
+  const DecoderModel real(dims, options, buffer, Ctx{});
   CHECK(p->stages[0].compute_copy == static_cast<double>(buffer.weight_bytes()));
   CHECK(p->stages[0].grads == static_cast<double>(buffer.grad_bytes()));
   CHECK(p->stages[0].activations == static_cast<double>(real.activation_bytes()));
@@ -461,7 +461,7 @@ TEST_CASE("plan: each pipeline schedule's bubble, traffic and memory, and the pi
       const ModelDims dims = ModelDims::from(*cfg, layout->topo);
       const ModelOptions options = model_options(*cfg, *layout, Device::cuda, false, 0, true);
       ParamBuffer buffer = make_param_buffer(dims, options, Device::cuda);
-      const Qwen2Model real(dims, options, buffer, Ctx{Device::cuda});
+      const DecoderModel real(dims, options, buffer, Ctx{Device::cuda});
       CHECK(p->stages[stage].activations == static_cast<double>(real.activation_bytes()));
       CHECK(p->stages[stage].in_flight == options.slots);
     }
@@ -554,7 +554,7 @@ TEST_CASE("plan: recomputation's memory is the real model's, its FLOPs by hand",
       const ModelOptions options = {
           .batch = 2, .seq_len = 32, .dtype = DType::bf16, .flat_multiple = 2, .slots = 2 - stage};
       ParamBuffer buffer = make_param_buffer(dims, options, Device::cpu);
-      const Qwen2Model real(dims, options, buffer, Ctx{});
+      const DecoderModel real(dims, options, buffer, Ctx{});
       CHECK(p->stages[stage].activations == static_cast<double>(real.activation_bytes()));
     }
     const double acts = p->stages[0].activations;
@@ -605,7 +605,7 @@ TEST_CASE("plan: context parallelism's activation memory is the real model's", "
         const ModelOptions options = {
             .batch = 2, .seq_len = 64, .dtype = DType::bf16, .slots = 2 - stage};
         ParamBuffer buffer = make_param_buffer(dims, options, Device::cpu);
-        const Qwen2Model real(dims, options, buffer, Ctx{});
+        const DecoderModel real(dims, options, buffer, Ctx{});
         CHECK(real.tokens_per_micro_batch() == 2 * 64 / cp);
         CHECK(p->stages[stage].activations == static_cast<double>(real.activation_bytes()));
       }

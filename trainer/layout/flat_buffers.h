@@ -20,7 +20,7 @@ namespace tr {
 // flat buffer, whose capacity is a multiple of DpShards::capacity_multiple(dp x cp).
 bool zero1_on(const Config& cfg, const Topology& topo);
 
-// What the rank's flat buffers are padded to a multiple of (Qwen2Model's flat_multiple): 1, or
+// What the rank's flat buffers are padded to a multiple of (DecoderModel's flat_multiple): 1, or
 // under ZeRO-1 DpShards::capacity_multiple(dp x cp).
 int64_t flat_multiple(const Config& cfg, const Topology& topo);
 

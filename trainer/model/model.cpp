@@ -24,7 +24,8 @@ ParamBuffer make_param_buffer(const ModelDims& dims, const ModelOptions& o, Devi
   return ParamBuffer(ParamLayout::make(dims, o.flat_multiple), o.dtype, device, o.plan_only);
 }
 
-Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer& params, Ctx ctx)
+DecoderModel::DecoderModel(const ModelDims& dims, const ModelOptions& o, ParamBuffer& params,
+                           Ctx ctx)
     : dims_(dims),
       options_(o),
       batch_(o.batch),
@@ -96,7 +97,7 @@ Qwen2Model::Qwen2Model(const ModelDims& dims, const ModelOptions& o, ParamBuffer
                                    dims_.cp > 1 ? static_cast<int>(seq_len_ / 2) : 0, o.documents);
 }
 
-void Qwen2Model::alloc_acts(Arena& ar) {
+void DecoderModel::alloc_acts(Arena& ar) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_, H = d.hidden, C = chunk_;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
@@ -185,7 +186,7 @@ void Qwen2Model::alloc_acts(Arena& ar) {
   if (d.cp > 1) a_->positions = ar.alloc(DType::i32, {seq_len_});
 }
 
-void Qwen2Model::begin_step_grads() {
+void DecoderModel::begin_step_grads() {
   if (take(Switch::grad_zero)) {
     zero_(ctx_, params_.grads());
     head_write_ = GradWrite::add;
@@ -199,9 +200,9 @@ void Qwen2Model::begin_step_grads() {
   if (dims_.first_stage && !(dims_.tied && dims_.last_stage)) zero_(ctx_, g_.embed);
 }
 
-Qwen2Model::~Qwen2Model() = default;
+DecoderModel::~DecoderModel() = default;
 
-Weights Qwen2Model::views(Tensor flat) const {
+Weights DecoderModel::views(Tensor flat) const {
   const ModelDims& d = dims_;
   const int64_t H = d.hidden;
   // Fused views (qkv here, the MLP's gate and up) start at their first member and span the

@@ -112,10 +112,10 @@ struct MicroBatchDocs {
 
 // The model holds the math and its activations; it reads its weights from and writes its
 // gradients into a ParamBuffer it does not own.
-class Qwen2Model {
+class DecoderModel {
  public:
-  Qwen2Model(const ModelDims& dims, const ModelOptions& options, ParamBuffer& params, Ctx ctx);
-  ~Qwen2Model();
+  DecoderModel(const ModelDims& dims, const ModelOptions& options, ParamBuffer& params, Ctx ctx);
+  ~DecoderModel();
 
   int64_t loss_chunk() const { return chunk_; }    // tokens per loss chunk
   int activation_slots() const { return slots_; }  // ModelOptions::slots

@@ -1,4 +1,4 @@
-// Qwen2Model's activation buffers, shared by its set-up (model.cpp) and its forward and
+// DecoderModel's activation buffers, shared by its set-up (model.cpp) and its forward and
 // backward (model_compute.cpp). Internal to trainer/.
 #pragma once
 
@@ -11,7 +11,7 @@ namespace tr {
 
 // Activations kept for backward (one Slot per micro-batch in flight), and scratch shared by
 // all micro-batches. T = batch * seq_len.
-struct Qwen2Model::Acts {
+struct DecoderModel::Acts {
   struct Layer {
     Tensor ln1;          // [T, H] input_layernorm output (all-gathered)
     Tensor rstd1;        // [Tl]

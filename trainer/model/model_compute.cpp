@@ -1,4 +1,4 @@
-// Qwen2Model's forward and backward: tensor-parallel regions, the pipeline stage's layers,
+// DecoderModel's forward and backward: tensor-parallel regions, the pipeline stage's layers,
 // activation recomputation and the chunked loss.
 #include "trainer/model/model.h"
 
@@ -33,31 +33,31 @@ std::vector<float> to_host_floats(Tensor t) {
 }
 }  // namespace
 
-Comm* Qwen2Model::tp_group() const {
+Comm* DecoderModel::tp_group() const {
   TR_ASSERT(dims_.tp == 1 || (tp_ != nullptr && tp_->size() == dims_.tp),
             "tensor parallelism needs set_tp_comm()");
   return tp_;
 }
 
-void Qwen2Model::tp_sum(Tensor t) {
+void DecoderModel::tp_sum(Tensor t) {
   tp::sum(tp_group(), t);
 }
 
 // The two ends of a TP region (parallel/tp_region.h). Without sequence parallelism the
 // full-sequence buffer is the local one.
-Tensor Qwen2Model::full_or(Tensor local) const {
+Tensor DecoderModel::full_or(Tensor local) const {
   return dims_.sequence_parallel ? a_->full : local;
 }
 
-void Qwen2Model::reduce_to_local(Tensor partial, Tensor local) {
+void DecoderModel::reduce_to_local(Tensor partial, Tensor local) {
   tp::reduce_out(tp_group(), dims_.sequence_parallel, partial, local);
 }
 
-Tensor Qwen2Model::gather_tokens(Tensor local, Tensor full) {
+Tensor DecoderModel::gather_tokens(Tensor local, Tensor full) {
   return tp::gather_in(tp_group(), dims_.sequence_parallel, local, full);
 }
 
-void Qwen2Model::sync_replicated_grads() {
+void DecoderModel::sync_replicated_grads() {
   if (!dims_.sequence_parallel) return;
   // The norms saw only this rank's tokens. Those of the layers were summed already when the
   // last backward reported each layer final (one all-reduce per tensor either way, so the sums
@@ -68,28 +68,28 @@ void Qwen2Model::sync_replicated_grads() {
   layer_norms_summed_ = false;
 }
 
-Tensor Qwen2Model::stage_input(int slot, int) const {
+Tensor DecoderModel::stage_input(int slot, int) const {
   return a_->slots[slot].resid[0];
 }
-Tensor Qwen2Model::stage_output(int slot, int chunk) const {
+Tensor DecoderModel::stage_output(int slot, int chunk) const {
   return a_->slots[slot].resid[dims_.chunks[chunk].layers];
 }
-Tensor Qwen2Model::recv_grad_buffer() const {
+Tensor DecoderModel::recv_grad_buffer() const {
   return a_->grad_in;
 }
-Tensor Qwen2Model::send_grad_buffer() const {
+Tensor DecoderModel::send_grad_buffer() const {
   return a_->dres;
 }
 
-Tensor Qwen2Model::resid(int slot, int64_t l) const {
+Tensor DecoderModel::resid(int slot, int64_t l) const {
   return a_->slots[slot].resid[layer_pos_[l]];
 }
 
-bool Qwen2Model::holds_head(int chunk) const {
+bool DecoderModel::holds_head(int chunk) const {
   return dims_.last_stage && chunk == dims_.num_chunks() - 1;
 }
 
-void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchDocs docs) {
+void DecoderModel::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchDocs docs) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   const bool sp = d.sequence_parallel;
@@ -145,7 +145,7 @@ void Qwen2Model::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchDoc
   if (head) gather_tokens(a.ln_local, S.lnf);  // the LM head sees the whole sequence
 }
 
-void Qwen2Model::need(const Tensor& w) {
+void DecoderModel::need(const Tensor& w) {
   if (events_ == nullptr) return;
   const Tensor flat = params_.weights_padded();
   const int64_t at = (static_cast<const char*>(w.data) - static_cast<const char*>(flat.data)) /
@@ -153,7 +153,7 @@ void Qwen2Model::need(const Tensor& w) {
   events_->weights_needed(at, at + w.numel());
 }
 
-void Qwen2Model::layer_fwd(int slot, int64_t l) {
+void DecoderModel::layer_fwd(int slot, int64_t l) {
   const ModelDims& d = dims_;
   const bool sp = d.sequence_parallel;
   Acts& a = *a_;
@@ -167,13 +167,13 @@ void Qwen2Model::layer_fwd(int slot, int64_t l) {
   mlp_.forward_in(ctx_, L.mlp, w.mlp, L.ln2);
 }
 
-AttentionInput Qwen2Model::attention_input(int slot) const {
+AttentionInput DecoderModel::attention_input(int slot) const {
   const MicroBatchDocs& docs = a_->slots[slot].docs;
   return {.positions = docs.positions.empty() ? a_->positions : docs.positions,
           .docs = docs.doc_start};
 }
 
-void Qwen2Model::recompute_layer(int slot, int64_t l) {
+void DecoderModel::recompute_layer(int slot, int64_t l) {
   const ModelDims& d = dims_;
   const bool full = l < d.recompute_full;
   if (!full && !d.recompute_selective) return;
@@ -193,8 +193,8 @@ void Qwen2Model::recompute_layer(int slot, int64_t l) {
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
 // assigned, the LM head gradient accumulated.
-void Qwen2Model::stage_loss(int slot, Tensor targets, float grad_scale, bool grad,
-                            Tensor loss_sum) {
+void DecoderModel::stage_loss(int slot, Tensor targets, float grad_scale, bool grad,
+                              Tensor loss_sum) {
   TR_ASSERT(dims_.last_stage, "the loss is computed on the last pipeline stage");
   TR_ASSERT(targets.numel() == batch_ * seq_len_, "stage_loss: a micro-batch's targets");
   Acts& a = *a_;
@@ -222,8 +222,8 @@ void Qwen2Model::stage_loss(int slot, Tensor targets, float grad_scale, bool gra
 // each rank's statistics of its shard in one pass, all-gathered over TP and combined, then the
 // loss and gradient (TR_XENT_3PASS=1: three passes with the row max and the sums all-reduced in
 // between).
-void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale,
-                            bool grad) {
+void DecoderModel::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float grad_scale,
+                              bool grad) {
   const ModelDims& d = dims_;
   if (d.tp == 1) {
     cross_entropy_fwd_bwd(ctx_, losses, logits, targets, d.vocab, grad_scale, grad);
@@ -247,17 +247,17 @@ void Qwen2Model::chunk_loss(Tensor losses, Tensor logits, Tensor targets, float 
                  d.vocab_valid_local(), grad_scale, grad);
 }
 
-void Qwen2Model::backward_stage(int slot, Tensor tokens, bool last_of_step, int chunk) {
+void DecoderModel::backward_stage(int slot, Tensor tokens, bool last_of_step, int chunk) {
   backward_pass(slot, tokens, chunk, /*weights=*/true, last_of_step);
 }
 
-void Qwen2Model::backward_input(int slot, Tensor tokens, int chunk) {
+void DecoderModel::backward_input(int slot, Tensor tokens, int chunk) {
   TR_ASSERT(split_, "backward_input needs ModelOptions::split_backward");
   backward_pass(slot, tokens, chunk, /*weights=*/false, /*last_of_step=*/false);
 }
 
-void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
-                               bool last_of_step) {
+void DecoderModel::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
+                                 bool last_of_step) {
   const ModelDims& d = dims_;
   const int64_t T = batch_ * seq_len_;
   Acts& a = *a_;
@@ -322,7 +322,7 @@ void Qwen2Model::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
   }
 }
 
-void Qwen2Model::backward_weight(int slot, bool last_of_step, int chunk) {
+void DecoderModel::backward_weight(int slot, bool last_of_step, int chunk) {
   TR_ASSERT(split_, "backward_weight needs ModelOptions::split_backward");
   const ModelDims& d = dims_;
   const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
@@ -342,7 +342,7 @@ void Qwen2Model::backward_weight(int slot, bool last_of_step, int chunk) {
 
 // Layer l's gradients are final for the step; under sequence parallelism its norms' are once
 // summed over TP, here rather than after backward, so that the DP buckets can start now.
-void Qwen2Model::layer_final(int64_t l) {
+void DecoderModel::layer_final(int64_t l) {
   if (dims_.sequence_parallel) {
     tp_sum(g_.layers[l].ln2);
     tp_sum(g_.layers[l].ln1);
@@ -353,7 +353,7 @@ void Qwen2Model::layer_final(int64_t l) {
   if (events_ != nullptr) events_->grads_final(layer_ranges_[l].first, layer_ranges_[l].second);
 }
 
-std::vector<float> Qwen2Model::logits(int64_t begin, int64_t n) {
+std::vector<float> DecoderModel::logits(int64_t begin, int64_t n) {
   TR_ASSERT(dims_.tp == 1, "logits() returns the whole vocabulary: tp must be 1");
   TR_ASSERT(n <= chunk_ && begin + n <= batch_ * seq_len_, "logits range too large");
   Tensor logits = a_->logits.slice(0, n);

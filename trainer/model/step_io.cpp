@@ -71,7 +71,7 @@ std::pair<double, double> StepIO::take() {
   return {v[0], v[1]};
 }
 
-double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t* targets,
+double forward_backward(DecoderModel& model, const int32_t* tokens, const int32_t* targets,
                         float grad_scale, const int32_t* doc_start, const int32_t* positions) {
   TR_ASSERT(model.dims().first_stage && model.dims().last_stage,
             "forward_backward runs the whole model");

@@ -45,7 +45,7 @@ class StepIO {
   }
 
   // f64 [1] each on the device: the sum of the per-token losses the last stage has computed
-  // since the last reset (Qwen2Model::stage_loss adds to it), and this rank's share of the
+  // since the last reset (DecoderModel::stage_loss adds to it), and this rank's share of the
   // squared gradient norm (DistributedOptimizer::accumulate_norm).
   Tensor loss_sum() const { return scalars_.slice(0, 1); }
   Tensor norm_squares() const { return scalars_.slice(1, 1); }
@@ -65,7 +65,7 @@ class StepIO {
 // ACCUMULATED into the model's buffer scaled by grad_scale; returns the sum of the per-token
 // losses (a host sync). `doc_start` and `positions`: MicroBatchDocs' arrays, or null. For tests
 // and tools, without sequence parallelism; the trainer's step runs the pipeline.
-double forward_backward(Qwen2Model& model, const int32_t* tokens, const int32_t* targets,
+double forward_backward(DecoderModel& model, const int32_t* tokens, const int32_t* targets,
                         float grad_scale, const int32_t* doc_start = nullptr,
                         const int32_t* positions = nullptr);
 

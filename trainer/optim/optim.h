@@ -76,7 +76,7 @@ class DistributedOptimizer final : public ParamEvents {
   GradReducer& reducer() { return reducer_; }
   const GradReducer& reducer() const { return reducer_; }
 
-  // The model's reports (set once: Qwen2Model::set_param_events): ZeRO-1's forward completes
+  // The model's reports (set once: DecoderModel::set_param_events): ZeRO-1's forward completes
   // each bucket of the weight all-gather as it reaches it; the step's last backward starts each
   // data-parallel bucket as it completes (with parallel.overlap_dp).
   void weights_needed(int64_t begin, int64_t end) override { reducer_.wait_weights(begin, end); }

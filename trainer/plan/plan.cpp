@@ -53,7 +53,7 @@ StageMemory rank_memory(const Config& cfg, const RunLayout& layout, Device devic
       model_options(cfg, layout, device, separate_compute_copy, loss_chunk, /*plan_only=*/true);
   const DType dtype = options.dtype;
   ParamBuffer params = make_param_buffer(dims, options, device);
-  const Qwen2Model model(dims, options, params, Ctx{device});
+  const DecoderModel model(dims, options, params, Ctx{device});
   const bool separate =
       DistributedOptimizer::keeps_separate_masters(options.dtype, options.separate_compute_copy);
   const WeightMemory w = weight_memory(

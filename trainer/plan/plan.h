@@ -4,7 +4,7 @@
 //
 // The planner: per-GPU memory, FLOPs, pipeline bubble, communication volume and a predicted
 // step time for a config on a cluster, without touching a GPU. Memory comes from the model's
-// and optimizer's own arena accounting (a plan-only Qwen2Model), so it is what the trainer
+// and optimizer's own arena accounting (a plan-only DecoderModel), so it is what the trainer
 // will allocate, not a separate formula.
 #pragma once
 

@@ -279,7 +279,7 @@ absl::Status build_model(Session& s) {
   const ModelDims dims = ModelDims::from(s.cfg, s.topo());
   const ModelOptions options = model_options(s.cfg, s.layout, s.ctx.device, test_copy, loss_chunk);
   s.params = std::make_unique<ParamBuffer>(make_param_buffer(dims, options, s.ctx.device));
-  s.model = std::make_unique<Qwen2Model>(dims, options, *s.params, s.ctx);
+  s.model = std::make_unique<DecoderModel>(dims, options, *s.params, s.ctx);
   s.model->set_tp_comm(s.groups.tp.get());
   s.model->set_cp_comm(s.groups.cp.get());
   const OptimizerGroups groups{s.groups.dp_cp.get(), s.groups.tp.get(), s.groups.pp.get(),

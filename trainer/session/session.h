@@ -47,7 +47,7 @@ struct Session {
   // The step's state and math: the parameter buffer (compute weights, gradients), the model over
   // it, and the distributed optimizer (masters, Adam states, the reduction) over it.
   std::unique_ptr<ParamBuffer> params;
-  std::unique_ptr<Qwen2Model> model;
+  std::unique_ptr<DecoderModel> model;
   std::unique_ptr<DistributedOptimizer> opt;
   std::unique_ptr<StepIO> io;  // the step's staged tokens and its two scalars
   std::unique_ptr<data::DataLoader> train, valid;
