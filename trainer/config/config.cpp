@@ -42,6 +42,12 @@ std::string suggest(const std::string& word, const std::vector<std::string>& can
   return best.empty() ? "" : absl::StrCat("; did you mean '", best, "'?");
 }
 
+std::string fmt_double(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, r.ptr);
+}
+
 std::string scalar_text(const YAML::Node& n) {
   if (n.IsScalar()) return "'" + n.Scalar() + "'";
   if (n.IsSequence()) return "a list";
@@ -57,6 +63,7 @@ using absl::InvalidArgumentError;
 using absl::Status;
 using config_detail::Field;
 using config_detail::fields;
+using config_detail::fmt_double;
 using config_detail::Kind;
 using config_detail::kMaxI;
 using config_detail::scalar_text;
@@ -71,12 +78,6 @@ std::vector<std::string> keys_of(const std::string& section) {
 }
 
 // ---- scalar parsing ----
-
-std::string fmt_double(double v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, r.ptr);
-}
 
 // A float as YAML 1.1 readers (PyYAML) take it for a float, and shortest round-trip: "1.0e-06",
 // not "1e-06" (a string there); "3.0", not "3" (an int).
@@ -244,10 +245,9 @@ Status apply_override(YAML::Node& root, const std::string& set) {
   return absl::OkStatus();
 }
 
-// ---- cross-field validation ----
+// ---- validation: the model's shape given, then each key's rules (config_fields.cpp) ----
 Status validate(const Config& c) {
   const ModelConfig& m = c.model;
-  auto err = [](auto&&... parts) { return InvalidArgumentError(absl::StrCat(parts...)); };
   for (auto [v, n] : {std::pair{m.hidden_size, "hidden_size"},
                       {m.intermediate_size, "intermediate_size"},
                       {m.num_layers, "num_layers"},
@@ -257,100 +257,12 @@ Status validate(const Config& c) {
                       {m.vocab_size, "vocab_size"},
                       {m.max_seq_len, "max_seq_len"}})
     if (v == 0)
-      return err("model.", n, " is not set: give it or choose a model.preset (",
-                 absl::StrJoin(preset_names(), ", "), ")");
-  if (m.num_heads % m.num_kv_heads != 0)
-    return err("model.num_heads ", m.num_heads, " is not a multiple of model.num_kv_heads ",
-               m.num_kv_heads);
-  if (m.head_dim % 2 != 0)
-    return err("model.head_dim must be even for RoPE (got ", m.head_dim, ")");
-  const ParallelConfig& p = c.parallel;
-  if (m.num_heads % p.tp != 0)
-    return err("model.num_heads ", m.num_heads, " is not divisible by parallel.tp ", p.tp);
-  if (m.num_kv_heads % p.tp != 0)
-    return err("model.num_kv_heads ", m.num_kv_heads, " is not divisible by parallel.tp ", p.tp,
-               "; use a tp that divides it");
-  if (m.intermediate_size % p.tp != 0)
-    return err("model.intermediate_size ", m.intermediate_size, " is not divisible by parallel.tp ",
-               p.tp);
-  const bool interleaved = p.pipeline_schedule == "interleaved";
-  if (interleaved && (p.pp < 2 || p.virtual_stages < 2))
-    return err(
-        "parallel.pipeline_schedule interleaved needs parallel.pp >= 2 and "
-        "parallel.virtual_stages >= 2 (got pp ",
-        p.pp, ", virtual_stages ", p.virtual_stages, "); use 1f1b otherwise");
-  if (!interleaved && p.virtual_stages != 1)
-    return err("parallel.virtual_stages ", p.virtual_stages,
-               " needs parallel.pipeline_schedule: interleaved (it is ", p.pipeline_schedule,
-               "); set virtual_stages: 1 or the schedule to interleaved");
-  const int64_t stages = p.pp * p.virtual_stages;  // (virtual) stages holding layers
-  const std::string what =
-      interleaved ? absl::StrCat("parallel.pp x parallel.virtual_stages = ", stages, " virtual")
-                  : absl::StrCat("parallel.pp ", stages);
-  if (!p.pipeline_layers.empty()) {
-    int64_t sum = 0;
-    for (int64_t l : p.pipeline_layers) sum += l;
-    if (static_cast<int64_t>(p.pipeline_layers.size()) != stages || sum != m.num_layers)
-      return err("parallel.pipeline_layers has ", p.pipeline_layers.size(), " stages summing to ",
-                 sum, " layers; it needs ", what, " stages summing to model.num_layers ",
-                 m.num_layers);
-  } else if (m.num_layers % stages != 0) {
-    return err("model.num_layers ", m.num_layers, " is not divisible by ", what,
-               interleaved ? " stages" : "",
-               "; set parallel.pipeline_layers to split them unevenly");
-  }
-  if (c.data.train.empty()) return err("data.train is empty: give at least one {path: PREFIX}");
-  if (c.data.seq_len == 0) return err("data.seq_len is not set");
-  if (c.data.seq_len > m.max_seq_len)
-    return err("data.seq_len ", c.data.seq_len, " exceeds model.max_seq_len ", m.max_seq_len);
-  if (p.cp > 1 && c.data.seq_len % (2 * p.cp) != 0)
-    return err("data.seq_len ", c.data.seq_len, " does not split into 2 x parallel.cp = ", 2 * p.cp,
-               " equal chunks; make it a multiple of ", 2 * p.cp, " or change parallel.cp");
-  if (c.data.eod_id >= m.vocab_size)
-    return err("data.eod_id ", c.data.eod_id, " is not a token of the model's vocabulary (",
-               "model.vocab_size ", m.vocab_size, ": ids 0 to ", m.vocab_size - 1,
-               "); set the data's end-of-document id, or -1 for the one prepare_data recorded");
-  const TrainConfig& t = c.train;
-  if (t.global_batch == 0) return err("train.global_batch is not set");
-  // The batch against micro_batch x dp needs the world size (parallel.dp auto): run_layout()
-  // (trainer/layout/run_layout.h) checks it.
-  if (!t.recompute_layers.empty()) {
-    if (t.recompute != "full")
-      return err("train.recompute_layers is set but train.recompute is ", t.recompute,
-                 "; it counts the layers of train.recompute: full");
-    const auto n = static_cast<int64_t>(t.recompute_layers.size());
-    if (n != 1 && n != p.pp)
-      return err("train.recompute_layers has ", n,
-                 " counts; give one (every stage) or parallel.pp ", p.pp, " (one per stage)");
-    for (int64_t s = 0; s < p.pp; ++s) {
-      int64_t have = 0;  // the layers of every chunk of rank s
-      for (int64_t c = 0; c < p.virtual_stages; ++c)
-        have += p.pipeline_layers.empty() ? m.num_layers / stages : p.pipeline_layers[c * p.pp + s];
-      const int64_t want = t.recompute_layers[n == 1 ? 0 : s];
-      if (want > have)
-        return err("train.recompute_layers asks for ", want, " layers on pipeline stage ", s,
-                   ", which has ", have);
-    }
-  }
-  if (t.eval_interval > 0 && c.data.valid.empty())
-    return err("train.eval_interval is ", t.eval_interval,
-               " but data.valid is empty; add data.valid or set train.eval_interval=0");
-  const OptimConfig& o = c.optim;
-  if (o.min_lr > o.lr)
-    return err("optim.min_lr ", fmt_double(o.min_lr), " exceeds optim.lr ", fmt_double(o.lr));
-  if (o.warmup_steps > t.steps)
-    return err("optim.warmup_steps ", o.warmup_steps, " exceeds train.steps ", t.steps,
-               "; set optim.warmup_steps to at most ", t.steps, " (a tenth, ",
-               std::max<int64_t>(t.steps / 10, 1), ", is common) or raise train.steps");
-  for (const auto& [key, w] :
-       {std::pair<const char*, const std::vector<int64_t>&>{"log.trace_steps", c.log.trace_steps},
-        {"log.profile_steps", c.log.profile_steps}})
-    if (!w.empty() && (w.size() != 2 || w[1] < w[0]))
-      return err(key, " is [first, last] with first <= last, e.g. [10, 11]; got ", w.size(),
-                 " value", w.size() == 1 ? "" : "s",
-                 w.size() == 2 ? absl::StrCat(" ", w[0], " > ", w[1]) : "");
-  if (c.checkpoint.dir.empty()) return err("checkpoint.dir must not be empty");
-  if (c.log.dir.empty()) return err("log.dir must not be empty");
+      return InvalidArgumentError(absl::StrCat("model.", n,
+                                               " is not set: give it or choose a model.preset (",
+                                               absl::StrJoin(preset_names(), ", "), ")"));
+  for (const Field& f : fields())
+    if (f.check != nullptr)
+      if (Status st = f.check(c); !st.ok()) return st;
   return absl::OkStatus();
 }
 

@@ -1,11 +1,40 @@
 #include "trainer/config/config_fields.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "trainer/family/family.h"
 
 namespace tr::config_detail {
+namespace {
+
+// A rule's error: its parts as one line.
+template <class... A>
+absl::Status err(const A&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+// The (virtual) stages that hold layers, and how a message names their count.
+int64_t layer_stages(const ParallelConfig& p) {
+  return p.pp * p.virtual_stages;
+}
+std::string layer_stages_text(const ParallelConfig& p) {
+  return p.pipeline_schedule == "interleaved"
+             ? absl::StrCat("parallel.pp x parallel.virtual_stages = ", layer_stages(p), " virtual")
+             : absl::StrCat("parallel.pp ", layer_stages(p));
+}
+
+// log.trace_steps and log.profile_steps: [] or [first, last] with first <= last.
+absl::Status check_step_window(const char* key, const std::vector<int64_t>& w) {
+  if (!w.empty() && (w.size() != 2 || w[1] < w[0]))
+    return err(key, " is [first, last] with first <= last, e.g. [10, 11]; got ", w.size(), " value",
+               w.size() == 1 ? "" : "s", w.size() == 2 ? absl::StrCat(" ", w[0], " > ", w[1]) : "");
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 #define TR_FIELD(sec, name, kind, lo, hi, doc, ...)                                \
   Field {                                                                          \
@@ -31,6 +60,8 @@ const char* family_doc() {
 
 }  // namespace
 
+// Each entry's .rule() is its rules with other keys, run in this table's order once every key is
+// parsed (validate() in config.cpp); the first broken one is the error.
 const std::vector<Field>& fields() {
   static const std::vector<Field> f = {
       TR_FIELD(model, preset, String, 0, 0,
@@ -41,8 +72,20 @@ const std::vector<Field>& fields() {
       TR_FIELD(model, intermediate_size, Int, 1, 1 << 22, "MLP intermediate size"),
       TR_FIELD(model, num_layers, Int, 1, 4096, "decoder layers"),
       TR_FIELD(model, num_heads, Int, 1, 4096, "query heads"),
-      TR_FIELD(model, num_kv_heads, Int, 1, 4096, "key/value heads (GQA); divides num_heads"),
-      TR_FIELD(model, head_dim, Int, 2, 1024, "per-head dimension (even)"),
+      TR_FIELD(model, num_kv_heads, Int, 1, 4096, "key/value heads (GQA); divides num_heads")
+          .rule([](const Config& c) {
+            const ModelConfig& m = c.model;
+            if (m.num_heads % m.num_kv_heads != 0)
+              return err("model.num_heads ", m.num_heads,
+                         " is not a multiple of model.num_kv_heads ", m.num_kv_heads);
+            return absl::OkStatus();
+          }),
+      TR_FIELD(model, head_dim, Int, 2, 1024, "per-head dimension (even)")
+          .rule([](const Config& c) {
+            if (c.model.head_dim % 2 != 0)
+              return err("model.head_dim must be even for RoPE (got ", c.model.head_dim, ")");
+            return absl::OkStatus();
+          }),
       TR_FIELD(model, vocab_size, Int, 2, 1 << 26,
                "vocabulary size (padded to a multiple of 128*tp internally)"),
       TR_FIELD(model, max_seq_len, Int, 1, 1 << 24, "longest sequence the model accepts (tokens)"),
@@ -62,7 +105,19 @@ const std::vector<Field>& fields() {
                "Hugging Face model directory (config.json + model.safetensors or its shards) "
                "whose weights start a fresh run, under any layout; must match model.*; a resumed "
                "run ignores it; '' = random init"),
-      TR_FIELD(parallel, tp, Int, 1, 1024, "tensor-parallel ranks"),
+      TR_FIELD(parallel, tp, Int, 1, 1024, "tensor-parallel ranks").rule([](const Config& c) {
+        const ModelConfig& m = c.model;
+        const int64_t tp = c.parallel.tp;
+        if (m.num_heads % tp != 0)
+          return err("model.num_heads ", m.num_heads, " is not divisible by parallel.tp ", tp);
+        if (m.num_kv_heads % tp != 0)
+          return err("model.num_kv_heads ", m.num_kv_heads, " is not divisible by parallel.tp ", tp,
+                     "; use a tp that divides it");
+        if (m.intermediate_size % tp != 0)
+          return err("model.intermediate_size ", m.intermediate_size,
+                     " is not divisible by parallel.tp ", tp);
+        return absl::OkStatus();
+      }),
       TR_FIELD(parallel, pp, Int, 1, 1024, "pipeline-parallel stages"),
       TR_FIELD(parallel, cp, Int, 1, 1024,
                "context-parallel ranks: each sequence is cut into 2*cp chunks and each rank of a "
@@ -75,6 +130,7 @@ const std::vector<Field>& fields() {
                {"allgather", "ring"}),
       TR_FIELD(parallel, dp, IntOrAuto, 0, 1 << 20,
                "data-parallel ranks, or auto = world / (tp*cp*pp)"),
+      // Its counts against model.num_layers: parallel.virtual_stages' rule.
       TR_FIELD(parallel, pipeline_layers, IntList, 1, 4096,
                "layers of each pipeline stage, e.g. [18, 22, 22, 18] (under interleaved, of each "
                "virtual stage: pp x virtual_stages counts in virtual-stage order); [] = an even "
@@ -85,11 +141,45 @@ const std::vector<Field>& fields() {
                "multiple of pp); zero_bubble (ZB-H1: backward split into input and weight "
                "gradients, the weight passes filling the bubbles: about a third of 1f1b's "
                "bubble at 1f1b's peak of micro-batches in flight)",
-               {"1f1b", "interleaved", "zero_bubble"}),
+               {"1f1b", "interleaved", "zero_bubble"})
+          .rule([](const Config& c) {
+            const ParallelConfig& p = c.parallel;
+            if (p.pipeline_schedule == "interleaved" && (p.pp < 2 || p.virtual_stages < 2))
+              return err(
+                  "parallel.pipeline_schedule interleaved needs parallel.pp >= 2 and "
+                  "parallel.virtual_stages >= 2 (got pp ",
+                  p.pp, ", virtual_stages ", p.virtual_stages, "); use 1f1b otherwise");
+            return absl::OkStatus();
+          }),
+      // Its rules also split model.num_layers over the stages, after the schedule's rule above
+      // (parallel.pipeline_layers' counts or an even split).
       TR_FIELD(parallel, virtual_stages, Int, 1, 64,
                "layer chunks per pipeline rank under pipeline_schedule interleaved (>= 2 there, "
                "1 otherwise); chunk c of rank r is virtual stage c x pp + r, as Megatron places "
-               "them"),
+               "them")
+          .rule([](const Config& c) {
+            const ParallelConfig& p = c.parallel;
+            const int64_t layers = c.model.num_layers, stages = layer_stages(p);
+            const bool interleaved = p.pipeline_schedule == "interleaved";
+            if (!interleaved && p.virtual_stages != 1)
+              return err("parallel.virtual_stages ", p.virtual_stages,
+                         " needs parallel.pipeline_schedule: interleaved (it is ",
+                         p.pipeline_schedule,
+                         "); set virtual_stages: 1 or the schedule to interleaved");
+            if (!p.pipeline_layers.empty()) {
+              int64_t sum = 0;
+              for (int64_t l : p.pipeline_layers) sum += l;
+              if (static_cast<int64_t>(p.pipeline_layers.size()) != stages || sum != layers)
+                return err("parallel.pipeline_layers has ", p.pipeline_layers.size(),
+                           " stages summing to ", sum, " layers; it needs ", layer_stages_text(p),
+                           " stages summing to model.num_layers ", layers);
+            } else if (layers % stages != 0) {
+              return err("model.num_layers ", layers, " is not divisible by ", layer_stages_text(p),
+                         interleaved ? " stages" : "",
+                         "; set parallel.pipeline_layers to split them unevenly");
+            }
+            return absl::OkStatus();
+          }),
       TR_FIELD(parallel, sequence_parallel, Bool, 0, 0,
                "shard norms and residuals along the sequence within TP"),
       TR_FIELD(parallel, zero1, Bool, 0, 0,
@@ -126,11 +216,26 @@ const std::vector<Field>& fields() {
                "a collective or pipeline exchange unfinished after this many seconds (a rank "
                "hung, stopped or died) ends the job with exit code 5, on NCCL and MPI; 0 = wait "
                "forever"),
-      TR_FIELD(data, train, Sources, 0, 0, "training datasets: list of {path: PREFIX, weight: W}"),
+      TR_FIELD(data, train, Sources, 0, 0, "training datasets: list of {path: PREFIX, weight: W}")
+          .rule([](const Config& c) {
+            if (c.data.train.empty())
+              return err("data.train is empty: give at least one {path: PREFIX}");
+            return absl::OkStatus();
+          }),
       TR_FIELD(data, valid, Sources, 0, 0,
                "validation datasets: list of {path: PREFIX, weight: W}"),
       TR_FIELD(data, seq_len, Int, 1, 1 << 24,
-               "tokens per sample fed to the model (each sample reads seq_len+1)"),
+               "tokens per sample fed to the model (each sample reads seq_len+1)")
+          .rule([](const Config& c) {
+            const int64_t seq = c.data.seq_len, cp = c.parallel.cp;
+            if (seq == 0) return err("data.seq_len is not set");
+            if (seq > c.model.max_seq_len)
+              return err("data.seq_len ", seq, " exceeds model.max_seq_len ", c.model.max_seq_len);
+            if (cp > 1 && seq % (2 * cp) != 0)
+              return err("data.seq_len ", seq, " does not split into 2 x parallel.cp = ", 2 * cp,
+                         " equal chunks; make it a multiple of ", 2 * cp, " or change parallel.cp");
+            return absl::OkStatus();
+          }),
       TR_FIELD(data, seed, Int, 0, kMaxI, "seed of the sample shuffle"),
       TR_FIELD(data, format, String, 0, 0, "token file format", {"auto", "megatron", "llmc"}),
       TR_FIELD(data, allow_byte_tokenizer, Bool, 0, 0,
@@ -145,7 +250,17 @@ const std::vector<Field>& fields() {
       TR_FIELD(data, eod_id, Int, -1, kMaxI,
                "the end-of-document token id for data.document_mask, reset_position_ids and "
                "eod_mask_loss, below model.vocab_size; -1 = the one prepare_data recorded in the "
-               "datasets' metadata"),
+               "datasets' metadata")
+          .rule([](const Config& c) {
+            const int64_t vocab = c.model.vocab_size;
+            if (c.data.eod_id >= vocab)
+              return err("data.eod_id ", c.data.eod_id,
+                         " is not a token of the model's vocabulary (model.vocab_size ", vocab,
+                         ": ids 0 to ", vocab - 1,
+                         "); set the data's end-of-document id, or -1 for the one prepare_data "
+                         "recorded");
+            return absl::OkStatus();
+          }),
       TR_FIELD(data, reset_position_ids, Bool, 0, 0,
                "RoPE positions restart at 0 in each document of a sample (Megatron's "
                "--reset-position-ids; with block_causal each document is as if alone)"),
@@ -154,7 +269,13 @@ const std::vector<Field>& fields() {
                "first token of the next document), and the mean is over the targets kept "
                "(Megatron's --eod-mask-loss)"),
       TR_FIELD(train, steps, Int, 1, kMaxI, "optimizer steps to run in total"),
-      TR_FIELD(train, global_batch, Int, 1, kMaxI, "samples per optimizer step over all DP ranks"),
+      // Against micro_batch x dp it needs the world size (parallel.dp auto): run_layout()
+      // (trainer/layout/run_layout.h) checks that.
+      TR_FIELD(train, global_batch, Int, 1, kMaxI, "samples per optimizer step over all DP ranks")
+          .rule([](const Config& c) {
+            if (c.train.global_batch == 0) return err("train.global_batch is not set");
+            return absl::OkStatus();
+          }),
       TR_FIELD(train, micro_batch, Int, 1, kMaxI, "samples per forward/backward on one rank"),
       TR_FIELD(train, backend, String, 0, 0,
                "compute backend: cpu, or cuda (bf16, one GPU per rank; see parallel.comm); "
@@ -170,9 +291,39 @@ const std::vector<Field>& fields() {
                {"none", "selective", "full"}),
       TR_FIELD(train, recompute_layers, IntList, 0, 4096,
                "full: layers recomputed per pipeline stage, the first of each stage's layers; "
-               "[] = all; [n] = n on every stage; or one count per stage"),
+               "[] = all; [n] = n on every stage; or one count per stage")
+          .rule([](const Config& c) {
+            const TrainConfig& t = c.train;
+            const ParallelConfig& p = c.parallel;
+            if (t.recompute_layers.empty()) return absl::OkStatus();
+            if (t.recompute != "full")
+              return err("train.recompute_layers is set but train.recompute is ", t.recompute,
+                         "; it counts the layers of train.recompute: full");
+            const auto n = static_cast<int64_t>(t.recompute_layers.size());
+            if (n != 1 && n != p.pp)
+              return err("train.recompute_layers has ", n,
+                         " counts; give one (every stage) or parallel.pp ", p.pp,
+                         " (one per stage)");
+            for (int64_t s = 0; s < p.pp; ++s) {
+              int64_t have = 0;  // the layers of every chunk of rank s
+              for (int64_t v = 0; v < p.virtual_stages; ++v)
+                have += p.pipeline_layers.empty() ? c.model.num_layers / layer_stages(p)
+                                                  : p.pipeline_layers[v * p.pp + s];
+              const int64_t want = t.recompute_layers[n == 1 ? 0 : s];
+              if (want > have)
+                return err("train.recompute_layers asks for ", want, " layers on pipeline stage ",
+                           s, ", which has ", have);
+            }
+            return absl::OkStatus();
+          }),
       TR_FIELD(train, seed, Int, 0, kMaxI, "seed of the weight initialisation"),
-      TR_FIELD(train, eval_interval, Int, 0, kMaxI, "steps between validation runs; 0 = never"),
+      TR_FIELD(train, eval_interval, Int, 0, kMaxI, "steps between validation runs; 0 = never")
+          .rule([](const Config& c) {
+            if (c.train.eval_interval > 0 && c.data.valid.empty())
+              return err("train.eval_interval is ", c.train.eval_interval,
+                         " but data.valid is empty; add data.valid or set train.eval_interval=0");
+            return absl::OkStatus();
+          }),
       TR_FIELD(train, eval_steps, Int, 1, 1000000, "validation batches per evaluation"),
       TR_FIELD(
           train, exit_interval, Int, 0, kMaxI,
@@ -187,8 +338,23 @@ const std::vector<Field>& fields() {
                "accepted steps (of those there are, from the second step on); 0 = off"),
       TR_FIELD(optim, lr, Float, 0, 10,
                "peak learning rate (used in fp32); 0 leaves the weights as they are"),
-      TR_FIELD(optim, min_lr, Float, 0, 10, "learning rate at the end of the decay"),
-      TR_FIELD(optim, warmup_steps, Int, 0, kMaxI, "linear warm-up steps from 0 to lr"),
+      TR_FIELD(optim, min_lr, Float, 0, 10, "learning rate at the end of the decay")
+          .rule([](const Config& c) {
+            const OptimConfig& o = c.optim;
+            if (o.min_lr > o.lr)
+              return err("optim.min_lr ", fmt_double(o.min_lr), " exceeds optim.lr ",
+                         fmt_double(o.lr));
+            return absl::OkStatus();
+          }),
+      TR_FIELD(optim, warmup_steps, Int, 0, kMaxI, "linear warm-up steps from 0 to lr")
+          .rule([](const Config& c) {
+            const int64_t warmup = c.optim.warmup_steps, steps = c.train.steps;
+            if (warmup > steps)
+              return err("optim.warmup_steps ", warmup, " exceeds train.steps ", steps,
+                         "; set optim.warmup_steps to at most ", steps, " (a tenth, ",
+                         std::max<int64_t>(steps / 10, 1), ", is common) or raise train.steps");
+            return absl::OkStatus();
+          }),
       TR_FIELD(optim, schedule, String, 0, 0, "decay after warm-up",
                {"cosine", "linear", "constant", "wsd"}),
       TR_FIELD(optim, decay_fraction, Float, 1e-300, 1,
@@ -200,7 +366,11 @@ const std::vector<Field>& fields() {
       TR_FIELD(optim, eps, Float, 1e-30, 1, "AdamW epsilon (used in fp32)"),
       TR_FIELD(optim, grad_clip, Float, 0, kInf, "clip the global gradient norm to this; 0 = off"),
       TR_FIELD(checkpoint, dir, String, 0, 0,
-               "directory of step_NNNNNNNN/ checkpoints and `latest`"),
+               "directory of step_NNNNNNNN/ checkpoints and `latest`")
+          .rule([](const Config& c) {
+            if (c.checkpoint.dir.empty()) return err("checkpoint.dir must not be empty");
+            return absl::OkStatus();
+          }),
       TR_FIELD(checkpoint, interval, Int, 0, kMaxI,
                "steps between checkpoints; 0 = none before the end (save_at_end)"),
       TR_FIELD(checkpoint, save_at_end, Bool, 0, 0,
@@ -227,7 +397,11 @@ const std::vector<Field>& fields() {
                "copies of each rank's local part held on other nodes (the next ones in the ring "
                "of nodes), so that losing that many nodes in a row loses no part; at most the "
                "job's nodes - 1 (more is lowered to that, with a note); 0 = none"),
-      TR_FIELD(log, dir, String, 0, 0, "run directory: metrics.jsonl and the resolved config"),
+      TR_FIELD(log, dir, String, 0, 0, "run directory: metrics.jsonl and the resolved config")
+          .rule([](const Config& c) {
+            if (c.log.dir.empty()) return err("log.dir must not be empty");
+            return absl::OkStatus();
+          }),
       TR_FIELD(log, interval, Int, 1, kMaxI,
                "steps between console log lines (and straggler reports)"),
       TR_FIELD(log, straggler_percent, Float, 0, kInf,
@@ -242,11 +416,17 @@ const std::vector<Field>& fields() {
       TR_FIELD(log, trace_steps, IntList, 1, kMaxI,
                "[first, last]: every rank's phases in those steps (forward and backward per "
                "micro-batch, collectives, waits, optimizer) as a Chrome trace, "
-               "log.dir/trace.json (chrome://tracing, ui.perfetto.dev); [] = none"),
+               "log.dir/trace.json (chrome://tracing, ui.perfetto.dev); [] = none")
+          .rule([](const Config& c) {
+            return check_step_window("log.trace_steps", c.log.trace_steps);
+          }),
       TR_FIELD(log, profile_steps, IntList, 1, kMaxI,
                "[first, last]: those steps run between cudaProfilerStart and cudaProfilerStop, "
                "so a profiler started with capture off records only them (ncu "
-               "--profile-from-start off, nsys --capture-range=cudaProfilerApi); [] = none"),
+               "--profile-from-start off, nsys --capture-range=cudaProfilerApi); [] = none")
+          .rule([](const Config& c) {
+            return check_step_window("log.profile_steps", c.log.profile_steps);
+          }),
   };
   return f;
 }

@@ -1,10 +1,13 @@
-// The config's keys as one table: section, key, kind, range, meaning and where each lives in
-// Config. Parsing, validation messages, the resolved YAML, config differences and
-// docs/config.md are all generated from it (config.cpp). Internal to trainer/.
+// The config's keys as one table: section, key, kind, range, meaning, where each lives in Config
+// and the rules it keeps with other keys. Parsing, validation, the resolved YAML, config
+// differences and docs/config.md are all generated from it (config.cpp). Internal to trainer/.
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "absl/status/status.h"
 
 #include "trainer/config/config.h"
 
@@ -16,6 +19,9 @@ namespace tr::config_detail {
 
 enum class Kind { Int, IntOrAuto, Float, Bool, String, Sources, IntList, RopeScaling };
 
+// A rule between a key and others, run on the parsed config: OK, or the one-line error.
+using Check = absl::Status (*)(const Config&);
+
 struct Field {
   const char* section;
   const char* key;
@@ -24,11 +30,19 @@ struct Field {
   const char* doc;
   void* (*member)(Config&);
   std::vector<std::string> choices = {};  // allowed strings, when non-empty
+  Check check = nullptr;                  // the key's rules with other keys, if any
+  // This entry with `c` as its rules: TR_FIELD(...).rule(c).
+  Field rule(Check c) && {
+    check = c;
+    return std::move(*this);
+  }
 };
 
 constexpr double kInf = 1e300;
 constexpr double kMaxI = 9.0e18;
 
+// A float as an error message prints it: shortest round trip ("3e-04", "1").
+std::string fmt_double(double v);
 // A YAML node as it reads in an error message.
 std::string scalar_text(const YAML::Node& n);
 // model.rope_scaling's value (trainer/config/model_config.cpp).
