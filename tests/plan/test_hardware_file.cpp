@@ -139,6 +139,36 @@ TEST_CASE("plan: --hardware: a name must be UTF-8 without control characters", "
   CHECK(g->name == "H100 \xc3\xa9t\xc3\xa9");
 }
 
+// Keys and values read as the config's are: the nearest key suggested for a misspelt one (all of
+// them listed when none is near), a key given twice refused, a value of another type named.
+TEST_CASE("plan: --hardware: keys and values are read as the config's", "[plan]") {
+  const GpuSpec h100 = *gpu_spec("h100");
+  test::TempDir dir;
+  const std::string path = dir / "hw.yaml";
+  auto error_of = [&](const std::string& text) {
+    test::write_file(path, text);
+    absl::StatusOr<GpuSpec> g = override_gpu_spec(h100, path);
+    REQUIRE_FALSE(g.ok());
+    return std::string(g.status().message());
+  };
+  CHECK(error_of("gemm_tflop: 700\n") ==
+        "--hardware " + path + ": unknown key 'gemm_tflop'; did you mean 'gemm_tflops'?");
+  CHECK(
+      error_of("bogus: 1\n")
+          .starts_with("--hardware " + path + ": unknown key 'bogus'; known: name, measured_by, "));
+  CHECK(error_of("gemm_tflops: 700\ngemm_tflops: 600\n") ==
+        "--hardware " + path + ": key 'gemm_tflops' appears twice");
+  CHECK(error_of("gemm_tflops: fast\n") ==
+        "--hardware " + path + ": gemm_tflops: expected a number, got 'fast'");
+  CHECK(error_of("gemm_tflops: [1, 2]\n") ==
+        "--hardware " + path + ": gemm_tflops: expected a number, got a list");
+  CHECK(error_of("nvlink_gbps: 400\nnode_busbw_gbps: 300\n") ==
+        "--hardware " + path +
+            ": nvlink_gbps and node_busbw_gbps set the same number; give one of them");
+  CHECK(error_of("memory_gib: 0\n") ==
+        "--hardware " + path + ": memory_gib must be in [0.001, 1e+06] (got 0)");
+}
+
 // The issue's cases: each refused, naming its key.
 TEST_CASE("plan: --hardware: values out of their ranges are refused, naming the key", "[plan]") {
   const Config cfg = small_config();

@@ -263,7 +263,7 @@ TEST_CASE("plan: collectives take the ring or the tree by size and the nodes the
   test::write_file(dir / "bad.yaml", "network_latency_us: 30\nnetwork_nodes: 2.5\n");
   CHECK(override_gpu_spec(gpu, dir / "bad.yaml").status().message() ==
         "--hardware " + (dir / "bad.yaml") +
-            ": network_nodes must be a whole number from 2 to 1e+06");
+            ": network_nodes must be a whole number in [2, 1e+06] (got 2.5)");
   const Plan few =
       plan({"model.hidden_size=2048", "model.intermediate_size=4096", "model.num_heads=16",
             "model.num_kv_heads=16", "model.head_dim=128", "parallel.tp=8", "parallel.pp=1",
@@ -315,7 +315,7 @@ TEST_CASE("plan: --hardware sets the step model's efficiencies", "[plan]") {
   test::write_file(dir / "over.yaml", "attention_bwd_hd64: 1.2\n");
   CHECK(override_gpu_spec(h100, dir / "over.yaml").status().message() ==
         "--hardware " + (dir / "over.yaml") +
-            ": attention_bwd_hd64 must be a number from 1e-09 to 1");
+            ": attention_bwd_hd64 must be in [1e-09, 1] (got 1.2)");
 }
 
 // The step model (step_model.h) against what it must add up to: its GEMMs compute exactly the

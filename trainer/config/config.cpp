@@ -93,7 +93,8 @@ std::string yaml_float(double v) {
 // Names the bound the value broke: below the lowest ("> 0" for positive-only fields), above the
 // highest, or the whole range where both are ordinary numbers. `text` is the value as given: an
 // int64 near its top does not survive a round trip through a double.
-Status range_error(const std::string& name, double v, const std::string& text, const Field& f) {
+Status range_error(const std::string& name, double v, const std::string& text,
+                   const config_detail::ValueSpec& f) {
   auto num = [&](double x) {
     return f.kind == Kind::Float ? fmt_double(x) : absl::StrCat(static_cast<int64_t>(x));
   };
@@ -153,9 +154,11 @@ Status parse_sources(const YAML::Node& n, const std::string& name, std::vector<D
   return absl::OkStatus();
 }
 
-Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
-  const std::string name = absl::StrCat(f.section, ".", f.key);
-  void* p = f.member(cfg);
+}  // namespace
+
+namespace config_detail {
+
+Status parse_value(const ValueSpec& f, const std::string& name, const YAML::Node& n, void* p) {
   try {
     switch (f.kind) {
       case Kind::IntOrAuto:
@@ -222,6 +225,32 @@ Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
     return InvalidArgumentError(absl::StrCat(name, ": expected ", want, ", got ", scalar_text(n)));
   }
   return absl::OkStatus();
+}
+
+// A mapping's keys as strings: every key a scalar, none repeated.
+absl::StatusOr<std::vector<std::string>> map_keys(const YAML::Node& map, const std::string& where) {
+  std::vector<std::string> keys;
+  for (const auto& kv : map) {
+    if (!kv.first.IsScalar())
+      return InvalidArgumentError(
+          absl::StrCat(where, ": keys must be plain names, got ", scalar_text(kv.first)));
+    const std::string k = kv.first.Scalar();
+    if (std::find(keys.begin(), keys.end(), k) != keys.end())
+      return InvalidArgumentError(absl::StrCat(where, ": key '", k, "' appears twice"));
+    keys.push_back(k);
+  }
+  return keys;
+}
+
+}  // namespace config_detail
+
+namespace {
+
+using config_detail::map_keys;
+
+Status parse_field(const Field& f, const YAML::Node& n, Config& cfg) {
+  return config_detail::parse_value(f.value(), absl::StrCat(f.section, ".", f.key), n,
+                                    f.member(cfg));
 }
 
 // ---- overrides: "section.key=value", value parsed as YAML ----
@@ -347,21 +376,6 @@ const char* kind_name(Kind k) {
       return "none or map";
   }
   return "?";
-}
-
-// A mapping's keys as strings: every key a scalar, none repeated.
-absl::StatusOr<std::vector<std::string>> map_keys(const YAML::Node& map, const std::string& where) {
-  std::vector<std::string> keys;
-  for (const auto& kv : map) {
-    if (!kv.first.IsScalar())
-      return InvalidArgumentError(
-          absl::StrCat(where, ": keys must be plain names, got ", scalar_text(kv.first)));
-    const std::string k = kv.first.Scalar();
-    if (std::find(keys.begin(), keys.end(), k) != keys.end())
-      return InvalidArgumentError(absl::StrCat(where, ": key '", k, "' appears twice"));
-    keys.push_back(k);
-  }
-  return keys;
 }
 
 // Every section and key known, each once; values are checked by parse_field.

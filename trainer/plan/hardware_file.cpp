@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/fs_io.h"
+#include "trainer/config/config_fields.h"
 #include "trainer/plan/collectives.h"
 #include "yaml-cpp/yaml.h"
 
@@ -97,19 +98,20 @@ bool printable_utf8(std::string_view s) {
   return true;
 }
 
+// "--hardware PATH: MESSAGE" as an input error.
+absl::Status file_error(const std::string& path, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", message));
+}
+
 // The file's text: refused unless a regular file that reads whole (a directory, a FIFO or a
 // device would fail, or block, inside the YAML reader).
 absl::StatusOr<std::string> read_hardware_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hardware ", path, ": cannot open (", std::strerror(errno), ")"));
-  if (!S_ISREG(st.st_mode))
-    return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": not a regular file"));
+    return file_error(path, absl::StrCat("cannot open (", std::strerror(errno), ")"));
+  if (!S_ISREG(st.st_mode)) return file_error(path, "not a regular file");
   absl::StatusOr<std::string> text = fs::read_file(path);
-  if (!text.ok())
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hardware ", path, ": ", text.status().message()));
+  if (!text.ok()) return file_error(path, text.status().message());
   return text;
 }
 
@@ -120,24 +122,37 @@ std::string key_list(bool measured) {
   return absl::StrJoin(n, ", ");
 }
 
-// One key's value, checked against its range; sets it and records which key set the number.
+// The key named `name`, or the error naming it with the nearest known key (else all of them).
+absl::StatusOr<const HardwareKey*> key_named(const std::string& path, const std::string& name) {
+  std::vector<std::string> known = {"name", "measured_by"};
+  for (const HardwareKey& k : kKeys) {
+    if (name == k.name) return &k;
+    known.emplace_back(k.name);
+  }
+  std::string hint = config_detail::suggest(name, known);
+  if (hint.empty())
+    hint = absl::StrCat("; known: name, measured_by, ", key_list(false),
+                        ", and preflight --json's ", key_list(true));
+  return file_error(path, absl::StrCat("unknown key '", absl::CHexEscape(name), "'", hint));
+}
+
+// One key's value, read as the config's numbers are (a number within the key's range; whole
+// keys a whole one); sets it and records which key set the number.
 absl::Status set_value(const std::string& path, const HardwareKey& k, const YAML::Node& node, V& v,
                        std::map<const double*, std::string>& set_by) {
   double* target = &k.at(v);
   if (auto [it, fresh] = set_by.emplace(target, k.name); !fresh)
-    return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": ", it->second, " and ",
-                                                   k.name, " set the same number"));
-  double x = NAN;
-  if (node.IsScalar()) {
-    try {
-      x = node.as<double>();
-    } catch (const YAML::Exception&) {
-    }
-  }
-  if (!(x >= k.min && x <= k.max) || (k.whole && x != std::floor(x)))
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--hardware %s: %s must be a %s from %g to %g", path, k.name,
-                        k.whole ? "whole number" : "number", k.min, k.max));
+    return file_error(
+        path, absl::StrCat(it->second, " and ", k.name, " set the same number; give one of them"));
+  double x = 0;
+  const config_detail::ValueSpec spec{config_detail::Kind::Float, k.min, k.max};
+  if (absl::Status st = config_detail::parse_value(spec, k.name, node, &x); !st.ok())
+    return file_error(path, st.message());
+  if (k.whole && x != std::floor(x))
+    return file_error(
+        path, absl::StrCat(k.name, " must be a whole number in [", config_detail::fmt_double(k.min),
+                           ", ", config_detail::fmt_double(k.max), "] (got ",
+                           config_detail::fmt_double(x), ")"));
   *target = x * k.unit;
   return absl::OkStatus();
 }
@@ -149,24 +164,22 @@ absl::Status check_together(const std::string& path, V& v, const std::string& ta
   const GpuSpec& g = v.gpu;
   // A preflight file describes the GPU type it ran on: planning another with it would mix them.
   if (!measured_by.empty() && g.name != table_name)
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--hardware ", path, ": measured on ", g.name, ", but the plan is for ", table_name,
-        "; pass --gpu ", g.name, " (or remove its name to apply the numbers anyway)"));
+    return file_error(path, absl::StrCat("measured on ", g.name, ", but the plan is for ",
+                                         table_name, "; pass --gpu ", g.name,
+                                         " (or remove its name to apply the numbers anyway)"));
   if (v.gemm_n != 0 && v.gemm_n != 8192)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hardware ", path, ": gemm_tflops was measured at ", v.gemm_n,
-                     "^3; the GEMM ceiling is for 8192^3 (preflight --gemm 8192)"));
+    return file_error(path, absl::StrCat("gemm_tflops was measured at ", v.gemm_n,
+                                         "^3; the GEMM ceiling is for 8192^3 (preflight --gemm "
+                                         "8192)"));
   // A GEMM above the peak would predict an MFU above 1.
   if (g.gemm_flops > g.peak_bf16_flops)
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--hardware %s: gemm_tflops %g is above peak_bf16_tflops %g; a GEMM reaches at most "
-        "the peak",
-        path, g.gemm_flops / 1e12, g.peak_bf16_flops / 1e12));
+    return file_error(path, absl::StrFormat("gemm_tflops %g is above peak_bf16_tflops %g; a GEMM "
+                                            "reaches at most the peak",
+                                            g.gemm_flops / 1e12, g.peak_bf16_flops / 1e12));
   if (set_by.count(&v.network_nodes) != 0 && v.network_smallest == 0)
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hardware ", path,
-                     ": network_nodes is the nodes network_latency_us was measured across; give "
-                     "both, or neither"));
+    return file_error(path,
+                      "network_nodes is the nodes network_latency_us was measured across; give "
+                      "both, or neither");
   if (v.network_smallest > 0)
     set_network_latency(v.gpu, v.network_smallest, static_cast<int>(v.network_nodes));
   return absl::OkStatus();
@@ -189,33 +202,31 @@ absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& path,
   try {
     root = YAML::Load(*text);
   } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--hardware ", path, ": cannot read YAML (", absl::CHexEscape(e.what()), ")"));
+    return file_error(path, absl::StrCat("cannot read YAML (", absl::CHexEscape(e.what()), ")"));
   }
   if (!root.IsMap())
-    return absl::InvalidArgumentError(absl::StrCat("--hardware ", path, ": expected a mapping"));
+    return file_error(path, "expected a mapping of keys to values, e.g. gemm_tflops: 700");
+  // Every key a plain name, none twice.
+  if (absl::Status st = config_detail::map_keys(root, absl::StrCat("--hardware ", path)).status();
+      !st.ok())
+    return st;
   const std::string table_name = v.gpu.name;
   std::string measured_by;
   std::map<const double*, std::string> set_by;  // each number set by one key only
   for (const auto& kv : root) {
-    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "";
+    const std::string key = kv.first.Scalar();
+    const YAML::Node& value = kv.second;
     if (key == "name" || key == "measured_by") {
-      const std::string text = kv.second.IsScalar() ? kv.second.Scalar() : "";
-      if (!kv.second.IsScalar() || !printable_utf8(text))
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--hardware ", path, ": ", key, " must be UTF-8 text without control characters"));
+      const std::string text = value.IsScalar() ? value.Scalar() : "";
+      if (!value.IsScalar() || !printable_utf8(text))
+        return file_error(path,
+                          absl::StrCat(key, " must be UTF-8 text without control characters"));
       (key == "name" ? v.gpu.name : measured_by) = text;
       continue;
     }
-    const HardwareKey* k = nullptr;
-    for (const HardwareKey& each : kKeys)
-      if (key == each.name) k = &each;
-    if (k == nullptr)
-      return absl::InvalidArgumentError(
-          absl::StrCat("--hardware ", path, ": unknown key '", absl::CHexEscape(key),
-                       "'; known: name, measured_by, ", key_list(false),
-                       ", and preflight --json's ", key_list(true)));
-    if (absl::Status st = set_value(path, *k, kv.second, v, set_by); !st.ok()) return st;
+    absl::StatusOr<const HardwareKey*> k = key_named(path, key);
+    if (!k.ok()) return k.status();
+    if (absl::Status st = set_value(path, **k, value, v, set_by); !st.ok()) return st;
   }
   if (absl::Status st = check_together(path, v, table_name, measured_by, set_by); !st.ok())
     return st;

@@ -41,9 +41,10 @@ std::span<const HardwareKey> hardware_keys();
 // file's network_hop_latency_us), the step model's efficiencies (attention_{fwd,bwd}_hd{64,128},
 // stream_fraction, gemm_fill, as bench_ops --calibration writes them); and, into `storage`
 // when given, host_copy_gbps (per GPU), local_disk_gbps (per node), storage_gbps (the job's),
-// restart_s. Refused, in one line naming the file and key: a path that is not a readable
-// regular file, a name that is not UTF-8 text, a value outside its key's range, a GEMM
-// ceiling above the peak.
+// restart_s. Read as the config's keys are (trainer/config/config_fields.h: a number in the
+// key's range, each key once, the nearest known key suggested for an unknown one). Refused, in
+// one line naming the file and key: a path that is not a readable regular file, a name that is
+// not UTF-8 text, a value that is not a number in its key's range, a GEMM ceiling above the peak.
 absl::StatusOr<GpuSpec> override_gpu_spec(GpuSpec base, const std::string& yaml_path,
                                           StorageSpec* storage = nullptr);
 
