@@ -148,6 +148,10 @@ void LocalCheckpoints::prepare() {
           f32 * static_cast<size_t>(s_.opt->masters().numel() + 2 * s_.opt->state_elems()));
 }
 
+Header LocalCheckpoints::own_header() const {
+  return layout_header(s_.cfg, s_.layout, s_.params->layout().capacity, *s_.opt);
+}
+
 void LocalCheckpoints::reserve(size_t bytes) {
   // Page-locked on a GPU, so that the copy from the device runs at the bus's speed; touched
   // here, so that a save does not fault its pages in.
@@ -162,15 +166,9 @@ void LocalCheckpoints::save() {
   // Whole masters that are the compute weights may still be receiving ZeRO-1's all-gather.
   if (!s_.opt->masters_sharded()) s_.opt->reducer().finish_weights();
   const std::string state = state_json(s_.state).dump();
-  Header h{};
-  std::memcpy(h.magic, kMagic, 8);
-  const Topology& t = s_.topo();
-  h.step = step, h.rank = t.rank, h.world = t.world, h.tp = t.tp, h.pp = t.pp, h.dp = t.dp;
-  h.capacity = s_.params->layout().capacity;
-  h.masters = s_.opt->masters().numel();
-  h.states = s_.opt->state_elems();
+  Header h = own_header();
+  h.step = step;
   h.run_id = s_.state.run_id;
-  h.layout = layout_key(s_);
   h.state_bytes = static_cast<int64_t>(state.size());
   prepare();
   const size_t need =

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "trainer/checkpoint/local_part.h"
 #include "trainer/session/session.h"
 
 namespace tr {
@@ -83,6 +84,7 @@ class LocalCheckpoints {
   void discard_own();
 
  private:
+  local_part::Header own_header() const;      // local_part::layout_header() of this rank
   std::string part_path(int64_t step) const;  // this rank's own part
   std::string path_of(int64_t step, int rank, bool replica) const;
   // Rank `rank`'s part of `step` in this node's directory: its own file or a replica; "" if none.

@@ -15,25 +15,36 @@ namespace tr::local_part {
 
 namespace stdfs = std::filesystem;
 
-uint64_t layout_key(const Session& s) {
-  const Topology& t = s.topo();
-  const ModelConfig& m = s.cfg.model;
-  std::string key = absl::StrCat(
-      t.world, " ", t.tp, " ", t.pp, " ", t.dp, " ", s.layout.zero1, " ", s.opt->masters_sharded(),
-      " ", m.hidden_size, " ", m.intermediate_size, " ", m.num_layers, " ", m.num_heads, " ",
-      m.num_kv_heads, " ", m.head_dim, " ", m.vocab_size, " ", m.tie_embeddings);
-  for (int64_t l : s.cfg.parallel.pipeline_layers) absl::StrAppend(&key, " ", l);
+uint64_t layout_key(const Config& cfg, const RunLayout& layout, bool masters_sharded) {
+  const Topology& t = layout.topo;
+  const ModelConfig& m = cfg.model;
+  std::string key = absl::StrCat(t.world, " ", t.tp, " ", t.pp, " ", t.dp, " ", layout.zero1, " ",
+                                 masters_sharded, " ", m.hidden_size, " ", m.intermediate_size, " ",
+                                 m.num_layers, " ", m.num_heads, " ", m.num_kv_heads, " ",
+                                 m.head_dim, " ", m.vocab_size, " ", m.tie_embeddings);
+  for (int64_t l : cfg.parallel.pipeline_layers) absl::StrAppend(&key, " ", l);
   if (t.cp > 1) absl::StrAppend(&key, " cp ", t.cp);  // a part's rank means another place
-  if (s.layout.virtual_stages > 1) absl::StrAppend(&key, " v ", s.layout.virtual_stages);
+  if (layout.virtual_stages > 1) absl::StrAppend(&key, " v ", layout.virtual_stages);
   return fnv1a64(key);
 }
 
-bool same_layout(const Header& h, const Session& s) {
-  const Topology& t = s.topo();
-  return std::memcmp(h.magic, kMagic, 8) == 0 && h.layout == layout_key(s) && h.rank == t.rank &&
-         h.world == t.world && h.tp == t.tp && h.pp == t.pp && h.dp == t.dp &&
-         h.capacity == s.params->layout().capacity && h.masters == s.opt->masters().numel() &&
-         h.states == s.opt->state_elems();
+Header layout_header(const Config& cfg, const RunLayout& layout, int64_t capacity,
+                     const DistributedOptimizer& opt) {
+  Header h{};
+  std::memcpy(h.magic, kMagic, 8);
+  const Topology& t = layout.topo;
+  h.rank = t.rank, h.world = t.world, h.tp = t.tp, h.pp = t.pp, h.dp = t.dp;
+  h.capacity = capacity;
+  h.masters = opt.masters().numel();
+  h.states = opt.state_elems();
+  h.layout = layout_key(cfg, layout, opt.masters_sharded());
+  return h;
+}
+
+bool same_layout(const Header& h, const Header& mine) {
+  return std::memcmp(h.magic, kMagic, 8) == 0 && h.layout == mine.layout && h.rank == mine.rank &&
+         h.world == mine.world && h.tp == mine.tp && h.pp == mine.pp && h.dp == mine.dp &&
+         h.capacity == mine.capacity && h.masters == mine.masters && h.states == mine.states;
 }
 
 nlohmann::json state_json(const ckpt::TrainState& st) {

@@ -12,7 +12,9 @@
 
 #include "checkpoint/checkpoint.h"
 #include "parallel/comm.h"
-#include "trainer/session/session.h"
+#include "trainer/config/config.h"
+#include "trainer/layout/run_layout.h"
+#include "trainer/optim/optim.h"
 
 namespace tr::local_part {
 
@@ -33,9 +35,14 @@ struct Header {
 // What every rank's part depends on besides its rank, the same on every rank of a run: the grid,
 // ZeRO-1 and whether the masters are sharded, the model's shape and the stages' layers. A part
 // whose key differs from this run's is another layout's, whichever rank wrote it.
-uint64_t layout_key(const Session& s);
-// What a part must match to be loaded by this run (the layout, not the step or the run).
-bool same_layout(const Header& h, const Session& s);
+uint64_t layout_key(const Config& cfg, const RunLayout& layout, bool masters_sharded);
+// This rank's header but for the step, the run and the payload's size: the layout, the grid and
+// its place in it, and the elements of its buffer (`capacity`), masters and moments.
+Header layout_header(const Config& cfg, const RunLayout& layout, int64_t capacity,
+                     const DistributedOptimizer& opt);
+// What a part must match to be loaded by this run (the layout, not the step or the run): `mine`
+// is layout_header()'s.
+bool same_layout(const Header& h, const Header& mine);
 nlohmann::json state_json(const ckpt::TrainState& st);
 ckpt::TrainState state_of(const nlohmann::json& j);
 // An f32 tensor's bytes copied to `out` (host memory) at `*at`, which advances.

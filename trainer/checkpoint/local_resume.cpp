@@ -28,7 +28,7 @@ std::vector<int64_t> LocalCheckpoints::held(int64_t after, uint64_t run_id,
   for (int i = 0; i < kListed; ++i) mine[static_cast<size_t>(i * entry)] = -1;
   const std::vector<int64_t> steps = step_dirs();
   int listed = 0;
-  const uint64_t layout = layout_key(s_);
+  const Header own = own_header();
   for (auto it = steps.begin(); it != steps.end() && listed < kListed; ++it) {
     const int64_t step = *it;
     if (step <= after) break;
@@ -39,11 +39,12 @@ std::vector<int64_t> LocalCheckpoints::held(int64_t after, uint64_t run_id,
       const std::string path = copy_path(step, r);
       Header h{};
       if (path.empty() || !read_header(path, &h) || h.step != step) continue;
-      if (r == me && (run_id == 0 || h.run_id == run_id) && (h.world != n || !same_layout(h, s_))) {
+      if (r == me && (run_id == 0 || h.run_id == run_id) &&
+          (h.world != n || !same_layout(h, own))) {
         *other_layout = std::max(*other_layout, step);  // this run's, of another layout
         continue;
       }
-      if (std::memcmp(h.magic, kMagic, 8) != 0 || h.layout != layout || h.rank != r ||
+      if (std::memcmp(h.magic, kMagic, 8) != 0 || h.layout != own.layout || h.rank != r ||
           h.world != n || (run_id != 0 && h.run_id != run_id) || (any && h.run_id != id))
         continue;
       id = h.run_id;
@@ -181,7 +182,7 @@ absl::Status LocalCheckpoints::load(int64_t step) {
     std::memcpy(&h, bytes->data(), sizeof(Header));
     const size_t want = sizeof(Header) + static_cast<size_t>(h.state_bytes) +
                         4 * static_cast<size_t>(h.masters + 2 * h.states);
-    if (!same_layout(h, s_) || h.step != step)
+    if (!same_layout(h, own_header()) || h.step != step)
       why = "written by another layout";
     else if (h.state_bytes < 0 || bytes->size() != want)
       why = absl::StrCat(bytes->size(), " bytes where its header says ", want);

@@ -16,16 +16,18 @@
 namespace tr {
 namespace {
 
-std::string layout_json(const Session& s) {
-  nlohmann::json j = {{"world", s.topo().world},
-                      {"tp", s.topo().tp},
-                      {"pp", s.topo().pp},
-                      {"cp", s.topo().cp},
-                      {"dp", s.topo().dp},
-                      {"backend", s.cfg.train.backend},
-                      {"zero1", s.cfg.parallel.zero1},
-                      {"sequence_parallel", s.cfg.parallel.sequence_parallel},
-                      {"vocab_padded", s.model->dims().vocab_padded}};
+// The grid and the choices a checkpoint's readers check against their own (vocab_padded: the
+// model's vocabulary as padded for TP).
+std::string layout_json(const Config& cfg, const Topology& t, int64_t vocab_padded) {
+  nlohmann::json j = {{"world", t.world},
+                      {"tp", t.tp},
+                      {"pp", t.pp},
+                      {"cp", t.cp},
+                      {"dp", t.dp},
+                      {"backend", cfg.train.backend},
+                      {"zero1", cfg.parallel.zero1},
+                      {"sequence_parallel", cfg.parallel.sequence_parallel},
+                      {"vocab_padded", vocab_padded}};
   return j.dump();
 }
 
@@ -171,7 +173,7 @@ absl::Status Saver::commit(const absl::StatusOr<fs::FileDigest>& written) {
   }
   req.state = state_;
   req.config_yaml = to_yaml(s_.cfg);
-  req.layout_json = layout_json(s_);
+  req.layout_json = layout_json(s_.cfg, s_.topo(), s_.model->dims().vocab_padded);
   if (absl::Status c = ckpt::commit_save(req); !c.ok())
     return absl::InternalError(absl::StrCat("checkpoint save failed: ", c.message()));
   // One end for both, so that the stall (a part of the save) never exceeds the save's time.

@@ -136,8 +136,8 @@ struct LoopState {
       : guard(s.cfg.train),
         saver(s),
         local(s),
-        trace(s),
-        profile(s),
+        trace(s.cfg, s.topo()),
+        profile(s.cfg, s.logger(), s.ctx.device),
         before_skips(s.last_saved_step) {
     m.total_steps = s.cfg.train.steps;
     m.peak_flops = device_info(s.ctx).peak_bf16_flops;
@@ -245,7 +245,7 @@ int train_loop_steps(Session& s) {
     StepOutcome out = train_step(s, l.m, l.guard, *fault);
     if (out.code != kExitOk) return agree_on_exit(*s.groups.world, out.own, out.status);
     if (!out.ran) return stop_and_save(s, l.saver, false);
-    l.trace.after_step(s, l.m.step);
+    l.trace.after_step(*s.groups.world, l.m.step);
     if (int code = account_step(s, l, blocked_before); code != kExitOk) return code;
     l.profile.after_step(l.m.step);  // after the step's log line
     // The same on every rank: the verdicts were agreed.

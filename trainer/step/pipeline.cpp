@@ -15,16 +15,16 @@ namespace tr {
 namespace {
 
 // The point-to-point operation of a pipeline communication action.
-P2P p2p_of(Session& s, const PipeAction& a, int slot) {
+P2P p2p_of(const PipelineRank& r, const PipeAction& a, int slot) {
   switch (a.kind) {
     case PipeAction::send_act:
-      return {P2P::send, s.model->stage_output(slot, a.chunk), a.peer};
+      return {P2P::send, r.model.stage_output(slot, a.chunk), a.peer};
     case PipeAction::recv_act:
-      return {P2P::recv, s.model->stage_input(slot, a.chunk), a.peer};
+      return {P2P::recv, r.model.stage_input(slot, a.chunk), a.peer};
     case PipeAction::send_grad:
-      return {P2P::send, s.model->send_grad_buffer(), a.peer};
+      return {P2P::send, r.model.send_grad_buffer(), a.peer};
     case PipeAction::recv_grad:
-      return {P2P::recv, s.model->recv_grad_buffer(), a.peer};
+      return {P2P::recv, r.model.recv_grad_buffer(), a.peer};
     default:
       break;
   }
@@ -40,21 +40,21 @@ P2P p2p_of(Session& s, const PipeAction& a, int slot) {
 // buffer a gradient is sent from) and before a forward that writes the activation being sent.
 // Returns the micro-batch the step was cut at (m when it was not).
 template <typename Compute>
-int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, PipelineRun* run,
-                Compute&& compute) {
-  const int lag = stop_poll_lag(s.topo().pp);
+int run_actions(const PipelineRank& r, const std::vector<PipeAction>& actions, int m,
+                PipelineRun* run, Compute&& compute) {
+  const int lag = stop_poll_lag(r.topo().pp);
   int cut_at = m;          // actions on micro-batches >= cut_at are dropped
   int32_t poll_flag = 0;   // the poll in flight: this rank's stop signal, then every rank's max
   std::vector<P2P> group;  // communication between two compute actions, posted together
   std::vector<P2P> sending, receiving;   // a group's sends (in flight after it) and receives
   Comm::Ticket in_flight = Comm::kDone;  // the sends' exchange
-  Comm& pp = *s.groups.pp;
+  Comm& pp = r.pp;
   for (size_t i = 0; i < actions.size(); ++i) {
     const PipeAction& a = actions[i];
     const bool dropped = a.micro_batch >= cut_at;  // polls too: none from here on was started
     const int slot = a.slot;  // the schedule's activation slot for (chunk, micro-batch)
     if (a.is_comm()) {        // what is left of a group is posted at its end
-      if (!dropped) group.push_back(p2p_of(s, a, slot));
+      if (!dropped) group.push_back(p2p_of(r, a, slot));
       if (!group.empty() && (i + 1 == actions.size() || !actions[i + 1].is_comm())) {
         pp.wait(in_flight);
         in_flight = Comm::kDone;
@@ -69,10 +69,9 @@ int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, Pipel
       continue;
     } else if (a.kind == PipeAction::poll_start) {
       poll_flag = static_cast<int32_t>(g_stop_signal);
-      s.groups.world->all_reduce_start(Tensor(&poll_flag, DType::i32, Device::cpu, {1}),
-                                       ReduceOp::max);
+      r.world.all_reduce_start(Tensor(&poll_flag, DType::i32, Device::cpu, {1}), ReduceOp::max);
     } else if (a.kind == PipeAction::poll_wait) {
-      s.groups.world->wait_all();
+      r.world.wait_all();
       if (adopt_stop_signal(poll_flag)) {
         run->stop = true;
         cut_at = std::min(m, a.micro_batch + lag);
@@ -82,7 +81,7 @@ int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, Pipel
       const bool overwrites = a.kind == PipeAction::bwd || a.kind == PipeAction::bwd_input ||
                               (a.kind == PipeAction::fwd &&
                                std::any_of(sending.begin(), sending.end(), [&](const P2P& x) {
-                                 return x.buf.data == s.model->stage_output(slot, a.chunk).data;
+                                 return x.buf.data == r.model.stage_output(slot, a.chunk).data;
                                }));
       if (overwrites) {
         pp.wait(in_flight);
@@ -97,45 +96,45 @@ int run_actions(Session& s, const std::vector<PipeAction>& actions, int m, Pipel
 
 }  // namespace
 
-PipelineRun run_pipeline(Session& s, const data::StepBatch& batch, float grad_scale) {
+PipelineRun run_pipeline(const PipelineRank& r, const data::StepBatch& batch, float grad_scale) {
   const int m = static_cast<int>(batch.micro_batches.size());
-  TR_ASSERT(m == s.layout.micro_batches, "a step's micro-batches are the layout's");
+  TR_ASSERT(m == r.layout.micro_batches, "a step's micro-batches are the layout's");
   const std::vector<PipeAction> actions =
-      with_stop_polls({s.layout.pipeline_actions()}, stop_poll_lag(s.topo().pp))[0];
-  TR_ASSERT(slots_needed(actions) <= s.model->activation_slots(),
+      with_stop_polls({r.layout.pipeline_actions()}, stop_poll_lag(r.topo().pp))[0];
+  TR_ASSERT(slots_needed(actions) <= r.model.activation_slots(),
             "the schedule needs more activation slots than the model holds");
-  const int last_chunk = s.model->dims().num_chunks() - 1;
+  const int last_chunk = r.model.dims().num_chunks() - 1;
   PipelineRun run;
   // TR_TRACE_PIPELINE=1: each stage's first TP/DP rank prints the compute order it executed.
   const bool trace = switch_on(Switch::trace_pipeline);
   std::vector<PipeAction> executed;
-  run_actions(s, actions, m, &run, [&](const PipeAction& a, int slot) {
+  run_actions(r, actions, m, &run, [&](const PipeAction& a, int slot) {
     if (trace) executed.push_back(a);
-    const Tensor tokens = s.io->inputs(a.micro_batch);
+    const Tensor tokens = r.io.inputs(a.micro_batch);
     // The last micro-batch's weight gradients finish each layer's: DP buckets start.
     const bool last = a.micro_batch == m - 1;
     if (a.kind == PipeAction::fwd) {
       const ScopedPhase forward(Phase::forward);
-      s.model->forward_stage(slot, tokens, a.chunk, s.io->docs(a.micro_batch));
-      if (s.topo().last_stage() && a.chunk == last_chunk)
-        s.model->stage_loss(slot, s.io->targets(a.micro_batch), grad_scale, true, s.io->loss_sum());
+      r.model.forward_stage(slot, tokens, a.chunk, r.io.docs(a.micro_batch));
+      if (r.topo().last_stage() && a.chunk == last_chunk)
+        r.model.stage_loss(slot, r.io.targets(a.micro_batch), grad_scale, true, r.io.loss_sum());
       return;
     }
     const ScopedPhase backward(Phase::backward);
     if (a.kind == PipeAction::bwd)
-      s.model->backward_stage(slot, tokens, last, a.chunk);
+      r.model.backward_stage(slot, tokens, last, a.chunk);
     else if (a.kind == PipeAction::bwd_input)
-      s.model->backward_input(slot, tokens, a.chunk);
+      r.model.backward_input(slot, tokens, a.chunk);
     else
-      s.model->backward_weight(slot, last, a.chunk);
+      r.model.backward_weight(slot, last, a.chunk);
   });
-  if (trace && s.topo().tp_rank == 0 && s.topo().cp_rank == 0 && s.topo().dp_rank == 0)
-    std::fprintf(stderr, "pipeline stage %d executed: %s\n", s.topo().pp_rank,
+  if (trace && r.topo().tp_rank == 0 && r.topo().cp_rank == 0 && r.topo().dp_rank == 0)
+    std::fprintf(stderr, "pipeline stage %d executed: %s\n", r.topo().pp_rank,
                  compute_order(executed).c_str());
   return run;
 }
 
-void stage_batch(Session& s, const data::StepBatch& batch) {
+void stage_batch(const PipelineRank& r, const data::StepBatch& batch) {
   std::vector<const int32_t*> inputs, targets, doc_starts, positions;
   for (const data::MicroBatch& mb : batch.micro_batches) {
     inputs.push_back(mb.inputs.data());
@@ -143,24 +142,24 @@ void stage_batch(Session& s, const data::StepBatch& batch) {
     if (!mb.doc_start.empty()) doc_starts.push_back(mb.doc_start.data());
     if (!mb.positions.empty()) positions.push_back(mb.positions.data());
   }
-  s.io->stage(inputs, targets, s.model->tokens_per_micro_batch(), doc_starts, positions);
+  r.io.stage(inputs, targets, r.model.tokens_per_micro_batch(), doc_starts, positions);
 }
 
-double forward_pipeline(Session& s, const data::StepBatch& batch) {
-  stage_batch(s, batch);
-  s.io->reset();
+double forward_pipeline(const PipelineRank& r, const data::StepBatch& batch) {
+  stage_batch(r, batch);
+  r.io.reset();
   const int m = static_cast<int>(batch.micro_batches.size());
-  const int last_chunk = s.model->dims().num_chunks() - 1;
+  const int last_chunk = r.model.dims().num_chunks() - 1;
   PipelineRun unused;
   // One micro-batch at a time down every virtual stage, in slot 0.
-  run_actions(
-      s, forward_only(s.topo().pp, last_chunk + 1, m)[s.topo().pp_rank], m, &unused,
-      [&](const PipeAction& a, int) {
-        s.model->forward_stage(0, s.io->inputs(a.micro_batch), a.chunk, s.io->docs(a.micro_batch));
-        if (s.topo().last_stage() && a.chunk == last_chunk)
-          s.model->stage_loss(0, s.io->targets(a.micro_batch), 0.0f, false, s.io->loss_sum());
-      });
-  return s.io->take().first;
+  run_actions(r, forward_only(r.topo().pp, last_chunk + 1, m)[r.topo().pp_rank], m, &unused,
+              [&](const PipeAction& a, int) {
+                r.model.forward_stage(0, r.io.inputs(a.micro_batch), a.chunk,
+                                      r.io.docs(a.micro_batch));
+                if (r.topo().last_stage() && a.chunk == last_chunk)
+                  r.model.stage_loss(0, r.io.targets(a.micro_batch), 0.0f, false, r.io.loss_sum());
+              });
+  return r.io.take().first;
 }
 
 }  // namespace tr

@@ -16,6 +16,11 @@
 namespace tr {
 namespace {
 
+// The session's parts the pipeline runs on.
+PipelineRank pipeline_rank(Session& s) {
+  return {*s.model, *s.io, *s.groups.pp, *s.groups.world, s.layout};
+}
+
 void all_reduce_sum(Comm& c, double* values, int64_t n) {
   c.all_reduce(Tensor(values, DType::f64, Device::cpu, {n}), ReduceOp::sum);
 }
@@ -75,9 +80,9 @@ void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64
 // TR_TRACE_DP=1 (world rank 0): how many DP buckets had started during backward, and how many
 // buckets of the last step's ZeRO-1 weight all-gather this step's forward completed itself,
 // layer by layer.
-void trace_dp(const Session& s, int64_t step) {
-  if (s.topo().rank != 0 || !take(Switch::trace_dp)) return;
-  const GradReducer& red = s.opt->reducer();
+void trace_dp(const Topology& topo, const DistributedOptimizer& opt, int64_t step) {
+  if (topo.rank != 0 || !take(Switch::trace_dp)) return;
+  const GradReducer& red = opt.reducer();
   std::fprintf(stderr,
                "step %lld: %d of %d dp buckets started during backward; %d of %d weight buckets "
                "completed by the forward\n",
@@ -87,9 +92,9 @@ void trace_dp(const Session& s, int64_t step) {
 
 // TR_TRACE_TP=1 (world rank 0): how many column-parallel input-gradient reductions ran over TP
 // beside their weight-gradient GEMMs this step (parallel.overlap_tp).
-void trace_tp(Session& s, int64_t step) {
-  const int64_t overlapped = s.model->take_tp_overlapped();
-  if (s.topo().rank != 0 || !take(Switch::trace_tp)) return;
+void trace_tp(Qwen2Model& model, const Topology& topo, int64_t step) {
+  const int64_t overlapped = model.take_tp_overlapped();
+  if (topo.rank != 0 || !take(Switch::trace_tp)) return;
   std::fprintf(stderr,
                "step %lld: %lld tp input-gradient reductions ran beside the weight "
                "gradients\n",
@@ -119,10 +124,10 @@ StepScalars read_step_scalars(Session& s, StepMetrics& m, const FaultInjector& f
 }
 
 // Clip and the update (which keeps the tied embedding's copies equal).
-void apply_update(Session& s, const StepMetrics& m, int64_t step) {
+void apply_update(DistributedOptimizer& opt, const StepMetrics& m, int64_t step) {
   const ScopedPhase updating(Phase::optimizer);
-  s.opt->clip(m.grad_norm);
-  s.opt->update(m.lr, step);
+  opt.clip(m.grad_norm);
+  opt.update(m.lr, step);
 }
 
 // The step's verdict (apply, or skip a step without targets, a non-finite or a spiking one),
@@ -142,26 +147,27 @@ bool judge_and_apply(Session& s, StepMetrics& m, StepGuard& guard, const StepSca
   if (v != StepGuard::Verdict::apply)
     report_skip(s, guard, v, step, why, scalars.own_loss_bad);
   else
-    apply_update(s, m, step);
+    apply_update(*s.opt, m, step);
   return agreed.stop;
 }
 
 // The run's state after step `step`, for checkpoints.
-void record_state(Session& s, const StepMetrics& m, const StepGuard& guard) {
-  s.state.step = m.step;
-  s.state.consumed_samples = s.train->consumed_samples();
-  s.state.tokens_seen += m.tokens;
-  s.state.lr = m.lr;
-  s.state.loss_window = guard.window();
-  s.state.skipped_in_a_row = guard.skipped_in_a_row();
-  s.state.skipped_total = guard.skipped_total();
+void record_state(ckpt::TrainState& state, const data::DataLoader& train, const StepMetrics& m,
+                  const StepGuard& guard) {
+  state.step = m.step;
+  state.consumed_samples = train.consumed_samples();
+  state.tokens_seen += m.tokens;
+  state.lr = m.lr;
+  state.loss_window = guard.window();
+  state.skipped_in_a_row = guard.skipped_in_a_row();
+  state.skipped_total = guard.skipped_total();
 }
 
 }  // namespace
 
-void finalize_grads(Session& s) {
-  s.model->sync_replicated_grads();
-  s.opt->reduce_grads();
+void finalize_grads(Qwen2Model& model, DistributedOptimizer& opt) {
+  model.sync_replicated_grads();
+  opt.reduce_grads();
 }
 
 StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const FaultInjector& fault) {
@@ -190,18 +196,19 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   const auto grad_scale = static_cast<float>(1.0 / loss_targets);
   // From here to the end of the step the host waits for the device once: the loss sum and the
   // squared gradient norm, read together (metrics: host_syncs).
-  stage_batch(s, *batch);
+  const PipelineRank pipeline = pipeline_rank(s);
+  stage_batch(pipeline, *batch);
   s.io->reset();
   if (take(Switch::test_poison_grads)) poison_grads(*s.params);
   s.model->begin_step_grads();  // each gradient's first write assigns: no zeroing pass
-  const PipelineRun pipe = run_pipeline(s, *batch, grad_scale);
+  const PipelineRun pipe = run_pipeline(pipeline, *batch, grad_scale);
   if (pipe.cut) {  // partial gradients: nothing of this step is applied
     out.stop = true;
     out.ran = false;
     return out;
   }
   const auto t1 = Clock::now();
-  finalize_grads(s);
+  finalize_grads(*s.model, *s.opt);
   int64_t fault_syncs = 0;  // the fault's own copy is not the step's
   if (fault.nan_in_reduced_grads(step, s.topo().rank)) {
     const int64_t before = host_sync_count();
@@ -209,8 +216,8 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
     fault_syncs = host_sync_count() - before;
   }
   const StepScalars scalars = read_step_scalars(s, m, fault, step);
-  trace_dp(s, step);
-  trace_tp(s, step);
+  trace_dp(s.topo(), *s.opt, step);
+  trace_tp(*s.model, s.topo(), step);
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   m.loss = scalars.loss_sum / loss_targets * fault.loss_factor(step);
   // A stop signal that came during the step is acted on right after it.
@@ -227,7 +234,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   // On GPUs the parts as the device ran them, read after the step's one host sync.
   if (s.device_phases) m.phase_s = fit_to_step(s.device_phases->collect(), m.step_time_s);
   phase_clock().stop();
-  record_state(s, m, guard);
+  record_state(s.state, *s.train, m, guard);
   return out;
 }
 
@@ -238,7 +245,7 @@ StepOutcome evaluate(Session& s, double* val_loss) {
     absl::StatusOr<data::StepBatch> b = s.valid->next();
     StepOutcome out = agree_on_step(*s.groups.world, b.ok() ? kExitOk : kExitBadInput, b.status());
     if (out.code != kExitOk || out.stop) return out;
-    sums[0] += forward_pipeline(s, *b);
+    sums[0] += forward_pipeline(pipeline_rank(s), *b);
     for (const data::MicroBatch& mb : b->micro_batches)
       sums[1] += static_cast<double>(mb.docs.loss_targets);
   }

@@ -89,30 +89,31 @@ std::string rank_events(const Topology& t, const std::vector<PhaseInterval>& int
   return out;
 }
 
-// A log.*_steps window [first, last] cut at train.steps ({0, 0}: none). Rank 0 warns when it lies
-// past the run or is cut; `who` prefixes the line, `done` is what the window's steps are.
-std::pair<int64_t, int64_t> run_window(const Session& s, const char* key,
+// A log.*_steps window [first, last] cut at train.steps ({0, 0}: none). The logger (rank 0) warns
+// when it lies past the run or is cut; `who` prefixes the line, `done` is what the window's steps
+// are.
+std::pair<int64_t, int64_t> run_window(const Config& cfg, bool logger, const char* key,
                                        const std::vector<int64_t>& w, const char* who,
                                        const char* done) {
   if (w.size() != 2) return {0, 0};
-  const long long first = w[0], last = w[1], steps = s.cfg.train.steps;
-  if (s.logger() && first > steps)
+  const long long first = w[0], last = w[1], steps = cfg.train.steps;
+  if (logger && first > steps)
     std::printf("warning: %s: %s starts at step %lld, after train.steps %lld: nothing is %s\n", who,
                 key, first, steps, done);
-  else if (s.logger() && last > steps)
+  else if (logger && last > steps)
     std::printf(
         "warning: %s: %s ends at step %lld, after train.steps %lld: only steps %lld to %lld are "
         "%s\n",
         who, key, last, steps, first, steps, done);
-  return {w[0], std::min(w[1], s.cfg.train.steps)};
+  return {w[0], std::min(w[1], cfg.train.steps)};
 }
 
 }  // namespace
 
-ProfileWindow::ProfileWindow(const Session& s)
-    : logger_(s.logger()), gpu_(s.ctx.device == Device::cuda) {
+ProfileWindow::ProfileWindow(const Config& cfg, bool logger, Device device)
+    : logger_(logger), gpu_(device == Device::cuda) {
   std::tie(first_, last_) =
-      run_window(s, "log.profile_steps", s.cfg.log.profile_steps, "profiler", "captured");
+      run_window(cfg, logger, "log.profile_steps", cfg.log.profile_steps, "profiler", "captured");
 }
 
 ProfileWindow::~ProfileWindow() {
@@ -138,9 +139,9 @@ void ProfileWindow::after_step(int64_t step) {
                 static_cast<long long>(step));
 }
 
-StepTrace::StepTrace(const Session& s) {
+StepTrace::StepTrace(const Config& cfg, const Topology& topo) : topo_(topo), log_dir_(cfg.log.dir) {
   std::tie(first_, last_) =
-      run_window(s, "log.trace_steps", s.cfg.log.trace_steps, "trace", "traced");
+      run_window(cfg, topo.rank == 0, "log.trace_steps", cfg.log.trace_steps, "trace", "traced");
 }
 
 StepTrace::~StepTrace() {
@@ -153,36 +154,35 @@ void StepTrace::before_step(int64_t step) {
   phase_clock().record_into(&intervals_);
 }
 
-void StepTrace::after_step(Session& s, int64_t step) {
+void StepTrace::after_step(Comm& world, int64_t step) {
   if (first_ <= 0 || written_ || step < first_) return;
   phase_clock().record_into(nullptr);
   if (step < last_) return;
   if (steps_.empty())  // resumed past the window: nothing recorded, nothing to write
     written_ = true;
   else
-    write(s);  // the same on every rank: they ran the same steps
+    write(world);  // the same on every rank: they ran the same steps
 }
 
-void StepTrace::write(Session& s) {
+void StepTrace::write(Comm& world) {
   written_ = true;
-  Comm& world = *s.groups.world;
   const WallClock wall_us;
   // The time axis starts at the earliest interval of any rank (the max of minus each first).
   double minus_t0 = intervals_.empty() ? -std::numeric_limits<double>::infinity()
                                        : -wall_us(intervals_.front().begin);
   world.all_reduce(Tensor(&minus_t0, DType::f64, Device::cpu, {1}), ReduceOp::max);
   const double t0 = -minus_t0;
-  const std::string dir = fs::join(s.cfg.log.dir, "trace");
+  const std::string dir = fs::join(log_dir_, "trace");
   absl::Status st = fs::make_dirs(dir);
-  const std::string mine = rank_events(s.topo(), intervals_, steps_, wall_us, t0);
+  const std::string mine = rank_events(topo_, intervals_, steps_, wall_us, t0);
   if (st.ok())
-    st = fs::write_file_atomic(rank_file(dir, s.topo().rank),
+    st = fs::write_file_atomic(rank_file(dir, topo_.rank),
                                absl::StrCat("{\"traceEvents\": [\n", mine, "\n]}\n"));
   if (!st.ok())
-    std::fprintf(stderr, "warning: rank %d: trace not written: %s\n", s.topo().rank,
+    std::fprintf(stderr, "warning: rank %d: trace not written: %s\n", topo_.rank,
                  std::string(st.message()).c_str());
   world.barrier();
-  if (!s.logger()) return;
+  if (topo_.rank != 0) return;
   // Rank 0 merges every rank's events it can read (all of them when log.dir is shared).
   std::string merged = "{\"traceEvents\": [\n" + mine;
   int ranks = 1;
@@ -195,7 +195,7 @@ void StepTrace::write(Session& s) {
     ++ranks;
   }
   merged += "\n]}\n";
-  const std::string path = fs::join(s.cfg.log.dir, "trace.json");
+  const std::string path = fs::join(log_dir_, "trace.json");
   st = fs::write_file_atomic(path, merged);
   if (!st.ok()) {
     std::fprintf(stderr, "warning: trace not written: %s\n", std::string(st.message()).c_str());

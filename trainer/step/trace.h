@@ -11,10 +11,15 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "core/tensor.h"
+#include "parallel/comm.h"
+#include "parallel/topology.h"
+#include "trainer/config/config.h"
 #include "trainer/obs/step_timing.h"
-#include "trainer/session/session.h"
 
 namespace tr {
 
@@ -25,7 +30,8 @@ namespace tr {
 // Rank 0 logs where the capture starts and stops; on the CPU backend nothing is captured.
 class ProfileWindow {
  public:
-  explicit ProfileWindow(const Session& s);
+  // `logger`: rank 0, which says where the capture starts and stops.
+  ProfileWindow(const Config& cfg, bool logger, Device device);
   ~ProfileWindow();  // a run that ends inside the window stops the capture
   ProfileWindow(const ProfileWindow&) = delete;
   ProfileWindow& operator=(const ProfileWindow&) = delete;
@@ -40,7 +46,8 @@ class ProfileWindow {
 
 class StepTrace {
  public:
-  explicit StepTrace(const Session& s);
+  // This rank's place in the grid, which names its process in the trace.
+  StepTrace(const Config& cfg, const Topology& topo);
   ~StepTrace();  // the phase clock stops recording into this trace (a run ended mid-window)
   StepTrace(const StepTrace&) = delete;
   StepTrace& operator=(const StepTrace&) = delete;
@@ -48,10 +55,12 @@ class StepTrace {
   void before_step(int64_t step);
   // After step `step`: stops recording; after the window's last step (or the run's, when that
   // comes first) writes the traces. Collective over the world (one all-reduce, one barrier).
-  void after_step(Session& s, int64_t step);
+  void after_step(Comm& world, int64_t step);
 
  private:
-  void write(Session& s);
+  void write(Comm& world);
+  Topology topo_;
+  std::string log_dir_;
   int64_t first_ = 0, last_ = 0;  // the window; first_ 0 = none
   bool written_ = false;
   std::vector<PhaseInterval> intervals_;
