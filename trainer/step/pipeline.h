@@ -14,7 +14,7 @@ namespace tr {
 // What the pipeline runs on: this rank's model and staged tokens, its pipeline group and the
 // world (the stop polls), and the layout (the micro-batches and the schedule's actions).
 struct PipelineRank {
-  Qwen2Model& model;
+  DecoderModel& model;
   StepIO& io;
   Comm& pp;
   Comm& world;

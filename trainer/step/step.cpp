@@ -92,7 +92,7 @@ void trace_dp(const Topology& topo, const DistributedOptimizer& opt, int64_t ste
 
 // TR_TRACE_TP=1 (world rank 0): how many column-parallel input-gradient reductions ran over TP
 // beside their weight-gradient GEMMs this step (parallel.overlap_tp).
-void trace_tp(Qwen2Model& model, const Topology& topo, int64_t step) {
+void trace_tp(DecoderModel& model, const Topology& topo, int64_t step) {
   const int64_t overlapped = model.take_tp_overlapped();
   if (topo.rank != 0 || !take(Switch::trace_tp)) return;
   std::fprintf(stderr,
@@ -165,7 +165,7 @@ void record_state(ckpt::TrainState& state, const data::DataLoader& train, const 
 
 }  // namespace
 
-void finalize_grads(Qwen2Model& model, DistributedOptimizer& opt) {
+void finalize_grads(DecoderModel& model, DistributedOptimizer& opt) {
   model.sync_replicated_grads();
   opt.reduce_grads();
 }

@@ -23,7 +23,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
 // Everything that makes this rank's accumulated gradients the ones the optimizer applies:
 // the replicated tensors' TP sync, the tied embedding's copies summed (pp > 1), and the
 // data-parallel reduction (or its last buckets, when they started during backward).
-void finalize_grads(Qwen2Model& model, DistributedOptimizer& opt);
+void finalize_grads(DecoderModel& model, DistributedOptimizer& opt);
 
 // Mean validation loss per token over eval_steps batches read in order from the start, over
 // all data-parallel ranks and pipeline stages. Every rank learns of a bad batch on any rank, and
