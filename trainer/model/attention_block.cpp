@@ -160,12 +160,21 @@ void AttentionBlock::attend_bwd(Ctx& ctx, const AttentionActs& a, const Attentio
   }
 }
 
+AttentionBlock::Widths AttentionBlock::widths() const {
+  Widths w;
+  w.H = d_.hidden;
+  w.Q = d_.qkv_out();
+  w.A = d_.heads * d_.head_dim;
+  w.R = (d_.heads + d_.kv_heads) * d_.head_dim;
+  w.t = static_cast<double>(T_);
+  w.q = static_cast<double>(w.Q);
+  w.nh = static_cast<double>(w.A);
+  w.nkv = static_cast<double>(d_.kv_heads * d_.head_dim);
+  return w;
+}
+
 void AttentionBlock::forward_ops(OpLister& ops, const Run& r) const {
-  const double T = static_cast<double>(T_), q = static_cast<double>(d_.qkv_out()),
-               nh = static_cast<double>(d_.heads * d_.head_dim),
-               nkv = static_cast<double>(d_.kv_heads * d_.head_dim);
-  const int64_t H = d_.hidden, Q = d_.qkv_out(), A = d_.heads * d_.head_dim,
-                R = (d_.heads + d_.kv_heads) * d_.head_dim;
+  const auto [H, Q, A, R, T, q, nh, nkv] = widths();
   const OpPlace layers = OpPlace::layers;
   ops.linear_fwd("qkv projection: forward" + r.suffix, r.phase, layers, r.count, T_, Q, H);
   if (d_.qk_norm) {  // q and k split out of the rows, each head normed, joined back
@@ -184,11 +193,7 @@ void AttentionBlock::forward_ops(OpLister& ops, const Run& r) const {
 }
 
 void AttentionBlock::backward_ops(OpLister& ops, double din, double dweight, double kept) const {
-  const double T = static_cast<double>(T_), q = static_cast<double>(d_.qkv_out()),
-               nh = static_cast<double>(d_.heads * d_.head_dim),
-               nkv = static_cast<double>(d_.kv_heads * d_.head_dim);
-  const int64_t H = d_.hidden, Q = d_.qkv_out(), A = d_.heads * d_.head_dim,
-                R = (d_.heads + d_.kv_heads) * d_.head_dim;
+  const auto [H, Q, A, R, T, q, nh, nkv] = widths();
   const OpPhase bwd = OpPhase::backward;
   const OpPlace layers = OpPlace::layers;
   ops.pass("attention output projection: output gradient kept", "cast", bwd, layers, kept, T_, H,

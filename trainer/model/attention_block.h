@@ -94,6 +94,13 @@ class AttentionBlock {
                    const AttentionWeights& g, GradWrite write) const;
   void attend(Ctx& ctx, const AttentionActs& acts, const AttentionInput& input) const;
   void attend_bwd(Ctx& ctx, const AttentionActs& acts, const AttentionInput& input) const;
+  // The widths the op list prices: hidden, qkv rows, attention, RoPE's (q and k heads); and as
+  // doubles the tokens, the qkv rows, the q heads' and the k heads' widths.
+  struct Widths {
+    int64_t H, Q, A, R;
+    double t, q, nh, nkv;
+  };
+  Widths widths() const;
   // The attention op's entry in the op list, forward or backward (per sequence under CP).
   void attention_ops(OpLister& ops, const std::string& name, OpPhase phase, double count,
                      bool backward) const;

@@ -99,7 +99,7 @@ DecoderModel::DecoderModel(const ModelDims& dims, const ModelOptions& o, ParamBu
 
 void DecoderModel::alloc_acts(Arena& ar) {
   const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_, H = d.hidden, C = chunk_;
+  const int64_t T = batch_ * seq_len_, H = d.hidden;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
   a_ = std::make_unique<Acts>();
   // A layer's buffers: those selective recomputation drops (the norm outputs and the MLP
@@ -163,6 +163,13 @@ void DecoderModel::alloc_acts(Arena& ar) {
       slot.rstdf = ar.alloc(sdtype_, {Tl});
     }
   }
+  alloc_scratch(ar);
+}
+
+void DecoderModel::alloc_scratch(Arena& ar) {
+  const ModelDims& d = dims_;
+  const int64_t T = batch_ * seq_len_, H = d.hidden, C = chunk_;
+  const int64_t Tl = d.sequence_parallel ? T / d.tp : T;
   a_->tmp = ar.alloc(dtype_, {Tl, H});
   a_->dres = ar.alloc(dtype_, {Tl, H});
   a_->grad_in = ar.alloc(dtype_, {Tl, H});

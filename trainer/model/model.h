@@ -195,6 +195,7 @@ class DecoderModel {
   struct Acts;
   Weights views(Tensor flat) const;
   void alloc_acts(Arena& arena);       // every activation and scratch buffer, in one fixed order
+  void alloc_scratch(Arena& arena);    // of them the buffers every micro-batch shares
   Comm* tp_group() const;              // the TP group (asserted set when tp > 1)
   void tp_sum(Tensor t);               // all-reduce over the TP group (no-op when tp == 1)
   Tensor full_or(Tensor local) const;  // the [T, H] buffer for a [Tl, H] one

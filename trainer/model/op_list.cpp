@@ -36,6 +36,7 @@ double flop(int64_t m, int64_t n, int64_t k) {
 
 void OpLister::add(ModelOp op) {
   if (op.count <= 0) return;
+  op.precision = dtype_;
   for (ModelOp& o : ops_)
     if (o.name == op.name && o.key == op.key && o.phase == op.phase) {
       o.count += op.count;
@@ -141,7 +142,7 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
   s.H = d.hidden;
   s.I = d.inter;
   s.e = static_cast<double>(dtype_size(o.dtype));
-  OpLister ops(s.e);
+  OpLister ops(o.dtype);
   const double mb = static_cast<double>(micro_batches);
   const double passes = o.split_backward ? 2 : 1;  // recomputation runs again for W
   const double kept = o.split_backward ? mb : 0;

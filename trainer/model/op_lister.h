@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "kernels/op_log.h"
 
 namespace tr {
@@ -30,6 +31,9 @@ struct ModelOp {
   OpClass cls = OpClass::gemm;
   OpPhase phase = OpPhase::forward;
   OpPlace place = OpPlace::layers;
+  // What it computes in: a GEMM's operands, a pass's elements (bf16 on GPUs, f32 or f64 on the
+  // CPU); a precision per GEMM is what FP8 training will set.
+  DType precision = DType::bf16;
   double count = 0;  // times per step on this rank
   // Once: FLOPs (GEMMs; attention at its full causal span of key.k keys per query) and bytes
   // read plus written (memory-bound passes; a weight gradient's fp32 accumulation).
@@ -48,7 +52,8 @@ inline constexpr double kNormBwdElems = 5, kNormBwdAccumulateElems = 6;
 // merged, those run zero times left out.
 class OpLister {
  public:
-  explicit OpLister(double elem_bytes) : e_(elem_bytes) {}  // bytes per activation element
+  // Ops computing in `dtype` (its size the bytes per activation element).
+  explicit OpLister(DType dtype) : dtype_(dtype), e_(static_cast<double>(dtype_size(dtype))) {}
 
   void add(ModelOp op);
   // A memory-bound pass over rows x width that moves `elems` elements (read plus written).
@@ -67,6 +72,7 @@ class OpLister {
   std::vector<ModelOp> take() { return std::move(ops_); }
 
  private:
+  DType dtype_;
   double e_;
   std::vector<ModelOp> ops_;
 };
