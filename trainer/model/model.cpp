@@ -28,12 +28,7 @@ DecoderModel::DecoderModel(const ModelDims& dims, const ModelOptions& o, ParamBu
                            Ctx ctx)
     : dims_(dims),
       options_(o),
-      batch_(o.batch),
       seq_len_(o.seq_len / dims.cp),
-      seq_total_(o.seq_len),
-      slots_(o.slots),
-      split_(o.split_backward),
-      overlap_tp_(o.overlap_tp),
       ctx_(ctx),
       dtype_(o.dtype),
       sdtype_(stat_dtype(o.dtype)),
@@ -84,22 +79,23 @@ DecoderModel::DecoderModel(const ModelDims& dims, const ModelOptions& o, ParamBu
   act_arena_ = std::make_unique<Arena>(plan.used(), ctx.device);
   alloc_acts(*act_arena_);
   if (dims_.cp > 1) {
-    const std::vector<int64_t> at = cp_positions(seq_total_, dims_.cp, dims_.cp_rank);
+    const std::vector<int64_t> at = cp_positions(options_.seq_len, dims_.cp, dims_.cp_rank);
     std::vector<int32_t> host(at.begin(), at.end());
     copy_tensor(a_->positions, Tensor(host.data(), DType::i32, Device::cpu, {seq_len_}));
   }
   // Attention's plans and workspace now, not in the first step (under context parallelism,
   // those of its blocks: half of this rank's tokens of a sequence).
   if (dims_.layers > 0)
-    attention_ = attention_prepare(ctx_, static_cast<int>(batch_), static_cast<int>(seq_len_),
-                                   static_cast<int>(dims_.heads), static_cast<int>(dims_.kv_heads),
-                                   static_cast<int>(dims_.head_dim),
-                                   dims_.cp > 1 ? static_cast<int>(seq_len_ / 2) : 0, o.documents);
+    attention_ =
+        attention_prepare(ctx_, static_cast<int>(options_.batch), static_cast<int>(seq_len_),
+                          static_cast<int>(dims_.heads), static_cast<int>(dims_.kv_heads),
+                          static_cast<int>(dims_.head_dim),
+                          dims_.cp > 1 ? static_cast<int>(seq_len_ / 2) : 0, o.documents);
 }
 
 void DecoderModel::alloc_acts(Arena& ar) {
   const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_, H = d.hidden;
+  const int64_t T = options_.batch * seq_len_, H = d.hidden;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
   a_ = std::make_unique<Acts>();
   // A layer's buffers: those selective recomputation drops (the norm outputs and the MLP
@@ -129,7 +125,7 @@ void DecoderModel::alloc_acts(Arena& ar) {
       if (j < d.chunks[c].layers && d.chunk_begin(c) + j >= full) return false;
     return true;
   };
-  for (int k = 0; k < slots_; ++k) {
+  for (int k = 0; k < options_.slots; ++k) {
     Acts::Slot& slot = a_->slots.emplace_back();
     for (int64_t j = 0; j <= positions; ++j) slot.resid.push_back(ar.alloc(dtype_, {Tl, H}));
     for (int64_t j = 0; j < positions; ++j) {
@@ -152,7 +148,7 @@ void DecoderModel::alloc_acts(Arena& ar) {
     // B leaves activations that W does not read: dqkv over qkv (attention's input, which W's
     // recomputation does not remake unless in full) and the MLP's dgateup over gateup (unless
     // recomputation remakes the SwiGLU output from it).
-    if (split_)
+    if (options_.split_backward)
       for (int64_t j = 0; j < positions; ++j) {
         Acts::Layer& L = slot.layers[j];
         mlp_.alloc_split(ar, L.mlp, full_at(j) || d.recompute_selective);
@@ -168,7 +164,7 @@ void DecoderModel::alloc_acts(Arena& ar) {
 
 void DecoderModel::alloc_scratch(Arena& ar) {
   const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_, H = d.hidden, C = chunk_;
+  const int64_t T = options_.batch * seq_len_, H = d.hidden, C = chunk_;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;
   a_->tmp = ar.alloc(dtype_, {Tl, H});
   a_->dres = ar.alloc(dtype_, {Tl, H});

@@ -117,8 +117,8 @@ class DecoderModel {
   DecoderModel(const ModelDims& dims, const ModelOptions& options, ParamBuffer& params, Ctx ctx);
   ~DecoderModel();
 
-  int64_t loss_chunk() const { return chunk_; }    // tokens per loss chunk
-  int activation_slots() const { return slots_; }  // ModelOptions::slots
+  int64_t loss_chunk() const { return chunk_; }            // tokens per loss chunk
+  int activation_slots() const { return options_.slots; }  // ModelOptions::slots
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
@@ -133,7 +133,7 @@ class DecoderModel {
   const ModelOptions& options() const { return options_; }
   Ctx ctx() const { return ctx_; }
   // Tokens of a micro-batch on this rank: batch x its seq_len / cp tokens of each sequence.
-  int64_t tokens_per_micro_batch() const { return batch_ * seq_len_; }
+  int64_t tokens_per_micro_batch() const { return options_.batch * seq_len_; }
   ParamBuffer& params() const { return params_; }
   const ParamLayout& layout() const { return params_.layout(); }
 
@@ -218,13 +218,8 @@ class DecoderModel {
 
   ModelDims dims_;
   ModelOptions options_;
-  int64_t batch_;
-  int64_t seq_len_;    // tokens of each sequence on this rank (seq_total_ / cp)
-  int64_t seq_total_;  // tokens of each sequence
-  int64_t chunk_ = 0;  // tokens per loss chunk (C)
-  int slots_ = 1;
-  bool split_ = false;              // ModelOptions::split_backward
-  bool overlap_tp_ = false;         // ModelOptions::overlap_tp
+  int64_t seq_len_;                 // tokens of each sequence on this rank (options_.seq_len / cp)
+  int64_t chunk_ = 0;               // tokens per loss chunk (C)
   int64_t tp_overlapped_ = 0;       // input-gradient reductions run beside dW, since last asked
   std::vector<int64_t> layer_pos_;  // each local layer's place in its chunk (and in a slot)
   Comm* tp_ = nullptr;

@@ -91,7 +91,7 @@ bool DecoderModel::holds_head(int chunk) const {
 
 void DecoderModel::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchDocs docs) {
   const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_;
+  const int64_t T = options_.batch * seq_len_;
   const bool sp = d.sequence_parallel;
   Acts& a = *a_;
   Acts::Slot& S = a.slots[slot];
@@ -196,10 +196,10 @@ void DecoderModel::recompute_layer(int slot, int64_t l) {
 void DecoderModel::stage_loss(int slot, Tensor targets, float grad_scale, bool grad,
                               Tensor loss_sum) {
   TR_ASSERT(dims_.last_stage, "the loss is computed on the last pipeline stage");
-  TR_ASSERT(targets.numel() == batch_ * seq_len_, "stage_loss: a micro-batch's targets");
+  TR_ASSERT(targets.numel() == options_.batch * seq_len_, "stage_loss: a micro-batch's targets");
   Acts& a = *a_;
   const Tensor lnf = a.slots[slot].lnf;
-  const int64_t T = batch_ * seq_len_;
+  const int64_t T = options_.batch * seq_len_;
   need(w_.lm_head);
   for (int64_t begin = 0; begin < T; begin += chunk_) {
     const int64_t n = std::min(chunk_, T - begin);
@@ -252,14 +252,14 @@ void DecoderModel::backward_stage(int slot, Tensor tokens, bool last_of_step, in
 }
 
 void DecoderModel::backward_input(int slot, Tensor tokens, int chunk) {
-  TR_ASSERT(split_, "backward_input needs ModelOptions::split_backward");
+  TR_ASSERT(options_.split_backward, "backward_input needs ModelOptions::split_backward");
   backward_pass(slot, tokens, chunk, /*weights=*/false, /*last_of_step=*/false);
 }
 
 void DecoderModel::backward_pass(int slot, Tensor tokens, int chunk, bool weights,
                                  bool last_of_step) {
   const ModelDims& d = dims_;
-  const int64_t T = batch_ * seq_len_;
+  const int64_t T = options_.batch * seq_len_;
   Acts& a = *a_;
   Acts::Slot& S = a.slots[slot];
   const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
@@ -280,7 +280,7 @@ void DecoderModel::backward_pass(int slot, Tensor tokens, int chunk, bool weight
   // rank's share of d ln). With parallel.overlap_tp and the weights' gradients in this pass, the
   // reduction runs on the TP group's side lane beside the weight-gradient GEMM, which reads
   // neither of its buffers.
-  const bool overlap = weights && overlap_tp_ && d.tp > 1;
+  const bool overlap = weights && options_.overlap_tp && d.tp > 1;
   const auto column_bwd = [&](Tensor dout, Tensor in, Tensor weight, Tensor dw, Tensor db) {
     if (!overlap) {
       linear_bwd(ctx_, full_or(a.dln), dw, db, dout, in, weight, gw);
@@ -323,7 +323,7 @@ void DecoderModel::backward_pass(int slot, Tensor tokens, int chunk, bool weight
 }
 
 void DecoderModel::backward_weight(int slot, bool last_of_step, int chunk) {
-  TR_ASSERT(split_, "backward_weight needs ModelOptions::split_backward");
+  TR_ASSERT(options_.split_backward, "backward_weight needs ModelOptions::split_backward");
   const ModelDims& d = dims_;
   const int64_t begin = d.chunk_begin(chunk), end = begin + d.chunks[chunk].layers;
   const GradWrite gw = weight_write_[chunk];
@@ -355,7 +355,7 @@ void DecoderModel::layer_final(int64_t l) {
 
 std::vector<float> DecoderModel::logits(int64_t begin, int64_t n) {
   TR_ASSERT(dims_.tp == 1, "logits() returns the whole vocabulary: tp must be 1");
-  TR_ASSERT(n <= chunk_ && begin + n <= batch_ * seq_len_, "logits range too large");
+  TR_ASSERT(n <= chunk_ && begin + n <= options_.batch * seq_len_, "logits range too large");
   Tensor logits = a_->logits.slice(0, n);
   linear_fwd(ctx_, logits, a_->slots[0].lnf.slice(begin, n), w_.lm_head, Tensor());
   const std::vector<float> all = to_host_floats(logits);  // [n, vocab_local]

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "trainer/model/attention_block.h"
@@ -113,9 +114,20 @@ constexpr OpPlace kLayers = OpPlace::layers;
 void head_ops(OpLister& ops, const ModelDims& d, const Shape& s, int64_t chunk, double mb) {
   const OpPlace head = OpPlace::head;
   const double v = static_cast<double>(d.vocab_local);
-  for (int64_t n : {chunk, s.T % chunk}) {
-    const double times = mb * static_cast<double>(n == chunk ? s.T / chunk : n > 0 ? 1 : 0);
-    const double rows = static_cast<double>(n);
+  // The whole chunks of a micro-batch, then the rest.
+  for (const auto& [n, each] :
+       {std::pair{chunk, s.T / chunk}, std::pair{s.T % chunk, int64_t{1}}}) {
+    if (n == 0) continue;
+    const double times = mb * static_cast<double>(each), rows = static_cast<double>(n);
+    // A pass over the chunk's f32 statistics (4 bytes each).
+    const auto stats = [&](const char* name, const char* kernel, int64_t width, double values) {
+      ops.add({.name = name,
+               .key = {kernel, n, width},
+               .cls = OpClass::loss,
+               .place = head,
+               .count = times,
+               .bytes = 4 * values});
+    };
     ops.linear_fwd("LM head: forward", kFwd, head, times, n, d.vocab_local, s.H);
     if (d.tp == 1) {
       ops.pass("cross-entropy", "cross_entropy_fwd_bwd", kFwd, head, times, n, d.vocab_local,
@@ -123,12 +135,11 @@ void head_ops(OpLister& ops, const ModelDims& d, const Shape& s, int64_t chunk, 
     } else {  // vocab-parallel: each shard's statistics, combined over TP, then loss and gradient
       ops.pass("cross-entropy: shard statistics", "xent_shard_stats", kFwd, head, times, n,
                d.vocab_local, v * rows, OpClass::loss);
-      ops.pass("cross-entropy: combine", "xent_combine", kFwd, head, times, n, 1,
-               3.0 * static_cast<double>(d.tp) * rows * 4 / s.e, OpClass::loss);
+      stats("cross-entropy: combine", "xent_combine", 1, 3.0 * static_cast<double>(d.tp) * rows);
       ops.pass("cross-entropy: loss and gradient", "xent_loss_grad", kFwd, head, times, n,
                d.vocab_local, 2 * v * rows, OpClass::loss);
     }
-    ops.pass("loss sum", "accumulate_sum", kFwd, head, times, n, 1, rows * 4 / s.e, OpClass::loss);
+    stats("loss sum", "accumulate_sum", 1, rows);
     ops.linear_bwd("LM head", head, kFwd, times, times, n, d.vocab_local, s.H);
   }
 }
