@@ -16,7 +16,8 @@ namespace tr {
 // A kernel and its shape: GEMMs M x N x K as the product runs (linear_fwd's out [M, N] = in [M,
 // K] . W[N, K]^T; "linear_bwd.din" and "linear_bwd.dweight" the two products of linear_bwd,
 // each M x N x K of its own output); attention tokens x (heads x head_dim) x keys of a
-// sequence; the rest rows x width (k = 1).
+// sequence; the rest rows x width (k = 1); collectives their buffer's rows x width
+// (parallel/comm.h comm_key).
 struct OpKey {
   std::string kernel;
   int64_t m = 0, n = 0, k = 1;
@@ -26,7 +27,11 @@ struct OpKey {
 
 class OpLog {
  public:
+  // A kernel: recorded unless a Compound is open.
   void note(OpKey key);
+  // A collective or exchange (parallel/comm.h logged_comm): recorded inside Compounds too, since
+  // what a compound op sends is fixed by its shapes where the blocks it launches are not.
+  void note_collective(OpKey key) { ++counts_[std::move(key)]; }
   const std::map<OpKey, int64_t>& counts() const { return counts_; }
   void clear() { counts_.clear(); }
 

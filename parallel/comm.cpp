@@ -1,11 +1,14 @@
 #include "parallel/comm.h"
 
 #include <cstring>
+#include <utility>
+
+#include "kernels/op_log.h"
 
 namespace tr {
 
-const char* CommOp::name() const {
-  switch (kind) {
+const char* CommOp::name(Kind k) {
+  switch (k) {
     case all_reduce:
       return "all_reduce";
     case all_gather:
@@ -35,6 +38,32 @@ void check_comm_op(const CommOp& op, int size) {
     TR_ASSERT(op.in.numel() == op.out.numel() * size && op.out.dtype == op.in.dtype,
               "reduce_scatter: in " + op.in.shape_str() + " must be " + std::to_string(size) +
                   " x out " + op.out.shape_str());
+}
+
+std::string collective_kernel(const std::string& group, CommOp::Kind kind, Lane lane) {
+  return group + " " + CommOp::name(kind) + (lane == Lane::beside ? " beside" : "");
+}
+
+OpKey collective_key(const std::string& group, const CommOp& op, Lane lane) {
+  const auto rows_by_rest = [](const Tensor& t) {
+    const int64_t rows = t.ndim > 0 ? t.shape[0] : 1;
+    return std::pair{rows, rows > 0 ? t.numel() / rows : 0};
+  };
+  std::pair<int64_t, int64_t> shape{0, 1};
+  switch (op.kind) {
+    case CommOp::reduce_scatter:
+      shape = rows_by_rest(op.in);
+      break;
+    case CommOp::exchange:
+      for (const P2P& p : op.p2p)
+        if (p.kind == P2P::send) shape.first += p.buf.numel();
+      break;
+    case CommOp::barrier:
+      break;
+    default:
+      shape = rows_by_rest(op.out);
+  }
+  return {collective_kernel(group, op.kind, lane), shape.first, shape.second};
 }
 
 bool gathers_in_place(const CommOp& op, int rank) {
@@ -81,10 +110,33 @@ class SelfComm final : public Comm {
   std::string name_;
 };
 
+// Forwards every operation to the group it wraps, noting each on the log.
+class LoggedComm final : public Comm {
+ public:
+  LoggedComm(Comm& inner, OpLog& log) : inner_(inner), log_(log) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  const std::string& name() const override { return inner_.name(); }
+  Ticket start(const CommOp& op, Lane lane) override {
+    log_.note_collective(collective_key(inner_.name(), op, lane));
+    return inner_.start(op, lane);
+  }
+  void wait(Ticket ticket) override { inner_.wait(ticket); }
+  void wait_all() override { inner_.wait_all(); }
+
+ private:
+  Comm& inner_;
+  OpLog& log_;
+};
+
 }  // namespace
 
 std::unique_ptr<Comm> make_self_comm(const std::string& name) {
   return std::make_unique<SelfComm>(name);
+}
+
+std::unique_ptr<Comm> logged_comm(Comm& inner, OpLog& log) {
+  return std::make_unique<LoggedComm>(inner, log);
 }
 
 }  // namespace tr

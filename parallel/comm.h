@@ -21,6 +21,9 @@
 
 namespace tr {
 
+class OpLog;
+struct OpKey;
+
 enum class ReduceOp { sum, max };
 
 // One side of a grouped exchange (pipeline boundaries: send activations while receiving
@@ -46,7 +49,8 @@ struct CommOp {
   ReduceOp op = ReduceOp::sum;
   int peer = 0;              // broadcast: the root; send, recv: the other rank
   std::span<const P2P> p2p;  // exchange: posted together (no send/recv ordering deadlock)
-  const char* name() const;
+  const char* name() const { return name(kind); }
+  static const char* name(Kind k);  // "all_reduce", "all_gather", ...
 };
 
 enum class Lane { in_order, beside };
@@ -105,6 +109,18 @@ class Comm {
 // The group of just this process (size 1): every collective is the identity. Used by a lone
 // process without a launcher, and for axes of size 1.
 std::unique_ptr<Comm> make_self_comm(const std::string& name);
+
+// How an op log (kernels/op_log.h) keys a collective of group `group`: kernel "<group> <kind>",
+// with " beside" on Lane::beside; shape the buffer's rows x the rest of its elements: the
+// buffer of an all-reduce, broadcast, send or recv, an all-gather's out and a reduce-scatter's
+// in (the whole, not this rank's block), and for an exchange the elements it sends x 1.
+std::string collective_kernel(const std::string& group, CommOp::Kind kind, Lane lane);
+OpKey collective_key(const std::string& group, const CommOp& op, Lane lane);
+
+// `inner` with every operation started through it noted on `log` (OpLog::note_collective) by
+// collective_key under inner's name: what a model's op list (trainer/model/op_list.h) is
+// checked against. `inner` and `log` must outlive it.
+std::unique_ptr<Comm> logged_comm(Comm& inner, OpLog& log);
 
 // Checks an operation's shapes against a group of `size` ranks (one line naming the operation
 // and the shapes when they do not fit); whether an all-gather's `in` is rank `rank`'s own block

@@ -542,9 +542,16 @@ int run(const Args& a) {
   }
   const tr::Topology topo = plan->layout.of_rank(plan->layout.topo.rank_at(0, 0, stage)).topo;
   const tr::ModelDims d = tr::ModelDims::from(*cfg, topo);
-  const std::vector<StepOp> ops = tr::stage_ops(*cfg, plan->layout, *gpu, stage,
-                                                plan->stages[static_cast<size_t>(stage)].grads / 4,
-                                                documents ? documents->span : 0.0);
+  // The stage's ops on one GPU: its collectives need the group's ranks (preflight measures the
+  // links they cross).
+  const auto gpu_ops = [&](const tr::GpuSpec& g) {
+    std::vector<StepOp> ops = tr::stage_ops(*cfg, plan->layout, g, stage,
+                                            plan->stages[static_cast<size_t>(stage)].grads / 4,
+                                            documents ? documents->span : 0.0);
+    std::erase_if(ops, [](const StepOp& op) { return op.cls == tr::OpClass::communication; });
+    return ops;
+  };
+  const std::vector<StepOp> ops = gpu_ops(*gpu);
   ctx.deterministic = cfg->train.deterministic;
   const DType act = ctx.device == Device::cuda ? DType::bf16 : DType::f32;
   std::printf(
@@ -609,12 +616,8 @@ int run(const Args& a) {
   std::printf("| all timed | %.6g | %.6g | %.2f |\n", predicted, measured, measured / predicted);
   if (!untimed.empty())
     std::printf("not timed (no single kernel call): %s\n", absl::StrJoin(untimed, ", ").c_str());
-  const std::vector<std::pair<std::string, double>> calibration = calibrate(
-      ops, measured_s, *gpu, cfg->model.head_dim, documents.has_value(), [&](const tr::GpuSpec& g) {
-        return tr::stage_ops(*cfg, plan->layout, g, stage,
-                             plan->stages[static_cast<size_t>(stage)].grads / 4,
-                             documents ? documents->span : 0.0);
-      });
+  const std::vector<std::pair<std::string, double>> calibration =
+      calibrate(ops, measured_s, *gpu, cfg->model.head_dim, documents.has_value(), gpu_ops);
   std::string keys;
   nlohmann::json calibration_json = nlohmann::json::object();
   for (const auto& [key, value] : calibration) {

@@ -78,15 +78,20 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   CHECK(flops_per_token(block, tokens, 16.0 * 32 * 32) == Approx(p->flops_per_token_causal));
   CHECK(flops_per_token(block, tokens, 16.0 * 2 * 16 * 16) ==
         Approx(p->flops_per_token_causal - attention / 2));
-  // TP per step: 4 micro-batches x 2 layers per stage x 4 all-reduces x 2(tp-1)/tp x [64 x 64]
-  // bf16 (T = 2 x 32 tokens).
-  CHECK(p->tp_bytes == Approx(4 * 2 * 4 * 1.0 * (64 * 64 * 2)));
-  CHECK(p->pp_bytes == Approx(4 * 2 * (64 * 64 * 2)));  // activations out, gradients back
-  // The calls each pay a latency: 32 TP all-reduces, 8 sends, one DP bucket (32M elements).
-  CHECK(p->tp_calls == 4 * 2 * 4);
+  // TP per step on the slowest stage (the last: the LM head's), each all-reduce sending
+  // 2(tp-1)/tp of its buffer, each all-gather (tp-1)/tp: 4 micro-batches x 2 layers x 4
+  // all-reduces of [64 x 64] bf16 (T = 2 x 32 tokens); per micro-batch the vocab-parallel
+  // loss's statistics all-gathered (one chunk: tp x 64 x 3 f32) and the LM head's input
+  // gradient all-reduced ([64 x 64] bf16).
+  REQUIRE(p->slowest_stage == 1);
+  const double act = 64 * 64 * 2, stats = 2 * 64 * 3 * 4;
+  CHECK(p->tp_bytes == Approx(4 * 2 * 4 * 1.0 * act + 4 * (0.5 * stats + 1.0 * act)));
+  CHECK(p->pp_bytes == Approx(4 * 2 * act));  // activations out, gradients back
+  // The calls each pay a latency: 40 TP collectives, 8 sends, one DP bucket (32M elements).
+  CHECK(p->tp_calls == 4 * 2 * 4 + 4 * 2);
   CHECK(p->pp_calls == 4 * 2);
   CHECK(p->dp_buckets == 1);
-  CHECK(p->tp_comm_s == Approx(p->tp_bytes / gpu.nvlink_bw + 32 * gpu.nvlink_latency));
+  CHECK(p->tp_comm_s == Approx(p->tp_bytes / gpu.nvlink_bw + 40 * gpu.nvlink_latency));
   // parallel.overlap_tp: of those, the backward's QKV and gate/up input-gradient all-reduces (2
   // per layer and micro-batch) run beside their weight gradients, hidden as far as those GEMMs
   // last; off, or under a zero-bubble schedule (no weight GEMM in the input pass), none.
@@ -616,8 +621,9 @@ TEST_CASE("plan: context parallelism's activation memory is the real model's", "
     }
 }
 
-// The CP exchange's bytes per GPU per step by hand for both methods (trainer/plan/plan.cpp's
-// cp_bytes_per_step), and the cp the planner names for a sequence that does not fit.
+// The CP exchange's bytes per GPU per step by hand for both methods (what the model's op list
+// says its attention sends: trainer/model/attention_block.cpp), and the cp the planner names for a
+// sequence that does not fit.
 TEST_CASE("plan: context parallelism's traffic by hand, and the cp a long sequence needs",
           "[model]") {
   // tp 2 x cp 2 x pp 2, seq 64: each rank's chunk of K is 32 tokens of 1 KV head of 16 in bf16,

@@ -160,6 +160,13 @@ void AttentionBlock::attend_bwd(Ctx& ctx, const AttentionActs& a, const Attentio
   }
 }
 
+void AttentionBlock::final_ops(OpLister& ops, DType grad) const {
+  if (d_.tp == 1 || !d_.qk_norm) return;
+  for (const char* name : {"qk-norm: q gradient summed", "qk-norm: k gradient summed"})
+    ops.collective(name, OpPhase::backward, OpPlace::layers, 1, "tp", CommOp::all_reduce,
+                   Lane::in_order, d_.head_dim, 1, grad);
+}
+
 AttentionBlock::Widths AttentionBlock::widths() const {
   Widths w;
   w.H = d_.hidden;
@@ -225,6 +232,27 @@ void AttentionBlock::attention_ops(OpLister& ops, const std::string& name, OpPha
   ops.pass("attention: split q, k, v", "qkv_split", phase, OpPlace::layers, n, S_, Q, 2 * q * rows);
   ops.attention(name, backward ? "cp_attention_bwd" : "cp_attention_fwd", phase, n, S_, A,
                 seq_total_, backward);
+  // What it sends (parallel/cp_attention.h): K and V gathered from every rank, or passed once
+  // round the ring beside the blocks' attention; in the backward also dK and dV
+  // reduce-scattered home, or passed round the ring after each block.
+  const int64_t cp = d_.cp, kv = d_.kv_heads * d_.head_dim;
+  const DType acc = cp_accumulator_dtype(dtype_);
+  const auto comm = [&](const char* what, double times, CommOp::Kind kind, Lane lane, int64_t rows,
+                        int64_t width, DType dtype) {
+    ops.collective(name + ": " + what, phase, OpPlace::layers, n * times, "cp", kind, lane, rows,
+                   width, dtype);
+  };
+  if (d_.cp_exchange == CpExchange::all_gather) {
+    comm("k, v gathered", 2, CommOp::all_gather, Lane::in_order, cp * S_, kv, dtype_);
+    if (backward)
+      comm("dk, dv reduce-scattered", 2, CommOp::reduce_scatter, Lane::in_order, cp * S_, kv, acc);
+  } else {
+    comm("k, v passed on", static_cast<double>(cp - 1), CommOp::exchange, Lane::beside, 2 * S_ * kv,
+         1, dtype_);
+    if (backward)
+      comm("dk, dv passed on", static_cast<double>(cp), CommOp::exchange, Lane::in_order,
+           2 * S_ * kv, 1, acc);
+  }
   if (backward)
     ops.pass("attention: join dq, dk, dv", "qkv_join", phase, OpPlace::layers, n, S_, Q,
              2 * q * rows);

@@ -87,6 +87,8 @@ class AttentionBlock {
   // DenseMlp's.
   void forward_ops(OpLister& ops, const Run& r) const;
   void backward_ops(OpLister& ops, double din, double dweight, double kept) const;
+  // Once a step: replicated_over_heads' gradients summed over TP (gradients in `grad`).
+  void final_ops(OpLister& ops, DType grad) const;
 
  private:
   void qk_norm_fwd(Ctx& ctx, const AttentionActs& acts, const AttentionWeights& w) const;

@@ -205,6 +205,18 @@ void DecoderModel::begin_step_grads() {
 
 DecoderModel::~DecoderModel() = default;
 
+void DecoderModel::set_cp_comm(Comm* cp) {
+  cp_ = cp;
+  attn_.set_cp_comm(cp_logged_ ? cp_logged_.get() : cp_);
+}
+
+void DecoderModel::set_op_log(OpLog* log) {
+  ctx_.log = log;
+  tp_logged_ = log != nullptr && tp_ != nullptr ? logged_comm(*tp_, *log) : nullptr;
+  cp_logged_ = log != nullptr && cp_ != nullptr ? logged_comm(*cp_, *log) : nullptr;
+  attn_.set_cp_comm(cp_logged_ ? cp_logged_.get() : cp_);
+}
+
 Weights DecoderModel::views(Tensor flat) const {
   const ModelDims& d = dims_;
   const int64_t H = d.hidden;

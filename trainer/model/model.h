@@ -122,12 +122,14 @@ class DecoderModel {
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
   // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
-  void set_cp_comm(Comm* cp) { attn_.set_cp_comm(cp); }
+  void set_cp_comm(Comm* cp);
   // The one subscriber to what the model reports about the flat buffer as it runs (the
   // distributed optimizer), set once; null = none.
   void set_param_events(ParamEvents* events) { events_ = events; }
-  // Records every op the model dispatches on `log` (kernels/op_log.h; null: stops recording).
-  void set_op_log(OpLog* log) { ctx_.log = log; }
+  // Records every op the model dispatches on `log` (kernels/op_log.h; null: stops recording):
+  // its kernels, and the collectives it starts on the TP and CP groups (parallel/comm.h
+  // logged_comm). Set after the groups.
+  void set_op_log(OpLog* log);
 
   const ModelDims& dims() const { return dims_; }
   const ModelOptions& options() const { return options_; }
@@ -223,6 +225,9 @@ class DecoderModel {
   int64_t tp_overlapped_ = 0;       // input-gradient reductions run beside dW, since last asked
   std::vector<int64_t> layer_pos_;  // each local layer's place in its chunk (and in a slot)
   Comm* tp_ = nullptr;
+  Comm* cp_ = nullptr;
+  // With an op log: the TP and CP groups noting what the model starts on them.
+  std::unique_ptr<Comm> tp_logged_, cp_logged_;
   ParamEvents* events_ = nullptr;
   void need(const Tensor& w);  // events_->weights_needed over the flat range of w (a view of w_)
   std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)

@@ -36,7 +36,7 @@ std::vector<float> to_host_floats(Tensor t) {
 Comm* DecoderModel::tp_group() const {
   TR_ASSERT(dims_.tp == 1 || (tp_ != nullptr && tp_->size() == dims_.tp),
             "tensor parallelism needs set_tp_comm()");
-  return tp_;
+  return tp_logged_ ? tp_logged_.get() : tp_;
 }
 
 void DecoderModel::tp_sum(Tensor t) {

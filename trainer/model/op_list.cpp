@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/ops.h"
 #include "trainer/model/attention_block.h"
 #include "trainer/model/mlp_block.h"
+#include "trainer/model/param_buffer.h"
 
 namespace tr {
 
@@ -22,6 +24,8 @@ const char* op_class_name(OpClass c) {
       return "loss";
     case OpClass::optimizer:
       return "optimizer";
+    case OpClass::communication:
+      return "communication";
   }
   return "?";
 }
@@ -37,7 +41,7 @@ double flop(int64_t m, int64_t n, int64_t k) {
 
 void OpLister::add(ModelOp op) {
   if (op.count <= 0) return;
-  op.precision = dtype_;
+  if (op.cls != OpClass::communication) op.precision = dtype_;
   for (ModelOp& o : ops_)
     if (o.name == op.name && o.key == op.key && o.phase == op.phase) {
       o.count += op.count;
@@ -85,6 +89,22 @@ void OpLister::linear_bwd(const std::string& name, OpPlace place, OpPhase phase,
        .column_weight_grad = column_parallel});
 }
 
+void OpLister::collective(const std::string& name, OpPhase phase, OpPlace place, double count,
+                          const std::string& group, CommOp::Kind kind, Lane lane, int64_t rows,
+                          int64_t width, DType dtype) {
+  ModelOp op;
+  op.name = name;
+  op.key = {collective_kernel(group, kind, lane), rows, width};
+  op.cls = OpClass::communication;
+  op.phase = phase;
+  op.place = place;
+  op.precision = dtype;
+  op.count = count;
+  op.bytes = static_cast<double>(rows * width) * static_cast<double>(dtype_size(dtype));
+  op.comm = {group, kind, lane};
+  add(std::move(op));
+}
+
 void OpLister::attention(const std::string& name, const char* kernel, OpPhase phase, double count,
                          int64_t m, int64_t n, int64_t k, bool backward) {
   add({.name = name,
@@ -103,15 +123,40 @@ struct Shape {
   int64_t T;   // tokens of a micro-batch here: batch x seq / cp
   int64_t Ts;  // of them outside the TP regions: T / tp under sequence parallelism
   int64_t H, I;
-  double e;  // bytes per activation element
+  double e;    // bytes per activation element
+  DType stat;  // the loss's statistics (kernels/ops.h stat_dtype)
+  DType grad;  // the gradients (ParamBuffer::grad_dtype)
 };
 
 constexpr OpPhase kFwd = OpPhase::forward, kBwd = OpPhase::backward;
 constexpr OpPlace kLayers = OpPlace::layers;
 
+// The two ends of a TP region over a micro-batch's [T, H] activations (parallel/tp_region.h):
+// leaving all-reduces the partial sums (reduce-scatters them under sequence parallelism);
+// entering all-gathers the tokens under sequence parallelism and is nothing without it.
+struct TpRegion {
+  OpLister& ops;
+  const ModelDims& d;
+  const Shape& s;
+  DType dtype;
+  void leave(const std::string& name, OpPhase phase, OpPlace place, double count,
+             Lane lane = Lane::in_order) const {
+    if (d.tp == 1) return;
+    ops.collective(name, phase, place, count, "tp",
+                   d.sequence_parallel ? CommOp::reduce_scatter : CommOp::all_reduce, lane, s.T,
+                   s.H, dtype);
+  }
+  void enter(const std::string& name, OpPhase phase, OpPlace place, double count) const {
+    if (d.tp == 1 || !d.sequence_parallel) return;
+    ops.collective(name, phase, place, count, "tp", CommOp::all_gather, Lane::in_order, s.T, s.H,
+                   dtype);
+  }
+};
+
 // The LM head with the cross-entropy, chunk by chunk (each chunk's backward right after it, in
 // the forward), over `mb` micro-batches.
-void head_ops(OpLister& ops, const ModelDims& d, const Shape& s, int64_t chunk, double mb) {
+void head_ops(OpLister& ops, const ModelDims& d, const Shape& s, int64_t chunk, double mb,
+              const TpRegion& region) {
   const OpPlace head = OpPlace::head;
   const double v = static_cast<double>(d.vocab_local);
   // The whole chunks of a micro-batch, then the rest.
@@ -135,6 +180,8 @@ void head_ops(OpLister& ops, const ModelDims& d, const Shape& s, int64_t chunk, 
     } else {  // vocab-parallel: each shard's statistics, combined over TP, then loss and gradient
       ops.pass("cross-entropy: shard statistics", "xent_shard_stats", kFwd, head, times, n,
                d.vocab_local, v * rows, OpClass::loss);
+      ops.collective("cross-entropy: statistics gathered", kFwd, head, times, "tp",
+                     CommOp::all_gather, Lane::in_order, d.tp * n * 3, 1, s.stat);
       stats("cross-entropy: combine", "xent_combine", 1, 3.0 * static_cast<double>(d.tp) * rows);
       ops.pass("cross-entropy: loss and gradient", "xent_loss_grad", kFwd, head, times, n,
                d.vocab_local, 2 * v * rows, OpClass::loss);
@@ -142,6 +189,7 @@ void head_ops(OpLister& ops, const ModelDims& d, const Shape& s, int64_t chunk, 
     stats("loss sum", "accumulate_sum", 1, rows);
     ops.linear_bwd("LM head", head, kFwd, times, times, n, d.vocab_local, s.H);
   }
+  region.leave("LM head: input gradient reduced", kFwd, head, mb);  // vocab-parallel
 }
 
 }  // namespace
@@ -153,7 +201,13 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
   s.H = d.hidden;
   s.I = d.inter;
   s.e = static_cast<double>(dtype_size(o.dtype));
+  s.stat = stat_dtype(o.dtype);
+  s.grad = ParamBuffer::grad_dtype(o.dtype);
   OpLister ops(o.dtype);
+  const TpRegion region{ops, d, s, o.dtype};
+  // A whole backward (not a split one's B pass) reduces a column-parallel layer's input
+  // gradient beside its weight gradient with parallel.overlap_tp.
+  const Lane column_lane = o.overlap_tp && !o.split_backward ? Lane::beside : Lane::in_order;
   const double mb = static_cast<double>(micro_batches);
   const double passes = o.split_backward ? 2 : 1;  // recomputation runs again for W
   const double kept = o.split_backward ? mb : 0;
@@ -168,6 +222,8 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
     const double t = static_cast<double>(s.T);
     ops.pass("embedding: forward", "embedding_fwd", kFwd, OpPlace::embedding, mb, s.T, s.H,
              2 * h * t);
+    region.leave("embedding: reduced", kFwd, OpPlace::embedding, mb);  // vocab-parallel rows
+    region.enter("embedding: output gradient gathered", kBwd, OpPlace::embedding, mb);
     // The scatter-add into fp32 rows.
     ops.add({.name = "embedding: backward",
              .key = {"embedding_bwd", s.T, s.H},
@@ -204,8 +260,16 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
     else if (n > 0)
       norm("residual add: forward", "add", kFwd, kLayers, mb, 3);
     for (int64_t j = 0; j < n; ++j, ++l) {
+      // Each block a TP region: its input gathered, its output's partial sums reduced.
+      const auto blocks_forward = [&](const Run& r, bool mlp_out) {
+        region.enter("attention: input gathered" + r.suffix, r.phase, kLayers, r.count);
+        region.leave("attention: output reduced" + r.suffix, r.phase, kLayers, r.count);
+        region.enter("mlp: input gathered" + r.suffix, r.phase, kLayers, r.count);
+        if (mlp_out) region.leave("mlp: output reduced", r.phase, kLayers, r.count);
+      };
       attention.forward_ops(ops, {mb, kFwd, ""});
       mlp.forward_ops(ops, {mb, kFwd, ""});
+      blocks_forward({mb, kFwd, ""}, true);
       const bool full = l < d.recompute_full;
       if (full || d.recompute_selective) {  // the layer's input norm again
         norm("rmsnorm: forward (recomputed)", "rmsnorm_fwd", kBwd, kLayers, mb * passes, 2);
@@ -216,19 +280,38 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
         norm("add + rmsnorm: forward (recomputed)", "add_rmsnorm_fwd", kBwd, kLayers, mb * passes,
              4);
         mlp.forward_ops(ops, again, /*down=*/false);
+        blocks_forward(again, false);
       } else if (d.recompute_selective) {  // the norms' and SwiGLU's outputs
         norm("rmsnorm: forward (recomputed)", "rmsnorm_fwd", kBwd, kLayers, mb * passes, 2);
         ops.pass("swiglu: forward (recomputed)", "swiglu_fwd", kBwd, kLayers, mb * passes, s.T, s.I,
                  3.0 * static_cast<double>(s.I * s.T));
+        region.enter("attention: input gathered (recomputed)", kBwd, kLayers, mb * passes);
+        region.enter("mlp: input gathered (recomputed)", kBwd, kLayers, mb * passes);
       }
       mlp.backward_ops(ops, mb, mb, kept);
       // Both blocks' input norms, accumulated into the residual stream's gradient.
       norm("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, 2 * mb, kNormBwdAccumulateElems);
       attention.backward_ops(ops, mb, mb, kept);
+      // Backward through each block's TP region: its output gradient gathered, its input
+      // gradient's partial sums reduced.
+      region.enter("mlp: output gradient gathered", kBwd, kLayers, mb);
+      region.leave("mlp: input gradient reduced", kBwd, kLayers, mb, column_lane);
+      region.enter("attention: output gradient gathered", kBwd, kLayers, mb);
+      region.leave("attention: input gradient reduced", kBwd, kLayers, mb, column_lane);
+      // Once a step: gradients of weights each TP rank applied to other tokens (the norms',
+      // under sequence parallelism) or other heads (attention's), summed over TP.
+      if (d.tp > 1 && d.sequence_parallel)
+        ops.collective("rmsnorm: gradients summed", kBwd, kLayers, 2, "tp", CommOp::all_reduce,
+                       Lane::in_order, s.H, 1, s.grad);
+      attention.final_ops(ops, s.grad);
     }
     if (head) {
       norm("final rmsnorm: backward", "rmsnorm_bwd", kBwd, OpPlace::head, mb, kNormBwdElems);
-      head_ops(ops, d, s, loss_chunk_of(d, o), mb);
+      region.enter("final rmsnorm: output gathered", kFwd, OpPlace::head, mb);
+      head_ops(ops, d, s, loss_chunk_of(d, o), mb, region);
+      if (d.tp > 1 && d.sequence_parallel)
+        ops.collective("final rmsnorm: gradient summed", kBwd, OpPlace::head, 1, "tp",
+                       CommOp::all_reduce, Lane::in_order, s.H, 1, s.grad);
     }
   }
   return ops.take();

@@ -1,9 +1,10 @@
 // The model's op list: every kernel a rank's model runs in a training step, block by block, with
-// the shape it runs at and the FLOPs and bytes that price it. The planner's step model
+// the shape it runs at and the FLOPs and bytes that price it, and every collective it starts on
+// its TP and CP groups. The planner's step model
 // (trainer/plan/step_model.h) and tools/bench_ops read this list instead of describing the
-// forward and backward again, and a test records what the kernels actually dispatched
-// (kernels/op_log.h) over every family, recomputation mode and layout and checks it equals the
-// list, so the planner cannot drift from the model.
+// forward and backward again, and a test records what the kernels actually dispatched and the
+// groups carried (kernels/op_log.h, parallel/comm.h logged_comm) over every family, recomputation
+// mode and layout and checks it equals the list, so the planner cannot drift from the model.
 #pragma once
 
 #include <cstdint>

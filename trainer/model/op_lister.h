@@ -8,13 +8,15 @@
 
 #include "core/tensor.h"
 #include "kernels/op_log.h"
+#include "parallel/comm.h"
 
 namespace tr {
 
-// What prices an op: GEMM rates, attention's, memory bandwidth; the optimizer's class is the
-// planner's own (its update is not the model's).
-enum class OpClass { gemm, attention, memory, loss, optimizer };
-const char* op_class_name(OpClass c);  // "GEMM", "attention", "memory", "loss", "optimizer"
+// What prices an op: GEMM rates, attention's, memory bandwidth, the links a collective crosses;
+// the optimizer's class is the planner's own (its update is not the model's).
+enum class OpClass { gemm, attention, memory, loss, optimizer, communication };
+// "GEMM", "attention", "memory", "loss", "optimizer", "communication"
+const char* op_class_name(OpClass c);
 
 // Where an op runs in the step: a micro-batch's forward (the LM head's whole loss chunk
 // included: its backward runs inside the forward), its backward, or the update.
@@ -23,6 +25,14 @@ enum class OpPhase { forward, backward, update };
 // Where an op belongs: the stage's transformer layers, the LM head with the loss, the input
 // embedding, the optimizer.
 enum class OpPlace { layers, head, embedding, optimizer };
+
+// A collective the model starts (OpClass::communication): on which of the rank's groups
+// ("tp", "cp"), which kind, and whether it runs beside the compute (Lane::beside) or in order.
+struct CollectiveSpec {
+  std::string group;
+  CommOp::Kind kind = CommOp::all_reduce;
+  Lane lane = Lane::in_order;
+};
 
 // One op of a rank's step: a kernel at one shape, how often it runs and what it costs once.
 struct ModelOp {
@@ -36,11 +46,13 @@ struct ModelOp {
   DType precision = DType::bf16;
   double count = 0;  // times per step on this rank
   // Once: FLOPs (GEMMs; attention at its full causal span of key.k keys per query) and bytes
-  // read plus written (memory-bound passes; a weight gradient's fp32 accumulation).
+  // read plus written (memory-bound passes; a weight gradient's fp32 accumulation); a
+  // collective's bytes those of its buffer as keyed (an exchange's: what it sends).
   double flop = 0, bytes = 0;
   // The weight gradient of a column-parallel layer of the body (QKV, gate and up): with
   // parallel.overlap_tp the TP reduction of the layer's input gradient runs beside it.
   bool column_weight_grad = false;
+  CollectiveSpec comm = {};  // a collective's (OpClass::communication)
 };
 
 // Elements an RMSNorm backward moves per element of its input: din's pass reads dout and in and
@@ -69,6 +81,11 @@ class OpLister {
   // Causal attention of m queries over sequences of k keys, width n = heads x head_dim.
   void attention(const std::string& name, const char* kernel, OpPhase phase, double count,
                  int64_t m, int64_t n, int64_t k, bool backward);
+  // A collective on `group` over a buffer of rows x width elements of `dtype` (keyed as
+  // parallel/comm.h collective_key keys it).
+  void collective(const std::string& name, OpPhase phase, OpPlace place, double count,
+                  const std::string& group, CommOp::Kind kind, Lane lane, int64_t rows,
+                  int64_t width, DType dtype);
   std::vector<ModelOp> take() { return std::move(ops_); }
 
  private:

@@ -132,35 +132,6 @@ void plan_flops(const Config& cfg, Plan& plan) {
                                 plan.layout.virtual_stages, plan.layout.micro_batches);
 }
 
-// The CP exchange per GPU per step (bytes sent): per micro-batch, sequence and layer of the
-// stage, with c = one rank's K (or V) in bf16: seq / cp tokens of nkv / tp heads of hd; dK and dV
-// travel in their fp32 accumulators (cp_accumulator_dtype), 2 c each:
-//   all-gather: forward gathers K and V (each rank sends its c to cp - 1 others: 2 (cp - 1) c);
-//               backward gathers them again (2 (cp - 1) c) and reduce-scatters dK and dV
-//               (4 (cp - 1) c);
-//   ring:       forward passes K and V cp - 1 times, backward again: 4 (cp - 1) c, each pass
-//               beside the attention of the chunk in hand; backward also passes dK and dV cp
-//               times (the gradients travel home) after each chunk's backward: 4 cp c.
-// A fully recomputed layer runs its forward's exchange again. Returns {all, the part that runs
-// beside the attention}.
-std::pair<double, double> cp_bytes_per_step(const Config& cfg, const RunLayout& f,
-                                            int64_t recompute_full_layers) {
-  const int cp = f.topo.cp;
-  if (cp == 1) return {0, 0};
-  const ModelConfig& mc = cfg.model;
-  const double c = static_cast<double>(cfg.data.seq_len / cp) *
-                   static_cast<double>(mc.num_kv_heads / f.topo.tp * mc.head_dim) * 2.0;
-  const bool ring = cfg.parallel.cp_comm == "ring";
-  const double kv = 2.0 * (cp - 1) * c;  // one gather or one trip round the ring of K and V
-  const double grads = 2.0 * (ring ? 2.0 * cp * c : 2.0 * (cp - 1) * c);  // fp32
-  const double layers = static_cast<double>(mc.num_layers) / f.topo.pp;
-  const double full = static_cast<double>(recompute_full_layers) / f.topo.pp;
-  const double sequences = static_cast<double>(f.micro_batches * cfg.train.micro_batch);
-  const double kv_all = sequences * kv * (2 * layers + full);
-  const double all = kv_all + sequences * grads * layers;
-  return {all, ring ? kv_all : 0.0};
-}
-
 // Communication per GPU per step (bytes sent), bf16 activations, fp32 gradients.
 void plan_communication(const Config& cfg, Plan& plan) {
   const RunLayout& f = plan.layout;
@@ -170,31 +141,7 @@ void plan_communication(const Config& cfg, Plan& plan) {
   const double tokens =
       static_cast<double>(cfg.train.micro_batch * cfg.data.seq_len) / cp;  // T on this rank
   const double act = tokens * H * 2.0;                                     // [T, H] bf16
-  const double layers_here = static_cast<double>(cfg.model.num_layers) / pp;
-  // Per layer and micro-batch: 2 TP reductions forward (attention, MLP) and 2 backward; with
-  // sequence parallelism each is a reduce-scatter + all-gather pair of the same volume.
-  plan.tp_bytes = m * layers_here * 4.0 * ring_all_reduce(act, tp);
-  // Recomputation's TP traffic per layer and micro-batch, in all-reduce equivalents (an
-  // all-gather or a reduce-scatter is half of one): full runs the attention's reduction again,
-  // and with sequence parallelism the all-gathers of both norm outputs (selective: only those).
   const bool sp = f.sequence_parallel;
-  const double rc_full = sp ? 1.5 : 1.0, rc_selective = sp ? 1.0 : 0.0;
-  const double rc_layers_per_stage = static_cast<double>(plan.recompute_full_layers) / pp;
-  const double rc_equivalents =
-      f.recompute_passes() *
-      (rc_full * rc_layers_per_stage +
-       (cfg.train.recompute == "selective" ? rc_selective * layers_here : 0.0));
-  plan.tp_bytes += m * ring_all_reduce(act, tp) * rc_equivalents;
-  // The calls: each all-reduce, or under sequence parallelism each half of one.
-  plan.tp_calls = tp > 1 ? m * (layers_here * 4.0 + rc_equivalents) * (sp ? 2 : 1) : 0;
-  // With parallel.overlap_tp a whole backward (not a zero-bubble schedule's split one) reduces
-  // each column-parallel layer's input gradient (QKV's and gate/up's: a reduce-scatter under
-  // sequence parallelism, else an all-reduce) beside the layer's weight-gradient GEMM.
-  if (tp > 1 && cfg.parallel.overlap_tp && !f.split_backward()) {
-    plan.tp_beside_bytes =
-        m * layers_here * 2.0 * (sp ? ring_half(act, tp) : ring_all_reduce(act, tp));
-    plan.tp_beside_calls = m * layers_here * 2.0;
-  }
   // Activations forward and their gradients back at each of the rank's v chunk boundaries.
   plan.pp_bytes = pp > 1 ? m * 2.0 * act / (sp ? tp : 1) * f.virtual_stages : 0;
   plan.pp_calls = pp > 1 ? m * 2.0 * f.virtual_stages : 0;
@@ -208,8 +155,50 @@ void plan_communication(const Config& cfg, Plan& plan) {
   // One reduction per bucket (parallel.dp_bucket_elems), and with ZeRO-1 one all-gather.
   plan.dp_buckets =
       dp * cp > 1 ? std::ceil(grads / 4 / static_cast<double>(cfg.parallel.dp_bucket_elems)) : 0;
-  std::tie(plan.cp_bytes, plan.cp_beside_bytes) =
-      cp_bytes_per_step(cfg, f, plan.recompute_full_layers);
+}
+
+// What a group's collectives send per GPU per step and how long they take: each op of the op
+// list (the model's collectives on that group) timed on the links the group spans.
+struct GroupTraffic {
+  double bytes = 0, calls = 0, seconds = 0;
+  // Of them, those started beside the compute (Lane::beside).
+  double beside_bytes = 0, beside_calls = 0, beside_s = 0;
+};
+
+GroupTraffic group_traffic(const GpuSpec& gpu, const std::vector<StepOp>& collectives,
+                           const std::string& group, GroupSpan span) {
+  GroupTraffic t;
+  if (span.ranks == 1) return t;
+  for (const StepOp& op : collectives) {
+    if (op.comm.group != group) continue;
+    Collective c = Collective::send;  // an exchange: what it sends, to one neighbour
+    double wire = op.bytes;
+    switch (op.comm.kind) {
+      case CommOp::all_reduce:
+        c = Collective::all_reduce;
+        wire = ring_all_reduce(op.bytes, span.ranks);
+        break;
+      case CommOp::all_gather:
+      case CommOp::reduce_scatter:
+        c = op.comm.kind == CommOp::all_gather ? Collective::all_gather
+                                               : Collective::reduce_scatter;
+        wire = ring_half(op.bytes, span.ranks);
+        break;
+      default:
+        break;
+    }
+    const double bytes = op.count * wire;
+    const double s = collective_time(gpu, c, span, bytes, op.count).seconds;
+    t.bytes += bytes;
+    t.calls += op.count;
+    t.seconds += s;
+    if (op.comm.lane == Lane::beside) {
+      t.beside_bytes += bytes;
+      t.beside_calls += op.count;
+      t.beside_s += s;
+    }
+  }
+  return t;
 }
 
 // Step time: the slowest stage's compute by op class (step_model.h), its micro-batches' part
@@ -234,19 +223,20 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   plan.bubble_s = slow.pipelined_s() * (stretch - 1);
   plan.compute_s = slow.total_s() + plan.bubble_s;
   const int g = plan.gpus_per_node;
-  // Under sequence parallelism each TP all-reduce is a reduce-scatter and an all-gather. The
-  // step waits for all of it but what the column-parallel weight gradients hide.
-  const Collective tp_kind =
-      plan.layout.sequence_parallel ? Collective::reduce_scatter : Collective::all_reduce;
-  const GroupSpan tp_span = group_span(tp, 1, plan.world, g);
-  plan.tp_comm_s = collective_time(gpu, tp_kind, tp_span, plan.tp_bytes, plan.tp_calls).seconds;
+  // The slowest stage's TP collectives (the model's op list: the TP regions' ends, the
+  // vocab-parallel loss's statistics, the replicated weights' gradients). The step waits for
+  // all of them but what the column-parallel weight gradients hide.
+  const GroupTraffic tp_traffic =
+      group_traffic(gpu, slow.collectives, "tp", group_span(tp, 1, plan.world, g));
+  plan.tp_bytes = tp_traffic.bytes;
+  plan.tp_calls = tp_traffic.calls;
+  plan.tp_comm_s = tp_traffic.seconds;
+  plan.tp_beside_bytes = tp_traffic.beside_bytes;
+  plan.tp_beside_calls = tp_traffic.beside_calls;
   // Each projection's reduction (an equal share of the overlapped traffic) hides only behind its
   // own weight-gradient GEMM.
-  if (const auto n = static_cast<double>(slow.column_weight_grads.size());
-      n > 0 && plan.tp_beside_calls > 0) {
-    const double each =
-        collective_time(gpu, tp_kind, tp_span, plan.tp_beside_bytes / n, plan.tp_beside_calls / n)
-            .seconds;
+  if (const auto n = static_cast<double>(slow.column_weight_grads.size()); n > 0) {
+    const double each = tp_traffic.beside_s / n;
     for (const double w : slow.column_weight_grads) plan.tp_hidden_s += std::min(each, w);
   }
   plan.tp_s = system.tp_overlap ? std::max(0.0, plan.tp_comm_s - slow.gemm_s)
@@ -278,11 +268,14 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
       cfg.parallel.overlap_param_gather ? slow.forward_s / micro_batches : 0;
   plan.dp_s = std::max(0.0, reduce_s - under_backward) + std::max(0.0, gather_s - under_forward);
   // CP groups are the next-closest ranks after TP: inside a node while tp x cp GPUs fit in one.
-  const GroupSpan cp_span = group_span(cp, tp, plan.world, g);
-  plan.cp_comm_s = collective_time(gpu, Collective::send, cp_span, plan.cp_bytes, 0).seconds;
-  const double beside_s =
-      collective_time(gpu, Collective::send, cp_span, plan.cp_beside_bytes, 0).seconds;
-  plan.cp_s = plan.cp_comm_s - beside_s + std::max(0.0, beside_s - slow.attention_s);
+  // The ring's K/V passes hide behind the attention.
+  const GroupTraffic cp_traffic =
+      group_traffic(gpu, slow.collectives, "cp", group_span(cp, tp, plan.world, g));
+  plan.cp_bytes = cp_traffic.bytes;
+  plan.cp_beside_bytes = cp_traffic.beside_bytes;
+  plan.cp_comm_s = cp_traffic.seconds;
+  plan.cp_s =
+      plan.cp_comm_s - cp_traffic.beside_s + std::max(0.0, cp_traffic.beside_s - slow.attention_s);
   plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s + plan.cp_s;
   plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;
   plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;

@@ -62,8 +62,8 @@ struct Plan {
   double bubble = 0;  // of each step idle: the schedule's closed form (parallel/schedule.h)
   double tp_bytes = 0, pp_bytes = 0, dp_bytes = 0;  // per GPU per step, sent
   double dp_gather_bytes = 0;  // of dp_bytes, ZeRO-1's all-gather of the updated weights
-  // Collective calls per GPU per step, each paying its link's latency: TP all-reduces (each
-  // half of one under sequence parallelism), PP sends, DP buckets.
+  // Collective calls per GPU per step, each paying its link's latency: the TP collectives of
+  // the slowest stage's op list, PP sends, DP buckets.
   double tp_calls = 0, pp_calls = 0, dp_buckets = 0;
   // Of tp_bytes and tp_calls: the column-parallel input-gradient reductions that run beside the
   // weight-gradient GEMMs (parallel.overlap_tp), and the part of their time those GEMMs hide.

@@ -63,6 +63,9 @@ StepOp priced(const ModelOp& op, const GpuSpec& gpu, int64_t head_dim, double sp
                             attention_length_factor(keys));
       break;
     }
+    case OpClass::communication:  // on the links, not the GPU's compute (plan.cpp)
+      s.comm = op.comm;
+      break;
     default:
       s.seconds = op.bytes / stream;
   }
@@ -134,6 +137,9 @@ std::vector<StageCompute> stage_compute(const Config& cfg, const RunLayout& layo
         case OpClass::optimizer:
           c.optimizer_s += s;
           break;
+        case OpClass::communication:  // timed on the links by the planner (plan.cpp)
+          c.collectives.push_back(op);
+          continue;
       }
       double update = 0;  // the optimizer's place: its class's sum already
       (op.place == OpPlace::layers      ? c.layers_s

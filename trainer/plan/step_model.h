@@ -70,6 +70,7 @@ struct StepOp {
   // The weight gradient of a column-parallel layer of the body (QKV, gate and up): with
   // parallel.overlap_tp the TP reduction of the layer's input gradient runs beside it.
   bool column_weight_grad = false;
+  CollectiveSpec comm = {};  // a collective's group, kind and lane (OpClass::communication)
   double total_s() const { return count * seconds; }
 };
 
@@ -96,6 +97,9 @@ struct StageCompute {
   // Of the GEMMs: each column-parallel layer's weight gradients per step (QKV's, gate/up's:
   // StepOp::column_weight_grad), what its input gradient's TP reduction runs beside.
   std::vector<double> column_weight_grads;
+  // The collectives the stage's model starts on its TP and CP groups (the op list's
+  // communication ops, unpriced: plan.cpp times them on the links the groups span).
+  std::vector<StepOp> collectives;
   // The work of the micro-batches (what the pipeline schedule runs and the bubble stretches).
   double pipelined_s() const { return gemm_s + attention_s + memory_s + loss_s; }
   double total_s() const { return pipelined_s() + optimizer_s; }
