@@ -1,7 +1,7 @@
 // The tools' command line: each tool defines its flags with ABSL_FLAG in its own file, and this
 // parser sets them from argv and writes --help from those definitions (name, type, default,
-// help text). One parser for prepare_data, preflight and bench_ops, so that they read and
-// refuse arguments alike.
+// help text). One parser for prepare_data, preflight, bench_ops and bench_data, so that they read
+// and refuse arguments alike.
 //
 // What the parser reads:
 //   --name=VALUE, --name VALUE   a dash and an underscore inside a name are the same

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# prepare_data, preflight and bench_ops read their flags through one parser (tools/flags.h), as
-# processes: an unknown flag and a bad value are one line on stderr naming the flag, and exit 2;
-# --help lists every flag the tool's file defines (ABSL_FLAG), and no other, and exits 0;
+# prepare_data, preflight, bench_ops and bench_data read their flags through one parser
+# (tools/flags.h), as processes: an unknown flag and a bad value are one line on stderr naming the
+# flag, and exit 2; --help lists every flag the tool's file defines (ABSL_FLAG), and no other, and
+# exits 0 (bench_data's with its defaults);
 # prepare_data's positional INPUTs still work, with flags before, between and after them.
 #   test_tool_flags.sh BUILD_DIR WORK_DIR
 set -euo pipefail
@@ -26,14 +27,19 @@ expect_bad prepare_data "unknown flag --outptu; did you mean --output? (--help l
   --outptu "$work/x" in.txt
 expect_bad preflight "unknown flag --bogus (--help lists them)" --bogus 1
 expect_bad bench_ops "unknown flag --confg; did you mean --config?" --confg x.yaml
+expect_bad bench_data "unknown flag --seq-lne; did you mean --seq-len? (--help lists them)" \
+  --seq-lne 512
 expect_bad prepare_data "--threads 'abc' is not an integer" --output "$work/x" --threads=abc in.txt
 expect_bad preflight "--iters 'abc' is not a positive integer" --iters=abc
 expect_bad bench_ops "--nodes 'abc' is not a positive integer" --config x.yaml --nodes abc
+expect_bad bench_data "--steps '0' is not a positive integer" --seq-len 512 --steps 0
+expect_bad bench_data "--samples '8x' is not a positive integer" --samples=8x
+expect_bad bench_data "unexpected argument '512'" --doc-len 100 512
 expect_bad prepare_data "--output needs a value" in.txt --output
 expect_bad preflight "unexpected argument 'stray'" --iters 2 stray
 
 # --help: stdout, exit 0, and a "  --name (type...)" line for each ABSL_FLAG of the tool's file.
-for tool in prepare_data preflight bench_ops; do
+for tool in prepare_data preflight bench_ops bench_data; do
   "$build/tools/$tool" --help >"$work/help" 2>"$work/err" || fail "$tool --help: exit $?"
   [ ! -s "$work/err" ] || fail "$tool --help wrote to stderr: $(cat "$work/err")"
   head -1 "$work/help" | grep -q "^usage: $tool " || fail "$tool --help: no usage line"
@@ -42,11 +48,17 @@ import re, sys
 source, help_text, tool = open(sys.argv[1]).read(), open(sys.argv[2]).read(), sys.argv[3]
 defined = sorted(n.replace("_", "-") for n in re.findall(r"ABSL_FLAG\(\s*[^,]+,\s*(\w+),", source))
 listed = sorted(re.findall(r"^  --([\w-]+) \(", help_text, re.M))
-assert len(defined) >= 8, (tool, defined)
+assert len(defined) >= {"bench_data": 5}.get(tool, 8), (tool, defined)
 assert listed == defined, (tool, "listed", listed, "defined", defined)
 PY
 done
 cmp <("$build/tools/preflight" -h) <("$build/tools/preflight" --help) || fail "-h is not --help"
+# bench_data's defaults, as its help shows them.
+"$build/tools/bench_data" --help >"$work/help"
+for want in "seq-len (positive integer; default 4096)" "samples (positive integer; default 64)" \
+  "doc-len (positive integer; default 1000)" "steps (positive integer; default 20)"; do
+  grep -qF -- "  --$want" "$work/help" || fail "bench_data --help: no '--$want'"
+done
 
 # Positional INPUTs among flags, "--" before one that looks like a flag, and --name=VALUE.
 printf 'one' >"$work/a.txt"
