@@ -1,0 +1,124 @@
+// The FP8 formats and the scaled cast (kernels/fp8.h) on closed-form values.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "kernels/fp8.h"
+
+namespace tr {
+namespace {
+
+constexpr Fp8Format kFormats[] = {Fp8Format::e4m3, Fp8Format::e5m2};
+
+float from_bits(uint32_t u) {
+  return std::bit_cast<float>(u);
+}
+uint32_t to_bits(float f) {
+  return std::bit_cast<uint32_t>(f);
+}
+
+TEST_CASE("fp8: each format's max, least subnormal, infinity and NaN codes", "[kernels]") {
+  CHECK(fp8_info(Fp8Format::e4m3).max == 448.0f);
+  CHECK(fp8_info(Fp8Format::e5m2).max == 57344.0f);
+  CHECK(fp8_decode(0x7e, Fp8Format::e4m3) == 448.0f);
+  CHECK(fp8_decode(0xfe, Fp8Format::e4m3) == -448.0f);
+  CHECK(fp8_decode(0x7b, Fp8Format::e5m2) == 57344.0f);
+  CHECK(fp8_decode(0x01, Fp8Format::e4m3) == 0x1p-9f);
+  CHECK(fp8_decode(0x08, Fp8Format::e4m3) == 0x1p-6f);  // the least normal
+  CHECK(fp8_decode(0x01, Fp8Format::e5m2) == 0x1p-16f);
+  CHECK(fp8_decode(0x04, Fp8Format::e5m2) == 0x1p-14f);
+  CHECK(fp8_decode(0x38, Fp8Format::e4m3) == 1.0f);
+  CHECK(fp8_decode(0x3c, Fp8Format::e5m2) == 1.0f);
+  CHECK(std::isnan(fp8_decode(0x7f, Fp8Format::e4m3)));
+  CHECK(std::isnan(fp8_decode(0xff, Fp8Format::e4m3)));
+  CHECK(fp8_decode(0x7c, Fp8Format::e5m2) == std::numeric_limits<float>::infinity());
+  CHECK(fp8_decode(0xfc, Fp8Format::e5m2) == -std::numeric_limits<float>::infinity());
+  for (uint8_t c : {0x7d, 0x7e, 0x7f, 0xfd, 0xfe, 0xff})
+    CHECK(std::isnan(fp8_decode(c, Fp8Format::e5m2)));
+  CHECK(to_bits(fp8_decode(0x80, Fp8Format::e4m3)) == 0x80000000u);  // -0
+}
+
+TEST_CASE("fp8: every finite code round-trips and the codes are in value order", "[kernels]") {
+  for (Fp8Format f : kFormats) {
+    INFO(fp8_info(f).name);
+    for (int c = 0; c < 256; ++c) {
+      const float v = fp8_decode(static_cast<uint8_t>(c), f);
+      if (std::isnan(v) || std::isinf(v)) continue;
+      CHECK(fp8_encode(v, f) == c);
+      CHECK(fp8_decode(static_cast<uint8_t>(c ^ 0x80), f) == -v);
+      if (c > 0 && c <= fp8_info(f).max_code) CHECK(fp8_decode(static_cast<uint8_t>(c - 1), f) < v);
+    }
+  }
+}
+
+TEST_CASE("fp8: encode rounds to nearest even, saturates and keeps NaN", "[kernels]") {
+  const auto e4 = [](float x) { return fp8_encode(x, Fp8Format::e4m3); };
+  const auto e5 = [](float x) { return fp8_encode(x, Fp8Format::e5m2); };
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(e4(1.0f + 0x1p-4f) == 0x38);             // halfway between 1 and 1.125: to even 1
+  CHECK(e4(1.0f + 0x3p-4f) == 0x3a);             // halfway between 1.125 and 1.25: to even 1.25
+  CHECK(e4(1.0f + 0x1p-4f + 0x1p-20f) == 0x39);  // just above halfway: up
+  CHECK(e4(0x1p-10f) == 0x00);                   // half the least subnormal: to even 0
+  CHECK(e4(std::nextafter(0x1p-10f, 1.0f)) == 0x01);  // just above it: up
+  CHECK(e4(0x3p-10f) == 0x02);                        // 1.5 subnormal steps: to even 2
+  CHECK(e4(-0x1p-10f) == 0x80);                       // -0
+  CHECK(e4(464.0f) == 0x7e);                          // halfway to the next binade: to even 448
+  CHECK(e4(470.0f) == 0x7e);                          // would round past the max: saturates
+  CHECK(e4(-1e30f) == 0xfe);
+  CHECK(e4(inf) == 0x7e);
+  CHECK(e4(-inf) == 0xfe);
+  CHECK(e5(61440.0f) == 0x7b);  // torch's plain cast gives +Inf from here on
+  CHECK(e5(inf) == 0x7b);
+  CHECK(e5(-inf) == 0xfb);
+  CHECK(e5(0x1p-17f) == 0x00);
+  CHECK(e5(FLT_TRUE_MIN) == 0x00);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (Fp8Format f : kFormats) {
+    CHECK(fp8_encode(nan, f) == 0x7f);
+    CHECK(fp8_encode(-nan, f) == 0xff);
+    CHECK(fp8_encode(from_bits(0x7f800001u), f) == 0x7f);  // signalling
+    CHECK(fp8_encode(-0.0f, f) == 0x80);
+  }
+}
+
+TEST_CASE("fp8: amax, scale and the scaled cast with its inverse", "[kernels]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(fp8_amax(std::vector<float>{1.0f, -3.0f, 2.0f}) == 3.0f);
+  CHECK(fp8_amax(std::vector<float>{}) == 0.0f);
+  CHECK(std::isnan(fp8_amax(std::vector<float>{1.0f, nan, 5.0f})));
+  CHECK(fp8_scale(2.0f, Fp8Format::e4m3) == 224.0f);
+  CHECK(fp8_scale(2.0f, Fp8Format::e5m2) == 28672.0f);
+  for (float amax : {0.0f, inf, nan}) CHECK(fp8_scale(amax, Fp8Format::e4m3) == 1.0f);
+  CHECK(fp8_scale(1e-40f, Fp8Format::e4m3) == FLT_MAX);  // 448 / 1e-40 overflows fp32
+
+  const std::vector<float> x = {-3.0f, 1.5f, 0.0f, 0.001f, 2.9f};
+  std::vector<uint8_t> q(x.size());
+  std::vector<float> back(x.size());
+  for (Fp8Format f : kFormats) {
+    INFO(fp8_info(f).name);
+    const Fp8Scaling s = fp8_cast_scaled(q, x, f);
+    CHECK(s.amax == 3.0f);
+    CHECK(s.scale == fp8_info(f).max / 3.0f);
+    CHECK(s.scale_inv == 1.0f / s.scale);
+    CHECK(q[0] == (0x80 | fp8_info(f).max_code));  // -amax lands on -max
+    CHECK(q[2] == 0x00);
+    for (size_t i = 0; i < x.size(); ++i) CHECK(q[i] == fp8_encode(x[i] * s.scale, f));
+    fp8_dequantize(back, q, f, s.scale_inv);
+    // Within half a step of 2^-mantissa_bits relative (normal range) of the input.
+    const double rel = std::ldexp(1.0, -fp8_info(f).mantissa_bits - 1);
+    for (size_t i = 0; i < x.size(); ++i) CHECK(std::fabs(back[i] - x[i]) <= rel * std::fabs(x[i]));
+  }
+  std::vector<uint8_t> zeros(3);
+  CHECK(fp8_cast_scaled(zeros, std::vector<float>{0.0f, -0.0f, 0.0f}, Fp8Format::e4m3).scale ==
+        1.0f);
+  CHECK(zeros == std::vector<uint8_t>{0x00, 0x80, 0x00});
+}
+
+}  // namespace
+}  // namespace tr
