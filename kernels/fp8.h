@@ -1,5 +1,6 @@
 // FP8 (OCP E4M3 and E5M2) on the host: the formats, the exact cast both ways, and the pieces of
-// per-tensor current scaling. The CPU oracle of the GPU's FP8 GEMM path.
+// per-tensor current scaling. The CPU oracle of the GPU's FP8 GEMM path; tests check it against
+// PyTorch's float8 casts bit for bit (tests/tools/test_fp8_torch.py).
 //
 // Formats by role (Transformer Engine's HYBRID format, torchao's default): weights and
 // activations are E4M3 (3 mantissa bits: precision where the forward needs it); output gradients

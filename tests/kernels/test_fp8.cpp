@@ -1,14 +1,21 @@
-// The FP8 formats and the scaled cast (kernels/fp8.h) on closed-form values.
+// The FP8 formats and the scaled cast (kernels/fp8.h): closed-form values here, and PyTorch's
+// casts bit for bit in the hidden [.fp8-torch] case, which tests/tools/test_fp8_torch.py runs
+// after writing torch's table.
 #include <catch2/catch.hpp>
 
 #include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <limits>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "kernels/fp8.h"
+#include "tests/test_util.h"
 
 namespace tr {
 namespace {
@@ -20,6 +27,19 @@ float from_bits(uint32_t u) {
 }
 uint32_t to_bits(float f) {
   return std::bit_cast<uint32_t>(f);
+}
+
+// Equal as bits, or both NaN with the same sign (a NaN's payload is not part of the contract).
+bool same_float(float a, float b) {
+  if (std::isnan(a) || std::isnan(b))
+    return std::isnan(a) && std::isnan(b) && std::signbit(a) == std::signbit(b);
+  return to_bits(a) == to_bits(b);
+}
+
+std::string hex(uint32_t v) {
+  std::ostringstream s;
+  s << "0x" << std::hex << v;
+  return s.str();
 }
 
 TEST_CASE("fp8: each format's max, least subnormal, infinity and NaN codes", "[kernels]") {
@@ -118,6 +138,116 @@ TEST_CASE("fp8: amax, scale and the scaled cast with its inverse", "[kernels]") 
   CHECK(fp8_cast_scaled(zeros, std::vector<float>{0.0f, -0.0f, 0.0f}, Fp8Format::e4m3).scale ==
         1.0f);
   CHECK(zeros == std::vector<uint8_t>{0x00, 0x80, 0x00});
+}
+
+// torch's table (tests/tools/test_fp8_torch.py writes it beside the build's tests):
+//   decode FORMAT CODE F32BITS
+//   encode F32BITS FORMAT PLAIN SATURATED SATURATED_DECODED_F32BITS
+//   scaled FORMAT N AMAX SCALE SCALE_INV X*N CODE*N     (the current-scaling recipe)
+// PLAIN is x.to(float8); SATURATED is x.clamp(-max, max).to(float8), torchao's cast.
+struct TorchTable {
+  int decodes = 0, encodes = 0, plain_differs = 0, scaled = 0, wrong = 0;
+  std::vector<std::string> first_wrong;  // the first few lines that disagree
+  void fail(const std::string& line, const std::string& why) {
+    if (wrong++ < 20) first_wrong.push_back(why + ": " + line);
+  }
+};
+
+Fp8Format format_named(const std::string& name) {
+  if (name == "e4m3") return Fp8Format::e4m3;
+  REQUIRE(name == "e5m2");
+  return Fp8Format::e5m2;
+}
+
+void check_decode(std::istringstream& in, const std::string& line, TorchTable& t) {
+  std::string fmt;
+  unsigned code;
+  uint32_t bits;
+  REQUIRE(in >> fmt >> std::hex >> code >> bits);
+  ++t.decodes;
+  const float ours = fp8_decode(static_cast<uint8_t>(code), format_named(fmt));
+  if (!same_float(ours, from_bits(bits))) t.fail(line, "decode gives " + hex(to_bits(ours)));
+}
+
+// Ours equals torch's saturated cast everywhere; torch's plain cast differs only where E5M2's
+// plain cast overflows to ±Inf (the documented difference), which is counted.
+void check_encode(std::istringstream& in, const std::string& line, TorchTable& t) {
+  std::string fmt_name;
+  uint32_t xbits, decoded;
+  unsigned plain, saturated;
+  REQUIRE(in >> std::hex >> xbits >> fmt_name >> plain >> saturated >> decoded);
+  ++t.encodes;
+  const Fp8Format f = format_named(fmt_name);
+  const float x = from_bits(xbits);
+  const uint8_t ours = fp8_encode(x, f);
+  if (ours != saturated) t.fail(line, "encode gives " + hex(ours));
+  if (ours != plain) {
+    const unsigned sign = ours & 0x80;
+    const bool overflow = f == Fp8Format::e5m2 && !std::isnan(x) && plain == (sign | 0x7c) &&
+                          ours == (sign | fp8_info(f).max_code);
+    if (overflow)
+      ++t.plain_differs;
+    else
+      t.fail(line, "plain cast differs beyond E5M2's overflow; ours " + hex(ours));
+  }
+  if (!same_float(fp8_decode(ours, f), from_bits(decoded))) t.fail(line, "decode(encode(x))");
+}
+
+void check_scaled(std::istringstream& in, const std::string& line, TorchTable& t) {
+  std::string fmt;
+  size_t n;
+  uint32_t amax, scale, scale_inv;
+  REQUIRE(in >> fmt >> n >> std::hex >> amax >> scale >> scale_inv);
+  std::vector<float> x(n);
+  std::vector<unsigned> want(n);
+  for (float& v : x) {
+    uint32_t b;
+    REQUIRE(in >> b);
+    v = from_bits(b);
+  }
+  for (unsigned& c : want) REQUIRE(in >> c);
+  ++t.scaled;
+  std::vector<uint8_t> q(n);
+  const Fp8Scaling s = fp8_cast_scaled(q, x, format_named(fmt));
+  // A NaN amax is NaN with any sign: torch's abs().max() of a NaN gives 0xffffffff.
+  const bool nan_amax = std::isnan(s.amax) && std::isnan(from_bits(amax));
+  if (!nan_amax && to_bits(s.amax) != amax) t.fail(line.substr(0, 80), "amax");
+  if (to_bits(s.scale) != scale) t.fail(line.substr(0, 80), "scale " + hex(to_bits(s.scale)));
+  if (to_bits(s.scale_inv) != scale_inv) t.fail(line.substr(0, 80), "scale_inv");
+  for (size_t i = 0; i < n; ++i)
+    if (q[i] != want[i]) t.fail(line.substr(0, 80), "element " + std::to_string(i));
+}
+
+TEST_CASE("fp8: encode, decode and the scaled cast equal torch's float8 casts bit for bit",
+          "[.fp8-torch]") {
+  const std::string path = (test::build_dir() / "test-fp8-torch/torch_fp8.txt").string();
+  std::ifstream file(path);
+  INFO("torch's table " << path << " (tests/tools/test_fp8_torch.py writes it)");
+  REQUIRE(file);
+  TorchTable t;
+  std::string line, kind;
+  while (std::getline(file, line)) {
+    std::istringstream in(line);
+    if (!(in >> kind) || kind[0] == '#') continue;
+    if (kind == "decode")
+      check_decode(in, line, t);
+    else if (kind == "encode")
+      check_encode(in, line, t);
+    else if (kind == "scaled")
+      check_scaled(in, line, t);
+    else
+      FAIL("unknown line: " << line);
+  }
+  for (const std::string& w : t.first_wrong) UNSCOPED_INFO(w);
+  CHECK(t.wrong == 0);
+  CHECK(t.decodes == 512);
+  CHECK(t.encodes > 10000);
+  CHECK(t.plain_differs > 0);  // the table reaches E5M2's overflow
+  CHECK(t.scaled > 0);
+  std::printf(
+      "fp8 vs torch: %d decodes, %d encodes (%d where torch's plain E5M2 cast gives Inf), "
+      "%d scaled casts\n",
+      t.decodes, t.encodes, t.plain_differs, t.scaled);
 }
 
 }  // namespace
