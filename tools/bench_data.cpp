@@ -32,9 +32,10 @@ ABSL_FLAG(tr::tools::Positive, doc_len, tr::tools::Positive{1000},
           "N: the documents' mean length in tokens (exponentially distributed)");
 ABSL_FLAG(tr::tools::Positive, steps, tr::tools::Positive{20},
           "N: timed steps per option set; the median counts");
-ABSL_FLAG(std::string, dir, "",
-          "DIR: where the synthetic dataset is written; removed, with all it holds, at the end "
-          "(default: the temporary directory's bench_data)");
+ABSL_FLAG(
+    std::string, dir, "",
+    "DIR: where the synthetic dataset (docs.bin, docs.idx) is written and removed at the end; "
+    "nothing else in DIR is touched (default: the temporary directory's bench_data)");
 
 namespace {
 
@@ -69,6 +70,13 @@ int main(int argc, char** argv) {
   if (dir.empty()) dir = (std::filesystem::temp_directory_path() / "bench_data").string();
   std::filesystem::create_directories(dir);
   const std::string prefix = dir + "/docs";
+  for (const char* ext : {".bin", ".idx"})
+    if (std::filesystem::exists(prefix + ext)) {
+      std::fprintf(stderr,
+                   "bench_data: --dir %s already holds docs%s; name a directory without it\n",
+                   dir.c_str(), ext);
+      return 2;
+    }
   {
     auto w = tr::data::IndexedDatasetWriter::create(prefix, kVocab);
     if (!w.ok()) return fail(std::string(w.status().message()));
@@ -127,6 +135,6 @@ int main(int argc, char** argv) {
   std::printf("| plain | %.3f | %.1f | | |\n", 1e3 * a, tokens / a / 1e6);
   std::printf("| documents (all three fields) | %.3f | %.1f | %+.1f%% | %.2f |\n", 1e3 * b,
               tokens / b / 1e6, 100 * (b - a) / a, 1e9 * (b - a) / tokens);
-  std::filesystem::remove_all(dir);
+  for (const char* ext : {".bin", ".idx"}) std::filesystem::remove(prefix + ext);
   return 0;
 }

@@ -35,6 +35,11 @@ expect_bad bench_ops "--nodes 'abc' is not a positive integer" --config x.yaml -
 expect_bad bench_data "--steps '0' is not a positive integer" --seq-len 512 --steps 0
 expect_bad bench_data "--samples '8x' is not a positive integer" --samples=8x
 expect_bad bench_data "unexpected argument '512'" --doc-len 100 512
+# A --dir already holding a dataset of bench_data's names is refused, and left as it was.
+mkdir -p "$work/held" && printf 'mine' >"$work/held/docs.idx"
+expect_bad bench_data "--dir $work/held already holds docs.idx; name a directory without it" \
+  --dir "$work/held"
+[ "$(cat "$work/held/docs.idx")" = mine ] || fail "bench_data changed an existing docs.idx"
 expect_bad prepare_data "--output needs a value" in.txt --output
 expect_bad preflight "unexpected argument 'stray'" --iters 2 stray
 
