@@ -35,6 +35,9 @@ size_t dtype_size(DType dtype) {
       return 4;
     case DType::i64:
       return 8;
+    case DType::f8e4m3:
+    case DType::f8e5m2:
+      return 1;
   }
   return 0;
 }
@@ -51,6 +54,10 @@ const char* dtype_name(DType dtype) {
       return "i32";
     case DType::i64:
       return "i64";
+    case DType::f8e4m3:
+      return "f8e4m3";
+    case DType::f8e5m2:
+      return "f8e5m2";
   }
   return "?";
 }

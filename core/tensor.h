@@ -12,11 +12,15 @@
 
 namespace tr {
 
-enum class DType : uint8_t { f32, f64, bf16, i32, i64 };
+// f8e4m3 and f8e5m2: OCP FP8 codes, one byte each (kernels/fp8.h), as FP8 GEMMs read them.
+enum class DType : uint8_t { f32, f64, bf16, i32, i64, f8e4m3, f8e5m2 };
 enum class Device : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType dtype);
 const char* dtype_name(DType dtype);
+inline bool is_fp8(DType dtype) {
+  return dtype == DType::f8e4m3 || dtype == DType::f8e5m2;
+}
 const char* device_name(Device device);
 
 template <class T>

@@ -258,6 +258,42 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
   TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight, dw == GradWrite::assign);
 }
 
+void fp8_cast(Ctx& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor in) {
+  const OpCheck c(
+      ctx, "fp8_cast",
+      {{"in", in}, optional("out", out), optional("out_t", out_t), {"scale_inv", scale_inv}});
+  OP_CHECK(c, (in.dtype == DType::f32 || in.dtype == DType::f64 || in.dtype == DType::bf16) &&
+                  in.ndim == 2);
+  OP_CHECK(c, !out.empty() || !out_t.empty());
+  OP_CHECK(c, out.empty() || (is_fp8(out.dtype) && out.same_shape(in)));
+  OP_CHECK(c, out_t.empty() || (is_fp8(out_t.dtype) && is_matrix(out_t, in.shape[1], in.shape[0])));
+  OP_CHECK(c, out.empty() || out_t.empty() || out.dtype == out_t.dtype);
+  OP_CHECK(c, scale_inv.dtype == DType::f32 && scale_inv.numel() == 1);
+  c.note(in.shape[0], in.shape[1]);
+  TR_DISPATCH_CPU(fp8_cast, out, out_t, scale_inv, in);
+}
+
+void linear_fp8(Ctx& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
+                Tensor bias, bool accumulate) {
+  const OpCheck c(ctx, "linear_fp8",
+                  {{"out", out},
+                   {"a", a},
+                   {"a_scale_inv", a_scale_inv},
+                   {"b", b},
+                   {"b_scale_inv", b_scale_inv},
+                   optional("bias", bias)});
+  OP_CHECK(c, is_fp8(a.dtype) && is_fp8(b.dtype) &&
+                  !(a.dtype == DType::f8e5m2 && b.dtype == DType::f8e5m2));
+  OP_CHECK(c, a.ndim == 2 && b.ndim == 2 && a.shape[1] == b.shape[1]);
+  OP_CHECK(c, (out.dtype == DType::f32 || out.dtype == DType::f64 || out.dtype == DType::bf16) &&
+                  is_matrix(out, a.shape[0], b.shape[0]));
+  OP_CHECK(c, a_scale_inv.dtype == DType::f32 && a_scale_inv.numel() == 1 &&
+                  b_scale_inv.dtype == DType::f32 && b_scale_inv.numel() == 1);
+  OP_CHECK(c, bias.empty() || (bias.dtype == out.dtype && is_vector(bias, b.shape[0])));
+  c.note(a.shape[0], b.shape[0], a.shape[1]);
+  TR_DISPATCH_CPU(linear_fp8, out, a, a_scale_inv, b, b_scale_inv, bias, accumulate);
+}
+
 namespace {
 void check_rope(const OpCheck& c, const Tensor& x, int n_rope_heads, int seq_len, const Rope& rope,
                 const Tensor& positions) {

@@ -63,6 +63,21 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
                 Tensor weight, GradWrite dw = GradWrite::add);
 
+// ---- FP8 GEMMs with per-tensor current scaling (kernels/fp8.h: the formats and the cast) ----
+// `in` [R, C] (f32, f64 or bf16; each element taken as fp32) cast to FP8 at the current scale:
+// amax = max |in|, scale = fp8_scale(amax) (the format's max / amax), each code
+// fp8_encode(x * scale, saturating), into `out` [R, C] and/or its transpose `out_t` [C, R]
+// (either may be empty; FP8 dtypes, the same one when both: the format). scale_inv f32 [1] =
+// 1 / scale, ASSIGNED on ctx's device: the scale never visits the host.
+void fp8_cast(Ctx& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor in);
+// out [M, N] = (a [M, K] · b [N, K]^T) * a_scale_inv * b_scale_inv + bias [N], the products of
+// the FP8 codes' values summed in fp32 (f64 for an f64 out), ASSIGNED, or added to out with
+// `accumulate`. a and b FP8 (K contiguous in both, as Hopper's FP8 tensor cores read them; not
+// both E5M2), scale_invs f32 [1] as fp8_cast writes them, out f32, f64 or bf16, bias out's
+// dtype or empty.
+void linear_fp8(Ctx& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
+                Tensor bias, bool accumulate = false);
+
 // ---- rotary embedding (Qwen2 / HF "rotate_half": element i pairs with i + hd/2) ----
 // In place on x [T, n_heads_total, hd]: heads [0, n_rope_heads) of token t are rotated by
 // angle pos * rope.inv_freq(hd)[i] and scaled by rope.attention_factor; the other heads are left

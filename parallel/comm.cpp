@@ -30,6 +30,9 @@ const char* CommOp::name(Kind k) {
 }
 
 void check_comm_op(const CommOp& op, int size) {
+  if (op.kind == CommOp::all_reduce || op.kind == CommOp::reduce_scatter)
+    TR_ASSERT(!is_fp8(op.out.dtype),
+              std::string(op.name()) + " over FP8 codes: reduce the values they encode");
   if (op.kind == CommOp::all_gather)
     TR_ASSERT(op.out.numel() == op.in.numel() * size && op.out.dtype == op.in.dtype,
               "all_gather: out " + op.out.shape_str() + " must be " + std::to_string(size) +

@@ -137,6 +137,9 @@ MPI_Datatype mpi_type(DType dtype) {
       return MPI_INT64_T;
     case DType::bf16:
       return MPI_UINT16_T;  // reduced by the user-defined ops below (MPI has no bf16)
+    case DType::f8e4m3:
+    case DType::f8e5m2:
+      return MPI_UINT8_T;  // moved, never reduced
   }
   return MPI_DATATYPE_NULL;
 }

@@ -44,6 +44,9 @@ ncclDataType_t nccl_type(DType d) {
       return ncclInt32;
     case DType::i64:
       return ncclInt64;
+    case DType::f8e4m3:
+    case DType::f8e5m2:
+      return ncclUint8;  // moved, never reduced
   }
   return ncclFloat32;
 }

@@ -10,11 +10,14 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "kernels/fp8.h"
+#include "kernels/ops.h"
+#include "tests/host_tensor.h"
 #include "tests/test_util.h"
 
 namespace tr {
@@ -216,6 +219,74 @@ void check_scaled(std::istringstream& in, const std::string& line, TorchTable& t
   if (to_bits(s.scale_inv) != scale_inv) t.fail(line.substr(0, 80), "scale_inv");
   for (size_t i = 0; i < n; ++i)
     if (q[i] != want[i]) t.fail(line.substr(0, 80), "element " + std::to_string(i));
+}
+
+// The ops (kernels/ops.h) on the CPU backend: fp8_cast writes the scaled cast's codes, their
+// transpose and the inverse scale; linear_fp8 is the float64 sum of the codes' values times both
+// inverse scales, with its bias, assigned or accumulated.
+TEST_CASE("fp8: fp8_cast and linear_fp8 on the CPU backend", "[kernels]") {
+  Ctx ctx;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(-3.0, 3.0);
+  const auto filled = [&](DType dtype, std::initializer_list<int64_t> shape) {
+    test::HostTensor t(dtype, shape);
+    for (int64_t i = 0; i < t.size(); ++i) t.set(i, u(rng) * std::pow(10.0, u(rng)));
+    return t;
+  };
+  const int64_t M = 5, N = 4, K = 7;
+  test::HostTensor a_in = filled(DType::f32, {M, K}), b_in = filled(DType::f64, {N, K});
+  const auto codes = [](DType dtype, std::initializer_list<int64_t> shape) {
+    test::HostTensor t(DType::i32, shape);  // room for the codes
+    t.t.dtype = dtype;
+    return t;
+  };
+  test::HostTensor a = codes(DType::f8e4m3, {M, K}), a_t = codes(DType::f8e4m3, {K, M});
+  test::HostTensor b = codes(DType::f8e5m2, {N, K});
+  test::HostTensor a_si(DType::f32, {1}), b_si(DType::f32, {1});
+  fp8_cast(ctx, a.t, a_t.t, a_si.t, a_in.t);
+  fp8_cast(ctx, b.t, Tensor(), b_si.t, b_in.t);
+  // The codes and scale the host cast gives, and the transpose.
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(a_in.get(static_cast<int64_t>(i)));
+  std::vector<uint8_t> want(x.size());
+  const Fp8Scaling s = fp8_cast_scaled(want, x, Fp8Format::e4m3);
+  CHECK(a_si.t.ptr<float>()[0] == s.scale_inv);
+  const auto* got = static_cast<const uint8_t*>(a.t.data);
+  const auto* got_t = static_cast<const uint8_t*>(a_t.t.data);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t c = 0; c < K; ++c) {
+      CHECK(got[r * K + c] == want[static_cast<size_t>(r * K + c)]);
+      CHECK(got_t[c * M + r] == want[static_cast<size_t>(r * K + c)]);
+    }
+  // The product, its bias, then accumulated onto itself.
+  test::HostTensor out(DType::f32, {M, N}), bias = filled(DType::f32, {N});
+  linear_fp8(ctx, out.t, a.t, a_si.t, b.t, b_si.t, bias.t);
+  const auto* bc = static_cast<const uint8_t*>(b.t.data);
+  const double scale = static_cast<double>(a_si.t.ptr<float>()[0] * b_si.t.ptr<float>()[0]);
+  std::vector<double> ref(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double sum = 0;
+      for (int64_t k = 0; k < K; ++k)
+        sum += static_cast<double>(fp8_decode(got[i * K + k], Fp8Format::e4m3)) *
+               fp8_decode(bc[j * K + k], Fp8Format::e5m2);
+      ref[static_cast<size_t>(i * N + j)] = sum * scale + bias.get(j);
+      CHECK(out.get(i * N + j) == Approx(ref[static_cast<size_t>(i * N + j)]).epsilon(1e-6));
+    }
+  linear_fp8(ctx, out.t, a.t, a_si.t, b.t, b_si.t, bias.t, /*accumulate=*/true);
+  for (int64_t i = 0; i < M * N; ++i)
+    CHECK(out.get(i) == Approx(2 * ref[static_cast<size_t>(i)]).epsilon(1e-6));
+  // The cast is not the identity: the product differs from the unquantized one.
+  double apart = 0;
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double exact = bias.get(j);
+      for (int64_t k = 0; k < K; ++k) exact += a_in.get(i * K + k) * b_in.get(j * K + k);
+      apart = std::max(apart, std::abs(exact - ref[static_cast<size_t>(i * N + j)]) /
+                                  std::max(1.0, std::abs(exact)));
+    }
+  CHECK(apart > 1e-4);
 }
 
 TEST_CASE("fp8: encode, decode and the scaled cast equal torch's float8 casts bit for bit",
