@@ -258,6 +258,15 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
   TR_DISPATCH(linear_bwd, din, dweight, dbias, dout, in, weight, dw == GradWrite::assign);
 }
 
+void bias_grad(Ctx& ctx, Tensor dbias, Tensor dout, GradWrite dw) {
+  const OpCheck c(ctx, "bias_grad", {{"dbias", dbias}, {"dout", dout}});
+  c.same_float_dtype({dout});
+  c.grad_dtype(dbias, dout);
+  OP_CHECK(c, dout.ndim == 2 && is_vector(dbias, dout.shape[1]));
+  c.note(dout.shape[0], dout.shape[1]);
+  TR_DISPATCH_CPU(bias_grad, dbias, dout, dw == GradWrite::assign);
+}
+
 void fp8_cast(Ctx& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor in) {
   const OpCheck c(
       ctx, "fp8_cast",

@@ -62,6 +62,9 @@ void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias);
 // assigned with GradWrite::assign; dbias may be empty; both skipped when dweight is empty).
 void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
                 Tensor weight, GradWrite dw = GradWrite::add);
+// dbias [O] += column sums of dout [T, O], ACCUMULATE (or assigned with GradWrite::assign):
+// linear_bwd's bias gradient on its own, for a product that runs elsewhere (linear_fp8).
+void bias_grad(Ctx& ctx, Tensor dbias, Tensor dout, GradWrite dw = GradWrite::add);
 
 // ---- FP8 GEMMs with per-tensor current scaling (kernels/fp8.h: the formats and the cast) ----
 // `in` [R, C] (f32, f64 or bf16; each element taken as fp32) cast to FP8 at the current scale:

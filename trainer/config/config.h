@@ -107,6 +107,10 @@ struct TrainConfig {
   // GPU: the same bits run after run (cuDNN's deterministic attention backward), or the faster
   // non-deterministic algorithms (false, the default, as Megatron's).
   bool deterministic = false;
+  // The transformer layers' GEMMs: bf16 (the compute dtype) | fp8 (per-tensor current
+  // scaling, in fp8_format: hybrid = E4M3 forward, E5M2 output gradients | e4m3).
+  std::string precision = "bf16";
+  std::string fp8_format = "hybrid";
   // Activation recomputation: none | selective (norm and SwiGLU outputs recomputed in
   // backward) | full (layers keep only their input and run their forward again in backward).
   std::string recompute = "none";

@@ -284,6 +284,16 @@ const std::vector<Field>& fields() {
       TR_FIELD(train, deterministic, Bool, 0, 0,
                "GPU: bit-identical runs (cuDNN's deterministic attention backward, slower); "
                "false uses the fast non-deterministic one (the CPU is always deterministic)"),
+      TR_FIELD(train, precision, String, 0, 0,
+               "the transformer layers' GEMMs (QKV, output, gate and up, down; forward and both "
+               "gradients): bf16 (the compute dtype: bf16 on GPUs, f32 on the CPU), or fp8 "
+               "(per-tensor current scaling, train.fp8_format; needs FP8 tensor cores: H100, "
+               "H200, B200, B300). Masters, gradients and checkpoints are the same either way",
+               {"bf16", "fp8"}),
+      TR_FIELD(train, fp8_format, String, 0, 0,
+               "fp8: hybrid (E4M3 weights and activations, E5M2 output gradients, as Transformer "
+               "Engine's and torchao's default) or e4m3 (E4M3 for all three)",
+               {"hybrid", "e4m3"}),
       TR_FIELD(train, recompute, String, 0, 0,
                "activation recomputation: none; selective (norm and SwiGLU outputs are "
                "recomputed in backward, the GEMM and attention results kept); full (a layer keeps "

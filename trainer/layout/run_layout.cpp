@@ -117,6 +117,8 @@ ModelOptions model_options(const Config& cfg, const RunLayout& layout, Device de
   o.separate_compute_copy = separate_compute_copy;
   o.plan_only = plan_only;
   o.shards = dp_shards(cfg, layout.topo);
+  o.gemm = {.fp8 = cfg.train.precision == "fp8",
+            .grad = cfg.train.fp8_format == "e4m3" ? DType::f8e4m3 : DType::f8e5m2};
   return o;
 }
 

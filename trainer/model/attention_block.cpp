@@ -4,14 +4,16 @@
 
 namespace tr {
 
-AttentionBlock::AttentionBlock(const ModelDims& dims, DType dtype, int64_t batch, int64_t seq_len)
+AttentionBlock::AttentionBlock(const ModelDims& dims, DType dtype, int64_t batch, int64_t seq_len,
+                               const LayerGemm& gemm)
     : d_(dims),
       dtype_(dtype),
       sdtype_(stat_dtype(dtype)),
       batch_(batch),
       S_(seq_len / dims.cp),
       T_(batch * (seq_len / dims.cp)),
-      seq_total_(seq_len) {}
+      seq_total_(seq_len),
+      gemm_(&gemm) {}
 
 AttentionWeights AttentionBlock::views(
     const std::function<Tensor(const std::string&, std::initializer_list<int64_t>)>& at,
@@ -63,13 +65,13 @@ void AttentionBlock::alloc_scratch(Arena& ar) {
 
 void AttentionBlock::forward(Ctx& ctx, const AttentionActs& a, const AttentionWeights& w, Tensor in,
                              const AttentionInput& input, Tensor out) const {
-  linear_fwd(ctx, a.qkv, in, w.qkv_w, w.qkv_b);
+  gemm_->fwd(ctx, a.qkv, in, w.qkv_w, w.qkv_b);
   if (d_.qk_norm) qk_norm_fwd(ctx, a, w);
   Tensor heads = a.qkv.view({T_, d_.heads + 2 * d_.kv_heads, d_.head_dim});
   rope_fwd(ctx, heads, static_cast<int>(d_.heads + d_.kv_heads), static_cast<int>(seq_total_),
            d_.rope, input.positions);
   attend(ctx, a, input);
-  linear_fwd(ctx, out, a.att, w.o_w, Tensor());
+  gemm_->fwd(ctx, out, a.att, w.o_w, Tensor());
 }
 
 void AttentionBlock::backward(Ctx& ctx, const AttentionActs& a, const AttentionWeights& w,
@@ -77,7 +79,7 @@ void AttentionBlock::backward(Ctx& ctx, const AttentionActs& a, const AttentionW
                               const AttentionInput& input, const BlockBackward& how) const {
   const auto weight_grad = [&](const Tensor& t) { return how.weights ? t : Tensor(); };
   dy = how.keep(dy, a.dy_o);
-  linear_bwd(ctx, datt_, weight_grad(g.o_w), Tensor(), dy, a.att, w.o_w, how.write);
+  gemm_->bwd(ctx, datt_, weight_grad(g.o_w), Tensor(), dy, a.att, w.o_w, how.write);
   attend_bwd(ctx, a, input);
   rope_bwd(ctx, dqkv_.view({T_, d_.heads + 2 * d_.kv_heads, d_.head_dim}),
            static_cast<int>(d_.heads + d_.kv_heads), static_cast<int>(seq_total_), d_.rope,
@@ -89,8 +91,8 @@ void AttentionBlock::backward(Ctx& ctx, const AttentionActs& a, const AttentionW
 
 void AttentionBlock::weight_grads(Ctx& ctx, const AttentionActs& a, const AttentionWeights& w,
                                   const AttentionWeights& g, Tensor in, GradWrite write) const {
-  linear_bwd(ctx, Tensor(), g.o_w, Tensor(), a.dy_o, a.att, w.o_w, write);
-  linear_bwd(ctx, Tensor(), g.qkv_w, g.qkv_b, a.dqkv, in, w.qkv_w, write);
+  gemm_->bwd(ctx, Tensor(), g.o_w, Tensor(), a.dy_o, a.att, w.o_w, write);
+  gemm_->bwd(ctx, Tensor(), g.qkv_w, g.qkv_b, a.dqkv, in, w.qkv_w, write);
 }
 
 std::vector<Tensor> AttentionBlock::replicated_over_heads(const AttentionWeights& g) const {
@@ -217,7 +219,8 @@ void AttentionBlock::backward_ops(OpLister& ops, double din, double dweight, dou
     ops.pass("qk-norm: join gradients", "qkv_join", bwd, layers, din, T_, Q, 2 * q * T);
   }
   ops.pass("qkv projection: output gradient kept", "cast", bwd, layers, kept, T_, Q, 2 * q * T);
-  ops.linear_bwd("qkv projection", layers, bwd, din, dweight, T_, Q, H, /*column_parallel=*/true);
+  ops.linear_bwd("qkv projection", layers, bwd, din, dweight, T_, Q, H, /*column_parallel=*/true,
+                 /*bias=*/d_.qkv_bias);
 }
 
 void AttentionBlock::attention_ops(OpLister& ops, const std::string& name, OpPhase phase,

@@ -15,6 +15,7 @@
 #include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/cp_attention.h"
+#include "trainer/model/layer_gemm.h"
 #include "trainer/model/mlp_block.h"
 #include "trainer/model/model_layout.h"
 #include "trainer/model/op_lister.h"
@@ -52,7 +53,9 @@ struct AttentionInput {
 class AttentionBlock {
  public:
   // A micro-batch of `batch` sequences of `seq_len` tokens (seq_len / cp on this rank).
-  AttentionBlock(const ModelDims& dims, DType dtype, int64_t batch, int64_t seq_len);
+  // Its projections multiply through `gemm` (the model's; it must outlive the block).
+  AttentionBlock(const ModelDims& dims, DType dtype, int64_t batch, int64_t seq_len,
+                 const LayerGemm& gemm);
 
   // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
   void set_cp_comm(Comm* cp) { cp_ = cp; }
@@ -111,6 +114,7 @@ class AttentionBlock {
   DType dtype_, sdtype_;
   int64_t batch_, S_, T_;  // sequences; tokens of one here (seq_len / cp); of the micro-batch
   int64_t seq_total_;      // tokens of a whole sequence
+  const LayerGemm* gemm_;
   Comm* cp_ = nullptr;
   // Scratch: dqkv and datt; QK-norm's q, k and v split out of the rows (normed, or their
   // gradients) and the gradients of q and k before the norms; under CP one sequence's q, k, v

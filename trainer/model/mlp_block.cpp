@@ -2,8 +2,8 @@
 
 namespace tr {
 
-DenseMlp::DenseMlp(const ModelDims& dims, DType dtype, int64_t tokens)
-    : T_(tokens), H_(dims.hidden), I_(dims.inter), dtype_(dtype) {}
+DenseMlp::DenseMlp(const ModelDims& dims, DType dtype, int64_t tokens, const LayerGemm& gemm)
+    : T_(tokens), H_(dims.hidden), I_(dims.inter), dtype_(dtype), gemm_(&gemm) {}
 
 MlpWeights DenseMlp::views(
     const std::function<Tensor(const std::string&, std::initializer_list<int64_t>)>& at,
@@ -32,12 +32,12 @@ void DenseMlp::alloc_scratch(Arena& ar) {
 }
 
 void DenseMlp::forward_in(Ctx& ctx, const MlpActs& a, const MlpWeights& w, Tensor in) const {
-  linear_fwd(ctx, a.gateup, in, w.gateup_w, Tensor());
+  gemm_->fwd(ctx, a.gateup, in, w.gateup_w, Tensor());
   swiglu_fwd(ctx, a.act, a.gateup);
 }
 
 void DenseMlp::forward_out(Ctx& ctx, const MlpActs& a, const MlpWeights& w, Tensor out) const {
-  linear_fwd(ctx, out, a.act, w.down_w, Tensor());
+  gemm_->fwd(ctx, out, a.act, w.down_w, Tensor());
 }
 
 void DenseMlp::recompute(Ctx& ctx, const MlpActs& a) const {
@@ -48,7 +48,7 @@ void DenseMlp::backward(Ctx& ctx, const MlpActs& a, const MlpWeights& w, const M
                         Tensor dy, Tensor in, const BlockBackward& how) const {
   const auto weight_grad = [&](const Tensor& t) { return how.weights ? t : Tensor(); };
   dy = how.keep(dy, a.dy_down);
-  linear_bwd(ctx, dact_, weight_grad(g.down_w), Tensor(), dy, a.act, w.down_w, how.write);
+  gemm_->bwd(ctx, dact_, weight_grad(g.down_w), Tensor(), dy, a.act, w.down_w, how.write);
   swiglu_bwd(ctx, dgateup_, dact_, a.gateup);
   const Tensor dgateup = how.keep(dgateup_, a.dgateup);  // (gateup is not read after this)
   how.column(dgateup, in, w.gateup_w, weight_grad(g.gateup_w), Tensor());
@@ -56,8 +56,8 @@ void DenseMlp::backward(Ctx& ctx, const MlpActs& a, const MlpWeights& w, const M
 
 void DenseMlp::weight_grads(Ctx& ctx, const MlpActs& a, const MlpWeights& w, const MlpWeights& g,
                             Tensor in, GradWrite write) const {
-  linear_bwd(ctx, Tensor(), g.down_w, Tensor(), a.dy_down, a.act, w.down_w, write);
-  linear_bwd(ctx, Tensor(), g.gateup_w, Tensor(), a.dgateup, in, w.gateup_w, write);
+  gemm_->bwd(ctx, Tensor(), g.down_w, Tensor(), a.dy_down, a.act, w.down_w, write);
+  gemm_->bwd(ctx, Tensor(), g.gateup_w, Tensor(), a.dgateup, in, w.gateup_w, write);
 }
 
 void DenseMlp::forward_ops(OpLister& ops, const Run& r, bool down) const {

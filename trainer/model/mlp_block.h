@@ -11,6 +11,7 @@
 #include "core/ctx.h"
 #include "core/tensor.h"
 #include "kernels/ops.h"
+#include "trainer/model/layer_gemm.h"
 #include "trainer/model/model_layout.h"
 #include "trainer/model/op_lister.h"
 
@@ -46,7 +47,8 @@ struct BlockBackward {
 class DenseMlp {
  public:
   // `tokens`: T of a micro-batch on this rank; activations in `dtype`.
-  DenseMlp(const ModelDims& dims, DType dtype, int64_t tokens);
+  // Its projections multiply through `gemm` (the model's; it must outlive the block).
+  DenseMlp(const ModelDims& dims, DType dtype, int64_t tokens, const LayerGemm& gemm);
 
   // The layer's weights at `prefix` ("layers/3/") of a flat buffer, by name.
   MlpWeights views(const std::function<Tensor(const std::string& name,
@@ -85,6 +87,7 @@ class DenseMlp {
  private:
   int64_t T_, H_, I_;
   DType dtype_;
+  const LayerGemm* gemm_;
   Tensor dgateup_, dact_;  // scratch: [T, 2I], [T, I]
 };
 

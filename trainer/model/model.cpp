@@ -33,8 +33,9 @@ DecoderModel::DecoderModel(const ModelDims& dims, const ModelOptions& o, ParamBu
       dtype_(o.dtype),
       sdtype_(stat_dtype(o.dtype)),
       params_(params),
-      attn_(dims, o.dtype, o.batch, o.seq_len),
-      mlp_(dims, o.dtype, o.batch * (o.seq_len / dims.cp)) {
+      gemm_(o.gemm),
+      attn_(dims, o.dtype, o.batch, o.seq_len, gemm_),
+      mlp_(dims, o.dtype, o.batch * (o.seq_len / dims.cp), gemm_) {
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
   for (int c = 0; c < dims.num_chunks(); ++c)
     for (int64_t j = 0; j < dims.chunks[c].layers; ++j) layer_pos_.push_back(j);
@@ -178,6 +179,11 @@ void DecoderModel::alloc_scratch(Arena& ar) {
   }
   attn_.alloc_scratch(ar);
   mlp_.alloc_scratch(ar);
+  // FP8 codes of the largest operand of each role: inputs [T, K] and output gradients [T, O]
+  // (K, O: hidden, q heads, intermediate; qkv rows, gate and up), weights [O, K].
+  const int64_t Q = d.qkv_out(), A = d.heads * d.head_dim, I = d.inter;
+  gemm_.alloc_scratch(ar, T * std::max({H, A, I}), std::max({Q * H, H * A, 2 * I * H}),
+                      T * std::max({Q, H, 2 * I}));
   a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
   a_->row_max = ar.alloc(sdtype_, {C});
   a_->sums = ar.alloc(sdtype_, {C, 2});

@@ -88,6 +88,8 @@ struct ModelOptions {
   // shard's order); the compute copy stays whole. Where the masters are the compute weights
   // they are whole.
   DpShards shards = DpShards();
+  // The layers' projections in FP8 (train.precision: fp8), and the output gradients' format.
+  GemmPrecision gemm = {};
 };
 
 // Tokens per loss chunk of a model of `dims` built with `options`: options.loss_chunk (at most a
@@ -243,6 +245,7 @@ class DecoderModel {
   std::unique_ptr<Arena> act_arena_;
   size_t activation_bytes_ = 0;
   AttentionPlan attention_;
+  LayerGemm gemm_;       // how the layers' projections multiply (before the blocks using it)
   AttentionBlock attn_;  // every layer's attention block
   DenseMlp mlp_;         // every layer's MLP block
   Weights w_, g_;

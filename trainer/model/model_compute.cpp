@@ -283,14 +283,14 @@ void DecoderModel::backward_pass(int slot, Tensor tokens, int chunk, bool weight
   const bool overlap = weights && options_.overlap_tp && d.tp > 1;
   const auto column_bwd = [&](Tensor dout, Tensor in, Tensor weight, Tensor dw, Tensor db) {
     if (!overlap) {
-      linear_bwd(ctx_, full_or(a.dln), dw, db, dout, in, weight, gw);
+      gemm_.bwd(ctx_, full_or(a.dln), dw, db, dout, in, weight, gw);
       reduce_to_local(full_or(a.dln), a.dln);
       return;
     }
-    linear_bwd(ctx_, full_or(a.dln), Tensor(), Tensor(), dout, in, weight, gw);
-    const Comm::Ticket t =
-        tp::reduce_out_start(tp_group(), d.sequence_parallel, full_or(a.dln), a.dln);
-    linear_bwd(ctx_, Tensor(), dw, db, dout, in, weight, gw);
+    Comm::Ticket t = Comm::kDone;
+    gemm_.bwd(ctx_, full_or(a.dln), dw, db, dout, in, weight, gw, [&] {
+      t = tp::reduce_out_start(tp_group(), d.sequence_parallel, full_or(a.dln), a.dln);
+    });
     // wait_all: this is the TP group's one operation beside, and it releases the ticket (a
     // communicator keeps its started tickets until then).
     tp_group()->wait_all();

@@ -41,7 +41,8 @@ double flop(int64_t m, int64_t n, int64_t k) {
 
 void OpLister::add(ModelOp op) {
   if (op.count <= 0) return;
-  if (op.cls != OpClass::communication) op.precision = dtype_;
+  // The lister's dtype, but for what states its own: a collective, an FP8 product.
+  if (op.cls != OpClass::communication && !is_fp8(op.precision)) op.precision = dtype_;
   for (ModelOp& o : ops_)
     if (o.name == op.name && o.key == op.key && o.phase == op.phase) {
       o.count += op.count;
@@ -61,8 +62,31 @@ void OpLister::pass(const std::string& name, const char* kernel, OpPhase phase, 
        .bytes = elems * e_});
 }
 
+void OpLister::fp8_cast(const std::string& name, OpPhase phase, double count, int64_t rows,
+                        int64_t cols, int layouts) {
+  add({.name = name,
+       .key = {"fp8_cast", rows, cols},
+       .cls = OpClass::memory,
+       .phase = phase,
+       .place = OpPlace::layers,
+       .count = count,
+       .bytes = (e_ + layouts) * static_cast<double>(rows) * static_cast<double>(cols)});
+}
+
 void OpLister::linear_fwd(const std::string& name, OpPhase phase, OpPlace place, double count,
                           int64_t m, int64_t n, int64_t k) {
+  if (layers_.fp8 && place == OpPlace::layers) {
+    fp8_cast(name + ": input cast", phase, count, m, k, 1);
+    fp8_cast(name + ": weight cast", phase, count, n, k, 1);
+    ModelOp op{.name = name,
+               .key = {"linear_fp8", m, n, k},
+               .phase = phase,
+               .place = place,
+               .count = count,
+               .flop = flop(m, n, k)};
+    op.precision = GemmPrecision::kForward;
+    return add(std::move(op));
+  }
   add({.name = name,
        .key = {"linear_fwd", m, n, k},
        .phase = phase,
@@ -72,7 +96,42 @@ void OpLister::linear_fwd(const std::string& name, OpPhase phase, OpPlace place,
 }
 
 void OpLister::linear_bwd(const std::string& name, OpPlace place, OpPhase phase, double din,
-                          double dweight, int64_t m, int64_t n, int64_t k, bool column_parallel) {
+                          double dweight, int64_t m, int64_t n, int64_t k, bool column_parallel,
+                          bool bias) {
+  if (layers_.fp8 && place == OpPlace::layers) {
+    // The output gradient [m, n] once per pass: both layouts in a whole backward, one in each
+    // of a split backward's passes.
+    if (split_) {
+      fp8_cast(name + ": output gradient cast (input pass)", phase, din, m, n, 1);
+      fp8_cast(name + ": output gradient cast (weight pass)", phase, dweight, m, n, 1);
+    } else {
+      fp8_cast(name + ": output gradient cast", phase, std::max(din, dweight), m, n,
+               din > 0 && dweight > 0 ? 2 : 1);
+    }
+    fp8_cast(name + ": weight cast (transposed)", phase, din, n, k, 1);
+    fp8_cast(name + ": input cast (transposed)", phase, dweight, m, k, 1);
+    ModelOp in{.name = name + ": input gradient",
+               .key = {"linear_fp8", m, k, n},
+               .phase = phase,
+               .place = place,
+               .count = din,
+               .flop = flop(m, n, k)};
+    ModelOp w{.name = name + ": weight gradient",
+              .key = {"linear_fp8", n, k, m},
+              .phase = phase,
+              .place = place,
+              .count = dweight,
+              .flop = flop(m, n, k),
+              .bytes = 8.0 * static_cast<double>(n) * static_cast<double>(k),
+              .column_weight_grad = column_parallel};
+    in.precision = w.precision = layers_.grad;
+    add(std::move(in));
+    add(std::move(w));
+    if (bias)
+      pass(name + ": bias gradient", "bias_grad", phase, place, dweight, m, n,
+           static_cast<double>(m) * static_cast<double>(n));
+    return;
+  }
   add({.name = name + ": input gradient",
        .key = {"linear_bwd.din", m, k, n},
        .phase = phase,
@@ -203,7 +262,7 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
   s.e = static_cast<double>(dtype_size(o.dtype));
   s.stat = stat_dtype(o.dtype);
   s.grad = ParamBuffer::grad_dtype(o.dtype);
-  OpLister ops(o.dtype);
+  OpLister ops(o.dtype, o.gemm, o.split_backward);
   const TpRegion region{ops, d, s, o.dtype};
   // A whole backward (not a split one's B pass) reduces a column-parallel layer's input
   // gradient beside its weight gradient with parallel.overlap_tp.
@@ -211,8 +270,9 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
   const double mb = static_cast<double>(micro_batches);
   const double passes = o.split_backward ? 2 : 1;  // recomputation runs again for W
   const double kept = o.split_backward ? mb : 0;
-  const AttentionBlock attention(d, o.dtype, o.batch, o.seq_len);
-  const DenseMlp mlp(d, o.dtype, s.T);
+  const LayerGemm gemm(o.gemm);
+  const AttentionBlock attention(d, o.dtype, o.batch, o.seq_len, gemm);
+  const DenseMlp mlp(d, o.dtype, s.T, gemm);
   const double h = static_cast<double>(s.H), ts = static_cast<double>(s.Ts);
   const auto norm = [&](const std::string& name, const char* kernel, OpPhase phase, OpPlace place,
                         double count, double elems) {

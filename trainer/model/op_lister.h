@@ -9,6 +9,7 @@
 #include "core/tensor.h"
 #include "kernels/op_log.h"
 #include "parallel/comm.h"
+#include "trainer/model/layer_gemm.h"
 
 namespace tr {
 
@@ -64,8 +65,15 @@ inline constexpr double kNormBwdElems = 5, kNormBwdAccumulateElems = 6;
 // merged, those run zero times left out.
 class OpLister {
  public:
-  // Ops computing in `dtype` (its size the bytes per activation element).
-  explicit OpLister(DType dtype) : dtype_(dtype), e_(static_cast<double>(dtype_size(dtype))) {}
+  // Ops computing in `dtype` (its size the bytes per activation element), the layers'
+  // projections as `layers` says (FP8: each operand's cast and the FP8 product); with
+  // `split_backward` a projection's input and weight gradients run in passes apart, each casting
+  // the output gradient.
+  explicit OpLister(DType dtype, GemmPrecision layers = {}, bool split_backward = false)
+      : dtype_(dtype),
+        e_(static_cast<double>(dtype_size(dtype))),
+        layers_(layers),
+        split_(split_backward) {}
 
   void add(ModelOp op);
   // A memory-bound pass over rows x width that moves `elems` elements (read plus written).
@@ -75,9 +83,10 @@ class OpLister {
   void linear_fwd(const std::string& name, OpPhase phase, OpPlace place, double count, int64_t m,
                   int64_t n, int64_t k);
   // Its input gradient [m, k] (`din` times) and weight gradient [n, k] (`dweight` times, summed
-  // over the m tokens into the fp32 gradient: 8 bytes a weight read and written besides).
+  // over the m tokens into the fp32 gradient: 8 bytes a weight read and written besides), and
+  // with `bias` the bias's.
   void linear_bwd(const std::string& name, OpPlace place, OpPhase phase, double din, double dweight,
-                  int64_t m, int64_t n, int64_t k, bool column_parallel = false);
+                  int64_t m, int64_t n, int64_t k, bool column_parallel = false, bool bias = false);
   // Causal attention of m queries over sequences of k keys, width n = heads x head_dim.
   void attention(const std::string& name, const char* kernel, OpPhase phase, double count,
                  int64_t m, int64_t n, int64_t k, bool backward);
@@ -89,8 +98,14 @@ class OpLister {
   std::vector<ModelOp> take() { return std::move(ops_); }
 
  private:
+  // An FP8 cast of a [rows, cols] tensor into `layouts` code layouts (row-major, transposed).
+  void fp8_cast(const std::string& name, OpPhase phase, double count, int64_t rows, int64_t cols,
+                int layouts);
+
   DType dtype_;
   double e_;
+  GemmPrecision layers_;
+  bool split_;
   std::vector<ModelOp> ops_;
 };
 
