@@ -24,102 +24,15 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "kernels/ragged.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "tests/test_util.h"
 
 namespace tr {
 namespace {
 
-constexpr double kTolF32 = 1e-5, kTolBf16 = 1e-2;
-
-double tol(DType dt) {
-  return dt == DType::bf16 ? kTolBf16 : kTolF32;
-}
-
-// The values a tensor of `dt` can hold: bf16 inputs are rounded before both backends see them.
-std::vector<float> random_values(int64_t n, std::mt19937& rng, DType dt, float lo = -1,
-                                 float hi = 1) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dt == DType::bf16 ? round_to_bf16(u(rng)) : u(rng);
-  return v;
-}
-
-// A host f32 tensor (the CPU reference's operand) over a vector.
-Tensor host(std::vector<float>& v, std::initializer_list<int64_t> shape) {
-  return Tensor(v.data(), DType::f32, Device::cpu, shape);
-}
-
-// A device tensor of `dt` that owns its memory, with upload/download through f32.
-struct Dev {
-  Buffer buf;
-  Tensor t;
-  Dev(DType dt, std::initializer_list<int64_t> shape) : t(nullptr, dt, Device::cuda, shape) {
-    buf = Buffer(std::max<size_t>(t.nbytes(), 1), Device::cuda);
-    t.data = buf.data();
-    poison();
-  }
-  Dev(DType dt, std::initializer_list<int64_t> shape, const std::vector<float>& values)
-      : Dev(dt, shape) {
-    upload(values);
-  }
-  void poison() { CUDA_CHECK(cudaMemset(t.data, 0xff, t.nbytes())); }  // NaN in f32 and bf16
-  void upload(const std::vector<float>& values) {
-    REQUIRE(static_cast<int64_t>(values.size()) == t.numel());
-    std::vector<float> copy = values;
-    if (t.dtype == DType::i32) {
-      std::vector<int32_t> ints(values.begin(), values.end());
-      copy_tensor(t, Tensor(ints.data(), DType::i32, Device::cpu, {t.numel()}));
-      return;
-    }
-    Ctx cpu;
-    std::vector<uint16_t> half(values.size());
-    Tensor src(copy.data(), DType::f32, Device::cpu, {t.numel()});
-    if (t.dtype == DType::bf16) {
-      cast(cpu, Tensor(half.data(), DType::bf16, Device::cpu, {t.numel()}), src);
-      copy_tensor(t, Tensor(half.data(), DType::bf16, Device::cpu, {t.numel()}));
-    } else {
-      copy_tensor(t, src);
-    }
-  }
-  std::vector<float> download() const {
-    CUDA_CHECK(cudaDeviceSynchronize());
-    std::vector<float> out(static_cast<size_t>(t.numel()));
-    Tensor dst(out.data(), DType::f32, Device::cpu, {t.numel()});
-    if (t.dtype == DType::bf16) {
-      std::vector<uint16_t> half(out.size());
-      copy_tensor(Tensor(half.data(), DType::bf16, Device::cpu, {t.numel()}), t);
-      Ctx cpu;
-      cast(cpu, dst, Tensor(half.data(), DType::bf16, Device::cpu, {t.numel()}));
-    } else {
-      copy_tensor(dst, t);
-    }
-    return out;
-  }
-};
-
-// A CUDA context with a stream and 64 MiB of workspace.
-struct GpuCtx {
-  Buffer workspace{size_t{64} << 20, Device::cuda};
-  cudaStream_t stream = nullptr;
-  Ctx ctx;
-  GpuCtx() {
-    CUDA_CHECK(cudaStreamCreate(&stream));
-    ctx.device = Device::cuda;
-    ctx.stream = stream;
-    ctx.workspace = workspace.data();
-    ctx.workspace_bytes = workspace.bytes();
-  }
-  ~GpuCtx() { cudaStreamDestroy(stream); }
-};
+using namespace cuda_test;  // NOLINT: the shared helpers of the GPU tests
 
 Ctx cpu_ctx;
-
-void check_close(const std::vector<float>& gpu, const std::vector<float>& cpu, DType dt,
-                 const std::string& what) {
-  const double e = test::rel_err(gpu, cpu);
-  INFO(what << ": relative error " << e << " (bound " << tol(dt) << ")");
-  CHECK(e <= tol(dt));  // NaN (a poisoned element never written) fails too
-}
 
 const DType kTypes[] = {DType::f32, DType::bf16};
 
