@@ -34,6 +34,15 @@ bool device_available();
 int device_count();
 // Name of device `index` ("NVIDIA H100 80GB HBM3"), or "" when there is none.
 std::string device_name(int index);
+// Whether device `index` has FP8 tensor cores: compute capability 8.9 or newer (Ada, Hopper,
+// Blackwell). Its name and capability come with it for the line that refuses FP8 on an older GPU;
+// no such device (or no CUDA backend) is unsupported with an empty name.
+struct Fp8Support {
+  bool supported = false;
+  std::string name;
+  int major = 0, minor = 0;  // compute capability
+};
+Fp8Support fp8_support(int index);
 // Its PCI bus id ("0000:3B:00.0"): the same physical GPU has the same id in every process,
 // whatever CUDA_VISIBLE_DEVICES renumbered.
 std::string device_pci_bus_id(int index);

@@ -23,6 +23,9 @@ int device_count() {
 std::string device_name(int) {
   return "";
 }
+Fp8Support fp8_support(int) {
+  return {};
+}
 std::string device_pci_bus_id(int) {
   return "";
 }

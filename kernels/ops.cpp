@@ -278,9 +278,30 @@ void fp8_cast(Ctx& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor in) {
   OP_CHECK(c, out_t.empty() || (is_fp8(out_t.dtype) && is_matrix(out_t, in.shape[1], in.shape[0])));
   OP_CHECK(c, out.empty() || out_t.empty() || out.dtype == out_t.dtype);
   OP_CHECK(c, scale_inv.dtype == DType::f32 && scale_inv.numel() == 1);
+  TR_ASSERT(ctx.device != Device::cuda || in.dtype != DType::f64,
+            c.describe("the CUDA backend casts f32 or bf16, not f64"));
   c.note(in.shape[0], in.shape[1]);
-  TR_DISPATCH_CPU(fp8_cast, out, out_t, scale_inv, in);
+  TR_DISPATCH(fp8_cast, out, out_t, scale_inv, in);
 }
+
+namespace {
+// cuBLASLt's FP8 GEMMs read operands at 16-byte aligned addresses with leading dimensions of
+// multiples of 16 bytes: K and N multiples of 16 (a's and b's rows of K codes; b's N rows are
+// op(A)'s, which cuBLASLt's FP8 kernels want aligned too, as torch's _scaled_mm checks). M is
+// free.
+void check_fp8_gemm_cuda(const OpCheck& c, const Tensor& out, const Tensor& a, const Tensor& b) {
+  const int64_t K = a.shape[1], N = b.shape[0];
+  TR_ASSERT(K % kFp8GemmAlign == 0 && N % kFp8GemmAlign == 0,
+            c.describe("on CUDA, K (" + std::to_string(K) + ") and N (" + std::to_string(N) +
+                       ") must be multiples of " + std::to_string(kFp8GemmAlign) +
+                       " for cuBLASLt's FP8 GEMMs; pad them"));
+  for (const Tensor* t : {&a, &b, &out})
+    TR_ASSERT(reinterpret_cast<uintptr_t>(t->data) % kFp8GemmAlign == 0,
+              c.describe("on CUDA, a, b and out must start at " + std::to_string(kFp8GemmAlign) +
+                         "-byte aligned addresses for cuBLASLt's FP8 GEMMs"));
+  TR_ASSERT(out.dtype != DType::f64, c.describe("the CUDA backend writes f32 or bf16, not f64"));
+}
+}  // namespace
 
 void linear_fp8(Ctx& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
                 Tensor bias, bool accumulate) {
@@ -299,8 +320,9 @@ void linear_fp8(Ctx& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Te
   OP_CHECK(c, a_scale_inv.dtype == DType::f32 && a_scale_inv.numel() == 1 &&
                   b_scale_inv.dtype == DType::f32 && b_scale_inv.numel() == 1);
   OP_CHECK(c, bias.empty() || (bias.dtype == out.dtype && is_vector(bias, b.shape[0])));
+  if (ctx.device == Device::cuda) check_fp8_gemm_cuda(c, out, a, b);
   c.note(a.shape[0], b.shape[0], a.shape[1]);
-  TR_DISPATCH_CPU(linear_fp8, out, a, a_scale_inv, b, b_scale_inv, bias, accumulate);
+  TR_DISPATCH(linear_fp8, out, a, a_scale_inv, b, b_scale_inv, bias, accumulate);
 }
 
 namespace {

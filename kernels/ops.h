@@ -67,8 +67,8 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
 void bias_grad(Ctx& ctx, Tensor dbias, Tensor dout, GradWrite dw = GradWrite::add);
 
 // ---- FP8 GEMMs with per-tensor current scaling (kernels/fp8.h: the formats and the cast) ----
-// `in` [R, C] (f32, f64 or bf16; each element taken as fp32) cast to FP8 at the current scale:
-// amax = max |in|, scale = fp8_scale(amax) (the format's max / amax), each code
+// `in` [R, C] (f32, f64 or bf16, not f64 on CUDA; each element taken as fp32) cast to FP8 at the
+// current scale: amax = max |in|, scale = fp8_scale(amax) (the format's max / amax), each code
 // fp8_encode(x * scale, saturating), into `out` [R, C] and/or its transpose `out_t` [C, R]
 // (either may be empty; FP8 dtypes, the same one when both: the format). scale_inv f32 [1] =
 // 1 / scale, ASSIGNED on ctx's device: the scale never visits the host.
@@ -77,7 +77,9 @@ void fp8_cast(Ctx& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor in);
 // the FP8 codes' values summed in fp32 (f64 for an f64 out), ASSIGNED, or added to out with
 // `accumulate`. a and b FP8 (K contiguous in both, as Hopper's FP8 tensor cores read them; not
 // both E5M2), scale_invs f32 [1] as fp8_cast writes them, out f32, f64 or bf16, bias out's
-// dtype or empty.
+// dtype or empty. On CUDA (cuBLASLt) K and N are multiples of kFp8GemmAlign and a, b and out
+// start at kFp8GemmAlign-byte aligned addresses; the CPU takes any shape.
+inline constexpr int64_t kFp8GemmAlign = 16;
 void linear_fp8(Ctx& ctx, Tensor out, Tensor a, Tensor a_scale_inv, Tensor b, Tensor b_scale_inv,
                 Tensor bias, bool accumulate = false);
 

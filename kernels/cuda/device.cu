@@ -182,4 +182,18 @@ std::string device_name(int index) {
   return prop.name;
 }
 
+Fp8Support fp8_support(int index) {
+  Fp8Support s;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return s;
+  }
+  s.name = prop.name;
+  s.major = prop.major;
+  s.minor = prop.minor;
+  s.supported = prop.major > 8 || (prop.major == 8 && prop.minor >= 9);
+  return s;
+}
+
 }  // namespace tr::cuda

@@ -1,14 +1,18 @@
 // The FP8 formats and the scaled cast (kernels/fp8.h): closed-form values here, and PyTorch's
 // casts bit for bit in the hidden [.fp8-torch] case, which tests/tools/test_fp8_torch.py runs
 // after writing torch's table.
+#include <sys/wait.h>
+#include <unistd.h>
 #include <catch2/catch.hpp>
 
 #include <bit>
 #include <cfloat>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -287,6 +291,69 @@ TEST_CASE("fp8: fp8_cast and linear_fp8 on the CPU backend", "[kernels]") {
                                   std::max(1.0, std::abs(exact)));
     }
   CHECK(apart > 1e-4);
+}
+
+// What `call` prints to stderr in a child process, which it must end by a signal (a failed check
+// aborts); "(not ended by a signal)" appended when it returns.
+std::string refusal(const std::function<void()>& call) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(fds[0]);
+    dup2(fds[1], 2);
+    std::signal(SIGABRT, SIG_DFL);  // not Catch's handler, which reports as the parent would
+    call();
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string said;
+  char buf[512];
+  for (ssize_t k; (k = read(fds[0], buf, sizeof(buf))) > 0;)
+    said.append(buf, static_cast<size_t>(k));
+  close(fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  return WIFSIGNALED(status) ? said : said + "(not ended by a signal)";
+}
+
+// On CUDA the ops refuse, with one line naming the rule, what cuBLASLt's FP8 GEMMs cannot run (K
+// or N not a multiple of 16, an operand not 16-byte aligned) and an f64 cast, before any device
+// work: the tensors' addresses are never read (none is mapped), so this runs without a GPU.
+TEST_CASE("fp8: on CUDA, linear_fp8 refuses unaligned shapes and addresses, fp8_cast f64",
+          "[kernels]") {
+  const auto fake = [](uintptr_t at, DType dt, std::initializer_list<int64_t> shape) {
+    return Tensor(reinterpret_cast<void*>((uintptr_t{1} << 40) + at), dt, Device::cuda, shape);
+  };
+  struct Case {
+    int64_t M, N, K;
+    uintptr_t a_at;
+    std::string says;
+  };
+  for (const Case& c :
+       {Case{32, 16, 40, 0, "K (40) and N (16) must be multiples of 16"},
+        Case{32, 24, 32, 0, "K (32) and N (24) must be multiples of 16"},
+        Case{5, 16, 32, 8, "a, b and out must start at 16-byte aligned addresses"}}) {
+    const std::string said = refusal([&] {
+      Ctx ctx;
+      ctx.device = Device::cuda;
+      const Tensor si = fake(0, DType::f32, {1});
+      linear_fp8(ctx, fake(0, DType::f32, {c.M, c.N}), fake(c.a_at, DType::f8e4m3, {c.M, c.K}), si,
+                 fake(0, DType::f8e4m3, {c.N, c.K}), si, Tensor());
+    });
+    INFO(said);
+    CHECK(said.find("linear_fp8(out=") != std::string::npos);
+    CHECK(said.find(c.says) != std::string::npos);
+  }
+  const std::string said = refusal([&] {
+    Ctx ctx;
+    ctx.device = Device::cuda;
+    fp8_cast(ctx, fake(0, DType::f8e4m3, {4, 8}), Tensor(), fake(0, DType::f32, {1}),
+             fake(0, DType::f64, {4, 8}));
+  });
+  INFO(said);
+  CHECK(said.find("the CUDA backend casts f32 or bf16, not f64") != std::string::npos);
 }
 
 TEST_CASE("fp8: encode, decode and the scaled cast equal torch's float8 casts bit for bit",
