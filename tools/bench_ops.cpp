@@ -6,7 +6,7 @@
 //
 //   bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME] [--nodes N]
 //             [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT] [--json FILE]
-//             [--doc-len L] [--hardware FILE ...] [--calibration FILE]
+//             [--doc-len L] [--hardware FILE ...] [--calibration FILE] [--fp8]
 // (--help lists the flags; tools/flags.h reads them.)
 //
 // Prints one Markdown table (op, shape, times per step, predicted and measured microseconds per
@@ -15,6 +15,7 @@
 // one GPU here. Inputs are random (never zeros), each op runs once to warm up, then R times;
 // the median run counts. Then what the ops reached, as the efficiencies of the planner's GPU
 // table (core/hardware.h), which --calibration writes as a `trainer plan --hardware` file.
+// --fp8 adds a table of each GEMM run as the FP8 path runs it (time_fp8).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -76,6 +77,9 @@ ABSL_FLAG(tr::tools::Repeated, hardware, {},
 ABSL_FLAG(std::string, calibration, "",
           "FILE: writes what the ops reached (GEMM fill, attention fractions at this head_dim, "
           "stream fraction) as a file for trainer plan --hardware");
+ABSL_FLAG(bool, fp8, false,
+          "also times each GEMM as linear_fp8 on FP8 codes and the fp8_cast of its operand, in a "
+          "table of their own");
 
 namespace {
 
@@ -90,7 +94,7 @@ const tr::tools::Usage kUsage{
     .synopsis =
         "bench_ops --config FILE [--set K=V ...] [--backend cuda|cpu] [--gpu NAME] "
         "[--nodes N] [--gpus-per-node G] [--stage S] [--repeats R] [--only TEXT] "
-        "[--json FILE] [--doc-len L] [--hardware FILE ...] [--calibration FILE]",
+        "[--json FILE] [--doc-len L] [--hardware FILE ...] [--calibration FILE] [--fp8]",
     .about =
         "Times each op of one GPU's step at the shapes trainer plan models for the config's "
         "layout (pipeline stage S), beside the planner's prediction, on N x G GPUs; then "
@@ -103,6 +107,7 @@ struct Args {
   std::vector<std::string> sets, hardware;
   int nodes = 1, gpus_per_node = 0, stage = -1, repeats = 0;  // 0: tp x pp x cp GPUs
   int doc_len = 0;  // > 0: block-causal attention over documents of this many tokens
+  bool fp8 = false;
 };
 
 // The flags, checked together (the defaults that depend on the device filled in).
@@ -117,6 +122,7 @@ absl::StatusOr<Args> parse(int argc, char** argv) {
   a.json = absl::GetFlag(FLAGS_json);
   a.hardware = absl::GetFlag(FLAGS_hardware).values;
   a.calibration = absl::GetFlag(FLAGS_calibration);
+  a.fp8 = absl::GetFlag(FLAGS_fp8);
   a.nodes = static_cast<int>(absl::GetFlag(FLAGS_nodes).value);
   a.gpus_per_node = static_cast<int>(tr::tools::value_or(absl::GetFlag(FLAGS_gpus_per_node), 0));
   a.stage = static_cast<int>(tr::tools::value_or(absl::GetFlag(FLAGS_stage), -1));
@@ -138,12 +144,15 @@ class Arena {
  public:
   Arena(tr::Ctx ctx, DType act) : ctx_(ctx), act_(act) {}
   Tensor random(DType dt, std::initializer_list<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    buffers_.emplace_back(static_cast<size_t>(std::max<int64_t>(n, 1)) * tr::dtype_size(dt),
-                          ctx_.device);
-    Tensor t(buffers_.back().data(), dt, ctx_.device, shape);
-    fill(t.view({n}));
+    Tensor t = empty(dt, shape);
+    fill(t.view({t.numel()}));
+    return t;
+  }
+  // Not filled (for an op's output: FP8 codes, a scale).
+  Tensor empty(DType dt, std::initializer_list<int64_t> shape) {
+    Tensor t(nullptr, dt, ctx_.device, shape);
+    buffers_.emplace_back(std::max<size_t>(t.nbytes(), 1), ctx_.device);
+    t.data = buffers_.back().data();
     return t;
   }
   Tensor act(std::initializer_list<int64_t> shape) { return random(act_, shape); }
@@ -485,6 +494,55 @@ std::vector<std::pair<std::string, double>> calibrate(
   return out;
 }
 
+// --fp8: each GEMM of the list at its product out [m, n] = a [m, k] . b [n, k]^T as the FP8 path
+// runs it: linear_fp8 on the codes of a (E5M2 for the backward's output gradient, else E4M3)
+// and of b (E4M3), into the GEMM's out dtype (a weight gradient accumulated in f32), beside the
+// bf16 GEMM's median (`bf16_s`, 0: not timed); and fp8_cast of a's source into its codes and
+// their transpose (an activation's or output gradient's: the forward or input gradient reads
+// one, the weight gradient the other). Rates against the dense FP8 peak, taken as twice the
+// table's bf16 peak (Ada, Hopper, Blackwell: 1979 TFLOP/s on an H100 or H200), and the copy
+// bandwidth (bytes read plus written; the cast reads its input twice, once for amax).
+void time_fp8(const std::vector<StepOp>& ops, const std::vector<double>& bf16_s, tr::Ctx& ctx,
+              DType act, const Args& a, const tr::GpuSpec& gpu) {
+  std::printf(
+      "\n| FP8 GEMM | shape | bf16 us | fp8 us | bf16 / fp8 | TFLOP/s | of FP8 peak | cast us | "
+      "cast GB/s | of copy |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const StepOp& op = ops[i];
+    if (op.cls != tr::OpClass::gemm || (!a.only.empty() && !absl::StrContains(op.name, a.only)))
+      continue;
+    const int64_t m = op.m, n = op.n, k = op.k;
+    if (ctx.device == Device::cuda && (n % tr::kFp8GemmAlign != 0 || k % tr::kFp8GemmAlign != 0)) {
+      std::printf("| %s | %s | N or K not a multiple of %lld: not run |\n", op.name.c_str(),
+                  shape_of(op).c_str(), static_cast<long long>(tr::kFp8GemmAlign));
+      continue;
+    }
+    Arena arena(ctx, act);
+    const DType fa = op.kernel == "linear_fwd" ? DType::f8e4m3 : DType::f8e5m2;
+    const bool accumulate = op.kernel == "linear_bwd.dweight";
+    Tensor src = arena.act({m, k}), codes = arena.empty(fa, {m, k}),
+           codes_t = arena.empty(fa, {k, m}), scale_inv = arena.empty(DType::f32, {1});
+    Tensor b = arena.empty(DType::f8e4m3, {n, k}), b_scale_inv = arena.empty(DType::f32, {1});
+    Tensor out = arena.random(accumulate ? DType::f32 : act, {m, n});
+    tr::fp8_cast(ctx, b, Tensor(), b_scale_inv, arena.act({n, k}));
+    const double cast_s = median(
+        time_runs(ctx, a.repeats, [&] { tr::fp8_cast(ctx, codes, codes_t, scale_inv, src); }));
+    const double s = median(time_runs(ctx, a.repeats, [&] {
+      tr::linear_fp8(ctx, out, codes, scale_inv, b, b_scale_inv, Tensor(), accumulate);
+    }));
+    const double flop = 2.0 * static_cast<double>(m * n * k);
+    const double bytes =
+        static_cast<double>(m * k) * (2.0 * static_cast<double>(tr::dtype_size(act)) + 2);
+    const std::string bf16 = bf16_s[i] > 0 ? absl::StrFormat("%.1f", bf16_s[i] * 1e6) : "-";
+    const std::string ratio = bf16_s[i] > 0 ? absl::StrFormat("%.2f", bf16_s[i] / s) : "-";
+    std::printf("| %s | %s | %s | %.1f | %s | %.4g | %.3f | %.1f | %.4g | %.3f |\n",
+                op.name.c_str(), shape_of(op).c_str(), bf16.c_str(), s * 1e6, ratio.c_str(),
+                flop / s / 1e12, flop / s / (2 * gpu.peak_bf16_flops), cast_s * 1e6,
+                bytes / cast_s / 1e9, bytes / cast_s / gpu.copy_bw);
+    std::fflush(stdout);
+  }
+}
+
 int run(const Args& a) {
   absl::StatusOr<tr::Config> cfg = tr::load_config(a.config, a.sets);
   if (!cfg.ok()) {
@@ -616,6 +674,7 @@ int run(const Args& a) {
   std::printf("| all timed | %.6g | %.6g | %.2f |\n", predicted, measured, measured / predicted);
   if (!untimed.empty())
     std::printf("not timed (no single kernel call): %s\n", absl::StrJoin(untimed, ", ").c_str());
+  if (a.fp8) time_fp8(ops, measured_s, ctx, act, a, *gpu);
   const std::vector<std::pair<std::string, double>> calibration =
       calibrate(ops, measured_s, *gpu, cfg->model.head_dim, documents.has_value(), gpu_ops);
   std::string keys;

@@ -144,6 +144,12 @@ PY
   >"$work/qk.md"
 [[ $(grep -c "^| qk-norm: " "$work/qk.md") == 8 ]] || { cat "$work/qk.md"; fail "qk-norm rows"; }
 ! grep -q "^not timed" "$work/qk.md" || { cat "$work/qk.md"; fail "qk-norm not timed"; }
+# --fp8: each GEMM also as the FP8 path (linear_fp8 on codes, its operand's fp8_cast), in a
+# table of its own: the qkv projection's three GEMMs in each table.
+"$bin" --config "$src/configs/tiny.yaml" --backend cpu --only "qkv projection" --fp8 \
+  >"$work/fp8.md" || { cat "$work/fp8.md"; fail "--fp8"; }
+grep -q "^| FP8 GEMM | shape | bf16 us | fp8 us |" "$work/fp8.md" &&
+  [[ $(grep -c "^| qkv projection: " "$work/fp8.md") == 6 ]] || { cat "$work/fp8.md"; fail "--fp8 rows"; }
 set +e
 "$bin" --config "$src/configs/tiny.yaml" --set parallel.cp=2 --backend cpu >/dev/null 2>"$work/err"
 rc=$?
