@@ -155,12 +155,6 @@ const void* const kCudaBackendOps[] = {
     return cpu::op(ctx, __VA_ARGS__);                                                           \
   } while (0)
 #endif
-// Ops whose CUDA kernels do not exist yet.
-#define TR_DISPATCH_CPU(op, ...)                                                      \
-  do {                                                                                \
-    TR_ASSERT(ctx.device == Device::cpu, "CUDA backend op " #op " is not built yet"); \
-    return cpu::op(ctx, __VA_ARGS__);                                                 \
-  } while (0)
 
 void embedding_fwd(Ctx& ctx, Tensor out, Tensor tokens, Tensor table, int64_t vocab_offset) {
   const OpCheck c(ctx, "embedding_fwd", {{"out", out}, {"tokens", tokens}, {"table", table}});
@@ -264,7 +258,7 @@ void bias_grad(Ctx& ctx, Tensor dbias, Tensor dout, GradWrite dw) {
   c.grad_dtype(dbias, dout);
   OP_CHECK(c, dout.ndim == 2 && is_vector(dbias, dout.shape[1]));
   c.note(dout.shape[0], dout.shape[1]);
-  TR_DISPATCH_CPU(bias_grad, dbias, dout, dw == GradWrite::assign);
+  TR_DISPATCH(bias_grad, dbias, dout, dw == GradWrite::assign);
 }
 
 void fp8_cast(Ctx& ctx, Tensor out, Tensor out_t, Tensor scale_inv, Tensor in) {

@@ -52,17 +52,21 @@ void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout,
   const GemmKey wkey{
       K, O, T, false, true, in.dtype, dout.dtype, dweight.dtype, false, !assign_dweight};
   gemm(ctx, wkey, in.data, dout.data, dweight.data, nullptr, assign_dweight ? 0.0f : 1.0f);
-  if (dbias.empty()) return;
+  if (!dbias.empty()) bias_grad(ctx, dbias, dout, assign_dweight);
+}
+
+void bias_grad(Ctx& ctx, Tensor dbias, Tensor dout, bool assign_dweight) {
+  const int64_t T = dout.shape[0], O = dout.shape[1];
   const int chunks = column_chunks(T);
-  Workspace ws(ctx, "linear_bwd (dbias)");
+  Workspace ws(ctx, "bias_grad");
   float* partial = ws.take<float>(int64_t{chunks} * O);
-  dispatch_float(dout.dtype, "linear_bwd", [&](auto tag) {
+  dispatch_float(dout.dtype, "bias_grad", [&](auto tag) {
     using T_ = decltype(tag);
     const dim3 grid(blocks_for(O, kThreads), static_cast<unsigned>(chunks));
     column_sum_partial<T_><<<grid, kThreads, 0, stream_of(ctx)>>>(partial, dout.ptr<T_>(), T, O);
   });
   CUDA_CHECK_LAUNCH();
-  add_column_partials(ctx, dbias, partial, chunks, "linear_bwd", assign_dweight);
+  add_column_partials(ctx, dbias, partial, chunks, "bias_grad", assign_dweight);
 }
 
 }  // namespace tr::cuda

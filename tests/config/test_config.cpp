@@ -74,6 +74,16 @@ TEST_CASE("config: wrong types and ranges name the key", "[config]") {
   CHECK(error_of(kBase, {"train.recompute=full", "train.recompute_layers=[1, 1, 1]"}) ==
         "train.recompute_layers has 3 counts; give one (every stage) or parallel.pp 1 (one per "
         "stage)");
+  // FP8 on CUDA: each GEMM's rows of 16-byte multiples (the CPU takes any shape).
+  CHECK(error_of(kBase,
+                 {"train.precision=fp8", "train.backend=cuda", "model.intermediate_size=120"}) ==
+        "train.precision=fp8 on cuda needs model.intermediate_size / parallel.tp to be a multiple "
+        "of 16 (FP8 GEMM rows of 16 bytes), and it is 120; change it or set "
+        "train.precision=bf16");
+  CHECK(parse_config(kBase, {"train.precision=fp8", "model.intermediate_size=120"}).ok());
+  CHECK(parse_config(kBase, {"train.precision=fp8", "train.backend=cuda"}).ok());
+  CHECK(error_of(kBase, {"train.fp8_format=e5m2"}) ==
+        "train.fp8_format must be one of hybrid|e4m3 (got 'e5m2'); did you mean 'e4m3'?");
   CHECK(error_of(kBase, {"optim.schedule=cosin"}) ==
         "optim.schedule must be one of cosine|linear|constant|wsd (got 'cosin'); did you mean "
         "'cosine'?");

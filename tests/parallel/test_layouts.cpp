@@ -322,6 +322,27 @@ TEST_CASE("layouts: interleaved v 2 and zero-bubble under cp 2 x tp 2 x pp 2 mat
                                   "train.recompute=selective"});
 }
 
+// FP8 projections (train.precision: fp8) under layouts: every rank runs the casts and FP8
+// products its op list says (step_once checks them), in a whole backward with the TP overlap and
+// in a zero-bubble one's two passes. Not against one rank: each rank scales its own shards of
+// the operands, so FP8's rounding depends on the layout (tests/run/test_fp8_train.cpp trains it).
+TEST_CASE(
+    "layouts: FP8 projections run the listed ops under tp with sp and under cp with zero-bubble",
+    "[mpi]") {
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{"parallel.tp=2", "parallel.pp=2", "parallel.zero1=true",
+                                 "parallel.sequence_parallel=true", "parallel.overlap_tp=true"},
+        std::vector<std::string>{"parallel.pipeline_schedule=zero_bubble", "parallel.cp=2",
+                                 "parallel.tp=2", "parallel.pp=2", "train.recompute=selective"}}) {
+    test::RunDir dir(1);
+    std::vector<std::string> sets = kShape;
+    sets.push_back("train.precision=fp8");
+    sets.insert(sets.end(), layout.begin(), layout.end());
+    const Stepped run = step_once(dir, sets, /*mpi=*/true);
+    CHECK(std::isfinite(run.m.loss));
+  }
+}
+
 }  // namespace
 }  // namespace tr
 

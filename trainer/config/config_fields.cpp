@@ -289,7 +289,27 @@ const std::vector<Field>& fields() {
                "gradients): bf16 (the compute dtype: bf16 on GPUs, f32 on the CPU), or fp8 "
                "(per-tensor current scaling, train.fp8_format; needs FP8 tensor cores: H100, "
                "H200, B200, B300). Masters, gradients and checkpoints are the same either way",
-               {"bf16", "fp8"}),
+               {"bf16", "fp8"})
+          .rule([](const Config& c) {
+            // Hopper's FP8 GEMMs read rows of 16-byte multiples: every projection's widths on a
+            // rank, and the tokens a weight gradient sums over.
+            if (c.train.precision != "fp8" || c.train.backend != "cuda") return absl::OkStatus();
+            const ModelConfig& m = c.model;
+            const int64_t tp = c.parallel.tp;
+            const std::pair<const char*, int64_t> widths[] = {
+                {"model.hidden_size", m.hidden_size},
+                {"model.num_heads x head_dim / parallel.tp", m.num_heads * m.head_dim / tp},
+                {"model.num_kv_heads x head_dim / parallel.tp", m.num_kv_heads * m.head_dim / tp},
+                {"model.intermediate_size / parallel.tp", m.intermediate_size / tp},
+                {"train.micro_batch x data.seq_len / parallel.cp",
+                 c.train.micro_batch * c.data.seq_len / c.parallel.cp}};
+            for (const auto& [what, n] : widths)
+              if (n % 16 != 0)
+                return err("train.precision=fp8 on cuda needs ", what,
+                           " to be a multiple of 16 (FP8 GEMM rows of 16 bytes), and it is ", n,
+                           "; change it or set train.precision=bf16");
+            return absl::OkStatus();
+          }),
       TR_FIELD(train, fp8_format, String, 0, 0,
                "fp8: hybrid (E4M3 weights and activations, E5M2 output gradients, as Transformer "
                "Engine's and torchao's default) or e4m3 (E4M3 for all three)",

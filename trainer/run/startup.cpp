@@ -62,6 +62,14 @@ absl::Status resolve_backend(Session& s) {
   if (absl::Status st = check_versions(versions); !st.ok()) return st;
   const int local_rank = s.mpi ? s.mpi->local_rank() : 0;
   s.gpu = local_rank % cuda::device_count();
+  if (s.cfg.train.precision == "fp8") {
+    const cuda::Fp8Support fp8 = cuda::fp8_support(s.gpu);
+    if (!fp8.supported)
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "train.precision=fp8 needs FP8 tensor cores (compute capability 8.9 or newer: H100, "
+          "H200, B200, B300), and GPU %d is %s (%d.%d); set train.precision=bf16",
+          s.gpu, fp8.name, fp8.major, fp8.minor));
+  }
   s.device = std::make_unique<cuda::DeviceContext>(s.gpu, kCudaWorkspaceBytes);
   s.ctx = s.device->ctx();
   s.ctx.deterministic = s.cfg.train.deterministic;
