@@ -25,6 +25,11 @@ struct GpuSpec {
   // bytes/s counting bytes read plus written.
   double gemm_flops;
   double copy_bw;
+  // Dense FP8 tensor-core peak (0: none), and the ceiling the step model prices FP8 GEMMs at
+  // (train.precision: fp8) until `bench_ops --fp8` measures it: the bf16 GEMM's measured
+  // fraction of its peak, applied to the FP8 peak. MFU stays counted against the bf16 peak.
+  double peak_fp8_flops = 0;
+  double gemm_fp8_flops = 0;
   // A collective's fixed cost, whatever its size. Inside a node: the smallest all-reduce's time.
   // Across nodes: a per-call part, plus a per-step part for each step the algorithm takes
   // between nodes (trainer/plan/collectives.h); the defaults make the smallest all-reduce

@@ -499,9 +499,9 @@ std::vector<std::pair<std::string, double>> calibrate(
 // and of b (E4M3), into the GEMM's out dtype (a weight gradient accumulated in f32), beside the
 // bf16 GEMM's median (`bf16_s`, 0: not timed); and fp8_cast of a's source into its codes and
 // their transpose (an activation's or output gradient's: the forward or input gradient reads
-// one, the weight gradient the other). Rates against the dense FP8 peak, taken as twice the
-// table's bf16 peak (Ada, Hopper, Blackwell: 1979 TFLOP/s on an H100 or H200), and the copy
-// bandwidth (bytes read plus written; the cast reads its input twice, once for amax).
+// one, the weight gradient the other). Rates against the GPU table's dense FP8 peak (1979
+// TFLOP/s on an H100 or H200; none on an A100: 0), and the copy bandwidth (bytes read plus written;
+// the cast reads its input twice, once for amax).
 void time_fp8(const std::vector<StepOp>& ops, const std::vector<double>& bf16_s, tr::Ctx& ctx,
               DType act, const Args& a, const tr::GpuSpec& gpu) {
   std::printf(
@@ -537,8 +537,8 @@ void time_fp8(const std::vector<StepOp>& ops, const std::vector<double>& bf16_s,
     const std::string ratio = bf16_s[i] > 0 ? absl::StrFormat("%.2f", bf16_s[i] / s) : "-";
     std::printf("| %s | %s | %s | %.1f | %s | %.4g | %.3f | %.1f | %.4g | %.3f |\n",
                 op.name.c_str(), shape_of(op).c_str(), bf16.c_str(), s * 1e6, ratio.c_str(),
-                flop / s / 1e12, flop / s / (2 * gpu.peak_bf16_flops), cast_s * 1e6,
-                bytes / cast_s / 1e9, bytes / cast_s / gpu.copy_bw);
+                flop / s / 1e12, gpu.peak_fp8_flops > 0 ? flop / s / gpu.peak_fp8_flops : 0.0,
+                cast_s * 1e6, bytes / cast_s / 1e9, bytes / cast_s / gpu.copy_bw);
     std::fflush(stdout);
   }
 }

@@ -532,5 +532,41 @@ TEST_CASE("model: loss chunks hold the whole micro-batch where 2 GiB of logits a
         std::string::npos);
 }
 
+// FP8 projections cast each weight once and reuse its codes until the weights change
+// (trainer/model/layer_gemm.h): a forward after a weight moved and weights_changed() gives a
+// fresh model's loss for the moved weights; without weights_changed() it still gives the old
+// weights' loss (the cast is not repeated); and the FP8 loss is not the fp32 one.
+TEST_CASE("model: FP8 weight codes serve until weights_changed", "[model]") {
+  const ModelDims d = ModelDims::from(small_config(false), Topology{});
+  const ModelOptions fp8{.batch = 2, .seq_len = 8, .gemm = {.fp8 = true}};
+  std::vector<int32_t> tok(16), tgt(16);
+  for (int i = 0; i < 16; ++i) tok[i] = (7 * i + 3) % 50, tgt[i] = (11 * i + 1) % 50;
+  const auto loss = [&](Built& b) {
+    StepIO io{Ctx{}};
+    io.stage({tok.data()}, {tgt.data()}, 16);
+    b.model.forward_stage(0, io.inputs(0));
+    b.model.stage_loss(0, io.targets(0), 1.0f, false, io.loss_sum());
+    return io.take().first;
+  };
+  // Moves layer 0's down projection (a weight of an FP8 product).
+  const auto move = [&](Built& b) {
+    const Tensor w = b.params.weights().at(b.layout().find("layers/0/mlp/down_proj/weight").offset,
+                                           {d.hidden, d.inter});
+    for (int64_t i = 0; i < w.numel(); ++i) w.ptr<float>()[i] *= 1.5f;
+  };
+  Built a(d, fp8), fresh(d, fp8), fp32(d, {.batch = 2, .seq_len = 8});
+  for (Built* b : {&a, &fresh, &fp32}) b->init_weights(5, 0.2);
+  const double before = loss(a);
+  CHECK(before != loss(fp32));
+  CHECK(before == Approx(loss(fp32)).epsilon(0.02));
+  move(a);
+  CHECK(loss(a) == before);  // the codes of the weights before the move
+  a.model.weights_changed();
+  move(fresh);
+  const double moved = loss(fresh);
+  CHECK(moved != before);
+  CHECK(loss(a) == moved);
+}
+
 }  // namespace
 }  // namespace tr

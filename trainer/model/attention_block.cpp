@@ -163,6 +163,9 @@ void AttentionBlock::attend_bwd(Ctx& ctx, const AttentionActs& a, const Attentio
 }
 
 void AttentionBlock::final_ops(OpLister& ops, DType grad) const {
+  const auto [H, Q, A, R, T, q, nh, nkv] = widths();
+  ops.weight_cast("qkv projection", Q, H);
+  ops.weight_cast("attention output projection", H, A);
   if (d_.tp == 1 || !d_.qk_norm) return;
   for (const char* name : {"qk-norm: q gradient summed", "qk-norm: k gradient summed"})
     ops.collective(name, OpPhase::backward, OpPlace::layers, 1, "tp", CommOp::all_reduce,

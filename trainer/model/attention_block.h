@@ -90,7 +90,8 @@ class AttentionBlock {
   // DenseMlp's.
   void forward_ops(OpLister& ops, const Run& r) const;
   void backward_ops(OpLister& ops, double din, double dweight, double kept) const;
-  // Once a step: replicated_over_heads' gradients summed over TP (gradients in `grad`).
+  // Once a step: the projections' weights cast to FP8 (with FP8 projections), and
+  // replicated_over_heads' gradients summed over TP (gradients in `grad`).
   void final_ops(OpLister& ops, DType grad) const;
 
  private:

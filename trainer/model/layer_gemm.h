@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <unordered_map>
 
 #include "core/ctx.h"
 #include "core/tensor.h"
@@ -28,10 +29,16 @@ class LayerGemm {
   explicit LayerGemm(GemmPrecision p = {}) : p_(p) {}
   const GemmPrecision& precision() const { return p_; }
 
-  // FP8's scratch, for products whose inputs hold at most `act` elements, weights `weight` and
-  // output gradients `grad`: the codes of each operand role and their inverse scales. Nothing
-  // without FP8.
-  void alloc_scratch(Arena& arena, int64_t act, int64_t weight, int64_t grad);
+  // FP8's scratch, for products whose inputs hold at most `act` elements and output gradients
+  // `grad`: the codes of each operand role and their inverse scales. Nothing without FP8.
+  void alloc_scratch(Arena& arena, int64_t act, int64_t grad);
+  // FP8: the codes, in both layouts, and the inverse scale of the weight [rows, cols] at `w`
+  // (null: only measured, for a plan-only model). A weight is cast at its first product after
+  // new_weights() and its codes serve every later product, forward and backward, until the
+  // next: once a step (Transformer Engine's FP8 weight cache), not once a micro-batch.
+  void alloc_weight_codes(Arena& arena, const void* w, int64_t rows, int64_t cols);
+  // The weights changed (an optimizer step, a load): each is cast again at its next product.
+  void new_weights() { ++generation_; }
 
   // out [T, O] = in [T, K] . w [O, K]^T + b [O] (b may be empty): linear_fwd's contract.
   void fwd(Ctx& ctx, Tensor out, Tensor in, Tensor w, Tensor b) const;
@@ -45,9 +52,18 @@ class LayerGemm {
   // A [rows, cols] view of scratch `buf` holding codes of `dtype`.
   static Tensor codes(Tensor buf, DType dtype, int64_t rows, int64_t cols);
 
+  struct WeightCodes {
+    Tensor codes, codes_t, scale_inv;  // [rows, cols], [cols, rows], f32 [1]
+    int64_t generation = -1;           // new_weights() count at its cast
+  };
+  // Weight w's codes, cast first if they are older than the last new_weights().
+  const WeightCodes& weight_codes(Ctx& ctx, const Tensor& w) const;
+
   GemmPrecision p_;
-  Tensor act_, weight_, grad_, grad_t_;  // codes, as bytes
-  Tensor scale_inv_;                     // f32 [3]: the activation's, the weight's, the gradient's
+  Tensor act_, grad_, grad_t_;  // codes, as bytes
+  Tensor scale_inv_;            // f32 [2]: the activation's, the gradient's
+  mutable std::unordered_map<const void*, WeightCodes> weights_;
+  int64_t generation_ = 0;
 };
 
 }  // namespace tr

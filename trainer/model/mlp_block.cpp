@@ -71,6 +71,11 @@ void DenseMlp::forward_ops(OpLister& ops, const Run& r, bool down) const {
                    I_);
 }
 
+void DenseMlp::final_ops(OpLister& ops) const {
+  ops.weight_cast("gate and up projection", 2 * I_, H_);
+  ops.weight_cast("down projection", H_, I_);
+}
+
 void DenseMlp::backward_ops(OpLister& ops, double din, double dweight, double kept) const {
   const double T = static_cast<double>(T_), i = static_cast<double>(I_),
                h = static_cast<double>(H_);

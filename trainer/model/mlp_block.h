@@ -83,6 +83,8 @@ class DenseMlp {
   // gradients for a W pass.
   void forward_ops(OpLister& ops, const Run& r, bool down = true) const;
   void backward_ops(OpLister& ops, double din, double dweight, double kept) const;
+  // Once a step: the projections' weights cast to FP8 (with FP8 projections).
+  void final_ops(OpLister& ops) const;
 
  private:
   int64_t T_, H_, I_;

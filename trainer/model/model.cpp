@@ -180,10 +180,16 @@ void DecoderModel::alloc_scratch(Arena& ar) {
   attn_.alloc_scratch(ar);
   mlp_.alloc_scratch(ar);
   // FP8 codes of the largest operand of each role: inputs [T, K] and output gradients [T, O]
-  // (K, O: hidden, q heads, intermediate; qkv rows, gate and up), weights [O, K].
+  // (K, O: hidden, q heads, intermediate; qkv rows, gate and up); and each layer's weights'.
   const int64_t Q = d.qkv_out(), A = d.heads * d.head_dim, I = d.inter;
-  gemm_.alloc_scratch(ar, T * std::max({H, A, I}), std::max({Q * H, H * A, 2 * I * H}),
-                      T * std::max({Q, H, 2 * I}));
+  gemm_.alloc_scratch(ar, T * std::max({H, A, I}), T * std::max({Q, H, 2 * I}));
+  for (size_t l = 0; l < static_cast<size_t>(d.layers); ++l) {
+    const auto* w = w_.layers.empty() ? nullptr : &w_.layers[l];  // none: plan-only
+    gemm_.alloc_weight_codes(ar, w ? w->attn.qkv_w.data : nullptr, Q, H);
+    gemm_.alloc_weight_codes(ar, w ? w->attn.o_w.data : nullptr, H, A);
+    gemm_.alloc_weight_codes(ar, w ? w->mlp.gateup_w.data : nullptr, 2 * I, H);
+    gemm_.alloc_weight_codes(ar, w ? w->mlp.down_w.data : nullptr, H, I);
+  }
   a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
   a_->row_max = ar.alloc(sdtype_, {C});
   a_->sums = ar.alloc(sdtype_, {C, 2});
@@ -196,6 +202,7 @@ void DecoderModel::alloc_scratch(Arena& ar) {
 }
 
 void DecoderModel::begin_step_grads() {
+  weights_changed();  // the optimizer's last step changed them
   if (take(Switch::grad_zero)) {
     zero_(ctx_, params_.grads());
     head_write_ = GradWrite::add;

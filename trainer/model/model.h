@@ -145,8 +145,13 @@ class DecoderModel {
   // write of the step (the LM head's first loss chunk, the first backward_stage) assigns, later
   // ones add; only what no op assigns (the embedding's scatter, unless the tied LM head on this
   // stage wrote it first) is zeroed. Without it, backward adds to what grads() holds.
-  // TR_GRAD_ZERO=1 zeroes the whole buffer and adds (to bisect on a GPU).
+  // TR_GRAD_ZERO=1 zeroes the whole buffer and adds (to bisect on a GPU). It also says the
+  // weights changed (weights_changed).
   void begin_step_grads();
+  // The weights changed since the last forward (an optimizer step before an evaluation): with
+  // FP8 projections each weight is cast again at its next product, the casts otherwise reused
+  // for the whole step (trainer/model/layer_gemm.h).
+  void weights_changed() { gemm_.new_weights(); }
 
   // Pipeline stages, one micro-batch at a time in activation slot `slot`, one chunk of this
   // rank's layers (ModelDims::chunks; 0 when it holds one) at a time; `tokens` and `targets`

@@ -73,11 +73,14 @@ void OpLister::fp8_cast(const std::string& name, OpPhase phase, double count, in
        .bytes = (e_ + layouts) * static_cast<double>(rows) * static_cast<double>(cols)});
 }
 
+void OpLister::weight_cast(const std::string& name, int64_t n, int64_t k) {
+  if (layers_.fp8) fp8_cast(name + ": weight cast", OpPhase::forward, 1, n, k, 2);
+}
+
 void OpLister::linear_fwd(const std::string& name, OpPhase phase, OpPlace place, double count,
                           int64_t m, int64_t n, int64_t k) {
   if (layers_.fp8 && place == OpPlace::layers) {
     fp8_cast(name + ": input cast", phase, count, m, k, 1);
-    fp8_cast(name + ": weight cast", phase, count, n, k, 1);
     ModelOp op{.name = name,
                .key = {"linear_fp8", m, n, k},
                .phase = phase,
@@ -108,7 +111,6 @@ void OpLister::linear_bwd(const std::string& name, OpPlace place, OpPhase phase,
       fp8_cast(name + ": output gradient cast", phase, std::max(din, dweight), m, n,
                din > 0 && dweight > 0 ? 2 : 1);
     }
-    fp8_cast(name + ": weight cast (transposed)", phase, din, n, k, 1);
     fp8_cast(name + ": input cast (transposed)", phase, dweight, m, k, 1);
     ModelOp in{.name = name + ": input gradient",
                .key = {"linear_fp8", m, k, n},
@@ -364,6 +366,7 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
         ops.collective("rmsnorm: gradients summed", kBwd, kLayers, 2, "tp", CommOp::all_reduce,
                        Lane::in_order, s.H, 1, s.grad);
       attention.final_ops(ops, s.grad);
+      mlp.final_ops(ops);
     }
     if (head) {
       norm("final rmsnorm: backward", "rmsnorm_bwd", kBwd, OpPlace::head, mb, kNormBwdElems);

@@ -90,6 +90,9 @@ class OpLister {
   // Causal attention of m queries over sequences of k keys, width n = heads x head_dim.
   void attention(const std::string& name, const char* kernel, OpPhase phase, double count,
                  int64_t m, int64_t n, int64_t k, bool backward);
+  // With FP8 projections: a layer's weight [n, k] cast into both layouts, once a step
+  // (trainer/model/layer_gemm.h keeps the codes for every product of the step).
+  void weight_cast(const std::string& name, int64_t n, int64_t k);
   // A collective on `group` over a buffer of rows x width elements of `dtype` (keyed as
   // parallel/comm.h collective_key keys it).
   void collective(const std::string& name, OpPhase phase, OpPlace place, double count,

@@ -352,6 +352,11 @@ int cp_that_fits(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_
 
 absl::StatusOr<Plan> make_plan(const Config& cfg, const GpuSpec& gpu, int nodes, int gpus_per_node,
                                const OtherSystem& system, double attention_span) {
+  if (cfg.train.precision == "fp8" && !(gpu.gemm_fp8_flops > 0))
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.precision=fp8 needs FP8 tensor cores, and ", gpu.name,
+        " has none in the GPU table (or its --hardware file's gemm_fp8_tflops is 0); plan another "
+        "--gpu or set train.precision=bf16"));
   absl::StatusOr<Plan> plan = build_plan(cfg, gpu, nodes, gpus_per_node, system, attention_span);
   if (plan.ok() && !plan->fits)
     plan->cp_needed = cp_that_fits(cfg, gpu, nodes, gpus_per_node, attention_span);

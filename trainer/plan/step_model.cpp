@@ -48,13 +48,15 @@ StepOp priced(const ModelOp& op, const GpuSpec& gpu, int64_t head_dim, double sp
            .k = op.key.k,
            .column_weight_grad = op.column_weight_grad};
   switch (op.cls) {
-    case OpClass::gemm:
-      s.seconds =
-          op.flop / (gpu.gemm_flops * gemm_shape_efficiency(gpu, static_cast<double>(op.key.m),
-                                                            static_cast<double>(op.key.n),
-                                                            static_cast<double>(op.key.k))) +
-          op.bytes / stream;
+    case OpClass::gemm: {
+      // FP8 products (train.precision: fp8) at the FP8 ceiling, the rest at bf16's.
+      const double rate = is_fp8(op.precision) ? gpu.gemm_fp8_flops : gpu.gemm_flops;
+      s.seconds = op.flop / (rate * gemm_shape_efficiency(gpu, static_cast<double>(op.key.m),
+                                                          static_cast<double>(op.key.n),
+                                                          static_cast<double>(op.key.k))) +
+                  op.bytes / stream;
       break;
+    }
     case OpClass::attention: {
       const double keys = span > 0 ? span : static_cast<double>(op.key.k);
       s.flop = op.flop * keys / static_cast<double>(op.key.k);

@@ -240,7 +240,8 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
 
 StepOutcome evaluate(Session& s, double* val_loss) {
   s.valid->reset(0);
-  double sums[2] = {0, 0};  // loss, tokens
+  s.model->weights_changed();  // by the last step's update
+  double sums[2] = {0, 0};     // loss, tokens
   for (int64_t i = 0; i < s.cfg.train.eval_steps; ++i) {
     absl::StatusOr<data::StepBatch> b = s.valid->next();
     StepOutcome out = agree_on_step(*s.groups.world, b.ok() ? kExitOk : kExitBadInput, b.status());
