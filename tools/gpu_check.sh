@@ -23,7 +23,8 @@
 #   ops        the CUDA op tests against the CPU reference, 4 at a time, a limit per test, with
 #              cuDNN's and cuBLASLt's error logging on
 #   e2e        a smoke run of the trainer on the GPU (head_dim 64), then the end-to-end GPU tests
-#   bench      tools/bench.sh: Qwen2.5-1.5B, then 0.5B, at seq 4096
+#   bench      tools/bench.sh: Qwen2.5-1.5B, then 0.5B, at seq 4096; then 1.5B with FP8
+#              projections (train.precision=fp8) beside its bf16 row
 #   preflight  the GEMM and memory ceilings of this GPU (tools/preflight)
 #   memcheck   compute-sanitizer memcheck over the op tests of our own kernels, small shapes
 #   bisect     the GPU training test again under each kernel switch of docs/debug.md
@@ -67,8 +68,9 @@ done
 #                  120 s limit
 #   e2e       210  the 10 s smoke run, then the cases 2 at a time: the first window's hung case
 #                  ran to its 200 s limit
-#   bench      90  20 steps of 0.638 s (1.5B) and of 0.272 s (0.5B), and two start-ups; the 26 s
-#                  and 8 s final saves of the first window are gone (checkpoint.save_at_end)
+#   bench     120  20 steps of 0.638 s (1.5B) and of 0.272 s (0.5B), and two start-ups; the 26 s
+#                  and 8 s final saves of the first window are gone (checkpoint.save_at_end);
+#                  the FP8 1.5B run (never run: predicted 0.8 of bf16's steps) and its start-up
 #   preflight  30  and memcheck 60: with probe and bench (saves included) they took at most the
 #                  168 s of the first window's 498 s that ops (>= 120) and e2e (210) left
 #   bisect    240  a run of the GPU training test for each kernel switch, 120 s at most each
@@ -79,7 +81,7 @@ done
 #   opbench    90  never run: five bench_ops processes, each a start-up and 11 runs of each op
 #   profile   150  never run: the start-up under ncu, 4 steps, then ncu timing each kernel of
 #                  step 4 (~2,500 kernels)
-declare -A need=([probe]=10 [ops]=130 [e2e]=210 [bench]=90 [preflight]=30 [memcheck]=60
+declare -A need=([probe]=10 [ops]=130 [e2e]=210 [bench]=120 [preflight]=30 [memcheck]=60
                  [bisect]=240 [cpu]=120 [compare]=170 [opbench]=90 [profile]=150)
 compare_small=100  # the 0.5B pair: a shorter start-up and compile of the same
 
@@ -329,14 +331,17 @@ stage_e2e() {
 }
 
 stage_bench() {
-  local preset
-  for preset in qwen2.5-1.5b qwen2.5-0.5b; do
-    if (($(left) < 60)); then say "bench $preset: skipped, $(left) s left"; continue; fi
+  local run preset name
+  for run in qwen2.5-1.5b qwen2.5-0.5b qwen2.5-1.5b:fp8; do
+    preset=${run%%:*} name=${run/:/-}
+    if (($(left) < 60)); then say "bench $name: skipped, $(left) s left"; continue; fi
+    local extra=()
+    [[ $run == *:fp8 ]] && extra=(-- --set train.precision=fp8)
     timeout -k 10 $(($(left) - 15)) bash tools/bench.sh --preset "$preset" --seq-len 4096 --micro-batch 1 \
-      --global-batch 8 --steps 20 --build "$build" --out "$work/bench-$preset" >"$work/bench-$preset.md" 2>&1
-    say "bench $preset (rc $?):"
-    grep -E '^\||^\(' "$work/bench-$preset.md" | tee -a "$summary"
-    grep -qE '^\|' "$work/bench-$preset.md" || say "  $(first_error "$work/bench-$preset/trainer.log" 2>/dev/null || tail -1 "$work/bench-$preset.md")"
+      --global-batch 8 --steps 20 --build "$build" --out "$work/bench-$name" "${extra[@]}" >"$work/bench-$name.md" 2>&1
+    say "bench $name (rc $?):"
+    grep -E '^\||^\(' "$work/bench-$name.md" | tee -a "$summary"
+    grep -qE '^\|' "$work/bench-$name.md" || say "  $(first_error "$work/bench-$name/trainer.log" 2>/dev/null || tail -1 "$work/bench-$name.md")"
   done
 }
 
