@@ -3,7 +3,10 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,6 +33,25 @@ inline void write_dataset(const std::string& prefix, int docs) {
     for (int r = 0; r < 6; ++r)
       for (const char* c = sentences[(d + r) % 3]; *c; ++c)
         toks.push_back(static_cast<unsigned char>(*c));
+    toks.push_back(256);
+    REQUIRE((*w)->add_document(toks).ok());
+  }
+  REQUIRE((*w)->finish().ok());
+}
+
+// The licence texts every Debian machine has (the demo's data), a byte per token and 256 after
+// each: text a model of this size cannot memorise in a few hundred steps.
+inline void write_licence_texts(const std::string& prefix) {
+  auto w = data::IndexedDatasetWriter::create(prefix, 257);
+  REQUIRE(w.ok());
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator("/usr/share/common-licenses"))
+    if (e.is_regular_file()) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() >= 5);
+  for (const std::filesystem::path& f : files) {
+    std::vector<int32_t> toks;
+    for (const char c : read_file(f.string())) toks.push_back(static_cast<unsigned char>(c));
     toks.push_back(256);
     REQUIRE((*w)->add_document(toks).ok());
   }

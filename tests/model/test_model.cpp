@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,9 @@
 #include "absl/strings/str_split.h"
 #include "core/switches.h"
 #include "data/loader.h"
+#include "kernels/fp8.h"
 #include "kernels/ops.h"
+#include "tests/host_tensor.h"
 #include "tests/model_util.h"
 #include "tests/test_util.h"
 #include "trainer/checkpoint/ownership.h"
@@ -566,6 +569,71 @@ TEST_CASE("model: FP8 weight codes serve until weights_changed", "[model]") {
   const double moved = loss(fresh);
   CHECK(moved != before);
   CHECK(loss(a) == moved);
+}
+
+// One projection through LayerGemm in FP8 (trainer/model/layer_gemm.h) against a float64
+// recomputation of the same quantized math: each operand cast by the host's scaled cast
+// (kernels/fp8.h), its codes decoded and scaled back, and multiplied in float64. The forward
+// with a bias, then a whole backward: din, dw added to a gradient already there, db from the
+// unquantized output gradient; with E5M2 and with E4M3 output gradients.
+TEST_CASE("model: an FP8 projection is the float64 product of its quantized operands", "[model]") {
+  const int64_t T = 12, K = 16, O = 8;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<double> u(-2.0, 2.0);
+  const auto filled = [&](std::initializer_list<int64_t> shape, double scale) {
+    test::HostTensor t(DType::f32, shape);
+    for (int64_t i = 0; i < t.size(); ++i) t.set(i, scale * u(rng));
+    return t;
+  };
+  // x's values after the scaled cast to `f` and back, in float64.
+  const auto quantized = [](const test::HostTensor& x, Fp8Format f) {
+    std::vector<float> v(static_cast<size_t>(x.size()));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(x.get(static_cast<int64_t>(i)));
+    std::vector<uint8_t> codes(v.size());
+    const Fp8Scaling s = fp8_cast_scaled(codes, v, f);
+    std::vector<double> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+      out[i] = static_cast<double>(fp8_decode(codes[i], f)) * s.scale_inv;
+    return out;
+  };
+  for (const DType grad : {DType::f8e5m2, DType::f8e4m3}) {
+    INFO("output gradients in " << dtype_name(grad));
+    const Fp8Format gf = grad == DType::f8e5m2 ? Fp8Format::e5m2 : Fp8Format::e4m3;
+    LayerGemm gemm({.fp8 = true, .grad = grad});
+    Arena ar(1 << 20, Device::cpu);
+    test::HostTensor w = filled({O, K}, 0.05), in = filled({T, K}, 3.0), b = filled({O}, 1.0),
+                     dout = filled({T, O}, 1e-3), out(DType::f32, {T, O}), din(DType::f32, {T, K}),
+                     dw = filled({O, K}, 1.0), db = filled({O}, 1.0);
+    const std::vector<double> dw0 = dw.values(), db0 = db.values();
+    gemm.alloc_scratch(ar, T * K, T * O);
+    gemm.alloc_weight_codes(ar, w.t.data, O, K);
+    gemm.new_weights();
+    Ctx ctx;
+    gemm.fwd(ctx, out.t, in.t, w.t, b.t);
+    gemm.bwd(ctx, din.t, dw.t, db.t, dout.t, in.t, w.t, GradWrite::add);
+    const std::vector<double> qw = quantized(w, Fp8Format::e4m3),
+                              qin = quantized(in, Fp8Format::e4m3), qd = quantized(dout, gf);
+    std::vector<double> want_out(T * O), want_din(T * K), want_dw(dw0), want_db(db0);
+    double plain = 0;  // the largest gap from the unquantized product
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t o = 0; o < O; ++o) {
+        double sum = b.get(o), exact = b.get(o);
+        for (int64_t k = 0; k < K; ++k) {
+          sum += qin[t * K + k] * qw[o * K + k];
+          exact += in.get(t * K + k) * w.get(o * K + k);
+          want_din[t * K + k] += qd[t * O + o] * qw[o * K + k];
+          want_dw[o * K + k] += qd[t * O + o] * qin[t * K + k];
+        }
+        want_out[t * O + o] = sum;
+        want_db[o] += dout.get(t * O + o);
+        plain = std::max(plain, std::abs(exact - sum) / std::max(1.0, std::abs(exact)));
+      }
+    CHECK(test::rel_err(out.values(), want_out) < 1e-6);
+    CHECK(test::rel_err(din.values(), want_din) < 1e-6);
+    CHECK(test::rel_err(dw.values(), want_dw) < 1e-6);
+    CHECK(test::rel_err(db.values(), want_db) < 1e-6);
+    CHECK(plain > 1e-3);  // and quantized: not the unquantized product
+  }
 }
 
 }  // namespace
