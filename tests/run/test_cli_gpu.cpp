@@ -162,6 +162,40 @@ TEST_CASE("cli gpu: 8 GPU ranks sharing one GPU (parallel.comm=mpi) match one GP
   check_losses_near(b, a, 1e-2);
 }
 
+// FP8 projections on the GPU (the device casts, cuBLASLt's FP8 products) follow the CPU's exact
+// emulation of the same recipe within bf16's tolerance (the GPU casts bf16 activations, the CPU
+// f32 ones), are not the GPU's bf16 run, and, stopped at step 10 and resumed, repeat themselves
+// bit for bit.
+TEST_CASE("cli gpu: FP8 projections on a GPU follow the CPU emulation and resume exactly",
+          "[gpu]") {
+  const std::string fp8 = "--set train.precision=fp8";
+  const std::string gpu_det = " --set train.backend=cuda --set train.deterministic=true";
+  RunDir gpu(20), cpu(20), bf16(20), split(20);
+  CmdResult r = gpu.trainer(fp8 + gpu_det);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(cpu.trainer(fp8).exit_code == 0);
+  REQUIRE(bf16.trainer(gpu_det).exit_code == 0);
+  const std::vector<nlohmann::json> g = gpu.metrics(), c = cpu.metrics(), b = bf16.metrics();
+  REQUIRE(g.size() == 20);
+  REQUIRE(b.size() == 20);
+  check_losses_near(g, c, 2e-2);
+  bool differs = false;
+  for (size_t i = 0; i < g.size(); ++i)
+    differs |= g[i]["loss"].get<double>() != b[i]["loss"].get<double>();
+  CHECK(differs);
+  REQUIRE(split.trainer(fp8 + gpu_det + " --set train.exit_interval=10").exit_code == kExitStopped);
+  CmdResult resumed = split.trainer(fp8 + gpu_det);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const std::vector<nlohmann::json> s = split.metrics();
+  REQUIRE(s.size() == 20);
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("step " << i + 1 << ": straight " << g[i]["loss"] << ", resumed " << s[i]["loss"]);
+    CHECK(s[i]["loss"].get<double>() == g[i]["loss"].get<double>());
+  }
+}
+
 // Context parallelism on GPU ranks (cuDNN on chunk blocks, the merge kernel), both exchanges, over
 // 2 and 4 ranks sharing one GPU (parallel.comm=mpi), with tensor parallelism too: the losses of
 // one GPU rank within bf16 tolerance.

@@ -81,9 +81,9 @@ TEST_CASE("fp8: the tiny models train in FP8 to fp32's loss, and not as fp32", "
 }
 
 // FP8 resumes bit for bit: 10 steps, a stop, 10 more equal 20 straight (the losses and the
-// checkpoint's weights and moments). A run may change precision when it resumes: fp32 for 10
-// steps, then FP8 from the same checkpoint; its 11th loss is FP8's over the fp32 run's weights,
-// close to (and not) the fp32 run's own 11th.
+// checkpoint's weights and moments). A run may change precision when it resumes, both ways: fp32
+// for 10 steps, then FP8 from the same checkpoint (its 11th loss FP8's over the fp32 run's
+// weights, close to and not the fp32 run's own 11th); and FP8, then fp32.
 TEST_CASE("fp8: a run resumes bit for bit, and may change precision on resume", "[checkpoint]") {
   const std::vector<std::string> fp8 = {"train.precision=fp8"};
   test::RunDir straight(20), split(20), fp32(20), switched(20);
@@ -103,6 +103,15 @@ TEST_CASE("fp8: a run resumes bit for bit, and may change precision on resume", 
   for (size_t i = 0; i < 10; ++i) CHECK(got[i] == want[i]);
   CHECK(got[10] != want[10]);
   CHECK(got[10] == Approx(want[10]).epsilon(0.01));
+  // And back: FP8 for 10 steps (split's first 10), then fp32 from its checkpoint.
+  test::RunDir back(20);
+  REQUIRE(train(back, with(fp8, "train.exit_interval=10")) == kExitStopped);
+  REQUIRE(train(back, {}, /*resume=*/true) == kExitOk);
+  const std::vector<double> c = losses(back);
+  REQUIRE(c.size() == 20);
+  for (size_t i = 0; i < 10; ++i) CHECK(c[i] == a[i]);
+  CHECK(c[10] != a[10]);
+  CHECK(c[10] == Approx(a[10]).epsilon(0.01));
 }
 
 }  // namespace
