@@ -162,6 +162,13 @@ void AttentionBlock::attend_bwd(Ctx& ctx, const AttentionActs& a, const Attentio
   }
 }
 
+void AttentionBlock::alloc_weight_codes(Arena& ar, LayerGemm& gemm,
+                                        const AttentionWeights* w) const {
+  const auto [H, Q, A, R, T, q, nh, nkv] = widths();
+  gemm.alloc_weight_codes(ar, w ? w->qkv_w.data : nullptr, Q, H);
+  gemm.alloc_weight_codes(ar, w ? w->o_w.data : nullptr, H, A);
+}
+
 void AttentionBlock::final_ops(OpLister& ops, DType grad) const {
   const auto [H, Q, A, R, T, q, nh, nkv] = widths();
   ops.weight_cast("qkv projection", Q, H);

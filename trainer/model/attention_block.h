@@ -86,6 +86,10 @@ class AttentionBlock {
   // serving every head): the model sums them over TP once a layer's gradients are final.
   std::vector<Tensor> replicated_over_heads(const AttentionWeights& g) const;
 
+  // Its projections' weights' FP8 codes in `gemm` (LayerGemm::alloc_weight_codes; `w` null for
+  // a plan-only model).
+  void alloc_weight_codes(Arena& arena, LayerGemm& gemm, const AttentionWeights* w) const;
+
   // The ops of the above as the model's op list has them (trainer/model/op_list.h), as
   // DenseMlp's.
   void forward_ops(OpLister& ops, const Run& r) const;

@@ -71,6 +71,11 @@ void DenseMlp::forward_ops(OpLister& ops, const Run& r, bool down) const {
                    I_);
 }
 
+void DenseMlp::alloc_weight_codes(Arena& ar, LayerGemm& gemm, const MlpWeights* w) const {
+  gemm.alloc_weight_codes(ar, w ? w->gateup_w.data : nullptr, 2 * I_, H_);
+  gemm.alloc_weight_codes(ar, w ? w->down_w.data : nullptr, H_, I_);
+}
+
 void DenseMlp::final_ops(OpLister& ops) const {
   ops.weight_cast("gate and up projection", 2 * I_, H_);
   ops.weight_cast("down projection", H_, I_);

@@ -83,6 +83,9 @@ class DenseMlp {
   // gradients for a W pass.
   void forward_ops(OpLister& ops, const Run& r, bool down = true) const;
   void backward_ops(OpLister& ops, double din, double dweight, double kept) const;
+  // Its projections' weights' FP8 codes in `gemm` (LayerGemm::alloc_weight_codes; `w` null for
+  // a plan-only model).
+  void alloc_weight_codes(Arena& arena, LayerGemm& gemm, const MlpWeights* w) const;
   // Once a step: the projections' weights cast to FP8 (with FP8 projections).
   void final_ops(OpLister& ops) const;
 

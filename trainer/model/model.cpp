@@ -184,11 +184,9 @@ void DecoderModel::alloc_scratch(Arena& ar) {
   const int64_t Q = d.qkv_out(), A = d.heads * d.head_dim, I = d.inter;
   gemm_.alloc_scratch(ar, T * std::max({H, A, I}), T * std::max({Q, H, 2 * I}));
   for (size_t l = 0; l < static_cast<size_t>(d.layers); ++l) {
-    const auto* w = w_.layers.empty() ? nullptr : &w_.layers[l];  // none: plan-only
-    gemm_.alloc_weight_codes(ar, w ? w->attn.qkv_w.data : nullptr, Q, H);
-    gemm_.alloc_weight_codes(ar, w ? w->attn.o_w.data : nullptr, H, A);
-    gemm_.alloc_weight_codes(ar, w ? w->mlp.gateup_w.data : nullptr, 2 * I, H);
-    gemm_.alloc_weight_codes(ar, w ? w->mlp.down_w.data : nullptr, H, I);
+    const LayerWeights* w = w_.layers.empty() ? nullptr : &w_.layers[l];  // none: plan-only
+    attn_.alloc_weight_codes(ar, gemm_, w ? &w->attn : nullptr);
+    mlp_.alloc_weight_codes(ar, gemm_, w ? &w->mlp : nullptr);
   }
   a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
   a_->row_max = ar.alloc(sdtype_, {C});

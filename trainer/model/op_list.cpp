@@ -79,31 +79,25 @@ void OpLister::weight_cast(const std::string& name, int64_t n, int64_t k) {
 
 void OpLister::linear_fwd(const std::string& name, OpPhase phase, OpPlace place, double count,
                           int64_t m, int64_t n, int64_t k) {
-  if (layers_.fp8 && place == OpPlace::layers) {
-    fp8_cast(name + ": input cast", phase, count, m, k, 1);
-    ModelOp op{.name = name,
-               .key = {"linear_fp8", m, n, k},
-               .phase = phase,
-               .place = place,
-               .count = count,
-               .flop = flop(m, n, k)};
-    op.precision = GemmPrecision::kForward;
-    return add(std::move(op));
-  }
-  add({.name = name,
-       .key = {"linear_fwd", m, n, k},
-       .phase = phase,
-       .place = place,
-       .count = count,
-       .flop = flop(m, n, k)});
+  const bool fp8 = layers_.fp8 && place == OpPlace::layers;
+  if (fp8) fp8_cast(name + ": input cast", phase, count, m, k, 1);
+  ModelOp op{.name = name,
+             .key = {fp8 ? "linear_fp8" : "linear_fwd", m, n, k},
+             .phase = phase,
+             .place = place,
+             .count = count,
+             .flop = flop(m, n, k)};
+  if (fp8) op.precision = GemmPrecision::kForward;
+  add(std::move(op));
 }
 
 void OpLister::linear_bwd(const std::string& name, OpPlace place, OpPhase phase, double din,
                           double dweight, int64_t m, int64_t n, int64_t k, bool column_parallel,
                           bool bias) {
-  if (layers_.fp8 && place == OpPlace::layers) {
+  const bool fp8 = layers_.fp8 && place == OpPlace::layers;
+  if (fp8) {
     // The output gradient [m, n] once per pass: both layouts in a whole backward, one in each
-    // of a split backward's passes.
+    // of a split backward's passes; the input [m, k] transposed for the weight gradient.
     if (split_) {
       fp8_cast(name + ": output gradient cast (input pass)", phase, din, m, n, 1);
       fp8_cast(name + ": output gradient cast (weight pass)", phase, dweight, m, n, 1);
@@ -112,42 +106,28 @@ void OpLister::linear_bwd(const std::string& name, OpPlace place, OpPhase phase,
                din > 0 && dweight > 0 ? 2 : 1);
     }
     fp8_cast(name + ": input cast (transposed)", phase, dweight, m, k, 1);
-    ModelOp in{.name = name + ": input gradient",
-               .key = {"linear_fp8", m, k, n},
-               .phase = phase,
-               .place = place,
-               .count = din,
-               .flop = flop(m, n, k)};
-    ModelOp w{.name = name + ": weight gradient",
-              .key = {"linear_fp8", n, k, m},
-              .phase = phase,
-              .place = place,
-              .count = dweight,
-              .flop = flop(m, n, k),
-              .bytes = 8.0 * static_cast<double>(n) * static_cast<double>(k),
-              .column_weight_grad = column_parallel};
-    in.precision = w.precision = layers_.grad;
-    add(std::move(in));
-    add(std::move(w));
-    if (bias)
-      pass(name + ": bias gradient", "bias_grad", phase, place, dweight, m, n,
-           static_cast<double>(m) * static_cast<double>(n));
-    return;
   }
-  add({.name = name + ": input gradient",
-       .key = {"linear_bwd.din", m, k, n},
-       .phase = phase,
-       .place = place,
-       .count = din,
-       .flop = flop(m, n, k)});
-  add({.name = name + ": weight gradient",
-       .key = {"linear_bwd.dweight", n, k, m},
-       .phase = phase,
-       .place = place,
-       .count = dweight,
-       .flop = flop(m, n, k),
-       .bytes = 8.0 * static_cast<double>(n) * static_cast<double>(k),
-       .column_weight_grad = column_parallel});
+  ModelOp in{.name = name + ": input gradient",
+             .key = {fp8 ? "linear_fp8" : "linear_bwd.din", m, k, n},
+             .phase = phase,
+             .place = place,
+             .count = din,
+             .flop = flop(m, n, k)};
+  ModelOp w{.name = name + ": weight gradient",
+            .key = {fp8 ? "linear_fp8" : "linear_bwd.dweight", n, k, m},
+            .phase = phase,
+            .place = place,
+            .count = dweight,
+            .flop = flop(m, n, k),
+            .bytes = 8.0 * static_cast<double>(n) * static_cast<double>(k),
+            .column_weight_grad = column_parallel};
+  if (fp8) in.precision = w.precision = layers_.grad;
+  add(std::move(in));
+  add(std::move(w));
+  // linear_bwd sums the bias gradient inside; beside linear_fp8 it is its own pass.
+  if (fp8 && bias)
+    pass(name + ": bias gradient", "bias_grad", phase, place, dweight, m, n,
+         static_cast<double>(m) * static_cast<double>(n));
 }
 
 void OpLister::collective(const std::string& name, OpPhase phase, OpPlace place, double count,
