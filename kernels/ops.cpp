@@ -539,6 +539,165 @@ void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup) {
   TR_DISPATCH(swiglu_bwd, dgateup, dout, gateup);
 }
 
+void moe_router_fwd(Ctx& ctx, Tensor probs, Tensor experts, Tensor weights, Tensor prob_sums,
+                    Tensor routed, Tensor logits, bool normalize) {
+  const OpCheck c(ctx, "moe_router_fwd",
+                  {{"probs", probs},
+                   {"experts", experts},
+                   {"weights", weights},
+                   {"prob_sums", prob_sums},
+                   {"routed", routed},
+                   {"logits", logits}});
+  c.same_float_dtype({weights, logits});
+  const DType sd = stat_dtype(logits.dtype);
+  OP_CHECK(c, probs.dtype == sd && prob_sums.dtype == sd && routed.dtype == sd);
+  OP_CHECK(c, logits.ndim == 2 && probs.same_shape(logits) && experts.dtype == DType::i32);
+  const int64_t T = logits.shape[0], E = logits.shape[1];
+  OP_CHECK(c, experts.ndim == 2 && experts.shape[0] == T && experts.shape[1] <= E);
+  OP_CHECK(c, weights.same_shape(experts));
+  OP_CHECK(c, is_vector(prob_sums, E) && is_vector(routed, E));
+  c.note(T, E, experts.shape[1]);
+  TR_DISPATCH(moe_router_fwd, probs, experts, weights, prob_sums, routed, logits, normalize);
+}
+
+void moe_router_bwd(Ctx& ctx, Tensor dlogits, Tensor dweights, Tensor probs, Tensor experts,
+                    bool normalize, Tensor aux_counts, double aux_scale) {
+  const OpCheck c(ctx, "moe_router_bwd",
+                  {{"dlogits", dlogits},
+                   {"dweights", dweights},
+                   {"probs", probs},
+                   {"experts", experts},
+                   optional("aux_counts", aux_counts)});
+  c.same_float_dtype({dlogits, dweights});
+  OP_CHECK(c, probs.dtype == stat_dtype(dlogits.dtype) && dlogits.same_shape(probs));
+  OP_CHECK(c, probs.ndim == 2 && experts.dtype == DType::i32 && dweights.same_shape(experts));
+  OP_CHECK(c, experts.ndim == 2 && experts.shape[0] == probs.shape[0]);
+  OP_CHECK(c, aux_counts.empty() ||
+                  (aux_counts.dtype == probs.dtype && is_vector(aux_counts, probs.shape[1])));
+  c.note(probs.shape[0], probs.shape[1], experts.shape[1]);
+  TR_DISPATCH(moe_router_bwd, dlogits, dweights, probs, experts, normalize, aux_counts, aux_scale);
+}
+
+void moe_dispatch(Ctx& ctx, Tensor counts, Tensor rows, Tensor experts, Tensor weights,
+                  int64_t capacity) {
+  const OpCheck c(ctx, "moe_dispatch",
+                  {{"counts", counts}, {"rows", rows}, {"experts", experts}, {"weights", weights}});
+  c.same_float_dtype({weights});
+  OP_CHECK(c, counts.dtype == DType::i32 && rows.dtype == DType::i32);
+  OP_CHECK(c, experts.dtype == DType::i32 && experts.ndim == 2 && counts.ndim == 1);
+  OP_CHECK(c, rows.same_shape(experts) && weights.same_shape(experts) && capacity >= 0);
+  c.note(experts.shape[0], experts.shape[1], counts.shape[0]);
+  TR_DISPATCH(moe_dispatch, counts, rows, experts, weights, capacity);
+}
+
+void moe_permute(Ctx& ctx, Tensor xs, Tensor in, Tensor rows) {
+  const OpCheck c(ctx, "moe_permute", {{"xs", xs}, {"in", in}, {"rows", rows}});
+  c.same_float_dtype({xs, in});
+  OP_CHECK(c, in.ndim == 2 && rows.dtype == DType::i32 && rows.ndim == 2);
+  OP_CHECK(c, rows.shape[0] == in.shape[0] && is_matrix(xs, rows.numel(), in.shape[1]));
+  TR_DISPATCH(moe_permute, xs, in, rows);
+}
+
+void moe_permute_bwd(Ctx& ctx, Tensor din, Tensor dxs, Tensor rows, bool accumulate) {
+  const OpCheck c(ctx, "moe_permute_bwd", {{"din", din}, {"dxs", dxs}, {"rows", rows}});
+  c.same_float_dtype({din, dxs});
+  OP_CHECK(c, din.ndim == 2 && rows.dtype == DType::i32 && rows.ndim == 2);
+  OP_CHECK(c, rows.shape[0] == din.shape[0] && is_matrix(dxs, rows.numel(), din.shape[1]));
+  TR_DISPATCH(moe_permute_bwd, din, dxs, rows, accumulate);
+}
+
+void moe_unpermute(Ctx& ctx, Tensor out, Tensor ys, Tensor weights, Tensor rows) {
+  const OpCheck c(ctx, "moe_unpermute",
+                  {{"out", out}, {"ys", ys}, {"weights", weights}, {"rows", rows}});
+  c.same_float_dtype({out, ys, weights});
+  OP_CHECK(c, out.ndim == 2 && rows.dtype == DType::i32 && rows.ndim == 2);
+  OP_CHECK(c, rows.shape[0] == out.shape[0] && weights.same_shape(rows));
+  OP_CHECK(c, is_matrix(ys, rows.numel(), out.shape[1]));
+  TR_DISPATCH(moe_unpermute, out, ys, weights, rows);
+}
+
+void moe_unpermute_bwd(Ctx& ctx, Tensor dys, Tensor dweights, Tensor dout, Tensor ys,
+                       Tensor weights, Tensor rows) {
+  const OpCheck c(ctx, "moe_unpermute_bwd",
+                  {{"dys", dys},
+                   {"dweights", dweights},
+                   {"dout", dout},
+                   {"ys", ys},
+                   {"weights", weights},
+                   {"rows", rows}});
+  c.same_float_dtype({dys, dweights, dout, ys, weights});
+  OP_CHECK(c, dout.ndim == 2 && rows.dtype == DType::i32 && rows.ndim == 2);
+  OP_CHECK(c, rows.shape[0] == dout.shape[0] && weights.same_shape(rows));
+  OP_CHECK(c, dweights.same_shape(rows) && is_matrix(ys, rows.numel(), dout.shape[1]));
+  OP_CHECK(c, dys.same_shape(ys));
+  c.note(dout.shape[0], dout.shape[1], rows.shape[1]);
+  TR_DISPATCH(moe_unpermute_bwd, dys, dweights, dout, ys, weights, rows);
+}
+
+void moe_aux_loss_fwd(Ctx& ctx, Tensor value, Tensor grad, Tensor stats, double value_scale,
+                      double grad_scale) {
+  const OpCheck c(ctx, "moe_aux_loss_fwd", {{"value", value}, {"grad", grad}, {"stats", stats}});
+  OP_CHECK(c, stats.dtype == DType::f32 || stats.dtype == DType::f64);
+  OP_CHECK(c, value.dtype == stats.dtype && grad.dtype == stats.dtype);
+  OP_CHECK(c, stats.ndim == 2 && stats.shape[0] == 2 && is_vector(grad, stats.shape[1]));
+  OP_CHECK(c, is_vector(value, 2));
+  c.note(2, stats.shape[1]);
+  TR_DISPATCH(moe_aux_loss_fwd, value, grad, stats, value_scale, grad_scale);
+}
+
+namespace {
+// A grouped linear's groups: one weight [N, K] each (of one dtype, on the op's device), their
+// rows summing to at most R.
+void check_groups(const OpCheck& c, const Device device, std::span<const Tensor> weights,
+                  std::span<const int64_t> group_rows, int64_t R, int64_t N, int64_t K,
+                  DType dtype) {
+  OP_CHECK(c, !weights.empty() && weights.size() == group_rows.size());
+  int64_t sum = 0;
+  for (size_t g = 0; g < weights.size(); ++g) {
+    const Tensor& w = weights[g];
+    OP_CHECK(c, is_matrix(w, N, K) && w.dtype == dtype && w.device == device);
+    OP_CHECK(c, group_rows[g] >= 0);
+    sum += group_rows[g];
+  }
+  OP_CHECK(c, sum <= R);
+}
+}  // namespace
+
+void grouped_linear_fwd(Ctx& ctx, Tensor out, Tensor in, std::span<const Tensor> weights,
+                        std::span<const int64_t> group_rows) {
+  const OpCheck c(ctx, "grouped_linear_fwd", {{"out", out}, {"in", in}});
+  c.same_float_dtype({out, in});
+  OP_CHECK(c, in.ndim == 2 && out.ndim == 2 && out.shape[0] == in.shape[0]);
+  check_groups(c, ctx.device, weights, group_rows, in.shape[0], out.shape[1], in.shape[1],
+               in.dtype);
+  // Recorded at its buffers' shape (every routed row), whatever the routing: the op list's key.
+  c.note(in.shape[0], out.shape[1], in.shape[1]);
+  TR_DISPATCH(grouped_linear_fwd, out, in, weights, group_rows);
+}
+
+void grouped_linear_bwd(Ctx& ctx, Tensor din, std::span<const Tensor> dweights, Tensor dout,
+                        Tensor in, std::span<const Tensor> weights,
+                        std::span<const int64_t> group_rows, GradWrite dw) {
+  const OpCheck c(ctx, "grouped_linear_bwd", {optional("din", din), {"dout", dout}, {"in", in}});
+  c.same_float_dtype({din, dout, in});
+  OP_CHECK(c, in.ndim == 2 && dout.ndim == 2 && dout.shape[0] == in.shape[0]);
+  OP_CHECK(c, din.empty() || din.same_shape(in));
+  const int64_t R = in.shape[0], N = dout.shape[1], K = in.shape[1];
+  check_groups(c, ctx.device, weights, group_rows, R, N, K, in.dtype);
+  OP_CHECK(c, !din.empty() || !dweights.empty());
+  if (!dweights.empty()) {
+    OP_CHECK(c, dweights.size() == weights.size());
+    for (const Tensor& g : dweights) {
+      c.grad_dtype(g, in);
+      OP_CHECK(c, is_matrix(g, N, K) && g.device == ctx.device);
+    }
+  }
+  if (!din.empty()) c.note(R, K, N, "din");
+  if (!dweights.empty()) c.note(N, K, R, "dweight");
+  TR_DISPATCH(grouped_linear_bwd, din, dweights, dout, in, weights, group_rows,
+              dw == GradWrite::assign);
+}
+
 void add(Ctx& ctx, Tensor out, Tensor a, Tensor b) {
   const OpCheck c(ctx, "add", {{"out", out}, {"a", a}, {"b", b}});
   c.same_float_dtype({out, a, b});

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "core/ctx.h"
@@ -193,6 +194,63 @@ AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, i
 void swiglu_fwd(Ctx& ctx, Tensor out, Tensor gateup);
 // dgateup [T,2I] ASSIGNED.
 void swiglu_bwd(Ctx& ctx, Tensor dgateup, Tensor dout, Tensor gateup);
+
+// ---- mixture of experts (a token's MLP is the weighted sum of k of E experts') ----
+// Notation: E experts, k chosen per token, R = T * k routed rows.
+// The router's choice from its logits [T, E]: probs [T, E] = softmax(logits) in the statistics'
+// dtype (f32, f64 for f64 logits), ASSIGNED; experts i32 [T, k] the k most probable experts of
+// each token, most probable first (equal probabilities: the lower expert first); weights [T, k]
+// (logits' dtype) their probabilities, divided by their sum when `normalize`; prob_sums and
+// routed (statistics' dtype, [E]) ASSIGNED: each expert's probabilities summed over the tokens,
+// and how many tokens chose it (the load-balancing loss's two factors).
+void moe_router_fwd(Ctx& ctx, Tensor probs, Tensor experts, Tensor weights, Tensor prob_sums,
+                    Tensor routed, Tensor logits, bool normalize);
+// dlogits [T, E] ASSIGNED: the softmax's backward of dprobs, where dprobs is the top-k weights'
+// gradient dweights [T, k] taken back through the normalisation (when `normalize`) to the chosen
+// experts' probabilities, plus aux_scale * aux_counts[e] on every expert e of every token (the
+// load-balancing loss's gradient; aux_counts [E] in the statistics' dtype, or empty).
+void moe_router_bwd(Ctx& ctx, Tensor dlogits, Tensor dweights, Tensor probs, Tensor experts,
+                    bool normalize, Tensor aux_counts, double aux_scale);
+// Where each (token, choice) goes in the expert-major order of the routed rows: counts i32 [E]
+// ASSIGNED, the rows each expert keeps; rows i32 [T, k] ASSIGNED, each choice's row (expert e's
+// rows begin after all of experts 0..e-1's, in token order within it), or -1 when dropped. With
+// `capacity` > 0 an expert keeps at most that many of its tokens: those of the highest weight
+// (equal weights: the earlier token), as Megatron's "probs" drop policy; 0 keeps all (dropless).
+void moe_dispatch(Ctx& ctx, Tensor counts, Tensor rows, Tensor experts, Tensor weights,
+                  int64_t capacity);
+// xs [R, H]: xs[rows[t, j]] = in[t] for every kept choice (rows >= 0), ASSIGNED; other rows of
+// xs untouched.
+void moe_permute(Ctx& ctx, Tensor xs, Tensor in, Tensor rows);
+// din [T, H] = sum over token t's kept choices j of dxs[rows[t, j]]; ASSIGNED (zero for a token
+// with none), or ACCUMULATED with `accumulate`.
+void moe_permute_bwd(Ctx& ctx, Tensor din, Tensor dxs, Tensor rows, bool accumulate);
+// out [T, H] ASSIGNED = sum over token t's kept choices j of weights[t, j] * ys[rows[t, j]]
+// (zero for a token with none).
+void moe_unpermute(Ctx& ctx, Tensor out, Tensor ys, Tensor weights, Tensor rows);
+// Its backward: dys[rows[t, j]] = weights[t, j] * dout[t] for kept choices (other rows of dys
+// untouched) and dweights [T, k] = dout[t] . ys[rows[t, j]] (0 for a dropped one); both
+// ASSIGNED.
+void moe_unpermute_bwd(Ctx& ctx, Tensor dys, Tensor dweights, Tensor dout, Tensor ys,
+                       Tensor weights, Tensor rows);
+// The load-balancing loss from the router statistics stats [2, E] (each expert's probability
+// sums, then its routed tokens; statistics' dtype, as are the outputs): value [2] =
+// {value_scale * sum_e stats[0, e] * stats[1, e], the imbalance max_e stats[1, e] / mean_e
+// stats[1, e] (0 when no token was routed)} and grad [E] = grad_scale * stats[1, e], both
+// ASSIGNED.
+void moe_aux_loss_fwd(Ctx& ctx, Tensor value, Tensor grad, Tensor stats, double value_scale,
+                      double grad_scale);
+// Grouped linear (each expert's projection over its rows): rows [o_g, o_g + group_rows[g]) of
+// out [R, N] = the same rows of in [R, K] . weights[g] [N, K]^T, o_g the sum of the groups
+// before g (host counts; their sum at most R; rows after it untouched; a group may be empty).
+void grouped_linear_fwd(Ctx& ctx, Tensor out, Tensor in, std::span<const Tensor> weights,
+                        std::span<const int64_t> group_rows);
+// Its backward: din [R, K] rows of each group = dout . weights[g], ASSIGNED (skipped when din is
+// empty; rows after the groups' untouched); dweights[g] [N, K] += dout_gᵀ . in_g, ACCUMULATED,
+// or ASSIGNED with GradWrite::assign, zeros for an empty group (skipped when dweights is
+// empty).
+void grouped_linear_bwd(Ctx& ctx, Tensor din, std::span<const Tensor> dweights, Tensor dout,
+                        Tensor in, std::span<const Tensor> weights,
+                        std::span<const int64_t> group_rows, GradWrite dw = GradWrite::add);
 
 // ---- elementwise ----
 // out = a + b (out may alias a or b).

@@ -681,6 +681,288 @@ TEST_CASE("kernels: swiglu_bwd matches finite differences and assigns dgateup", 
   CHECK(rel_err(dgu.values(), numeric_grad(gu, loss)) < kFdTol);
 }
 
+// ---------------------------------------------------------------- mixture of experts
+
+// The router's tensors in one dtype (its statistics too: f32 or f64).
+struct Router {
+  HostTensor logits, probs, experts, weights, prob_sums, routed;
+  Router(DType dt, int64_t T, int64_t E, int64_t k)
+      : logits(dt, {T, E}),
+        probs(dt, {T, E}),
+        experts(DType::i32, {T, k}),
+        weights(dt, {T, k}),
+        prob_sums(dt, {E}),
+        routed(dt, {E}) {}
+  void fwd(bool normalize) {
+    moe_router_fwd(ctx, probs.t, experts.t, weights.t, prob_sums.t, routed.t, logits.t, normalize);
+  }
+};
+
+// Expert-major row offsets: the rows of experts before each.
+std::vector<int64_t> offsets_of(const HostTensor& counts) {
+  std::vector<int64_t> off(static_cast<size_t>(counts.size()) + 1, 0);
+  for (int64_t e = 0; e < counts.size(); ++e) off[e + 1] = off[e] + std::llround(counts.get(e));
+  return off;
+}
+
+TEST_CASE("kernels: moe_router_fwd picks the k most probable, the lower expert on ties",
+          "[kernels][moe]") {
+  const std::vector<double> z = {1, 2, 2, 0, 0, 0, 0, 0, -1, 3, 0, 5};
+  for (DType dt : kFloatTypes) {
+    Router r(dt, 3, 4, 2);
+    r.logits.assign(z);
+    r.fwd(true);
+    CHECK(r.experts.values() == std::vector<double>{1, 2, 0, 1, 3, 1});
+    CHECK(r.routed.values() == std::vector<double>{1, 3, 1, 1});
+    std::vector<double> p(12), sums(4, 0.0);
+    for (int t = 0; t < 3; ++t) {
+      double total = 0;
+      for (int e = 0; e < 4; ++e) total += std::exp(z[t * 4 + e]);
+      for (int e = 0; e < 4; ++e) {
+        p[t * 4 + e] = std::exp(z[t * 4 + e]) / total;
+        sums[e] += p[t * 4 + e];
+      }
+    }
+    const double tol = dt == DType::f32 ? 1e-6 : 1e-14;
+    CHECK(rel_err(r.probs.values(), p) < tol);
+    CHECK(rel_err(r.prob_sums.values(), sums) < tol);
+    const double w2 = p[11] / (p[11] + p[9]);
+    CHECK(rel_err(r.weights.values(), std::vector<double>{0.5, 0.5, 0.5, 0.5, w2, 1 - w2}) < tol);
+    r.fwd(false);  // the chosen probabilities themselves
+    CHECK(rel_err(r.weights.values(), std::vector<double>{p[1], p[2], p[4], p[5], p[11], p[9]}) <
+          tol);
+  }
+}
+
+TEST_CASE("kernels: moe_router_bwd matches finite differences of the weights and the aux loss",
+          "[kernels][moe]") {
+  std::mt19937 rng(21);
+  const int64_t T = 5, E = 6, k = 3;
+  const double aux_scale = 0.3;
+  for (bool normalize : {true, false}) {
+    Router r(DType::f64, T, E, k);
+    randomize(r.logits, rng, -2.0, 2.0);
+    HostTensor dweights(DType::f64, {T, k}), dlogits(DType::f64, {T, E}), aux(DType::f64, {E});
+    const std::vector<double> g = random_values(T * k, rng), a = random_values(E, rng, 0.0, 2.0);
+    dweights.assign(g);
+    aux.assign(a);
+    r.fwd(normalize);
+    const std::vector<double> chosen = r.experts.values();
+    // sum(g * weights) + aux_scale * sum(aux * prob_sums): the aux term is the load-balancing
+    // loss with aux as the (constant) token counts.
+    auto loss = [&] {
+      r.fwd(normalize);
+      REQUIRE(r.experts.values() == chosen);  // the steps keep the choice
+      return weighted_sum(r.weights, g) + aux_scale * weighted_sum(r.prob_sums, a);
+    };
+    check_grad_rule(
+        [&] {
+          moe_router_bwd(ctx, dlogits.t, dweights.t, r.probs.t, r.experts.t, normalize, aux.t,
+                         aux_scale);
+        },
+        {}, {&dlogits});
+    const std::vector<double> analytic = dlogits.values();
+    CHECK(rel_err(analytic, numeric_grad(r.logits, loss)) < kFdTol);
+    // Without aux counts: the weights' gradient alone, as with aux_scale 0.
+    HostTensor without(DType::f64, {T, E});
+    moe_router_bwd(ctx, without.t, dweights.t, r.probs.t, r.experts.t, normalize, Tensor(), 0.0);
+    moe_router_bwd(ctx, dlogits.t, dweights.t, r.probs.t, r.experts.t, normalize, aux.t, 0.0);
+    CHECK(without.values() == dlogits.values());
+  }
+}
+
+TEST_CASE("kernels: moe_dispatch without a capacity places every choice once, expert-major",
+          "[kernels][moe]") {
+  std::mt19937 rng(22);
+  const int64_t T = 37, E = 7, k = 3, R = T * k;
+  Router r(DType::f64, T, E, k);
+  randomize(r.logits, rng, -2.0, 2.0);
+  for (int64_t t = 0; t < T; ++t) r.logits.set(t * E + E - 1, -50.0);  // no token for the last
+  r.fwd(true);
+  HostTensor counts(DType::i32, {E}), rows(DType::i32, {T, k});
+  rows.fill(-7);
+  moe_dispatch(ctx, counts.t, rows.t, r.experts.t, r.weights.t, 0);
+  CHECK(counts.values() == r.routed.values());
+  CHECK(counts.get(E - 1) == 0);
+  const std::vector<int64_t> off = offsets_of(counts);
+  CHECK(off[E] == R);
+  std::vector<int> used(static_cast<size_t>(R), 0);
+  std::vector<int64_t> last(static_cast<size_t>(E), -1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t row = std::llround(rows.get(t * k + j));
+      const int64_t e = std::llround(r.experts.get(t * k + j));
+      REQUIRE(row >= off[e]);
+      REQUIRE(row < off[e + 1]);
+      CHECK(row > last[e]);  // token order within the expert
+      last[e] = row;
+      ++used[row];
+    }
+  CHECK(std::all_of(used.begin(), used.end(), [](int n) { return n == 1; }));
+  // A capacity no expert reaches drops nothing.
+  HostTensor counts2(DType::i32, {E}), rows2(DType::i32, {T, k});
+  moe_dispatch(ctx, counts2.t, rows2.t, r.experts.t, r.weights.t, T);
+  CHECK(counts2.values() == counts.values());
+  CHECK(rows2.values() == rows.values());
+}
+
+TEST_CASE("kernels: moe_dispatch's capacity keeps the heaviest, the earlier token on ties",
+          "[kernels][moe]") {
+  // Expert 0: tokens 0 (0.5), 1 (0.3), 2 (0.5), 3 (0.5): keeps 0 and 2 (ties: earlier tokens).
+  // Expert 1: tokens 0 (0.5), 2 (0.5), 3 (0.6): keeps 3, the heaviest, and 0. Expert 2: token 1.
+  for (DType dt : kFloatTypes) {
+    HostTensor experts(DType::i32, {4, 2}, {0, 1, 0, 2, 0, 1, 1, 0}),
+        weights(dt, {4, 2}, {0.5, 0.5, 0.3, 0.7, 0.5, 0.5, 0.6, 0.5}), counts(DType::i32, {3}),
+        rows(DType::i32, {4, 2});
+    moe_dispatch(ctx, counts.t, rows.t, experts.t, weights.t, 2);
+    CHECK(counts.values() == std::vector<double>{2, 2, 1});
+    CHECK(rows.values() == std::vector<double>{0, 2, -1, 4, 1, -1, 3, -1});
+  }
+}
+
+TEST_CASE(
+    "kernels: moe permute and unpermute round trip and unpermute_bwd matches finite differences",
+    "[kernels][moe]") {
+  std::mt19937 rng(23);
+  const int64_t T = 6, E = 4, k = 2, H = 5, R = T * k;
+  Router r(DType::f64, T, E, k);
+  randomize(r.logits, rng, -2.0, 2.0);
+  r.fwd(true);
+  HostTensor counts(DType::i32, {E}), rows(DType::i32, {T, k}), in(DType::f64, {T, H}),
+      xs(DType::f64, {R, H}), out(DType::f64, {T, H}), din(DType::f64, {T, H});
+  for (int64_t i = 0; i < in.size(); ++i) in.set(i, static_cast<double>((i * 7) % 11) - 5);
+  moe_dispatch(ctx, counts.t, rows.t, r.experts.t, r.weights.t, 0);
+  moe_permute(ctx, xs.t, in.t, rows.t);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j)
+      for (int64_t h = 0; h < H; ++h)
+        CHECK(xs.get(std::llround(rows.get(t * k + j)) * H + h) == in.get(t * H + h));
+  // Normalised weights sum to 1: the weighted sum of a token's copies is the token.
+  moe_unpermute(ctx, out.t, xs.t, r.weights.t, rows.t);
+  CHECK(rel_err(out.values(), in.values()) < kF64Tol);
+  // The permutation's backward sums the k copies (integers: exact); accumulate adds.
+  std::vector<double> twice = in.values(), four = in.values();
+  for (double& x : twice) x *= 2;
+  for (double& x : four) x *= 4;
+  check_grad_rule([&] { moe_permute_bwd(ctx, din.t, xs.t, rows.t, false); }, {}, {&din});
+  CHECK(din.values() == twice);
+  moe_permute_bwd(ctx, din.t, xs.t, rows.t, true);
+  CHECK(din.values() == four);
+
+  // unpermute's backward against finite differences of sum(g * out), dropless.
+  HostTensor ys(DType::f64, {R, H}), dys(DType::f64, {R, H}), dout(DType::f64, {T, H}),
+      dweights(DType::f64, {T, k});
+  randomize(ys, rng);
+  randomize(dout, rng);
+  const std::vector<double> g = dout.values();
+  auto loss = [&] {
+    moe_unpermute(ctx, out.t, ys.t, r.weights.t, rows.t);
+    return weighted_sum(out, g);
+  };
+  auto bwd = [&] { moe_unpermute_bwd(ctx, dys.t, dweights.t, dout.t, ys.t, r.weights.t, rows.t); };
+  check_grad_rule(bwd, {}, {&dys, &dweights});
+  CHECK(rel_err(dys.values(), numeric_grad(ys, loss)) < kFdTol);
+  CHECK(rel_err(dweights.values(), numeric_grad(r.weights, loss)) < kFdTol);
+
+  // With a capacity of 2 (at most 8 of the 12 choices kept): a dropped choice adds nothing,
+  // has no gradient and leaves the rows past the kept ones untouched.
+  moe_dispatch(ctx, counts.t, rows.t, r.experts.t, r.weights.t, 2);
+  const int64_t kept = offsets_of(counts)[E];
+  REQUIRE(kept < R);
+  dys.fill(9.0);
+  bwd();
+  const std::vector<double> dys_a = dys.values(), dweights_a = dweights.values();
+  dys.fill(0.0);
+  const std::vector<double> dys_fd = numeric_grad(ys, loss);
+  for (int64_t i = 0; i < R * H; ++i) {
+    if (i < kept * H) {
+      CHECK(dys_a[i] == Approx(dys_fd[i]).margin(kFdTol));
+    } else {
+      CHECK(dys_a[i] == 9.0);  // untouched
+      CHECK(dys_fd[i] == 0.0);
+    }
+  }
+  CHECK(rel_err(dweights_a, numeric_grad(r.weights, loss)) < kFdTol);
+  for (int64_t i = 0; i < T * k; ++i)
+    if (rows.get(i) < 0) CHECK(dweights_a[i] == 0.0);
+}
+
+// The load-balancing loss's value, imbalance and gradient from hand-made statistics: probability
+// sums {0.5, 1.5, 1, 1} and routed tokens {1, 3, 2, 2} give sum P C = 0.5 + 4.5 + 2 + 2 = 9, the
+// most-routed expert 3 over the mean 2 = 1.5.
+TEST_CASE("kernels: moe_aux_loss_fwd's value, imbalance and gradient by hand", "[kernels][moe]") {
+  for (DType dt : {DType::f32, DType::f64}) {
+    HostTensor stats(dt, {2, 4}), value(dt, {2}), grad(dt, {4});
+    const double s[8] = {0.5, 1.5, 1, 1, 1, 3, 2, 2};
+    for (int i = 0; i < 8; ++i) stats.set(i, s[i]);
+    moe_aux_loss_fwd(ctx, value.t, grad.t, stats.t, 0.25, -2.0);
+    CHECK(value.get(0) == 0.25 * 9);
+    CHECK(value.get(1) == 1.5);
+    for (int e = 0; e < 4; ++e) CHECK(grad.get(e) == -2.0 * s[4 + e]);
+    stats.fill(0.0);  // no token routed: no imbalance to speak of
+    moe_aux_loss_fwd(ctx, value.t, grad.t, stats.t, 0.25, -2.0);
+    CHECK(value.get(1) == 0.0);
+  }
+}
+
+TEST_CASE(
+    "kernels: grouped_linear is a linear per group and assign zeroes an empty group's dweight",
+    "[kernels][moe]") {
+  std::mt19937 rng(24);
+  const int64_t R = 10, K = 6, N = 4, used = 8;  // rows [8, 10) follow the groups: untouched
+  const std::vector<int64_t> group_rows = {3, 0, 5};
+  HostTensor in(DType::f64, {R, K}), out(DType::f64, {R, N}), dout(DType::f64, {R, N}),
+      din(DType::f64, {R, K});
+  std::vector<HostTensor> w, dw;
+  w.reserve(3);
+  dw.reserve(3);
+  for (int g = 0; g < 3; ++g) {
+    w.emplace_back(DType::f64, std::initializer_list<int64_t>{N, K});
+    dw.emplace_back(DType::f64, std::initializer_list<int64_t>{N, K});
+    randomize(w.back(), rng);
+  }
+  const std::vector<Tensor> wt = {w[0].t, w[1].t, w[2].t}, dwt = {dw[0].t, dw[1].t, dw[2].t};
+  randomize(in, rng);
+  randomize(dout, rng);
+  out.fill(77.0);
+  grouped_linear_fwd(ctx, out.t, in.t, wt, group_rows);
+  for (auto [g, at] : {std::pair<int, int64_t>{0, 0}, {2, 3}}) {
+    HostTensor ref(DType::f64, {group_rows[g], N});
+    linear_fwd(ctx, ref.t, in.t.slice(at, group_rows[g]), wt[g], Tensor());
+    for (int64_t i = 0; i < ref.size(); ++i) CHECK(out.get(at * N + i) == ref.get(i));
+  }
+  for (int64_t i = used * N; i < R * N; ++i) CHECK(out.get(i) == 77.0);
+
+  const std::vector<double> gout = dout.values();
+  auto loss = [&] {
+    grouped_linear_fwd(ctx, out.t, in.t, wt, group_rows);
+    return weighted_sum(out, gout);
+  };
+  auto bwd = [&] { grouped_linear_bwd(ctx, Tensor(), dwt, dout.t, in.t, wt, group_rows); };
+  check_grad_rule(bwd, {&dw[0], &dw[2]}, {}, [&] {  // the empty group's: below
+    grouped_linear_bwd(ctx, Tensor(), dwt, dout.t, in.t, wt, group_rows, GradWrite::assign);
+  });
+  for (int g = 0; g < 3; ++g) dw[g].fill(0.0);
+  din.fill(55.0);
+  grouped_linear_bwd(ctx, din.t, dwt, dout.t, in.t, wt, group_rows);
+  const std::vector<double> din_a = din.values(), din_fd = numeric_grad(in, loss);
+  CHECK(rel_err(std::vector<double>(din_a.begin(), din_a.begin() + used * K),
+                std::vector<double>(din_fd.begin(), din_fd.begin() + used * K)) < kFdTol);
+  for (int64_t i = used * K; i < R * K; ++i) CHECK(din_a[i] == 55.0);
+  CHECK(rel_err(dw[0].values(), numeric_grad(w[0], loss)) < kFdTol);
+  CHECK(rel_err(dw[2].values(), numeric_grad(w[2], loss)) < kFdTol);
+  // The empty group: add leaves its gradient as it was, assign zeroes it.
+  dw[1].fill(3.0);
+  grouped_linear_bwd(ctx, Tensor(), dwt, dout.t, in.t, wt, group_rows);
+  CHECK(dw[1].values() == std::vector<double>(N * K, 3.0));
+  grouped_linear_bwd(ctx, Tensor(), dwt, dout.t, in.t, wt, group_rows, GradWrite::assign);
+  CHECK(dw[1].values() == std::vector<double>(N * K, 0.0));
+  // din alone (no dweights) is the same din.
+  din.fill(55.0);
+  grouped_linear_bwd(ctx, din.t, {}, dout.t, in.t, wt, group_rows);
+  CHECK(din.values() == din_a);
+}
+
 // ---------------------------------------------------------------- elementwise
 
 TEST_CASE("kernels: add and scale_ and zero_ and sum_squares on integers", "[kernels]") {
