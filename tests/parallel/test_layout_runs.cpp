@@ -397,7 +397,10 @@ TEST_CASE(
       {"model.family=llama",
        "model.rope_scaling={type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, "
        "original_max_position_embeddings: 64}"},
-      {"model.family=qwen3"}};
+      // QK-norm's weights start at one, as Hugging Face's: attention is sharp from the first
+      // step, and at the suite's learning rate of 3e-3 a spike (gradient norm ~45 at step 15)
+      // amplifies the layouts' rounding past 1e-5 of the gradient norm; 1e-3 trains smoothly.
+      {"model.family=qwen3", "optim.lr=1.0e-3"}};
   for (const std::vector<std::string>& family : families) {
     std::vector<std::string> shape = test::kLayoutShape;
     std::string args = with_layout_shape(

@@ -47,7 +47,8 @@ std::vector<float> initial_weights(const ParamLayout& layout, const ModelDims& d
   std::vector<float> out(static_cast<size_t>(layout.total));
   for (const ParamInfo& p : layout.tensors) {
     Tensor t(out.data() + p.offset, DType::f32, Device::cpu, {p.numel});
-    const bool norm = p.name.find("layernorm") != std::string::npos || p.name == "norm/weight";
+    // RMSNorm weights: the layers' two, QK-norm's, the final one.
+    const bool norm = p.name.ends_with("norm/weight");
     const bool bias = p.name.size() >= 4 && p.name.compare(p.name.size() - 4, 4, "bias") == 0;
     const bool out_proj =
         p.name.find("o_proj") != std::string::npos || p.name.find("down_proj") != std::string::npos;
