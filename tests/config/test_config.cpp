@@ -356,7 +356,7 @@ TEST_CASE("config: preset files carry the built-in shapes", "[config]") {
         "qwen2.5-3b, "
         "qwen2.5-7b, qwen2.5-14b, qwen2.5-32b, qwen2.5-72b, llama-3.2-1b, llama-3.2-3b, "
         "llama-3.1-8b, llama-3.1-70b, qwen3-0.6b, qwen3-1.7b, qwen3-4b, qwen3-8b, qwen3-14b, "
-        "qwen3-32b; did you mean 'qwen2.5-3b'?");
+        "qwen3-32b, qwen3-30b-a3b, qwen3-235b-a22b; did you mean 'qwen2.5-3b'?");
 }
 
 TEST_CASE("config: docs/config.md holds the generated key table", "[config]") {

@@ -69,8 +69,11 @@ TEST_CASE("family: each family's presets apply, their names unique across famili
 TEST_CASE("family: model.family takes each family's name and refuses another listing all",
           "[config]") {
   for (const Family* f : families()) {
-    absl::StatusOr<Config> c =
-        parse_preset("qwen2.5-0.5b", {std::string("model.family=") + f->name});
+    std::vector<std::string> sets = {std::string("model.family=") + f->name};
+    if (f->mlp == MlpKind::mixture_of_experts)  // its experts besides
+      sets.insert(sets.end(), {"model.num_experts=8", "model.experts_per_token=2",
+                               "model.moe_intermediate_size=64"});
+    absl::StatusOr<Config> c = parse_preset("qwen2.5-0.5b", sets);
     INFO(f->name << ": " << c.status().message());
     REQUIRE(c.ok());
     CHECK(c->model.family == f->name);
@@ -134,6 +137,85 @@ TEST_CASE("family: each family's config.json reads back as that family", "[hf]")
   for (const Family* f : families())
     CHECK_THAT(error, Catch::Contains(absl::StrCat(f->title, " (")) &&
                           Catch::Contains(absl::StrCat(f->name, ")")));
+}
+
+// A mixture-of-experts setting the model cannot have: one line naming the key and the fix.
+TEST_CASE("family: qwen3_moe's experts are checked, each error one line naming the key",
+          "[config]") {
+  const auto error = [](std::vector<std::string> sets) {
+    absl::StatusOr<Config> c = parse_preset("qwen3-30b-a3b", std::move(sets));
+    return c.ok() ? std::string("ok") : std::string(c.status().message());
+  };
+  CHECK(error({}) == "ok");
+  CHECK(preset_config("qwen3-30b-a3b").model.sparse_layers() == 48);
+  CHECK_THAT(error({"model.experts_per_token=129"}),
+             Catch::StartsWith("model.experts_per_token 129 must be between 1 and "
+                               "model.num_experts 128"));
+  CHECK_THAT(error({"model.num_experts=0"}),
+             Catch::StartsWith("model.family qwen3_moe has mixture-of-experts layers: set "
+                               "model.num_experts"));
+  CHECK_THAT(error({"model.family=qwen3"}),
+             Catch::StartsWith("model.num_experts 128 needs model.family qwen3_moe"));
+  CHECK_THAT(error({"parallel.tp=5", "model.num_heads=40", "model.num_kv_heads=5"}),
+             Catch::StartsWith("model.moe_intermediate_size 768 is not divisible by parallel.tp "
+                               "5"));
+  CHECK_THAT(error({"model.mlp_only_layers=[3, 48]"}),
+             Catch::StartsWith("model.mlp_only_layers names layer 48 but the model has 48"));
+  CHECK_THAT(error({"model.decoder_sparse_step=49"}), Catch::Contains("but no layer is sparse"));
+  CHECK_THAT(error({"train.precision=fp8"}),
+             Catch::StartsWith("train.precision=fp8 is not implemented for mixture-of-experts"));
+  // Which layers are sparse: Hugging Face's rule.
+  const Config c = preset_config("qwen3-30b-a3b");
+  ModelConfig m = c.model;
+  m.decoder_sparse_step = 2;
+  m.mlp_only_layers = {5};
+  CHECK_FALSE(m.sparse_layer(0));
+  CHECK(m.sparse_layer(1));
+  CHECK(m.sparse_layer(3));
+  CHECK_FALSE(m.sparse_layer(5));
+  CHECK(m.sparse_layers() == 23);
+}
+
+// Routing the trainer does not implement, and experts of another shape, in a config.json: one
+// error naming the key.
+TEST_CASE("family: a Qwen3-MoE config.json with other experts or routing is refused", "[hf]") {
+  const ModelConfig m = preset_config("qwen3-30b-a3b").model;
+  const nlohmann::json j = nlohmann::json::parse(hf_config_json(m, st::ElemType::bf16, -1));
+  CHECK(j["num_experts"] == 128);
+  CHECK(j["num_experts_per_tok"] == 8);
+  CHECK(j["moe_intermediate_size"] == 768);
+  CHECK(j["norm_topk_prob"] == true);
+  const auto check = [&](const char* key, nlohmann::json value) {
+    test::TempDir dir;
+    nlohmann::json k = j;
+    if (value.is_null())
+      k.erase(key);
+    else
+      k[key] = value;
+    test::write_file(dir / "config.json", k.dump());
+    return std::string(check_hf_config(dir.path(), m).message());
+  };
+  CHECK(check("num_experts", 128).empty());
+  // transformers 5 writes num_local_experts.
+  {
+    test::TempDir dir;
+    nlohmann::json k = j;
+    k.erase("num_experts");
+    k["num_local_experts"] = 128;
+    test::write_file(dir / "config.json", k.dump());
+    CHECK(check_hf_config(dir.path(), m).ok());
+  }
+  CHECK_THAT(check("num_experts", 64),
+             Catch::Contains("config.json has num_experts 64 but model.num_experts is 128"));
+  CHECK_THAT(check("num_experts_per_tok", 4),
+             Catch::Contains("num_experts_per_tok 4 but model.experts_per_token is 8"));
+  CHECK_THAT(check("norm_topk_prob", nullptr),  // transformers' default: false
+             Catch::Contains("norm_topk_prob false but model.norm_topk_prob is true"));
+  CHECK_THAT(check("mlp_only_layers", {0, 1}),
+             Catch::Contains("mlp_only_layers [0, 1] but model.mlp_only_layers is []"));
+  CHECK_THAT(check("shared_expert_intermediate_size", 2048),
+             Catch::EndsWith("shared_expert_intermediate_size is set; the trainer's qwen3_moe "
+                             "routes to its experts alone (no shared experts, no expert groups)"));
 }
 
 }  // namespace

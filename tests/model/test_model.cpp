@@ -77,6 +77,17 @@ T read_attr(hid_t file, const char* name) {
   return v;
 }
 
+std::vector<int32_t> read_attr_ints(hid_t file, const char* name) {
+  hid_t a = H5Aopen(file, name, H5P_DEFAULT);
+  REQUIRE(a >= 0);
+  hid_t space = H5Aget_space(a);
+  std::vector<int32_t> v(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+  REQUIRE(H5Aread(a, H5T_NATIVE_INT32, v.data()) >= 0);
+  H5Sclose(space);
+  H5Aclose(a);
+  return v;
+}
+
 template <class T>
 void check_parity(const std::string& fixture, DType dtype, double tol) {
   H5File f(tr::test::source_dir() + "/tests/fixtures/" + fixture);
@@ -103,6 +114,16 @@ void check_parity(const std::string& fixture, DType dtype, double tol) {
   if (H5Lexists(f.id, "params/layers/0/self_attn/q_proj/bias", H5P_DEFAULT) <= 0)
     mc.family =
         H5Lexists(f.id, "params/layers/0/self_attn/q_norm", H5P_DEFAULT) > 0 ? "qwen3" : "llama";
+  if (H5Aexists(f.id, "num_experts") > 0) {  // a Qwen3MoeForCausalLM
+    mc.family = "qwen3_moe";
+    mc.num_experts = read_attr(f.id, "num_experts");
+    mc.experts_per_token = read_attr(f.id, "num_experts_per_tok");
+    mc.moe_intermediate_size = read_attr(f.id, "moe_intermediate_size");
+    mc.norm_topk_prob = read_attr(f.id, "norm_topk_prob") != 0;
+    mc.router_aux_loss_coef = read_attr<double>(f.id, "router_aux_loss_coef");
+    mc.decoder_sparse_step = read_attr(f.id, "decoder_sparse_step");
+    for (int32_t l : read_attr_ints(f.id, "mlp_only_layers")) mc.mlp_only_layers.push_back(l);
+  }
   if (H5Aexists(f.id, "llama3_factor") > 0) {  // rope_scaling {type: llama3, ...}
     mc.rope_scaling.type = "llama3";
     mc.rope_scaling.factor = read_attr<double>(f.id, "llama3_factor");
@@ -191,6 +212,20 @@ TEST_CASE("HF parity: tiny Qwen3 in fp64 and fp32", "[model]") {
   for (const char* name : {"qwen3_tiny_tied.h5", "qwen3_tiny_untied.h5"}) {
     INFO(name);
     check_parity<double>(name, DType::f64, 1e-6);
+    check_parity<float>(name, DType::f32, 1e-5);
+  }
+}
+
+// Qwen3-MoE (model.family qwen3_moe): layers 0 and 2 sparse (8 experts, 2 chosen per token),
+// layer 1 dense (mlp_only_layers), the load-balancing loss weighed 0.02 in the loss; the router's
+// top-k renormalised (untied fixture) or not (tied). Logits, the loss with the auxiliary loss and
+// every gradient, the router's and every expert's included, as transformers computes them with a
+// float64 router softmax (tools/make_hf_fixture.py). Transformers' float32 norms and rotary
+// tables leave up to 1.02e-6 in one expert's gradient, hence 2e-6 in fp64.
+TEST_CASE("HF parity: tiny Qwen3-MoE in fp64 and fp32", "[model]") {
+  for (const char* name : {"qwen3_moe_tiny.h5", "qwen3_moe_tiny_tied.h5"}) {
+    INFO(name);
+    check_parity<double>(name, DType::f64, 2e-6);
     check_parity<float>(name, DType::f32, 1e-5);
   }
 }
@@ -368,7 +403,7 @@ TEST_CASE("model: activation recomputation gives the same gradients bit for bit 
     model.stage_loss(1, io.targets(1), 0.03f, true, io.loss_sum());
     model.backward_stage(0, io.inputs(0), false);
     model.backward_stage(1, io.inputs(1), true);
-    const double loss = io.take().first;
+    const double loss = io.take().loss_sum;
     const float* g = b.params.grads().ptr<float>();
     std::vector<float> got(g, g + model.layout().total);
     if (want.empty()) {
@@ -549,7 +584,7 @@ TEST_CASE("model: FP8 weight codes serve until weights_changed", "[model]") {
     io.stage({tok.data()}, {tgt.data()}, 16);
     b.model.forward_stage(0, io.inputs(0));
     b.model.stage_loss(0, io.targets(0), 1.0f, false, io.loss_sum());
-    return io.take().first;
+    return io.take().loss_sum;
   };
   // Moves layer 0's down projection (a weight of an FP8 product).
   const auto move = [&](Built& b) {

@@ -322,6 +322,44 @@ TEST_CASE("layouts: interleaved v 2 and zero-bubble under cp 2 x tp 2 x pp 2 mat
                                   "train.recompute=selective"});
 }
 
+// The qwen3_moe family: layers 0, 1 and 3 a mixture of 4 experts, 2 chosen per token (layer 2
+// dense), the load-balancing loss weighed 0.02: the router whole on every TP rank, each expert's
+// intermediate split over TP, the router statistics carried along the pipeline (and summed over
+// CP) and the loss's gradient carried back.
+const std::vector<std::string> kMoe = {
+    "model.family=qwen3_moe",    "model.num_experts=4",
+    "model.experts_per_token=2", "model.moe_intermediate_size=32",
+    "model.mlp_only_layers=[2]", "model.router_aux_loss_coef=0.02"};
+
+TEST_CASE(
+    "layouts: the qwen3_moe family under tp 2 x pp 2 x dp 2 with ZeRO-1 and sequence "
+    "parallelism matches one rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.tp=2", "parallel.pp=2", "parallel.zero1=true", "parallel.sequence_parallel=true"},
+      kMoe);
+}
+
+TEST_CASE(
+    "layouts: the qwen3_moe family under cp 2 (ring) x tp 2 x pp 2 with zero-bubble and "
+    "selective recompute matches one rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.pipeline_schedule=zero_bubble", "parallel.cp=2", "parallel.cp_comm=ring",
+       "parallel.tp=2", "parallel.pp=2", "train.recompute=selective"},
+      kMoe);
+}
+
+TEST_CASE(
+    "layouts: the qwen3_moe family under interleaved v 2 x pp 2 x tp 2 x dp 2 with full "
+    "recompute matches one rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.pipeline_schedule=interleaved", "parallel.virtual_stages=2", "parallel.tp=2",
+       "parallel.pp=2", "train.recompute=full"},
+      kMoe);
+}
+
 // FP8 projections (train.precision: fp8) under layouts: every rank runs the casts and FP8
 // products its op list says (step_once checks them), in a whole backward with the TP overlap and
 // in a zero-bubble one's two passes. Not against one rank: each rank scales its own shards of

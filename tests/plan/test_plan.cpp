@@ -130,10 +130,10 @@ TEST_CASE("plan: memory, FLOPs, bubble and communication of a small shape by han
   CHECK(p->stages[0].compute_copy == static_cast<double>(buffer.weight_bytes()));
   CHECK(p->stages[0].grads == static_cast<double>(buffer.grad_bytes()));
   CHECK(p->stages[0].activations == static_cast<double>(real.activation_bytes()));
-  // The step's token ids and targets (i32 [T] each, 4 micro-batches) and its two f64 scalars are
-  // on the GPU too.
+  // The step's token ids and targets (i32 [T] each, 4 micro-batches) and its four f64 scalars
+  // are on the GPU too.
   CHECK(p->stages[0].workspace ==
-        static_cast<double>(kCudaWorkspaceBytes + 2 * 4 * 64 * sizeof(int32_t) + 16));
+        static_cast<double>(kCudaWorkspaceBytes + 2 * 4 * 64 * sizeof(int32_t) + 32));
   CHECK(p->stages[0].in_flight == 2);
   CHECK(p->stages[1].in_flight == 1);
   // This rank's layout: 512 embedding rows (1000 padded to 1024, over tp 2) of 64, and per

@@ -196,6 +196,41 @@ TEST_CASE("cli gpu: FP8 projections on a GPU follow the CPU emulation and resume
   }
 }
 
+// A mixture of experts on the GPU (the router's softmax and top-k, the dispatch, the permutations
+// and the experts' grouped projections in bf16, the load-balancing loss): the tiny qwen3_moe
+// model follows the CPU run within bf16's tolerance, logs its router metrics, and, stopped at
+// step 10 and resumed, repeats itself bit for bit.
+TEST_CASE("cli gpu: a qwen3_moe model on a GPU follows the CPU and resumes exactly", "[gpu]") {
+  const std::string moe =
+      "--set model.family=qwen3_moe --set model.num_experts=8 --set model.experts_per_token=2 "
+      "--set model.moe_intermediate_size=32 --set model.router_aux_loss_coef=0.01";
+  const std::string gpu_det = " --set train.backend=cuda --set train.deterministic=true";
+  RunDir gpu(20), cpu(20), split(20);
+  CmdResult r = gpu.trainer(moe + gpu_det);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(cpu.trainer(moe).exit_code == 0);
+  const std::vector<nlohmann::json> g = gpu.metrics(), c = cpu.metrics();
+  REQUIRE(g.size() == 20);
+  check_losses_near(g, c, 2e-2);
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("step " << i + 1 << ": " << g[i].dump());
+    CHECK(std::abs(g[i]["moe_aux_loss"].get<double>() / c[i]["moe_aux_loss"].get<double>() - 1) <
+          5e-2);
+    CHECK(g[i]["moe_imbalance"].get<double>() >= 1);
+  }
+  REQUIRE(split.trainer(moe + gpu_det + " --set train.exit_interval=10").exit_code == kExitStopped);
+  CmdResult resumed = split.trainer(moe + gpu_det);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const std::vector<nlohmann::json> s = split.metrics();
+  REQUIRE(s.size() == 20);
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("step " << i + 1 << ": straight " << g[i]["loss"] << ", resumed " << s[i]["loss"]);
+    CHECK(s[i]["loss"].get<double>() == g[i]["loss"].get<double>());
+  }
+}
+
 // Context parallelism on GPU ranks (cuDNN on chunk blocks, the merge kernel), both exchanges, over
 // 2 and 4 ranks sharing one GPU (parallel.comm=mpi), with tensor parallelism too: the losses of
 // one GPU rank within bf16 tolerance.

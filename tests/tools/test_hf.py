@@ -45,8 +45,12 @@ FAMILY_MODEL = {
     "qwen2": "",
     "llama": (", family: llama, rope_scaling: {type: llama3, factor: 8.0, low_freq_factor: 1.0, "
               "high_freq_factor: 16.0, original_max_position_embeddings: 251}"),
-    "qwen3": ", family: qwen3"}
-ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    "qwen3": ", family: qwen3",
+    "qwen3_moe": (", family: qwen3_moe, num_experts: 4, experts_per_token: 2, "
+                  "moe_intermediate_size: 16, mlp_only_layers: [2], norm_topk_prob: true, "
+                  "router_aux_loss_coef: 0.02")}
+ARCHITECTURE = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 
 def venv_python(venv):
@@ -60,12 +64,16 @@ ORACLE = r'''
 import json, sys
 import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 # Llama 3's RoPE rule over a trained context of 251 positions (one pair kept, one blended, two
 # slowed at head_dim 8): the llama requests' rope_parameters.
 LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=16.0,
               original_max_position_embeddings=251)
+# The qwen3_moe requests' experts: layers 0, 1 and 3 sparse, layer 2 dense.
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, mlp_only_layers=[2],
+           norm_topk_prob=True, router_aux_loss_coef=0.02, decoder_sparse_step=1)
 
 def tokens(path):
     import struct
@@ -73,15 +81,23 @@ def tokens(path):
         head = struct.unpack("<256i", f.read(1024))
         return list(struct.unpack(f"<{head[2]}H", f.read(2 * head[2])))
 
-def batch_loss(model, toks, seq, samples):
+def batch_loss(model, toks, seq, samples, micro=None):
+    """The mean cross-entropy; for a mixture of experts plus router_aux_loss_coef times the
+    load-balancing loss of each micro-batch of `micro` samples (the trainer's unit), averaged."""
     model = model.double().eval()
     t = torch.tensor(toks, dtype=torch.long)
     x = torch.stack([t[i * seq: i * seq + seq] for i in range(samples)])
     y = torch.stack([t[i * seq + 1: i * seq + seq + 1] for i in range(samples)])
     with torch.no_grad():
         logits = model(input_ids=x).logits
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             y.reshape(-1)).item()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 y.reshape(-1)).item()
+        if model.config.model_type == "qwen3_moe":
+            micro = micro or samples
+            aux = [model(input_ids=x[i:i + micro], output_router_logits=True).aux_loss.item()
+                   for i in range(0, samples, micro)]
+            loss += model.config.router_aux_loss_coef * sum(aux) / len(aux)
+    return loss
 
 def make(out, shape, theta, tied, dtype, shard, seed, arch="qwen2"):
     torch.manual_seed(seed)
@@ -89,6 +105,10 @@ def make(out, shape, theta, tied, dtype, shard, seed, arch="qwen2"):
         cfg = LlamaConfig(**shape, tie_word_embeddings=tied, rope_theta=theta,
                           attention_dropout=0.0, attention_bias=False, mlp_bias=False)
         cfg.rope_parameters.update(LLAMA3)
+    elif arch == "qwen3_moe":  # Qwen3's attention; experts in layers 0, 1 and 3
+        cfg = Qwen3MoeConfig(**shape, **MOE, tie_word_embeddings=tied, rope_theta=theta,
+                             head_dim=shape["hidden_size"] // shape["num_attention_heads"],
+                             attention_dropout=0.0, attention_bias=False, use_sliding_window=False)
     elif arch == "qwen3":  # no biases; an RMSNorm over each q and k head
         cfg = Qwen3Config(**shape, tie_word_embeddings=tied, rope_theta=theta,
                           head_dim=shape["hidden_size"] // shape["num_attention_heads"],
@@ -98,7 +118,8 @@ def make(out, shape, theta, tied, dtype, shard, seed, arch="qwen2"):
                           attention_dropout=0.0, use_sliding_window=False)
     if getattr(cfg, "rope_parameters", None) is not None:
         cfg.rope_parameters["rope_theta"] = theta
-    kind = {"llama": LlamaForCausalLM, "qwen3": Qwen3ForCausalLM}.get(arch, Qwen2ForCausalLM)
+    kind = {"llama": LlamaForCausalLM, "qwen3": Qwen3ForCausalLM,
+            "qwen3_moe": Qwen3MoeForCausalLM}.get(arch, Qwen2ForCausalLM)
     model = kind(cfg).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -132,9 +153,15 @@ def packed_loss(d, toks, seq, samples, eod):
             begin = end + 1
     return {"loss": total / kept, "documents": docs, "kept": kept}
 
-def load_loss(d, toks, seq, samples):
-    model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)
-    return batch_loss(model, toks, seq, samples)
+def load(d):
+    with open(d + "/config.json") as f:
+        moe = json.load(f)["model_type"] == "qwen3_moe"
+    # The experts one by one: the grouped kernel refuses float64.
+    kw = {"experts_implementation": "eager"} if moe else {}
+    return AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32, **kw)
+
+def load_loss(d, toks, seq, samples, micro=None):
+    return batch_loss(load(d), toks, seq, samples, micro)
 
 def answer(req):
     if req["op"] == "make":
@@ -145,7 +172,8 @@ def answer(req):
         return packed_loss(req["dir"], tokens(req["data"]), req["seq"], req["samples"],
                            req["eod"])
     if req["op"] == "loss":
-        return {"loss": load_loss(req["dir"], tokens(req["data"]), req["seq"], req["samples"])}
+        return {"loss": load_loss(req["dir"], tokens(req["data"]), req["seq"], req["samples"],
+                                  req.get("micro"))}
     raise SystemExit("unknown op " + req["op"])
 
 # One request, or a list of them answered in one process (torch's import costs seconds).
@@ -348,22 +376,30 @@ def part_export(t):
 
 
 def part_families(t):
-    """Llama 3 (model.family llama) and Qwen3 (qwen3): transformers' LlamaForCausalLM and
-    Qwen3ForCausalLM imported under one rank and tp 2 x pp 2 give their first-step losses; after a
-    step, each export loads in transformers (its architecture and model_type) with the
-    trainer's step-2 loss."""
-    families = ["llama", "qwen3"]
+    """Llama 3 (model.family llama), Qwen3 (qwen3) and Qwen3-MoE (qwen3_moe): transformers'
+    LlamaForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM imported under one rank and tp 2 x
+    pp 2 give their first-step losses (Qwen3-MoE's with its load-balancing loss, per micro-batch
+    as the trainer weighs it); after a step, each export loads in transformers (its architecture
+    and model_type) with the trainer's step-2 loss."""
+    families = ["llama", "qwen3", "qwen3_moe"]
     refs = t.ask_all([dict(op="make", out=os.path.join(t.work, f + "-src"), shape=SHAPE,
                            theta=THETA, tied=False, dtype="float32", shard=None, seed=11 + i,
                            arch=f) for i, f in enumerate(families)])
     outs = []
     for f, ref in zip(families, refs):
         src = os.path.join(t.work, f + "-src")
+        # The load-balancing loss is a micro-batch's: on one rank the whole batch is one
+        # micro-batch (which samples share one depends on the epoch's shuffle otherwise), under
+        # tp 2 x pp 2 each sample is one (Test.config's micro_batch 1).
+        one = ("train.micro_batch=4",) if f == "qwen3_moe" else ()
         for layout in [(1, 1), (2, 2)]:
-            _, losses = t.train(f"{f}-tp{layout[0]}pp{layout[1]}", src, False, layout, family=f)
+            _, losses = t.train(f"{f}-tp{layout[0]}pp{layout[1]}", src, False, layout,
+                                sets=one if layout == (1, 1) else (), family=f)
+            want = ref["loss"] if f != "qwen3_moe" else t.ask(
+                op="loss", dir=src, micro=SAMPLES if layout == (1, 1) else 1)["loss"]
             t.expect_close(f"{f} under tp{layout[0]} pp{layout[1]}: first-step loss", losses[0],
-                           ref["loss"], 1e-5)
-        run, losses = t.train(f + "-export", src, False, steps=2, family=f)
+                           want, 1e-5)
+        run, losses = t.train(f + "-export", src, False, steps=2, sets=one, family=f)
         out = os.path.join(t.work, f + "-exported")
         t.export(os.path.join(run, "ckpt", "step_00000001"), out, "fp32")
         with open(os.path.join(out, "config.json")) as fh:
@@ -375,7 +411,7 @@ def part_families(t):
             t.expect("llama export: Llama 3's rope",
                      cfg.get("rope_scaling", {}).get("rope_type") == "llama3", str(cfg))
         outs.append((f, out, losses[1]))
-    got = t.ask_all([dict(op="loss", dir=out) for _, out, _ in outs])
+    got = t.ask_all([dict(op="loss", dir=out, micro=SAMPLES) for _, out, _ in outs])
     for (f, _, want), g in zip(outs, got):
         t.expect_close(f"{f} exported as fp32: loss of from_pretrained vs trainer's step 2", want,
                        g["loss"], 1e-5)

@@ -36,6 +36,10 @@ struct HfShape {
   double rope_theta = 10000, eps = 1e-6;
   RopeScaling rope_scaling;
   bool tied = false;
+  // Mixture of experts (0 experts: none).
+  int64_t experts = 0, experts_per_token = 0, moe_inter = 0, sparse_step = 1;
+  bool norm_topk = true;
+  std::vector<int64_t> mlp_only;
 };
 
 // A rope_scaling (transformers 4) or rope_parameters (transformers 5) object: default/none, or
@@ -139,6 +143,17 @@ absl::StatusOr<HfShape> read_hf_fields(const json& j, const std::string& path) {
   if (j.contains("rms_norm_eps") && j["rms_norm_eps"].is_number())
     s.eps = j["rms_norm_eps"].get<double>();
   s.tied = j.value("tie_word_embeddings", false);
+  // Mixture of experts: num_experts as released configs spell it, num_local_experts as
+  // transformers 5 writes it.
+  for (const char* key : {"num_experts", "num_local_experts"})
+    if (absl::Status st = int_field(key, &s.experts, false); !st.ok()) return st;
+  for (auto [key, out] : {std::pair{"num_experts_per_tok", &s.experts_per_token},
+                          {"moe_intermediate_size", &s.moe_inter},
+                          {"decoder_sparse_step", &s.sparse_step}})
+    if (absl::Status st = int_field(key, out, false); !st.ok()) return st;
+  s.norm_topk = j.value("norm_topk_prob", false);  // transformers' default
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null())
+    s.mlp_only = j["mlp_only_layers"].get<std::vector<int64_t>>();
   return s;
 }
 
@@ -201,6 +216,26 @@ absl::Status check_hf_config(const std::string& dir, const ModelConfig& m) {
   if (s->tied != m.tie_embeddings)
     return differ("tie_word_embeddings", s->tied ? "true" : "false", "tie_embeddings",
                   m.tie_embeddings ? "true" : "false");
+  if (s->experts != m.num_experts)
+    return differ("num_experts", absl::StrCat(s->experts), "num_experts",
+                  absl::StrCat(m.num_experts));
+  if (m.num_experts == 0) return absl::OkStatus();
+  const struct {
+    const char *hf, *ours;
+    int64_t hv, ov;
+  } moe[] = {
+      {"num_experts_per_tok", "experts_per_token", s->experts_per_token, m.experts_per_token},
+      {"moe_intermediate_size", "moe_intermediate_size", s->moe_inter, m.moe_intermediate_size},
+      {"decoder_sparse_step", "decoder_sparse_step", s->sparse_step, m.decoder_sparse_step}};
+  for (const auto& f : moe)
+    if (f.hv != f.ov) return differ(f.hf, absl::StrCat(f.hv), f.ours, absl::StrCat(f.ov));
+  if (s->norm_topk != m.norm_topk_prob)
+    return differ("norm_topk_prob", s->norm_topk ? "true" : "false", "norm_topk_prob",
+                  m.norm_topk_prob ? "true" : "false");
+  if (s->mlp_only != m.mlp_only_layers)
+    return differ("mlp_only_layers", absl::StrCat("[", absl::StrJoin(s->mlp_only, ", "), "]"),
+                  "mlp_only_layers",
+                  absl::StrCat("[", absl::StrJoin(m.mlp_only_layers, ", "), "]"));
   return absl::OkStatus();
 }
 
@@ -284,6 +319,16 @@ std::string hf_config_json(const ModelConfig& m, st::ElemType dtype, int64_t eos
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = m.init_std;
   j["use_cache"] = true;
+  if (m.num_experts > 0) {
+    j["num_experts"] = m.num_experts;
+    j["num_experts_per_tok"] = m.experts_per_token;
+    j["moe_intermediate_size"] = m.moe_intermediate_size;
+    j["norm_topk_prob"] = m.norm_topk_prob;
+    j["router_aux_loss_coef"] = m.router_aux_loss_coef;
+    j["output_router_logits"] = false;  // transformers' default: no auxiliary loss in inference
+    j["decoder_sparse_step"] = m.decoder_sparse_step;
+    j["mlp_only_layers"] = m.mlp_only_layers;
+  }
   family.hf_extra_keys(j);
   j["torch_dtype"] = dtype == st::ElemType::f32    ? "float32"
                      : dtype == st::ElemType::bf16 ? "bfloat16"

@@ -36,6 +36,29 @@ struct ModelConfig {
   // A Hugging Face model directory (config.json + safetensors) whose weights start a fresh run
   // instead of the random init; a resumed run ignores it. See trainer/checkpoint/hf.h.
   std::string init_from;
+  // Mixture of experts (model.family qwen3_moe; Hugging Face's names): each sparse layer's MLP
+  // is a router choosing experts_per_token of num_experts SwiGLU experts (intermediate size
+  // moe_intermediate_size) per token. Layer i is sparse when it is not in mlp_only_layers and
+  // (i + 1) is a multiple of decoder_sparse_step; the others keep the dense MLP.
+  int64_t num_experts = 0;  // 0: every layer dense
+  int64_t experts_per_token = 0;
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = true;          // the chosen experts' weights renormalised to sum to 1
+  double router_aux_loss_coef = 1e-3;  // the load-balancing loss's weight in the loss
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  // Each expert keeps at most ceil(capacity_factor x tokens x experts_per_token / num_experts)
+  // tokens of a micro-batch (its highest-weight ones); 0 = dropless.
+  double capacity_factor = 0;
+  bool sparse_layer(int64_t i) const {
+    return num_experts > 0 && (i + 1) % decoder_sparse_step == 0 &&
+           std::find(mlp_only_layers.begin(), mlp_only_layers.end(), i) == mlp_only_layers.end();
+  }
+  int64_t sparse_layers() const {
+    int64_t n = 0;
+    for (int64_t i = 0; i < num_layers; ++i) n += sparse_layer(i) ? 1 : 0;
+    return n;
+  }
   // The rotary embedding these fields describe.
   Rope rope() const {
     const RopeScaling& y = rope_scaling;

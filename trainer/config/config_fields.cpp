@@ -105,6 +105,61 @@ const std::vector<Field>& fields() {
                "Hugging Face model directory (config.json + model.safetensors or its shards) "
                "whose weights start a fresh run, under any layout; must match model.*; a resumed "
                "run ignores it; '' = random init"),
+      TR_FIELD(model, num_experts, Int, 0, 4096,
+               "experts of each sparse layer's mixture-of-experts MLP (model.family qwen3_moe; "
+               "0 = dense MLPs, the other families)")
+          .rule([](const Config& c) {
+            const ModelConfig& m = c.model;
+            const Family& f = family_of(m.family);
+            const bool moe = f.mlp == MlpKind::mixture_of_experts;
+            if (moe && m.num_experts == 0)
+              return err("model.family ", f.name,
+                         " has mixture-of-experts layers: set "
+                         "model.num_experts (and experts_per_token, moe_intermediate_size)");
+            if (!moe && m.num_experts > 0)
+              return err("model.num_experts ", m.num_experts, " needs model.family qwen3_moe (",
+                         f.name, " has dense MLPs); set num_experts: 0 or the family");
+            if (m.num_experts == 0) return absl::OkStatus();
+            if (m.experts_per_token < 1 || m.experts_per_token > m.num_experts)
+              return err("model.experts_per_token ", m.experts_per_token,
+                         " must be between 1 and model.num_experts ", m.num_experts);
+            if (m.moe_intermediate_size < 1)
+              return err("model.moe_intermediate_size is not set: the experts' intermediate size");
+            for (int64_t l : m.mlp_only_layers)
+              if (l >= m.num_layers)
+                return err("model.mlp_only_layers names layer ", l, " but the model has ",
+                           m.num_layers, " (0 to ", m.num_layers - 1, ")");
+            if (m.sparse_layers() == 0)
+              return err("model.num_experts ", m.num_experts,
+                         " but no layer is sparse (model.mlp_only_layers and "
+                         "decoder_sparse_step leave every layer dense); set num_experts: 0 and "
+                         "another family, or change them");
+            return absl::OkStatus();
+          }),
+      TR_FIELD(model, experts_per_token, Int, 0, 4096,
+               "experts each token is routed to (top-k; Hugging Face's num_experts_per_tok)"),
+      TR_FIELD(model, moe_intermediate_size, Int, 0, 1 << 22, "each expert's intermediate size")
+          .rule([](const Config& c) {
+            const int64_t tp = c.parallel.tp, n = c.model.moe_intermediate_size;
+            if (c.model.num_experts > 0 && n % tp != 0)
+              return err("model.moe_intermediate_size ", n, " is not divisible by parallel.tp ",
+                         tp);
+            return absl::OkStatus();
+          }),
+      TR_FIELD(model, norm_topk_prob, Bool, 0, 0,
+               "the chosen experts' router probabilities renormalised to sum to 1 per token"),
+      TR_FIELD(model, router_aux_loss_coef, Float, 0, 1e6,
+               "weight of the load-balancing loss (Hugging Face's, over all sparse layers) added "
+               "to the loss; 0 = none"),
+      TR_FIELD(model, decoder_sparse_step, Int, 1, 4096,
+               "layer i is sparse when (i + 1) is a multiple of it (and i not in "
+               "mlp_only_layers)"),
+      TR_FIELD(model, mlp_only_layers, IntList, 0, 4096,
+               "layers that keep the dense MLP (intermediate_size) in a mixture-of-experts model"),
+      TR_FIELD(model, capacity_factor, Float, 0, 1e6,
+               "0 = dropless (every token reaches its experts); else each expert takes at most "
+               "ceil(factor x tokens x experts_per_token / num_experts) tokens of a micro-batch, "
+               "its highest-weight ones, and the others skip it"),
       TR_FIELD(parallel, tp, Int, 1, 1024, "tensor-parallel ranks").rule([](const Config& c) {
         const ModelConfig& m = c.model;
         const int64_t tp = c.parallel.tp;
@@ -293,6 +348,11 @@ const std::vector<Field>& fields() {
           .rule([](const Config& c) {
             // Hopper's FP8 GEMMs read rows of 16-byte multiples: every projection's widths on a
             // rank, and the tokens a weight gradient sums over.
+            if (c.train.precision == "fp8" && c.model.num_experts > 0)
+              return err(
+                  "train.precision=fp8 is not implemented for mixture-of-experts models "
+                  "(model.num_experts ",
+                  c.model.num_experts, "); set train.precision=bf16");
             if (c.train.precision != "fp8" || c.train.backend != "cuda") return absl::OkStatus();
             const ModelConfig& m = c.model;
             const int64_t tp = c.parallel.tp;

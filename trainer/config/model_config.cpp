@@ -31,6 +31,15 @@ void apply_preset(const Family& f, const Preset& p, ModelConfig* m) {
   m->tie_embeddings = p.tied;
   m->max_seq_len = f.max_positions;
   m->rope_theta = p.rope_theta;
+  m->num_experts = p.moe.experts;
+  m->experts_per_token = p.moe.experts_per_token;
+  m->moe_intermediate_size = p.moe.inter;
+  // Every released mixture-of-experts preset routes in every layer, renormalises its top-k and
+  // weighs the load-balancing loss 1e-3 (Qwen3-MoE's config.json).
+  m->norm_topk_prob = true;
+  m->router_aux_loss_coef = 1e-3;
+  m->decoder_sparse_step = 1;
+  m->mlp_only_layers.clear();
   m->rope_scaling = RopeScaling{};
   if (const Llama3Rope& r = p.llama3; r.factor > 0)
     m->rope_scaling = {.type = "llama3",

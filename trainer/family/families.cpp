@@ -14,9 +14,11 @@ namespace tr {
 extern const Family kQwen2Family;
 extern const Family kLlamaFamily;
 extern const Family kQwen3Family;
+extern const Family kQwen3MoeFamily;
 
 std::span<const Family* const> families() {
-  static constexpr const Family* kTable[] = {&kQwen2Family, &kLlamaFamily, &kQwen3Family};
+  static constexpr const Family* kTable[] = {&kQwen2Family, &kLlamaFamily, &kQwen3Family,
+                                             &kQwen3MoeFamily};
   return kTable;
 }
 

@@ -19,7 +19,15 @@ namespace tr {
 
 // The MLP of a family's layers.
 enum class MlpKind {
-  dense_swiglu,  // down(silu(gate(x)) * up(x)), one MLP per layer
+  dense_swiglu,        // down(silu(gate(x)) * up(x)), one MLP per layer
+  mixture_of_experts,  // a router choosing experts (each a dense SwiGLU) per token; see
+                       // ModelConfig::sparse_layer for which layers
+};
+
+// A mixture-of-experts model's numbers (Hugging Face's num_experts, num_experts_per_tok,
+// moe_intermediate_size); experts 0: a dense model.
+struct MoePreset {
+  int64_t experts = 0, experts_per_token = 0, inter = 0;
 };
 
 // Llama 3's RoPE scaling (Hugging Face's rope_scaling with rope_type llama3); factor 0: none.
@@ -37,6 +45,7 @@ struct Preset {
   bool tied;   // tie_word_embeddings
   double rope_theta;
   Llama3Rope llama3 = {};
+  MoePreset moe = {};
 };
 
 struct Family {

@@ -84,15 +84,22 @@ double attention_flops_per_sq(const Config& c) {
 
 }  // namespace
 
-double flops_per_token(const Config& c) {
-  const ModelConfig& m = c.model;
+double layer_matmul_params(const ModelConfig& m, int64_t layer) {
   const double H = static_cast<double>(m.hidden_size), hd = static_cast<double>(m.head_dim);
   const double q = static_cast<double>(m.num_heads) * hd,
                kv = static_cast<double>(m.num_kv_heads) * hd;
-  const double per_layer =
-      H * (q + 2 * kv) + q * H + 3 * H * static_cast<double>(m.intermediate_size);
-  const double n_matmul =
-      static_cast<double>(m.num_layers) * per_layer + static_cast<double>(m.vocab_size) * H;
+  const double mlp = m.sparse_layer(layer)
+                         ? H * static_cast<double>(m.num_experts) +
+                               3 * H * static_cast<double>(m.moe_intermediate_size) *
+                                   static_cast<double>(m.experts_per_token)
+                         : 3 * H * static_cast<double>(m.intermediate_size);
+  return H * (q + 2 * kv) + q * H + mlp;
+}
+
+double flops_per_token(const Config& c) {
+  const ModelConfig& m = c.model;
+  double n_matmul = static_cast<double>(m.vocab_size) * static_cast<double>(m.hidden_size);
+  for (int64_t l = 0; l < m.num_layers; ++l) n_matmul += layer_matmul_params(m, l);
   return 6 * n_matmul + attention_flops_per_sq(c) * static_cast<double>(c.data.seq_len);
 }
 

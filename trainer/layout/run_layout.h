@@ -60,8 +60,13 @@ struct RunLayout {
 absl::StatusOr<RunLayout> run_layout(const Config& cfg, int world, int rank);
 
 // Training FLOPs per token, causal counting (llm.c / Megatron-Core): 6 N_matmul + 6 L s (nh hd),
-// N_matmul = parameters in matrix products, LM head included, input embedding excluded.
+// N_matmul = parameters in matrix products, LM head included, input embedding excluded; for a
+// mixture of experts the parameters a token multiplies by (the router and its chosen experts:
+// the active parameters).
 double flops_per_token(const Config& c);
+// The parameters a token multiplies by in layer `layer`'s projections: attention's (q, k, v, o)
+// and the MLP's (a sparse layer's router and experts_per_token experts).
+double layer_matmul_params(const ModelConfig& m, int64_t layer);
 // The same for a step of `tokens` tokens whose samples' documents' lengths squared sum to
 // `doc_len_sq` (data::DocumentStats): block-causal attention computes each document's causal
 // triangle alone; otherwise flops_per_token(c).

@@ -35,7 +35,9 @@ DecoderModel::DecoderModel(const ModelDims& dims, const ModelOptions& o, ParamBu
       params_(params),
       gemm_(o.gemm),
       attn_(dims, o.dtype, o.batch, o.seq_len, gemm_),
-      mlp_(dims, o.dtype, o.batch * (o.seq_len / dims.cp), gemm_) {
+      mlp_(dims, o.dtype, o.batch * (o.seq_len / dims.cp), gemm_),
+      moe_(dims, o.dtype, o.batch * (o.seq_len / dims.cp)),
+      global_(dims.global_layers()) {
   TR_ASSERT(o.slots >= 1, "at least one activation slot");
   for (int c = 0; c < dims.num_chunks(); ++c)
     for (int64_t j = 0; j < dims.chunks[c].layers; ++j) layer_pos_.push_back(j);
@@ -59,8 +61,12 @@ DecoderModel::DecoderModel(const ModelDims& dims, const ModelOptions& o, ParamBu
     };
     for (const LayerWeights& g : g_.layers) {
       int64_t lo = params.layout().total, hi = 0, n = 0;
-      for (const Tensor* t : {&g.ln1, &g.attn.qkv_w, &g.attn.qkv_b, &g.attn.q_norm, &g.attn.k_norm,
-                              &g.attn.o_w, &g.ln2, &g.mlp.gateup_w, &g.mlp.down_w}) {
+      std::vector<const Tensor*> tensors = {
+          &g.ln1,      &g.attn.qkv_w, &g.attn.qkv_b,   &g.attn.q_norm, &g.attn.k_norm,
+          &g.attn.o_w, &g.ln2,        &g.mlp.gateup_w, &g.mlp.down_w,  &g.moe.router};
+      for (const Tensor& t : g.moe.gateup) tensors.push_back(&t);
+      for (const Tensor& t : g.moe.down) tensors.push_back(&t);
+      for (const Tensor* t : tensors) {
         if (t->empty()) continue;
         lo = std::min(lo, at(*t));
         hi = std::max(hi, at(*t) + t->numel());
@@ -99,28 +105,38 @@ void DecoderModel::alloc_acts(Arena& ar) {
   const int64_t T = options_.batch * seq_len_, H = d.hidden;
   const int64_t Tl = d.sequence_parallel ? T / d.tp : T;  // tokens of the residual stream here
   a_ = std::make_unique<Acts>();
+  // A slot holds one chunk's layers (any chunk's: slots are the schedule's, parallel/schedule.h),
+  // so its layer j has the buffers of a dense MLP when some chunk's layer j is dense, a sparse
+  // one's when some chunk's is sparse.
+  int64_t positions = 0;
+  for (const ModelDims::Chunk& c : d.chunks) positions = std::max(positions, c.layers);
+  std::vector<char> dense_at(static_cast<size_t>(positions)), sparse_at(dense_at);
+  for (int c = 0; c < d.num_chunks(); ++c)
+    for (int64_t j = 0; j < d.chunks[c].layers; ++j)
+      (sparse(d.chunk_begin(c) + j) ? sparse_at : dense_at)[static_cast<size_t>(j)] = 1;
+  const bool any_dense = std::count(dense_at.begin(), dense_at.end(), 1) > 0,
+             any_sparse = std::count(sparse_at.begin(), sparse_at.end(), 1) > 0;
   // A layer's buffers: those selective recomputation drops (the norm outputs and the MLP
   // block's), and those every mode but full recomputation keeps per micro-batch.
-  auto recomputed = [&](Acts::Layer& L) {
+  auto recomputed = [&](Acts::Layer& L, bool dense, bool moe) {
     L.ln1 = ar.alloc(dtype_, {T, H});
     L.ln2 = ar.alloc(dtype_, {T, H});
-    mlp_.alloc_recomputed(ar, L.mlp);
+    if (dense) mlp_.alloc_recomputed(ar, L.mlp);
+    if (moe) moe_.alloc_recomputed(ar, L.moe);
   };
-  auto kept = [&](Acts::Layer& L) {
+  auto kept = [&](Acts::Layer& L, bool dense, bool moe) {
     L.rstd1 = ar.alloc(sdtype_, {Tl});
     attn_.alloc_kept(ar, L.attn);
     L.x_mid = ar.alloc(dtype_, {Tl, H});
     L.rstd2 = ar.alloc(sdtype_, {Tl});
-    mlp_.alloc_kept(ar, L.mlp);
+    if (dense) mlp_.alloc_kept(ar, L.mlp);
+    if (moe) moe_.alloc_kept(ar, L.moe);
   };
   const int64_t full = std::min(d.recompute_full, d.layers);
-  if (full > 0 || d.recompute_selective) recomputed(a_->rc);
-  if (full > 0) kept(a_->rc);
-  // A slot holds one chunk's layers (any chunk's: slots are the schedule's, parallel/schedule.h).
+  if (full > 0 || d.recompute_selective) recomputed(a_->rc, any_dense, any_sparse);
+  if (full > 0) kept(a_->rc, any_dense, any_sparse);
   // Its layer j is recomputed in full when it is among the first recompute_full layers of this
   // rank in every chunk that has a layer j.
-  int64_t positions = 0;
-  for (const ModelDims::Chunk& c : d.chunks) positions = std::max(positions, c.layers);
   auto full_at = [&](int64_t j) {
     for (int c = 0; c < d.num_chunks(); ++c)
       if (j < d.chunks[c].layers && d.chunk_begin(c) + j >= full) return false;
@@ -135,14 +151,17 @@ void DecoderModel::alloc_acts(Arena& ar) {
         continue;
       }
       Acts::Layer L;
+      const bool dense = dense_at[static_cast<size_t>(j)] != 0,
+                 moe = sparse_at[static_cast<size_t>(j)] != 0;
       if (d.recompute_selective) {
         L.ln1 = a_->rc.ln1;
         L.ln2 = a_->rc.ln2;
         L.mlp.act = a_->rc.mlp.act;
+        L.moe.act = a_->rc.moe.act;
       } else {
-        recomputed(L);
+        recomputed(L, dense, moe);
       }
-      kept(L);
+      kept(L, dense, moe);
       slot.layers.push_back(L);
     }
     // A split backward keeps the linears' output gradients from B to W. Two of them go where
@@ -152,13 +171,27 @@ void DecoderModel::alloc_acts(Arena& ar) {
     if (options_.split_backward)
       for (int64_t j = 0; j < positions; ++j) {
         Acts::Layer& L = slot.layers[j];
-        mlp_.alloc_split(ar, L.mlp, full_at(j) || d.recompute_selective);
+        if (dense_at[static_cast<size_t>(j)])
+          mlp_.alloc_split(ar, L.mlp, full_at(j) || d.recompute_selective);
+        if (sparse_at[static_cast<size_t>(j)])
+          moe_.alloc_split(ar, L.moe, full_at(j) || d.recompute_selective);
         attn_.alloc_split(ar, L.attn, full_at(j));
       }
     if (d.last_stage) {
       slot.lnf = ar.alloc(dtype_, {T, H});
       slot.rstdf = ar.alloc(sdtype_, {Tl});
     }
+    if (aux_loss()) {
+      slot.moe_in = ar.alloc(sdtype_, {2, d.moe.experts});
+      slot.moe_out = ar.alloc(sdtype_, {2, d.moe.experts});
+      if (d.last_stage) slot.aux_grad = ar.alloc(sdtype_, {d.moe.experts});
+    }
+  }
+  if (any_sparse) moe_.alloc_scratch(ar);
+  if (aux_loss()) {
+    a_->aux_grad_in = ar.alloc(sdtype_, {d.moe.experts});
+    a_->aux_grad_out = ar.alloc(sdtype_, {d.moe.experts});
+    a_->aux_value = ar.alloc(sdtype_, {2});
   }
   alloc_scratch(ar);
 }
@@ -186,7 +219,7 @@ void DecoderModel::alloc_scratch(Arena& ar) {
   for (size_t l = 0; l < static_cast<size_t>(d.layers); ++l) {
     const LayerWeights* w = w_.layers.empty() ? nullptr : &w_.layers[l];  // none: plan-only
     attn_.alloc_weight_codes(ar, gemm_, w ? &w->attn : nullptr);
-    mlp_.alloc_weight_codes(ar, gemm_, w ? &w->mlp : nullptr);
+    if (!sparse(static_cast<int64_t>(l))) mlp_.alloc_weight_codes(ar, gemm_, w ? &w->mlp : nullptr);
   }
   a_->logits = ar.alloc(dtype_, {C, d.vocab_local});
   a_->row_max = ar.alloc(sdtype_, {C});
@@ -226,6 +259,12 @@ void DecoderModel::set_op_log(OpLog* log) {
   tp_logged_ = log != nullptr && tp_ != nullptr ? logged_comm(*tp_, *log) : nullptr;
   cp_logged_ = log != nullptr && cp_ != nullptr ? logged_comm(*cp_, *log) : nullptr;
   attn_.set_cp_comm(cp_logged_ ? cp_logged_.get() : cp_);
+  moe_.set_tp_comm(tp_logged_ ? tp_logged_.get() : tp_);
+}
+
+void DecoderModel::set_tp_comm(Comm* tp) {
+  tp_ = tp;
+  moe_.set_tp_comm(tp_logged_ ? tp_logged_.get() : tp_);
 }
 
 Weights DecoderModel::views(Tensor flat) const {
@@ -244,7 +283,10 @@ Weights DecoderModel::views(Tensor flat) const {
     L.ln1 = at(p + "input_layernorm/weight", {H});
     L.attn = attn_.views(at, p);
     L.ln2 = at(p + "post_attention_layernorm/weight", {H});
-    L.mlp = mlp_.views(at, p);
+    if (d.sparse(i))
+      L.moe = moe_.views(at, p);
+    else
+      L.mlp = mlp_.views(at, p);
     w.layers.push_back(L);
   }
   if (d.last_stage) {

@@ -25,6 +25,7 @@
 #include "trainer/model/attention_block.h"
 #include "trainer/model/mlp_block.h"
 #include "trainer/model/model_layout.h"
+#include "trainer/model/moe_block.h"
 #include "trainer/model/param_buffer.h"
 
 namespace tr {
@@ -34,7 +35,8 @@ struct LayerWeights {
   Tensor ln1;             // [H]
   AttentionWeights attn;  // the attention block's (trainer/model/attention_block.h)
   Tensor ln2;             // [H]
-  MlpWeights mlp;         // the MLP block's (trainer/model/mlp_block.h)
+  MlpWeights mlp;         // a dense layer's MLP block's (trainer/model/mlp_block.h)
+  MoeWeights moe;         // a sparse layer's (trainer/model/moe_block.h)
 };
 struct Weights {
   Tensor embed;  // [Vl, H] (first stage)
@@ -122,7 +124,7 @@ class DecoderModel {
   int64_t loss_chunk() const { return chunk_; }            // tokens per loss chunk
   int activation_slots() const { return options_.slots; }  // ModelOptions::slots
   // The tensor-parallel group (size dims.tp); needed before forward when tp > 1.
-  void set_tp_comm(Comm* tp) { tp_ = tp; }
+  void set_tp_comm(Comm* tp);
   // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
   void set_cp_comm(Comm* cp);
   // The one subscriber to what the model reports about the flat buffer as it runs (the
@@ -169,7 +171,11 @@ class DecoderModel {
   // summed its norms' gradients over TP first).
   // `docs`: the micro-batch's documents (MicroBatchDocs), kept with the slot for its backward.
   void forward_stage(int slot, Tensor tokens, int chunk = 0, MicroBatchDocs docs = {});
-  void stage_loss(int slot, Tensor targets, float grad_scale, bool grad, Tensor loss_sum);
+  // `moe_sums` (f64 [2] on the device, or empty): with `grad`, a mixture of experts' load-balancing
+  // loss (its share of loss_sum) and the micro-batch's expert imbalance (the most-routed expert's
+  // tokens over the mean, pooled over the sparse layers) are added to it.
+  void stage_loss(int slot, Tensor targets, float grad_scale, bool grad, Tensor loss_sum,
+                  Tensor moe_sums = {});
   void backward_stage(int slot, Tensor tokens, bool last_of_step, int chunk = 0);
   // With ModelOptions::split_backward, backward_stage in two passes: backward_input (B: the
   // input gradient, sent upstream, and the norms' and embedding's gradients) and, any time
@@ -181,6 +187,15 @@ class DecoderModel {
   Tensor stage_output(int slot, int chunk = 0) const;  // [T, H]
   Tensor recv_grad_buffer() const;                     // [T, H]
   Tensor send_grad_buffer() const;                     // [T, H]
+  // What a pipeline message carries besides the activation or its gradient, sent and received
+  // with it (empty when nothing): a mixture-of-experts model with a load-balancing loss passes
+  // its micro-batch's router statistics so far downstream (stage_side_input/output, [2, E]: each
+  // expert's probability sums and routed tokens over the layers up to here) and the loss's
+  // gradient per expert upstream (recv/send_side_grad_buffer, [E]); statistics' dtype.
+  Tensor stage_side_input(int slot, int chunk = 0) const;
+  Tensor stage_side_output(int slot, int chunk = 0) const;
+  Tensor recv_side_grad_buffer() const;
+  Tensor send_side_grad_buffer() const;
   // After the last backward of a step: with sequence parallelism, sums the gradients of the
   // replicated tensors (the norms, which each saw only this rank's tokens) over TP, those the
   // step's last backward has not summed already (it sums each layer's as it finishes it).
@@ -203,9 +218,12 @@ class DecoderModel {
  private:
   struct Acts;
   Weights views(Tensor flat) const;
-  void alloc_acts(Arena& arena);       // every activation and scratch buffer, in one fixed order
-  void alloc_scratch(Arena& arena);    // of them the buffers every micro-batch shares
-  Comm* tp_group() const;              // the TP group (asserted set when tp > 1)
+  void alloc_acts(Arena& arena);     // every activation and scratch buffer, in one fixed order
+  void alloc_scratch(Arena& arena);  // of them the buffers every micro-batch shares
+  Comm* tp_group() const;            // the TP group (asserted set when tp > 1)
+  Comm* cp_group() const;            // the CP group (asserted set when cp > 1)
+  // The load-balancing loss of the micro-batch in `slot` and its gradient (stage_loss).
+  void moe_aux_loss(int slot, float grad_scale, Tensor loss_sum, Tensor moe_sums);
   void tp_sum(Tensor t);               // all-reduce over the TP group (no-op when tp == 1)
   Tensor full_or(Tensor local) const;  // the [T, H] buffer for a [Tl, H] one
   void reduce_to_local(Tensor partial, Tensor local);  // end of a TP region
@@ -252,7 +270,12 @@ class DecoderModel {
   AttentionPlan attention_;
   LayerGemm gemm_;       // how the layers' projections multiply (before the blocks using it)
   AttentionBlock attn_;  // every layer's attention block
-  DenseMlp mlp_;         // every layer's MLP block
+  DenseMlp mlp_;         // every dense layer's MLP block
+  MoeMlp moe_;           // every sparse layer's (model.num_experts > 0)
+  bool sparse(int64_t l) const { return dims_.sparse(global_[l]); }  // local layer l
+  std::vector<int64_t> global_;  // each local layer's index in the whole model
+  // The load-balancing loss of mixture-of-experts layers: its weight is not zero.
+  bool aux_loss() const { return dims_.moe.sparse_layers > 0 && dims_.moe.aux_coef > 0; }
   Weights w_, g_;
   std::unique_ptr<Acts> a_;
 };

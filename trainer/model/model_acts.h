@@ -19,7 +19,8 @@ struct DecoderModel::Acts {
     Tensor x_mid;        // [Tl, H] residual after attention
     Tensor ln2;          // [T, H]
     Tensor rstd2;        // [Tl]
-    MlpActs mlp;         // the MLP block's (trainer/model/mlp_block.h)
+    MlpActs mlp;         // a dense layer's MLP block's (trainer/model/mlp_block.h)
+    MoeActs moe;         // a sparse layer's (trainer/model/moe_block.h)
   };
   // [T, ...] buffers hold the whole micro-batch; [Tl, ...] ones this rank's tokens (Tl = T, or
   // T / tp with sequence parallelism).
@@ -28,6 +29,10 @@ struct DecoderModel::Acts {
     std::vector<Tensor> resid;  // L + 1 of [Tl, H]: resid[l] enters layer l
     Tensor lnf, rstdf;          // [T, H], [Tl] (last stage)
     MicroBatchDocs docs;        // its micro-batch's (forward_stage)
+    // The load-balancing loss (stage_side_input): the router statistics [2, E] entering the
+    // chunk and leaving it; on the last chunk of the last stage the loss's gradient per expert
+    // [E] (stage_loss), which its backward uses and sends upstream.
+    Tensor moe_in, moe_out, aux_grad;
   };
   std::vector<Slot> slots;
   Layer& layer(int slot, int64_t pos) { return slots[slot].layers[pos]; }  // pos: in its chunk
@@ -53,6 +58,9 @@ struct DecoderModel::Acts {
   // Context parallelism (cp > 1): the positions in the sequence of this rank's S = seq_len / cp
   // tokens of each sequence (i32 [S], for RoPE).
   Tensor positions;
+  // The load-balancing loss's gradient per expert [E], received from the next stage and sent to
+  // the previous one; the micro-batch's loss value and expert imbalance [2] (statistics' dtype).
+  Tensor aux_grad_in, aux_grad_out, aux_value;
 };
 
 }  // namespace tr

@@ -39,6 +39,11 @@ Comm* DecoderModel::tp_group() const {
   return tp_logged_ ? tp_logged_.get() : tp_;
 }
 
+Comm* DecoderModel::cp_group() const {
+  TR_ASSERT(dims_.cp == 1 || cp_ != nullptr, "context parallelism needs set_cp_comm()");
+  return cp_logged_ ? cp_logged_.get() : cp_;
+}
+
 void DecoderModel::tp_sum(Tensor t) {
   tp::sum(tp_group(), t);
 }
@@ -63,7 +68,8 @@ void DecoderModel::sync_replicated_grads() {
   // last backward reported each layer final (one all-reduce per tensor either way, so the sums
   // are the same bits); the final norm's is summed here.
   for (const ParamInfo& p : layout().tensors)
-    if (p.split_dim < 0 && !(layer_norms_summed_ && p.name.starts_with("layers/")))
+    if (p.split_dim < 0 && !p.tp_whole_grad &&
+        !(layer_norms_summed_ && p.name.starts_with("layers/")))
       tp_sum(params_.grad(p));
   layer_norms_summed_ = false;
 }
@@ -79,6 +85,19 @@ Tensor DecoderModel::recv_grad_buffer() const {
 }
 Tensor DecoderModel::send_grad_buffer() const {
   return a_->dres;
+}
+
+Tensor DecoderModel::stage_side_input(int slot, int) const {
+  return aux_loss() ? a_->slots[slot].moe_in : Tensor();
+}
+Tensor DecoderModel::stage_side_output(int slot, int) const {
+  return aux_loss() ? a_->slots[slot].moe_out : Tensor();
+}
+Tensor DecoderModel::recv_side_grad_buffer() const {
+  return a_->aux_grad_in;
+}
+Tensor DecoderModel::send_side_grad_buffer() const {
+  return a_->aux_grad_out;
 }
 
 Tensor DecoderModel::resid(int slot, int64_t l) const {
@@ -103,6 +122,10 @@ void DecoderModel::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchD
   TR_ASSERT(docs.positions.empty() || docs.positions.numel() == T,
             "forward_stage: a micro-batch's positions");
   S.docs = docs;
+  if (aux_loss()) {  // the router statistics entering the chunk, and so far leaving it
+    if (d.first_stage && chunk == 0) zero_(ctx_, S.moe_in);
+    cast(ctx_, S.moe_out, S.moe_in);  // (a copy in the stream's order)
+  }
   if (d.first_stage && chunk == 0) {
     TR_ASSERT(tokens.numel() == T, "forward_stage: a micro-batch's tokens");
     Tensor emb = full_or(input);
@@ -127,7 +150,13 @@ void DecoderModel::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchD
     if (events_ != nullptr)
       events_->weights_needed(layer_ranges_[l].first, layer_ranges_[l].second);
     layer_fwd(slot, l);
-    mlp_.forward_out(ctx_, L.mlp, w.mlp, full_or(a.tmp));
+    // The router statistics so far: this layer's added, right away (under full recomputation
+    // every layer's activations share one buffer).
+    if (aux_loss() && sparse(l)) add(ctx_, S.moe_out, S.moe_out, L.moe.stats);
+    if (sparse(l))
+      moe_.forward_out(ctx_, L.moe, w.moe, full_or(a.tmp));
+    else
+      mlp_.forward_out(ctx_, L.mlp, w.mlp, full_or(a.tmp));
     reduce_to_local(full_or(a.tmp), a.tmp);          // row-parallel
     const Tensor next = S.resid[layer_pos_[l] + 1];  // layer l's output
     if (l + 1 < end) {
@@ -164,7 +193,10 @@ void DecoderModel::layer_fwd(int slot, int64_t l) {
   add_rmsnorm_fwd(ctx_, L.x_mid, sp ? a.ln_local : L.ln2, L.rstd2, resid(slot, l), a.tmp, w.ln2,
                   d.eps);
   gather_tokens(a.ln_local, L.ln2);
-  mlp_.forward_in(ctx_, L.mlp, w.mlp, L.ln2);
+  if (sparse(l))
+    moe_.forward_in(ctx_, L.moe, w.moe, L.ln2);
+  else
+    mlp_.forward_in(ctx_, L.mlp, w.mlp, L.ln2);
 }
 
 AttentionInput DecoderModel::attention_input(int slot) const {
@@ -188,13 +220,16 @@ void DecoderModel::recompute_layer(int slot, int64_t l) {
   if (full) return layer_fwd(slot, l);
   rmsnorm_fwd(ctx_, sp ? a.ln_local : L.ln2, L.rstd2, L.x_mid, w.ln2, d.eps);
   gather_tokens(a.ln_local, L.ln2);
-  mlp_.recompute(ctx_, L.mlp);
+  if (sparse(l))
+    moe_.recompute(ctx_, L.moe);
+  else
+    mlp_.recompute(ctx_, L.mlp);
 }
 
 // LM head and cross-entropy chunk by chunk; with `grad`, also the head's backward: dlnf is
 // assigned, the LM head gradient accumulated.
 void DecoderModel::stage_loss(int slot, Tensor targets, float grad_scale, bool grad,
-                              Tensor loss_sum) {
+                              Tensor loss_sum, Tensor moe_sums) {
   TR_ASSERT(dims_.last_stage, "the loss is computed on the last pipeline stage");
   TR_ASSERT(targets.numel() == options_.batch * seq_len_, "stage_loss: a micro-batch's targets");
   Acts& a = *a_;
@@ -216,6 +251,32 @@ void DecoderModel::stage_loss(int slot, Tensor targets, float grad_scale, bool g
   }
   // Vocab-parallel LM head: each rank holds its share of d lnf.
   if (grad) reduce_to_local(a.dlnf, dims_.sequence_parallel ? a.dlnf_local : a.dlnf);
+  if (grad && aux_loss()) moe_aux_loss(slot, grad_scale, loss_sum, moe_sums);
+}
+
+// The load-balancing loss of the micro-batch in `slot` (Hugging Face's load_balancing_loss_func,
+// over the whole model's sparse layers and the micro-batch's N tokens, all CP ranks'): with
+// C_e and P_e each expert's routed tokens and probability sum pooled over them,
+// aux = E / (N L)^2 sum_e C_e P_e for L sparse layers, and the loss gains coef x aux per token.
+// Each CP rank adds its tokens' share of it to the loss sum; each token's probability of expert
+// e gets the gradient grad_scale x coef x E C_e / (N L^2) (C has none), which every backward of
+// the micro-batch reads.
+void DecoderModel::moe_aux_loss(int slot, float grad_scale, Tensor loss_sum, Tensor moe_sums) {
+  const ModelDims& d = dims_;
+  Acts::Slot& S = a_->slots[slot];
+  if (d.cp > 1) cp_group()->all_reduce(S.moe_out, ReduceOp::sum);
+  const double E = static_cast<double>(d.moe.experts), L = static_cast<double>(d.moe.sparse_layers);
+  const double N = static_cast<double>(options_.batch * options_.seq_len);
+  const double T = static_cast<double>(tokens_per_micro_batch());
+  const double coef = d.moe.aux_coef;
+  moe_aux_loss_fwd(ctx_, a_->aux_value, S.aux_grad, S.moe_out, coef * E * T / (N * N * L * L),
+                   static_cast<double>(grad_scale) * coef * E / (N * L * L));
+  const Tensor value = a_->aux_value.slice(0, 1);
+  accumulate_sum(ctx_, loss_sum, value);
+  if (!moe_sums.empty()) {
+    accumulate_sum(ctx_, moe_sums.slice(0, 1), value);
+    accumulate_sum(ctx_, moe_sums.slice(1, 1), a_->aux_value.slice(1, 1));
+  }
 }
 
 // One chunk's cross-entropy: in one step on a single rank; with the vocabulary split over TP,
@@ -297,13 +358,23 @@ void DecoderModel::backward_pass(int slot, Tensor tokens, int chunk, bool weight
     if (t != Comm::kDone) ++tp_overlapped_;  // (staged GPU ranks complete it in start)
   };
   const BlockBackward how{gw, weights, kept, column_bwd};
+  // A sparse layer's input gradient: the router's and the experts' into a.dln, reduced over TP.
+  const MoeBackward moe_how{[&] { return full_or(a.dln); },
+                            [&] { reduce_to_local(full_or(a.dln), a.dln); }};
+  // The load-balancing loss's gradient per expert: the micro-batch's own on the chunk holding
+  // the loss, else the one received with the gradient.
+  const Tensor aux_grad = !aux_loss() ? Tensor() : holds_head(chunk) ? S.aux_grad : a.aux_grad_in;
   for (int64_t l = end - 1; l >= begin; --l) {
     const LayerWeights& w = w_.layers[l];
     const LayerWeights& g = g_.layers[l];
     Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     recompute_layer(slot, l);
     // resid[l + 1] = x_mid + mlp(ln2(x_mid)); dres holds d resid[l + 1].
-    mlp_.backward(ctx_, L.mlp, w.mlp, g.mlp, gather_tokens(a.dres, a.full), L.ln2, how);  // d ln2
+    if (sparse(l))
+      moe_.backward(ctx_, L.moe, w.moe, g.moe, gather_tokens(a.dres, a.full), L.ln2, aux_grad, how,
+                    moe_how);  // d ln2
+    else
+      mlp_.backward(ctx_, L.mlp, w.mlp, g.mlp, gather_tokens(a.dres, a.full), L.ln2, how);
     rmsnorm_bwd(ctx_, a.dres, g.ln2, a.dln, L.x_mid, w.ln2, L.rstd2, /*accumulate_din=*/true, gw);
     // dres now holds d x_mid
     // x_mid = resid[l] + attention(ln1(resid[l]))
@@ -316,6 +387,7 @@ void DecoderModel::backward_pass(int slot, Tensor tokens, int chunk, bool weight
   }
   body_write_[chunk] = GradWrite::add;
   if (last_of_step && d.sequence_parallel) layer_norms_summed_ = true;
+  if (aux_loss() && !(d.first_stage && chunk == 0)) cast(ctx_, a.aux_grad_out, aux_grad);
   if (d.first_stage && chunk == 0) {
     TR_ASSERT(tokens.numel() == T, "backward_stage: a micro-batch's tokens");
     embedding_bwd(ctx_, g_.embed, gather_tokens(a.dres, a.full), tokens, d.vocab_offset);
@@ -332,7 +404,10 @@ void DecoderModel::backward_weight(int slot, bool last_of_step, int chunk) {
     const LayerWeights& g = g_.layers[l];
     const Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     recompute_layer(slot, l);  // the GEMMs' inputs that recomputation dropped, again
-    mlp_.weight_grads(ctx_, L.mlp, w.mlp, g.mlp, L.ln2, gw);
+    if (sparse(l))
+      moe_.weight_grads(ctx_, L.moe, w.moe, g.moe, L.ln2, gw);
+    else
+      mlp_.weight_grads(ctx_, L.mlp, w.mlp, g.mlp, L.ln2, gw);
     attn_.weight_grads(ctx_, L.attn, w.attn, g.attn, L.ln1, gw);
     if (last_of_step) layer_final(l);
   }

@@ -68,6 +68,17 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
   const Family& family = family_of(m.family);
   d.qkv_bias = family.qkv_bias;
   d.qk_norm = family.qk_norm;
+  if (m.num_experts > 0) {
+    d.moe = {.experts = m.num_experts,
+             .top_k = m.experts_per_token,
+             .inter = m.moe_intermediate_size / topo.tp,
+             .normalize = m.norm_topk_prob,
+             .aux_coef = m.router_aux_loss_coef,
+             .capacity_factor = m.capacity_factor,
+             .sparse_layers = m.sparse_layers(),
+             .sparse = {}};
+    for (int64_t i = 0; i < m.num_layers; ++i) d.moe.sparse.push_back(m.sparse_layer(i) ? 1 : 0);
+  }
   return d;
 }
 
@@ -129,9 +140,22 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
     }
     add(p + "self_attn/o_proj/weight", {H, d.heads * hd}, true, 1);  // row-parallel
     add(p + "post_attention_layernorm/weight", {H}, false, -1);
-    add(p + "mlp/gate_proj/weight", {d.inter, H}, true, 0);  // gate then up: one [2I, H]
-    add(p + "mlp/up_proj/weight", {d.inter, H}, true, 0);
-    add(p + "mlp/down_proj/weight", {H, d.inter}, true, 1);  // row-parallel
+    if (!d.sparse(i)) {
+      add(p + "mlp/gate_proj/weight", {d.inter, H}, true, 0);  // gate then up: one [2I, H]
+      add(p + "mlp/up_proj/weight", {d.inter, H}, true, 0);
+      add(p + "mlp/down_proj/weight", {H, d.inter}, true, 1);  // row-parallel
+      continue;
+    }
+    // The router, whole on every TP rank (it reads the whole sequence), then each expert as a
+    // dense MLP of its own size, under Hugging Face's per-expert names.
+    add(p + "mlp/gate/weight", {d.moe.experts, H}, true, -1);
+    l.tensors.back().tp_whole_grad = true;
+    for (int64_t e = 0; e < d.moe.experts; ++e) {
+      const std::string x = absl::StrCat(p, "mlp/experts/", e, "/");
+      add(x + "gate_proj/weight", {d.moe.inter, H}, true, 0);
+      add(x + "up_proj/weight", {d.moe.inter, H}, true, 0);
+      add(x + "down_proj/weight", {H, d.moe.inter}, true, 1);
+    }
   }
   if (d.last_stage) {
     add("norm/weight", {H}, false, -1);
@@ -143,13 +167,20 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
     }
   }
   l.capacity = (l.total + multiple - 1) / multiple * multiple;
+  for (size_t i = 0; i < l.tensors.size(); ++i)
+    l.index_.emplace(l.tensors[i].name, static_cast<int64_t>(i));
   return l;
 }
 
+int64_t ParamLayout::index_of(const std::string& name) const {
+  const auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
+}
+
 const ParamInfo& ParamLayout::find(const std::string& name) const {
-  for (const ParamInfo& p : tensors)
-    if (p.name == name) return p;
-  TR_ASSERT(false, "no parameter named " + name);
+  const int64_t i = index_of(name);
+  TR_ASSERT(i >= 0, "no parameter named " + name);
+  return tensors[static_cast<size_t>(i)];
 }
 
 int64_t loss_chunk_tokens(int64_t tokens, int64_t vocab_local, DType logits_dtype) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "kernels/rope.h"
 #include "parallel/context_parallel.h"
 #include "parallel/topology.h"
@@ -62,6 +63,21 @@ struct ModelDims {
   bool recompute_selective = false;
   bool qkv_bias = true;  // model.family qwen2: q, k and v have biases; llama, qwen3: none
   bool qk_norm = false;  // qwen3: an RMSNorm over each q and k head (weights [hd], replicated)
+  // Mixture of experts (model.num_experts > 0): which layers are sparse, and their MLP's shape.
+  struct Moe {
+    int64_t experts = 0;         // of a sparse layer, all ranks'
+    int64_t top_k = 0;           // experts per token
+    int64_t inter = 0;           // an expert's intermediate size on this rank (/ tp)
+    bool normalize = true;       // the top-k weights renormalised (norm_topk_prob)
+    double aux_coef = 0;         // router_aux_loss_coef
+    double capacity_factor = 0;  // 0: dropless
+    int64_t sparse_layers = 0;   // of the whole model (the load-balancing loss pools them)
+    std::vector<char> sparse;    // per layer of the whole model
+  };
+  Moe moe;
+  bool sparse(int64_t global_layer) const {
+    return !moe.sparse.empty() && moe.sparse[static_cast<size_t>(global_layer)] != 0;
+  }
   int64_t qkv_out() const { return (heads + 2 * kv_heads) * head_dim; }
   // Real (unpadded) vocabulary rows among this rank's vocab_local.
   int64_t vocab_valid_local() const {
@@ -91,6 +107,9 @@ struct ParamInfo {
   int64_t split_offset = 0;
   bool tied_copy = false;  // the last stage's copy of the tied embedding (pp > 1): not saved,
                            // not counted twice in the gradient norm
+  // Replicated over TP (split_dim -1) with every TP rank computing the same whole gradient (a
+  // router's, which sees the whole sequence): never summed over TP, unlike the norms'.
+  bool tp_whole_grad = false;
 };
 
 struct ParamLayout {
@@ -99,6 +118,11 @@ struct ParamLayout {
   int64_t capacity = 0;  // total rounded up to `multiple` (ZeRO-1 shards); the tail stays zero
   static ParamLayout make(const ModelDims& d, int64_t multiple = 1);
   const ParamInfo& find(const std::string& name) const;
+  // The index of the tensor named `name` in `tensors`, or -1.
+  int64_t index_of(const std::string& name) const;
+
+ private:
+  absl::flat_hash_map<std::string, int64_t> index_;  // name -> place in tensors (make())
 };
 
 }  // namespace tr

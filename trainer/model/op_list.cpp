@@ -8,6 +8,7 @@
 #include "kernels/ops.h"
 #include "trainer/model/attention_block.h"
 #include "trainer/model/mlp_block.h"
+#include "trainer/model/moe_block.h"
 #include "trainer/model/param_buffer.h"
 
 namespace tr {
@@ -128,6 +129,32 @@ void OpLister::linear_bwd(const std::string& name, OpPlace place, OpPhase phase,
   if (fp8 && bias)
     pass(name + ": bias gradient", "bias_grad", phase, place, dweight, m, n,
          static_cast<double>(m) * static_cast<double>(n));
+}
+
+void OpLister::grouped_fwd(const std::string& name, OpPhase phase, double count, int64_t m,
+                           int64_t n, int64_t k) {
+  add({.name = name,
+       .key = {"grouped_linear_fwd", m, n, k},
+       .phase = phase,
+       .count = count,
+       .flop = flop(m, n, k)});
+}
+
+void OpLister::grouped_bwd(const std::string& name, double din, double dweight, int64_t m,
+                           int64_t n, int64_t k, int64_t groups) {
+  const OpPhase bwd = OpPhase::backward;
+  add({.name = name + ": input gradient",
+       .key = {"grouped_linear_bwd.din", m, k, n},
+       .phase = bwd,
+       .count = din,
+       .flop = flop(m, n, k)});
+  add({.name = name + ": weight gradient",
+       .key = {"grouped_linear_bwd.dweight", n, k, m},
+       .phase = bwd,
+       .count = dweight,
+       .flop = flop(m, n, k),
+       .bytes =
+           8.0 * static_cast<double>(groups) * static_cast<double>(n) * static_cast<double>(k)});
 }
 
 void OpLister::collective(const std::string& name, OpPhase phase, OpPlace place, double count,
@@ -255,6 +282,11 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
   const LayerGemm gemm(o.gemm);
   const AttentionBlock attention(d, o.dtype, o.batch, o.seq_len, gemm);
   const DenseMlp mlp(d, o.dtype, s.T, gemm);
+  const MoeMlp moe(d, o.dtype, s.T);
+  const std::vector<int64_t> global = d.global_layers();
+  // The load-balancing loss: the router statistics gathered along the stages (DecoderModel::
+  // stage_side_input), the loss and its gradient on the last.
+  const bool aux = d.moe.sparse_layers > 0 && d.moe.aux_coef > 0;
   const double h = static_cast<double>(s.H), ts = static_cast<double>(s.Ts);
   const auto norm = [&](const std::string& name, const char* kernel, OpPhase phase, OpPlace place,
                         double count, double elems) {
@@ -292,6 +324,16 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
     // The residual joins: the chunk's first norm; in each layer the residual add fused with the
     // MLP's norm, and at each layer's end with the next layer's norm; after the chunk's last
     // layer the final norm (fused with its residual add) or the residual add alone.
+    if (aux) {  // the chunk's router statistics: from zero or the previous stage's, and its
+                // load-balancing gradient passed upstream
+      const double e = static_cast<double>(d.moe.experts);
+      if (d.first_stage && c == 0)
+        ops.pass("router statistics: zeroed", "zero_", kFwd, kLayers, mb, 2, d.moe.experts, 2 * e);
+      ops.pass("router statistics: carried", "cast", kFwd, kLayers, mb, 2, d.moe.experts, 4 * e);
+      if (!(d.first_stage && c == 0))
+        ops.pass("load-balancing gradient: passed on", "cast", kBwd, kLayers, mb, d.moe.experts, 1,
+                 2 * e);
+    }
     if (n > 0) norm("rmsnorm: forward", "rmsnorm_fwd", kFwd, kLayers, mb, 2);
     norm("add + rmsnorm: forward", "add_rmsnorm_fwd", kFwd, kLayers,
          mb * static_cast<double>(std::max<int64_t>(2 * n - 1, 0)), 4);
@@ -302,6 +344,16 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
     else if (n > 0)
       norm("residual add: forward", "add", kFwd, kLayers, mb, 3);
     for (int64_t j = 0; j < n; ++j, ++l) {
+      const bool sparse = d.sparse(global[static_cast<size_t>(l)]);
+      const auto mlp_forward = [&](const Run& r, bool down) {
+        if (sparse)
+          moe.forward_ops(ops, r, down);
+        else
+          mlp.forward_ops(ops, r, down);
+      };
+      if (sparse && aux)
+        ops.pass("router statistics: added", "add", kFwd, kLayers, mb, 2, d.moe.experts,
+                 6.0 * static_cast<double>(d.moe.experts));
       // Each block a TP region: its input gathered, its output's partial sums reduced.
       const auto blocks_forward = [&](const Run& r, bool mlp_out) {
         region.enter("attention: input gathered" + r.suffix, r.phase, kLayers, r.count);
@@ -310,7 +362,7 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
         if (mlp_out) region.leave("mlp: output reduced", r.phase, kLayers, r.count);
       };
       attention.forward_ops(ops, {mb, kFwd, ""});
-      mlp.forward_ops(ops, {mb, kFwd, ""});
+      mlp_forward({mb, kFwd, ""}, true);
       blocks_forward({mb, kFwd, ""}, true);
       const bool full = l < d.recompute_full;
       if (full || d.recompute_selective) {  // the layer's input norm again
@@ -321,23 +373,28 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
         attention.forward_ops(ops, again);
         norm("add + rmsnorm: forward (recomputed)", "add_rmsnorm_fwd", kBwd, kLayers, mb * passes,
              4);
-        mlp.forward_ops(ops, again, /*down=*/false);
+        mlp_forward(again, /*down=*/false);
         blocks_forward(again, false);
       } else if (d.recompute_selective) {  // the norms' and SwiGLU's outputs
         norm("rmsnorm: forward (recomputed)", "rmsnorm_fwd", kBwd, kLayers, mb * passes, 2);
-        ops.pass("swiglu: forward (recomputed)", "swiglu_fwd", kBwd, kLayers, mb * passes, s.T, s.I,
-                 3.0 * static_cast<double>(s.I * s.T));
+        const int64_t rows = sparse ? moe.routed_rows() : s.T, width = sparse ? d.moe.inter : s.I;
+        ops.pass("swiglu: forward (recomputed)", "swiglu_fwd", kBwd, kLayers, mb * passes, rows,
+                 width, 3.0 * static_cast<double>(rows * width));
         region.enter("attention: input gathered (recomputed)", kBwd, kLayers, mb * passes);
         region.enter("mlp: input gathered (recomputed)", kBwd, kLayers, mb * passes);
       }
-      mlp.backward_ops(ops, mb, mb, kept);
+      if (sparse)
+        moe.backward_ops(ops, mb, o.split_backward);
+      else
+        mlp.backward_ops(ops, mb, mb, kept);
       // Both blocks' input norms, accumulated into the residual stream's gradient.
       norm("rmsnorm: backward", "rmsnorm_bwd", kBwd, kLayers, 2 * mb, kNormBwdAccumulateElems);
       attention.backward_ops(ops, mb, mb, kept);
       // Backward through each block's TP region: its output gradient gathered, its input
       // gradient's partial sums reduced.
       region.enter("mlp: output gradient gathered", kBwd, kLayers, mb);
-      region.leave("mlp: input gradient reduced", kBwd, kLayers, mb, column_lane);
+      region.leave("mlp: input gradient reduced", kBwd, kLayers, mb,
+                   sparse ? Lane::in_order : column_lane);
       region.enter("attention: output gradient gathered", kBwd, kLayers, mb);
       region.leave("attention: input gradient reduced", kBwd, kLayers, mb, column_lane);
       // Once a step: gradients of weights each TP rank applied to other tokens (the norms',
@@ -346,12 +403,32 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
         ops.collective("rmsnorm: gradients summed", kBwd, kLayers, 2, "tp", CommOp::all_reduce,
                        Lane::in_order, s.H, 1, s.grad);
       attention.final_ops(ops, s.grad);
-      mlp.final_ops(ops);
+      if (!sparse) mlp.final_ops(ops);
     }
     if (head) {
       norm("final rmsnorm: backward", "rmsnorm_bwd", kBwd, OpPlace::head, mb, kNormBwdElems);
       region.enter("final rmsnorm: output gathered", kFwd, OpPlace::head, mb);
       head_ops(ops, d, s, loss_chunk_of(d, o), mb, region);
+      if (aux) {  // the micro-batch's load-balancing loss (DecoderModel::moe_aux_loss)
+        const int64_t E = d.moe.experts;
+        if (d.cp > 1)
+          ops.collective("router statistics: summed over CP", kFwd, OpPlace::head, mb, "cp",
+                         CommOp::all_reduce, Lane::in_order, 2, E, s.stat);
+        const auto loss_op = [&](const char* name, OpKey key, double count, double bytes) {
+          ModelOp op;
+          op.name = name;
+          op.key = std::move(key);
+          op.cls = OpClass::loss;
+          op.place = OpPlace::head;
+          op.count = count;
+          op.bytes = bytes;
+          ops.add(std::move(op));
+        };
+        loss_op("load-balancing loss", {"moe_aux_loss_fwd", 2, E}, mb,
+                4.0 * static_cast<double>(dtype_size(s.stat)) * static_cast<double>(E));
+        // Into the loss sum, and into the step's router sums (the loss's share, the imbalance).
+        loss_op("load-balancing loss: summed", {"accumulate_sum", 1, 1}, 3 * mb, 16);
+      }
       if (d.tp > 1 && d.sequence_parallel)
         ops.collective("final rmsnorm: gradient summed", kBwd, OpPlace::head, 1, "tp",
                        CommOp::all_reduce, Lane::in_order, s.H, 1, s.grad);

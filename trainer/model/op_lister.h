@@ -87,6 +87,16 @@ class OpLister {
   // with `bias` the bias's.
   void linear_bwd(const std::string& name, OpPlace place, OpPhase phase, double din, double dweight,
                   int64_t m, int64_t n, int64_t k, bool column_parallel = false, bool bias = false);
+  // The experts' projections as grouped GEMMs (kernels/ops.h grouped_linear_fwd/bwd): m routed
+  // rows over `groups` weights [n, k] (their rows summing to m), forward; and backward, the input
+  // gradient `din` times and the weight gradients `dweight` times (each group's summed into its
+  // fp32 gradient).
+  void grouped_fwd(const std::string& name, OpPhase phase, double count, int64_t m, int64_t n,
+                   int64_t k);
+  void grouped_bwd(const std::string& name, double din, double dweight, int64_t m, int64_t n,
+                   int64_t k, int64_t groups);
+  // Bytes of one activation element.
+  double elem_bytes() const { return e_; }
   // Causal attention of m queries over sequences of k keys, width n = heads x head_dim.
   void attention(const std::string& name, const char* kernel, OpPhase phase, double count,
                  int64_t m, int64_t n, int64_t k, bool backward);

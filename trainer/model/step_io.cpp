@@ -6,13 +6,13 @@
 
 namespace tr {
 
-StepIO::StepIO(Ctx ctx) : ctx_(ctx), scalars_buf_(2 * sizeof(double), ctx.device) {
-  scalars_ = Tensor(scalars_buf_.data(), DType::f64, ctx.device, {2});
+StepIO::StepIO(Ctx ctx) : ctx_(ctx), scalars_buf_(4 * sizeof(double), ctx.device) {
+  scalars_ = Tensor(scalars_buf_.data(), DType::f64, ctx.device, {4});
   reset();
 }
 
 size_t StepIO::device_bytes(int64_t micro_batches, int64_t tokens, Device device, int doc_arrays) {
-  const size_t scalars = 2 * sizeof(double);
+  const size_t scalars = 4 * sizeof(double);
   if (device == Device::cpu) return scalars;  // the ops read the host arrays
   return scalars + static_cast<size_t>((2 + doc_arrays) * micro_batches * tokens) * sizeof(int32_t);
 }
@@ -64,11 +64,11 @@ void StepIO::reset() {
   zero_(ctx_, scalars_);
 }
 
-std::pair<double, double> StepIO::take() {
-  double v[2];
+StepIO::Scalars StepIO::take() {
+  double v[4];
   read_f64(ctx_, scalars_, v);
   reset();
-  return {v[0], v[1]};
+  return {v[0], v[1], v[2], v[3]};
 }
 
 double forward_backward(DecoderModel& model, const int32_t* tokens, const int32_t* targets,
@@ -84,9 +84,9 @@ double forward_backward(DecoderModel& model, const int32_t* tokens, const int32_
   if (positions != nullptr) at.push_back(positions);
   io.stage({tokens}, {targets}, model.tokens_per_micro_batch(), starts, at);
   model.forward_stage(0, io.inputs(0), 0, io.docs(0));
-  model.stage_loss(0, io.targets(0), grad_scale, true, io.loss_sum());
+  model.stage_loss(0, io.targets(0), grad_scale, true, io.loss_sum(), io.moe_sums());
   model.backward_stage(0, io.inputs(0), /*last_of_step=*/true);
-  return io.take().first;
+  return io.take().loss_sum;
 }
 
 }  // namespace tr

@@ -1,6 +1,7 @@
 // A step's inputs and outputs on the device, owned by the step rather than the model: the token
-// ids and targets of its micro-batches, and the step's two scalars (the loss sum and this rank's
-// squared gradient norm), which the step reads back together in its one host sync.
+// ids and targets of its micro-batches, and the step's scalars (the loss sum, this rank's squared
+// gradient norm and a mixture of experts' router sums), which the step reads back together in its
+// one host sync.
 #pragma once
 
 #include <cstdint>
@@ -47,15 +48,21 @@ class StepIO {
   // f64 [1] each on the device: the sum of the per-token losses the last stage has computed
   // since the last reset (DecoderModel::stage_loss adds to it), and this rank's share of the
   // squared gradient norm (DistributedOptimizer::accumulate_norm).
+  // moe_sums: f64 [2], a mixture of experts' (DecoderModel::stage_loss): the load-balancing
+  // loss's share of the loss sum, and the sum of its micro-batches' expert imbalance.
   Tensor loss_sum() const { return scalars_.slice(0, 1); }
   Tensor norm_squares() const { return scalars_.slice(1, 1); }
-  void reset();                      // both 0 (queued on the stream)
-  std::pair<double, double> take();  // both read (one host sync), then reset
+  Tensor moe_sums() const { return scalars_.slice(2, 2); }
+  struct Scalars {
+    double loss_sum = 0, norm_squares = 0, moe_aux_sum = 0, moe_imbalance_sum = 0;
+  };
+  void reset();    // all 0 (queued on the stream)
+  Scalars take();  // all read (one host sync), then reset
 
  private:
   Ctx ctx_;
   Buffer scalars_buf_;
-  Tensor scalars_;     // f64 [2]: loss_sum, norm_squares
+  Tensor scalars_;     // f64 [4]: loss_sum, norm_squares, moe_sums
   Buffer host_, dev_;  // the staged arrays: pinned on the host, and on the device
   std::vector<Tensor> inputs_, targets_, doc_starts_, positions_;
   std::vector<const int32_t*> doc_hosts_;  // each doc_starts_ array on the host

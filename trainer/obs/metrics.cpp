@@ -146,6 +146,19 @@ const std::vector<MetricKey>& metric_keys() {
       {"lr", "step", "", "learning rate of the step", [](L l) -> nlohmann::json { return l.m.lr; }},
       {"grad_norm", "step", "", "global gradient norm before clipping",
        [](L l) -> nlohmann::json { return l.m.grad_norm; }},
+      {"moe_aux_loss", "step (mixture of experts)", "nats/token",
+       "the load-balancing loss's share of loss: router_aux_loss_coef x Hugging Face's aux_loss, "
+       "averaged over the micro-batches",
+       [](L l) -> nlohmann::json {
+         return std::isnan(l.m.moe_aux_loss) ? nlohmann::json() : nlohmann::json(l.m.moe_aux_loss);
+       }},
+      {"moe_imbalance", "step (mixture of experts)", "",
+       "the most-routed expert's tokens over the mean (pooled over the sparse layers, averaged "
+       "over the micro-batches): 1 is perfect balance, num_experts / experts_per_token the worst",
+       [](L l) -> nlohmann::json {
+         return std::isnan(l.m.moe_imbalance) ? nlohmann::json()
+                                              : nlohmann::json(l.m.moe_imbalance);
+       }},
       {"tokens_per_s", "step", "tokens/s", "the whole job's tokens per second of step time",
        [](L l) -> nlohmann::json { return l.tok_s; }},
       {"tokens_per_s_per_rank", "step", "tokens/s", "tokens_per_s / ranks",
@@ -305,12 +318,16 @@ void MetricsLog::step(const StepMetrics& m, bool print) {
                         : absl::StrFormat(" | %.1f GFLOP/s", flops / 1e9);
   const std::string skipped =
       *m.skipped != '\0' ? absl::StrCat(" | skipped (", m.skipped, ")") : std::string();
+  const std::string moe =
+      std::isnan(m.moe_aux_loss)
+          ? std::string()
+          : absl::StrFormat(" (aux %.4f, imbalance %.2f)", m.moe_aux_loss, m.moe_imbalance);
   std::printf(
-      "step %*lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f | tok/s %.0f%s | step %.3fs | eta "
-      "%s%s\n",
+      "step %*lld/%lld | loss %.4f%s | lr %.3e | grad-norm %.3f | tok/s %.0f%s | step %.3fs | "
+      "eta %s%s\n",
       static_cast<int>(std::to_string(m.total_steps).size()), static_cast<long long>(m.step),
-      static_cast<long long>(m.total_steps), m.loss, m.lr, m.grad_norm, tok_s, mfu.c_str(),
-      m.step_time_s, format_duration(eta).c_str(), skipped.c_str());
+      static_cast<long long>(m.total_steps), m.loss, moe.c_str(), m.lr, m.grad_norm, tok_s,
+      mfu.c_str(), m.step_time_s, format_duration(eta).c_str(), skipped.c_str());
   std::fflush(stdout);
 }
 

@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +23,12 @@ namespace tr {
 struct StepMetrics {
   int64_t step = 0, total_steps = 0;
   double loss = 0, lr = 0, grad_norm = 0;
+  // A mixture of experts with a load-balancing loss (NaN otherwise): that loss's share of `loss`
+  // (router_aux_loss_coef x Hugging Face's aux_loss, averaged over the micro-batches), and the
+  // most-routed expert's tokens over the mean (pooled over the sparse layers, averaged over the
+  // micro-batches; 1 is perfect balance).
+  double moe_aux_loss = std::numeric_limits<double>::quiet_NaN();
+  double moe_imbalance = std::numeric_limits<double>::quiet_NaN();
   double step_time_s = 0, optimizer_s = 0;
   // Where the step's time went, by phase (trainer/obs/step_timing.h): they add up to step_time_s.
   std::array<double, kPhases> phase_s{};

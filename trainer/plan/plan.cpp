@@ -116,12 +116,16 @@ void plan_flops(const Config& cfg, Plan& plan) {
   plan.flops_per_token_causal = flops_per_token(cfg, 1.0, span);
   plan.flops_per_token_full = plan.flops_per_token_causal + 6.0 * attn;
   // A fully recomputed layer runs its forward again up to the SwiGLU: the QKV, O and gate/up
-  // GEMMs (2 flops per weight per token) and causal attention (2 s nh hd per token). Selective
+  // GEMMs (2 flops per weight per token; a sparse layer's router and its chosen experts' three)
+  // and causal attention (2 s nh hd per token), averaged over the layers. Selective
   // recomputation runs only norms and SwiGLU (elementwise; not counted).
   const double Q = static_cast<double>((mc.num_heads + 2 * mc.num_kv_heads) * mc.head_dim),
                A = static_cast<double>(mc.num_heads * mc.head_dim),
                I = static_cast<double>(mc.intermediate_size);
-  const double layer_fwd = 2.0 * (H * Q + Q + A * H + 2.0 * H * I) + 2.0 * span * A;
+  double recomputed = 0;
+  for (int64_t l = 0; l < mc.num_layers; ++l)
+    recomputed += layer_matmul_params(mc, l) - (mc.sparse_layer(l) ? 0.0 : H * I);
+  const double layer_fwd = 2.0 * (recomputed / L + Q) + 2.0 * span * A;
   // Under zero_bubble a fully recomputed layer runs its forward again in both the B and the W
   // pass.
   plan.recompute_flops_per_token =

@@ -14,17 +14,25 @@
 namespace tr {
 namespace {
 
-// The point-to-point operation of a pipeline communication action.
-P2P p2p_of(const PipelineRank& r, const PipeAction& a, int slot) {
+// The point-to-point operations of a pipeline communication action, appended to `group`: the
+// activation or its gradient, then what the model passes beside it (DecoderModel::
+// stage_side_input), when anything.
+void p2p_of(const PipelineRank& r, const PipeAction& a, int slot, std::vector<P2P>& group) {
+  const auto both = [&](P2P::Kind kind, Tensor main, Tensor side) {
+    group.push_back({kind, main, a.peer});
+    if (!side.empty()) group.push_back({kind, side, a.peer});
+  };
   switch (a.kind) {
     case PipeAction::send_act:
-      return {P2P::send, r.model.stage_output(slot, a.chunk), a.peer};
+      return both(P2P::send, r.model.stage_output(slot, a.chunk),
+                  r.model.stage_side_output(slot, a.chunk));
     case PipeAction::recv_act:
-      return {P2P::recv, r.model.stage_input(slot, a.chunk), a.peer};
+      return both(P2P::recv, r.model.stage_input(slot, a.chunk),
+                  r.model.stage_side_input(slot, a.chunk));
     case PipeAction::send_grad:
-      return {P2P::send, r.model.send_grad_buffer(), a.peer};
+      return both(P2P::send, r.model.send_grad_buffer(), r.model.send_side_grad_buffer());
     case PipeAction::recv_grad:
-      return {P2P::recv, r.model.recv_grad_buffer(), a.peer};
+      return both(P2P::recv, r.model.recv_grad_buffer(), r.model.recv_side_grad_buffer());
     default:
       break;
   }
@@ -54,7 +62,7 @@ int run_actions(const PipelineRank& r, const std::vector<PipeAction>& actions, i
     const bool dropped = a.micro_batch >= cut_at;  // polls too: none from here on was started
     const int slot = a.slot;  // the schedule's activation slot for (chunk, micro-batch)
     if (a.is_comm()) {        // what is left of a group is posted at its end
-      if (!dropped) group.push_back(p2p_of(r, a, slot));
+      if (!dropped) p2p_of(r, a, slot, group);
       if (!group.empty() && (i + 1 == actions.size() || !actions[i + 1].is_comm())) {
         pp.wait(in_flight);
         in_flight = Comm::kDone;
@@ -117,7 +125,8 @@ PipelineRun run_pipeline(const PipelineRank& r, const data::StepBatch& batch, fl
       const ScopedPhase forward(Phase::forward);
       r.model.forward_stage(slot, tokens, a.chunk, r.io.docs(a.micro_batch));
       if (r.topo().last_stage() && a.chunk == last_chunk)
-        r.model.stage_loss(slot, r.io.targets(a.micro_batch), grad_scale, true, r.io.loss_sum());
+        r.model.stage_loss(slot, r.io.targets(a.micro_batch), grad_scale, true, r.io.loss_sum(),
+                           r.io.moe_sums());
       return;
     }
     const ScopedPhase backward(Phase::backward);
@@ -159,7 +168,7 @@ double forward_pipeline(const PipelineRank& r, const data::StepBatch& batch) {
                 if (r.topo().last_stage() && a.chunk == last_chunk)
                   r.model.stage_loss(0, r.io.targets(a.micro_batch), 0.0f, false, r.io.loss_sum());
               });
-  return r.io.take().first;
+  return r.io.take().loss_sum;
 }
 
 }  // namespace tr

@@ -105,21 +105,27 @@ void trace_tp(DecoderModel& model, const Topology& topo, int64_t step) {
 // gradient norm: the step's one host sync. Grad-norm clipping needs the global norm.
 struct StepScalars {
   double loss_sum = 0;
+  // A mixture of experts' load-balancing loss (its share of loss_sum) and its micro-batches'
+  // summed expert imbalance, over the job.
+  double moe_aux_sum = 0, moe_imbalance_sum = 0;
   bool own_loss_bad = false;  // this rank's own loss was not finite (it names itself)
 };
 StepScalars read_step_scalars(Session& s, StepMetrics& m, const FaultInjector& fault,
                               int64_t step) {
   s.opt->accumulate_norm(s.io->norm_squares());
-  auto [loss_sum, own_squares] = s.io->take();  // the step's host sync
+  const StepIO::Scalars read = s.io->take();  // the step's host sync
   if (s.device_phases) s.device_phases->at_sync();
+  double sums[3] = {read.loss_sum, read.moe_aux_sum, read.moe_imbalance_sum};
   if (fault.nan_loss(step, s.topo().rank) && s.topo().last_stage())
-    loss_sum = std::numeric_limits<double>::quiet_NaN();
+    sums[0] = std::numeric_limits<double>::quiet_NaN();
   StepScalars out;
-  out.own_loss_bad = !std::isfinite(loss_sum);
-  all_reduce_sum(*s.groups.pp, &loss_sum, 1);  // the loss lives on the last stage
-  all_reduce_sum(*s.groups.dp_cp, &loss_sum, 1);
-  out.loss_sum = loss_sum;
-  m.grad_norm = s.opt->global_norm(own_squares);
+  out.own_loss_bad = !std::isfinite(sums[0]);
+  all_reduce_sum(*s.groups.pp, sums, 3);  // they live on the last stage
+  all_reduce_sum(*s.groups.dp_cp, sums, 3);
+  out.loss_sum = sums[0];
+  out.moe_aux_sum = sums[1];
+  out.moe_imbalance_sum = sums[2];
+  m.grad_norm = s.opt->global_norm(read.norm_squares);
   return out;
 }
 
@@ -220,6 +226,11 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   trace_tp(*s.model, s.topo(), step);
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   m.loss = scalars.loss_sum / loss_targets * fault.loss_factor(step);
+  if (s.model->dims().moe.sparse_layers > 0 && s.model->dims().moe.aux_coef > 0) {
+    m.moe_aux_loss = scalars.moe_aux_sum / loss_targets;
+    m.moe_imbalance = scalars.moe_imbalance_sum /
+                      static_cast<double>(s.layout.micro_batches * s.groups.dp_cp->size());
+  }
   // A stop signal that came during the step is acted on right after it.
   out.stop = judge_and_apply(s, m, guard, scalars, docs.loss_targets, step) || pipe.stop;
   // No synchronize here: the update runs on while the next step's data is fetched, and the next
