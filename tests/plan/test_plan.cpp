@@ -921,6 +921,39 @@ TEST_CASE("plan: the Qwen3 presets count their model cards' parameters", "[model
   }
 }
 
+// The Qwen3-MoE presets against their model cards (billions): total and activated parameters
+// (every expert, and the 8 of 128 a token is routed to); the FLOPs per token MFU counts are the
+// active matrices' (6 per parameter a token multiplies by: all but the embedding, norms and the
+// idle experts) besides attention. Their configs fit the nodes they are written for.
+TEST_CASE("plan: the Qwen3-MoE presets count their model cards' total and active parameters",
+          "[model]") {
+  const struct {
+    const char* name;
+    double total, active;
+    int nodes;
+  } presets[] = {{"qwen3-30b-a3b", 30.5, 3.3, 1}, {"qwen3-235b-a22b", 235, 22, 16}};
+  for (const auto& p : presets) {
+    INFO(p.name);
+    absl::StatusOr<Config> cfg =
+        load_config(tr::test::source_dir() + "/configs/" + p.name + ".yaml", {});
+    REQUIRE(cfg.ok());
+    CHECK(cfg->model.family == "qwen3_moe");
+    absl::StatusOr<Plan> plan = make_plan(*cfg, *gpu_spec("h100"), p.nodes, 8);
+    REQUIRE(plan.ok());
+    CHECK(std::abs(plan->params_total / 1e9 - p.total) / p.total < 0.01);
+    CHECK(std::abs(plan->params_active / 1e9 - p.active) / p.active < 0.02);
+    const ModelConfig& m = cfg->model;
+    const double norms =
+        static_cast<double>(m.hidden_size * (2 * m.num_layers + 1) + 2 * m.head_dim * m.num_layers);
+    const double matmul = plan->params_active - norms -
+                          static_cast<double>(m.vocab_size * m.hidden_size);  // the embedding
+    const double attention = 6.0 * static_cast<double>(m.num_layers * m.num_heads * m.head_dim) *
+                             static_cast<double>(cfg->data.seq_len);
+    CHECK(plan->flops_per_token_causal == Approx(6 * matmul + attention).epsilon(1e-9));
+    CHECK(plan->fits);
+  }
+}
+
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {
   const Config cfg = config_with({});
   absl::StatusOr<Plan> big = make_plan(cfg, *gpu_spec("b300"), 16, 8);

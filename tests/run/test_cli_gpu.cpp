@@ -45,6 +45,22 @@ void check_losses_near(const std::vector<nlohmann::json>& run,
   }
 }
 
+// `split` with `args` stopped at step 10 and resumed to 20 gives the losses of `straight`, the
+// same run without the stop, bit for bit.
+void check_resumes_exactly(const RunDir& split, const std::string& args,
+                           const std::vector<nlohmann::json>& straight) {
+  REQUIRE(split.trainer(args + " --set train.exit_interval=10").exit_code == kExitStopped);
+  CmdResult resumed = split.trainer(args);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const std::vector<nlohmann::json> s = split.metrics();
+  REQUIRE(s.size() == straight.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    INFO("step " << i + 1 << ": straight " << straight[i]["loss"] << ", resumed " << s[i]["loss"]);
+    CHECK(s[i]["loss"].get<double>() == straight[i]["loss"].get<double>());
+  }
+}
+
 // The tiny model trains in bf16 on the GPU and its loss follows the CPU run's within bf16
 // tolerance; checkpoints move between the GPU and the CPU.
 TEST_CASE("cli gpu: train.backend=cuda trains on a GPU like the CPU", "[gpu]") {
@@ -184,16 +200,7 @@ TEST_CASE("cli gpu: FP8 projections on a GPU follow the CPU emulation and resume
   for (size_t i = 0; i < g.size(); ++i)
     differs |= g[i]["loss"].get<double>() != b[i]["loss"].get<double>();
   CHECK(differs);
-  REQUIRE(split.trainer(fp8 + gpu_det + " --set train.exit_interval=10").exit_code == kExitStopped);
-  CmdResult resumed = split.trainer(fp8 + gpu_det);
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
-  const std::vector<nlohmann::json> s = split.metrics();
-  REQUIRE(s.size() == 20);
-  for (size_t i = 0; i < g.size(); ++i) {
-    INFO("step " << i + 1 << ": straight " << g[i]["loss"] << ", resumed " << s[i]["loss"]);
-    CHECK(s[i]["loss"].get<double>() == g[i]["loss"].get<double>());
-  }
+  check_resumes_exactly(split, fp8 + gpu_det, g);
 }
 
 // A mixture of experts on the GPU (the router's softmax and top-k, the dispatch, the permutations
@@ -219,16 +226,7 @@ TEST_CASE("cli gpu: a qwen3_moe model on a GPU follows the CPU and resumes exact
           5e-2);
     CHECK(g[i]["moe_imbalance"].get<double>() >= 1);
   }
-  REQUIRE(split.trainer(moe + gpu_det + " --set train.exit_interval=10").exit_code == kExitStopped);
-  CmdResult resumed = split.trainer(moe + gpu_det);
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
-  const std::vector<nlohmann::json> s = split.metrics();
-  REQUIRE(s.size() == 20);
-  for (size_t i = 0; i < g.size(); ++i) {
-    INFO("step " << i + 1 << ": straight " << g[i]["loss"] << ", resumed " << s[i]["loss"]);
-    CHECK(s[i]["loss"].get<double>() == g[i]["loss"].get<double>());
-  }
+  check_resumes_exactly(split, moe + gpu_det, g);
 }
 
 // Context parallelism on GPU ranks (cuDNN on chunk blocks, the merge kernel), both exchanges, over

@@ -131,6 +131,9 @@ void plan_flops(const Config& cfg, Plan& plan) {
   plan.recompute_flops_per_token =
       static_cast<double>(plan.recompute_full_layers) * layer_fwd * plan.layout.recompute_passes();
   plan.params_total = model_param_count(cfg, plan.layout.topo);
+  const double idle_expert = 3.0 * H * static_cast<double>(mc.moe_intermediate_size) *
+                             static_cast<double>(mc.num_experts - mc.experts_per_token);
+  plan.params_active = plan.params_total - static_cast<double>(mc.sparse_layers()) * idle_expert;
   plan.checkpoint_bytes = checkpoint_bytes(cfg, plan.layout.topo);
   plan.bubble = bubble_fraction(plan.layout.schedule, plan.layout.topo.pp,
                                 plan.layout.virtual_stages, plan.layout.micro_batches);
@@ -419,10 +422,13 @@ std::string format_plan(const Config& cfg, const Plan& p) {
   absl::StrAppendFormat(
       &out,
       "plan: %d nodes x %d %s = %d GPUs; tp %d x %spp %d x dp %d%s%s; "
-      "%.3gB parameters; %d micro-batches of %d x %d tokens per step\n",
+      "%.3gB parameters%s; %d micro-batches of %d x %d tokens per step\n",
       p.nodes, p.gpus_per_node, p.gpu.name, p.world, t.tp,
       t.cp > 1 ? absl::StrCat("cp ", t.cp, " x ") : "", t.pp, t.dp, p.layout.zero1 ? ", zero1" : "",
       p.layout.sequence_parallel ? ", sequence parallel" : "", p.params_total / 1e9,
+      p.params_active < p.params_total
+          ? absl::StrFormat(" (%.3gB active per token)", p.params_active / 1e9)
+          : std::string(),
       p.layout.micro_batches, cfg.train.micro_batch, cfg.data.seq_len);
   absl::StrAppendFormat(&out,
                         "checkpoint: %.1f GiB per save (fp32 weights, Adam m and v); "
@@ -543,6 +549,7 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"cp_needed", p.cp_needed},
                             {"micro_batches", p.layout.micro_batches},
                             {"params", p.params_total},
+                            {"params_active", p.params_active},
                             {"checkpoint_gib", p.checkpoint_bytes / kGiB},
                             {"loss_chunk_tokens", p.stages.back().loss_chunk_tokens},
                             {"fits", p.fits},

@@ -51,7 +51,10 @@ struct Plan {
   RunLayout layout;  // the layout on this many GPUs, seen from rank 0 (micro-batches, zero1, ...)
   GpuSpec gpu;
   std::vector<StageMemory> stages;
-  double params_total = 0;            // parameters of the model (real vocabulary)
+  double params_total = 0;  // parameters of the model (real vocabulary)
+  // Of them, those a token passes through: all but the experts it is not routed to (a mixture
+  // of experts' "active" parameters; params_total for a dense model).
+  double params_active = 0;
   double checkpoint_bytes = 0;        // one checkpoint on disk (trainer/layout/flat_buffers.h)
   double flops_per_token_causal = 0;  // 6 N_matmul + 6 L s (nh hd): what our MFU counts
   double flops_per_token_full = 0;    // 6 N_matmul + 12 L s (nh hd): non-causal counting
