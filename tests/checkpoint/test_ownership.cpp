@@ -18,6 +18,7 @@
 #include "kernels/ops.h"
 #include "tests/model_util.h"
 #include "tests/test_util.h"
+#include "trainer/checkpoint/local_part.h"
 #include "trainer/checkpoint/ownership.h"
 #include "trainer/config/config.h"
 #include "trainer/layout/run_layout.h"
@@ -108,4 +109,25 @@ TEST_CASE("checkpoint ownership tiles every tensor once, and the 72B job's ranks
        "parallel.sequence_parallel=false", "parallel.pipeline_layers=[1, 2]",
        "train.global_batch=12"});
   check_ownership(tiny, *tr::Topology::make(24, 0, 4, 2, 3));
+}
+
+// A node-local part is another model's when its experts differ: the parts' layout key says which
+// layers hold experts and their shapes (same capacity or not).
+TEST_CASE("local parts: a mixture of experts' shape is in the layout key", "[checkpoint]") {
+  const auto key = [](std::vector<std::string> sets) {
+    sets.insert(sets.begin(),
+                {"model.family=qwen3_moe", "model.num_experts=4", "model.experts_per_token=2",
+                 "model.moe_intermediate_size=32", "parallel.tp=1", "parallel.pp=1"});
+    const tr::Config cfg = config_with(sets);
+    absl::StatusOr<tr::RunLayout> layout = tr::run_layout(cfg, 1, 0);
+    REQUIRE(layout.ok());
+    return tr::local_part::layout_key(cfg, *layout, false);
+  };
+  const uint64_t base = key({});
+  CHECK(key({}) == base);
+  CHECK(key({"model.num_experts=8"}) != base);
+  CHECK(key({"model.experts_per_token=1"}) != base);
+  CHECK(key({"model.moe_intermediate_size=16"}) != base);
+  CHECK(key({"model.mlp_only_layers=[1]"}) != base);
+  CHECK(key({"model.decoder_sparse_step=2"}) != base);
 }

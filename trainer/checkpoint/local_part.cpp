@@ -25,6 +25,11 @@ uint64_t layout_key(const Config& cfg, const RunLayout& layout, bool masters_sha
   for (int64_t l : cfg.parallel.pipeline_layers) absl::StrAppend(&key, " ", l);
   if (t.cp > 1) absl::StrAppend(&key, " cp ", t.cp);  // a part's rank means another place
   if (layout.virtual_stages > 1) absl::StrAppend(&key, " v ", layout.virtual_stages);
+  if (m.num_experts > 0) {  // which layers hold experts, and their shapes
+    absl::StrAppend(&key, " moe ", m.num_experts, " ", m.experts_per_token, " ",
+                    m.moe_intermediate_size, " ", m.decoder_sparse_step);
+    for (int64_t l : m.mlp_only_layers) absl::StrAppend(&key, " d", l);
+  }
   return fnv1a64(key);
 }
 
