@@ -620,16 +620,17 @@ void moe_unpermute_bwd(Ctx& ctx, Tensor dys, Tensor dweights, Tensor dout, Tenso
                        Tensor weights, Tensor rows) {
   const OpCheck c(ctx, "moe_unpermute_bwd",
                   {{"dys", dys},
-                   {"dweights", dweights},
+                   optional("dweights", dweights),
                    {"dout", dout},
-                   {"ys", ys},
+                   optional("ys", ys),
                    {"weights", weights},
                    {"rows", rows}});
   c.same_float_dtype({dys, dweights, dout, ys, weights});
   OP_CHECK(c, dout.ndim == 2 && rows.dtype == DType::i32 && rows.ndim == 2);
   OP_CHECK(c, rows.shape[0] == dout.shape[0] && weights.same_shape(rows));
-  OP_CHECK(c, dweights.same_shape(rows) && is_matrix(ys, rows.numel(), dout.shape[1]));
-  OP_CHECK(c, dys.same_shape(ys));
+  OP_CHECK(c, dweights.empty() == ys.empty());
+  OP_CHECK(c, dweights.empty() || (dweights.same_shape(rows) && dys.same_shape(ys)));
+  OP_CHECK(c, is_matrix(dys, rows.numel(), dout.shape[1]));
   c.note(dout.shape[0], dout.shape[1], rows.shape[1]);
   TR_DISPATCH(moe_unpermute_bwd, dys, dweights, dout, ys, weights, rows);
 }
@@ -643,6 +644,19 @@ void moe_aux_loss_fwd(Ctx& ctx, Tensor value, Tensor grad, Tensor stats, double 
   OP_CHECK(c, is_vector(value, 2));
   c.note(2, stats.shape[1]);
   TR_DISPATCH(moe_aux_loss_fwd, value, grad, stats, value_scale, grad_scale);
+}
+
+void moe_choice_grads(Ctx& ctx, Tensor dweights, Tensor dact, Tensor act, Tensor weights,
+                      Tensor rows) {
+  const OpCheck c(
+      ctx, "moe_choice_grads",
+      {{"dweights", dweights}, {"dact", dact}, {"act", act}, {"weights", weights}, {"rows", rows}});
+  c.same_float_dtype({dweights, dact, act, weights});
+  OP_CHECK(c, rows.dtype == DType::i32 && rows.ndim == 2 && act.ndim == 2);
+  OP_CHECK(c, weights.same_shape(rows) && dweights.same_shape(rows) && dact.same_shape(act));
+  OP_CHECK(c, act.shape[0] == rows.numel());
+  c.note(rows.shape[0], act.shape[1], rows.shape[1]);
+  TR_DISPATCH(moe_choice_grads, dweights, dact, act, weights, rows);
 }
 
 namespace {

@@ -162,15 +162,30 @@ void unpermute_bwd_impl(Tensor dys, Tensor dweights, Tensor dout, Tensor ys, Ten
       double dot = 0;
       if (row >= 0) {
         const T* d = dout.ptr<T>() + t * H;
-        const T* y = ys.ptr<T>() + row * H;
         T* dy = dys.ptr<T>() + row * H;
         for (int64_t h = 0; h < H; ++h) {
-          dot += static_cast<double>(d[h]) * y[h];
+          if (!ys.empty()) dot += static_cast<double>(d[h]) * ys.ptr<T>()[row * H + h];
           dy[h] = static_cast<T>(static_cast<double>(w[t * k + j]) * d[h]);
         }
       }
-      dweights.ptr<T>()[t * k + j] = static_cast<T>(dot);
+      if (!dweights.empty()) dweights.ptr<T>()[t * k + j] = static_cast<T>(dot);
     }
+}
+
+template <class T>
+void choice_grads_impl(Tensor dweights, Tensor dact, Tensor act, Tensor weights, Tensor rows) {
+  const int64_t choices = rows.numel(), I = act.dim(1);
+  const int32_t* r = rows.ptr<int32_t>();
+  for (int64_t c = 0; c < choices; ++c) {
+    const double w = weights.ptr<T>()[c];
+    double dot = 0;
+    if (r[c] >= 0 && w != 0) {
+      for (int64_t i = 0; i < I; ++i)
+        dot += static_cast<double>(act.ptr<T>()[r[c] * I + i]) * dact.ptr<T>()[r[c] * I + i];
+      dot /= w;
+    }
+    dweights.ptr<T>()[c] = static_cast<T>(dot);
+  }
 }
 
 }  // namespace
@@ -216,6 +231,12 @@ void moe_unpermute_bwd(Ctx&, Tensor dys, Tensor dweights, Tensor dout, Tensor ys
                        Tensor rows) {
   dispatch_float(dout.dtype, "moe_unpermute_bwd", [&](auto tag) {
     unpermute_bwd_impl<decltype(tag)>(dys, dweights, dout, ys, weights, rows);
+  });
+}
+
+void moe_choice_grads(Ctx&, Tensor dweights, Tensor dact, Tensor act, Tensor weights, Tensor rows) {
+  dispatch_float(act.dtype, "moe_choice_grads", [&](auto tag) {
+    choice_grads_impl<decltype(tag)>(dweights, dact, act, weights, rows);
   });
 }
 

@@ -213,7 +213,8 @@ __global__ void unpermute_kernel(T* out, const T* ys, const T* weights, const in
 }
 
 // dys[rows[t, j]] = weights[t, j] dout[t]; dweights[t, j] = dout[t] . ys[rows[t, j]] (fp32 block
-// sum; 0 for a dropped choice). Both ASSIGNED; one block per token.
+// sum; 0 for a dropped choice), unless dweights and ys are null. Both ASSIGNED; one block per
+// token.
 template <class T, int N>
 __global__ void unpermute_bwd_kernel(T* dys, T* dweights, const T* dout, const T* ys,
                                      const T* weights, const int32_t* rows, int H, int k) {
@@ -224,17 +225,41 @@ __global__ void unpermute_bwd_kernel(T* dys, T* dweights, const T* dout, const T
     if (row >= 0) {
       const float w = to_f(weights[t * k + j]);
       for (int i = threadIdx.x * N; i < H; i += blockDim.x * N) {
-        const Pack<T, N> d = load_pack<T, N>(dout + t * H + i),
-                         y = load_pack<T, N>(ys + row * H + i);
+        const Pack<T, N> d = load_pack<T, N>(dout + t * H + i);
         Pack<T, N> o;
 #pragma unroll
-        for (int n = 0; n < N; ++n) {
-          dot += to_f(d.v[n]) * to_f(y.v[n]);
-          o.v[n] = from_f<T>(w * to_f(d.v[n]));
-        }
+        for (int n = 0; n < N; ++n) o.v[n] = from_f<T>(w * to_f(d.v[n]));
         store_pack<T, N>(dys + row * H + i, o);
+        if (ys != nullptr) {
+          const Pack<T, N> y = load_pack<T, N>(ys + row * H + i);
+#pragma unroll
+          for (int n = 0; n < N; ++n) dot += to_f(d.v[n]) * to_f(y.v[n]);
+        }
       }
-      dot = block_sum(dot);
+      if (ys != nullptr) dot = block_sum(dot);
+    }
+    if (threadIdx.x == 0 && dweights != nullptr) dweights[t * k + j] = from_f<T>(dot);
+  }
+}
+
+// dweights[t, j] = act[r] . dact[r] / weights[t, j] for r = rows[t, j] (fp32 block sum; 0 for a
+// dropped choice or a zero weight), ASSIGNED; one block per token.
+template <class T, int N>
+__global__ void choice_grads_kernel(T* dweights, const T* dact, const T* act, const T* weights,
+                                    const int32_t* rows, int I, int k) {
+  const int64_t t = blockIdx.x;
+  for (int j = 0; j < k; ++j) {
+    const int64_t row = rows[t * k + j];  // the same on every thread: the barrier agrees
+    const float w = to_f(weights[t * k + j]);
+    float dot = 0;
+    if (row >= 0 && w != 0.0f) {
+      for (int i = threadIdx.x * N; i < I; i += blockDim.x * N) {
+        const Pack<T, N> a = load_pack<T, N>(act + row * I + i),
+                         d = load_pack<T, N>(dact + row * I + i);
+#pragma unroll
+        for (int n = 0; n < N; ++n) dot += to_f(a.v[n]) * to_f(d.v[n]);
+      }
+      dot = block_sum(dot) / w;
     }
     if (threadIdx.x == 0) dweights[t * k + j] = from_f<T>(dot);
   }
@@ -389,8 +414,25 @@ void moe_unpermute_bwd(Ctx& ctx, Tensor dys, Tensor dweights, Tensor dout, Tenso
     per_token<T>(H, {dys.data, dout.data, ys.data}, [&](auto n, int threads) {
       unpermute_bwd_kernel<T, decltype(n)::value>
           <<<static_cast<unsigned>(tokens), threads, 0, stream_of(ctx)>>>(
-              dys.ptr<T>(), dweights.ptr<T>(), dout.ptr<T>(), ys.ptr<T>(), weights.ptr<T>(),
-              rows.ptr<int32_t>(), H, k);
+              dys.ptr<T>(), dweights.empty() ? nullptr : dweights.ptr<T>(), dout.ptr<T>(),
+              ys.empty() ? nullptr : ys.ptr<T>(), weights.ptr<T>(), rows.ptr<int32_t>(), H, k);
+    });
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_choice_grads(Ctx& ctx, Tensor dweights, Tensor dact, Tensor act, Tensor weights,
+                      Tensor rows) {
+  const int64_t tokens = rows.shape[0];
+  const int I = static_cast<int>(act.shape[1]), k = static_cast<int>(rows.shape[1]);
+  if (tokens == 0) return;
+  dispatch_float(act.dtype, "moe_choice_grads", [&](auto tag) {
+    using T = decltype(tag);
+    per_token<T>(I, {dact.data, act.data}, [&](auto n, int threads) {
+      choice_grads_kernel<T, decltype(n)::value>
+          <<<static_cast<unsigned>(tokens), threads, 0, stream_of(ctx)>>>(
+              dweights.ptr<T>(), dact.ptr<T>(), act.ptr<T>(), weights.ptr<T>(), rows.ptr<int32_t>(),
+              I, k);
     });
   });
   CUDA_CHECK_LAUNCH();

@@ -211,6 +211,18 @@ TEST_CASE("cuda: moe permute and unpermute forward and backward match the CPU", 
         check_close(d_out.download(), out, dt, "unpermute out " + what);
         check_close(d_dys.download(), dys, dt, "unpermute_bwd dys " + what);
         check_close(d_dweights.download(), dweights, dt, "unpermute_bwd dweights " + what);
+        // Without ys: dys alone, and the choices' gradients from an act and its gradient.
+        Dev d_dys2(dt, {R, H}, std::vector<float>(static_cast<size_t>(R * H), 0.0f));
+        moe_unpermute_bwd(g.ctx, d_dys2.t, Tensor(), d_dout.t, Tensor(), d_weights.t, d_rows.t);
+        CHECK(d_dys2.download() == d_dys.download());
+        const int64_t I = s.H + 3;
+        std::vector<float> act = random_values(R * I, rng, dt),
+                           dact = random_values(R * I, rng, dt), choice(T * k);
+        Dev d_act(dt, {R, I}, act), d_dact(dt, {R, I}, dact), d_choice(dt, {T, k});
+        moe_choice_grads(host_ctx, host(choice, {T, k}), host(dact, {R, I}), host(act, {R, I}),
+                         h_weights, h_rows);
+        moe_choice_grads(g.ctx, d_choice.t, d_dact.t, d_act.t, d_weights.t, d_rows.t);
+        check_close(d_choice.download(), choice, dt, "choice_grads " + what);
       }
     }
 }

@@ -887,6 +887,42 @@ TEST_CASE(
     if (rows.get(i) < 0) CHECK(dweights_a[i] == 0.0);
 }
 
+// moe_choice_grads without the experts' outputs gives what moe_unpermute_bwd gives with them:
+// ys = act . W^T and dact = dys . W (dys the weighted return's gradient) make act . dact / w =
+// dout . ys; a zero weight gets 0; unpermute_bwd without ys writes dys alone.
+TEST_CASE("kernels: moe_choice_grads equals the choices' gradient through the outputs",
+          "[kernels][moe]") {
+  std::mt19937 rng(25);
+  const int64_t T = 5, E = 3, k = 2, H = 4, I = 6, R = T * k;
+  Router r(DType::f64, T, E, k);
+  randomize(r.logits, rng, -2.0, 2.0);
+  r.fwd(true);
+  r.weights.set(3, 0.0);  // token 1's second choice: a zero weight
+  HostTensor counts(DType::i32, {E}), rows(DType::i32, {T, k}), act(DType::f64, {R, I}),
+      w(DType::f64, {H, I}), ys(DType::f64, {R, H}), dout(DType::f64, {T, H}),
+      dys(DType::f64, {R, H}), dys2(DType::f64, {R, H}), dact(DType::f64, {R, I}),
+      want(DType::f64, {T, k}), got(DType::f64, {T, k});
+  moe_dispatch(ctx, counts.t, rows.t, r.experts.t, r.weights.t, 0);
+  randomize(act, rng);
+  randomize(w, rng);
+  randomize(dout, rng);
+  linear_fwd(ctx, ys.t, act.t, w.t, Tensor());
+  moe_unpermute_bwd(ctx, dys.t, want.t, dout.t, ys.t, r.weights.t, rows.t);
+  dys2.fill(5.0);
+  moe_unpermute_bwd(ctx, dys2.t, Tensor(), dout.t, Tensor(), r.weights.t, rows.t);
+  CHECK(dys2.values() == dys.values());
+  linear_bwd(ctx, dact.t, Tensor(), Tensor(), dys.t, act.t, w.t);
+  got.fill(7.0);
+  moe_choice_grads(ctx, got.t, dact.t, act.t, r.weights.t, rows.t);
+  for (int64_t c = 0; c < T * k; ++c) {
+    INFO("choice " << c);
+    if (c == 3)
+      CHECK(got.get(c) == 0.0);
+    else
+      CHECK(got.get(c) == Approx(want.get(c)).epsilon(1e-12));
+  }
+}
+
 // The load-balancing loss's value, imbalance and gradient from hand-made statistics: probability
 // sums {0.5, 1.5, 1, 1} and routed tokens {1, 3, 2, 2} give sum P C = 0.5 + 4.5 + 2 + 2 = 9, the
 // most-routed expert 3 over the mean 2 = 1.5.

@@ -49,7 +49,6 @@ void MoeMlp::alloc_kept(Arena& ar, MoeActs& a) const {
   a.counts = ar.alloc(DType::i32, {E_});
   a.stats = ar.alloc(sdtype_, {2, E_});
   a.gateup = ar.alloc(dtype_, {R, 2 * I_});
-  a.ys = ar.alloc(dtype_, {R, H_});
 }
 
 void MoeMlp::alloc_split(Arena& ar, MoeActs& a, bool fresh_dgateup) const {
@@ -64,6 +63,7 @@ void MoeMlp::alloc_scratch(Arena& ar) {
   logits_ = ar.alloc(dtype_, {T_, E_});
   xs_ = ar.alloc(dtype_, {R, H_});
   dxs_ = ar.alloc(dtype_, {R, H_});
+  ys_ = ar.alloc(dtype_, {R, H_});
   dact_ = ar.alloc(dtype_, {R, I_});
   dgateup_ = ar.alloc(dtype_, {R, 2 * I_});
   dys_ = ar.alloc(dtype_, {R, H_});
@@ -84,13 +84,11 @@ void MoeMlp::forward_in(Ctx& ctx, MoeActs& a, const MoeWeights& w, Tensor in) co
   moe_permute(ctx, xs_, in, a.rows);
   grouped_linear_fwd(ctx, a.gateup, xs_, w.gateup, a.group_rows);
   recompute(ctx, a);
-  // The down projections here too: the backward reads their outputs (each choice's weight's
-  // gradient), so full recomputation remakes them.
-  grouped_linear_fwd(ctx, a.ys, a.act, w.down, a.group_rows);
 }
 
-void MoeMlp::forward_out(Ctx& ctx, const MoeActs& a, const MoeWeights&, Tensor out) const {
-  moe_unpermute(ctx, out, a.ys, a.weights, a.rows);
+void MoeMlp::forward_out(Ctx& ctx, const MoeActs& a, const MoeWeights& w, Tensor out) const {
+  grouped_linear_fwd(ctx, ys_, a.act, w.down, a.group_rows);
+  moe_unpermute(ctx, out, ys_, a.weights, a.rows);
 }
 
 // Over every routed row, kept or not (with a capacity the dropped ones hold no one's values and
@@ -106,12 +104,13 @@ void MoeMlp::backward(Ctx& ctx, const MoeActs& a, const MoeWeights& w, const Moe
   const std::vector<Tensor> none;
   const Tensor dys = whole ? dys_ : a.dys, dgateup = whole ? dgateup_ : a.dgateup,
                dlogits = whole ? dlogits_ : a.dlogits;
-  moe_unpermute_bwd(ctx, dys, dweights_, dy, a.ys, a.weights, a.rows);
-  // Each TP rank's experts' outputs are partial sums over their intermediate shards, and so is
-  // each weight's gradient from them.
-  if (tp_size_ > 1) tp::sum(tp_, dweights_);
+  moe_unpermute_bwd(ctx, dys, Tensor(), dy, Tensor(), a.weights, a.rows);
   grouped_linear_bwd(ctx, dact_, whole ? g.down : none, dys, a.act, w.down, a.group_rows,
                      how.write);
+  moe_choice_grads(ctx, dweights_, dact_, a.act, a.weights, a.rows);
+  // Each TP rank's act and its gradient hold its intermediate shard: the choices' gradients are
+  // partial sums.
+  if (tp_size_ > 1) tp::sum(tp_, dweights_);
   swiglu_bwd(ctx, dgateup, dact_, a.gateup);
   moe_permute(ctx, xs_, in, a.rows);  // the gate and up projections' input, again
   grouped_linear_bwd(ctx, dxs_, whole ? g.gateup : none, dgateup, xs_, w.gateup, a.group_rows,
@@ -161,8 +160,8 @@ void MoeMlp::forward_ops(OpLister& ops, const Run& r, bool out) const {
                   2 * I_, H_);
   ops.pass("experts: swiglu: forward" + r.suffix, "swiglu_fwd", r.phase, layers, r.count, Rn, I_,
            3 * i * R);
-  ops.grouped_fwd("experts: down projections: forward" + r.suffix, r.phase, r.count, Rn, H_, I_);
   if (!out) return;
+  ops.grouped_fwd("experts: down projections: forward", r.phase, r.count, Rn, H_, I_);
   ops.pass("experts: weighted return", "moe_unpermute", r.phase, layers, r.count, T_, H_,
            (R + t) * h);
 }
@@ -180,11 +179,17 @@ void MoeMlp::backward_ops(OpLister& ops, double mb, bool split) const {
            .cls = OpClass::memory,
            .phase = bwd,
            .count = mb,
-           .bytes = (t + 2 * R) * h * x});
+           .bytes = (t + R) * h * x});
+  ops.grouped_bwd("experts: down projections", mb, split ? 0 : mb, Rn, H_, I_, E_);
+  ops.add({.name = "experts: choices' weight gradients",
+           .key = {"moe_choice_grads", T_, I_, k_},
+           .cls = OpClass::memory,
+           .phase = bwd,
+           .count = mb,
+           .bytes = 2 * R * i * x});
   if (tp_size_ > 1)
     ops.collective("router: top-k weights' gradient summed", bwd, layers, mb, "tp",
                    CommOp::all_reduce, Lane::in_order, T_, k_, dtype_);
-  ops.grouped_bwd("experts: down projections", mb, split ? 0 : mb, Rn, H_, I_, E_);
   ops.pass("experts: swiglu: backward", "swiglu_bwd", bwd, layers, mb, Rn, I_, 5 * i * R);
   ops.pass("experts: tokens permuted (backward)", "moe_permute", bwd, layers, mb * (split ? 2 : 1),
            Rn, H_, 2 * R * h);

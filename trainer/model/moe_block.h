@@ -49,7 +49,6 @@ struct MoeActs {
   std::vector<int64_t> group_rows;  // counts on the host (the grouped projections' groups)
   Tensor gateup;                    // [R, 2 Ie]
   Tensor act;                       // [R, Ie] silu(gate) * up; selective recomputation remakes it
-  Tensor ys;                        // [R, H] the experts' outputs (partial sums over TP)
   // Split backward: what the B pass leaves for the W pass.
   Tensor dys, dgateup;  // [R, H], [R, 2 Ie]
   Tensor dlogits;       // [T, E]
@@ -84,9 +83,11 @@ class MoeMlp {
   void alloc_split(Arena& arena, MoeActs& acts, bool fresh_dgateup) const;
   void alloc_scratch(Arena& arena);
 
-  // Forward from the normed input `in` [T, H] to the experts' outputs (what full recomputation
-  // runs again: the router, the dispatch, the experts' projections), then their weighted return
-  // into `out` [T, H] (partial sums over TP).
+  // Forward from the normed input `in` [T, H] to act (what full recomputation runs again: the
+  // router, the dispatch, the experts' gate and up projections), then the down projections and
+  // the weighted return into `out` [T, H] (partial sums over TP). The experts' outputs are not
+  // kept: the backward takes each choice's weight gradient from act and its gradient
+  // (kernels/ops.h moe_choice_grads).
   void forward_in(Ctx& ctx, MoeActs& acts, const MoeWeights& w, Tensor in) const;
   void forward_out(Ctx& ctx, const MoeActs& acts, const MoeWeights& w, Tensor out) const;
   void recompute(Ctx& ctx, const MoeActs& acts) const;
@@ -99,8 +100,8 @@ class MoeMlp {
                     Tensor in, GradWrite write) const;
 
   // The ops of the above as the model's op list has them (trainer/model/op_list.h): the forward
-  // run `r` (with the return unless recomputing: `out`); the backward of `mb`
-  // micro-batches, whole or (`split`) as a B pass and a W pass.
+  // run `r` (with the down projections and the return unless recomputing: `out`); the backward
+  // of `mb` micro-batches, whole or (`split`) as a B pass and a W pass.
   void forward_ops(OpLister& ops, const Run& r, bool out = true) const;
   void backward_ops(OpLister& ops, double mb, bool split) const;
 
@@ -111,9 +112,10 @@ class MoeMlp {
   int tp_size_, tp_rank_;
   DType dtype_, sdtype_;
   Comm* tp_ = nullptr;
-  // scratch: router logits [T, E], routed inputs and their gradient [R, H], act's and gateup's
-  // gradients, the experts' outputs' gradient, the top-k weights' gradient, the logits'.
-  Tensor logits_, xs_, dxs_, dact_, dgateup_, dys_, dweights_, dlogits_;
+  // scratch: router logits [T, E], routed inputs and their gradient [R, H], the experts'
+  // outputs [R, H], act's and gateup's gradients, the experts' outputs' gradient, the top-k
+  // weights' gradient, the logits'.
+  Tensor logits_, xs_, dxs_, ys_, dact_, dgateup_, dys_, dweights_, dlogits_;
 };
 
 }  // namespace tr
