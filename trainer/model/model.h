@@ -275,7 +275,7 @@ class DecoderModel {
   bool sparse(int64_t l) const { return dims_.sparse(global_[l]); }  // local layer l
   std::vector<int64_t> global_;  // each local layer's index in the whole model
   // The load-balancing loss of mixture-of-experts layers: its weight is not zero.
-  bool aux_loss() const { return dims_.moe.sparse_layers > 0 && dims_.moe.aux_coef > 0; }
+  bool aux_loss() const { return dims_.moe.aux_loss(); }
   Weights w_, g_;
   std::unique_ptr<Acts> a_;
 };

@@ -73,6 +73,8 @@ struct ModelDims {
     double capacity_factor = 0;  // 0: dropless
     int64_t sparse_layers = 0;   // of the whole model (the load-balancing loss pools them)
     std::vector<char> sparse;    // per layer of the whole model
+    // The load-balancing loss is part of the loss: sparse layers and a non-zero weight.
+    bool aux_loss() const { return sparse_layers > 0 && aux_coef > 0; }
   };
   Moe moe;
   bool sparse(int64_t global_layer) const {

@@ -72,8 +72,6 @@ class MoeMlp {
 
   // Routed rows of a micro-batch: T k.
   int64_t routed_rows() const { return T_ * k_; }
-  // Tokens an expert keeps with a capacity factor (0: dropless).
-  int64_t capacity() const { return capacity_; }
 
   MoeWeights views(const std::function<Tensor(const std::string& name,
                                               std::initializer_list<int64_t> shape)>& at,
@@ -108,7 +106,7 @@ class MoeMlp {
  private:
   int64_t T_, H_, E_, k_, I_;
   bool normalize_;
-  int64_t capacity_ = 0;
+  int64_t capacity_ = 0;  // tokens an expert keeps with a capacity factor (0: dropless)
   int tp_size_, tp_rank_;
   DType dtype_, sdtype_;
   Comm* tp_ = nullptr;

@@ -286,7 +286,7 @@ std::vector<ModelOp> model_ops(const ModelDims& d, const ModelOptions& o, int64_
   const std::vector<int64_t> global = d.global_layers();
   // The load-balancing loss: the router statistics gathered along the stages (DecoderModel::
   // stage_side_input), the loss and its gradient on the last.
-  const bool aux = d.moe.sparse_layers > 0 && d.moe.aux_coef > 0;
+  const bool aux = d.moe.aux_loss();
   const double h = static_cast<double>(s.H), ts = static_cast<double>(s.Ts);
   const auto norm = [&](const std::string& name, const char* kernel, OpPhase phase, OpPlace place,
                         double count, double elems) {

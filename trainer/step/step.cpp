@@ -226,7 +226,7 @@ StepOutcome train_step(Session& s, StepMetrics& m, StepGuard& guard, const Fault
   trace_tp(*s.model, s.topo(), step);
   m.lr = lr_at(s.cfg.optim, s.cfg.train.steps, step);
   m.loss = scalars.loss_sum / loss_targets * fault.loss_factor(step);
-  if (s.model->dims().moe.sparse_layers > 0 && s.model->dims().moe.aux_coef > 0) {
+  if (s.model->dims().moe.aux_loss()) {
     m.moe_aux_loss = scalars.moe_aux_sum / loss_targets;
     m.moe_imbalance = scalars.moe_imbalance_sum /
                       static_cast<double>(s.layout.micro_batches * s.groups.dp_cp->size());
