@@ -31,26 +31,32 @@ class OpLog {
   void note(OpKey key);
   // A collective or exchange (parallel/comm.h logged_comm): recorded inside Compounds too, since
   // what a compound op sends is fixed by its shapes where the blocks it launches are not.
-  void note_collective(OpKey key) { ++counts_[std::move(key)]; }
+  void note_collective(OpKey key) {
+    if (routed_ == 0) ++counts_[std::move(key)];
+  }
   const std::map<OpKey, int64_t>& counts() const { return counts_; }
   void clear() { counts_.clear(); }
 
   // A compound op (context-parallel attention, whose blocks depend on the data): recorded once
-  // as `key` on ctx's log; the ops dispatched inside it are not recorded.
+  // as `key` on ctx's log; the ops dispatched inside it are not recorded. A `routed` one (an op
+  // over the rows a mixture of experts' routing sent a rank, which the routing decides)
+  // records its collectives under `key` too, not at their own shapes.
   class Compound {
    public:
-    Compound(const Ctx& ctx, OpKey key);
+    Compound(const Ctx& ctx, OpKey key, bool routed = false);
     ~Compound();
     Compound(const Compound&) = delete;
     Compound& operator=(const Compound&) = delete;
 
    private:
     OpLog* log_;
+    bool routed_;
   };
 
  private:
   std::map<OpKey, int64_t> counts_;
   int inside_ = 0;  // open Compounds
+  int routed_ = 0;  // of them routed
 };
 
 }  // namespace tr

@@ -646,17 +646,26 @@ void moe_aux_loss_fwd(Ctx& ctx, Tensor value, Tensor grad, Tensor stats, double 
   TR_DISPATCH(moe_aux_loss_fwd, value, grad, stats, value_scale, grad_scale);
 }
 
-void moe_choice_grads(Ctx& ctx, Tensor dweights, Tensor dact, Tensor act, Tensor weights,
-                      Tensor rows) {
-  const OpCheck c(
-      ctx, "moe_choice_grads",
-      {{"dweights", dweights}, {"dact", dact}, {"act", act}, {"weights", weights}, {"rows", rows}});
-  c.same_float_dtype({dweights, dact, act, weights});
-  OP_CHECK(c, rows.dtype == DType::i32 && rows.ndim == 2 && act.ndim == 2);
-  OP_CHECK(c, weights.same_shape(rows) && dweights.same_shape(rows) && dact.same_shape(act));
-  OP_CHECK(c, act.shape[0] == rows.numel());
-  c.note(rows.shape[0], act.shape[1], rows.shape[1]);
-  TR_DISPATCH(moe_choice_grads, dweights, dact, act, weights, rows);
+// Logged as the rows x width it reads: R x I.
+void moe_row_dots(Ctx& ctx, Tensor dots, Tensor a, Tensor b) {
+  const OpCheck c(ctx, "moe_row_dots", {{"dots", dots}, {"a", a}, {"b", b}});
+  c.same_float_dtype({a, b});
+  OP_CHECK(c, a.ndim == 2 && b.same_shape(a));
+  OP_CHECK(c, dots.dtype == stat_dtype(a.dtype) && is_vector(dots, a.shape[0]));
+  c.note(a.shape[0], a.shape[1]);
+  TR_DISPATCH(moe_row_dots, dots, a, b);
+}
+
+// Logged as the rows x width it writes: T x k.
+void moe_choice_grads(Ctx& ctx, Tensor dweights, Tensor dots, Tensor weights, Tensor rows) {
+  const OpCheck c(ctx, "moe_choice_grads",
+                  {{"dweights", dweights}, {"dots", dots}, {"weights", weights}, {"rows", rows}});
+  c.same_float_dtype({dweights, weights});
+  OP_CHECK(c, rows.dtype == DType::i32 && rows.ndim == 2);
+  OP_CHECK(c, weights.same_shape(rows) && dweights.same_shape(rows));
+  OP_CHECK(c, dots.dtype == stat_dtype(weights.dtype) && is_vector(dots, rows.numel()));
+  c.note(rows.shape[0], rows.shape[1]);
+  TR_DISPATCH(moe_choice_grads, dweights, dots, weights, rows);
 }
 
 namespace {

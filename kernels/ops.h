@@ -229,17 +229,22 @@ void moe_permute_bwd(Ctx& ctx, Tensor din, Tensor dxs, Tensor rows, bool accumul
 void moe_unpermute(Ctx& ctx, Tensor out, Tensor ys, Tensor weights, Tensor rows);
 // Its backward: dys[rows[t, j]] = weights[t, j] * dout[t] for kept choices (other rows of dys
 // untouched) and dweights [T, k] = dout[t] . ys[rows[t, j]] (0 for a dropped one); both
-// ASSIGNED. dweights and ys may both be empty: dys alone (moe_choice_grads gives dweights
-// without ys).
+// ASSIGNED. dweights and ys may both be empty: dys alone (moe_row_dots and moe_choice_grads
+// give dweights without ys).
 void moe_unpermute_bwd(Ctx& ctx, Tensor dys, Tensor dweights, Tensor dout, Tensor ys,
                        Tensor weights, Tensor rows);
-// The choices' weight gradients without the experts' outputs: when ys[r] = act[r] . W^T (a down
-// projection, no bias) and dact [R, I] = dys . W with dys from moe_unpermute_bwd, dout[t] .
-// ys[r] = act[r] . dact[r] / weights[t, j]. dweights [T, k] ASSIGNED that (an f32 sum of the
-// products; 0 for a dropped choice or a zero weight, whose gradient the router's softmax
-// multiplies by its zero probability anyway).
-void moe_choice_grads(Ctx& ctx, Tensor dweights, Tensor dact, Tensor act, Tensor weights,
-                      Tensor rows);
+// The choices' weight gradients without the experts' outputs, in two halves: when ys[r] =
+// act[r] . W^T (a down projection, no bias) and dact [R, I] = dys . W with dys from
+// moe_unpermute_bwd, dout[t] . ys[r] = act[r] . dact[r] / weights[t, j]. The dot products run
+// where the experts' rows are, the division where the token's weights are: under expert
+// parallelism the experts send R scalars back instead of keeping their outputs.
+// dots [R] ASSIGNED = a[r] . b[r] for a, b [R, I] of one float dtype; dots in its statistics'
+// dtype, summed in f32 at least (f64 on the CPU).
+void moe_row_dots(Ctx& ctx, Tensor dots, Tensor a, Tensor b);
+// dweights [T, k] ASSIGNED = dots[rows[t, j]] / weights[t, j] (dots [R = T k] in the statistics'
+// dtype of weights); 0 for a dropped choice or a zero weight, whose gradient the router's
+// softmax multiplies by its zero probability anyway.
+void moe_choice_grads(Ctx& ctx, Tensor dweights, Tensor dots, Tensor weights, Tensor rows);
 // The load-balancing loss from the router statistics stats [2, E] (each expert's probability
 // sums, then its routed tokens; statistics' dtype, as are the outputs): value [2] =
 // {value_scale * sum_e stats[0, e] * stats[1, e], the imbalance max_e stats[1, e] / mean_e

@@ -40,4 +40,22 @@ std::vector<ShardRun> DpShards::runs(int64_t begin, int64_t end, int r) const {
   return out;
 }
 
+void FlatShards::add(int64_t capacity, int64_t bucket, int dp, int rank) {
+  const DpShards shards(capacity, bucket, dp, rank);
+  regions_.push_back({capacity_, shard_size_, shards});
+  capacity_ += capacity;
+  shard_size_ += shards.shard_size();
+}
+
+std::vector<ShardRun> FlatShards::runs(int64_t begin, int64_t end) const {
+  std::vector<ShardRun> out;
+  for (const Region& r : regions_)
+    for (ShardRun run : r.shards.runs(begin - r.flat, end - r.flat)) {
+      run.flat += r.flat;
+      run.shard += r.shard;
+      out.push_back(run);
+    }
+  return out;
+}
+
 }  // namespace tr

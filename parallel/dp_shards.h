@@ -75,4 +75,34 @@ class DpShards {
   int dp_ = 1, rank_ = 0;
 };
 
+// A rank's shards of a flat buffer made of regions, each replicated over a group of its own (a
+// model's dense tensors over dp x cp, its experts over their expert-parallel replicas): each
+// region's DpShards, the regions end to end both in the flat buffer and in the rank's shard. A
+// region over one rank (or without ZeRO-1) is its own shard, at the same offsets.
+class FlatShards {
+ public:
+  struct Region {
+    int64_t flat = 0;   // where the region starts in the flat buffer
+    int64_t shard = 0;  // where its piece starts in the rank's shard
+    DpShards shards;    // of the region's capacity, over its group
+  };
+
+  FlatShards() = default;  // no region
+  // Appends a region of `capacity` elements over `dp` ranks (this one `rank`), buckets of
+  // `bucket` (DpShards' rules).
+  void add(int64_t capacity, int64_t bucket, int dp, int rank);
+
+  const std::vector<Region>& regions() const { return regions_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t shard_size() const { return shard_size_; }
+  // Some region is split over more than one rank (ZeRO-1 on): the shard is not the buffer.
+  bool sharded() const { return shard_size_ < capacity_; }
+  // This rank's runs within the flat range [begin, end), in order (flat and shard indices).
+  std::vector<ShardRun> runs(int64_t begin, int64_t end) const;
+
+ private:
+  std::vector<Region> regions_;
+  int64_t capacity_ = 0, shard_size_ = 0;
+};
+
 }  // namespace tr

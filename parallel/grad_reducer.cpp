@@ -8,16 +8,26 @@
 
 namespace tr {
 
-GradReducer::GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, bool zero1)
-    : dp_(dp), ctx_(ctx), total_(total), zero1_(zero1 && dp != nullptr && dp->size() > 1) {
+GradReducer::GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, bool zero1,
+                         Tensor shard_out)
+    : dp_(dp),
+      ctx_(ctx),
+      total_(total),
+      zero1_(zero1 && dp != nullptr && (dp->size() > 1 || !shard_out.empty())) {
   if (zero1_) {
     TR_ASSERT(
         shards.dp() == dp_->size() && shards.rank() == dp_->rank() && shards.capacity() >= total,
         "ZeRO-1's shards must be this rank's of the dp group over the flat buffer");
     shards_ = shards;
-    arena_ =
-        std::make_unique<Arena>(shard_bytes(shards_.capacity(), dp_->size(), true), ctx.device);
-    grad_shard_ = arena_->alloc(DType::f32, {shards_.shard_size()});
+    if (shard_out.empty()) {
+      arena_ =
+          std::make_unique<Arena>(shard_bytes(shards_.capacity(), dp_->size(), true), ctx.device);
+      grad_shard_ = arena_->alloc(DType::f32, {shards_.shard_size()});
+    } else {
+      TR_ASSERT(shard_out.dtype == DType::f32 && shard_out.numel() == shards_.shard_size(),
+                "the reduced shard's buffer must be [shard_size] f32");
+      grad_shard_ = shard_out;
+    }
   } else {
     shards_ = DpShards(total, std::max<int64_t>(total, 1), 1, 0);  // the whole buffer
   }
@@ -98,9 +108,12 @@ void GradReducer::start_bucket(Tensor grads, int64_t b) {
 }
 
 void GradReducer::finish(Tensor grads) {
-  if (dp_ == nullptr || dp_->size() <= 1) return;
   TR_ASSERT(!zero1_ || grads.numel() == shards_.capacity(),
             "ZeRO-1 reduces the padded gradient buffer ([capacity])");
+  if (dp_ == nullptr || dp_->size() <= 1) {
+    if (zero1_) cast(ctx_, grad_shard_, grads);  // one rank's shard: a copy of the whole
+    return;
+  }
   // Buckets in the same order on every rank: those backward started, in its order, then the
   // rest from the front.
   early_buckets_ = 0;
@@ -125,7 +138,7 @@ void GradReducer::finish(Tensor grads) {
 }
 
 void GradReducer::gather_weights(Tensor weights) {
-  if (!zero1_) return;  // every rank's weights are whole already
+  if (!zero1_ || dp_->size() == 1) return;  // every rank's weights are whole already
   TR_ASSERT(weights.numel() == shards_.capacity(), "gather_weights: ZeRO-1's [capacity] weights");
   finish_weights();
   const int64_t n = shards_.buckets();

@@ -29,8 +29,12 @@ class GradReducer {
  public:
   // `total` gradient elements in a flat buffer of shards.capacity() elements (a multiple of dp
   // under ZeRO-1; the tail past `total` stays zero). `dp` may be null (one rank). With zero1 (and
-  // more than one rank) `shards` is this rank's ZeRO-1 layout; otherwise it is ignored.
-  GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, bool zero1);
+  // more than one rank, or a `shard_out`) `shards` is this rank's ZeRO-1 layout; otherwise it is
+  // ignored. `shard_out` ([shards.shard_size()] f32, or empty: allocated here) receives the
+  // reduced shard; over one rank it is a copy of the gradients (a region of a flat buffer whose
+  // other regions are sharded: trainer/optim/optim.h).
+  GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, bool zero1,
+              Tensor shard_out = {});
 
   bool zero1() const { return zero1_; }
   // This rank's shard: ZeRO-1's pieces of every bucket, or the whole buffer (one run) without.

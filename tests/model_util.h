@@ -24,7 +24,7 @@ struct Built {
   Built(const ModelDims& d, const ModelOptions& o, const OptimConfig& oc = OptimConfig())
       : params(make_param_buffer(d, o, Device::cpu)),
         model(d, o, params, Ctx{}),
-        opt(oc, params, Ctx{}, {}, false, DpShards(), o.separate_compute_copy) {}
+        opt(oc, params, Ctx{}, {}, false, FlatShards(), o.separate_compute_copy) {}
   void init_weights(uint64_t seed, double std) {
     opt.weights_from_host(initial_weights(params.layout(), model.dims(), seed, std));
   }

@@ -172,19 +172,25 @@ void unpermute_bwd_impl(Tensor dys, Tensor dweights, Tensor dout, Tensor ys, Ten
     }
 }
 
+// dots[r] = a[r] . b[r], summed in f64 and rounded once to T (the statistics' dtype here).
 template <class T>
-void choice_grads_impl(Tensor dweights, Tensor dact, Tensor act, Tensor weights, Tensor rows) {
-  const int64_t choices = rows.numel(), I = act.dim(1);
-  const int32_t* r = rows.ptr<int32_t>();
-  for (int64_t c = 0; c < choices; ++c) {
-    const double w = weights.ptr<T>()[c];
+void row_dots_impl(Tensor dots, Tensor a, Tensor b) {
+  const int64_t R = a.dim(0), I = a.dim(1);
+  for (int64_t r = 0; r < R; ++r) {
     double dot = 0;
-    if (r[c] >= 0 && w != 0) {
-      for (int64_t i = 0; i < I; ++i)
-        dot += static_cast<double>(act.ptr<T>()[r[c] * I + i]) * dact.ptr<T>()[r[c] * I + i];
-      dot /= w;
-    }
-    dweights.ptr<T>()[c] = static_cast<T>(dot);
+    for (int64_t i = 0; i < I; ++i)
+      dot += static_cast<double>(a.ptr<T>()[r * I + i]) * b.ptr<T>()[r * I + i];
+    dots.ptr<T>()[r] = static_cast<T>(dot);
+  }
+}
+
+template <class T>
+void choice_grads_impl(Tensor dweights, Tensor dots, Tensor weights, Tensor rows) {
+  const int32_t* r = rows.ptr<int32_t>();
+  for (int64_t c = 0; c < rows.numel(); ++c) {
+    const double w = weights.ptr<T>()[c];
+    const double g = r[c] >= 0 && w != 0 ? static_cast<double>(dots.ptr<T>()[r[c]]) / w : 0.0;
+    dweights.ptr<T>()[c] = static_cast<T>(g);
   }
 }
 
@@ -234,9 +240,14 @@ void moe_unpermute_bwd(Ctx&, Tensor dys, Tensor dweights, Tensor dout, Tensor ys
   });
 }
 
-void moe_choice_grads(Ctx&, Tensor dweights, Tensor dact, Tensor act, Tensor weights, Tensor rows) {
-  dispatch_float(act.dtype, "moe_choice_grads", [&](auto tag) {
-    choice_grads_impl<decltype(tag)>(dweights, dact, act, weights, rows);
+void moe_row_dots(Ctx&, Tensor dots, Tensor a, Tensor b) {
+  dispatch_float(a.dtype, "moe_row_dots",
+                 [&](auto tag) { row_dots_impl<decltype(tag)>(dots, a, b); });
+}
+
+void moe_choice_grads(Ctx&, Tensor dweights, Tensor dots, Tensor weights, Tensor rows) {
+  dispatch_float(weights.dtype, "moe_choice_grads", [&](auto tag) {
+    choice_grads_impl<decltype(tag)>(dweights, dots, weights, rows);
   });
 }
 

@@ -1,6 +1,7 @@
 // Mixture of experts on the GPU: the router (one warp per token), the permutation to the
-// expert-major rows and back (one block per token, choices summed in order j, fp32), and the
-// experts' grouped projections (a cuBLASLt linear per group). The dispatch is moe_dispatch.cu.
+// expert-major rows and back (one block per token, choices summed in order j, fp32), the
+// choices' weight gradients (a warp per row's dot product) and the experts' grouped projections
+// (a cuBLASLt linear per group). The dispatch is moe_dispatch.cu.
 // Deterministic throughout: no floating-point atomics.
 #include <cmath>
 #include <string>
@@ -15,6 +16,7 @@ namespace {
 constexpr int kRouterWarps = 4;
 constexpr int kMaxExperts = 1024;
 constexpr int kThreads = 256;
+constexpr int kDotWarps = 8;  // moe_row_dots: rows per block
 
 __device__ __forceinline__ double warp_max(double v) {
   for (int o = 16; o > 0; o >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -242,27 +244,33 @@ __global__ void unpermute_bwd_kernel(T* dys, T* dweights, const T* dout, const T
   }
 }
 
-// dweights[t, j] = act[r] . dact[r] / weights[t, j] for r = rows[t, j] (fp32 block sum; 0 for a
-// dropped choice or a zero weight), ASSIGNED; one block per token.
+// dots[r] = a[r] . b[r] (fp32, each lane's strided share then the warp's tree: deterministic),
+// ASSIGNED; kDotWarps rows per block, a warp each.
 template <class T, int N>
-__global__ void choice_grads_kernel(T* dweights, const T* dact, const T* act, const T* weights,
-                                    const int32_t* rows, int I, int k) {
-  const int64_t t = blockIdx.x;
-  for (int j = 0; j < k; ++j) {
-    const int64_t row = rows[t * k + j];  // the same on every thread: the barrier agrees
-    const float w = to_f(weights[t * k + j]);
-    float dot = 0;
-    if (row >= 0 && w != 0.0f) {
-      for (int i = threadIdx.x * N; i < I; i += blockDim.x * N) {
-        const Pack<T, N> a = load_pack<T, N>(act + row * I + i),
-                         d = load_pack<T, N>(dact + row * I + i);
+__global__ void row_dots_kernel(float* dots, const T* a, const T* b, int64_t rows, int I) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t{kDotWarps} + warp;
+  if (r >= rows) return;  // the whole warp
+  float dot = 0;
+  for (int i = lane * N; i < I; i += 32 * N) {
+    const Pack<T, N> x = load_pack<T, N>(a + r * I + i), y = load_pack<T, N>(b + r * I + i);
 #pragma unroll
-        for (int n = 0; n < N; ++n) dot += to_f(a.v[n]) * to_f(d.v[n]);
-      }
-      dot = block_sum(dot) / w;
-    }
-    if (threadIdx.x == 0) dweights[t * k + j] = from_f<T>(dot);
+    for (int n = 0; n < N; ++n) dot += to_f(x.v[n]) * to_f(y.v[n]);
   }
+  dot = warp_sum(dot);
+  if (lane == 0) dots[r] = dot;
+}
+
+// dweights[c] = dots[rows[c]] / weights[c] in fp32 (0 for a dropped choice or a zero weight),
+// ASSIGNED; a thread per choice.
+template <class T>
+__global__ void choice_grads_kernel(T* dweights, const float* dots, const T* weights,
+                                    const int32_t* rows, int64_t choices) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= choices) return;
+  const int32_t row = rows[c];
+  const float w = to_f(weights[c]);
+  dweights[c] = from_f<T>(row >= 0 && w != 0.0f ? dots[row] / w : 0.0f);
 }
 
 // The load-balancing loss: one block; each thread's strided share of sum_e P_e C_e in f64, then
@@ -421,24 +429,36 @@ void moe_unpermute_bwd(Ctx& ctx, Tensor dys, Tensor dweights, Tensor dout, Tenso
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_choice_grads(Ctx& ctx, Tensor dweights, Tensor dact, Tensor act, Tensor weights,
-                      Tensor rows) {
-  const int64_t tokens = rows.shape[0];
-  const int I = static_cast<int>(act.shape[1]), k = static_cast<int>(rows.shape[1]);
-  if (tokens == 0) return;
-  dispatch_float(act.dtype, "moe_choice_grads", [&](auto tag) {
+void moe_row_dots(Ctx& ctx, Tensor dots, Tensor a, Tensor b) {
+  const int64_t rows = a.shape[0];
+  const int I = static_cast<int>(a.shape[1]);
+  if (rows == 0) return;
+  dispatch_float(a.dtype, "moe_row_dots", [&](auto tag) {
     using T = decltype(tag);
-    per_token<T>(I, {dact.data, act.data}, [&](auto n, int threads) {
-      choice_grads_kernel<T, decltype(n)::value>
-          <<<static_cast<unsigned>(tokens), threads, 0, stream_of(ctx)>>>(
-              dweights.ptr<T>(), dact.ptr<T>(), act.ptr<T>(), weights.ptr<T>(), rows.ptr<int32_t>(),
-              I, k);
-    });
+    auto launch = [&](auto n) {
+      row_dots_kernel<T, decltype(n)::value>
+          <<<blocks_for(rows, kDotWarps), kDotWarps * 32, 0, stream_of(ctx)>>>(
+              dots.ptr<float>(), a.ptr<T>(), b.ptr<T>(), rows, I);
+    };
+    if (packable(I, sizeof(T), {a.data, b.data}))
+      launch(std::integral_constant<int, kPack<T>>{});
+    else
+      launch(std::integral_constant<int, 1>{});
   });
   CUDA_CHECK_LAUNCH();
 }
 
-// Each group a linear layer on its rows (the cached cuBLASLt plans of linear.cu).
+void moe_choice_grads(Ctx& ctx, Tensor dweights, Tensor dots, Tensor weights, Tensor rows) {
+  const int64_t choices = rows.numel();
+  if (choices == 0) return;
+  dispatch_float(weights.dtype, "moe_choice_grads", [&](auto tag) {
+    using T = decltype(tag);
+    choice_grads_kernel<T><<<blocks_for(choices, kThreads), kThreads, 0, stream_of(ctx)>>>(
+        dweights.ptr<T>(), dots.ptr<float>(), weights.ptr<T>(), rows.ptr<int32_t>(), choices);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 void moe_aux_loss_fwd(Ctx& ctx, Tensor value, Tensor grad, Tensor stats, double value_scale,
                       double grad_scale) {
   TR_ASSERT(stats.dtype == DType::f32, "moe_aux_loss_fwd: CUDA statistics are f32");
@@ -448,6 +468,7 @@ void moe_aux_loss_fwd(Ctx& ctx, Tensor value, Tensor grad, Tensor stats, double 
   CUDA_CHECK_LAUNCH();
 }
 
+// Each group a linear layer on its rows (the cached cuBLASLt plans of linear.cu).
 void grouped_linear_fwd(Ctx& ctx, Tensor out, Tensor in, std::span<const Tensor> weights,
                         std::span<const int64_t> group_rows) {
   int64_t at = 0;

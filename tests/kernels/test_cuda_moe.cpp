@@ -172,6 +172,29 @@ TEST_CASE("cuda: moe dispatch matches the CPU exactly, dropless and with a capac
   }
 }
 
+// moe_row_dots over act and dact [R, I] (I = H + 3: 16 with 16-byte packs, 67 without), then
+// moe_choice_grads from the CPU's dots (f32) with a choice of zero weight.
+void check_choice_grads(GpuCtx& g, Moe s, std::mt19937& rng, DType dt, std::vector<float> weights,
+                        std::vector<int32_t>& rows, const std::string& what) {
+  const int64_t T = s.T, k = s.k, R = T * k, I = s.H + 3;
+  weights[1] = 0.0f;
+  std::vector<float> act = random_values(R * I, rng, dt), dact = random_values(R * I, rng, dt),
+                     dots(R), choice(T * k);
+  Dev d_act(dt, {R, I}, act), d_dact(dt, {R, I}, dact), d_dots(DType::f32, {R}),
+      d_weights(dt, {T, k}, weights), d_rows(DType::i32, {T, k}, as_floats(rows)),
+      d_choice(dt, {T, k});
+  moe_row_dots(host_ctx, host(dots, {R}), host(act, {R, I}), host(dact, {R, I}));
+  moe_row_dots(g.ctx, d_dots.t, d_act.t, d_dact.t);
+  check_close(d_dots.download(), dots, dt, "row_dots " + what);
+  moe_choice_grads(host_ctx, host(choice, {T, k}), host(dots, {R}), host(weights, {T, k}),
+                   host_i32(rows, {T, k}));
+  Dev d_host_dots(DType::f32, {R}, dots);
+  moe_choice_grads(g.ctx, d_choice.t, d_host_dots.t, d_weights.t, d_rows.t);
+  const std::vector<float> got = d_choice.download();
+  check_close(got, choice, dt, "choice_grads " + what);
+  CHECK(got[1] == 0.0f);
+}
+
 TEST_CASE("cuda: moe permute and unpermute forward and backward match the CPU", "[gpu]") {
   GpuCtx g;
   std::mt19937 rng(33);
@@ -215,14 +238,7 @@ TEST_CASE("cuda: moe permute and unpermute forward and backward match the CPU", 
         Dev d_dys2(dt, {R, H}, std::vector<float>(static_cast<size_t>(R * H), 0.0f));
         moe_unpermute_bwd(g.ctx, d_dys2.t, Tensor(), d_dout.t, Tensor(), d_weights.t, d_rows.t);
         CHECK(d_dys2.download() == d_dys.download());
-        const int64_t I = s.H + 3;
-        std::vector<float> act = random_values(R * I, rng, dt),
-                           dact = random_values(R * I, rng, dt), choice(T * k);
-        Dev d_act(dt, {R, I}, act), d_dact(dt, {R, I}, dact), d_choice(dt, {T, k});
-        moe_choice_grads(host_ctx, host(choice, {T, k}), host(dact, {R, I}), host(act, {R, I}),
-                         h_weights, h_rows);
-        moe_choice_grads(g.ctx, d_choice.t, d_dact.t, d_act.t, d_weights.t, d_rows.t);
-        check_close(d_choice.download(), choice, dt, "choice_grads " + what);
+        check_choice_grads(g, s, rng, dt, r.weights, rows, what);
       }
     }
 }

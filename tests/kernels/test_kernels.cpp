@@ -887,9 +887,45 @@ TEST_CASE(
     if (rows.get(i) < 0) CHECK(dweights_a[i] == 0.0);
 }
 
-// moe_choice_grads without the experts' outputs gives what moe_unpermute_bwd gives with them:
-// ys = act . W^T and dact = dys . W (dys the weighted return's gradient) make act . dact / w =
-// dout . ys; a zero weight gets 0; unpermute_bwd without ys writes dys alone.
+// moe_row_dots and moe_choice_grads against a direct computation: integer-valued rows make the
+// dot products exact in f32 and f64, so each output is the direct f64 value rounded once; a
+// dropped choice and a zero weight get 0.
+TEST_CASE("kernels: moe_row_dots and moe_choice_grads match a direct computation",
+          "[kernels][moe]") {
+  std::mt19937 rng(26);
+  std::uniform_int_distribution<int> u(-9, 9);
+  const int64_t T = 4, k = 3, R = T * k, I = 7;
+  for (DType dt : kFloatTypes) {
+    INFO(dtype_name(dt));
+    HostTensor a(dt, {R, I}), b(dt, {R, I}), dots(dt, {R}), weights(dt, {T, k}),
+        rows(DType::i32, {T, k}), dweights(dt, {T, k}), want(dt, {T, k});
+    for (int64_t i = 0; i < R * I; ++i) {
+      a.set(i, u(rng));
+      b.set(i, u(rng));
+    }
+    dots.fill(7.5);
+    moe_row_dots(ctx, dots.t, a.t, b.t);
+    for (int64_t r = 0; r < R; ++r) {
+      double dot = 0;
+      for (int64_t i = 0; i < I; ++i) dot += a.get(r * I + i) * b.get(r * I + i);
+      CHECK(dots.get(r) == dot);
+    }
+    // Each choice's row in reverse order; choice 4 dropped, choice 7 of zero weight.
+    for (int64_t c = 0; c < T * k; ++c) {
+      rows.set(c, c == 4 ? -1 : R - 1 - c);
+      weights.set(c, c == 7 ? 0.0 : 0.1 + 0.07 * static_cast<double>(c));
+      want.set(c, c == 4 || c == 7 ? 0.0 : dots.get(R - 1 - c) / weights.get(c));
+    }
+    dweights.fill(7.5);
+    moe_choice_grads(ctx, dweights.t, dots.t, weights.t, rows.t);
+    CHECK(dweights.values() == want.values());
+  }
+}
+
+// The two without the experts' outputs give what moe_unpermute_bwd gives with them: ys = act .
+// W^T and dact = dys . W (dys the weighted return's gradient) make act . dact / w = dout . ys; a
+// choice that a capacity drops and a zero weight get 0; unpermute_bwd without ys writes dys
+// alone.
 TEST_CASE("kernels: moe_choice_grads equals the choices' gradient through the outputs",
           "[kernels][moe]") {
   std::mt19937 rng(25);
@@ -897,12 +933,15 @@ TEST_CASE("kernels: moe_choice_grads equals the choices' gradient through the ou
   Router r(DType::f64, T, E, k);
   randomize(r.logits, rng, -2.0, 2.0);
   r.fwd(true);
-  r.weights.set(3, 0.0);  // token 1's second choice: a zero weight
   HostTensor counts(DType::i32, {E}), rows(DType::i32, {T, k}), act(DType::f64, {R, I}),
       w(DType::f64, {H, I}), ys(DType::f64, {R, H}), dout(DType::f64, {T, H}),
       dys(DType::f64, {R, H}), dys2(DType::f64, {R, H}), dact(DType::f64, {R, I}),
-      want(DType::f64, {T, k}), got(DType::f64, {T, k});
-  moe_dispatch(ctx, counts.t, rows.t, r.experts.t, r.weights.t, 0);
+      dots(DType::f64, {R}), want(DType::f64, {T, k}), got(DType::f64, {T, k});
+  moe_dispatch(ctx, counts.t, rows.t, r.experts.t, r.weights.t, /*capacity=*/2);
+  // A kept choice of zero weight (after the dispatch, which would drop it).
+  int64_t zero = 0;
+  while (rows.get(zero) < 0) ++zero;
+  r.weights.set(zero, 0.0);
   randomize(act, rng);
   randomize(w, rng);
   randomize(dout, rng);
@@ -910,17 +949,22 @@ TEST_CASE("kernels: moe_choice_grads equals the choices' gradient through the ou
   moe_unpermute_bwd(ctx, dys.t, want.t, dout.t, ys.t, r.weights.t, rows.t);
   dys2.fill(5.0);
   moe_unpermute_bwd(ctx, dys2.t, Tensor(), dout.t, Tensor(), r.weights.t, rows.t);
-  CHECK(dys2.values() == dys.values());
+  const int64_t kept = offsets_of(counts)[E];
+  for (int64_t i = 0; i < kept * H; ++i) CHECK(dys2.get(i) == dys.get(i));
   linear_bwd(ctx, dact.t, Tensor(), Tensor(), dys.t, act.t, w.t);
+  moe_row_dots(ctx, dots.t, act.t, dact.t);
   got.fill(7.0);
-  moe_choice_grads(ctx, got.t, dact.t, act.t, r.weights.t, rows.t);
+  moe_choice_grads(ctx, got.t, dots.t, r.weights.t, rows.t);
+  int64_t dropped = 0;
   for (int64_t c = 0; c < T * k; ++c) {
     INFO("choice " << c);
-    if (c == 3)
+    dropped += rows.get(c) < 0;
+    if (c == zero || rows.get(c) < 0)
       CHECK(got.get(c) == 0.0);
     else
       CHECK(got.get(c) == Approx(want.get(c)).epsilon(1e-12));
   }
+  CHECK(dropped > 0);
 }
 
 // The load-balancing loss's value, imbalance and gradient from hand-made statistics: probability

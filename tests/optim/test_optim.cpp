@@ -81,8 +81,9 @@ TEST_CASE("ZeRO-1's shard runs start 16-byte aligned for the optimizer", "[model
       INFO(bucket << ", rank " << rank);
       const tr::Topology t = topo.of_rank(rank);
       const tr::ParamLayout layout = tr::rank_layout(cfg, t);
-      const tr::DpShards shards = tr::dp_shards(cfg, t);
-      REQUIRE(shards.dp() == 8);
+      const tr::FlatShards shards = tr::dp_shards(cfg, t);
+      REQUIRE(shards.regions().size() == 1);
+      REQUIRE(shards.regions()[0].shards.dp() == 8);
       CHECK(layout.capacity % tr::DpShards::capacity_multiple(8) == 0);
       int64_t runs = 0, misaligned = 0;
       for (const tr::ParamInfo& p : layout.tensors) {

@@ -544,6 +544,52 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
   }
 }
 
+// A mixture of experts saved under expert parallelism resumes under another ep (and on one rank):
+// checkpoints hold each expert once under its global name, written by its replicas. Saved at tp 2
+// x pp 2 x dp 2 with ep 2 and ZeRO-1 after 5 steps (each expert's replicas: one rank), resumed
+// at ep 4 of dp 8 and at ep 2 of dp 4 x pp 2 with ZeRO-1 (two replicas each); the next 5 losses
+// and the final weights and moments match an uninterrupted single-rank run.
+TEST_CASE("cli: a mixture of experts' checkpoint moves between expert-parallel layouts",
+          "[cli][mpi]") {
+  std::vector<std::string> shape = kLayoutShape;
+  for (const char* kv :
+       {"model.family=qwen3_moe", "model.num_experts=4", "model.experts_per_token=2",
+        "model.moe_intermediate_size=32", "model.router_aux_loss_coef=0.02"})
+    shape.push_back(kv);
+  std::string args = "--set train.micro_batch=1 --set checkpoint.interval=5";
+  for (const std::string& kv : shape) args += " --set " + kv;
+  RunDir straight(10);
+  REQUIRE(straight.trainer(args).exit_code == 0);
+  const std::vector<nlohmann::json> want = straight.metrics();
+  REQUIRE(want.size() == 10);
+  const CkptTensors final_state =
+      read_checkpoint(straight.config, straight.dir / "ckpt/step_00000010", shape);
+  const std::string saved =
+      " --set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2 --set parallel.zero1=true";
+  for (const std::string& layout :
+       {std::string(" --set parallel.ep=4"),
+        std::string(" --set parallel.pp=2 --set parallel.ep=2 --set parallel.zero1=true")}) {
+    RunDir run(10);
+    INFO("resumed with" << layout);
+    const CmdResult first = run.mpirun(8, args + saved + " --set train.exit_interval=5");
+    INFO(first.output);
+    REQUIRE(first.exit_code == kExitStopped);
+    const CmdResult r = run.mpirun(8, args + layout);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("resumed from") != std::string::npos);
+    const std::vector<nlohmann::json> got = run.metrics();
+    REQUIRE(got.size() == 10);
+    for (size_t i = 5; i < 10; ++i) {
+      INFO("step " << i + 1);
+      CHECK(std::abs(got[i]["loss"].get<double>() / want[i]["loss"].get<double>() - 1) < 1e-5);
+    }
+    const CkptTensors w = read_checkpoint(run.config, run.dir / "ckpt/step_00000010", shape);
+    CHECK(test::rel_err(w.p, final_state.p) < 1e-5);
+    CHECK(test::rel_err(w.m, final_state.m) < 1e-5);
+  }
+}
+
 // The pipeline schedules (parallel.pipeline_schedule): interleaved (v 2) and zero-bubble at pp 2
 // and pp 4, with ZeRO-1, context parallelism and recomputation, over 20 steps: every step's
 // loss and gradient norm, the validation loss and the final weights and Adam states match one

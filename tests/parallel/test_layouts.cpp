@@ -360,6 +360,35 @@ TEST_CASE(
       kMoe);
 }
 
+// Expert parallelism: the experts split over ep ranks of dp x cp, the routed rows exchanged, the
+// experts' gradients reduced (and under ZeRO-1 sharded) over their own replicas.
+TEST_CASE(
+    "layouts: the qwen3_moe family under tp 2 x ep 2 x pp 2 with ZeRO-1 and sequence "
+    "parallelism matches one rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank({"parallel.tp=2", "parallel.pp=2", "parallel.ep=2",
+                                  "parallel.zero1=true", "parallel.sequence_parallel=true"},
+                                 kMoe);
+}
+
+TEST_CASE(
+    "layouts: the qwen3_moe family under ep 2 of dp 4 x pp 2 with ZeRO-1 and zero-bubble and "
+    "selective recompute matches one rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.pp=2", "parallel.ep=2", "parallel.zero1=true",
+       "parallel.pipeline_schedule=zero_bubble", "train.recompute=selective"},
+      kMoe);
+}
+
+TEST_CASE(
+    "layouts: the qwen3_moe family under ep 4 of cp 2 x dp 2 x pp 2 with full recompute "
+    "matches one rank tensor by tensor",
+    "[mpi]") {
+  expect_layout_matches_one_rank(
+      {"parallel.cp=2", "parallel.pp=2", "parallel.ep=4", "train.recompute=full"}, kMoe);
+}
+
 // FP8 projections (train.precision: fp8) under layouts: every rank runs the casts and FP8
 // products its op list says (step_once checks them), in a whole backward with the TP overlap and
 // in a zero-bubble one's two passes. Not against one rank: each rank scales its own shards of

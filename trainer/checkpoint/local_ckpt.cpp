@@ -164,7 +164,7 @@ void LocalCheckpoints::save() {
   if (in_flight_) settle(true);
   const int64_t step = s_.state.step;
   // Whole masters that are the compute weights may still be receiving ZeRO-1's all-gather.
-  if (!s_.opt->masters_sharded()) s_.opt->reducer().finish_weights();
+  if (!s_.opt->masters_sharded()) s_.opt->finish_weights();
   const std::string state = state_json(s_.state).dump();
   Header h = own_header();
   h.step = step;

@@ -74,21 +74,21 @@ TensorRef local_block(const ParamInfo& p, TensorSetId set, float* data) {
   return one.empty() ? empty_block(p) : std::move(one.front().ref);
 }
 
-// Without ZeRO-1: this replica's contiguous 1/(dp x cp) of the flat buffer, the range of every
-// set it writes (the buffers are whole on every replica).
-std::pair<int64_t, int64_t> dp_range(const ParamLayout& l, const Topology& t) {
-  const int64_t n = t.dp_cp();
-  const int64_t size = (l.capacity + n - 1) / n, begin = std::min(size * t.dp_cp_rank(), l.total);
-  return {begin, std::min(begin + size, l.total)};
-}
-
 // The runs of the flat buffer [0, total) this rank writes: its ZeRO-1 shard (`shard` indices
-// into it), or its 1/dp of the buffer (`shard` = flat: the buffers are whole).
+// into it), or without ZeRO-1 its contiguous part of each region, the region cut into equal
+// parts over the region's replicas (dp x cp for the dense tensors, the experts' replicas for
+// theirs; `shard` = flat: the buffers are whole).
 std::vector<ShardRun> written_runs(const Config& cfg, const Topology& t, const ParamLayout& l) {
   if (zero1_on(cfg, t)) return dp_shards(cfg, t).runs(0, l.total);
-  const auto [begin, end] = dp_range(l, t);
-  if (begin >= end) return {};
-  return {ShardRun{begin, begin, end - begin}};
+  std::vector<ShardRun> out;
+  const auto part = [&](int64_t lo, int64_t hi, int64_t n, int64_t r) {
+    const int64_t size = (hi - lo + n - 1) / n, begin = std::min(lo + size * r, l.total);
+    const int64_t end = std::min({begin + size, hi, l.total});
+    if (begin < end) out.push_back(ShardRun{begin, begin, end - begin});
+  };
+  part(0, l.expert_begin, t.dp_cp(), t.dp_cp_rank());
+  part(l.expert_begin, l.capacity, t.edp(), t.edp_rank());
+  return out;
 }
 
 // The part of run r inside tensor p: [lo, hi) of the flat buffer (empty when lo >= hi).
@@ -196,7 +196,7 @@ absl::Status load_rank_part(const std::string& dir, const Config& cfg, const Top
   ckpt::LoadTarget dst{refs[0], refs[1], refs[2], /*subset=*/false, /*check_crc=*/false};
   if (absl::Status st = ckpt::load(dir, dst, state, config_yaml); !st.ok()) return st;
   if (!zero1) return absl::OkStatus();
-  const int64_t shard = layout.capacity / topo.dp_cp();
+  const int64_t shard = dp_shards(cfg, topo).shard_size();
   std::fill(exp_avg, exp_avg + shard, 0.0f);
   std::fill(exp_avg_sq, exp_avg_sq + shard, 0.0f);
   for (size_t k = 0; k < layout.tensors.size(); ++k) {

@@ -12,8 +12,9 @@
 // blocks a rank needs, under any layout.
 //
 // Ownership: the (tp, pp) position's slice of each tensor is replicated over dp x cp
-// (Topology::dp_cp), so each replica writes its 1/(dp x cp) of the flat buffer (under ZeRO-1
-// exactly the shard whose Adam states it keeps: its piece of every bucket), for the weights and
+// (Topology::dp_cp), so each replica writes its 1/(dp x cp) of the flat buffer's dense region
+// (under ZeRO-1 exactly the shard whose Adam states it keeps: its piece of every bucket), and
+// each expert's replicas (Topology::edp) their parts of the expert region, for the weights and
 // both Adam moments: a 72B checkpoint is
 // written by every rank in equal parts. A run cuts a tensor into at most three rectangles
 // (partial row, full rows, partial row). Replicated tensors (the norms) are written by TP rank 0

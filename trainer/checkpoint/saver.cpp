@@ -90,7 +90,7 @@ absl::Status Saver::save() {
   TR_ASSERT(rank_layout(s_.cfg, s_.topo()).capacity == s_.params->layout().capacity,
             "checkpoint ownership must see the model's layout");
   // Whole masters that are the compute copy may still be receiving ZeRO-1's weight all-gather.
-  if (!s_.opt->masters_sharded()) s_.opt->reducer().finish_weights();
+  if (!s_.opt->masters_sharded()) s_.opt->finish_weights();
   const HostCopy params(s_.opt->masters()), m(s_.opt->exp_avg()), v(s_.opt->exp_avg_sq());
   pieces_ = owned_pieces(s_.cfg, s_.topo(),
                          RankBuffers{params.ptr, s_.opt->masters_sharded(), m.ptr, v.ptr});

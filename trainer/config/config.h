@@ -74,7 +74,8 @@ struct ModelConfig {
 
 struct ParallelConfig {
   int64_t tp = 1, pp = 1;
-  int64_t cp = 1;                        // context parallel: ranks splitting each sequence
+  int64_t cp = 1;  // context parallel: ranks splitting each sequence
+  int64_t ep = 1;  // expert parallel: ranks splitting the experts, inside the dp x cp ranks
   std::string cp_comm = "allgather";     // allgather | ring: how CP attention meets K and V
   int64_t dp = 0;                        // 0 = auto (world / (tp*cp*pp)); written "auto" in YAML
   std::vector<int64_t> pipeline_layers;  // layers per (virtual) stage; empty = an even split

@@ -178,6 +178,22 @@ const std::vector<Field>& fields() {
                "context-parallel ranks: each sequence is cut into 2*cp chunks and each rank of a "
                "CP group holds two of them (chunks r and 2*cp-1-r, for equal causal work); "
                "data.seq_len must divide by 2*cp"),
+      TR_FIELD(parallel, ep, Int, 1, 4096,
+               "expert-parallel ranks: each holds num_experts / ep of every sparse layer's "
+               "experts, carved from the dp x cp ranks that share its weights (Megatron's "
+               "order: tp, cp, ep, dp, pp); tokens travel to their experts' ranks and back")
+          .rule([](const Config& c) {
+            const int64_t ep = c.parallel.ep, e = c.model.num_experts;
+            if (ep == 1) return absl::OkStatus();
+            if (e == 0)
+              return err("parallel.ep ", ep,
+                         " splits experts, but the model has none "
+                         "(model.num_experts 0); set parallel.ep: 1");
+            if (e % ep != 0)
+              return err("model.num_experts ", e, " is not divisible by parallel.ep ", ep,
+                         "; use an ep that divides it");
+            return absl::OkStatus();
+          }),
       TR_FIELD(parallel, cp_comm, String, 0, 0,
                "how a CP group's attention meets the other ranks' keys and values: allgather "
                "(K and V gathered once per layer; cheap under GQA) or ring (K and V passed "

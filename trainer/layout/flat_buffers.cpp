@@ -5,10 +5,20 @@
 
 namespace tr {
 
-DpShards dp_shards(const Config& cfg, const Topology& topo) {
-  const int64_t capacity = rank_layout(cfg, topo).capacity;
-  if (!zero1_on(cfg, topo)) return DpShards(capacity, capacity + 1, 1, 0);
-  return DpShards(capacity, cfg.parallel.dp_bucket_elems, topo.dp_cp(), topo.dp_cp_rank());
+FlatShards dp_shards(const Config& cfg, const Topology& topo) {
+  const ParamLayout layout = rank_layout(cfg, topo);
+  const bool zero1 = zero1_on(cfg, topo);
+  FlatShards shards;
+  const auto region = [&](int64_t capacity, int replicas, int rank) {
+    if (zero1)
+      shards.add(capacity, cfg.parallel.dp_bucket_elems, replicas, rank);
+    else
+      shards.add(capacity, capacity + 1, 1, 0);
+  };
+  region(layout.expert_begin, topo.dp_cp(), topo.dp_cp_rank());
+  if (layout.expert_begin < layout.capacity)
+    region(layout.capacity - layout.expert_begin, topo.edp(), topo.edp_rank());
+  return shards;
 }
 
 bool zero1_on(const Config& cfg, const Topology& t) {
@@ -25,9 +35,13 @@ ParamLayout rank_layout(const Config& cfg, const Topology& topo) {
 
 std::vector<ParamInfo> model_params(const Config& cfg, const Topology& topo) {
   std::vector<ParamInfo> out;
+  // Each stage's tensors, and its experts from every expert-parallel rank (ep_rank j is dp x cp
+  // index j).
   for (int stage = 0; stage < topo.pp; ++stage)
-    for (ParamInfo& p : rank_layout(cfg, topo.of_rank(topo.rank_at(0, 0, stage))).tensors)
-      if (!p.tied_copy) out.push_back(std::move(p));
+    for (int j = 0; j < topo.ep; ++j)
+      for (ParamInfo& p :
+           rank_layout(cfg, topo.of_rank(topo.rank_at(0, j / topo.cp, stage, j % topo.cp))).tensors)
+        if (!p.tied_copy && (j == 0 || p.expert)) out.push_back(std::move(p));
   // The model's order whatever the schedule: under interleaved a rank holds layers of several
   // chunks (a layer's tensors stay in their order).
   const auto rank = [](const std::string& name) -> std::pair<int, int64_t> {
@@ -56,9 +70,9 @@ double checkpoint_bytes(const Config& cfg, const Topology& topo) {
 }
 
 double rank_state_bytes(const Config& cfg, const Topology& topo, bool separate_masters) {
-  const auto capacity = static_cast<double>(rank_layout(cfg, topo).capacity);
-  const bool zero1 = zero1_on(cfg, topo);
-  const double shard = zero1 ? capacity / topo.dp_cp() : capacity;
+  const FlatShards shards = dp_shards(cfg, topo);
+  const auto capacity = static_cast<double>(shards.capacity());
+  const auto shard = static_cast<double>(shards.shard_size());
   return sizeof(float) * ((separate_masters ? shard : capacity) + 2 * shard);
 }
 

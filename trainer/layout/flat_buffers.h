@@ -27,11 +27,12 @@ int64_t flat_multiple(const Config& cfg, const Topology& topo);
 // The parameter layout of the rank at `topo` under `cfg` (as build_model makes it).
 ParamLayout rank_layout(const Config& cfg, const Topology& topo);
 
-// ZeRO-1's shards for the rank at `topo` (parallel/dp_shards.h: piece dp_cp_rank of every bucket of
-// parallel.dp_bucket_elems, rounded up by DpShards::round_bucket), or one rank's whole buffer
-// without ZeRO-1. The model's masters, AdamW's states, the gradient reduction and the checkpoint's
-// ownership all follow them.
-DpShards dp_shards(const Config& cfg, const Topology& topo);
+// ZeRO-1's shards for the rank at `topo` (parallel/dp_shards.h), one region per part of the flat
+// buffer (ParamLayout): the dense region's piece dp_cp_rank of every bucket of
+// parallel.dp_bucket_elems (rounded up by DpShards::round_bucket), the experts' piece edp_rank;
+// or one rank's whole buffer without ZeRO-1. The model's masters, AdamW's states, the gradient
+// reduction and the checkpoint's ownership all follow them.
+FlatShards dp_shards(const Config& cfg, const Topology& topo);
 
 // Every tensor of the model once (all pipeline stages, TP rank 0's view; the last stage's copy
 // of a tied embedding left out), in stage order: what a checkpoint holds, by global shape.

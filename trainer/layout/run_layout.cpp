@@ -37,7 +37,7 @@ absl::StatusOr<RunLayout> run_layout(const Config& cfg, int world, int rank) {
   const ParallelConfig& p = cfg.parallel;
   absl::StatusOr<Topology> topo =
       Topology::make(world, rank, static_cast<int>(p.tp), static_cast<int>(p.pp),
-                     static_cast<int>(p.dp), static_cast<int>(p.cp));
+                     static_cast<int>(p.dp), static_cast<int>(p.cp), static_cast<int>(p.ep));
   if (!topo.ok()) return topo.status();
   const TrainConfig& t = cfg.train;
   const int64_t per_step = t.micro_batch * topo->dp;

@@ -59,21 +59,26 @@ DecoderModel::DecoderModel(const ModelDims& dims, const ModelOptions& o, ParamBu
       return (static_cast<const char*>(t.data) - static_cast<const char*>(grads.data)) /
              static_cast<int64_t>(dtype_size(grads.dtype));
     };
-    for (const LayerWeights& g : g_.layers) {
+    // The span of some tensors, which must be contiguous ({0, 0} for none).
+    const auto span = [&](const std::vector<const Tensor*>& tensors) {
       int64_t lo = params.layout().total, hi = 0, n = 0;
-      std::vector<const Tensor*> tensors = {
-          &g.ln1,      &g.attn.qkv_w, &g.attn.qkv_b,   &g.attn.q_norm, &g.attn.k_norm,
-          &g.attn.o_w, &g.ln2,        &g.mlp.gateup_w, &g.mlp.down_w,  &g.moe.router};
-      for (const Tensor& t : g.moe.gateup) tensors.push_back(&t);
-      for (const Tensor& t : g.moe.down) tensors.push_back(&t);
       for (const Tensor* t : tensors) {
         if (t->empty()) continue;
         lo = std::min(lo, at(*t));
         hi = std::max(hi, at(*t) + t->numel());
         n += t->numel();
       }
-      TR_ASSERT(hi - lo == n, "a layer's gradients are not contiguous in the flat buffer");
-      layer_ranges_.emplace_back(lo, hi);
+      TR_ASSERT(hi - lo == n || n == 0, "a layer's gradients are not contiguous in a region");
+      return n == 0 ? std::pair<int64_t, int64_t>{0, 0} : std::pair{lo, hi};
+    };
+    for (const LayerWeights& g : g_.layers) {
+      std::vector<const Tensor*> experts;
+      for (const Tensor& t : g.moe.gateup) experts.push_back(&t);
+      for (const Tensor& t : g.moe.down) experts.push_back(&t);
+      layer_ranges_.push_back(
+          {span({&g.ln1, &g.attn.qkv_w, &g.attn.qkv_b, &g.attn.q_norm, &g.attn.k_norm, &g.attn.o_w,
+                 &g.ln2, &g.mlp.gateup_w, &g.mlp.down_w, &g.moe.router}),
+           span(experts)});
     }
   }
 
@@ -157,7 +162,7 @@ void DecoderModel::alloc_acts(Arena& ar) {
         L.ln1 = a_->rc.ln1;
         L.ln2 = a_->rc.ln2;
         L.mlp.act = a_->rc.mlp.act;
-        L.moe.act = a_->rc.moe.act;
+        MoeMlp::share_recomputed(L.moe, a_->rc.moe);
       } else {
         recomputed(L, dense, moe);
       }
@@ -258,8 +263,15 @@ void DecoderModel::set_op_log(OpLog* log) {
   ctx_.log = log;
   tp_logged_ = log != nullptr && tp_ != nullptr ? logged_comm(*tp_, *log) : nullptr;
   cp_logged_ = log != nullptr && cp_ != nullptr ? logged_comm(*cp_, *log) : nullptr;
+  ep_logged_ = log != nullptr && ep_ != nullptr ? logged_comm(*ep_, *log) : nullptr;
   attn_.set_cp_comm(cp_logged_ ? cp_logged_.get() : cp_);
   moe_.set_tp_comm(tp_logged_ ? tp_logged_.get() : tp_);
+  moe_.set_ep_comm(ep_logged_ ? ep_logged_.get() : ep_);
+}
+
+void DecoderModel::set_ep_comm(Comm* ep) {
+  ep_ = ep;
+  moe_.set_ep_comm(ep_logged_ ? ep_logged_.get() : ep_);
 }
 
 void DecoderModel::set_tp_comm(Comm* tp) {

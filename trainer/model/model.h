@@ -89,7 +89,7 @@ struct ModelOptions {
   // optimizer keeps the fp32 masters of this rank's shard only (capacity / dp elements, in the
   // shard's order); the compute copy stays whole. Where the masters are the compute weights
   // they are whole.
-  DpShards shards = DpShards();
+  FlatShards shards = FlatShards();
   // The layers' projections in FP8 (train.precision: fp8), and the output gradients' format.
   GemmPrecision gemm = {};
 };
@@ -127,6 +127,8 @@ class DecoderModel {
   void set_tp_comm(Comm* tp);
   // The context-parallel group (size dims.cp, ordered by cp_rank); needed when cp > 1.
   void set_cp_comm(Comm* cp);
+  // The expert-parallel group (size dims.moe.ep, ordered by ep_rank); needed when ep > 1.
+  void set_ep_comm(Comm* ep);
   // The one subscriber to what the model reports about the flat buffer as it runs (the
   // distributed optimizer), set once; null = none.
   void set_param_events(ParamEvents* events) { events_ = events; }
@@ -251,11 +253,17 @@ class DecoderModel {
   std::vector<int64_t> layer_pos_;  // each local layer's place in its chunk (and in a slot)
   Comm* tp_ = nullptr;
   Comm* cp_ = nullptr;
-  // With an op log: the TP and CP groups noting what the model starts on them.
-  std::unique_ptr<Comm> tp_logged_, cp_logged_;
+  Comm* ep_ = nullptr;
+  // With an op log: the TP, CP and EP groups noting what the model starts on them.
+  std::unique_ptr<Comm> tp_logged_, cp_logged_, ep_logged_;
   ParamEvents* events_ = nullptr;
   void need(const Tensor& w);  // events_->weights_needed over the flat range of w (a view of w_)
-  std::vector<std::pair<int64_t, int64_t>> layer_ranges_;  // per layer: flat [begin, end)
+  // Per layer: its flat [begin, end) in the dense region, and its experts' in the expert
+  // region (empty for a dense layer).
+  struct LayerRanges {
+    std::pair<int64_t, int64_t> dense, experts;
+  };
+  std::vector<LayerRanges> layer_ranges_;
   bool layer_norms_summed_ = false;  // this step's layer norm gradients are summed over TP
   // How the next writes of the LM head's and of the other gradients go (begin_step_grads).
   GradWrite head_write_ = GradWrite::add;

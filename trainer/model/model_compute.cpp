@@ -148,7 +148,8 @@ void DecoderModel::forward_stage(int slot, Tensor tokens, int chunk, MicroBatchD
     Acts::Layer& L = a_->layer(slot, layer_pos_[l]);
     gather_tokens(a.ln_local, L.ln1);  // column-parallel input: the whole sequence
     if (events_ != nullptr)
-      events_->weights_needed(layer_ranges_[l].first, layer_ranges_[l].second);
+      for (const auto& [begin, end] : {layer_ranges_[l].dense, layer_ranges_[l].experts})
+        events_->weights_needed(begin, end);
     layer_fwd(slot, l);
     // The router statistics so far: this layer's added, right away (under full recomputation
     // every layer's activations share one buffer).
@@ -425,7 +426,9 @@ void DecoderModel::layer_final(int64_t l) {
   // Weights that serve every head (QK-norm's), each TP rank holding other heads: their
   // gradients are summed over TP with or without sequence parallelism.
   for (const Tensor& t : attn_.replicated_over_heads(g_.layers[l].attn)) tp_sum(t);
-  if (events_ != nullptr) events_->grads_final(layer_ranges_[l].first, layer_ranges_[l].second);
+  if (events_ != nullptr)
+    for (const auto& [begin, end] : {layer_ranges_[l].dense, layer_ranges_[l].experts})
+      if (begin < end) events_->grads_final(begin, end);
 }
 
 std::vector<float> DecoderModel::logits(int64_t begin, int64_t n) {

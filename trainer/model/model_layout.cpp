@@ -70,6 +70,10 @@ ModelDims ModelDims::from(const ModelConfig& m, const Topology& topo, bool seque
   d.qk_norm = family.qk_norm;
   if (m.num_experts > 0) {
     d.moe = {.experts = m.num_experts,
+             .ep = topo.ep,
+             .ep_rank = topo.ep_rank(),
+             .local = m.num_experts / topo.ep,
+             .offset = m.num_experts / topo.ep * topo.ep_rank(),
              .top_k = m.experts_per_token,
              .inter = m.moe_intermediate_size / topo.tp,
              .normalize = m.norm_topk_prob,
@@ -97,6 +101,8 @@ ModelDims ModelDims::from(const Config& c, const Topology& topo) {
 
 ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
   ParamLayout l;
+  // The experts' tensors, laid out after the dense ones (their region starts at a multiple).
+  std::vector<ParamInfo> experts;
   // split: -1 replicated, 0 rows, 1 columns; the global shape multiplies the split dim by tp.
   auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, int split) {
     ParamInfo p;
@@ -150,12 +156,18 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
     // dense MLP of its own size, under Hugging Face's per-expert names.
     add(p + "mlp/gate/weight", {d.moe.experts, H}, true, -1);
     l.tensors.back().tp_whole_grad = true;
-    for (int64_t e = 0; e < d.moe.experts; ++e) {
+    // This rank's experts (all of them without expert parallelism), by their global index.
+    const size_t dense = l.tensors.size();
+    const int64_t dense_total = l.total;
+    for (int64_t e = d.moe.offset; e < d.moe.offset + d.moe.local; ++e) {
       const std::string x = absl::StrCat(p, "mlp/experts/", e, "/");
       add(x + "gate_proj/weight", {d.moe.inter, H}, true, 0);
       add(x + "up_proj/weight", {d.moe.inter, H}, true, 0);
       add(x + "down_proj/weight", {H, d.moe.inter}, true, 1);
     }
+    for (size_t t = dense; t < l.tensors.size(); ++t) experts.push_back(std::move(l.tensors[t]));
+    l.tensors.resize(dense);
+    l.total = dense_total;
   }
   if (d.last_stage) {
     add("norm/weight", {H}, false, -1);
@@ -166,7 +178,18 @@ ParamLayout ParamLayout::make(const ModelDims& d, int64_t multiple) {
       l.tensors.back().tied_copy = true;
     }
   }
-  l.capacity = (l.total + multiple - 1) / multiple * multiple;
+  auto round_up = [&](int64_t n) { return (n + multiple - 1) / multiple * multiple; };
+  if (!experts.empty()) {
+    l.total = l.expert_begin = round_up(l.total);
+    for (ParamInfo& p : experts) {
+      p.offset = l.total;
+      p.expert = true;
+      l.total += p.numel;
+      l.tensors.push_back(std::move(p));
+    }
+  }
+  l.capacity = round_up(l.total);
+  if (experts.empty()) l.expert_begin = l.capacity;
   for (size_t i = 0; i < l.tensors.size(); ++i)
     l.index_.emplace(l.tensors[i].name, static_cast<int64_t>(i));
   return l;

@@ -65,7 +65,10 @@ struct ModelDims {
   bool qk_norm = false;  // qwen3: an RMSNorm over each q and k head (weights [hd], replicated)
   // Mixture of experts (model.num_experts > 0): which layers are sparse, and their MLP's shape.
   struct Moe {
-    int64_t experts = 0;         // of a sparse layer, all ranks'
+    int64_t experts = 0;  // of a sparse layer, all ranks'
+    // Expert parallelism (parallel.ep): this rank holds experts [offset, offset + local).
+    int ep = 1, ep_rank = 0;
+    int64_t local = 0, offset = 0;
     int64_t top_k = 0;           // experts per token
     int64_t inter = 0;           // an expert's intermediate size on this rank (/ tp)
     bool normalize = true;       // the top-k weights renormalised (norm_topk_prob)
@@ -112,12 +115,21 @@ struct ParamInfo {
   // Replicated over TP (split_dim -1) with every TP rank computing the same whole gradient (a
   // router's, which sees the whole sequence): never summed over TP, unlike the norms'.
   bool tp_whole_grad = false;
+  // An expert's tensor: in the layout's expert region, replicated over the expert replicas
+  // (Topology::edp) instead of dp x cp.
+  bool expert = false;
 };
 
+// The flat buffer holds two regions, each a multiple of `multiple` elements: the dense one (every
+// tensor but the experts', in model order) from 0, and the experts' (every sparse layer's local
+// experts, in model order) from expert_begin, because the two are replicated over different
+// ranks (dp x cp; the expert replicas) and each region's gradients reduce and shard over its
+// own. Padding (between the regions, and after the last) holds no tensor and stays zero.
 struct ParamLayout {
   std::vector<ParamInfo> tensors;
-  int64_t total = 0;     // elements
-  int64_t capacity = 0;  // total rounded up to `multiple` (ZeRO-1 shards); the tail stays zero
+  int64_t total = 0;         // elements up to the end of the last tensor (padding included)
+  int64_t capacity = 0;      // total rounded up to `multiple` (ZeRO-1 shards); the tail stays zero
+  int64_t expert_begin = 0;  // the expert region [expert_begin, capacity); capacity when none
   static ParamLayout make(const ModelDims& d, int64_t multiple = 1);
   const ParamInfo& find(const std::string& name) const;
   // The index of the tensor named `name` in `tensors`, or -1.

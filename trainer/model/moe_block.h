@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,20 @@ struct MoeWeights {
   std::vector<Tensor> down;    // per expert [H, Ie]
 };
 
+// Memory for tensors whose rows the routing decides (under expert parallelism, the rows this
+// rank's experts receive): carved from the activation arena for a balanced routing (R rows), and
+// grown, in a buffer of its own kept for later micro-batches, when one needs more.
+class RoutedStore {
+ public:
+  explicit RoutedStore(Tensor base) : base_(base) {}
+  // At least `bytes` bytes (what it held is lost when it grows).
+  char* reserve(size_t bytes);
+
+ private:
+  Tensor base_;
+  Buffer grown_;
+};
+
 // A sparse layer's activations of one micro-batch (T tokens, R = T k routed rows).
 struct MoeActs {
   Tensor probs;    // [T, E] router probabilities (statistics' dtype)
@@ -46,12 +61,23 @@ struct MoeActs {
   Tensor rows;     // i32 [T, k] each choice's routed row (-1: dropped)
   Tensor counts;   // i32 [E] rows each expert kept
   Tensor stats;    // [2, E] (statistics' dtype): each expert's probability sum, routed tokens
-  std::vector<int64_t> group_rows;  // counts on the host (the grouped projections' groups)
-  Tensor gateup;                    // [R, 2 Ie]
-  Tensor act;                       // [R, Ie] silu(gate) * up; selective recomputation remakes it
+  // The grouped projections' groups on the host: the rows of each of this rank's experts.
+  std::vector<int64_t> group_rows;
+  // The experts' side (without expert parallelism, the R routed rows of the tensors below; with
+  // it, the rows this rank's experts received from every ep rank, in the stores):
+  Tensor gateup;  // [R, 2 Ie]
+  Tensor act;     // [R, Ie] silu(gate) * up; selective recomputation remakes it
   // Split backward: what the B pass leaves for the W pass.
   Tensor dys, dgateup;  // [R, H], [R, 2 Ie]
   Tensor dlogits;       // [T, E]
+  // The rows of the experts' side (R without expert parallelism). Expert parallelism: the rows
+  // every ep rank routed to every expert ([ep x E], all-gathered), and the stores of the
+  // experts' side: the
+  // projections' input and gateup; act (shared where recomputation shares act); dys and
+  // dgateup of a split backward.
+  int64_t received = 0;
+  std::vector<int64_t> ep_counts;
+  std::shared_ptr<RoutedStore> kept, recomputed, split;
 };
 
 // How the model runs the block's backward beyond BlockBackward: the buffer the block's input
@@ -69,6 +95,11 @@ class MoeMlp {
   // The TP group (size dims.tp; needed when tp > 1): the top-k weights' gradients, partial sums
   // of the experts' TP shards, are summed over it.
   void set_tp_comm(Comm* tp) { tp_ = tp; }
+  // The expert-parallel group (size dims.moe.ep; needed when ep > 1): the routed rows go to their
+  // experts' ranks and back over it.
+  void set_ep_comm(Comm* ep) { ep_comm_ = ep; }
+  // `dst` (a layer's activations) shares what selective recomputation remakes with `rc`.
+  static void share_recomputed(MoeActs& dst, const MoeActs& rc);
 
   // Routed rows of a micro-batch: T k.
   int64_t routed_rows() const { return T_ * k_; }
@@ -104,16 +135,38 @@ class MoeMlp {
   void backward_ops(OpLister& ops, double mb, bool split) const;
 
  private:
-  int64_t T_, H_, E_, k_, I_;
+  // The experts' side of a micro-batch: the projections' input and output rows and their
+  // gradients (without expert parallelism the routed rows themselves).
+  struct Side {
+    Tensor in, gateup, act, out;  // [rows, H], [rows, 2 Ie], [rows, Ie], [rows, H]
+    Tensor dys, dgateup;          // the split backward's (else the scratch's)
+    Tensor dact, dgateup_scratch, dxs, dots;
+  };
+  // The routing on the host: the grouped projections' groups, and under expert parallelism the
+  // rows every ep rank sends every expert (an all-gather over ep) and those this rank receives.
+  void route(MoeActs& a) const;
+  Side side(const MoeActs& a) const;
+  // Under expert parallelism: `from` [R, w] (the routed rows, expert-major) to the experts' ranks
+  // into `to` [received, w] (this rank's experts' rows, expert-major then by source rank), or
+  // with `back` the reverse; one grouped exchange over ep (this rank's own rows copied).
+  void exchange(Ctx& ctx, const MoeActs& a, Tensor routed, Tensor experts, bool back) const;
+  bool ep() const { return ep_size_ > 1; }
+  int64_t T_, H_, E_;
+  int64_t El_, e0_;  // this rank's experts: [e0_, e0_ + El_) (all of them without EP)
+  int64_t k_, I_;
   bool normalize_;
   int64_t capacity_ = 0;  // tokens an expert keeps with a capacity factor (0: dropless)
   int tp_size_, tp_rank_;
+  int ep_size_, ep_rank_;
   DType dtype_, sdtype_;
   Comm* tp_ = nullptr;
+  Comm* ep_comm_ = nullptr;
+  Tensor ep_counts_;                      // i32 [ep, E]: the all-gathered counts
+  std::shared_ptr<RoutedStore> scratch_;  // the experts' side's scratch (expert parallelism)
   // scratch: router logits [T, E], routed inputs and their gradient [R, H], the experts'
   // outputs [R, H], act's and gateup's gradients, the experts' outputs' gradient, the top-k
   // weights' gradient, the logits'.
-  Tensor logits_, xs_, dxs_, ys_, dact_, dgateup_, dys_, dweights_, dlogits_;
+  Tensor logits_, xs_, dxs_, ys_, dact_, dgateup_, dys_, dots_, dweights_, dlogits_;
 };
 
 }  // namespace tr

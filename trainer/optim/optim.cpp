@@ -36,29 +36,50 @@ double lr_at(const OptimConfig& o, int64_t total_steps, int64_t step) {
 
 DistributedOptimizer::DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& params, Ctx ctx,
                                            const OptimizerGroups& g, bool zero1,
-                                           const DpShards& shards, bool separate_masters)
+                                           const FlatShards& shards, bool separate_masters)
     : cfg_(cfg),
       params_(params),
       ctx_(ctx),
       dp_(g.dp),
+      experts_(g.experts != nullptr ? g.experts : g.dp),
       tp_(g.tp != nullptr && g.tp->size() > 1 ? g.tp : nullptr),
       pp_(g.pp != nullptr && g.pp->size() > 1 ? g.pp : nullptr),
       embed_(g.embed != nullptr && g.embed->size() > 1 ? g.embed : nullptr),
-      reducer_(g.dp, ctx, params.layout().total, shards, zero1) {
+      zero1_(zero1 && shards.sharded()),
+      shards_(shards) {
   const ParamLayout& layout = params.layout();
+  if (shards_.regions().empty()) shards_.add(layout.capacity, layout.capacity + 1, 1, 0);
+  TR_ASSERT(shards_.capacity() == layout.capacity, "the shards must cover the flat buffer");
+  TR_ASSERT(
+      shards_.regions().size() == (layout.expert_begin < layout.capacity ? 2u : 1u) || !zero1_,
+      "ZeRO-1's shards must have a region per region of the flat buffer");
+  norm_over_dp_ = zero1_ || (dp_ != nullptr && experts_->size() < dp_->size());
   const bool separate =
       DistributedOptimizer::keeps_separate_masters(params.compute_dtype(), separate_masters);
   TR_ASSERT(!separate || params.grad_dtype() == DType::f32, "separate masters are fp32");
-  const bool sharded = separate && shards.dp() > 1;
-  TR_ASSERT(!sharded || (reducer_.zero1() && shards.capacity() == layout.capacity),
-            "sharded masters must be this rank's ZeRO-1 shard of the flat buffer");
-  const int64_t n = reducer_.shard_size();
-  arena_ = std::make_unique<Arena>(
-      master_bytes(layout.capacity, shards, separate) + 2 * arena_bytes(DType::f32, n), ctx.device);
-  masters_ = separate ? arena_->alloc(DType::f32, {sharded ? shards.shard_size() : layout.capacity})
-                      : params.weights_padded();
+  const bool sharded = separate && shards_.sharded();
+  TR_ASSERT(!sharded || zero1_, "sharded masters are this rank's ZeRO-1 shard of the flat buffer");
+  const int64_t n = state_elems();
+  arena_ = std::make_unique<Arena>(master_bytes(layout.capacity, shards_, separate) +
+                                       (2 + (zero1_ ? 1 : 0)) * arena_bytes(DType::f32, n),
+                                   ctx.device);
+  masters_ = separate
+                 ? arena_->alloc(DType::f32, {sharded ? shards_.shard_size() : layout.capacity})
+                 : params.weights_padded();
   m_ = arena_->alloc(DType::f32, {n});
   v_ = arena_->alloc(DType::f32, {n});
+  if (zero1_) grad_shard_ = arena_->alloc(DType::f32, {n});
+  // A reducer per region: the dense tensors' over dp, the experts' over their replicas.
+  for (size_t r = 0; r < shards_.regions().size(); ++r) {
+    const FlatShards::Region& region = shards_.regions()[r];
+    const int64_t lo = region.flat, hi = lo + region.shards.capacity();
+    int64_t end = lo;  // the end of the region's last tensor
+    for (const ParamInfo& p : layout.tensors)
+      if (p.offset >= lo && p.offset < hi) end = std::max(end, p.offset + p.numel);
+    reducers_.push_back(std::make_unique<GradReducer>(
+        r == 0 ? dp_ : experts_, ctx, end - lo, region.shards, zero1_,
+        zero1_ ? grad_shard_.slice(region.shard, region.shards.shard_size()) : Tensor()));
+  }
   // Pieces of at most kAdamWPieceElems elements, each inside one tensor (so one decay) and one
   // run of this rank's shard.
   std::vector<int64_t> pieces;
@@ -92,17 +113,60 @@ DistributedOptimizer::DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& 
 }
 
 bool DistributedOptimizer::counts_in_norm(const ParamInfo& p) const {
-  return !p.tied_copy && !(p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0);
+  if (p.tied_copy || (p.split_dim < 0 && tp_ != nullptr && tp_->rank() != 0)) return false;
+  if (zero1_ || !norm_over_dp_) return true;
+  const Comm* replicas = p.expert ? experts_ : dp_;
+  return replicas->rank() == 0;
 }
 
 std::vector<ShardRun> DistributedOptimizer::own_runs(const ParamInfo& p) const {
-  return reducer_.shards().runs(p.offset, p.offset + p.numel);
+  return shards_.runs(p.offset, p.offset + p.numel);
 }
 
-size_t DistributedOptimizer::master_bytes(int64_t capacity, const DpShards& shards,
+int64_t DistributedOptimizer::state_elems() const {
+  return zero1_ ? shards_.shard_size() : params_.layout().total;
+}
+
+Tensor DistributedOptimizer::region(const Tensor& flat, size_t r) const {
+  const FlatShards::Region& g = shards_.regions()[r];
+  return flat.slice(g.flat, g.shards.capacity());
+}
+
+template <class F>
+void DistributedOptimizer::for_regions(int64_t begin, int64_t end, F&& f) const {
+  for (size_t r = 0; r < shards_.regions().size(); ++r) {
+    const FlatShards::Region& g = shards_.regions()[r];
+    const int64_t lo = std::max(begin, g.flat), hi = std::min(end, g.flat + g.shards.capacity());
+    if (lo < hi) f(r, lo - g.flat, hi - g.flat);
+  }
+}
+
+void DistributedOptimizer::weights_needed(int64_t begin, int64_t end) {
+  for_regions(begin, end,
+              [&](size_t r, int64_t lo, int64_t hi) { reducers_[r]->wait_weights(lo, hi); });
+}
+
+void DistributedOptimizer::grads_final(int64_t begin, int64_t end) {
+  const Tensor grads = params_.grads_padded();
+  for_regions(begin, end, [&](size_t r, int64_t lo, int64_t hi) {
+    reducers_[r]->grads_final(region(grads, r), lo, hi);
+  });
+}
+
+void DistributedOptimizer::configure_reduction(int64_t bucket_elems, bool overlap,
+                                               DType reduce_dtype, bool overlap_gather) {
+  for (const auto& red : reducers_)
+    red->configure(bucket_elems, overlap, reduce_dtype, overlap_gather);
+}
+
+void DistributedOptimizer::finish_weights() {
+  for (const auto& red : reducers_) red->finish_weights();
+}
+
+size_t DistributedOptimizer::master_bytes(int64_t capacity, const FlatShards& shards,
                                           bool separate_masters) {
   if (!separate_masters) return 0;
-  return arena_bytes(DType::f32, shards.dp() > 1 ? shards.shard_size() : capacity);
+  return arena_bytes(DType::f32, shards.sharded() ? shards.shard_size() : capacity);
 }
 
 Tensor DistributedOptimizer::master(const ParamInfo& p) const {
@@ -124,10 +188,10 @@ void DistributedOptimizer::compute_weights_from_masters() {
     refresh_compute_weights();
   } else {
     const Tensor weights = params_.weights_padded();
-    for (const ShardRun& r : reducer_.shards().runs(0, params_.layout().capacity))
+    for (const ShardRun& r : shards_.runs(0, params_.layout().capacity))
       cast(ctx_, weights.at(r.flat, {r.count}), masters_.at(r.shard, {r.count}));
-    reducer_.gather_weights(weights);
-    reducer_.finish_weights();
+    for (size_t r = 0; r < reducers_.size(); ++r) reducers_[r]->gather_weights(region(weights, r));
+    finish_weights();
   }
   // The tied embedding's two copies as every update leaves them: the first stage's. (The last
   // stage's sharded masters of its copy may differ from the first's in summation order.)
@@ -156,7 +220,7 @@ void DistributedOptimizer::weights_from_host(const std::vector<float>& host) {
   // The masters of this rank's shard (its padding tail zero), and the whole compute weights
   // converted on the host (a device has no room for whole fp32 masters beside them).
   std::vector<float> shard(static_cast<size_t>(masters_.numel()), 0.0f);
-  for (const ShardRun& r : reducer_.shards().runs(0, total))
+  for (const ShardRun& r : shards_.runs(0, total))
     std::copy(values + r.flat, values + r.flat + r.count, shard.begin() + r.shard);
   copy_tensor(masters_, Tensor(shard.data(), DType::f32, Device::cpu, {masters_.numel()}));
   const DType compute = params_.compute_dtype();
@@ -174,7 +238,8 @@ size_t DistributedOptimizer::state_bytes(int64_t capacity, int64_t total, int dp
 void DistributedOptimizer::reduce_grads() {
   if (embed_ != nullptr)
     embed_->all_reduce(params_.grad(params_.layout().find("embed_tokens/weight")), ReduceOp::sum);
-  reducer_.finish(params_.grads_padded());
+  for (size_t r = 0; r < reducers_.size(); ++r)
+    reducers_[r]->finish(region(params_.grads_padded(), r));
 }
 
 void DistributedOptimizer::accumulate_norm(Tensor acc) const {
@@ -182,7 +247,7 @@ void DistributedOptimizer::accumulate_norm(Tensor acc) const {
   // One pass over the pieces table; TR_NORM_PER_TENSOR=1: a reduction per tensor.
   if (!take(Switch::norm_per_tensor))
     return accumulate_sum_squares_pieces(ctx, acc, grad_shard(), norm_pieces_, 0);
-  if (!reducer_.zero1() && tp_ == nullptr && pp_ == nullptr)
+  if (!zero1_ && !norm_over_dp_ && tp_ == nullptr && pp_ == nullptr)
     return accumulate_sum_squares(ctx, acc, grad_shard());
   // Tensor by tensor (run by run of the shard) what this rank counts; what it only checks, piece
   // by piece through the table (0, or NaN when not finite).
@@ -212,8 +277,7 @@ void DistributedOptimizer::poison_first_grad() {
 
 double DistributedOptimizer::global_norm(double own_squares) const {
   double sq = own_squares;
-  for (Comm* c :
-       {reducer_.zero1() ? dp_ : nullptr, tp_, pp_})  // the groups this rank's squares miss
+  for (Comm* c : {norm_over_dp_ ? dp_ : nullptr, tp_, pp_})  // the groups this rank's squares miss
     if (c != nullptr) c->all_reduce(Tensor(&sq, DType::f64, Device::cpu, {1}), ReduceOp::sum);
   return std::sqrt(sq);
 }
@@ -240,13 +304,13 @@ double DistributedOptimizer::reduce_and_clip() {
 }
 
 void DistributedOptimizer::update(double lr, int64_t step) {
-  const bool zero1 = reducer_.zero1();
+  const bool zero1 = zero1_;
   // The masters and the reduced gradients: whole (flat indices) or this rank's shard of them.
   Tensor params = masters_, grads = grad_shard(),
          compute = separate_masters() ? params_.weights_padded() : Tensor();
   const AdamWIndex index{masters_sharded(), zero1};
   const float clip_scale = std::exchange(clip_scale_, 1.0f);
-  reducer_.finish_weights();  // the last gather must not land on this update
+  finish_weights();  // the last gather must not land on this update
   const bool per_tensor = take(Switch::adamw_per_tensor);
   if (!per_tensor) {
     const AdamWParams a{static_cast<float>(lr),
@@ -280,7 +344,8 @@ void DistributedOptimizer::update(double lr, int64_t step) {
     // it reaches it.
     TR_ASSERT(masters_sharded() || !separate_masters(),
               "ZeRO-1 with whole masters beside separate compute weights");
-    reducer_.gather_weights(params_.weights_padded());
+    for (size_t r = 0; r < reducers_.size(); ++r)
+      reducers_[r]->gather_weights(region(params_.weights_padded(), r));
   }
   sync_tied_embedding();
 }
@@ -292,7 +357,7 @@ void DistributedOptimizer::sync_tied_embedding() {
   // the last stage the tied copy's buckets come last, so the overlap with the next forward is
   // lost there).
   const ParamInfo& embed = params_.layout().find("embed_tokens/weight");
-  reducer_.wait_weights(embed.offset, embed.offset + embed.numel);
+  weights_needed(embed.offset, embed.offset + embed.numel);
   if (masters_sharded()) {
     embed_->broadcast(params_.weight(embed), 0);
   } else {

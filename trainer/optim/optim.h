@@ -29,6 +29,9 @@ inline DType grad_reduce_dtype(const ParallelConfig& p) {
 // The groups a rank's optimizer works over; null (or of size 1) = none.
 struct OptimizerGroups {
   Comm* dp = nullptr;  // data parallel: the gradient reduction, ZeRO-1's shards
+  // The replicas of this rank's experts (parallel.ep > 1: Topology::edp; null: dp): the expert
+  // region's reduction and shards.
+  Comm* experts = nullptr;
   Comm* tp = nullptr;  // tensor parallel: sharded tensors' squares are summed over it
   Comm* pp = nullptr;  // pipeline: each stage's squares are summed over it
   // The first and last pipeline stages when they both hold the tied embedding (pp > 1;
@@ -49,9 +52,11 @@ inline WeightMemory weight_memory(const ParamBuffer& params, size_t master_bytes
 }
 
 // Megatron's distributed optimizer over a ParamBuffer: the fp32 master weights (whole, or this
-// rank's ZeRO-1 shard), Adam's moments, the data-parallel gradient reduction (the GradReducer:
-// buckets, overlap, the reduction's type, ZeRO-1's shards), global-norm clipping, the update,
-// which writes the compute weights in the same pass, and ZeRO-1's weight all-gather.
+// rank's ZeRO-1 shard), Adam's moments, the data-parallel gradient reduction (a GradReducer per
+// region of the flat buffer: buckets, overlap, the reduction's type, ZeRO-1's shards),
+// global-norm clipping, the update, which writes the compute weights in the same pass, and
+// ZeRO-1's weight all-gather. The dense region reduces over dp, the expert region over the
+// experts' replicas (ParamLayout; with expert parallelism fewer ranks than dp).
 //
 // Without ZeRO-1 every data-parallel rank holds all Adam states and applies the same update to
 // the all-reduced gradients. With ZeRO-1 rank r of dp keeps the states (and, with separate
@@ -59,38 +64,44 @@ inline WeightMemory weight_memory(const ParamBuffer& params, size_t master_bytes
 // buffer: parallel/dp_shards.h), updates it from its reduced gradient shard, and the updated
 // weights are all-gathered bucket by bucket, overlapping the next forward. The
 // gradient norm counts every element exactly once in both modes, and with tensor parallelism
-// counts each replicated tensor (the norms) once rather than once per TP rank, and the tied
-// embedding once although the first and last pipeline stages both hold it.
+// counts each replicated tensor (the norms) once rather than once per TP rank, the tied
+// embedding once although the first and last pipeline stages both hold it, and with expert
+// parallelism each expert once (its squares summed over dp, where each replica group of an
+// expert holds it once: its ZeRO-1 shards, or without ZeRO-1 the first replica's copy).
 class DistributedOptimizer final : public ParamEvents {
  public:
   // Separate masters: fp32 masters beside the buffer's compute weights (always under bf16
   // compute; on f32 ranks when `separate_masters`, to run the GPU's layout on the CPU). Else
   // the buffer's weights are the masters. With zero1 the buffer must be padded to a multiple of
   // DpShards::capacity_multiple(dp) and `shards` be this rank's (trainer/layout/flat_buffers.h
-  // dp_shards).
+  // dp_shards); without them (no region) the buffer is one region, whole on this rank.
   DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& params, Ctx ctx,
                        const OptimizerGroups& groups = {}, bool zero1 = false,
-                       const DpShards& shards = DpShards(), bool separate_masters = false);
-  // The data-parallel reduction: GradReducer::configure, and what the last step's reduction
-  // did.
-  GradReducer& reducer() { return reducer_; }
-  const GradReducer& reducer() const { return reducer_; }
+                       const FlatShards& shards = FlatShards(), bool separate_masters = false);
+  // The data-parallel reduction of each region: GradReducer::configure, and what the last
+  // step's reduction did.
+  void configure_reduction(int64_t bucket_elems, bool overlap, DType reduce_dtype,
+                           bool overlap_gather);
+  const std::vector<std::unique_ptr<GradReducer>>& reducers() const { return reducers_; }
+  // This rank's shard of the flat buffer (every region's).
+  const FlatShards& shards() const { return shards_; }
+  // Completes every ZeRO-1 weight bucket still gathering.
+  void finish_weights();
 
   // The model's reports (set once: DecoderModel::set_param_events): ZeRO-1's forward completes
   // each bucket of the weight all-gather as it reaches it; the step's last backward starts each
   // data-parallel bucket as it completes (with parallel.overlap_dp).
-  void weights_needed(int64_t begin, int64_t end) override { reducer_.wait_weights(begin, end); }
-  void grads_final(int64_t begin, int64_t end) override {
-    reducer_.grads_final(params_.grads_padded(), begin, end);
-  }
+  void weights_needed(int64_t begin, int64_t end) override;
+  void grads_final(int64_t begin, int64_t end) override;
 
   // Whether a rank computing in `compute` keeps separate fp32 masters (`asked`: also on f32).
   static bool keeps_separate_masters(DType compute, bool asked) {
     return asked || compute != ParamBuffer::grad_dtype(compute);
   }
   // Bytes of fp32 masters a rank keeps beside its compute weights: 0 without separate masters,
-  // else those of its ZeRO-1 shard (`shards` of more than one rank) or of the whole buffer.
-  static size_t master_bytes(int64_t capacity, const DpShards& shards, bool separate_masters);
+  // else those of its ZeRO-1 shard (`shards` split over more than one rank) or of the whole
+  // buffer.
+  static size_t master_bytes(int64_t capacity, const FlatShards& shards, bool separate_masters);
   size_t master_bytes() const {
     return separate_masters() ? arena_bytes(DType::f32, masters_.numel()) : 0;
   }
@@ -98,7 +109,7 @@ class DistributedOptimizer final : public ParamEvents {
   static size_t state_bytes(int64_t capacity, int64_t total, int dp, bool zero1);
 
   // The fp32 masters this rank keeps: [capacity], or its ZeRO-1 shard of it (in the shard's
-  // order; reducer().shards()). The buffer's weights when they are their own masters.
+  // order; shards()). The buffer's weights when they are their own masters.
   Tensor masters() const { return masters_; }
   bool masters_sharded() const { return masters_.numel() < params_.layout().capacity; }
   bool separate_masters() const { return masters_.data != params_.weights_padded().data; }
@@ -145,14 +156,20 @@ class DistributedOptimizer final : public ParamEvents {
   // weights; with the tied embedding on two stages, by making its copies bit-identical.
   void update(double lr, int64_t step);
   // This rank's Adam states: [state_elems()] floats each, in its shard's order
-  // (reducer().shards(); the whole flat buffer without ZeRO-1). Checkpoints read and write them
-  // in place.
+  // (shards(); the whole flat buffer without ZeRO-1). Checkpoints read and write them in place.
   Tensor exp_avg() const { return m_; }
   Tensor exp_avg_sq() const { return v_; }
-  int64_t state_elems() const { return reducer_.shard_size(); }  // per Adam moment, on this rank
+  int64_t state_elems() const;  // per Adam moment, on this rank
 
  private:
-  Tensor grad_shard() const { return reducer_.shard_grads(params_.grads_padded()); }
+  // The reduced gradients this rank updates: its ZeRO-1 shard, or the whole flat buffer.
+  Tensor grad_shard() const { return zero1_ ? grad_shard_ : params_.grads_padded(); }
+  // Region r's part of a [capacity] flat buffer (the weights or the gradients).
+  Tensor region(const Tensor& flat, size_t r) const;
+  // Calls f(r, begin, end) for each region r that [begin, end) of the flat buffer overlaps,
+  // with that part in the region's own indices.
+  template <class F>
+  void for_regions(int64_t begin, int64_t end, F&& f) const;
   // Rewrites the compute weights from whole masters (after a broadcast changed them): all of
   // them, or only tensor `p`.
   void refresh_compute_weights(const ParamInfo* p = nullptr);
@@ -161,20 +178,28 @@ class DistributedOptimizer final : public ParamEvents {
   // Tensor p's elements in this rank's shard (all of it, one run, without ZeRO-1).
   std::vector<ShardRun> own_runs(const ParamInfo& p) const;
   // Whether this rank's share of the norm counts tensor p's gradients, so that every element is
-  // counted once over the ranks: a replicated tensor on TP rank 0 only, the tied copy nowhere.
+  // counted once over the ranks: a replicated tensor on TP rank 0 only, the tied copy nowhere,
+  // and where the squares are summed over dp without ZeRO-1, the first replica's copy only.
   bool counts_in_norm(const ParamInfo& p) const;
 
   OptimConfig cfg_;
   ParamBuffer& params_;
   Ctx ctx_;
   Comm* dp_;
-  Comm* tp_;     // tensor-parallel group: sharded tensors' squares are summed over it
-  Comm* pp_;     // pipeline group: each stage's squares are summed over it
-  Comm* embed_;  // the tied embedding's two stages, or null
-  GradReducer reducer_;
+  Comm* experts_;  // the expert region's replicas (dp without expert parallelism)
+  Comm* tp_;       // tensor-parallel group: sharded tensors' squares are summed over it
+  Comm* pp_;       // pipeline group: each stage's squares are summed over it
+  Comm* embed_;    // the tied embedding's two stages, or null
+  bool zero1_;
+  // The squares are summed over dp: with ZeRO-1 (each replica counts its shard), or when the
+  // experts' replicas are fewer than dp's (each counts on the first replica of its group).
+  bool norm_over_dp_;
+  FlatShards shards_;
   std::unique_ptr<Arena> arena_;
-  Tensor masters_;  // see masters()
-  Tensor m_, v_;    // [state_elems()] Adam first and second moments
+  Tensor grad_shard_;  // ZeRO-1: the reduced gradients of this rank's shard, every region's
+  std::vector<std::unique_ptr<GradReducer>> reducers_;  // one per region of shards_
+  Tensor masters_;                                      // see masters()
+  Tensor m_, v_;  // [state_elems()] Adam first and second moments
   // The multi-tensor update's pieces of this rank's range (i64 [n, 4] on the device, made once:
   // kernels/ops.h adamw_update_pieces), and the clipping factor the next update applies.
   Buffer pieces_buf_;

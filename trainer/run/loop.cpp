@@ -269,7 +269,7 @@ int train_loop_steps(Session& s) {
 
 int train_loop(Session& s) {
   const int code = train_loop_steps(s);
-  s.opt->reducer().finish_weights();  // ZeRO-1: no weight all-gather outlives the run
+  s.opt->finish_weights();  // ZeRO-1: no weight all-gather outlives the run
   return code;
 }
 

@@ -282,11 +282,13 @@ absl::Status build_model(Session& s) {
   s.model = std::make_unique<DecoderModel>(dims, options, *s.params, s.ctx);
   s.model->set_tp_comm(s.groups.tp.get());
   s.model->set_cp_comm(s.groups.cp.get());
-  const OptimizerGroups groups{s.groups.dp_cp.get(), s.groups.tp.get(), s.groups.pp.get(),
+  s.model->set_ep_comm(s.groups.ep.get());
+  const OptimizerGroups groups{s.groups.dp_cp.get(), s.groups.expert_replicas(), s.groups.tp.get(),
+                               s.groups.pp.get(),
                                s.layout.tied_embedding_copies() ? s.groups.embed.get() : nullptr};
   s.opt = std::make_unique<DistributedOptimizer>(s.cfg.optim, *s.params, s.ctx, groups, zero1,
                                                  options.shards, options.separate_compute_copy);
-  s.opt->reducer().configure(s.cfg.parallel.dp_bucket_elems, s.cfg.parallel.overlap_dp,
+  s.opt->configure_reduction(s.cfg.parallel.dp_bucket_elems, s.cfg.parallel.overlap_dp,
                              grad_reduce_dtype(s.cfg.parallel),
                              s.cfg.parallel.overlap_param_gather);
   s.model->set_param_events(s.opt.get());

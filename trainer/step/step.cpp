@@ -82,12 +82,17 @@ void report_skip(Session& s, const StepGuard& guard, StepGuard::Verdict v, int64
 // layer by layer.
 void trace_dp(const Topology& topo, const DistributedOptimizer& opt, int64_t step) {
   if (topo.rank != 0 || !take(Switch::trace_dp)) return;
-  const GradReducer& red = opt.reducer();
+  int early = 0, buckets = 0, waited = 0, weight_buckets = 0;  // over the flat buffer's regions
+  for (const auto& red : opt.reducers()) {
+    early += red->early_buckets();
+    buckets += red->buckets();
+    waited += red->buckets_waited_in_forward();
+    weight_buckets += red->weight_buckets();
+  }
   std::fprintf(stderr,
                "step %lld: %d of %d dp buckets started during backward; %d of %d weight buckets "
                "completed by the forward\n",
-               static_cast<long long>(step), red.early_buckets(), red.buckets(),
-               red.buckets_waited_in_forward(), red.weight_buckets());
+               static_cast<long long>(step), early, buckets, waited, weight_buckets);
 }
 
 // TR_TRACE_TP=1 (world rank 0): how many column-parallel input-gradient reductions ran over TP
