@@ -954,6 +954,77 @@ TEST_CASE("plan: the Qwen3-MoE presets count their model cards' total and active
   }
 }
 
+// Expert parallelism in the plan: each rank holds num_experts / ep experts, their optimizer
+// states sharded over their replicas (dp / ep of them), and the routed rows' exchanges (two
+// [R, H] forward; two and a row of dots backward, per sparse layer and micro-batch) cost the
+// busiest rank kExpertImbalance times the mean, less the rows that stay on it. An ep that divides
+// neither the experts nor dp x cp is refused with one line.
+TEST_CASE("plan: expert parallelism splits the experts and prices their exchanges", "[model]") {
+  const std::string path = tr::test::source_dir() + "/configs/qwen3-30b-a3b.yaml";
+  const std::vector<std::string> layout = {"parallel.tp=4", "parallel.pp=2",
+                                           "parallel.sequence_parallel=true"};
+  auto with_ep = [&](const std::string& ep) {
+    std::vector<std::string> sets = layout;
+    sets.push_back("parallel.ep=" + ep);
+    return load_config(path, sets);
+  };
+  absl::StatusOr<Config> one = with_ep("1"), two = with_ep("2");
+  REQUIRE(one.ok());
+  REQUIRE(two.ok());
+  absl::StatusOr<Plan> p1 = make_plan(*one, *gpu_spec("h100"), 8, 8),
+                       p2 = make_plan(*two, *gpu_spec("h100"), 8, 8);
+  REQUIRE(p1.ok());
+  REQUIRE(p2.ok());
+  REQUIRE(p2->layout.topo.dp == 8);
+  CHECK(p1->ep_bytes == 0);
+  CHECK(p1->ep_s == 0);
+  // Half the experts on each rank: the expert region's gradients halve.
+  const ParamLayout l1 = rank_layout(*one, p1->layout.topo),
+                    l2 = rank_layout(*two, p2->layout.topo);
+  const double experts1 = static_cast<double>(l1.capacity - l1.expert_begin),
+               experts2 = static_cast<double>(l2.capacity - l2.expert_begin);
+  CHECK(experts2 == Approx(experts1 / 2).epsilon(1e-6));
+  CHECK(p2->stages[0].grads == Approx(4 * static_cast<double>(l2.capacity)).epsilon(1e-6));
+  // ZeRO-1: m, v and the reduced gradients of the dense region's 1/8 and the experts' 1/4.
+  const double shard = static_cast<double>(l2.expert_begin) / 8 + experts2 / 4;
+  CHECK(p2->stages[0].optimizer == Approx(3 * 4 * shard).epsilon(1e-6));
+  CHECK(p2->edp_span.ranks == 4);
+  // The exchanges of the slowest stage's sparse layers.
+  const ModelConfig& m = two->model;
+  const double R = static_cast<double>(two->train.micro_batch * two->data.seq_len *
+                                       m.experts_per_token),
+               H = static_cast<double>(m.hidden_size);
+  const double layers = static_cast<double>(p2->compute[p2->slowest_stage].layers);
+  // bf16 rows and f32 dots, and the rows per expert all-gathered (i32 [ep, E], half received).
+  const double per_layer = 4 * R * H * 2 + R * 4;
+  const double counts = 2.0 * static_cast<double>(m.num_experts) * 4 / 2;
+  CHECK(p2->ep_bytes == Approx(layers * static_cast<double>(p2->layout.micro_batches) *
+                               (per_layer * kExpertImbalance * 0.5 + counts))
+                            .epsilon(1e-9));
+  CHECK(p2->ep_s > 0);
+  CHECK(p2->step_s == Approx(p2->compute_s + p2->tp_s + p2->pp_s + p2->dp_s + p2->cp_s + p2->ep_s));
+  const std::string text = format_plan(*two, *p2);
+  CHECK(text.find("dp 8 (ep 2 of dp)") != std::string::npos);
+  CHECK(text.find("expert parallel: ep 2, 64 experts of each sparse layer per GPU") !=
+        std::string::npos);
+  // Bad input: one line each.
+  absl::StatusOr<Config> three = with_ep("3");
+  REQUIRE(!three.ok());
+  CHECK(std::string(three.status().message())
+            .find("model.num_experts 128 is not divisible by parallel.ep 3") != std::string::npos);
+  absl::StatusOr<Config> wide = with_ep("16");
+  REQUIRE(wide.ok());
+  absl::StatusOr<Plan> refused = make_plan(*wide, *gpu_spec("h100"), 8, 8);
+  REQUIRE(!refused.ok());
+  CHECK(std::string(refused.status().message())
+            .find("parallel.ep 16 does not divide the 8 ranks that share each weight") !=
+        std::string::npos);
+  absl::StatusOr<Config> dense =
+      load_config(tr::test::source_dir() + "/configs/qwen2.5-72b.yaml", {"parallel.ep=2"});
+  REQUIRE(!dense.ok());
+  CHECK(std::string(dense.status().message()).find("but the model has none") != std::string::npos);
+}
+
 TEST_CASE("plan: the 72B job fits 16 nodes of B300 and not one node of H100", "[model]") {
   const Config cfg = config_with({});
   absl::StatusOr<Plan> big = make_plan(cfg, *gpu_spec("b300"), 16, 8);

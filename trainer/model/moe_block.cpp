@@ -383,6 +383,7 @@ void MoeMlp::forward_ops(OpLister& ops, const Run& r, bool out) const {
   if (ep()) {  // the routed rows to their experts' ranks (at the op list's shape: what is sent)
     ops.collective("experts: rows per expert gathered" + r.suffix, r.phase, layers, r.count, "ep",
                    CommOp::all_gather, Lane::in_order, ep_size_, E_, DType::i32);
+    ops.set_routed(true);  // what a rank receives and runs: the routing's
     ops.collective("experts: tokens to their experts' ranks" + r.suffix, r.phase, layers, r.count,
                    "ep", CommOp::exchange, Lane::in_order, Rn * H_, 1, dtype_);
   }
@@ -390,11 +391,12 @@ void MoeMlp::forward_ops(OpLister& ops, const Run& r, bool out) const {
                   2 * I_, H_);
   ops.pass("experts: swiglu: forward" + r.suffix, "swiglu_fwd", r.phase, layers, r.count, Rn, I_,
            3 * i * R);
-  if (!out) return;
+  if (!out) return ops.set_routed(false);
   ops.grouped_fwd("experts: down projections: forward", r.phase, r.count, Rn, H_, I_);
   if (ep())
     ops.collective("experts: outputs back to their tokens' ranks", r.phase, layers, r.count, "ep",
                    CommOp::exchange, Lane::in_order, Rn * H_, 1, dtype_);
+  ops.set_routed(false);
   ops.pass("experts: weighted return", "moe_unpermute", r.phase, layers, r.count, T_, H_,
            (R + t) * h);
 }
@@ -413,6 +415,7 @@ void MoeMlp::backward_ops(OpLister& ops, double mb, bool split) const {
            .phase = bwd,
            .count = mb,
            .bytes = (t + R) * h * x});
+  ops.set_routed(ep());  // what a rank receives and runs: the routing's
   if (ep())
     ops.collective("experts: output gradients to their experts' ranks", bwd, layers, mb, "ep",
                    CommOp::exchange, Lane::in_order, Rn * H_, 1, dtype_);
@@ -426,6 +429,7 @@ void MoeMlp::backward_ops(OpLister& ops, double mb, bool split) const {
   if (ep())
     ops.collective("experts: row dots back to their tokens' ranks", bwd, layers, mb, "ep",
                    CommOp::exchange, Lane::in_order, Rn, 1, sdtype_);
+  ops.set_routed(false);
   ops.add({.name = "experts: choices' weight gradients",
            .key = {"moe_choice_grads", T_, k_},
            .cls = OpClass::memory,
@@ -435,6 +439,7 @@ void MoeMlp::backward_ops(OpLister& ops, double mb, bool split) const {
   if (tp_size_ > 1)
     ops.collective("router: top-k weights' gradient summed", bwd, layers, mb, "tp",
                    CommOp::all_reduce, Lane::in_order, T_, k_, dtype_);
+  ops.set_routed(ep());
   ops.pass("experts: swiglu: backward", "swiglu_bwd", bwd, layers, mb, Rn, I_, 5 * i * R);
   // The gate and up projections' input again (kept under expert parallelism).
   ops.pass("experts: tokens permuted (backward)", "moe_permute", bwd, layers,
@@ -443,6 +448,7 @@ void MoeMlp::backward_ops(OpLister& ops, double mb, bool split) const {
   if (ep())
     ops.collective("experts: input gradients back to their tokens' ranks", bwd, layers, mb, "ep",
                    CommOp::exchange, Lane::in_order, Rn * H_, 1, dtype_);
+  ops.set_routed(false);
   ops.add({.name = "router: backward",
            .key = {"moe_router_bwd", T_, E_, k_},
            .cls = OpClass::memory,
@@ -455,8 +461,10 @@ void MoeMlp::backward_ops(OpLister& ops, double mb, bool split) const {
   ops.pass("experts: tokens returned (backward)", "moe_permute_bwd", bwd, layers, mb, T_, H_,
            (R + t) * h);
   if (split) {
+    ops.set_routed(ep());
     ops.grouped_bwd("experts: down projections (W)", 0, mb, Rn, H_, I_, El_);
     ops.grouped_bwd("experts: gate and up projections (W)", 0, mb, Rn, 2 * I_, H_, El_);
+    ops.set_routed(false);
   }
 }
 

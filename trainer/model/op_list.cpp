@@ -44,6 +44,7 @@ void OpLister::add(ModelOp op) {
   if (op.count <= 0) return;
   // The lister's dtype, but for what states its own: a collective, an FP8 product.
   if (op.cls != OpClass::communication && !is_fp8(op.precision)) op.precision = dtype_;
+  op.routed = op.routed || routed_;
   for (ModelOp& o : ops_)
     if (o.name == op.name && o.key == op.key && o.phase == op.phase) {
       o.count += op.count;

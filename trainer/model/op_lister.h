@@ -54,6 +54,9 @@ struct ModelOp {
   // parallel.overlap_tp the TP reduction of the layer's input gradient runs beside it.
   bool column_weight_grad = false;
   CollectiveSpec comm = {};  // a collective's (OpClass::communication)
+  // Over the rows a mixture of experts' routing sends this rank (expert parallelism), keyed at
+  // their mean (every routed row of a micro-batch): the busiest rank's are more.
+  bool routed = false;
 };
 
 // Elements an RMSNorm backward moves per element of its input: din's pass reads dout and in and
@@ -109,6 +112,8 @@ class OpLister {
                   const std::string& group, CommOp::Kind kind, Lane lane, int64_t rows,
                   int64_t width, DType dtype);
   std::vector<ModelOp> take() { return std::move(ops_); }
+  // The ops added from now on are over the routed rows (ModelOp::routed), or no longer.
+  void set_routed(bool routed) { routed_ = routed; }
 
  private:
   // An FP8 cast of a [rows, cols] tensor into `layouts` code layouts (row-major, transposed).
@@ -119,6 +124,7 @@ class OpLister {
   double e_;
   GemmPrecision layers_;
   bool split_;
+  bool routed_ = false;
   std::vector<ModelOp> ops_;
 };
 

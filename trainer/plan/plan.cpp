@@ -66,18 +66,23 @@ StageMemory rank_memory(const Config& cfg, const RunLayout& layout, Device devic
   m.loss_chunk_tokens = model.loss_chunk();
   m.loss_chunk_logits = static_cast<double>(model.loss_chunk()) *
                         static_cast<double>(dims.vocab_local) * dtype_size(dtype);
-  const int64_t capacity = params.layout().capacity, total = params.layout().total;
-  // AdamW's m and v of this rank's range; the GradReducer's reduced gradient shard (ZeRO-1)
-  // and bf16 staging: their own counts.
+  const ParamLayout& l = params.layout();
+  // AdamW's m and v of this rank's range; the reduced gradient shard (ZeRO-1) and bf16 staging,
+  // region by region: the dense tensors' shards over dp x cp, the experts' over their replicas.
   const DType reduce = grad_reduce_dtype(par);
-  const int replicas = st.dp_cp();  // ZeRO-1 shards over dp x cp
-  m.optimizer_without_zero1 =
-      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, replicas, false) +
-                          GradReducer::staging_bytes(capacity, replicas, false, reduce));
-  m.optimizer =
-      static_cast<double>(DistributedOptimizer::state_bytes(capacity, total, replicas, zero1) +
-                          GradReducer::shard_bytes(capacity, replicas, zero1) +
-                          GradReducer::staging_bytes(capacity, replicas, zero1, reduce));
+  const std::pair<int64_t, int> regions[] = {{l.expert_begin, st.dp_cp()},
+                                             {l.capacity - l.expert_begin, st.edp()}};
+  size_t staging = 0, staging_zero1 = 0;
+  int64_t shard = 0;
+  for (const auto& [capacity, replicas] : regions) {
+    staging += GradReducer::staging_bytes(capacity, replicas, false, reduce);
+    staging_zero1 += GradReducer::staging_bytes(capacity, replicas, true, reduce);
+    shard += capacity / replicas;
+  }
+  m.optimizer_without_zero1 = static_cast<double>(
+      DistributedOptimizer::state_bytes(l.capacity, l.total, 1, false) + staging);
+  m.optimizer = zero1 ? static_cast<double>(3 * arena_bytes(DType::f32, shard) + staging_zero1)
+                      : m.optimizer_without_zero1;
   if (device == Device::cuda) {
     m.workspace =
         static_cast<double>(kCudaWorkspaceBytes +
@@ -152,16 +157,25 @@ void plan_communication(const Config& cfg, Plan& plan) {
   // Activations forward and their gradients back at each of the rank's v chunk boundaries.
   plan.pp_bytes = pp > 1 ? m * 2.0 * act / (sp ? tp : 1) * f.virtual_stages : 0;
   plan.pp_calls = pp > 1 ? m * 2.0 * f.virtual_stages : 0;
-  const double grads = static_cast<double>(plan.stages[0].grads);
   // ZeRO-1 (the distributed optimizer): fp32 gradients reduce-scattered, the updated bf16
-  // compute copy all-gathered.
-  const double reduced = grads / 4 * dtype_size(grad_reduce_dtype(cfg.parallel));  // on the wire
-  plan.dp_gather_bytes = f.zero1 ? ring_half(plan.stages[0].compute_copy, dp * cp) : 0;
-  plan.dp_bytes = plan.dp_gather_bytes +
-                  (f.zero1 ? ring_half(reduced, dp * cp) : ring_all_reduce(reduced, dp * cp));
-  // One reduction per bucket (parallel.dp_bucket_elems), and with ZeRO-1 one all-gather.
-  plan.dp_buckets =
-      dp * cp > 1 ? std::ceil(grads / 4 / static_cast<double>(cfg.parallel.dp_bucket_elems)) : 0;
+  // compute copy all-gathered; each region of the flat buffer over its replicas (the experts'
+  // over the expert-data-parallel ranks).
+  const ParamLayout l = rank_layout(cfg, f.topo);
+  const double wire = dtype_size(grad_reduce_dtype(cfg.parallel)), copy = 2;  // bytes per element
+  const auto region = [&](double elems, int ranks, double* bytes, double* gather, double* buckets) {
+    *gather = f.zero1 ? ring_half(elems * copy, ranks) : 0;
+    *bytes =
+        *gather + (f.zero1 ? ring_half(elems * wire, ranks) : ring_all_reduce(elems * wire, ranks));
+    // One reduction per bucket (parallel.dp_bucket_elems), and with ZeRO-1 one all-gather.
+    *buckets = ranks > 1 ? std::ceil(elems / static_cast<double>(cfg.parallel.dp_bucket_elems)) : 0;
+  };
+  double dense_bytes = 0, dense_gather = 0, dense_buckets = 0;
+  region(static_cast<double>(l.expert_begin), dp * cp, &dense_bytes, &dense_gather, &dense_buckets);
+  region(static_cast<double>(l.capacity - l.expert_begin), f.topo.edp(), &plan.dp_expert_bytes,
+         &plan.dp_expert_gather_bytes, &plan.dp_expert_buckets);
+  plan.dp_bytes = dense_bytes + plan.dp_expert_bytes;
+  plan.dp_gather_bytes = dense_gather + plan.dp_expert_gather_bytes;
+  plan.dp_buckets = dense_buckets + plan.dp_expert_buckets;
 }
 
 // What a group's collectives send per GPU per step and how long they take: each op of the op
@@ -180,6 +194,8 @@ GroupTraffic group_traffic(const GpuSpec& gpu, const std::vector<StepOp>& collec
     if (op.comm.group != group) continue;
     Collective c = Collective::send;  // an exchange: what it sends, to one neighbour
     double wire = op.bytes;
+    // The routed rows' exchange: what leaves (or reaches) the busiest rank, its own rows aside.
+    if (op.routed) wire *= kExpertImbalance * (span.ranks - 1) / span.ranks;
     switch (op.comm.kind) {
       case CommOp::all_reduce:
         c = Collective::all_reduce;
@@ -257,18 +273,32 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   // micro-batch's backward finishes them, and with overlap_param_gather ZeRO-1's all-gather of
   // the updated weights runs bucket by bucket under the next step's first forward: the step
   // waits for what those windows do not cover.
-  const int cp = plan.layout.topo.cp;
+  const int cp = plan.layout.topo.cp, ep = plan.layout.topo.ep;
   plan.dp_span = group_span(plan.layout.topo.dp * cp, tp, plan.world, g);
+  // The experts' replicas: ranks ep apart among the dp x cp ones.
+  plan.edp_span = group_span(plan.layout.topo.edp(), tp * ep, plan.world, g);
   const double micro_batches = static_cast<double>(plan.layout.micro_batches);
+  const bool zero1 = plan.layout.zero1;
+  const auto gather = [&](GroupSpan span, double bytes, double buckets) {
+    return collective_time(gpu, Collective::all_gather, span, bytes, zero1 ? buckets : 0.0).seconds;
+  };
+  const auto reduction = [&](GroupSpan span, double bytes, double buckets) {
+    return collective_time(gpu, zero1 ? Collective::reduce_scatter : Collective::all_reduce, span,
+                           bytes, buckets);
+  };
   const double gather_s =
-      collective_time(gpu, Collective::all_gather, plan.dp_span, plan.dp_gather_bytes,
-                      plan.layout.zero1 ? plan.dp_buckets : 0.0)
-          .seconds;
-  const CollectiveTime reduce =
-      collective_time(gpu, plan.layout.zero1 ? Collective::reduce_scatter : Collective::all_reduce,
-                      plan.dp_span, plan.dp_bytes - plan.dp_gather_bytes, plan.dp_buckets);
+      gather(plan.dp_span, plan.dp_gather_bytes - plan.dp_expert_gather_bytes,
+             plan.dp_buckets - plan.dp_expert_buckets) +
+      gather(plan.edp_span, plan.dp_expert_gather_bytes, plan.dp_expert_buckets);
+  const CollectiveTime reduce = reduction(
+      plan.dp_span,
+      plan.dp_bytes - plan.dp_gather_bytes - (plan.dp_expert_bytes - plan.dp_expert_gather_bytes),
+      plan.dp_buckets - plan.dp_expert_buckets);
   plan.dp_algorithm = reduce.algorithm;
-  const double reduce_s = reduce.seconds;
+  const double reduce_s =
+      reduce.seconds + reduction(plan.edp_span, plan.dp_expert_bytes - plan.dp_expert_gather_bytes,
+                                 plan.dp_expert_buckets)
+                           .seconds;
   plan.dp_comm_s = gather_s + reduce_s;
   const double under_backward = cfg.parallel.overlap_dp ? slow.backward_s / micro_batches : 0;
   const double under_forward =
@@ -283,7 +313,14 @@ void plan_time(const Config& cfg, const OtherSystem& system, Plan& plan) {
   plan.cp_comm_s = cp_traffic.seconds;
   plan.cp_s =
       plan.cp_comm_s - cp_traffic.beside_s + std::max(0.0, cp_traffic.beside_s - slow.attention_s);
-  plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s + plan.cp_s;
+  // Expert parallelism's exchanges run in order, between the router and the experts: the step
+  // waits for all of them.
+  plan.ep_span = group_span(ep, tp, plan.world, g);
+  const GroupTraffic ep_traffic = group_traffic(gpu, slow.collectives, "ep", plan.ep_span);
+  plan.ep_bytes = ep_traffic.bytes;
+  plan.ep_calls = ep_traffic.calls;
+  plan.ep_s = ep_traffic.seconds;
+  plan.step_s = plan.compute_s + plan.tp_s + plan.pp_s + plan.dp_s + plan.cp_s + plan.ep_s;
   plan.tokens_per_s_per_gpu = tokens_step / plan.step_s / plan.world;
   plan.mfu = plan.flops_per_token_causal * plan.tokens_per_s_per_gpu / gpu.peak_bf16_flops;
 }
@@ -301,6 +338,7 @@ absl::Status check_outputs(const Plan& p) {
       {"pp communication time", p.pp_s, links},
       {"dp communication time", p.dp_s, links},
       {"cp communication time", p.cp_s, links},
+      {"ep communication time", p.ep_s, links},
       {"step time", p.step_s, compute},
       {"tokens/s per GPU", p.tokens_per_s_per_gpu, compute}};
   for (const auto& [what, value, keys] : parts)
@@ -421,11 +459,13 @@ std::string format_plan(const Config& cfg, const Plan& p) {
   const Topology& t = p.layout.topo;
   absl::StrAppendFormat(
       &out,
-      "plan: %d nodes x %d %s = %d GPUs; tp %d x %spp %d x dp %d%s%s; "
+      "plan: %d nodes x %d %s = %d GPUs; tp %d x %spp %d x dp %d%s%s%s; "
       "%.3gB parameters%s; %d micro-batches of %d x %d tokens per step\n",
       p.nodes, p.gpus_per_node, p.gpu.name, p.world, t.tp,
-      t.cp > 1 ? absl::StrCat("cp ", t.cp, " x ") : "", t.pp, t.dp, p.layout.zero1 ? ", zero1" : "",
-      p.layout.sequence_parallel ? ", sequence parallel" : "", p.params_total / 1e9,
+      t.cp > 1 ? absl::StrCat("cp ", t.cp, " x ") : "", t.pp, t.dp,
+      t.ep > 1 ? absl::StrCat(" (ep ", t.ep, " of dp", t.cp > 1 ? " x cp" : "", ")") : "",
+      p.layout.zero1 ? ", zero1" : "", p.layout.sequence_parallel ? ", sequence parallel" : "",
+      p.params_total / 1e9,
       p.params_active < p.params_total
           ? absl::StrFormat(" (%.3gB active per token)", p.params_active / 1e9)
           : std::string(),
@@ -461,7 +501,9 @@ std::string format_plan(const Config& cfg, const Plan& p) {
   absl::StrAppendFormat(&out, "pipeline bubble: %.1f%% of each step (%s, %d micro-batches)\n",
                         100 * p.bubble, p.layout.schedule_text().c_str(), p.layout.micro_batches);
   if (t.pp > 1) absl::StrAppend(&out, format_schedule_options(cfg, p));
-  const std::string cp_traffic = t.cp > 1 ? absl::StrFormat(", cp %.2f GB", p.cp_bytes / 1e9) : "";
+  const std::string cp_traffic =
+      absl::StrCat(t.cp > 1 ? absl::StrFormat(", cp %.2f GB", p.cp_bytes / 1e9) : "",
+                   t.ep > 1 ? absl::StrFormat(", ep %.2f GB", p.ep_bytes / 1e9) : "");
   absl::StrAppendFormat(&out,
                         "communication per GPU per step: tp %.2f GB, pp %.2f GB, dp %.2f GB%s\n",
                         p.tp_bytes / 1e9, p.pp_bytes / 1e9, p.dp_bytes / 1e9, cp_traffic);
@@ -472,12 +514,19 @@ std::string format_plan(const Config& cfg, const Plan& p) {
         "K/V exchange takes %.2f s per step, %.2f s of it exposed%s\n",
         t.cp, cfg.parallel.cp_comm, cfg.data.seq_len / t.cp, p.cp_comm_s, p.cp_s,
         cfg.parallel.cp_comm == "ring" ? " (the K/V passes run beside the chunk attention)" : "");
+  if (t.ep > 1)
+    absl::StrAppendFormat(
+        &out,
+        "expert parallel: ep %d, %d experts of each sparse layer per GPU; the routed rows' "
+        "exchanges take %.2f s per step (%.0f calls; the busiest rank at %.1fx the mean)\n",
+        t.ep, static_cast<int>(cfg.model.num_experts / t.ep), p.ep_s, p.ep_calls, kExpertImbalance);
   if (!p.fits && p.cp_needed > 0)
     absl::StrAppendFormat(&out,
                           "long context: parallel.cp=%d would fit on these %d GPUs (dp auto); "
                           "try trainer plan --set parallel.cp=%d\n",
                           p.cp_needed, p.world, p.cp_needed);
-  const std::string cp_time = t.cp > 1 ? absl::StrFormat(", cp %.2f", p.cp_s) : "";
+  const std::string cp_time = absl::StrCat(t.cp > 1 ? absl::StrFormat(", cp %.2f", p.cp_s) : "",
+                                           t.ep > 1 ? absl::StrFormat(", ep %.2f", p.ep_s) : "");
   absl::StrAppendFormat(&out,
                         "predicted step %.2f s (compute %.2f, tp %.2f, pp %.2f, dp %.2f%s "
                         "waited for): %.0f tokens/s/GPU, MFU %.1f%%\n",
@@ -546,6 +595,8 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"cp", p.layout.topo.cp},
                             {"cp_comm", cfg.parallel.cp_comm},
                             {"cp_bytes", p.cp_bytes},
+                            {"ep", p.layout.topo.ep},
+                            {"ep_bytes", p.ep_bytes},
                             {"cp_needed", p.cp_needed},
                             {"micro_batches", p.layout.micro_batches},
                             {"params", p.params_total},
@@ -575,6 +626,7 @@ std::string plan_json(const Config& cfg, const Plan& p) {
                             {"pp_s", p.pp_s},
                             {"dp_s", p.dp_s},
                             {"cp_s", p.cp_s},
+                            {"ep_s", p.ep_s},
                             {"step_s", p.step_s},
                             {"tokens_per_s_per_gpu", p.tokens_per_s_per_gpu},
                             {"mfu", p.mfu}};

@@ -75,6 +75,15 @@ struct Plan {
   // (collectives.h: a tree only for all-reduces, where it is the faster).
   GroupSpan dp_span;
   CollectiveAlgorithm dp_algorithm = CollectiveAlgorithm::ring;
+  // Of dp_bytes, dp_gather_bytes and dp_buckets: the experts' region's, over the experts'
+  // replicas (Topology::edp; the dp x cp ranks without expert parallelism), and their group.
+  double dp_expert_bytes = 0, dp_expert_gather_bytes = 0, dp_expert_buckets = 0;
+  GroupSpan edp_span;
+  // Expert parallelism: the routed rows' exchanges per GPU per step (what the busiest rank of
+  // the ep group moves: kExpertImbalance times the mean, less what stays on the rank), their
+  // calls, their time and the group they cross; the step waits for all of it.
+  double ep_bytes = 0, ep_calls = 0, ep_s = 0;
+  GroupSpan ep_span;
   // Context parallelism's K/V exchange per GPU per step (parallel.cp_comm), sent, and the part
   // of it that runs beside the attention (the ring's K/V passes).
   double cp_bytes = 0, cp_beside_bytes = 0;

@@ -33,32 +33,42 @@ std::vector<StepPart> step_parts(const Plan& p) {
       {"the data-parallel gradient reduction", p.dp_s,
        "parallel.grad_reduce_dtype=bf16, or more tokens per micro-batch (the part the last "
        "micro-batch's backward and the first forward do not cover)"},
-      {"context-parallel exchange", p.cp_s, "parallel.cp_comm=ring, or a smaller parallel.cp"}};
+      {"context-parallel exchange", p.cp_s, "parallel.cp_comm=ring, or a smaller parallel.cp"},
+      {"expert-parallel exchanges", p.ep_s,
+       "a smaller parallel.ep (within a node), or fewer tokens routed per step"}};
   std::stable_sort(parts.begin(), parts.end(),
                    [](const StepPart& a, const StepPart& b) { return a.seconds > b.seconds; });
   return parts;
 }
 
 // The layouts --suggest tries: every tp (a power of two that divides the KV heads and fits a
-// node) and pp (a power of two that divides the layers) on these GPUs, dp auto, ZeRO-1, sequence
-// parallel with tp, the config's cp, micro-batch and recompute.
+// node) and pp (a power of two that divides the layers) on these GPUs, and for a mixture of
+// experts every ep (a power of two that divides the experts; make_plan refuses those that do
+// not divide dp x cp), dp auto, ZeRO-1, sequence parallel with tp, the config's cp, micro-batch
+// and recompute.
 std::vector<Config> candidate_layouts(const Config& cfg, int gpus_per_node) {
   std::vector<Config> out;
+  std::vector<int64_t> eps = {1};
+  for (int64_t ep = 2; ep <= cfg.model.num_experts && ep <= 64; ep *= 2)
+    if (cfg.model.num_experts % ep == 0) eps.push_back(ep);
   for (int64_t tp = 1; tp <= gpus_per_node; tp *= 2) {
     if (cfg.model.num_kv_heads % tp != 0) continue;
     for (int64_t pp = 1; pp <= cfg.model.num_layers && pp <= 64; pp *= 2) {
       if (cfg.model.num_layers % pp != 0) continue;
-      Config c = cfg;
-      c.parallel.tp = tp;
-      c.parallel.pp = pp;
-      c.parallel.dp = 0;
-      c.parallel.pipeline_layers.clear();
-      c.parallel.pipeline_schedule = "1f1b";
-      c.parallel.virtual_stages = 1;
-      c.parallel.sequence_parallel = tp > 1;
-      c.parallel.zero1 = true;
-      c.train.recompute_layers.clear();
-      out.push_back(std::move(c));
+      for (int64_t ep : eps) {
+        Config c = cfg;
+        c.parallel.tp = tp;
+        c.parallel.pp = pp;
+        c.parallel.ep = ep;
+        c.parallel.dp = 0;
+        c.parallel.pipeline_layers.clear();
+        c.parallel.pipeline_schedule = "1f1b";
+        c.parallel.virtual_stages = 1;
+        c.parallel.sequence_parallel = tp > 1;
+        c.parallel.zero1 = true;
+        c.train.recompute_layers.clear();
+        out.push_back(std::move(c));
+      }
     }
   }
   return out;
@@ -144,7 +154,8 @@ absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gp
     if (!p.ok()) continue;  // not a layout of these GPUs (dp, batch or heads do not divide)
     ++tried;
     if (!p->fits) continue;
-    const bool current = c.parallel.tp == cfg.parallel.tp && c.parallel.pp == cfg.parallel.pp;
+    const bool current = c.parallel.tp == cfg.parallel.tp && c.parallel.pp == cfg.parallel.pp &&
+                         c.parallel.ep == cfg.parallel.ep;
     fit.push_back({std::move(*p), current});
   }
   std::stable_sort(fit.begin(), fit.end(), [](const Ranked& a, const Ranked& b) {
@@ -154,14 +165,16 @@ absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gp
     return absl::InvalidArgumentError(absl::StrCat(
         "no layout of ", nodes * gpus_per_node, " ", gpu.name, " GPUs fits this model (", tried,
         " tried); add nodes, or raise parallel.cp or train.recompute"));
+  // A mixture of experts' table has an ep column.
+  const bool moe = cfg.model.num_experts > 0;
   std::string out = absl::StrFormat(
       "layouts of %d x %d %s that fit, by predicted tokens/s/GPU (%d of %d tried; dp auto, "
       "zero1, sequence parallel with tp, this config's cp %d, micro-batch %d and recompute "
-      "%s):\n| rank | tp | pp | dp | memory GiB (worst stage) | tokens/s/GPU | MFU | bottleneck |\n"
-      "|---|---|---|---|---|---|---|---|\n",
+      "%s):\n| rank | tp | pp | dp |%s memory GiB (worst stage) | tokens/s/GPU | MFU | "
+      "bottleneck |\n|---|---|---|---|%s---|---|---|---|\n",
       nodes, gpus_per_node, gpu.name, static_cast<int>(fit.size()), tried,
       static_cast<int>(cfg.parallel.cp), static_cast<int>(cfg.train.micro_batch),
-      cfg.train.recompute);
+      cfg.train.recompute, moe ? " ep |" : "", moe ? "---|" : "");
   for (size_t i = 0; i < fit.size() && static_cast<int>(i) < best; ++i) {
     const Plan& p = fit[i].plan;
     double worst = 0;
@@ -170,10 +183,13 @@ absl::StatusOr<std::string> suggest_layouts(const Config& cfg, const GpuSpec& gp
     // take that.
     const bool tight = worst > 0.95 * p.gpu.memory_bytes;
     absl::StrAppendFormat(
-        &out, "| %d | %d | %d | %d | %.1f of %.0f%s | %.0f | %.1f%% | %s |%s\n",
-        static_cast<int>(i + 1), p.layout.topo.tp, p.layout.topo.pp, p.layout.topo.dp, worst / kGiB,
+        &out, "| %d | %d | %d | %d |%s %.1f of %.0f%s | %.0f | %.1f%% | %s |%s\n",
+        static_cast<int>(i + 1), p.layout.topo.tp, p.layout.topo.pp, p.layout.topo.dp,
+        moe ? absl::StrCat(" ", p.layout.topo.ep, " |") : "", worst / kGiB,
         p.gpu.memory_bytes / kGiB, tight ? " (tight)" : "", p.tokens_per_s_per_gpu, 100 * p.mfu,
-        step_parts(p)[0].name, fit[i].current ? " <- this config's tp and pp" : "");
+        step_parts(p)[0].name,
+        fit[i].current ? (moe ? " <- this config's tp, pp and ep" : " <- this config's tp and pp")
+                       : "");
   }
   return out;
 }
@@ -232,6 +248,12 @@ std::string explain_plan(const Config& cfg, const Plan& p) {
                         cfg.parallel.cp_comm == "ring"
                             ? "the K/V passes beside the chunk attention, the rest waited for"
                             : "the attention waits for the gathered K and V"));
+  if (p.layout.topo.ep > 1)
+    row("ep exchanges", p.ep_s,
+        absl::StrFormat("%.2f GB in %.0f calls over %d %s, in order; the busiest rank's rows at "
+                        "%.1fx the mean",
+                        p.ep_bytes / 1e9, p.ep_calls, p.ep_span.nodes,
+                        p.ep_span.nodes > 1 ? "nodes" : "node", kExpertImbalance));
   row("step", p.step_s,
       absl::StrFormat("%.0f tokens/s/GPU, MFU %.1f%%", p.tokens_per_s_per_gpu, 100 * p.mfu));
   absl::StrAppendFormat(

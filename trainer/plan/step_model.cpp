@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "trainer/layout/flat_buffers.h"
 #include "trainer/model/model_layout.h"
 
 namespace tr {
@@ -46,7 +47,8 @@ StepOp priced(const ModelOp& op, const GpuSpec& gpu, int64_t head_dim, double sp
            .m = op.key.m,
            .n = op.key.n,
            .k = op.key.k,
-           .column_weight_grad = op.column_weight_grad};
+           .column_weight_grad = op.column_weight_grad,
+           .routed = op.routed};
   switch (op.cls) {
     case OpClass::gemm: {
       // FP8 products (train.precision: fp8) at the FP8 ceiling, the rest at bf16's.
@@ -71,6 +73,8 @@ StepOp priced(const ModelOp& op, const GpuSpec& gpu, int64_t head_dim, double sp
     default:
       s.seconds = op.bytes / stream;
   }
+  if (op.routed)
+    s.seconds *= kExpertImbalance;  // the busiest rank's rows (a collective's: plan.cpp)
   return s;
 }
 
@@ -89,8 +93,9 @@ std::vector<StepOp> stage_ops(const Config& cfg, const RunLayout& layout, const 
   // AdamW over the rank's range (fp32 master, gradient, m, v read; master, m, v and the bf16
   // compute copy written: 30 bytes a parameter) and the norm's read of every gradient here.
   const double stream = gpu.copy_bw * gpu.stream_fraction;
-  const double shards = layout.zero1 ? topo.dp_cp() : 1;
-  const auto updated = static_cast<int64_t>(params_on_rank / shards);
+  // Under ZeRO-1 its shard of every region (the experts' over their replicas).
+  const auto updated =
+      layout.zero1 ? dp_shards(cfg, mine.topo).shard_size() : static_cast<int64_t>(params_on_rank);
   const auto update = [&](const char* name, const char* kernel, double bytes, int64_t elems) {
     ops.push_back({.name = name,
                    .kernel = kernel,

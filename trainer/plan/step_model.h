@@ -71,8 +71,18 @@ struct StepOp {
   // parallel.overlap_tp the TP reduction of the layer's input gradient runs beside it.
   bool column_weight_grad = false;
   CollectiveSpec comm = {};  // a collective's group, kind and lane (OpClass::communication)
+  // Over the rows the routing sends a rank (expert parallelism; ModelOp::routed): priced for the
+  // busiest rank, kExpertImbalance times the mean.
+  bool routed = false;
   double total_s() const { return count * seconds; }
 };
+
+// Under expert parallelism, the busiest rank's routed rows over the mean (every rank's experts
+// receive as many on average as it routes): what the step waits for, since every exchange waits
+// for its slowest rank. An assumption until measured: the trainer logs moe_imbalance, the busiest
+// expert's tokens over the mean, which bounds a rank's (ep ranks average num_experts / ep
+// experts' loads).
+inline constexpr double kExpertImbalance = 1.2;
 
 // The ops of one GPU of pipeline stage `stage` in a step of `cfg` under `layout` on `gpu`, with
 // `params_on_rank` parameters on that GPU (its fp32 gradients); attention over `attention_span`
