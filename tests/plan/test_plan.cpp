@@ -931,7 +931,7 @@ TEST_CASE("plan: the Qwen3-MoE presets count their model cards' total and active
     const char* name;
     double total, active;
     int nodes;
-  } presets[] = {{"qwen3-30b-a3b", 30.5, 3.3, 1}, {"qwen3-235b-a22b", 235, 22, 16}};
+  } presets[] = {{"qwen3-30b-a3b", 30.5, 3.3, 8}, {"qwen3-235b-a22b", 235, 22, 16}};
   for (const auto& p : presets) {
     INFO(p.name);
     absl::StatusOr<Config> cfg =
