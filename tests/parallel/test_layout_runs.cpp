@@ -476,6 +476,25 @@ TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][
   }
 }
 
+// A run stopped after 5 of 10 steps and resumed by `r`: it resumed, and its last 5 losses and its
+// final weights and first moments match an uninterrupted run's (`want`, `final_state`) to 1e-5.
+void expect_resumed_like(const RunDir& run, const CmdResult& r,
+                         const std::vector<nlohmann::json>& want, const CkptTensors& final_state,
+                         const std::vector<std::string>& shape) {
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("resumed from") != std::string::npos);
+  const std::vector<nlohmann::json> got = run.metrics();
+  REQUIRE(got.size() == 10);
+  for (size_t i = 5; i < 10; ++i) {
+    INFO("step " << i + 1);
+    CHECK(std::abs(got[i]["loss"].get<double>() / want[i]["loss"].get<double>() - 1) < 1e-5);
+  }
+  const CkptTensors w = read_checkpoint(run.config, run.dir / "ckpt/step_00000010", shape);
+  CHECK(test::rel_err(w.p, final_state.p) < 1e-5);
+  CHECK(test::rel_err(w.m, final_state.m) < 1e-5);
+}
+
 // Save under one data-parallel layout, resume under another: the next losses match an
 // uninterrupted single-rank run (checkpoints hold global tensors; the sample order is global).
 // Resharding: save at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 after 5 steps, resume
@@ -525,22 +544,11 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
             kExitStopped);
     CmdResult r =
         c.ranks == 1 ? run.trainer(args) : run.mpirun(c.ranks, args + c.layout, c.resume_env);
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-    CHECK(r.output.find("resumed from") != std::string::npos);
+    expect_resumed_like(run, r, want, final_weights, shape);
     if (c.ranks == 1)
       CHECK(r.output.find(
                 "note: config differs from the checkpoint's: parallel.zero1: true -> false") !=
             std::string::npos);
-    std::vector<nlohmann::json> got = run.metrics();
-    REQUIRE(got.size() == 10);
-    for (size_t i = 5; i < 10; ++i) {
-      INFO("resumed with" << c.layout << ": step " << i + 1);
-      CHECK(std::abs(got[i]["loss"].get<double>() / want[i]["loss"].get<double>() - 1) < 1e-5);
-    }
-    CkptTensors w = read_checkpoint(run.config, run.dir / "ckpt/step_00000010", shape);
-    CHECK(test::rel_err(w.p, final_weights.p) < 1e-5);
-    CHECK(test::rel_err(w.m, final_weights.m) < 1e-5);
   }
 }
 
@@ -574,19 +582,7 @@ TEST_CASE("cli: a mixture of experts' checkpoint moves between expert-parallel l
     const CmdResult first = run.mpirun(8, args + saved + " --set train.exit_interval=5");
     INFO(first.output);
     REQUIRE(first.exit_code == kExitStopped);
-    const CmdResult r = run.mpirun(8, args + layout);
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-    CHECK(r.output.find("resumed from") != std::string::npos);
-    const std::vector<nlohmann::json> got = run.metrics();
-    REQUIRE(got.size() == 10);
-    for (size_t i = 5; i < 10; ++i) {
-      INFO("step " << i + 1);
-      CHECK(std::abs(got[i]["loss"].get<double>() / want[i]["loss"].get<double>() - 1) < 1e-5);
-    }
-    const CkptTensors w = read_checkpoint(run.config, run.dir / "ckpt/step_00000010", shape);
-    CHECK(test::rel_err(w.p, final_state.p) < 1e-5);
-    CHECK(test::rel_err(w.m, final_state.m) < 1e-5);
+    expect_resumed_like(run, run.mpirun(8, args + layout), want, final_state, shape);
   }
 }
 
@@ -727,19 +723,7 @@ TEST_CASE("cli: checkpoints move between 1f1b, interleaved and zero-bubble", "[c
     RunDir run(10);
     INFO("saved with" << saved << ", resumed with" << resumed);
     REQUIRE(run.mpirun(4, args + saved + " --set train.exit_interval=5").exit_code == kExitStopped);
-    CmdResult r = run.mpirun(4, args + resumed);
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
-    CHECK(r.output.find("resumed from") != std::string::npos);
-    std::vector<nlohmann::json> got = run.metrics();
-    REQUIRE(got.size() == 10);
-    for (size_t i = 5; i < 10; ++i) {
-      INFO("step " << i + 1);
-      CHECK(std::abs(got[i]["loss"].get<double>() / want[i]["loss"].get<double>() - 1) < 1e-5);
-    }
-    const CkptTensors w = read_checkpoint(run.config, run.dir / "ckpt/step_00000010", kLayoutShape);
-    CHECK(test::rel_err(w.p, final_weights.p) < 1e-5);
-    CHECK(test::rel_err(w.m, final_weights.m) < 1e-5);
+    expect_resumed_like(run, run.mpirun(4, args + resumed), want, final_weights, kLayoutShape);
   }
 }
 
