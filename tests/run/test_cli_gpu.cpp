@@ -368,6 +368,35 @@ TEST_CASE("cli gpu: tp 2, dp 2 and cp 2 over NCCL between two GPUs match one GPU
   }
 }
 
+// Expert parallelism over NCCL: the routed rows' exchanges (grouped sends and receives on the ep
+// group, each rank's own rows copied) and the experts' gradients reduced over their replicas
+// (one rank each at ep 2 of dp 2: ZeRO-1's expert shard is a copy), against one GPU rank.
+TEST_CASE("cli gpu: a qwen3_moe model at ep 2 over NCCL between two GPUs matches one GPU rank",
+          "[gpu][mpi]") {
+  need_gpus(2);
+  const std::string shape =
+      " --set train.backend=cuda --set model.num_layers=4 --set model.family=qwen3_moe"
+      " --set model.num_experts=8 --set model.experts_per_token=2"
+      " --set model.moe_intermediate_size=32 --set model.router_aux_loss_coef=0.01";
+  RunDir one(10);
+  CmdResult r = one.trainer(shape);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::vector<nlohmann::json> a = one.metrics();
+  REQUIRE(a.size() == 10);
+  for (const std::string& layout :
+       {std::string(" --set parallel.ep=2"),
+        std::string(" --set parallel.ep=2 --set parallel.zero1=true")}) {
+    RunDir two(10);
+    CmdResult m = two.mpirun(2, shape + layout);
+    INFO(layout << "\n" << m.output);
+    REQUIRE(m.exit_code == 0);
+    const std::vector<nlohmann::json> b = two.metrics();
+    REQUIRE(b.size() == 10);
+    check_losses_near(b, a, 1e-2);
+  }
+}
+
 // A rank stopped with SIGSTOP leaves the other waiting: a watchdog ends the job after
 // parallel.timeout_s with an error line, exit code 5 (the NCCL watchdog aborting the
 // communicators, or MPI's over the step's agreement).
