@@ -36,6 +36,12 @@ AttentionPlan attention_prepare(Ctx& ctx, int batch, int seq_len, int n_heads, i
 // deterministic one (it may have fallen back to the other mode); builds it if needed.
 bool attention_bwd_deterministic(Ctx& ctx, int batch, int seq_len, int n_heads, int n_kv_heads,
                                  int head_dim);
+// linear_fwd and linear_bwd without a bias over a row count that changes from call to call (a
+// grouped linear's groups): their GEMMs are planned for the count's bucket (gemm.h), so that a
+// run's cuBLASLt plans stay few whatever its routing.
+void linear_fwd_varying_rows(Ctx& ctx, Tensor out, Tensor in, Tensor weight);
+void linear_bwd_varying_rows(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in,
+                             Tensor weight, bool assign_dweight);
 void upload_async(Ctx& ctx, Tensor dst, Tensor src);
 void read_f64(Ctx& ctx, Tensor src, double* out);
 

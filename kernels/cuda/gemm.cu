@@ -1,6 +1,7 @@
 // kernels/cuda/gemm.h: the cuBLASLt handle, the plans of each GEMM shape, and the bias added
 // apart from the epilogue.
 #include <algorithm>
+#include <array>
 #include <map>
 #include <mutex>
 #include <string>
@@ -8,6 +9,7 @@
 #include "core/exit_codes.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/gemm_bucket.h"
 
 namespace tr::cuda {
 namespace {
@@ -30,8 +32,8 @@ cudaDataType_t cuda_type(DType dt) {
   }
 }
 
-// The heuristics' algorithms for one GEMM, fastest first; `chosen` is the first that ran (an
-// algorithm that fails is skipped from then on).
+// The heuristics' algorithms for one GEMM, fastest first (none: the heuristics' status says
+// why); `chosen` is the first that ran (an algorithm that fails is skipped from then on).
 constexpr int kGemmAlgos = 8;
 struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -39,11 +41,51 @@ struct GemmPlan {
   cublasLtMatmulAlgo_t algos[kGemmAlgos] = {};
   int n_algos = 0;
   int chosen = 0;
+  int heuristic_status = 0;
 };
 
 template <class T>
 void set_attr(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof(value)));
+}
+
+// The operands as stored (rows x cols, leading dimension = rows): A is m x k (or k x m when
+// transposed), B is k x n (or n x k), C is m x n.
+struct Stored {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+};
+std::array<Stored, 3> stored(const GemmKey& key) {
+  const uint64_t m = key.m, n = key.n, k = key.k;
+  const DType a = key.a, b = key.b;
+  return {key.ta ? Stored{cuda_type(a), k, m} : Stored{cuda_type(a), m, k},
+          key.tb ? Stored{cuda_type(b), n, k} : Stored{cuda_type(b), k, n},
+          Stored{cuda_type(key.cd), m, n}};
+}
+
+// key's layouts of A, B and C for one call, in place (a plan's own are made once, at its shape).
+struct CallLayouts {
+  cublasLtMatrixLayoutOpaque_t a, b, c;
+  explicit CallLayouts(const GemmKey& key) {
+    const std::array<Stored, 3> s = stored(key);
+    cublasLtMatrixLayoutOpaque_t* ops[3] = {&a, &b, &c};
+    for (int i = 0; i < 3; ++i)
+      CUBLAS_CHECK(cublasLtMatrixLayoutInit(ops[i], s[i].type, s[i].rows, s[i].cols, s[i].rows));
+  }
+  CallLayouts(const CallLayouts&) = delete;
+  CallLayouts& operator=(const CallLayouts&) = delete;
+};
+
+// key with its varying dimension at its bucket's size: the shape its plan is made for.
+GemmKey planned(GemmKey key) {
+  if (key.varying == Varying::n) key.n = gemm_bucket(key.n);
+  if (key.varying == Varying::k) key.k = gemm_bucket(key.k);
+  return key;
+}
+
+// Ends the job: "cuBLASLt <version>" then `what`.
+[[noreturn]] void gemm_failed(const std::string& what) {
+  end_job(kExitFailure, "cuBLASLt " + std::to_string(cublasLtGetVersion()) + what);
 }
 
 class Lt {
@@ -56,6 +98,10 @@ class Lt {
   // The plan of `key`; `bias` (with key.bias) is a bias pointer of the key's alignment, set
   // while the heuristics choose so that they see the epilogue as it will run.
   GemmPlan& plan(const GemmKey& key, const void* bias);
+  bool has_plan(const GemmKey& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return plans_.count(key) > 0;
+  }
 
  private:
   Lt() { CUBLAS_CHECK(cublasLtCreate(&handle_)); }
@@ -90,13 +136,11 @@ GemmPlan& Lt::plan(const GemmKey& key, const void* bias) {
   if (it != plans_.end()) return it->second;
   GemmPlan p;
   p.desc = make_desc(key, bias);
-  // Stored shapes (rows x cols, leading dimension = rows): A is m x k (or k x m when
-  // transposed), B is k x n (or n x k), C is m x n.
-  const uint64_t a_rows = key.ta ? key.k : key.m, a_cols = key.ta ? key.m : key.k;
-  const uint64_t b_rows = key.tb ? key.n : key.k, b_cols = key.tb ? key.k : key.n;
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(key.a), a_rows, a_cols, a_rows));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(key.b), b_rows, b_cols, b_rows));
-  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(key.cd), key.m, key.n, key.m));
+  const std::array<Stored, 3> s = stored(key);
+  cublasLtMatrixLayout_t* layouts[3] = {&p.a, &p.b, &p.c};
+  for (int i = 0; i < 3; ++i)
+    CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(layouts[i], s[i].type, s[i].rows, s[i].cols, s[i].rows));
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kGemmWorkspace;
@@ -116,10 +160,7 @@ GemmPlan& Lt::plan(const GemmKey& key, const void* bias) {
   CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
   for (int i = 0; i < found && st == CUBLAS_STATUS_SUCCESS; ++i)
     if (results[i].state == CUBLAS_STATUS_SUCCESS) p.algos[p.n_algos++] = results[i].algo;
-  if (p.n_algos == 0)
-    end_job(kExitFailure, "cuBLASLt " + std::to_string(cublasLtGetVersion()) +
-                              " has no algorithm for " + key.describe() + " (heuristic status " +
-                              std::to_string(static_cast<int>(st)) + ")");
+  p.heuristic_status = static_cast<int>(st);
   return plans_.emplace(key, p).first->second;
 }
 
@@ -155,29 +196,51 @@ void gemm(Ctx& ctx, GemmKey key, const void* A, const void* B, void* C, const vo
   key.align_c = alignment(C);
   if (key.bias) key.align_bias = alignment(bias);
   Lt& lt = Lt::get();
-  GemmPlan& p = lt.plan(key, bias);
-  if (key.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  if (is_fp8(key.a)) {
-    set_attr(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(scales.a));
-    set_attr(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scales.b));
-  }
   Workspace ws(ctx, "linear (cuBLASLt)");
   void* scratch = ws.take<char>(static_cast<int64_t>(kGemmWorkspace));
   const float alpha = 1.0f;
+  // The plan's descriptor with this call's pointers, run on `algo` over layouts a, b and c.
+  auto matmul = [&](GemmPlan& p, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                    cublasLtMatrixLayout_t c, const cublasLtMatmulAlgo_t& algo) {
+    if (key.bias) set_attr(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    if (is_fp8(key.a)) {
+      set_attr(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(scales.a));
+      set_attr(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(scales.b));
+    }
+    return cublasLtMatmul(lt.handle(), p.desc, &alpha, A, a, B, b, &beta, C, c, C, c, &algo,
+                          scratch, kGemmWorkspace, stream_of(ctx));
+  };
+  // A varying size off its bucket's: the bucket's plan at this call's layouts, unless this size
+  // has a plan of its own. A refusal (or layouts the algorithm does not match) is this size's
+  // alone: the bucket keeps its algorithms, and this size falls to a plan of its own below.
+  const GemmKey at = planned(key);
+  if ((at.n != key.n || at.k != key.k) && !lt.has_plan(key)) {
+    GemmPlan& p = lt.plan(at, bias);
+    CallLayouts l(key);
+    for (int i = p.chosen; i < p.n_algos; ++i) {
+      const cublasStatus_t st = matmul(p, &l.a, &l.b, &l.c, p.algos[i]);
+      if (st == CUBLAS_STATUS_SUCCESS) return;
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED && st != CUBLAS_STATUS_INVALID_VALUE)
+        gemm_failed(" failed " + key.describe() + " on the plan of " + at.describe() + ": " +
+                    cublas_error_detail(st));
+    }
+  }
+  GemmPlan& p = lt.plan(key, bias);
+  if (p.n_algos == 0)
+    gemm_failed(" has no algorithm for " + key.describe() + " (heuristic status " +
+                std::to_string(p.heuristic_status) + ")");
   // The chosen algorithm; one that refuses this shape (NOT_SUPPORTED) is dropped for the next,
   // once and for good. Any other error is not the algorithm's: it ends the job now.
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   for (; p.chosen < p.n_algos; ++p.chosen) {
-    st = cublasLtMatmul(lt.handle(), p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c,
-                        &p.algos[p.chosen], scratch, kGemmWorkspace, stream_of(ctx));
+    st = matmul(p, p.a, p.b, p.c, p.algos[p.chosen]);
     if (st == CUBLAS_STATUS_SUCCESS) return;
     if (st != CUBLAS_STATUS_NOT_SUPPORTED)
-      end_job(kExitFailure, "cuBLASLt " + std::to_string(cublasLtGetVersion()) + " failed " +
-                                key.describe() + ": " + cublas_error_detail(st));
+      gemm_failed(" failed " + key.describe() + ": " + cublas_error_detail(st));
   }
-  end_job(kExitFailure, "cuBLASLt " + std::to_string(cublasLtGetVersion()) + ": none of the " +
-                            std::to_string(p.n_algos) + " algorithms its heuristics gave ran " +
-                            key.describe() + " (last " + cublas_error_detail(st) + ")");
+  gemm_failed(": none of the " + std::to_string(p.n_algos) +
+              " algorithms its heuristics gave ran " + key.describe() + " (last " +
+              cublas_error_detail(st) + ")");
 }
 
 void add_bias_rows(Ctx& ctx, Tensor out, Tensor bias) {

@@ -2,7 +2,10 @@
 // handle per process, each GEMM shape's plan (descriptors, layouts and up to 8 of the
 // heuristics' algorithms, fastest first) made once and cached; an algorithm that refuses to run
 // (CUBLAS_STATUS_NOT_SUPPORTED) is dropped for the next, a shape none can run ends the job with
-// one line, and any other error ends it at once. Internal to kernels/cuda.
+// one line, and any other error ends it at once. A GEMM whose n or k changes from call to call
+// (GemmKey::varying) runs on the plan of its size's bucket (kernels/gemm_bucket.h), with its
+// exact layouts; a size none of the bucket's algorithms takes gets a plan of its own. Internal
+// to kernels/cuda.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +17,9 @@
 
 namespace tr::cuda {
 
+// A GEMM dimension that changes from call to call: a grouped linear's rows per group.
+enum class Varying : uint8_t { none, n, k };
+
 // One GEMM D = alpha op(A) op(B) + beta C (C = D), column-major, as cuBLASLt sees it: A and B of
 // dtypes a and b (f32 and bf16 both the same; FP8 per operand), C and D of cd.
 struct GemmKey {
@@ -24,6 +30,9 @@ struct GemmKey {
   // Alignment in bytes (up to 256) of the A, B, C and bias pointers: an algorithm chosen for
   // aligned operands may not run on views at odd offsets of the flat buffers.
   uint32_t align_a = 256, align_b = 256, align_c = 256, align_bias = 256;
+  // Not part of the key (a plan of one exact shape serves either way): which dimension, if any,
+  // gemm() plans at its bucket.
+  Varying varying = Varying::none;
   auto tie() const {
     return std::tie(m, n, k, ta, tb, a, b, cd, bias, accumulate, align_a, align_b, align_c,
                     align_bias);

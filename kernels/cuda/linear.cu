@@ -30,29 +30,51 @@ __global__ void column_sum_partial(float* partial, const T* dout, int64_t rows, 
   partial[blockIdx.y * cols + j] = acc;
 }
 
-}  // namespace
-
-void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
+// The linear layer's GEMMs; `rows_vary`: T changes from call to call (a grouped linear's
+// groups), the token dimension each GEMM plans at its bucket (gemm.h Varying).
+void fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias, bool rows_vary) {
   const int64_t T = in.shape[0], K = in.shape[1], O = weight.shape[0];
   // The epilogue reads the bias with 16-byte accesses; a bias at an odd offset is added apart.
   const bool epilogue = !bias.empty() && alignment(bias.data) >= 16;
-  const GemmKey key{O, T, K, true, false, weight.dtype, in.dtype, out.dtype, epilogue, false};
+  GemmKey key{O, T, K, true, false, weight.dtype, in.dtype, out.dtype, epilogue, false};
+  if (rows_vary) key.varying = Varying::n;
   gemm(ctx, key, weight.data, in.data, out.data, epilogue ? bias.data : nullptr, 0.0f);
   if (!bias.empty() && !epilogue) add_bias_rows(ctx, out, bias);
 }
 
-void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
-                Tensor weight, bool assign_dweight) {
+void bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in, Tensor weight,
+         bool assign_dweight, bool rows_vary) {
   const int64_t T = in.shape[0], K = in.shape[1], O = weight.shape[0];
   if (!din.empty()) {
-    const GemmKey key{K, T, O, false, false, weight.dtype, dout.dtype, din.dtype, false, false};
+    GemmKey key{K, T, O, false, false, weight.dtype, dout.dtype, din.dtype, false, false};
+    if (rows_vary) key.varying = Varying::n;
     gemm(ctx, key, weight.data, dout.data, din.data, nullptr, 0.0f);
   }
   if (dweight.empty()) return;  // the input gradient only (a split backward's B pass)
-  const GemmKey wkey{
-      K, O, T, false, true, in.dtype, dout.dtype, dweight.dtype, false, !assign_dweight};
+  GemmKey wkey{K, O, T, false, true, in.dtype, dout.dtype, dweight.dtype, false, !assign_dweight};
+  if (rows_vary) wkey.varying = Varying::k;
   gemm(ctx, wkey, in.data, dout.data, dweight.data, nullptr, assign_dweight ? 0.0f : 1.0f);
-  if (!dbias.empty()) bias_grad(ctx, dbias, dout, assign_dweight);
+}
+
+}  // namespace
+
+void linear_fwd(Ctx& ctx, Tensor out, Tensor in, Tensor weight, Tensor bias) {
+  fwd(ctx, out, in, weight, bias, /*rows_vary=*/false);
+}
+
+void linear_bwd(Ctx& ctx, Tensor din, Tensor dweight, Tensor dbias, Tensor dout, Tensor in,
+                Tensor weight, bool assign_dweight) {
+  bwd(ctx, din, dweight, dout, in, weight, assign_dweight, /*rows_vary=*/false);
+  if (!dweight.empty() && !dbias.empty()) bias_grad(ctx, dbias, dout, assign_dweight);
+}
+
+void linear_fwd_varying_rows(Ctx& ctx, Tensor out, Tensor in, Tensor weight) {
+  fwd(ctx, out, in, weight, Tensor(), /*rows_vary=*/true);
+}
+
+void linear_bwd_varying_rows(Ctx& ctx, Tensor din, Tensor dweight, Tensor dout, Tensor in,
+                             Tensor weight, bool assign_dweight) {
+  bwd(ctx, din, dweight, dout, in, weight, assign_dweight, /*rows_vary=*/true);
 }
 
 void bias_grad(Ctx& ctx, Tensor dbias, Tensor dout, bool assign_dweight) {

@@ -468,13 +468,13 @@ void moe_aux_loss_fwd(Ctx& ctx, Tensor value, Tensor grad, Tensor stats, double 
   CUDA_CHECK_LAUNCH();
 }
 
-// Each group a linear layer on its rows (the cached cuBLASLt plans of linear.cu).
+// Each group a linear layer on its rows, its GEMMs planned for the rows' bucket (linear.cu).
 void grouped_linear_fwd(Ctx& ctx, Tensor out, Tensor in, std::span<const Tensor> weights,
                         std::span<const int64_t> group_rows) {
   int64_t at = 0;
   for (size_t g = 0; g < weights.size(); ++g) {
     const int64_t n = group_rows[g];
-    if (n > 0) cuda::linear_fwd(ctx, out.slice(at, n), in.slice(at, n), weights[g], Tensor());
+    if (n > 0) linear_fwd_varying_rows(ctx, out.slice(at, n), in.slice(at, n), weights[g]);
     at += n;
   }
 }
@@ -487,8 +487,8 @@ void grouped_linear_bwd(Ctx& ctx, Tensor din, std::span<const Tensor> dweights, 
     const int64_t n = group_rows[g];
     const Tensor dw = dweights.empty() ? Tensor() : dweights[g];
     if (n > 0) {
-      cuda::linear_bwd(ctx, din.empty() ? Tensor() : din.slice(at, n), dw, Tensor(),
-                       dout.slice(at, n), in.slice(at, n), weights[g], assign_dweight);
+      linear_bwd_varying_rows(ctx, din.empty() ? Tensor() : din.slice(at, n), dw, dout.slice(at, n),
+                              in.slice(at, n), weights[g], assign_dweight);
     } else if (!dw.empty() && assign_dweight) {
       cuda::zero_(ctx, dw);  // an expert without tokens: its gradient is zero, not last step's
     }

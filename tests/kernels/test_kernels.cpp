@@ -10,10 +10,13 @@
 #include <limits>
 #include <numbers>
 #include <random>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "core/bf16.h"
 #include "kernels/cpu/chunk_attention.h"
+#include "kernels/gemm_bucket.h"
 #include "kernels/ops.h"
 #include "kernels/ragged.h"
 #include "kernels/versions.h"
@@ -1041,6 +1044,27 @@ TEST_CASE(
   din.fill(55.0);
   grouped_linear_bwd(ctx, din.t, {}, dout.t, in.t, wt, group_rows);
   CHECK(din.values() == din_a);
+}
+
+// The bucket a grouped GEMM's varying dimension is planned at (kernels/cuda/gemm.h): never below
+// the size nor 25% above it, fixed by itself, nondecreasing, four per octave above 8.
+TEST_CASE("kernels: gemm_bucket rounds a size up by less than a quarter, four per octave",
+          "[kernels][moe]") {
+  const std::vector<std::pair<int64_t, int64_t>> cases = {{1, 1},     {8, 8},       {9, 10},
+                                                          {16, 16},   {17, 20},     {100, 112},
+                                                          {129, 160}, {4096, 4096}, {4097, 5120}};
+  for (auto [n, b] : cases) CHECK(gemm_bucket(n) == b);
+  std::set<int64_t> buckets;
+  int64_t last = 0, wrong = 0;
+  for (int64_t n = 1; n <= int64_t{1} << 16; ++n) {
+    const int64_t b = gemm_bucket(n);
+    const bool close = n <= 8 ? b == n : 4 * (b - n) < n;
+    wrong += b < n || !close || gemm_bucket(b) != b || b < last;
+    last = b;
+    buckets.insert(b);
+  }
+  CHECK(wrong == 0);
+  CHECK(buckets.size() == 8 + 4 * 13);  // 1..8, then (8, 16] .. (2^15, 2^16]
 }
 
 // ---------------------------------------------------------------- elementwise
