@@ -476,11 +476,25 @@ TEST_CASE("cli: context-parallel layouts over MPI ranks match one rank", "[cli][
   }
 }
 
+// An uninterrupted 10-step run of `args` on one rank: its metrics and final checkpoint (read as
+// `shape`), what a run stopped after 5 steps and resumed must match.
+struct Straight {
+  std::vector<nlohmann::json> metrics;
+  CkptTensors final_state;
+  std::vector<std::string> shape;
+};
+Straight run_straight(const std::string& args, const std::vector<std::string>& shape) {
+  RunDir straight(10);
+  REQUIRE(straight.trainer(args).exit_code == 0);
+  Straight s{straight.metrics(),
+             read_checkpoint(straight.config, straight.dir / "ckpt/step_00000010", shape), shape};
+  REQUIRE(s.metrics.size() == 10);
+  return s;
+}
+
 // A run stopped after 5 of 10 steps and resumed by `r`: it resumed, and its last 5 losses and its
-// final weights and first moments match an uninterrupted run's (`want`, `final_state`) to 1e-5.
-void expect_resumed_like(const RunDir& run, const CmdResult& r,
-                         const std::vector<nlohmann::json>& want, const CkptTensors& final_state,
-                         const std::vector<std::string>& shape) {
+// final weights and first moments match the uninterrupted run's to 1e-5.
+void expect_resumed_like(const RunDir& run, const CmdResult& r, const Straight& want) {
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("resumed from") != std::string::npos);
@@ -488,11 +502,12 @@ void expect_resumed_like(const RunDir& run, const CmdResult& r,
   REQUIRE(got.size() == 10);
   for (size_t i = 5; i < 10; ++i) {
     INFO("step " << i + 1);
-    CHECK(std::abs(got[i]["loss"].get<double>() / want[i]["loss"].get<double>() - 1) < 1e-5);
+    CHECK(std::abs(got[i]["loss"].get<double>() / want.metrics[i]["loss"].get<double>() - 1) <
+          1e-5);
   }
-  const CkptTensors w = read_checkpoint(run.config, run.dir / "ckpt/step_00000010", shape);
-  CHECK(test::rel_err(w.p, final_state.p) < 1e-5);
-  CHECK(test::rel_err(w.m, final_state.m) < 1e-5);
+  const CkptTensors w = read_checkpoint(run.config, run.dir / "ckpt/step_00000010", want.shape);
+  CHECK(test::rel_err(w.p, want.final_state.p) < 1e-5);
+  CHECK(test::rel_err(w.m, want.final_state.m) < 1e-5);
 }
 
 // Save under one data-parallel layout, resume under another: the next losses match an
@@ -506,12 +521,7 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
   const std::vector<std::string>& shape = kLayoutShape;
   const std::string args =
       with_layout_shape("--set train.micro_batch=1 --set checkpoint.interval=5");
-  RunDir straight(10);
-  REQUIRE(straight.trainer(args).exit_code == 0);
-  const std::vector<nlohmann::json> want = straight.metrics();
-  REQUIRE(want.size() == 10);
-  const CkptTensors final_weights =
-      read_checkpoint(straight.config, straight.dir / "ckpt/step_00000010", shape);
+  const Straight want = run_straight(args, shape);
   struct Case {
     int ranks;
     std::string layout;
@@ -544,7 +554,7 @@ TEST_CASE("cli: checkpoints move between tensor, pipeline and data-parallel layo
             kExitStopped);
     CmdResult r =
         c.ranks == 1 ? run.trainer(args) : run.mpirun(c.ranks, args + c.layout, c.resume_env);
-    expect_resumed_like(run, r, want, final_weights, shape);
+    expect_resumed_like(run, r, want);
     if (c.ranks == 1)
       CHECK(r.output.find(
                 "note: config differs from the checkpoint's: parallel.zero1: true -> false") !=
@@ -566,12 +576,7 @@ TEST_CASE("cli: a mixture of experts' checkpoint moves between expert-parallel l
     shape.push_back(kv);
   std::string args = "--set train.micro_batch=1 --set checkpoint.interval=5";
   for (const std::string& kv : shape) args += " --set " + kv;
-  RunDir straight(10);
-  REQUIRE(straight.trainer(args).exit_code == 0);
-  const std::vector<nlohmann::json> want = straight.metrics();
-  REQUIRE(want.size() == 10);
-  const CkptTensors final_state =
-      read_checkpoint(straight.config, straight.dir / "ckpt/step_00000010", shape);
+  const Straight want = run_straight(args, shape);
   const std::string saved =
       " --set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2 --set parallel.zero1=true";
   for (const std::string& layout :
@@ -582,7 +587,7 @@ TEST_CASE("cli: a mixture of experts' checkpoint moves between expert-parallel l
     const CmdResult first = run.mpirun(8, args + saved + " --set train.exit_interval=5");
     INFO(first.output);
     REQUIRE(first.exit_code == kExitStopped);
-    expect_resumed_like(run, run.mpirun(8, args + layout), want, final_state, shape);
+    expect_resumed_like(run, run.mpirun(8, args + layout), want);
   }
 }
 
@@ -708,11 +713,7 @@ TEST_CASE("cli: block-causal attention over MPI ranks matches one rank", "[cli][
 TEST_CASE("cli: checkpoints move between 1f1b, interleaved and zero-bubble", "[cli][mpi]") {
   const std::string args =
       with_layout_shape("--set train.micro_batch=1 --set checkpoint.interval=5");
-  RunDir straight(10);
-  REQUIRE(straight.trainer(args).exit_code == 0);
-  const std::vector<nlohmann::json> want = straight.metrics();
-  const CkptTensors final_weights =
-      read_checkpoint(straight.config, straight.dir / "ckpt/step_00000010", kLayoutShape);
+  const Straight want = run_straight(args, kLayoutShape);
   const std::string one_f = " --set parallel.pp=2";
   const std::string inter =
       " --set parallel.pp=2 --set parallel.pipeline_schedule=interleaved"
@@ -723,7 +724,7 @@ TEST_CASE("cli: checkpoints move between 1f1b, interleaved and zero-bubble", "[c
     RunDir run(10);
     INFO("saved with" << saved << ", resumed with" << resumed);
     REQUIRE(run.mpirun(4, args + saved + " --set train.exit_interval=5").exit_code == kExitStopped);
-    expect_resumed_like(run, run.mpirun(4, args + resumed), want, final_weights, kLayoutShape);
+    expect_resumed_like(run, run.mpirun(4, args + resumed), want);
   }
 }
 
