@@ -8,34 +8,18 @@
 
 namespace tr {
 
-GradReducer::GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, bool zero1,
-                         Tensor shard_out)
-    : dp_(dp),
-      ctx_(ctx),
-      total_(total),
-      zero1_(zero1 && dp != nullptr && (dp->size() > 1 || !shard_out.empty())) {
+GradReducer::GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, Tensor shard_out)
+    : dp_(dp), ctx_(ctx), total_(total), zero1_(!shard_out.empty()) {
   if (zero1_) {
-    TR_ASSERT(
-        shards.dp() == dp_->size() && shards.rank() == dp_->rank() && shards.capacity() >= total,
-        "ZeRO-1's shards must be this rank's of the dp group over the flat buffer");
+    TR_ASSERT(dp_ != nullptr && shards.dp() == dp_->size() && shards.rank() == dp_->rank() &&
+                  shards.capacity() >= total,
+              "ZeRO-1's shards must be this rank's of the dp group over the flat buffer");
+    TR_ASSERT(shard_out.dtype == DType::f32 && shard_out.numel() == shards.shard_size(),
+              "the reduced shard's buffer must be [shard_size] f32");
     shards_ = shards;
-    if (shard_out.empty()) {
-      arena_ =
-          std::make_unique<Arena>(shard_bytes(shards_.capacity(), dp_->size(), true), ctx.device);
-      grad_shard_ = arena_->alloc(DType::f32, {shards_.shard_size()});
-    } else {
-      TR_ASSERT(shard_out.dtype == DType::f32 && shard_out.numel() == shards_.shard_size(),
-                "the reduced shard's buffer must be [shard_size] f32");
-      grad_shard_ = shard_out;
-    }
-  } else {
-    shards_ = DpShards(total, std::max<int64_t>(total, 1), 1, 0);  // the whole buffer
+    grad_shard_ = shard_out;
   }
   configure(zero1_ ? shards_.bucket_elems() : bucket_elems_, false);
-}
-
-size_t GradReducer::shard_bytes(int64_t capacity, int dp, bool zero1) {
-  return zero1 && dp > 1 ? arena_bytes(DType::f32, capacity / dp) : 0;
 }
 
 size_t GradReducer::staging_bytes(int64_t capacity, int dp, bool zero1, DType reduce_dtype) {

@@ -2,10 +2,10 @@
 // flat buffers: buckets, their overlap with backward (reductions) and with the next forward
 // (all-gathers), the reduction's type, and ZeRO-1's shards (parallel/dp_shards.h: Megatron's
 // distributed-optimizer layout, each bucket split over the dp ranks). The optimizer updates what
-// this hands it: the whole reduced buffer, or the rank's reduced shard.
+// this leaves: the whole reduced buffer, or the rank's reduced shard in the optimizer's buffer.
 //
 // Without ZeRO-1 each bucket is all-reduced in place. With it each bucket is reduce-scattered
-// (piece r of its sum to rank r; it can start during backward) into shard_grads(); after the
+// (piece r of its sum to rank r; it can start during backward) into the shard buffer; after the
 // update each bucket of the weights is
 // all-gathered in place, and with overlap the next forward waits for each bucket only when it
 // first reads weights in it. With a bf16 reduction each bucket is rounded into a bf16 staging
@@ -28,18 +28,12 @@ namespace tr {
 class GradReducer {
  public:
   // `total` gradient elements in a flat buffer of shards.capacity() elements (a multiple of dp
-  // under ZeRO-1; the tail past `total` stays zero). `dp` may be null (one rank). With zero1 (and
-  // more than one rank, or a `shard_out`) `shards` is this rank's ZeRO-1 layout; otherwise it is
-  // ignored. `shard_out` ([shards.shard_size()] f32, or empty: allocated here) receives the
-  // reduced shard; over one rank it is a copy of the gradients (a region of a flat buffer whose
-  // other regions are sharded: trainer/optim/optim.h).
-  GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, bool zero1,
-              Tensor shard_out = {});
-
-  bool zero1() const { return zero1_; }
-  // This rank's shard: ZeRO-1's pieces of every bucket, or the whole buffer (one run) without.
-  const DpShards& shards() const { return shards_; }
-  int64_t shard_size() const { return zero1_ ? shards_.shard_size() : total_; }
+  // under ZeRO-1; the tail past `total` stays zero). `dp` may be null (one rank). With ZeRO-1 (a
+  // non-empty `shard_out`: [shards.shard_size()] f32, the caller's) `shards` is this rank's
+  // layout and `shard_out` receives its reduced shard, over one rank a copy of the gradients (a
+  // region of a flat buffer whose other regions are sharded: trainer/optim/optim.h); without,
+  // `shards` is ignored and the gradients are reduced in place.
+  GradReducer(Comm* dp, Ctx ctx, int64_t total, const DpShards& shards, Tensor shard_out = {});
 
   // Buckets of `bucket_elems` elements (under ZeRO-1 the shards' buckets:
   // DpShards::round_bucket(bucket_elems, dp) must be their size); with `overlap` (and more than one
@@ -51,19 +45,15 @@ class GradReducer {
   // Bytes configure() allocates for a bf16 reduction (0 for fp32): the flat buffer in bf16 and,
   // under ZeRO-1, the shard's reduced bf16 values.
   static size_t staging_bytes(int64_t capacity, int dp, bool zero1, DType reduce_dtype);
-  // Bytes of the reduced fp32 gradient shard this allocates under ZeRO-1 (0 otherwise).
-  static size_t shard_bytes(int64_t capacity, int dp, bool zero1);
 
   // The gradients in [begin, end) of `grads` ([capacity]: the padded buffer, its tail zero) are
   // final for this step: starts the reduction of every bucket they complete. Each range is
   // reported at most once per step.
   void grads_final(Tensor grads, int64_t begin, int64_t end);
   // Starts the buckets backward did not (in bucket order, the same on every rank), waits for
-  // all, widens a bf16 reduction back to fp32. Then shard_grads() holds the summed gradients.
+  // all, widens a bf16 reduction back to fp32. Then the shard buffer (ZeRO-1) or `grads`
+  // ([capacity]) holds the summed gradients.
   void finish(Tensor grads);
-  // The summed gradients of this rank's range after finish(): `grads` ([capacity]) itself
-  // without ZeRO-1.
-  Tensor shard_grads(Tensor grads) const { return zero1_ ? grad_shard_ : grads; }
 
   // ZeRO-1, after the update: each rank's updated pieces of `weights` ([capacity], the weights
   // the forward reads) to every rank, bucket by bucket in place. With overlap_gather the buckets
@@ -92,8 +82,7 @@ class GradReducer {
   int64_t total_;
   bool zero1_;
   DpShards shards_;
-  std::unique_ptr<Arena> arena_;  // the reduced fp32 shard (ZeRO-1)
-  Tensor grad_shard_;
+  Tensor grad_shard_;                // ZeRO-1: the caller's buffer of this rank's reduced shard
   std::unique_ptr<Arena> lp_arena_;  // bf16 reduction: the staging copy and the reduced shard
   Tensor lp_grads_, lp_shard_;
   int64_t bucket_elems_ = int64_t{1} << 25;

@@ -342,7 +342,9 @@ TEST_CASE("comm: ZeRO-1's weight all-gather completes bucket by bucket", "[comm]
   const int64_t capacity = 40 * n, total = capacity - 1;
   for (bool overlap : {true, false}) {
     const DpShards shards(capacity, 6, n, r);
-    GradReducer red(w.get(), Ctx{}, total, shards, true);
+    std::vector<float> reduced(static_cast<size_t>(shards.shard_size()));
+    GradReducer red(w.get(), Ctx{}, total, shards,
+                    Tensor(reduced.data(), DType::f32, Device::cpu, {shards.shard_size()}));
     red.configure(6, true, DType::f32, overlap);
     std::vector<float> weights(static_cast<size_t>(capacity), -1.0f);
     for (const ShardRun& run : shards.runs(0, capacity))

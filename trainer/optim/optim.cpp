@@ -48,11 +48,16 @@ DistributedOptimizer::DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& 
       zero1_(zero1 && shards.sharded()),
       shards_(shards) {
   const ParamLayout& layout = params.layout();
-  if (shards_.regions().empty()) shards_.add(layout.capacity, layout.capacity + 1, 1, 0);
-  TR_ASSERT(shards_.capacity() == layout.capacity, "the shards must cover the flat buffer");
-  TR_ASSERT(
-      shards_.regions().size() == (layout.expert_begin < layout.capacity ? 2u : 1u) || !zero1_,
-      "ZeRO-1's shards must have a region per region of the flat buffer");
+  const bool experts = layout.expert_begin < layout.capacity;
+  if (shards_.regions().empty()) {  // each region whole on this rank
+    shards_.add(layout.expert_begin, layout.expert_begin + 1, 1, 0);
+    const int64_t rest = layout.capacity - layout.expert_begin;
+    if (experts) shards_.add(rest, rest + 1, 1, 0);
+  }
+  TR_ASSERT(shards_.capacity() == layout.capacity &&
+                shards_.regions().size() == (experts ? 2u : 1u) &&
+                (!experts || shards_.regions()[1].flat == layout.expert_begin),
+            "the shards must have the flat buffer's regions");
   norm_over_dp_ = zero1_ || (dp_ != nullptr && experts_->size() < dp_->size());
   const bool separate =
       DistributedOptimizer::keeps_separate_masters(params.compute_dtype(), separate_masters);
@@ -60,9 +65,8 @@ DistributedOptimizer::DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& 
   const bool sharded = separate && shards_.sharded();
   TR_ASSERT(!sharded || zero1_, "sharded masters are this rank's ZeRO-1 shard of the flat buffer");
   const int64_t n = state_elems();
-  arena_ = std::make_unique<Arena>(master_bytes(layout.capacity, shards_, separate) +
-                                       (2 + (zero1_ ? 1 : 0)) * arena_bytes(DType::f32, n),
-                                   ctx.device);
+  arena_ = std::make_unique<Arena>(
+      master_bytes(layout.capacity, shards_, separate) + state_bytes(n, zero1_), ctx.device);
   masters_ = separate
                  ? arena_->alloc(DType::f32, {sharded ? shards_.shard_size() : layout.capacity})
                  : params.weights_padded();
@@ -77,7 +81,7 @@ DistributedOptimizer::DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& 
     for (const ParamInfo& p : layout.tensors)
       if (p.offset >= lo && p.offset < hi) end = std::max(end, p.offset + p.numel);
     reducers_.push_back(std::make_unique<GradReducer>(
-        r == 0 ? dp_ : experts_, ctx, end - lo, region.shards, zero1_,
+        r == 0 ? dp_ : experts_, ctx, end - lo, region.shards,
         zero1_ ? grad_shard_.slice(region.shard, region.shards.shard_size()) : Tensor()));
   }
   // Pieces of at most kAdamWPieceElems elements, each inside one tensor (so one decay) and one
@@ -229,10 +233,6 @@ void DistributedOptimizer::weights_from_host(const std::vector<float>& host) {
   Ctx cpu;
   cast(cpu, host_copy, Tensor(values, DType::f32, Device::cpu, {total}));
   copy_tensor(params_.weights(), host_copy);
-}
-
-size_t DistributedOptimizer::state_bytes(int64_t capacity, int64_t total, int dp, bool zero1) {
-  return 2 * arena_bytes(DType::f32, zero1 && dp > 1 ? capacity / dp : total);
 }
 
 void DistributedOptimizer::reduce_grads() {

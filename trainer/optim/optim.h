@@ -74,7 +74,7 @@ class DistributedOptimizer final : public ParamEvents {
   // compute; on f32 ranks when `separate_masters`, to run the GPU's layout on the CPU). Else
   // the buffer's weights are the masters. With zero1 the buffer must be padded to a multiple of
   // DpShards::capacity_multiple(dp) and `shards` be this rank's (trainer/layout/flat_buffers.h
-  // dp_shards); without them (no region) the buffer is one region, whole on this rank.
+  // dp_shards); without them (no region) each region of the buffer is whole on this rank.
   DistributedOptimizer(const OptimConfig& cfg, ParamBuffer& params, Ctx ctx,
                        const OptimizerGroups& groups = {}, bool zero1 = false,
                        const FlatShards& shards = FlatShards(), bool separate_masters = false);
@@ -105,8 +105,11 @@ class DistributedOptimizer final : public ParamEvents {
   size_t master_bytes() const {
     return separate_masters() ? arena_bytes(DType::f32, masters_.numel()) : 0;
   }
-  // Bytes of Adam's m and v for `capacity` parameter elements (of its range under ZeRO-1).
-  static size_t state_bytes(int64_t capacity, int64_t total, int dp, bool zero1);
+  // Bytes of Adam's m and v for the `elems` elements a rank updates (state_elems(): its shard's
+  // under ZeRO-1, else the buffer's total), and under ZeRO-1 its reduced gradient shard.
+  static size_t state_bytes(int64_t elems, bool zero1) {
+    return (zero1 ? 3 : 2) * arena_bytes(DType::f32, elems);
+  }
 
   // The fp32 masters this rank keeps: [capacity], or its ZeRO-1 shard of it (in the shard's
   // order; shards()). The buffer's weights when they are their own masters.

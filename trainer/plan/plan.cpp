@@ -67,21 +67,21 @@ StageMemory rank_memory(const Config& cfg, const RunLayout& layout, Device devic
   m.loss_chunk_logits = static_cast<double>(model.loss_chunk()) *
                         static_cast<double>(dims.vocab_local) * dtype_size(dtype);
   const ParamLayout& l = params.layout();
-  // AdamW's m and v of this rank's range; the reduced gradient shard (ZeRO-1) and bf16 staging,
-  // region by region: the dense tensors' shards over dp x cp, the experts' over their replicas.
+  // AdamW's m and v of this rank's range and the reduced gradient shard (ZeRO-1: options.shards,
+  // the experts' over their replicas), and the bf16 staging of each region's reduction.
   const DType reduce = grad_reduce_dtype(par);
   const std::pair<int64_t, int> regions[] = {{l.expert_begin, st.dp_cp()},
                                              {l.capacity - l.expert_begin, st.edp()}};
   size_t staging = 0, staging_zero1 = 0;
-  int64_t shard = 0;
   for (const auto& [capacity, replicas] : regions) {
     staging += GradReducer::staging_bytes(capacity, replicas, false, reduce);
     staging_zero1 += GradReducer::staging_bytes(capacity, replicas, true, reduce);
-    shard += capacity / replicas;
   }
-  m.optimizer_without_zero1 = static_cast<double>(
-      DistributedOptimizer::state_bytes(l.capacity, l.total, 1, false) + staging);
-  m.optimizer = zero1 ? static_cast<double>(3 * arena_bytes(DType::f32, shard) + staging_zero1)
+  m.optimizer_without_zero1 =
+      static_cast<double>(DistributedOptimizer::state_bytes(l.total, false) + staging);
+  m.optimizer = zero1 ? static_cast<double>(
+                            DistributedOptimizer::state_bytes(options.shards.shard_size(), true) +
+                            staging_zero1)
                       : m.optimizer_without_zero1;
   if (device == Device::cuda) {
     m.workspace =
