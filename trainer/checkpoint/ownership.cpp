@@ -81,13 +81,12 @@ TensorRef local_block(const ParamInfo& p, TensorSetId set, float* data) {
 std::vector<ShardRun> written_runs(const Config& cfg, const Topology& t, const ParamLayout& l) {
   if (zero1_on(cfg, t)) return dp_shards(cfg, t).runs(0, l.total);
   std::vector<ShardRun> out;
-  const auto part = [&](int64_t lo, int64_t hi, int64_t n, int64_t r) {
-    const int64_t size = (hi - lo + n - 1) / n, begin = std::min(lo + size * r, l.total);
-    const int64_t end = std::min({begin + size, hi, l.total});
+  for (const FlatRegion& r : flat_regions(l, t)) {
+    const int64_t size = (r.capacity + r.replicas - 1) / r.replicas;
+    const int64_t begin = std::min(r.begin + size * r.rank, l.total);
+    const int64_t end = std::min({begin + size, r.begin + r.capacity, l.total});
     if (begin < end) out.push_back(ShardRun{begin, begin, end - begin});
-  };
-  part(0, l.expert_begin, t.dp_cp(), t.dp_cp_rank());
-  part(l.expert_begin, l.capacity, t.edp(), t.edp_rank());
+  }
   return out;
 }
 

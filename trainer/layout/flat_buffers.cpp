@@ -5,19 +5,22 @@
 
 namespace tr {
 
+std::vector<FlatRegion> flat_regions(const ParamLayout& l, const Topology& t) {
+  std::vector<FlatRegion> out = {{0, l.expert_begin, t.dp_cp(), t.dp_cp_rank()}};
+  if (l.expert_begin < l.capacity)
+    out.push_back({l.expert_begin, l.capacity - l.expert_begin, t.edp(), t.edp_rank()});
+  return out;
+}
+
 FlatShards dp_shards(const Config& cfg, const Topology& topo) {
-  const ParamLayout layout = rank_layout(cfg, topo);
   const bool zero1 = zero1_on(cfg, topo);
   FlatShards shards;
-  const auto region = [&](int64_t capacity, int replicas, int rank) {
+  for (const FlatRegion& r : flat_regions(rank_layout(cfg, topo), topo)) {
     if (zero1)
-      shards.add(capacity, cfg.parallel.dp_bucket_elems, replicas, rank);
+      shards.add(r.capacity, cfg.parallel.dp_bucket_elems, r.replicas, r.rank);
     else
-      shards.add(capacity, capacity + 1, 1, 0);
-  };
-  region(layout.expert_begin, topo.dp_cp(), topo.dp_cp_rank());
-  if (layout.expert_begin < layout.capacity)
-    region(layout.capacity - layout.expert_begin, topo.edp(), topo.edp_rank());
+      shards.add(r.capacity, r.capacity + 1, 1, 0);
+  }
   return shards;
 }
 

@@ -27,6 +27,15 @@ int64_t flat_multiple(const Config& cfg, const Topology& topo);
 // The parameter layout of the rank at `topo` under `cfg` (as build_model makes it).
 ParamLayout rank_layout(const Config& cfg, const Topology& topo);
 
+// The regions of a rank's flat buffer (ParamLayout) and the replicas each is reduced, sharded
+// and written over: the dense tensors' over dp x cp, the experts' (where the rank holds experts)
+// over their replicas (Topology::edp).
+struct FlatRegion {
+  int64_t begin = 0, capacity = 0;  // elements of the flat buffer
+  int replicas = 1, rank = 0;       // the replica group's size and this rank's place in it
+};
+std::vector<FlatRegion> flat_regions(const ParamLayout& layout, const Topology& topo);
+
 // ZeRO-1's shards for the rank at `topo` (parallel/dp_shards.h), one region per part of the flat
 // buffer (ParamLayout): the dense region's piece dp_cp_rank of every bucket of
 // parallel.dp_bucket_elems (rounded up by DpShards::round_bucket), the experts' piece edp_rank;

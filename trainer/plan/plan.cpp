@@ -70,12 +70,10 @@ StageMemory rank_memory(const Config& cfg, const RunLayout& layout, Device devic
   // AdamW's m and v of this rank's range and the reduced gradient shard (ZeRO-1: options.shards,
   // the experts' over their replicas), and the bf16 staging of each region's reduction.
   const DType reduce = grad_reduce_dtype(par);
-  const std::pair<int64_t, int> regions[] = {{l.expert_begin, st.dp_cp()},
-                                             {l.capacity - l.expert_begin, st.edp()}};
   size_t staging = 0, staging_zero1 = 0;
-  for (const auto& [capacity, replicas] : regions) {
-    staging += GradReducer::staging_bytes(capacity, replicas, false, reduce);
-    staging_zero1 += GradReducer::staging_bytes(capacity, replicas, true, reduce);
+  for (const FlatRegion& r : flat_regions(l, st)) {
+    staging += GradReducer::staging_bytes(r.capacity, r.replicas, false, reduce);
+    staging_zero1 += GradReducer::staging_bytes(r.capacity, r.replicas, true, reduce);
   }
   m.optimizer_without_zero1 =
       static_cast<double>(DistributedOptimizer::state_bytes(l.total, false) + staging);
